@@ -1,0 +1,41 @@
+# trt-spec — the commands a newcomer runs. Everything installs into .venv/ in the repo root.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+CONFIG  ?= build_configs/llama33-70b-fp8-h200.yaml
+GPU     ?=
+GPU_ARG := $(if $(GPU),--gpu $(GPU),)
+# torch from PyPI is a multi-GB CUDA build; the CPU wheel (2.13.0+cpu) is what the reference engine needs.
+TORCH   ?= torch==2.13.0
+
+.PHONY: setup plan engines test test-all clean help
+
+help:
+	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
+	@echo "make plan   CONFIG=...      print the build plan for CONFIG (GPU=h100 to plan for a named GPU)"
+	@echo "make engines CONFIG=...     run the build (quantize + trtllm-build); needs a GPU host / NGC image"
+	@echo "make test                   the test suite (offline, CPU)"
+
+$(BIN)/trt-spec: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install -e ".[serve,reference,dev]"
+	touch $@
+
+setup: $(BIN)/trt-spec
+
+plan: setup
+	$(BIN)/trt-spec plan $(CONFIG) $(GPU_ARG)
+
+engines: setup
+	$(BIN)/trt-spec build $(CONFIG) $(GPU_ARG)
+
+test: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf build .pytest_cache

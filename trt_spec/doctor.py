@@ -1,0 +1,100 @@
+"""`trt-spec doctor`: what is present on this machine and what each missing piece blocks."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+from .config import Toolchain
+from .hardware import detect_gpus
+
+NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    blocks: str  # what cannot be done without it
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def pytriton_dir() -> Optional[Path]:
+    """The `pytriton/tritonserver` directory of nvidia-pytriton, found without importing pytriton."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    return d if d.is_dir() else None
+
+
+def find_tritonserver() -> Optional[Path]:
+    """NGC image binary first, then the one bundled in nvidia-pytriton, then PATH."""
+    if NGC_TRITONSERVER.is_file():
+        return NGC_TRITONSERVER
+    d = pytriton_dir()
+    if d is not None and (d / "bin" / "tritonserver").is_file():
+        return d / "bin" / "tritonserver"
+    which = shutil.which("tritonserver")
+    return Path(which) if which else None
+
+
+def python_backend_stub() -> Optional[Path]:
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    ngc = Path("/opt/tritonserver/backends/python/triton_python_backend_stub")
+    if ngc.is_file():
+        return ngc
+    d = pytriton_dir()
+    if d is not None:
+        stub = d / "python_backend_stubs" / ver / "triton_python_backend_stub"
+        if stub.is_file():
+            return stub
+    return None
+
+
+def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) -> list[Check]:
+    tc = toolchain or Toolchain()
+    checks: list[Check] = []
+    gpu = detect_gpus()
+    checks.append(Check("GPU", gpu is not None, gpu.describe() if gpu else "no nvidia-smi / no GPU",
+                        "engine: tensorrt builds and serving (plan still works with --gpu NAME)"))
+    trt = _version("tensorrt_llm") or _version("tensorrt-llm")
+    checks.append(Check("TensorRT-LLM", trt is not None, trt or "not installed (use the NGC image or pip install '.[gpu]')",
+                        "engine: tensorrt builds (trt-spec build)"))
+    tb = shutil.which(tc.trtllm_build)
+    checks.append(Check("trtllm-build", tb is not None, tb or f"{tc.trtllm_build} not on PATH", "engine builds"))
+    qp = Path(tc.examples_dir) / "quantization" / "quantize.py"
+    checks.append(Check("quantize.py", qp.is_file(), str(qp) if qp.is_file() else f"{qp} missing "
+                        "(set toolchain.examples_dir)", "FP8/INT8/INT4 quantization steps"))
+    ts = find_tritonserver()
+    checks.append(Check("tritonserver", ts is not None, str(ts) if ts else "not found (pip install '.[serve]')",
+                        "trt-spec serve"))
+    stub = python_backend_stub()
+    checks.append(Check("python-backend stub", stub is not None,
+                        str(stub) if stub else f"no stub for Python {sys.version_info.major}.{sys.version_info.minor}",
+                        "python-backend models (preprocessing, BLS, reference engine)"))
+    tcv = _version("tritonclient")
+    checks.append(Check("tritonclient", tcv is not None, tcv or "not installed", "trt-spec check / bench"))
+    for dist, blocks in (("torch", "engine: reference (CPU)"), ("transformers", "tokenizers in preprocessing")):
+        v = _version(dist)
+        checks.append(Check(dist, v is not None, v or "not installed (pip install '.[reference]')", blocks))
+    np_v = _version("numpy")
+    np_ok = np_v is not None and int(np_v.split(".")[0]) < 2
+    checks.append(Check("numpy<2", np_ok, np_v or "not installed", "Triton 2.51 python backend (numpy 2 breaks it)"))
+    usage = shutil.disk_usage(disk_path if disk_path.exists() else Path("/"))
+    free_gib = usage.free / 1024**3
+    checks.append(Check("disk", free_gib >= 20, f"{free_gib:.0f} GiB free at {disk_path.resolve()}",
+                        "engine builds (a 70B FP8 build needs ~150 GiB for checkpoints + engines)"))
+    return checks

@@ -1,0 +1,136 @@
+"""GPU facts: detection with nvidia-smi, or a named GPU given by the config / `--gpu`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+
+class HardwareError(ValueError):
+    """Unknown GPU name or unusable nvidia-smi output."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    compute_capability: tuple[int, int]
+    memory_gib: float
+    count: int
+    source: str  # "nvidia-smi" | "config"
+
+    @property
+    def sm(self) -> int:
+        return self.compute_capability[0] * 10 + self.compute_capability[1]
+
+    @property
+    def has_fp8(self) -> bool:
+        """FP8 tensor cores: Ada (SM89), Hopper (SM90), Blackwell (SM100+)."""
+        return self.sm >= 89
+
+    @property
+    def supports_fp8_context_fmha(self) -> bool:
+        """TRT-LLM's FP8 context FMHA is reliable on Hopper and newer only."""
+        return self.sm >= 90
+
+    def describe(self) -> str:
+        cc = f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+        return f"{self.count}x {self.name} (SM {cc}, {self.memory_gib:.0f} GiB, FP8 {'yes' if self.has_fp8 else 'no'}, from {self.source})"
+
+
+# name -> (compute capability, memory GiB as nvidia-smi reports it / 1024)
+KNOWN_GPUS: dict[str, tuple[tuple[int, int], float]] = {
+    "h100": ((9, 0), 79.6),
+    "h100-sxm": ((9, 0), 79.6),
+    "h100-pcie": ((9, 0), 79.6),
+    "h100-nvl": ((9, 0), 93.6),
+    "h200": ((9, 0), 140.4),
+    "h20": ((9, 0), 95.6),
+    "gh200": ((9, 0), 94.5),
+    "b200": ((10, 0), 179.1),
+    "gb200": ((10, 0), 184.0),
+    "l40s": ((8, 9), 45.0),
+    "l40": ((8, 9), 45.0),
+    "l4": ((8, 9), 22.5),
+    "rtx-4090": ((8, 9), 23.6),
+    "rtx-6000-ada": ((8, 9), 47.5),
+    "a100-80gb": ((8, 0), 80.0),
+    "a100-40gb": ((8, 0), 40.0),
+    "a100": ((8, 0), 80.0),
+    "a10g": ((8, 6), 22.5),
+    "a10": ((8, 6), 22.5),
+    "a6000": ((8, 6), 47.5),
+    "v100": ((7, 0), 32.0),
+    "t4": ((7, 5), 15.0),
+}
+
+DEFAULT_NAMED_COUNT = 8  # a named GPU without ":COUNT" is assumed to be an 8-GPU node
+
+
+def named_gpu(spec: str) -> GpuSpec:
+    """`h100`, `h200:1`, `a100-80gb:4` -> GpuSpec. Raises HardwareError naming the valid names."""
+    name, _, count_s = spec.strip().lower().partition(":")
+    if name not in KNOWN_GPUS:
+        raise HardwareError(
+            f"unknown GPU {name!r}; use one of {', '.join(sorted(KNOWN_GPUS))} (optionally NAME:COUNT) or 'auto'"
+        )
+    try:
+        count = int(count_s) if count_s else DEFAULT_NAMED_COUNT
+    except ValueError:
+        raise HardwareError(f"GPU count in {spec!r} must be an integer, e.g. h100:2") from None
+    if count < 1:
+        raise HardwareError(f"GPU count in {spec!r} must be >= 1")
+    cc, mem = KNOWN_GPUS[name]
+    return GpuSpec(name=name, compute_capability=cc, memory_gib=mem, count=count, source="config")
+
+
+def _canonical_name(smi_name: str) -> str:
+    n = smi_name.lower().replace("nvidia ", "").strip()
+    for key in ("h200", "h100 nvl", "h100", "gh200", "h20", "b200", "gb200", "l40s", "l40", "l4", "a100", "a10g", "a10"):
+        if key in n:
+            return key.replace(" ", "-")
+    return n.replace(" ", "-")
+
+
+def parse_nvidia_smi(csv_text: str) -> GpuSpec:
+    """Parse `nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader,nounits`."""
+    rows = [r for r in (line.strip() for line in csv_text.splitlines()) if r]
+    if not rows:
+        raise HardwareError("nvidia-smi listed no GPUs; pass --gpu NAME to plan for a named GPU")
+    parsed = []
+    for r in rows:
+        parts = [p.strip() for p in r.split(",")]
+        if len(parts) != 3:
+            raise HardwareError(f"unexpected nvidia-smi line {r!r}; pass --gpu NAME instead")
+        name, cc, mem = parts
+        major, _, minor = cc.partition(".")
+        parsed.append((name, (int(major), int(minor or 0)), float(mem) / 1024.0))
+    name, cc, mem = parsed[0]
+    # Plan for the smallest GPU of the node (mixed nodes are rare; be conservative).
+    mem = min(p[2] for p in parsed)
+    return GpuSpec(name=_canonical_name(name), compute_capability=cc, memory_gib=mem, count=len(parsed), source="nvidia-smi")
+
+
+def detect_gpus(timeout: float = 10.0) -> GpuSpec | None:
+    """GPUs of this host via nvidia-smi, or None when there is no nvidia-smi / no GPU."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    return parse_nvidia_smi(out.stdout)
+
+
+def resolve_gpu(config_gpu: str, override: str | None = None) -> GpuSpec | None:
+    """The GPU the plan targets: --gpu override, else the config's name, else nvidia-smi; None if unknown."""
+    choice = (override or config_gpu or "auto").strip().lower()
+    if choice != "auto":
+        return named_gpu(choice)
+    return detect_gpus()

@@ -1,0 +1,298 @@
+"""Plan: a build config + preflight report -> an ordered list of Steps (argv, env, inputs, output, fingerprint).
+
+The plan is pure: it runs nothing. `trt-spec plan` prints it (text, json, or a runnable bash script);
+`trt-spec build` hands it to the runner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import trtllm_flags as flags
+from .config import BuildConfig
+from .hardware import GpuSpec
+from .preflight import TRTLLM_ARCHITECTURES, PreflightReport
+
+# Build settings trt-spec always passes explicitly (their defaults changed between TensorRT-LLM versions).
+TOKENS_PER_BLOCK = 32  # KV-cache block size: small blocks let each draft/verify call reuse more of the prefix
+QUANTIZE_CALIBRATED = {"fp8", "int8_sq", "int4_awq"}
+QUANTIZE_WEIGHT_ONLY = {"int8_wo", "int4_wo"}
+DTYPE_FOR_FORMAT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+SPEC_MODE_TO_TRTLLM = {
+    "draft_target": "draft_tokens_external",
+    "ngram": "draft_tokens_external",
+    "medusa": "medusa",
+    "eagle": "eagle",
+    "lookahead": "lookahead_decoding",
+}
+STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
+
+
+class PlanError(RuntimeError):
+    """The planner produced something the target tool would reject (a trt-spec bug, not a user error)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    description: str
+    argv: tuple[str, ...]
+    output: str
+    inputs: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    fingerprint: str = ""
+
+    def shell(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+@dataclass
+class Plan:
+    name: str
+    config_hash: str
+    engine: str
+    output_dir: str
+    gpu: Optional[GpuSpec]
+    report: PreflightReport
+    steps: list[Step]
+    engines: dict[str, str]  # role -> engine directory
+    checkpoints: dict[str, str]  # role -> converted checkpoint directory
+
+    def step(self, name: str) -> Step:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def to_json(self) -> dict:
+        r = self.report
+        return {
+            "name": self.name,
+            "config_hash": self.config_hash,
+            "engine": self.engine,
+            "output_dir": self.output_dir,
+            "gpu": None if self.gpu is None else {
+                "name": self.gpu.name, "compute_capability": list(self.gpu.compute_capability),
+                "memory_gib": self.gpu.memory_gib, "count": self.gpu.count, "source": self.gpu.source},
+            "quantization": {"weights": r.quant.weights, "kv_cache": r.quant.kv_cache, "fell_back": r.quant.fell_back},
+            "speculative": {"mode": r.config.speculative.mode, "max_draft_len": r.max_draft_len,
+                            "num_draft_tokens": min(r.config.speculative.default_k, r.max_draft_len)},
+            "devices": {"target": r.target_devices, "draft": r.draft_devices},
+            "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
+            "memory": [dict(asdict(m), total_gib=m.total_gib) for m in r.memory],
+            "warnings": r.warnings,
+            "notes": r.notes,
+            "engines": self.engines,
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+    def to_text(self) -> str:
+        r = self.report
+        lines = [f"plan {self.name} (config {self.config_hash}, engine {self.engine}) -> {self.output_dir}"]
+        if self.gpu:
+            lines.append(f"gpu: {self.gpu.describe()}")
+        lines.append(f"quantization: weights {r.quant.weights}, KV cache {r.quant.kv_cache}"
+                     + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else ""))
+        lines.append(f"speculative: {r.config.speculative.mode}, max_draft_len {r.max_draft_len}")
+        if r.memory:
+            lines.append("memory plan per GPU:")
+            lines += ["  " + ln for ln in r.memory_table().splitlines()]
+        lines += [f"note: {n}" for n in r.notes]
+        lines += [f"warning: {w}" for w in r.warnings]
+        for i, s in enumerate(self.steps, 1):
+            lines.append(f"[{i}/{len(self.steps)}] {s.name}: {s.description}")
+            lines.append(f"    {s.shell()}")
+        return "\n".join(lines)
+
+    def to_sh(self) -> str:
+        out = [
+            "#!/usr/bin/env bash",
+            f"# trt-spec plan {self.name} (config {self.config_hash}); generated, do not edit.",
+            f"# GPU: {self.gpu.describe() if self.gpu else 'n/a'}",
+            "# Runs every build step in order. `trt-spec build` runs the same commands incrementally and atomically.",
+            "set -euo pipefail",
+        ]
+        for i, s in enumerate(self.steps, 1):
+            out.append(f"\n# [{i}/{len(self.steps)}] {s.name}: {s.description}")
+            out.append(s.shell())
+        return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fingerprints
+
+
+def path_identity(path: str) -> str:
+    """Cheap identity of an input directory/file: config.json digest + (name, size, mtime) of its files."""
+    p = Path(path)
+    if not p.exists():
+        return f"missing:{path}"
+    h = hashlib.sha256(str(p.resolve()).encode())
+    files = [p] if p.is_file() else sorted(q for q in p.iterdir() if q.is_file())
+    for q in files:
+        st = q.stat()
+        h.update(f"{q.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        if q.name == "config.json":
+            h.update(q.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _fingerprint(argv: tuple[str, ...], env: dict[str, str], input_ids: list[str]) -> str:
+    payload = json.dumps({"argv": argv, "env": env, "inputs": input_ids}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _finish(steps: list[Step]) -> list[Step]:
+    """Fill fingerprints in order: an input produced by an earlier step contributes that step's fingerprint."""
+    produced: dict[str, str] = {}
+    out = []
+    for s in steps:
+        ids = [produced.get(i) or path_identity(i) for i in s.inputs]
+        fp = _fingerprint(s.argv, s.env, ids)
+        produced[s.output] = fp
+        out.append(Step(s.name, s.description, s.argv, s.output, s.inputs, s.env, fp))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TensorRT-LLM steps
+
+
+def _check_flags(argv: list[str], allowed: frozenset[str], tool: str) -> None:
+    for a in argv:
+        if a.startswith("--") and a not in allowed:
+            raise PlanError(f"internal: {tool} in TensorRT-LLM {flags.TRTLLM_VERSION} has no flag {a}")
+
+
+def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path) -> Step:
+    model = cfg.target if role == "target" else cfg.draft
+    info = report.target if role == "target" else report.draft
+    q = report.quant
+    tc = cfg.toolchain
+    spec = cfg.speculative
+    ex = Path(tc.examples_dir)
+    inputs = [model.checkpoint]
+    is_medusa = role == "target" and spec.mode == "medusa"
+    is_eagle = role == "target" and spec.mode == "eagle"
+    if is_eagle:
+        argv = [tc.python, str(ex / "eagle" / "convert_checkpoint.py"),
+                "--model_dir", model.checkpoint, "--eagle_model_dir", spec.eagle.heads_dir,
+                "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
+                "--tp_size", str(model.tp), "--pp_size", str(model.pp),
+                "--max_draft_len", str(report.max_draft_len), "--num_eagle_layers", str(spec.eagle.num_layers),
+                "--max_non_leaves_per_layer", str(spec.eagle.max_non_leaves_per_layer)]
+        _check_flags(argv, flags.EAGLE_CONVERT_FLAGS, "eagle/convert_checkpoint.py")
+        inputs.append(spec.eagle.heads_dir)
+        return Step(f"checkpoint-{role}", f"convert {role} + EAGLE heads ({q.weights}, tp{model.tp} pp{model.pp})",
+                    tuple(argv), str(out), tuple(inputs))
+    if q.weights in DTYPE_FOR_FORMAT and is_medusa:
+        argv = [tc.python, str(ex / "medusa" / "convert_checkpoint.py"),
+                "--model_dir", model.checkpoint, "--medusa_model_dir", spec.medusa.heads_dir,
+                "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
+                "--tp_size", str(model.tp), "--pp_size", str(model.pp),
+                "--num_medusa_heads", str(spec.medusa.num_heads), "--max_medusa_token_len", str(report.max_draft_len)]
+        _check_flags(argv, flags.MEDUSA_CONVERT_FLAGS, "medusa/convert_checkpoint.py")
+        inputs.append(spec.medusa.heads_dir)
+        return Step(f"checkpoint-{role}", f"convert {role} + Medusa heads ({q.weights}, tp{model.tp} pp{model.pp})",
+                    tuple(argv), str(out), tuple(inputs))
+    if q.weights in DTYPE_FOR_FORMAT:
+        family = TRTLLM_ARCHITECTURES[info.architecture]
+        argv = [tc.python, str(ex / "models" / "core" / family / "convert_checkpoint.py"),
+                "--model_dir", model.checkpoint, "--output_dir", str(out),
+                "--dtype", DTYPE_FOR_FORMAT[q.weights], "--tp_size", str(model.tp), "--pp_size", str(model.pp)]
+        _check_flags(argv, flags.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
+        return Step(f"checkpoint-{role}", f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, "
+                    f"tp{model.tp} pp{model.pp})", tuple(argv), str(out), tuple(inputs))
+
+    # ModelOpt post-training quantization
+    argv = [tc.python, str(ex / "quantization" / "quantize.py"),
+            "--model_dir", model.checkpoint, "--dtype", model.dtype, "--qformat", q.weights]
+    if q.kv_cache != "none":
+        argv += ["--kv_cache_dtype", q.kv_cache]
+    if q.weights in QUANTIZE_CALIBRATED or q.kv_cache != "none":
+        cq = cfg.quantization
+        if cq.calib_dataset:
+            argv += ["--calib_dataset", cq.calib_dataset]
+            inputs.append(cq.calib_dataset)
+        argv += ["--calib_size", str(cq.calib_size), "--calib_max_seq_length", str(cq.calib_max_seq_length),
+                 "--batch_size", "1"]
+    argv += ["--tp_size", str(model.tp), "--pp_size", str(model.pp)]
+    if is_medusa:
+        argv += ["--medusa_model_dir", spec.medusa.heads_dir, "--num_medusa_heads", str(spec.medusa.num_heads),
+                 "--max_draft_len", str(report.max_draft_len)]
+        inputs.append(spec.medusa.heads_dir)
+    argv += ["--output_dir", str(out)]
+    _check_flags(argv, flags.QUANTIZE_FLAGS, "quantize.py")
+    if q.weights not in flags.QUANTIZE_QFORMATS:
+        raise PlanError(f"internal: quantize.py has no --qformat {q.weights}")
+    kv = f" + {q.kv_cache.upper()} KV cache" if q.kv_cache != "none" else ""
+    return Step(f"checkpoint-{role}", f"ModelOpt {q.weights.upper()} quantization of the {role}{kv} "
+                f"(tp{model.tp} pp{model.pp})", tuple(argv), str(out), tuple(inputs))
+
+
+def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Path, out: Path) -> Step:
+    model = cfg.target if role == "target" else cfg.draft
+    lim = cfg.limits
+    q = report.quant
+    fp8_fmha = cfg.quantization.fp8_context_fmha and q.weights == "fp8"
+    ranks_on_node = min(model.world_size, report.gpu.count if report.gpu else model.world_size)
+    argv = [cfg.toolchain.trtllm_build,
+            "--checkpoint_dir", str(ckpt), "--output_dir", str(out),
+            "--max_batch_size", str(lim.max_batch_size), "--max_input_len", str(lim.max_input_len),
+            "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
+            "--max_beam_width", "1",
+            "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto",
+            "--remove_input_padding", "enable", "--context_fmha", "enable",
+            "--kv_cache_type", "paged", "--tokens_per_block", str(TOKENS_PER_BLOCK),
+            "--use_paged_context_fmha", "enable",
+            "--use_fp8_context_fmha", "enable" if fp8_fmha else "disable"]
+    mode = cfg.speculative.mode
+    what = "engine"
+    if role == "target" and mode != "none":
+        argv += ["--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[mode], "--max_draft_len", str(report.max_draft_len)]
+        what = f"{SPEC_MODE_TO_TRTLLM[mode]} engine, max_draft_len {report.max_draft_len}"
+    if role == "draft" and cfg.speculative.use_draft_logits:
+        argv += ["--gather_generation_logits"]
+        what = "engine with generation logits (rejection sampling)"
+    argv += ["--workers", str(ranks_on_node)]
+    _check_flags(argv, flags.TRTLLM_BUILD_FLAGS, "trtllm-build")
+    if "--gather_context_logits" in argv and report.max_draft_len > 0:
+        raise PlanError("internal: --gather_context_logits with max_draft_len > 0 is rejected by trtllm-build")
+    return Step(f"engine-{role}", f"trtllm-build {role} {what} ({model.world_size} rank(s))",
+                tuple(argv), str(out), (str(ckpt),))
+
+
+def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tuple[list[Step], dict[str, str]]:
+    steps, engines = [], {}
+    roles = [("target", cfg.target)] + ([("draft", cfg.draft)] if cfg.draft else [])
+    for role, model in roles:
+        edir = out / "engines" / role
+        argv = [sys.executable, "-m", "trt_spec.reference.export",
+                "--checkpoint", model.checkpoint, "--output_dir", str(edir), "--weights", report.quant.weights]
+        steps.append(Step(f"export-{role}", f"export the {role} to a reference engine ({report.quant.weights} "
+                          "weights, safetensors)", tuple(argv), str(edir), (model.checkpoint,)))
+        engines[role] = str(edir)
+    return steps, engines
+
+
+def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) -> Plan:
+    out = cfg.resolved_output_dir(source)
+    name = cfg.resolved_name(source)
+    if cfg.engine == "reference":
+        steps, engines = _reference_steps(cfg, report, out)
+        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines, {})
+    roles = ["target"] + (["draft"] if cfg.draft is not None else [])
+    ckpts = {r: out / "checkpoints" / r for r in roles}
+    engs = {r: out / "engines" / r for r in roles}
+    steps = [_checkpoint_step(cfg, report, r, ckpts[r]) for r in roles]
+    # Draft engine first: it is small and fails fast if the toolchain is broken.
+    steps += [_engine_step(cfg, report, r, ckpts[r], engs[r]) for r in reversed(roles)]
+    return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps),
+                {r: str(p) for r, p in engs.items()}, {r: str(p) for r, p in ckpts.items()})

@@ -1,0 +1,283 @@
+"""Runner: executes a Plan incrementally, atomically and resumably, then writes manifest.json.
+
+- A step whose output carries a stamp with the same fingerprint is skipped.
+- Each step writes into a hidden temporary directory next to its output, renamed on success; a failure,
+  Ctrl-C or a crash leaves no half-written output (stale temporaries are removed by the next run).
+- One build per output directory at a time (an advisory lock, released by the OS if the process dies).
+- Each step logs to <output_dir>/logs/<step>.log; a failure reports the log tail and the rerun command.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import __version__
+from .plan import STEP_STAMP, Plan, Step
+
+MANIFEST = "manifest.json"
+LOG_TAIL_LINES = 25
+
+
+class BuildError(RuntimeError):
+    def __init__(self, message: str, step: Optional[str] = None, log: Optional[Path] = None,
+                 tail: str = "", rerun: str = ""):
+        super().__init__(message)
+        self.step, self.log, self.tail, self.rerun = step, log, tail, rerun
+
+
+class BuildLockedError(BuildError):
+    pass
+
+
+@dataclass
+class StepResult:
+    name: str
+    status: str  # ran | skipped | would-run | up-to-date
+    seconds: float = 0.0
+
+
+@dataclass
+class BuildResult:
+    output_dir: Path
+    steps: list[StepResult] = field(default_factory=list)
+    manifest: Optional[Path] = None
+
+
+Event = Callable[[str, Step, int, int], None]  # (event, step, index, total); event in start|skip|done|fail
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_stamp(output: Path) -> Optional[dict]:
+    f = output / STEP_STAMP
+    try:
+        return json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def is_up_to_date(step: Step) -> bool:
+    stamp = read_stamp(Path(step.output))
+    return bool(stamp) and stamp.get("fingerprint") == step.fingerprint
+
+
+class _Lock:
+    def __init__(self, out: Path):
+        self.path = out / ".lock"
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> "_Lock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BuildLockedError(
+                f"another trt-spec build of {self.path.parent} is running (pid {holder}); wait for it to finish "
+                "(the lock is released automatically when that process exits)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
+def _clean_stale(step: Step) -> None:
+    out = Path(step.output)
+    if not out.parent.is_dir():
+        return
+    for p in out.parent.glob(f".{out.name}.partial-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in out.parent.glob(f".{out.name}.old-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _run_step(step: Step, log_path: Path, rerun: str) -> float:
+    out = Path(step.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    argv = [str(tmp) if a == step.output else a for a in step.argv]
+    env = {**os.environ, **step.env}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write(f"$ {shlex.join(argv)}\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise BuildError(f"step {step.name}: cannot start {argv[0]}: {e.strerror}; install it or fix "
+                             "toolchain.* in the config (trt-spec doctor shows what is missing)",
+                             step.name, log_path, "", rerun) from None
+        try:
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C / SIGTERM: stop the tool's whole process group, leave nothing behind
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    seconds = time.monotonic() - t0
+    if rc != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BuildError(f"step {step.name} failed (exit code {rc}) after {seconds:.1f}s; log: {log_path}",
+                         step.name, log_path, _tail(log_path), rerun)
+    if not tmp.is_dir():
+        raise BuildError(f"step {step.name} exited 0 but wrote nothing to its output directory; log: {log_path}",
+                         step.name, log_path, _tail(log_path), rerun)
+    stamp = {"step": step.name, "fingerprint": step.fingerprint, "argv": list(step.argv),
+             "seconds": round(seconds, 3), "finished": _dt.datetime.now(_dt.timezone.utc).isoformat()}
+    (tmp / STEP_STAMP).write_text(json.dumps(stamp, indent=2))
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+    return seconds
+
+
+def tool_versions(plan: Plan) -> dict[str, Optional[str]]:
+    """Versions without importing heavy packages (tensorrt_llm is never imported here)."""
+    def v(dist: str) -> Optional[str]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+    out = {"trt_spec": __version__, "tensorrt_llm": v("tensorrt_llm") or v("tensorrt-llm"), "torch": v("torch")}
+    if plan.engine == "tensorrt":
+        out["trtllm_build"] = shutil.which(plan.report.config.toolchain.trtllm_build)
+    return out
+
+
+def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepResult]) -> dict:
+    cfg = plan.report.config
+    r = plan.report
+    engines = {}
+    for role, edir in plan.engines.items():
+        model = cfg.target if role == "target" else cfg.draft
+        step = plan.step(f"engine-{role}" if plan.engine == "tensorrt" else f"export-{role}")
+        engines[role] = {
+            "dir": str(Path(edir).resolve()),
+            "checkpoint": model.checkpoint,
+            "tp": model.tp, "pp": model.pp, "world_size": model.world_size,
+            "devices": r.target_devices if role == "target" else r.draft_devices,
+            "weights": r.quant.weights, "kv_cache": r.quant.kv_cache,
+            "argv": list(step.argv),
+            "fingerprint": step.fingerprint,
+            "max_draft_len": r.max_draft_len if role == "target" else 0,
+            "gather_generation_logits": "--gather_generation_logits" in step.argv,
+        }
+    world = cfg.target.world_size + (cfg.draft.world_size if cfg.draft else 0)
+    return {
+        "name": plan.name,
+        "config_path": str(config_path) if config_path else None,
+        "config_hash": plan.config_hash,
+        "config": cfg.model_dump(mode="json"),
+        "engine": plan.engine,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "tool_versions": tool_versions(plan),
+        "gpu": plan.to_json()["gpu"],
+        "speculative": {"mode": cfg.speculative.mode, "max_draft_len": r.max_draft_len,
+                        "num_draft_tokens": min(cfg.speculative.default_k, r.max_draft_len),
+                        "ngram_size": cfg.speculative.ngram_size, "use_draft_logits": cfg.speculative.use_draft_logits},
+        "limits": cfg.limits.model_dump(),
+        "runtime": {"kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
+                    "target_devices": r.target_devices, "draft_devices": r.draft_devices},
+        "world_size": {"target": cfg.target.world_size, "draft": cfg.draft.world_size if cfg.draft else 0,
+                       "total": world},
+        "engines": engines,
+        "steps": [{"name": s.name, "status": s.status, "seconds": round(s.seconds, 3)} for s in results],
+    }
+
+
+def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = False, force: bool = False,
+             only: Optional[str] = None, on_event: Optional[Event] = None) -> BuildResult:
+    out = Path(plan.output_dir)
+    names = [s.name for s in plan.steps]
+    if only is not None and only not in names:
+        raise BuildError(f"--only {only}: no such step; steps are {', '.join(names)}")
+    emit = on_event or (lambda *a: None)
+    cfg_arg = shlex.quote(str(config_path)) if config_path else "CONFIG"
+    result = BuildResult(out)
+    if dry_run:
+        for i, s in enumerate(plan.steps, 1):
+            if only is None or s.name == only:
+                st = "up-to-date" if (is_up_to_date(s) and not force) else "would-run"
+                result.steps.append(StepResult(s.name, st))
+        return result
+
+    with _Lock(out):
+        for i, step in enumerate(plan.steps, 1):
+            _clean_stale(step)
+            if only is not None and step.name != only:
+                continue
+            if only is not None:
+                for dep in step.inputs:
+                    producer = next((s for s in plan.steps if s.output == dep), None)
+                    if producer is not None and not is_up_to_date(producer):
+                        raise BuildError(f"--only {only} needs the output of {producer.name}, which is missing or "
+                                         f"stale; run `trt-spec build {cfg_arg}` first")
+            if not force and is_up_to_date(step):
+                emit("skip", step, i, len(plan.steps))
+                result.steps.append(StepResult(step.name, "skipped"))
+                continue
+            emit("start", step, i, len(plan.steps))
+            rerun = f"trt-spec build {cfg_arg} --only {step.name}"
+            try:
+                secs = _run_step(step, out / "logs" / f"{step.name}.log", rerun)
+            except BuildError:
+                emit("fail", step, i, len(plan.steps))
+                raise
+            emit("done", step, i, len(plan.steps))
+            result.steps.append(StepResult(step.name, "ran", secs))
+        if all(is_up_to_date(s) for s in plan.steps):
+            manifest = build_manifest(plan, config_path, result.steps)
+            atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+            result.manifest = out / MANIFEST
+    return result
+
+
+def load_manifest(build_dir: Path) -> dict:
+    f = Path(build_dir) / MANIFEST
+    if not f.is_file():
+        raise BuildError(f"{build_dir}: no {MANIFEST}; run `trt-spec build CONFIG` first (it writes the manifest)")
+    return json.loads(f.read_text())

@@ -1,0 +1,50 @@
+"""The command-line surface of the TensorRT-LLM 1.2 tools the plan calls.
+
+Every flag the planner emits must be in these sets (the plan checks itself, and a contract test checks
+every shipped config). Source: TensorRT-LLM 1.2 `trtllm-build --help`, `examples/quantization/quantize.py`,
+`examples/models/core/*/convert_checkpoint.py`, `examples/medusa|eagle/convert_checkpoint.py`.
+"""
+
+TRTLLM_VERSION = "1.2.1"
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+
+TRTLLM_BUILD_FLAGS = frozenset("""
+--checkpoint_dir --model_config --build_config --model_cls_file --model_cls_name --output_dir
+--max_batch_size --max_input_len --max_seq_len --max_decoder_seq_len --max_beam_width --max_num_tokens
+--opt_num_tokens --max_encoder_input_len --max_prompt_embedding_table_size --kv_cache_type --paged_kv_cache
+--input_timing_cache --output_timing_cache --profiling_verbosity --strip_plan --weight_sparsity
+--weight_streaming --fast_build --workers --log_level --enable_debug_output --visualize_network --dry_run
+--monitor_memory --logits_dtype --gather_context_logits --gather_generation_logits --gather_all_token_logits
+--lora_dir --lora_ckpt_source --lora_target_modules --max_lora_rank --speculative_decoding_mode
+--max_draft_len --auto_parallel --gpus_per_node --cluster_key
+--bert_attention_plugin --gpt_attention_plugin --gemm_plugin --gemm_swiglu_plugin --fp8_rowwise_gemm_plugin
+--lora_plugin --dora_plugin --moe_plugin --mamba_conv1d_plugin --nccl_plugin --low_latency_gemm_plugin
+--low_latency_gemm_swiglu_plugin --gemm_allreduce_plugin --context_fmha --bert_context_fmha_fp32_acc
+--remove_input_padding --tokens_per_block --use_paged_context_fmha --use_fp8_context_fmha --fuse_fp4_quant
+--multiple_profiles --paged_state --streamingllm --norm_quant_fusion --reduce_fusion --user_buffer
+--use_fused_mlp --pp_reduce_scatter
+""".split())
+
+QUANTIZE_FLAGS = frozenset("""
+--model_dir --nemo_ckpt_path --decoder_type --device --device_map --calib_dataset --calib_tp_size
+--calib_pp_size --dtype --qformat --seed --tokenizer_max_seq_length --batch_size --calib_size
+--calib_max_seq_length --output_dir --tp_size --pp_size --cp_size --awq_block_size --kv_cache_dtype
+--quantize_lm_head --num_medusa_heads --num_medusa_layers --max_draft_len --medusa_hidden_act
+--medusa_model_dir --quant_medusa_head --autoq_format --auto_quantize_bits
+""".split())
+QUANTIZE_QFORMATS = frozenset("nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int8_wo int4_wo full_prec".split())
+QUANTIZE_KV_DTYPES = frozenset({"int8", "fp8"})
+
+CONVERT_CHECKPOINT_FLAGS = frozenset("--model_dir --output_dir --dtype --tp_size --pp_size".split())
+MEDUSA_CONVERT_FLAGS = frozenset(
+    "--model_dir --medusa_model_dir --output_dir --dtype --tp_size --pp_size --num_medusa_heads "
+    "--num_medusa_layers --max_medusa_token_len --medusa_hidden_act".split()
+)
+EAGLE_CONVERT_FLAGS = frozenset(
+    "--model_dir --eagle_model_dir --output_dir --dtype --tp_size --pp_size --max_draft_len --num_eagle_layers "
+    "--max_non_leaves_per_layer".split()
+)
+
+SPECULATIVE_DECODING_MODES = frozenset(
+    {"draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"}
+)
