@@ -1,0 +1,103 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from trt_spec.cli import main
+
+from .conftest import BUILD_CONFIGS, tool_calls
+
+COMMANDS = [name for name in main.commands]
+
+
+def run(*args, **kw):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False, **kw)
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_help_of_every_command(cmd):
+    r = run(cmd, "--help")
+    assert r.exit_code == 0 and "Usage:" in r.output
+
+
+def test_top_level_help_lists_commands():
+    r = run("--help")
+    for c in ("plan", "build", "doctor"):
+        assert c in r.output
+
+
+def test_console_script_installed():
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and "version" in r.stdout
+
+
+@pytest.mark.parametrize("text,expect", [
+    ("target: [oops\n", "invalid YAML"),
+    ("target:\n  checkpoint: /m\ndraft:\n  checkpoint: /d\nbogus: 1\n", "bogus: unknown key"),
+    ("target:\n  checkpoint: /m\ndraft:\n  checkpoint: /d\nlimits:\n  max_batch_size: many\n",
+     "limits.max_batch_size: Input should be a valid integer"),
+])
+def test_bad_config_exit_2_one_line(tmp_path, text, expect):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    for cmd in ("plan", "build"):
+        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", cmd, str(p)], capture_output=True, text=True)
+        assert r.returncode == 2
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_missing_config_file(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "plan", str(tmp_path / "x.yaml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "config file not found" in r.stderr
+
+
+def test_preflight_failure_is_exit_2_before_any_tool_runs(fake_build):
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"]),
+                        "--set", "speculative.num_draft_tokens=9"], capture_output=True, text=True)
+    assert r.returncode == 2 and "num_draft_tokens 9 > max_draft_len 4" in r.stderr
+    assert tool_calls(fake_build["log"]) == []
+
+
+@pytest.mark.parametrize("path", BUILD_CONFIGS, ids=lambda p: p.stem)
+def test_plan_json_for_every_config(path):
+    r = run("plan", str(path), "--format", "json")
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.output)
+    assert j["steps"] and j["engines"]["target"].endswith("engines/target")
+
+
+def test_plan_gpu_override_changes_quantization():
+    path = [p for p in BUILD_CONFIGS if p.stem == "llama33-70b-fp8-h200"][0]
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "plan", str(path), "--gpu", "a100-80gb:1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "needs compute capability >= 8.9" in r.stderr
+
+
+def test_build_cli_reports_failure_with_log_tail_and_rerun(fake_build, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "checkpoints/.draft.partial")
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "step checkpoint-draft failed (exit code 3)" in r.stderr
+    assert "out of memory" in r.stderr
+    assert f"trt-spec build {fake_build['config']} --only checkpoint-draft" in r.stderr
+
+
+def test_build_cli_dry_run_then_build(fake_build):
+    r = run("build", str(fake_build["config"]), "--dry-run")
+    assert r.exit_code == 0 and "engine-target: would-run" in r.output
+    r = run("build", str(fake_build["config"]))
+    assert r.exit_code == 0 and "4 step(s) ran" in r.output and "manifest" in r.output
+    r = run("build", str(fake_build["config"]))
+    assert "0 step(s) ran, 4 up to date" in r.output
+
+
+def test_doctor_lists_what_is_missing():
+    r = run("doctor")
+    assert r.exit_code == 0
+    assert "TensorRT-LLM" in r.output and "tritonserver" in r.output and "blocks:" in r.output

@@ -1,0 +1,32 @@
+import pytest
+
+from trt_spec.hardware import HardwareError, named_gpu, parse_nvidia_smi, resolve_gpu
+
+
+def test_named_gpus_and_fp8():
+    h100 = named_gpu("h100:2")
+    assert h100.count == 2 and h100.has_fp8 and h100.supports_fp8_context_fmha
+    l40s = named_gpu("L40S")
+    assert l40s.has_fp8 and not l40s.supports_fp8_context_fmha  # Ada: FP8 yes, FP8 context FMHA no
+    a100 = named_gpu("a100-80gb:1")
+    assert not a100.has_fp8 and a100.memory_gib == 80.0
+
+
+def test_unknown_gpu_lists_valid_names():
+    with pytest.raises(HardwareError, match="unknown GPU 'h300'.*h100.*h200"):
+        named_gpu("h300")
+    with pytest.raises(HardwareError, match="must be an integer"):
+        named_gpu("h100:two")
+
+
+def test_parse_nvidia_smi_csv():
+    g = parse_nvidia_smi("NVIDIA H200, 9.0, 143771\nNVIDIA H200, 9.0, 143771\n")
+    assert g.name == "h200" and g.count == 2 and g.compute_capability == (9, 0)
+    assert abs(g.memory_gib - 140.4) < 0.1
+    a = parse_nvidia_smi("NVIDIA A100-SXM4-80GB, 8.0, 81920\n")
+    assert a.name == "a100" and not a.has_fp8
+
+
+def test_override_beats_config():
+    assert resolve_gpu("h100", "a100-40gb").name == "a100-40gb"
+    assert resolve_gpu("h200:1").name == "h200"

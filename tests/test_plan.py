@@ -1,0 +1,169 @@
+"""Plan goldens for every shipped build config (exact argv) + the NVIDIA recipe rules they must follow."""
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trt_spec import trtllm_flags as F
+from trt_spec.config import load_config
+from trt_spec.hardware import resolve_gpu
+from trt_spec.plan import make_plan
+from trt_spec.preflight import run_preflight
+
+from .conftest import BUILD_CONFIGS, REPO, tool_calls, write_fake_tools
+
+GOLDEN = REPO / "tests" / "golden" / "plans"
+UPDATE = os.environ.get("TRT_SPEC_UPDATE_GOLDENS") == "1"
+
+
+def plan_of(path: Path, sets=()):
+    cfg = load_config(path, sets)
+    report = run_preflight(cfg, resolve_gpu(cfg.gpu), require_checkpoints=False)
+    return make_plan(cfg, report, path)
+
+
+def arg(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize("path", BUILD_CONFIGS, ids=lambda p: p.stem)
+def test_plan_matches_golden(path):
+    p = plan_of(path)
+    got = {"quantization": p.to_json()["quantization"], "max_draft_len": p.report.max_draft_len,
+           "steps": [{"name": s.name, "argv": list(s.argv)} for s in p.steps]}
+    golden = GOLDEN / f"{path.stem}.json"
+    if UPDATE:
+        golden.write_text(json.dumps(got, indent=2) + "\n")
+    assert golden.is_file(), f"missing golden {golden}; run TRT_SPEC_UPDATE_GOLDENS=1 pytest tests/test_plan.py"
+    assert got == json.loads(golden.read_text())
+
+
+@pytest.mark.parametrize("path", BUILD_CONFIGS, ids=lambda p: p.stem)
+def test_plan_follows_trtllm_recipe(path):
+    p = plan_of(path)
+    cfg = p.report.config
+    k = p.report.max_draft_len
+    for s in p.steps:
+        argv = list(s.argv)
+        if s.name.startswith("engine-"):
+            flags = {a for a in argv if a.startswith("--")}
+            assert flags <= F.TRTLLM_BUILD_FLAGS
+            assert arg(argv, "--use_paged_context_fmha") == "enable"  # KV-cache reuse (DTM rule)
+            assert "--gather_context_logits" not in argv  # error with max_draft_len > 0
+            for explicit in ("--gpt_attention_plugin", "--gemm_plugin", "--use_fp8_context_fmha",
+                             "--tokens_per_block", "--remove_input_padding", "--kv_cache_type"):
+                assert explicit in argv, explicit
+            role = s.name.split("-", 1)[1]
+            model = cfg.target if role == "target" else cfg.draft
+            assert arg(argv, "--workers") == str(model.world_size)
+            assert arg(argv, "--max_seq_len") == str(cfg.limits.max_seq_len)
+            if role == "target":
+                mode = arg(argv, "--speculative_decoding_mode")
+                assert mode in F.SPECULATIVE_DECODING_MODES
+                if cfg.speculative.mode in ("draft_target", "ngram"):
+                    assert mode == "draft_tokens_external" and arg(argv, "--max_draft_len") == str(k) and k >= 1
+            else:
+                assert "--speculative_decoding_mode" not in argv
+                assert ("--gather_generation_logits" in argv) == cfg.speculative.use_draft_logits
+            if p.report.quant.weights != "fp8" or not p.gpu.supports_fp8_context_fmha:
+                assert arg(argv, "--use_fp8_context_fmha") == "disable"
+        else:
+            tool = Path(argv[1]).name
+            assert argv[0] == cfg.toolchain.python
+            allowed = {"quantize.py": F.QUANTIZE_FLAGS}.get(tool)
+            if allowed is None:
+                allowed = F.MEDUSA_CONVERT_FLAGS if "medusa" in argv[1] else (
+                    F.EAGLE_CONVERT_FLAGS if "eagle" in argv[1] else F.CONVERT_CHECKPOINT_FLAGS)
+            assert {a for a in argv if a.startswith("--")} <= allowed
+            role = s.name.split("-", 1)[1]
+            model = cfg.target if role == "target" else cfg.draft
+            assert arg(argv, "--tp_size") == str(model.tp) and arg(argv, "--pp_size") == str(model.pp)
+            if tool == "quantize.py":
+                assert arg(argv, "--qformat") in F.QUANTIZE_QFORMATS
+                if "--kv_cache_dtype" in argv:
+                    assert arg(argv, "--kv_cache_dtype") in F.QUANTIZE_KV_DTYPES
+    names = [s.name for s in p.steps]
+    assert names.index("checkpoint-target") < names.index("engine-target")
+    if cfg.draft is not None:
+        assert names == ["checkpoint-target", "checkpoint-draft", "engine-draft", "engine-target"]
+
+
+def test_seed_config_is_the_documented_fp8_dtm_recipe():
+    p = plan_of(REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml")
+    q = list(p.step("checkpoint-target").argv)
+    assert arg(q, "--qformat") == "fp8" and arg(q, "--kv_cache_dtype") == "fp8" and arg(q, "--tp_size") == "2"
+    t = list(p.step("engine-target").argv)
+    assert arg(t, "--speculative_decoding_mode") == "draft_tokens_external" and arg(t, "--max_draft_len") == "5"
+    assert arg(t, "--workers") == "2"
+    assert p.report.draft_devices == [0] and p.report.kv_cache_free_gpu_mem_fraction == 0.45
+
+
+def test_a100_config_falls_back_to_int8_smoothquant():
+    p = plan_of(REPO / "build_configs" / "llama31-8b-a100.yaml")
+    q = list(p.step("checkpoint-target").argv)
+    assert arg(q, "--qformat") == "int8_sq" and arg(q, "--kv_cache_dtype") == "int8"
+    assert p.report.quant.fell_back
+    # the same file on a Hopper GPU plans FP8
+    cfg = load_config(REPO / "build_configs" / "llama31-8b-a100.yaml")
+    r = run_preflight(cfg, resolve_gpu(cfg.gpu, "h100:1"), require_checkpoints=False)
+    assert r.quant.weights == "fp8"
+
+
+def test_use_draft_logits_gathers_generation_logits_on_draft_only():
+    p = plan_of(REPO / "build_configs" / "llama33-70b-fp8-h200.yaml", ["speculative.use_draft_logits=true"])
+    assert "--gather_generation_logits" in p.step("engine-draft").argv
+    assert "--gather_generation_logits" not in p.step("engine-target").argv
+
+
+def test_bf16_uses_family_convert_checkpoint():
+    p = plan_of(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml",
+                ["quantization.weights=bf16", "quantization.kv_cache=auto", "limits.max_batch_size=2"])
+    argv = list(p.step("checkpoint-target").argv)
+    assert argv[1].endswith("models/core/qwen/convert_checkpoint.py") and arg(argv, "--dtype") == "bfloat16"
+
+
+def test_lookahead_and_eagle_modes(tmp_path):
+    base = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"
+    p = plan_of(base, ["speculative.mode=lookahead", "speculative.max_draft_len=15"])
+    t = list(p.step("engine-target").argv)
+    assert arg(t, "--speculative_decoding_mode") == "lookahead_decoding" and arg(t, "--max_draft_len") == "15"
+    heads = tmp_path / "eagle"
+    p = plan_of(base, ["speculative.mode=eagle", "speculative.max_draft_len=63", f"speculative.eagle.heads_dir={heads}",
+                       "quantization.weights=bf16", "limits.max_batch_size=2"])
+    c = list(p.step("checkpoint-target").argv)
+    assert c[1].endswith("eagle/convert_checkpoint.py") and arg(c, "--eagle_model_dir") == str(heads)
+    assert arg(list(p.step("engine-target").argv), "--speculative_decoding_mode") == "eagle"
+
+
+def test_text_json_and_sh_formats():
+    p = plan_of(BUILD_CONFIGS[0])
+    assert "memory plan per GPU" in p.to_text()
+    j = p.to_json()
+    assert json.loads(json.dumps(j))["steps"][0]["name"] == "checkpoint-target"
+    sh = p.to_sh()
+    cmd_lines = [ln for ln in sh.splitlines() if ln and not ln.startswith("#") and not ln.startswith("set ")]
+    assert len(cmd_lines) == len(p.steps)  # one logical line per step
+    for ln, s in zip(cmd_lines, p.steps):
+        assert shlex.split(ln) == list(s.argv)
+    subprocess.run(["bash", "-n"], input=sh, text=True, check=True)
+
+
+def test_sh_script_runs_with_tools(tmp_path, tiny_pair, monkeypatch):
+    """The `sh` plan is a runnable script: run it with stand-in tools and check every output appears."""
+    tools = write_fake_tools(tmp_path / "tools")
+    cfg = {"engine": "tensorrt", "gpu": "h100:1", "target": {"checkpoint": str(tiny_pair[0])},
+           "draft": {"checkpoint": str(tiny_pair[1])}, "toolchain": tools, "output_dir": str(tmp_path / "out"),
+           "limits": {"max_input_len": 256, "max_seq_len": 512}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("FAKE_TOOL_LOG", str(tmp_path / "log.jsonl"))
+    p = plan_of(path)
+    subprocess.run(["bash", "-c", p.to_sh()], check=True, capture_output=True)
+    assert [c["tool"] for c in tool_calls(tmp_path / "log.jsonl")] == ["quantize", "quantize", "trtllm_build", "trtllm_build"]
+    for d in p.engines.values():
+        assert (Path(d) / "config.json").is_file()

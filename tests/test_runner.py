@@ -1,0 +1,150 @@
+"""Runner with stand-in TensorRT-LLM tools (test doubles of the external executables, not of trt-spec)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trt_spec.config import load_config
+from trt_spec.hardware import resolve_gpu
+from trt_spec.plan import make_plan
+from trt_spec.preflight import run_preflight
+from trt_spec.runner import BuildError, BuildLockedError, _Lock, load_manifest, run_plan
+
+from .conftest import tool_calls
+
+
+def plan_for(path: Path, sets=()):
+    cfg = load_config(path, sets)
+    return make_plan(cfg, run_preflight(cfg, resolve_gpu(cfg.gpu), require_checkpoints=True), path)
+
+
+def test_full_build_writes_engines_and_manifest(fake_build):
+    p = plan_for(fake_build["config"])
+    res = run_plan(p, config_path=fake_build["config"])
+    assert [s.status for s in res.steps] == ["ran"] * 4
+    calls = tool_calls(fake_build["log"])
+    assert [c["tool"] for c in calls] == ["quantize", "quantize", "trtllm_build", "trtllm_build"]
+    m = load_manifest(fake_build["out"])
+    assert m["config_hash"] == p.config_hash and m["engine"] == "tensorrt"
+    assert m["engines"]["target"]["max_draft_len"] == 4 and m["engines"]["draft"]["max_draft_len"] == 0
+    assert m["world_size"] == {"target": 1, "draft": 1, "total": 2}
+    assert m["gpu"]["name"] == "h100" and m["speculative"]["mode"] == "draft_target"
+    assert "--speculative_decoding_mode" in m["engines"]["target"]["argv"]
+    assert (fake_build["out"] / "logs" / "engine-target.log").read_text().startswith("$ ")
+    # the tools wrote into temporaries that were renamed: no leftovers next to the outputs
+    leftovers = [p for p in fake_build["out"].rglob(".*") if "partial" in p.name or ".old-" in p.name]
+    assert leftovers == []
+
+
+def test_second_run_skips_everything_and_a_change_reruns_downstream(fake_build):
+    run_plan(plan_for(fake_build["config"]))
+    n = len(tool_calls(fake_build["log"]))
+    res = run_plan(plan_for(fake_build["config"]))
+    assert [s.status for s in res.steps] == ["skipped"] * 4
+    assert len(tool_calls(fake_build["log"])) == n
+    # changing the target's max_draft_len changes only the target engine's argv
+    res = run_plan(plan_for(fake_build["config"], ["speculative.max_draft_len=6"]))
+    assert [s.status for s in res.steps] == ["skipped", "skipped", "skipped", "ran"]
+    # touching the draft checkpoint invalidates the draft chain (checkpoint + engine)
+    cfgj = Path(load_config(fake_build["config"]).draft.checkpoint) / "config.json"
+    cfgj.write_text(cfgj.read_text() + " ")
+    res = run_plan(plan_for(fake_build["config"], ["speculative.max_draft_len=6"]))
+    assert [s.status for s in res.steps] == ["skipped", "ran", "ran", "skipped"]
+
+
+def test_failed_step_keeps_no_output_and_rerun_resumes(fake_build, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "engines/.target.partial")
+    with pytest.raises(BuildError) as e:
+        run_plan(plan_for(fake_build["config"]), config_path=fake_build["config"])
+    err = e.value
+    assert err.step == "engine-target" and "exit code 3" in str(err)
+    assert "out of memory" in err.tail
+    assert err.rerun == f"trt-spec build {fake_build['config']} --only engine-target"
+    assert not (fake_build["out"] / "engines" / "target").exists()
+    assert not list((fake_build["out"] / "engines").glob(".target.partial-*"))
+    assert not (fake_build["out"] / "manifest.json").exists()
+    monkeypatch.delenv("FAKE_FAIL")
+    res = run_plan(plan_for(fake_build["config"]))
+    assert [s.status for s in res.steps] == ["skipped", "skipped", "skipped", "ran"]
+    assert (fake_build["out"] / "manifest.json").is_file()
+
+
+def test_only_runs_one_step_and_needs_its_inputs(fake_build):
+    p = plan_for(fake_build["config"])
+    with pytest.raises(BuildError, match="--only engine-target needs the output of checkpoint-target"):
+        run_plan(p, only="engine-target")
+    with pytest.raises(BuildError, match="no such step; steps are checkpoint-target"):
+        run_plan(p, only="nope")
+    res = run_plan(p, only="checkpoint-target")
+    assert [(s.name, s.status) for s in res.steps] == [("checkpoint-target", "ran")]
+    assert res.manifest is None
+
+
+def test_dry_run_runs_nothing(fake_build):
+    res = run_plan(plan_for(fake_build["config"]), dry_run=True)
+    assert {s.status for s in res.steps} == {"would-run"}
+    assert tool_calls(fake_build["log"]) == [] and not fake_build["out"].exists()
+
+
+def test_kill_mid_step_leaves_no_half_written_output(fake_build):
+    """SIGKILL the whole build during a step: the final path never holds partial output; rerun completes."""
+    mark = fake_build["tmp"] / "sleeping"
+    env = {**os.environ, "FAKE_SLEEP": "30", "FAKE_SLEEP_MARK": str(mark)}
+    proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 30
+    while not mark.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), "the stand-in tool never started"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ckpt = fake_build["out"] / "checkpoints" / "target"
+    assert not ckpt.exists()  # only a hidden temporary may remain
+    assert list(ckpt.parent.glob(".target.partial-*"))
+    res = run_plan(plan_for(fake_build["config"]))
+    assert [s.status for s in res.steps] == ["ran"] * 4
+    assert not list(ckpt.parent.glob(".target.partial-*"))
+
+
+def test_ctrl_c_cleans_up(fake_build):
+    mark = fake_build["tmp"] / "sleeping"
+    env = {**os.environ, "FAKE_SLEEP": "30", "FAKE_SLEEP_MARK": str(mark)}
+    proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not mark.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "rerun the same command to resume" in err
+    ckpt = fake_build["out"] / "checkpoints"
+    assert not list(ckpt.glob(".*partial*")) and not (ckpt / "target").exists()
+
+
+def test_lock_refuses_concurrent_build(fake_build):
+    out = fake_build["out"]
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from trt_spec.runner import _Lock\n"
+        f"l = _Lock(Path({str(out)!r})); l.__enter__(); print('locked', flush=True); time.sleep(30)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(BuildLockedError, match=rf"another trt-spec build of .* is running \(pid {holder.pid}\)"):
+            run_plan(plan_for(fake_build["config"]))
+    finally:
+        holder.kill()
+        holder.wait()
+    # the OS released the lock with the process: the build proceeds
+    assert [s.status for s in run_plan(plan_for(fake_build["config"])).steps] == ["ran"] * 4
+
+
+def test_missing_tool_is_one_clear_error(fake_build):
+    p = plan_for(fake_build["config"], ["toolchain.trtllm_build=/nonexistent/trtllm-build"])
+    with pytest.raises(BuildError, match="cannot start /nonexistent/trtllm-build.*trt-spec doctor"):
+        run_plan(p)
