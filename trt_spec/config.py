@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 ENV_PREFIX = "TRT_SPEC__"
 
-WeightFormat = Literal["fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo", "bf16", "fp16", "auto"]
+WeightFormat = Literal["fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo", "bf16", "fp16", "fp32", "auto"]
 KvCacheFormat = Literal["fp8", "int8", "auto"]
 SpecMode = Literal["draft_target", "ngram", "medusa", "eagle", "lookahead", "none"]
 Engine = Literal["tensorrt", "reference"]
@@ -38,7 +38,7 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """One Hugging Face checkpoint (a local directory with config.json) and how to shard it."""
 
-    checkpoint: str = Field(description="Hugging Face checkpoint directory (config.json, safetensors, tokenizer)")
+    checkpoint: str = Field(description="Hugging Face checkpoint directory, or pkg:<module>/<file>.gguf (reference engine)")
     tp: int = Field(1, ge=1, description="tensor-parallel size")
     pp: int = Field(1, ge=1, description="pipeline-parallel size")
     dtype: CheckpointDtype = Field("auto", description="activation dtype for conversion (auto = config.json)")
@@ -46,6 +46,26 @@ class ModelSpec(_Strict):
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+
+class DistillSpec(_Strict):
+    """Reference engine only: build the draft from the target by distillation (offline, seeded, bounded)."""
+
+    hidden_size: int = Field(160, ge=32, description="draft hidden size")
+    num_layers: int = Field(2, ge=1, description="draft decoder layers")
+    steps: int = Field(600, ge=1, description="distillation steps (fixed count: reproducible)")
+    seed: int = Field(0, description="random seed")
+
+
+class DraftSpec(ModelSpec):
+    checkpoint: Optional[str] = Field(None, description="draft checkpoint (null when draft.distill builds one)")
+    distill: Optional[DistillSpec] = Field(None, description="reference engine: distill a tiny draft from the target")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DraftSpec":
+        if (self.checkpoint is None) == (self.distill is None):
+            raise ValueError("give exactly one of draft.checkpoint (a model directory) or draft.distill (build one)")
+        return self
 
 
 class Quantization(_Strict):
@@ -143,7 +163,7 @@ class BuildConfig(_Strict):
     engine: Engine = Field("tensorrt", description="tensorrt (GPU, TensorRT-LLM 1.2) or reference (CPU, PyTorch)")
     gpu: str = Field("auto", description="auto (nvidia-smi) or a named GPU such as h100, h200, a100-80gb, l40s; NAME:COUNT")
     target: ModelSpec
-    draft: Optional[ModelSpec] = None
+    draft: Optional[DraftSpec] = None
     quantization: Quantization = Field(default_factory=Quantization)
     speculative: Speculative = Field(default_factory=Speculative)
     limits: Limits = Field(default_factory=Limits)
@@ -167,6 +187,8 @@ class BuildConfig(_Strict):
             raise ValueError("speculative.mode medusa needs speculative.medusa.heads_dir")
         if s.mode == "eagle" and s.eagle is None:
             raise ValueError("speculative.mode eagle needs speculative.eagle.heads_dir")
+        if self.draft is not None and self.draft.distill is not None and self.engine != "reference":
+            raise ValueError("draft.distill is for engine: reference; give draft.checkpoint for engine: tensorrt")
         if s.mode == "lookahead" and s.lookahead is None:
             s.lookahead = LookaheadSpec()
         return self
@@ -317,3 +339,13 @@ def defaults_table() -> list[tuple[str, Any, str]]:
 
     walk(BuildConfig, "")
     return rows
+
+
+def markdown_table() -> str:
+    """The README's table of keys and defaults (`python -m trt_spec.config` prints it)."""
+    rows = [f"| `{k}` | `{v}` | {d} |" for k, v, d in defaults_table()]
+    return "\n".join(["| key | default | meaning |", "|---|---|---|", *rows])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(markdown_table())

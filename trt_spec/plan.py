@@ -270,14 +270,37 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
 
 
 def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tuple[list[Step], dict[str, str]]:
-    steps, engines = [], {}
-    roles = [("target", cfg.target)] + ([("draft", cfg.draft)] if cfg.draft else [])
-    for role, model in roles:
+    """import (GGUF -> HF dir) -> distill-draft (optional) -> export-draft -> export-target."""
+    py = sys.executable
+    steps: list[Step] = []
+    hf: dict[str, str] = {}
+    target_src = cfg.target.checkpoint
+    if target_src.startswith("pkg:") or target_src.endswith(".gguf"):
+        hf["target"] = str(out / "hf" / "target")
+        steps.append(Step("import-target", f"convert {target_src} to a Hugging Face directory (dequantized fp32)",
+                          (py, "-m", "trt_spec.reference.checkpoints", "--source", target_src,
+                           "--output_dir", hf["target"]), hf["target"], (target_src,)))
+    else:
+        hf["target"] = target_src
+    if cfg.draft is not None:
+        d = cfg.draft.distill
+        if d is not None:
+            hf["draft"] = str(out / "hf" / "draft")
+            steps.append(Step("distill-draft", f"distill a {d.num_layers}-layer, {d.hidden_size}-wide draft from the "
+                              f"target ({d.steps} steps, seed {d.seed})",
+                              (py, "-m", "trt_spec.reference.distill", "--teacher", hf["target"],
+                               "--output_dir", hf["draft"], "--hidden", str(d.hidden_size), "--layers",
+                               str(d.num_layers), "--steps", str(d.steps), "--seed", str(d.seed)),
+                              hf["draft"], (hf["target"],)))
+        else:
+            hf["draft"] = cfg.draft.checkpoint
+    engines = {}
+    for role in (["draft"] if cfg.draft is not None else []) + ["target"]:
         edir = out / "engines" / role
-        argv = [sys.executable, "-m", "trt_spec.reference.export",
-                "--checkpoint", model.checkpoint, "--output_dir", str(edir), "--weights", report.quant.weights]
+        argv = (py, "-m", "trt_spec.reference.export", "--checkpoint", hf[role], "--output_dir", str(edir),
+                "--weights", report.quant.weights)
         steps.append(Step(f"export-{role}", f"export the {role} to a reference engine ({report.quant.weights} "
-                          "weights, safetensors)", tuple(argv), str(edir), (model.checkpoint,)))
+                          "weights, safetensors)", argv, str(edir), (hf[role],)))
         engines[role] = str(edir)
     return steps, engines
 
@@ -287,7 +310,8 @@ def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) ->
     name = cfg.resolved_name(source)
     if cfg.engine == "reference":
         steps, engines = _reference_steps(cfg, report, out)
-        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines, {})
+        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines,
+                    {s.name.split("-", 1)[1]: s.output for s in steps if s.name.startswith(("import-", "distill-"))})
     roles = ["target"] + (["draft"] if cfg.draft is not None else [])
     ckpts = {r: out / "checkpoints" / r for r in roles}
     engs = {r: out / "engines" / r for r in roles}

@@ -93,6 +93,8 @@ KNOWN_MODELS: dict[str, ModelInfo] = {
                                             bos_token_id=151643, eos_token_ids=(151645,)),
     "qwen2.5-coder-0.5b-instruct": ModelInfo("Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, True, 32768,
                                              bos_token_id=151643, eos_token_ids=(151645,)),
+    "smollm2-135m-instruct": ModelInfo("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192,
+                                       bos_token_id=1, eos_token_ids=(2,)),
     "vicuna-7b-v1.3": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048,
                                 bos_token_id=1, eos_token_ids=(2,)),
 }
@@ -209,8 +211,29 @@ def read_model_info(checkpoint: Path, role: str) -> ModelInfo:
         raise PreflightError(f"{cfg_path}: missing or invalid field {e}; re-download the checkpoint") from None
 
 
+def _packaged_model_info(spec: str, role: str, require: bool) -> ModelInfo:
+    """A GGUF file (pkg:<module>/<file>.gguf or a path): dimensions from the built-in table by model name."""
+    from .reference.checkpoints import SourceError, is_package_source, resolve_package_file
+
+    if require:
+        try:
+            path = resolve_package_file(spec) if is_package_source(spec) else Path(spec)
+        except SourceError as e:
+            raise PreflightError(f"{role}.checkpoint {e}") from None
+        if not path.is_file():
+            raise PreflightError(f"{role}.checkpoint {spec}: file not found")
+    key = Path(spec).name.split(".")[0].lower()
+    known = KNOWN_MODELS.get(key)
+    if known is None:
+        raise PreflightError(f"{role}.checkpoint {spec}: GGUF model {key!r} is not in the built-in model table; "
+                             "convert it to a Hugging Face directory and point the checkpoint there")
+    return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (GGUF source, imported at build time)"})
+
+
 def model_info_for(checkpoint: str, role: str, require: bool) -> ModelInfo:
     """Real config.json when present; else (plan only) the built-in table of known models."""
+    if checkpoint.startswith("pkg:") or checkpoint.endswith(".gguf"):
+        return _packaged_model_info(checkpoint, role, require)
     path = Path(checkpoint)
     if require or path.is_dir():
         return read_model_info(path, role)
@@ -220,7 +243,7 @@ def model_info_for(checkpoint: str, role: str, require: bool) -> ModelInfo:
             f"{role}.checkpoint {checkpoint}: not found, and {path.name!r} is not in the built-in model table; "
             f"point {role}.checkpoint at the Hugging Face directory (--set {role}.checkpoint=DIR)"
         )
-    return ModelInfo(**{**known.__dict__, "source": "built-in table (checkpoint not on this machine)"})
+    return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (checkpoint not on this machine)"})
 
 
 def read_vocab(checkpoint: Path) -> dict[int, str]:
@@ -419,12 +442,20 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
         raise PreflightError("Medusa is greedy-only in TensorRT-LLM; remove use_draft_logits")
 
     target = model_info_for(cfg.target.checkpoint, "target", require_checkpoints)
-    draft = model_info_for(cfg.draft.checkpoint, "draft", require_checkpoints) if cfg.draft else None
+    draft = None
+    if cfg.draft is not None and cfg.draft.distill is not None:
+        d = cfg.draft.distill
+        draft = ModelInfo(**{**target.__dict__, "num_layers": d.num_layers, "hidden_size": d.hidden_size,
+                             "num_heads": max(1, d.hidden_size // 64), "num_kv_heads": max(1, d.hidden_size // 64),
+                             "intermediate_size": d.hidden_size * 4, "tie_word_embeddings": True,
+                             "source": "distilled from the target at build time (same tokenizer by construction)"})
+    elif cfg.draft is not None:
+        draft = model_info_for(cfg.draft.checkpoint, "draft", require_checkpoints)
     for role, info in (("target", target), ("draft", draft)):
         if info is None:
             continue
         if info.source != "checkpoint":
-            notes.append(f"{role}: model dimensions from the {info.source}")
+            notes.append(f"{role}: {info.source}")
         allowed = REFERENCE_ARCHITECTURES if cfg.engine == "reference" else set(TRTLLM_ARCHITECTURES)
         if info.architecture not in allowed:
             what = "the reference engine" if cfg.engine == "reference" else "TensorRT-LLM 1.2's engine flow"
@@ -442,7 +473,7 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     elif cfg.target.world_size > 1 or (cfg.draft and cfg.draft.world_size > 1):
         raise PreflightError("the reference engine runs on one CPU process; set target.tp/pp and draft.tp/pp to 1")
 
-    if draft is not None:
+    if draft is not None and cfg.draft.checkpoint is not None:
         tdir, ddir = Path(cfg.target.checkpoint), Path(cfg.draft.checkpoint)
         if tdir.is_dir() and ddir.is_dir():
             notes += check_tokenizers(tdir, ddir, target, draft)
