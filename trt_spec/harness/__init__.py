@@ -1,0 +1,1 @@
+"""Client-side harness: prompt sets, metrics, identity checks, benchmarks and reports."""

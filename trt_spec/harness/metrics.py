@@ -1,0 +1,105 @@
+"""Metric math shared by the in-process and the served benchmarks (pure functions, unit-tested).
+
+Definitions (vLLM's): mean acceptance length = 1 + accepted / steps; draft acceptance rate α =
+accepted / drafted; per-position acceptance; histogram of accepted counts 0..k. TPOT = (end-to-end latency −
+TTFT) / (output tokens − 1): time per output token after the first, per request (not the inter-token
+latency between streamed chunks, which is bursty under speculation).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+
+def leviathan_bound(alpha: float, k: int, c: float) -> float:
+    """Expected speedup of speculative decoding (Leviathan et al. 2023, Thm 3.8):
+    S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)), α = per-token acceptance rate, c = draft/target cost ratio."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return (k + 1) / (k * c + 1)
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """(1 − α^(k+1)) / (1 − α): mean tokens emitted per target pass for i.i.d. acceptance."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def mean_acceptance_length(accepted: int, steps: int) -> float:
+    return 1.0 + accepted / steps if steps else 0.0
+
+
+def acceptance_rate(accepted: int, drafted: int) -> float:
+    return accepted / drafted if drafted else 0.0
+
+
+def tpot(latency_s: float, ttft_s: float, output_tokens: int) -> Optional[float]:
+    """Time per output token after the first; None for single-token outputs."""
+    if output_tokens <= 1:
+        return None
+    return (latency_s - ttft_s) / (output_tokens - 1)
+
+
+def bootstrap_ratio_ci(numer: Sequence[float], denom: Sequence[float], *, iters: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float, float]:
+    """Paired bootstrap of sum(numer)/sum(denom) (e.g. baseline time / speculative time = speedup).
+    Returns (point estimate, low, high)."""
+    if len(numer) != len(denom) or not numer:
+        raise ValueError("bootstrap needs two paired, non-empty samples")
+    n = len(numer)
+    point = sum(numer) / sum(denom)
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(iters):
+        idx = [rng.randrange(n) for _ in range(n)]
+        d = sum(denom[i] for i in idx)
+        if d > 0:
+            stats.append(sum(numer[i] for i in idx) / d)
+    stats.sort()
+    lo = stats[int((1 - level) / 2 * len(stats))]
+    hi = stats[min(len(stats) - 1, int((1 + level) / 2 * len(stats)))]
+    return point, lo, hi
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Summary:
+    mean: float
+    p50: float
+    p90: float
+    n: int
+
+    @staticmethod
+    def of(values: Sequence[float]) -> "Summary":
+        v = [x for x in values if x is not None and not math.isnan(x)]
+        if not v:
+            return Summary(math.nan, math.nan, math.nan, 0)
+        return Summary(statistics.fmean(v), percentile(v, 0.5), percentile(v, 0.9), len(v))
+
+
+def low_acceptance_advice(alpha: float, k: int, c: float, speedup: float) -> Optional[str]:
+    """A plain warning when speculation does not pay (acceptance-rate degradation), else None."""
+    if speedup >= 1.0 and alpha >= 0.3:
+        return None
+    bound = leviathan_bound(alpha, k, c)
+    reasons = [f"acceptance α={alpha:.2f} at k={k}, draft/target cost c={c:.2f}, Leviathan bound {bound:.2f}x"]
+    if speedup < 1.0:
+        reasons.insert(0, f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x)")
+    advice = ("lower num_draft_tokens (k), use a draft closer to the target (same family, distilled), use n-gram "
+              "mode for prompts whose answers copy the prompt, or disable speculation for this workload")
+    return "; ".join(reasons) + ". Advice: " + advice

@@ -1,0 +1,177 @@
+"""Prompt sets shipped with trt-spec, and JSONL prompt files.
+
+Sets: `code-edit` (agentic code loop: the answer copies most of the prompt — where n-gram drafting shines),
+`code` (plain code generation), `chat`, `summarization`. A JSONL file holds one object per line:
+{"prompt": "...", "max_tokens": 128} (max_tokens optional).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str  # the user message (a chat template is applied by whoever knows the tokenizer)
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    id: str = ""
+
+
+_SNIPPETS = {
+    "stats": '''def mean(values):
+    total = 0
+    for v in values:
+        total += v
+    return total / len(values)
+
+
+def variance(values):
+    m = mean(values)
+    total = 0
+    for v in values:
+        total += (v - m) ** 2
+    return total / len(values)
+
+
+def describe(values):
+    return {"mean": mean(values), "variance": variance(values), "count": len(values)}
+''',
+    "inventory": '''class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, count):
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count):
+        if self.items.get(name, 0) < count:
+            raise ValueError("not enough " + name)
+        self.items[name] -= count
+
+    def total(self):
+        return sum(self.items.values())
+''',
+    "http": '''import json
+import urllib.request
+
+
+def fetch_json(url, timeout=10):
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        data = response.read()
+    return json.loads(data)
+
+
+def fetch_user(base_url, user_id):
+    return fetch_json(base_url + "/users/" + str(user_id))
+
+
+def fetch_posts(base_url, user_id):
+    return fetch_json(base_url + "/users/" + str(user_id) + "/posts")
+''',
+    "matrix": '''def transpose(matrix):
+    rows = len(matrix)
+    cols = len(matrix[0])
+    result = [[0] * rows for _ in range(cols)]
+    for i in range(rows):
+        for j in range(cols):
+            result[j][i] = matrix[i][j]
+    return result
+
+
+def multiply(a, b):
+    result = [[0] * len(b[0]) for _ in range(len(a))]
+    for i in range(len(a)):
+        for j in range(len(b[0])):
+            for k in range(len(b)):
+                result[i][j] += a[i][k] * b[k][j]
+    return result
+''',
+}
+
+CODE_EDIT = [
+    Prompt(f"Rename the function `mean` to `average` everywhere in this code and reply with the complete updated "
+           f"code only.\n\n```python\n{_SNIPPETS['stats']}```", id="rename-mean"),
+    Prompt(f"Rename the method `total` to `count_all` and reply with the full class, nothing else.\n\n"
+           f"```python\n{_SNIPPETS['inventory']}```", id="rename-method"),
+    Prompt(f"Change the default timeout from 10 to 30 seconds and reply with the whole file.\n\n"
+           f"```python\n{_SNIPPETS['http']}```", id="change-default"),
+    Prompt(f"Rename the variable `result` to `out` in both functions and return the full code.\n\n"
+           f"```python\n{_SNIPPETS['matrix']}```", id="rename-variable"),
+    Prompt(f"Add type hints (list[float] -> float) to every function and reply with the complete code.\n\n"
+           f"```python\n{_SNIPPETS['stats']}```", id="type-hints"),
+    Prompt(f"Fix the bug: `remove` should delete the key when the count reaches zero. Reply with the full class."
+           f"\n\n```python\n{_SNIPPETS['inventory']}```", id="fix-bug"),
+]
+
+CODE = [
+    Prompt("Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.", id="palindrome"),
+    Prompt("Write a Python function `fizzbuzz(n)` that returns the FizzBuzz sequence from 1 to n as a list.", id="fizzbuzz"),
+    Prompt("Write a Python class `Stack` with push, pop, peek and is_empty methods.", id="stack"),
+    Prompt("Write a Python function that returns the n-th Fibonacci number iteratively.", id="fibonacci"),
+    Prompt("Write a Python function that counts the words in a text file and returns the 10 most common.", id="wordcount"),
+    Prompt("Write a binary search function in Python that returns the index of a target or -1.", id="bsearch"),
+]
+
+CHAT = [
+    Prompt("What is the capital of France, and what is it famous for?", id="france"),
+    Prompt("Give me three tips for sleeping better.", id="sleep"),
+    Prompt("Explain what a neural network is to a ten-year-old.", id="nn"),
+    Prompt("What are the main differences between tea and coffee?", id="tea"),
+    Prompt("How do plants make their food?", id="plants"),
+    Prompt("Write a short poem about the ocean.", id="poem"),
+]
+
+SUMMARIZATION = [
+    Prompt("Summarize in two sentences: The Python programming language was created by Guido van Rossum and first "
+           "released in 1991. Python emphasizes code readability with significant indentation. It supports multiple "
+           "programming paradigms, including structured, object-oriented and functional programming. Python is often "
+           "described as a batteries included language because of its comprehensive standard library.", id="python"),
+    Prompt("Summarize: Speculative decoding speeds up text generation from large language models. A small draft "
+           "model proposes several tokens, and the large target model checks all of them in a single forward pass. "
+           "Tokens that agree with the target are kept, so the output is exactly what the target would produce, but "
+           "fewer slow target steps are needed when the draft is often right.", id="specdec"),
+    Prompt("Summarize in one sentence: The Amazon rainforest covers much of the Amazon basin of South America. The "
+           "majority of the forest is contained within Brazil, with smaller parts in Peru, Colombia and other "
+           "countries. It represents over half of the planet's remaining rainforests and is the largest and most "
+           "biodiverse tract of tropical rainforest in the world.", id="amazon"),
+    Prompt("Summarize the key points: Regular exercise improves cardiovascular health, strengthens muscles and "
+           "bones, and helps control weight. It also reduces the risk of chronic diseases such as diabetes, and it "
+           "improves mood and sleep quality. Experts recommend at least 150 minutes of moderate activity per week.",
+           id="exercise"),
+]
+
+PROMPT_SETS: dict[str, list[Prompt]] = {
+    "code-edit": CODE_EDIT, "code": CODE, "chat": CHAT, "summarization": SUMMARIZATION,
+}
+
+
+def load_prompts(name_or_path: str, max_tokens: int | None = None) -> list[Prompt]:
+    """A shipped set by name, or a JSONL file ({"prompt": ..., "max_tokens": ...} per line)."""
+    if name_or_path in PROMPT_SETS:
+        prompts = PROMPT_SETS[name_or_path]
+    else:
+        p = Path(name_or_path)
+        if not p.is_file():
+            raise ValueError(f"prompt set {name_or_path!r}: not one of {', '.join(PROMPT_SETS)} and not a file")
+        prompts = []
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                text = obj["prompt"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{p}:{i}: expected a JSON object with a \"prompt\" key") from None
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"{p}:{i}: \"prompt\" must be a non-empty string")
+            mt = obj.get("max_tokens", DEFAULT_MAX_TOKENS)
+            if not isinstance(mt, int) or mt < 1:
+                raise ValueError(f"{p}:{i}: \"max_tokens\" must be a positive integer")
+            prompts.append(Prompt(text, mt, str(obj.get("id", i))))
+    if max_tokens is not None:
+        prompts = [Prompt(p.text, max_tokens, p.id) for p in prompts]
+    return list(prompts)

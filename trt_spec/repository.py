@@ -1,0 +1,449 @@
+"""Triton model repository writer: a build manifest (or a config's plan) -> a complete model repository.
+
+Models (NVIDIA's names, so clients written for tensorrtllm_backend work unchanged):
+  preprocessing       python   text -> token ids (HF tokenizer)
+  tensorrt_llm        target engine: backend `tensorrtllm` (GPU) or the python reference engine (CPU);
+                      the same core tensor interface either way
+  tensorrt_llm_draft  draft engine (draft-target mode only), same interface
+  postprocessing      python   token ids -> text
+  ensemble            the non-speculative baseline: preprocessing -> tensorrt_llm -> postprocessing
+  tensorrt_llm_bls    the speculative model: draft (model or n-gram) -> verify with draft_input_ids, streaming
+
+Design choice (streaming): engine models and the BLS are *decoupled*. The baseline ensemble then streams
+(TTFT measurable) and the BLS calls the engines with decoupled BLS execs and streams each accepted chunk.
+NVIDIA's DTM recipe sets every model non-decoupled and loses streaming; the cost of our choice is that a
+non-streaming request must be answered with exactly one response (the models do), and that HTTP `/generate`
+works only for non-streaming requests (use `/generate_stream` or gRPC streams otherwise).
+
+Every config.pbtxt is built as Triton's ModelConfig protobuf and serialized; the writer parses every file
+back, rejects leftover `${…}` template variables, and checks cross-model references. Writing is atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+MODEL_REPO_SOURCES = Path(__file__).resolve().parents[1] / "model_repo"
+
+PRE, POST, TARGET, DRAFT, ENSEMBLE, BLS = (
+    "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "ensemble", "tensorrt_llm_bls")
+LOGITS_TYPE = "TYPE_FP32"
+DEFAULT_PREFIX_CACHE_MB = 512
+
+
+class RepositoryError(ValueError):
+    """A broken model repository (one line naming the model, the problem and the fix)."""
+
+
+T = mc.DataType.Value
+
+
+def _io(cls, name: str, dtype: str, dims: list[int], *, optional: bool = False, ragged: bool = False,
+        reshape: Optional[list[int]] = None):
+    m = cls(name=name, data_type=T(dtype), dims=dims)
+    if cls is mc.ModelInput:
+        m.optional = optional
+        m.allow_ragged_batch = ragged
+    if reshape is not None:
+        m.reshape.shape.extend(reshape)
+    return m
+
+
+def inp(*a, **k):
+    return _io(mc.ModelInput, *a, **k)
+
+
+def out(name: str, dtype: str, dims: list[int]):
+    return _io(mc.ModelOutput, name, dtype, dims)
+
+
+def _params(cfg: mc.ModelConfig, params: dict[str, object]) -> None:
+    for k, v in params.items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        cfg.parameters[k].string_value = str(v)
+
+
+# The core tensor interface of the TensorRT-LLM backend's `tensorrt_llm` model (the subset trt-spec uses;
+# names, types and shapes exactly as in tensorrtllm_backend's inflight_batcher_llm/tensorrt_llm).
+def engine_inputs() -> list:
+    return [
+        inp("input_ids", "TYPE_INT32", [-1], ragged=True),
+        inp("input_lengths", "TYPE_INT32", [1], reshape=[]),
+        inp("request_output_len", "TYPE_INT32", [1], reshape=[]),
+        inp("draft_input_ids", "TYPE_INT32", [-1], optional=True, ragged=True),
+        inp("draft_logits", LOGITS_TYPE, [-1, -1], optional=True, ragged=True),
+        inp("draft_acceptance_threshold", "TYPE_FP32", [1], optional=True, reshape=[]),
+        inp("end_id", "TYPE_INT32", [1], optional=True, reshape=[]),
+        inp("pad_id", "TYPE_INT32", [1], optional=True, reshape=[]),
+        inp("stop_words_list", "TYPE_INT32", [2, -1], optional=True, ragged=True),
+        inp("bad_words_list", "TYPE_INT32", [2, -1], optional=True, ragged=True),
+        inp("beam_width", "TYPE_INT32", [1], optional=True, reshape=[]),
+        inp("temperature", "TYPE_FP32", [1], optional=True, reshape=[]),
+        inp("runtime_top_k", "TYPE_INT32", [1], optional=True, reshape=[]),
+        inp("runtime_top_p", "TYPE_FP32", [1], optional=True, reshape=[]),
+        inp("seed", "TYPE_UINT64", [1], optional=True, reshape=[]),
+        inp("streaming", "TYPE_BOOL", [1], optional=True),
+        inp("exclude_input_in_output", "TYPE_BOOL", [1], optional=True),
+        inp("return_generation_logits", "TYPE_BOOL", [1], optional=True, reshape=[]),
+        inp("return_perf_metrics", "TYPE_BOOL", [1], optional=True, reshape=[]),
+    ]
+
+
+def engine_outputs() -> list:
+    return [
+        out("output_ids", "TYPE_INT32", [-1, -1]),
+        out("sequence_length", "TYPE_INT32", [-1]),
+        out("generation_logits", LOGITS_TYPE, [-1, -1, -1]),
+        out("acceptance_rate", "TYPE_FP32", [1]),
+        out("total_accepted_draft_tokens", "TYPE_INT32", [1]),
+        out("total_draft_tokens", "TYPE_INT32", [1]),
+    ]
+
+
+@dataclass(frozen=True)
+class RepoSettings:
+    """What the repository needs from a manifest (GPU or CPU)."""
+
+    engine: str
+    max_batch_size: int
+    max_seq_len: int
+    mode: str
+    max_draft_len: int
+    num_draft_tokens: int
+    ngram_size: int
+    tokenizer_dir: str
+    engines: dict  # role -> manifest engine entry
+    kv_fraction: float
+    medusa_choices: Optional[list] = None
+    eagle_choices: Optional[list] = None
+    lookahead: Optional[dict] = None
+    orchestrator: bool = False
+
+    @staticmethod
+    def from_manifest(m: dict) -> "RepoSettings":
+        cfg = m["config"]
+        spec = cfg["speculative"]
+        tok = cfg["target"]["checkpoint"] if m["engine"] == "tensorrt" else m["engines"]["target"]["dir"]
+        multi_gpu = any(e["world_size"] > 1 for e in m["engines"].values())
+        return RepoSettings(
+            engine=m["engine"], max_batch_size=cfg["limits"]["max_batch_size"], max_seq_len=cfg["limits"]["max_seq_len"],
+            mode=spec["mode"], max_draft_len=m["speculative"]["max_draft_len"],
+            num_draft_tokens=m["speculative"]["num_draft_tokens"], ngram_size=spec["ngram_size"], tokenizer_dir=tok,
+            engines=m["engines"], kv_fraction=m["runtime"]["kv_cache_free_gpu_mem_fraction"],
+            medusa_choices=(spec.get("medusa") or {}).get("choices"), eagle_choices=(spec.get("eagle") or {}).get("choices"),
+            lookahead=spec.get("lookahead"), orchestrator=multi_gpu and len(m["engines"]) > 1)
+
+
+def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
+    e = s.engines[role]
+    cfg = mc.ModelConfig(name=name, max_batch_size=s.max_batch_size)
+    cfg.model_transaction_policy.decoupled = True
+    cfg.input.extend(engine_inputs())
+    cfg.output.extend(engine_outputs())
+    cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    if s.engine == "tensorrt":
+        cfg.backend = "tensorrtllm"
+        cfg.dynamic_batching.max_queue_delay_microseconds = 0
+        params: dict[str, object] = {
+            "gpt_model_type": "inflight_fused_batching",
+            "gpt_model_path": e["dir"],
+            "max_beam_width": 1,
+            "enable_kv_cache_reuse": True,
+            "exclude_input_in_output": False,
+            "kv_cache_free_gpu_mem_fraction": s.kv_fraction,
+            "gpu_device_ids": ",".join(str(d) for d in e["devices"]),
+            "batch_scheduler_policy": "guaranteed_no_evict",
+        }
+        if role == "target":
+            if s.mode == "medusa":
+                params["decoding_mode"] = "medusa"
+                params["medusa_choices"] = _choices(s.medusa_choices)
+            elif s.mode == "eagle":
+                params["decoding_mode"] = "eagle"
+                params["eagle_choices"] = _choices(s.eagle_choices)
+            elif s.mode == "lookahead":
+                la = s.lookahead or {}
+                params.update(decoding_mode="lookahead", lookahead_window_size=la.get("window_size"),
+                              lookahead_ngram_size=la.get("ngram_size"),
+                              lookahead_verification_set_size=la.get("verification_set_size"))
+        _params(cfg, params)
+    else:
+        cfg.backend = "python"
+        _params(cfg, {"engine_dir": e["dir"], "max_seq_len": s.max_seq_len,
+                      "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB, "max_draft_len": e.get("max_draft_len", 0)})
+    return cfg
+
+
+def _choices(choices: Optional[list]) -> Optional[str]:
+    # Triton's string form "{0}, {0, 0}, {1}"; None = the backend's default tree
+    if not choices:
+        return None
+    return ", ".join("{" + ", ".join(str(x) for x in c) + "}" for c in choices)
+
+
+def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=PRE, backend="python", max_batch_size=s.max_batch_size)
+    cfg.input.extend([
+        inp("QUERY", "TYPE_STRING", [1]),
+        inp("REQUEST_OUTPUT_LEN", "TYPE_INT32", [1]),
+        inp("BAD_WORDS_DICT", "TYPE_STRING", [-1], optional=True),
+        inp("STOP_WORDS_DICT", "TYPE_STRING", [-1], optional=True),
+        inp("END_ID", "TYPE_INT32", [1], optional=True),
+        inp("PAD_ID", "TYPE_INT32", [1], optional=True),
+    ])
+    cfg.output.extend([
+        out("INPUT_ID", "TYPE_INT32", [-1]),
+        out("REQUEST_INPUT_LEN", "TYPE_INT32", [1]),
+        out("REQUEST_OUTPUT_LEN", "TYPE_INT32", [1]),
+        out("BAD_WORDS_IDS", "TYPE_INT32", [2, -1]),
+        out("STOP_WORDS_IDS", "TYPE_INT32", [2, -1]),
+        out("OUT_END_ID", "TYPE_INT32", [1]),
+        out("OUT_PAD_ID", "TYPE_INT32", [1]),
+    ])
+    cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "max_input_len": s.max_seq_len - 1})
+    return cfg
+
+
+def postprocessing_config(s: RepoSettings) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=POST, backend="python", max_batch_size=s.max_batch_size)
+    cfg.input.extend([inp("TOKENS_BATCH", "TYPE_INT32", [-1, -1]), inp("SEQUENCE_LENGTH", "TYPE_INT32", [-1])])
+    cfg.output.extend([out("OUTPUT", "TYPE_STRING", [-1])])
+    cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": True})
+    return cfg
+
+
+def text_inputs(bls: bool) -> list:
+    ins = [
+        inp("text_input", "TYPE_STRING", [1]),
+        inp("max_tokens", "TYPE_INT32", [1]),
+        inp("bad_words", "TYPE_STRING", [-1], optional=True),
+        inp("stop_words", "TYPE_STRING", [-1], optional=True),
+        inp("end_id", "TYPE_INT32", [1], optional=True),
+        inp("pad_id", "TYPE_INT32", [1], optional=True),
+        inp("top_k", "TYPE_INT32", [1], optional=True),
+        inp("top_p", "TYPE_FP32", [1], optional=True),
+        inp("temperature", "TYPE_FP32", [1], optional=True),
+        inp("seed", "TYPE_UINT64", [1], optional=True),
+        inp("stream", "TYPE_BOOL", [1], optional=True),
+        inp("exclude_input_in_output", "TYPE_BOOL", [1], optional=True),
+        inp("return_perf_metrics", "TYPE_BOOL", [1], optional=True),
+    ]
+    if bls:
+        ins += [inp("num_draft_tokens", "TYPE_INT32", [1], optional=True),
+                inp("use_draft_logits", "TYPE_BOOL", [1], optional=True)]
+    return ins
+
+
+def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=ENSEMBLE, platform="ensemble", max_batch_size=s.max_batch_size)
+    cfg.input.extend(text_inputs(bls=False))
+    cfg.output.extend([out("text_output", "TYPE_STRING", [-1]), out("output_ids", "TYPE_INT32", [-1, -1]),
+                       out("sequence_length", "TYPE_INT32", [-1])])
+    steps = cfg.ensemble_scheduling.step
+    pre = steps.add(model_name=PRE, model_version=-1)
+    pre.input_map.update({"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
+                          "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id"})
+    pre.output_map.update({"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+                           "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
+                           "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID"})
+    llm = steps.add(model_name=TARGET, model_version=-1)
+    llm.input_map.update({"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
+                          "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_END_ID", "pad_id": "_PAD_ID",
+                          "bad_words_list": "_BAD_WORDS_IDS", "stop_words_list": "_STOP_WORDS_IDS",
+                          "runtime_top_k": "top_k", "runtime_top_p": "top_p", "temperature": "temperature",
+                          "seed": "seed", "streaming": "stream", "exclude_input_in_output": "exclude_input_in_output",
+                          "return_perf_metrics": "return_perf_metrics"})
+    llm.output_map.update({"output_ids": "output_ids", "sequence_length": "sequence_length"})
+    post = steps.add(model_name=POST, model_version=-1)
+    post.input_map.update({"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "sequence_length"})
+    post.output_map.update({"OUTPUT": "text_output"})
+    return cfg
+
+
+def bls_config(s: RepoSettings) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=BLS, backend="python", max_batch_size=s.max_batch_size)
+    cfg.model_transaction_policy.decoupled = True
+    cfg.input.extend(text_inputs(bls=True))
+    cfg.output.extend([
+        out("text_output", "TYPE_STRING", [-1]),
+        out("output_ids", "TYPE_INT32", [-1]),
+        out("acceptance_rate", "TYPE_FP32", [1]),
+        out("total_accepted_draft_tokens", "TYPE_INT32", [1]),
+        out("total_draft_tokens", "TYPE_INT32", [1]),
+        out("total_steps", "TYPE_INT32", [1]),
+        out("accepted_length_histogram", "TYPE_INT32", [-1]),
+    ])
+    cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    mode = s.mode if s.mode in ("draft_target", "ngram") else "engine"  # medusa/eagle/lookahead: the engine drafts
+    _params(cfg, {
+        "tensorrt_llm_model_name": TARGET,
+        "tensorrt_llm_draft_model_name": DRAFT if s.mode == "draft_target" else "",
+        "speculative_mode": mode,
+        "max_draft_len": s.max_draft_len,
+        "num_draft_tokens": s.num_draft_tokens,
+        "ngram_size": s.ngram_size,
+        "max_seq_len": s.max_seq_len,
+        "tokenizer_dir": s.tokenizer_dir,
+    })
+    return cfg
+
+
+def repository_configs(s: RepoSettings) -> dict[str, mc.ModelConfig]:
+    models = {PRE: preprocessing_config(s), POST: postprocessing_config(s), TARGET: engine_config(TARGET, "target", s)}
+    if "draft" in s.engines:
+        models[DRAFT] = engine_config(DRAFT, "draft", s)
+    models[ENSEMBLE] = ensemble_config(s)
+    models[BLS] = bls_config(s)
+    return models
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation
+
+
+TEMPLATE_VAR = re.compile(r"\$\{[^}]*\}")
+
+
+def parse_config(path: Path) -> mc.ModelConfig:
+    text = path.read_text()
+    leftover = TEMPLATE_VAR.search(text)
+    if leftover:
+        raise RepositoryError(f"{path}: unfilled template variable {leftover.group(0)}; set it or regenerate with trt-spec repo")
+    try:
+        return text_format.Parse(text, mc.ModelConfig())
+    except text_format.ParseError as e:
+        raise RepositoryError(f"{path}: not a valid Triton ModelConfig ({e}); regenerate with trt-spec repo") from None
+
+
+def validate_repository(repo: Path) -> dict[str, mc.ModelConfig]:
+    """Parse every config.pbtxt back and check cross-model references. Raises RepositoryError."""
+    repo = Path(repo)
+    models: dict[str, mc.ModelConfig] = {}
+    for cfg_path in sorted(repo.glob("*/config.pbtxt")):
+        cfg = parse_config(cfg_path)
+        if cfg.name != cfg_path.parent.name:
+            raise RepositoryError(f"{cfg_path}: name {cfg.name!r} differs from its directory {cfg_path.parent.name!r}")
+        if cfg.backend == "python" and not (cfg_path.parent / "1" / "model.py").is_file():
+            raise RepositoryError(f"{cfg.name}: python backend model without 1/model.py")
+        models[cfg.name] = cfg
+    if not models:
+        raise RepositoryError(f"{repo}: no models (no */config.pbtxt); run trt-spec repo")
+    for name, cfg in models.items():
+        if cfg.platform == "ensemble":
+            _check_ensemble(cfg, models)
+        for key in ("tensorrt_llm_model_name", "tensorrt_llm_draft_model_name"):
+            ref = cfg.parameters[key].string_value if key in cfg.parameters else ""
+            if ref and ref not in models:
+                raise RepositoryError(f"{name}: parameter {key} names model {ref!r}, which is not in the repository")
+            if ref:
+                _check_engine_interface(name, models[ref])
+    return models
+
+
+def _check_engine_interface(caller: str, engine: mc.ModelConfig) -> None:
+    have_in = {i.name for i in engine.input}
+    have_out = {o.name for o in engine.output}
+    for t in ("input_ids", "input_lengths", "request_output_len", "draft_input_ids"):
+        if t not in have_in:
+            raise RepositoryError(f"{caller} calls {engine.name}, which has no input {t!r}")
+    for t in ("output_ids", "sequence_length"):
+        if t not in have_out:
+            raise RepositoryError(f"{caller} calls {engine.name}, which has no output {t!r}")
+
+
+def _check_ensemble(cfg: mc.ModelConfig, models: dict[str, mc.ModelConfig]) -> None:
+    available = {i.name for i in cfg.input}
+    for step in cfg.ensemble_scheduling.step:
+        m = models.get(step.model_name)
+        if m is None:
+            raise RepositoryError(f"{cfg.name}: step model {step.model_name!r} is not in the repository")
+        m_in, m_out = {i.name for i in m.input}, {o.name for o in m.output}
+        for model_tensor, ens_tensor in step.input_map.items():
+            if model_tensor not in m_in:
+                raise RepositoryError(f"{cfg.name}: step {step.model_name} maps unknown input {model_tensor!r}")
+            if ens_tensor not in available:
+                raise RepositoryError(f"{cfg.name}: step {step.model_name} reads {ens_tensor!r}, which no earlier "
+                                      "step or ensemble input provides")
+        required = {i.name for i in m.input if not i.optional}
+        missing = required - set(step.input_map)
+        if missing:
+            raise RepositoryError(f"{cfg.name}: step {step.model_name} leaves required input(s) {sorted(missing)} unmapped")
+        for model_tensor, ens_tensor in step.output_map.items():
+            if model_tensor not in m_out:
+                raise RepositoryError(f"{cfg.name}: step {step.model_name} maps unknown output {model_tensor!r}")
+            available.add(ens_tensor)
+    for o in cfg.output:
+        if o.name not in available:
+            raise RepositoryError(f"{cfg.name}: output {o.name!r} is produced by no step")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def _python_sources(name: str, engine: str) -> Path:
+    src = {TARGET: "reference_engine", DRAFT: "reference_engine"}.get(name, name)
+    if name in (TARGET, DRAFT) and engine == "tensorrt":
+        raise AssertionError("tensorrtllm backend models have no python source")
+    return MODEL_REPO_SOURCES / src
+
+
+def write_repository(manifest: dict, dest: Path) -> dict[str, mc.ModelConfig]:
+    """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one."""
+    settings = RepoSettings.from_manifest(manifest)
+    configs = repository_configs(settings)
+    dest = Path(dest)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name, cfg in configs.items():
+            mdir = tmp / name
+            (mdir / "1").mkdir(parents=True)
+            (mdir / "config.pbtxt").write_text(text_format.MessageToString(cfg))
+            if cfg.backend == "python":
+                src = _python_sources(name, settings.engine)
+                for f in src.glob("*.py"):
+                    shutil.copy2(f, mdir / "1" / f.name)
+        (tmp / "trt_spec_repo.json").write_text(json.dumps({
+            "name": manifest["name"], "config_hash": manifest["config_hash"], "engine": manifest["engine"],
+            "world_size": manifest["world_size"], "orchestrator": settings.orchestrator,
+            "models": sorted(configs)}, indent=2))
+        validate_repository(tmp)
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return configs
+
+
+def manifest_for_config(config_path: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> dict:
+    """A manifest-shaped dict from a config's plan: the repository can be written before the build runs."""
+    from .config import load_config
+    from .hardware import resolve_gpu
+    from .plan import make_plan
+    from .preflight import run_preflight
+    from .runner import build_manifest
+
+    cfg = load_config(config_path, tuple(sets))
+    gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.engine == "tensorrt" else None
+    plan = make_plan(cfg, run_preflight(cfg, gpu_spec, require_checkpoints=False), Path(config_path))
+    return build_manifest(plan, Path(config_path), [])

@@ -1,0 +1,153 @@
+"""Helpers shared by the python-backend models in model_repo/ (tokenization, word lists, request parsing).
+
+Kept here, not in model_repo/, so the logic is unit-tested without a server and identical in every model:
+the ensemble's preprocessing and the speculative BLS must tokenize exactly alike, or the identity check
+compares different prompts. Imports only numpy at module level (the Triton python-backend environment).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+class RequestError(ValueError):
+    """A bad request: reported to the client as a Triton error; the server stays up."""
+
+
+def load_tokenizer(tokenizer_dir: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    return tok
+
+
+def encode(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def default_end_id(tokenizer) -> int:
+    return int(tokenizer.eos_token_id)
+
+
+def default_pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else tokenizer.eos_token_id)
+
+
+def to_word_list(tokenizer, words: Sequence[str]) -> np.ndarray:
+    """TensorRT-LLM's [2, L] word-list format: row 0 = concatenated token ids, row 1 = end offsets (-1 pad)."""
+    ids: list[int] = []
+    offsets: list[int] = []
+    for w in words:
+        if not w:
+            continue
+        t = encode(tokenizer, w, add_special_tokens=False)
+        ids += t
+        offsets.append(len(ids))
+    n = max(1, len(ids))
+    out = np.full((2, n), -1, dtype=np.int32)
+    if ids:
+        out[0, : len(ids)] = ids
+        out[1, : len(offsets)] = offsets
+    else:
+        out[0, 0] = 0
+    return out
+
+
+def from_word_list(wl: Optional[np.ndarray]) -> list[list[int]]:
+    """Inverse of to_word_list: [2, L] -> list of token sequences."""
+    if wl is None:
+        return []
+    wl = np.asarray(wl).reshape(2, -1)
+    words, start = [], 0
+    for end in wl[1]:
+        if end < 0:
+            break
+        words.append([int(x) for x in wl[0, start:end]])
+        start = int(end)
+    return [w for w in words if w]
+
+
+def decode_strings(arr) -> list[str]:
+    """A Triton BYTES tensor (any shape) -> flat list of str."""
+    if arr is None:
+        return []
+    return [x.decode("utf-8", errors="replace") if isinstance(x, (bytes, bytearray)) else str(x)
+            for x in np.asarray(arr, dtype=object).reshape(-1)]
+
+
+def scalar(arr, default, kind=None):
+    """First element of an optional tensor, or the default."""
+    if arr is None:
+        return default
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size == 0:
+        return default
+    v = flat[0]
+    return kind(v) if kind else v.item() if hasattr(v, "item") else v
+
+
+def find_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]], start: int = 0) -> Optional[int]:
+    """Index just past the first stop-word occurrence that ends at or after `start`, else None."""
+    best = None
+    for sw in stop_words:
+        n = len(sw)
+        if n == 0:
+            continue
+        for end in range(max(start, n), len(tokens) + 1):
+            if list(tokens[end - n:end]) == list(sw):
+                best = end if best is None else min(best, end)
+                break
+    return best
+
+
+class IncrementalDetokenizer:
+    """Streams text for a growing token list without splitting multi-byte characters."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tok = tokenizer
+        self.skip = skip_special_tokens
+        self.tokens: list[int] = []
+        self.emitted = ""
+
+    def add(self, new_tokens: Sequence[int]) -> str:
+        self.tokens.extend(int(t) for t in new_tokens)
+        text = self.tok.decode(self.tokens, skip_special_tokens=self.skip)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next tokens
+            return ""
+        delta = text[len(self.emitted):] if text.startswith(self.emitted) else text
+        self.emitted = text
+        return delta
+
+    def flush(self) -> str:
+        text = self.tok.decode(self.tokens, skip_special_tokens=self.skip)
+        delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        return delta
+
+
+def ngram_propose(tokens: Sequence[int], k: int, max_ngram: int, min_ngram: int = 1,
+                  eos_ids: Sequence[int] = ()) -> list[int]:
+    """Prompt lookup: match the last n tokens (n = max_ngram .. min_ngram) against earlier positions of
+    prompt + output and propose up to k tokens that followed the most recent match; never past an EOS."""
+    n_tok = len(tokens)
+    if k <= 0 or n_tok < 2:
+        return []
+    eos = set(int(e) for e in eos_ids)
+    seq = list(tokens)
+    for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
+        tail = seq[n_tok - n:]
+        # most recent earlier occurrence whose continuation exists
+        for start in range(n_tok - n - 1, -1, -1):
+            if seq[start:start + n] == tail:
+                cont = seq[start + n:start + n + k]
+                out = []
+                for t in cont:
+                    out.append(t)
+                    if t in eos:
+                        break
+                if out:
+                    return out
+    return []
