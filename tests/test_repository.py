@@ -1,0 +1,129 @@
+"""Repository writer: goldens for a TensorRT config, parse-back, leftover/cross-reference checks."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trt_spec.repository import (RepositoryError, manifest_for_config, parse_config, validate_repository,
+                                 write_repository)
+
+from .conftest import REPO
+
+GOLDEN = REPO / "tests" / "golden" / "repo"
+UPDATE = os.environ.get("TRT_SPEC_UPDATE_GOLDENS") == "1"
+SEED = REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml"
+
+
+@pytest.fixture(scope="module")
+def gpu_repo(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("r") / "repo"
+    write_repository(manifest_for_config(SEED), out)
+    return out
+
+
+def normalized(text: str) -> str:
+    return text.replace(str(REPO), "<REPO>")
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble",
+                                   "preprocessing", "postprocessing"])
+def test_tensorrt_repository_goldens(gpu_repo, model):
+    got = normalized((gpu_repo / model / "config.pbtxt").read_text())
+    golden = GOLDEN / f"llama33-70b-fp8-h100-tp2.{model}.pbtxt"
+    if UPDATE:
+        golden.write_text(got)
+    assert got == golden.read_text()
+
+
+def test_tensorrt_engine_parameters(gpu_repo):
+    cfg = parse_config(gpu_repo / "tensorrt_llm" / "config.pbtxt")
+    p = {k: v.string_value for k, v in cfg.parameters.items()}
+    assert cfg.backend == "tensorrtllm" and cfg.model_transaction_policy.decoupled
+    assert p["gpt_model_type"] == "inflight_fused_batching"
+    assert p["gpt_model_path"].endswith("build/llama33-70b-fp8-h100-tp2/engines/target")
+    assert p["enable_kv_cache_reuse"] == "true" and p["exclude_input_in_output"] == "false"
+    assert p["max_beam_width"] == "1" and p["gpu_device_ids"] == "0,1"
+    assert p["kv_cache_free_gpu_mem_fraction"] == "0.45"  # draft shares GPU 0
+    d = {k: v.string_value for k, v in parse_config(gpu_repo / "tensorrt_llm_draft" / "config.pbtxt").parameters.items()}
+    assert d["gpu_device_ids"] == "0" and d["gpt_model_path"].endswith("engines/draft")
+    allowed = {"gpt_model_type", "gpt_model_path", "max_beam_width", "enable_kv_cache_reuse", "exclude_input_in_output",
+               "kv_cache_free_gpu_mem_fraction", "gpu_device_ids", "batch_scheduler_policy", "decoding_mode",
+               "medusa_choices", "eagle_choices", "lookahead_window_size", "lookahead_ngram_size",
+               "lookahead_verification_set_size", "participant_ids"}
+    assert set(p) <= allowed  # only the backend's own parameter keys
+    names = {i.name: i for i in cfg.input}
+    assert names["input_ids"].data_type == mc.TYPE_INT32 and list(names["input_ids"].dims) == [-1]
+    assert names["draft_input_ids"].optional and names["seed"].data_type == mc.TYPE_UINT64
+    assert {o.name for o in cfg.output} >= {"output_ids", "sequence_length", "acceptance_rate",
+                                            "total_accepted_draft_tokens", "total_draft_tokens"}
+    meta = json.loads((gpu_repo / "trt_spec_repo.json").read_text())
+    assert meta["orchestrator"] is True and meta["world_size"]["total"] == 3
+
+
+def test_medusa_repository_sets_decoding_mode(tmp_path):
+    write_repository(manifest_for_config(REPO / "build_configs" / "vicuna-7b-medusa-fp8-h100.yaml"), tmp_path / "r")
+    p = parse_config(tmp_path / "r" / "tensorrt_llm" / "config.pbtxt").parameters
+    assert p["decoding_mode"].string_value == "medusa"
+    assert not (tmp_path / "r" / "tensorrt_llm_draft").exists()
+    bls = parse_config(tmp_path / "r" / "tensorrt_llm_bls" / "config.pbtxt").parameters
+    assert bls["speculative_mode"].string_value == "engine"
+
+
+def test_every_file_parses_and_has_no_template_leftovers(gpu_repo):
+    for f in gpu_repo.glob("*/config.pbtxt"):
+        text = f.read_text()
+        assert "${" not in text
+        text_format.Parse(text, mc.ModelConfig())
+    assert (gpu_repo / "tensorrt_llm_bls" / "1" / "model.py").is_file()
+    assert not (gpu_repo / "tensorrt_llm" / "1" / "model.py").exists()  # C++ backend: no python source
+
+
+def broken_copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_validator_rejects_template_leftover(gpu_repo, tmp_path):
+    r = broken_copy(gpu_repo, tmp_path / "r")
+    f = r / "tensorrt_llm" / "config.pbtxt"
+    f.write_text(f.read_text().replace('string_value: "inflight_fused_batching"', 'string_value: "${batching_strategy}"'))
+    with pytest.raises(RepositoryError, match=r"unfilled template variable \$\{batching_strategy\}"):
+        validate_repository(r)
+
+
+def test_validator_rejects_dangling_ensemble_tensor(gpu_repo, tmp_path):
+    r = broken_copy(gpu_repo, tmp_path / "r")
+    f = r / "ensemble" / "config.pbtxt"
+    f.write_text(f.read_text().replace('value: "_INPUT_ID"', 'value: "_INPUT_IDS"', 1))
+    with pytest.raises(RepositoryError, match="ensemble: step .* reads '_INPUT_ID'|which no earlier step"):
+        validate_repository(r)
+
+
+def test_validator_rejects_missing_draft_model(gpu_repo, tmp_path):
+    r = broken_copy(gpu_repo, tmp_path / "r")
+    shutil.rmtree(r / "tensorrt_llm_draft")
+    with pytest.raises(RepositoryError, match="tensorrt_llm_draft_model_name names model 'tensorrt_llm_draft'"):
+        validate_repository(r)
+
+
+def test_validator_rejects_unknown_field(gpu_repo, tmp_path):
+    r = broken_copy(gpu_repo, tmp_path / "r")
+    f = r / "preprocessing" / "config.pbtxt"
+    f.write_text(f.read_text() + "\nbogus_field: 3\n")
+    with pytest.raises(RepositoryError, match="not a valid Triton ModelConfig"):
+        validate_repository(r)
+
+
+def test_rewrite_is_atomic_and_safe(gpu_repo, tmp_path):
+    dest = tmp_path / "r"
+    m = manifest_for_config(SEED)
+    write_repository(m, dest)
+    (dest / "stale.txt").write_text("old")
+    write_repository(m, dest)  # rerun over an existing repository replaces it whole
+    assert not (dest / "stale.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

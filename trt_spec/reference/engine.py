@@ -1,0 +1,238 @@
+"""The reference engine behind Triton's core `tensorrt_llm` tensor interface (CPU, PyTorch).
+
+Semantics mirror the TensorRT-LLM backend as the BLS uses it:
+- no draft tokens: generate up to `request_output_len` tokens (greedy or sampled), stopping after `end_id`
+  or a stop word (both kept); streaming yields each token as it is produced;
+- `draft_input_ids` d1..dk: one target forward over [last input token, d1..dk] verifies them; the output is
+  the accepted prefix plus one token of the target's own (a bonus token when all k agree). Greedy accepts
+  while d_i == argmax; sampling uses rejection sampling against `draft_logits` when given, else token
+  matching against the target's own samples (both exact).
+
+Prefix KV cache across requests (TensorRT-LLM's KV-cache block reuse, which draft-target needs): a call
+whose input_ids extend a cached sequence computes only the new tokens; otherwise every BLS round would
+re-read the whole prefix and the speedup would collapse. Entries are (tokens whose K/V are valid, a static
+position-addressed KVCache). A call *takes* the best-matching entry out of the LRU (exclusive while the call
+runs: no shared mutable state between in-flight calls) and puts it back extended; a divergent request reuses
+the common prefix and overwrites the rest. Bounded by bytes (LRU eviction).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .model import KVCache, ReferenceModel
+from .sampling import logits_to_probs
+from .speculative import speculative_accept
+
+CAPACITY_STEP = 256  # KV-cache capacity grows in multiples of this many positions
+
+
+def load_engine(engine_dir: str | Path) -> ReferenceModel:
+    """An exported engine directory (FP8/bf16/fp32, see export.py) or a plain HF directory."""
+    import json
+
+    from .export import ENGINE_META, load_engine_state_dict
+
+    d = Path(engine_dir)
+    if (d / ENGINE_META).is_file():
+        return ReferenceModel.from_state_dict(json.loads((d / "config.json").read_text()), load_engine_state_dict(d))
+    return ReferenceModel.from_pretrained(d)
+
+
+@dataclass
+class CacheEntry:
+    tokens: list[int]  # tokens whose K/V are valid at positions 0..len-1
+    cache: KVCache
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.max_len
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    """LRU of CacheEntry bounded by bytes. take() hands out an entry exclusively; put() returns it."""
+
+    def __init__(self, budget_bytes: int, bytes_per_position: int):
+        self.budget = budget_bytes
+        self.per_pos = bytes_per_position
+        self._entries: "OrderedDict[int, CacheEntry]" = OrderedDict()
+        self._lock = threading.Lock()
+        self._next = 0
+        self.hits = self.misses = self.reused_tokens = 0
+
+    def bytes(self) -> int:
+        return sum(e.capacity * self.per_pos for e in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def take(self, tokens: Sequence[int]) -> tuple[Optional[CacheEntry], int]:
+        """Remove and return the entry sharing the longest prefix with `tokens` (and that length)."""
+        with self._lock:
+            best_key, best_len = None, 0
+            for key, e in self._entries.items():
+                n = common_prefix(e.tokens, tokens)
+                if n > best_len:
+                    best_key, best_len = key, n
+            if best_key is None:
+                self.misses += 1
+                return None, 0
+            self.hits += 1
+            self.reused_tokens += best_len
+            return self._entries.pop(best_key), best_len
+
+    def put(self, entry: CacheEntry) -> None:
+        with self._lock:
+            self._entries[self._next] = entry
+            self._next += 1
+            while self._entries and self.bytes() > self.budget:
+                self._entries.popitem(last=False)  # least recently used
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+
+    def generator(self) -> Optional[torch.Generator]:
+        if self.temperature <= 0:
+            return None
+        g = torch.Generator()
+        g.manual_seed(self.seed if self.seed is not None else int(time.time_ns() % 2**63))
+        return g
+
+
+@dataclass
+class CallResult:
+    tokens: list[int] = field(default_factory=list)
+    accepted: int = 0
+    drafted: int = 0
+    logits: list[torch.Tensor] = field(default_factory=list)  # raw logits per generated token (if asked)
+
+
+class ReferenceEngine:
+    """One loaded model + its prefix cache; thread-safe for concurrent calls (one forward at a time)."""
+
+    def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = 512 * 2**20):
+        self.model = model
+        self.max_seq_len = max_seq_len
+        c = model.config
+        per_pos = c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4  # fp32 K and V
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, per_pos)
+        self._compute = threading.Lock()
+
+    # -- cache plumbing ---------------------------------------------------------------------------------
+    def _acquire(self, tokens: Sequence[int], need: int) -> CacheEntry:
+        """An entry valid for a prefix of `tokens` (never all of it: the last token is always re-fed) with
+        capacity >= need positions."""
+        entry, n = self.prefix_cache.take(tokens)
+        n = min(n, len(tokens) - 1)
+        cap = min(self.max_seq_len + 1, -(-need // CAPACITY_STEP) * CAPACITY_STEP)
+        if entry is None:
+            return CacheEntry([], self.model.new_cache(1, cap))
+        if entry.capacity < need:  # grow: copy the valid prefix into a bigger cache
+            bigger = self.model.new_cache(1, max(cap, need))
+            for src, dst in ((entry.cache.k, bigger.k), (entry.cache.v, bigger.v)):
+                for s, d in zip(src, dst):
+                    d[:, :, :n] = s[:, :, :n]
+            entry = CacheEntry(entry.tokens, bigger)
+        entry.tokens = list(tokens[:n])
+        return entry
+
+    def _feed(self, entry: CacheEntry, new: Sequence[int], last_n: int) -> torch.Tensor:
+        """Append `new` tokens at their positions; logits [last_n, V] for the last `last_n` of them."""
+        start = len(entry.tokens)
+        t = torch.tensor([list(new)], dtype=torch.long)
+        pos = torch.arange(start, start + len(new))[None]
+        at = torch.arange(len(new) - last_n, len(new))[None]
+        with self._compute:
+            logits = self.model.forward(t, pos, entry.cache, logits_at=at)[0]
+        entry.tokens.extend(int(x) for x in new)
+        return logits
+
+    # -- the two call kinds ---------------------------------------------------------------------------
+    def generate(self, input_ids: Sequence[int], max_new: int, sampling: Sampling, *, end_id: Optional[int] = None,
+                 stop_words: Sequence[Sequence[int]] = (), return_logits: bool = False,
+                 on_token: Optional[Callable[[int], None]] = None) -> CallResult:
+        """Plain decoding of up to max_new tokens."""
+        self._check_len(input_ids, max_new)
+        entry = self._acquire(input_ids, len(input_ids) + max_new)
+        gen = sampling.generator()
+        res = CallResult()
+        pending = list(input_ids[len(entry.tokens):])
+        try:
+            while len(res.tokens) < max_new:
+                logits = self._feed(entry, pending, 1)[-1]
+                tok = self._sample(logits, sampling, gen)
+                if return_logits:
+                    res.logits.append(logits)
+                res.tokens.append(tok)
+                if on_token is not None:
+                    on_token(tok)
+                if tok == end_id or _ends_with_stop(res.tokens, stop_words):
+                    break
+                pending = [tok]
+        finally:
+            self.prefix_cache.put(entry)
+        return res
+
+    def verify(self, input_ids: Sequence[int], draft: Sequence[int], sampling: Sampling, *,
+               draft_logits: Optional[torch.Tensor] = None, end_id: Optional[int] = None) -> CallResult:
+        """One target forward over the draft; accepted prefix + one target token."""
+        k = len(draft)
+        self._check_len(input_ids, k + 1)
+        entry = self._acquire(input_ids, len(input_ids) + k + 1)
+        res = CallResult(drafted=k)
+        try:
+            feed = list(input_ids[len(entry.tokens):]) + list(draft)
+            logits = self._feed(entry, feed, k + 1)  # [k + 1, V]: predictions after each of x_last, d1..dk
+            draft_probs = None
+            if draft_logits is not None and sampling.temperature > 0:
+                draft_probs = logits_to_probs(draft_logits[:k].float(), sampling.temperature, sampling.top_k,
+                                              sampling.top_p)
+            new, accepted = speculative_accept(torch.tensor(list(draft), dtype=torch.long), draft_probs, logits,
+                                               sampling.temperature, sampling.top_k, sampling.top_p,
+                                               sampling.generator())
+            # K/V of the rejected drafts stay in the cache beyond the valid length: overwritten later.
+            entry.tokens = entry.tokens[: len(entry.tokens) - (k - accepted)]
+            if end_id is not None and end_id in new:
+                new = new[: new.index(end_id) + 1]
+            res.tokens, res.accepted = list(new), min(accepted, len(new))
+        finally:
+            self.prefix_cache.put(entry)
+        return res
+
+    def _check_len(self, input_ids: Sequence[int], new: int) -> None:
+        if not input_ids:
+            raise ValueError("input_ids is empty")
+        if len(input_ids) + new > self.max_seq_len:
+            raise ValueError(f"input ({len(input_ids)} tokens) + output ({new}) exceeds max_seq_len {self.max_seq_len}")
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, s: Sampling, gen: Optional[torch.Generator]) -> int:
+        if s.temperature <= 0:
+            return int(logits.argmax())
+        probs = logits_to_probs(logits[None].float(), s.temperature, s.top_k, s.top_p)[0]
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _ends_with_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]]) -> bool:
+    return any(len(sw) and list(tokens[-len(sw):]) == list(sw) for sw in stop_words)
+
