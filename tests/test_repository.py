@@ -62,7 +62,7 @@ def test_tensorrt_engine_parameters(gpu_repo):
     assert {o.name for o in cfg.output} >= {"output_ids", "sequence_length", "acceptance_rate",
                                             "total_accepted_draft_tokens", "total_draft_tokens"}
     meta = json.loads((gpu_repo / "trt_spec_repo.json").read_text())
-    assert meta["orchestrator"] is True and meta["world_size"]["total"] == 3
+    assert meta["orchestrator"] is True and meta["world_size"]["total"] == 3 and meta["mpi_ranks"] == 1
 
 
 def test_medusa_repository_sets_decoding_mode(tmp_path):

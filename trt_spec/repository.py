@@ -302,6 +302,15 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
     return cfg
 
 
+def mpi_ranks(s: RepoSettings) -> int:
+    """tritonserver processes to launch under mpirun: one per rank of a single multi-GPU TRT-LLM engine.
+    Draft + target with TP/PP > 1 use orchestrator mode (one server, the backend spawns ranks); engines that
+    each fit one GPU, and the CPU reference engine, need one plain process."""
+    if s.engine != "tensorrt" or s.orchestrator:
+        return 1
+    return max(e["world_size"] for e in s.engines.values())
+
+
 def repository_configs(s: RepoSettings) -> dict[str, mc.ModelConfig]:
     models = {PRE: preprocessing_config(s), POST: postprocessing_config(s), TARGET: engine_config(TARGET, "target", s)}
     if "draft" in s.engines:
@@ -422,7 +431,7 @@ def write_repository(manifest: dict, dest: Path) -> dict[str, mc.ModelConfig]:
         (tmp / "trt_spec_repo.json").write_text(json.dumps({
             "name": manifest["name"], "config_hash": manifest["config_hash"], "engine": manifest["engine"],
             "world_size": manifest["world_size"], "orchestrator": settings.orchestrator,
-            "models": sorted(configs)}, indent=2))
+            "mpi_ranks": mpi_ranks(settings), "models": sorted(configs)}, indent=2))
         validate_repository(tmp)
         old = dest.parent / f".{dest.name}.old-{os.getpid()}"
         if dest.exists():

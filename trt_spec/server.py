@@ -55,7 +55,7 @@ def repo_info(repo: Path) -> dict:
     if not Path(repo).is_dir():
         raise ServerError(f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out {repo}`")
     if not f.is_file():
-        return {"world_size": {"target": 1, "draft": 0, "total": 1}, "orchestrator": False}
+        return {"mpi_ranks": 1, "orchestrator": False}
     return json.loads(f.read_text())
 
 
@@ -88,7 +88,7 @@ def launch_spec(repo: Path, *, http_port: int = DEFAULT_HTTP_PORT, grpc_port: in
     """The exact command line(s); world size and orchestrator mode come from the repository's manifest."""
     repo = Path(repo).resolve()
     info = repo_info(repo)
-    world = int(info["world_size"]["total"]) if not info.get("orchestrator") else 1
+    world = int(info.get("mpi_ranks", 1))
     binary = binary or find_tritonserver()
     if binary is None:
         raise ServerError("tritonserver not found; use the NGC image or `pip install 'trt-spec[serve]'`")

@@ -110,7 +110,7 @@ class TritonPythonModel:
     async def _call(self, model, inputs, outputs):
         req = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=inputs)
         result = {}
-        async for resp in await req.async_exec(decoupled=True):
+        for resp in await req.async_exec(decoupled=True):  # a (blocking) iterator; engine calls answer at once
             if resp.has_error():
                 raise RuntimeError(f"{model}: {resp.error().message()}")
             for name in outputs:
@@ -155,7 +155,7 @@ class TritonPythonModel:
         try:
             await self._generate(r, sender)
         except Exception as e:  # an engine error: report it on this request, keep serving others
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm_bls: {e}")),
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"engine call failed: {e}")),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     async def _generate(self, r, sender):

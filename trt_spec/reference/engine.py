@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .model import KVCache, ReferenceModel
-from .sampling import logits_to_probs
+from .sampling import logits_to_probs, select
 from .speculative import speculative_accept
 
 CAPACITY_STEP = 256  # KV-cache capacity grows in multiples of this many positions
@@ -227,10 +227,7 @@ class ReferenceEngine:
 
     @staticmethod
     def _sample(logits: torch.Tensor, s: Sampling, gen: Optional[torch.Generator]) -> int:
-        if s.temperature <= 0:
-            return int(logits.argmax())
-        probs = logits_to_probs(logits[None].float(), s.temperature, s.top_k, s.top_p)[0]
-        return int(torch.multinomial(probs, 1, generator=gen))
+        return int(select(logits, s.temperature, s.top_k, s.top_p, gen)[0])
 
 
 def _ends_with_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]]) -> bool:

@@ -1,0 +1,250 @@
+"""A small Triton LLM client over HTTP and gRPC, streaming or not, for text-in/text-out models
+(`ensemble`, `tensorrt_llm_bls`).
+
+Decoupled models are reached the way Triton allows: gRPC always through the bidirectional stream API (a
+non-streaming request then gets exactly one response), HTTP through `/generate` (stream=false) and
+`/generate_stream` (server-sent events). Every call returns the text, the token ids (`output_ids`), the
+timings (TTFT = first response carrying tokens, end-to-end latency) and the whole-request metrics the BLS
+reports.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+PROTOCOLS = ("grpc", "http")
+
+
+class ClientError(RuntimeError):
+    """Server down, unknown model or a request error: one clear line."""
+
+
+@dataclass
+class Generation:
+    text: str
+    output_ids: list[int]
+    ttft_s: float
+    latency_s: float
+    chunks: int
+    chunk_times_s: list[float] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.output_ids)
+
+
+# Request fields: JSON names == tensor names; numpy dtypes for gRPC.
+FIELD_TYPES = {
+    "max_tokens": np.int32, "top_k": np.int32, "num_draft_tokens": np.int32, "end_id": np.int32, "pad_id": np.int32,
+    "temperature": np.float32, "top_p": np.float32, "seed": np.uint64,
+    "stream": np.bool_, "exclude_input_in_output": np.bool_, "return_perf_metrics": np.bool_,
+    "use_draft_logits": np.bool_,
+}
+METRIC_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "total_steps",
+                  "accepted_length_histogram")
+
+
+class LLMClient:
+    def __init__(self, url: str, protocol: str = "grpc", timeout_s: float = 600.0):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
+        self.url = url.replace("http://", "").rstrip("/")
+        self.protocol = protocol
+        self.timeout = timeout_s
+        self._grpc = None
+
+    # -- health -----------------------------------------------------------------------------------------
+    def check_ready(self, models: list[str]) -> None:
+        """One clear error if the server is down or a model is missing/not ready."""
+        if self.protocol == "http":
+            base = f"http://{self.url}"
+            if not _http_ok(f"{base}/v2/health/ready"):
+                raise ClientError(f"no Triton server ready at {self.url} (HTTP); start one with `trt-spec serve REPO`")
+            for m in models:
+                if not _http_ok(f"{base}/v2/models/{m}/ready"):
+                    raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: ensemble, "
+                                      "tensorrt_llm_bls) or the server log")
+        else:
+            c = self._grpc_client()
+            try:
+                ready = c.is_server_ready()
+            except Exception:
+                ready = False
+            if not ready:
+                raise ClientError(f"no Triton server ready at {self.url} (gRPC); start one with `trt-spec serve REPO`")
+            for m in models:
+                try:
+                    ok = c.is_model_ready(m)
+                except Exception:
+                    ok = False
+                if not ok:
+                    raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: ensemble, "
+                                      "tensorrt_llm_bls) or the server log")
+
+    def close(self) -> None:
+        if self._grpc is not None:
+            self._grpc.close()
+            self._grpc = None
+
+    # -- generation -----------------------------------------------------------------------------------------
+    def generate(self, model: str, prompt: str, max_tokens: int, *, stream: bool = False, **params) -> Generation:
+        fields = {"text_input": prompt, "max_tokens": int(max_tokens), "stream": bool(stream), **params}
+        if self.protocol == "http":
+            return self._http(model, fields, stream)
+        return self._grpc_generate(model, fields)
+
+    def _http(self, model: str, fields: dict, stream: bool) -> Generation:
+        endpoint = "generate_stream" if stream else "generate"
+        body = json.dumps({k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in fields.items()}).encode()
+        req = urllib.request.Request(f"http://{self.url}/v2/models/{model}/{endpoint}", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        events: list[dict] = []
+        times: list[float] = []
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                if stream:
+                    for raw in resp:
+                        line = raw.decode("utf-8").strip()
+                        if not line.startswith("data:"):
+                            continue
+                        ev = json.loads(line[5:])
+                        if "error" in ev:
+                            raise ClientError(f"{model}: {ev['error']}")
+                        events.append(ev)
+                        times.append(time.perf_counter() - t0)
+                else:
+                    events.append(json.loads(resp.read()))
+                    times.append(time.perf_counter() - t0)
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", errors="replace")
+            try:
+                detail = json.loads(detail).get("error", detail)
+            except json.JSONDecodeError:
+                pass
+            raise ClientError(f"{model}: {detail}") from None
+        except urllib.error.URLError as e:
+            raise ClientError(f"cannot reach {self.url} over HTTP ({e.reason}); is the server running?") from None
+        return _assemble([(_http_outputs(ev), t) for ev, t in zip(events, times)], time.perf_counter() - t0)
+
+    def _grpc_client(self):
+        if self._grpc is None:
+            import tritonclient.grpc as grpcclient
+
+            self._grpc = grpcclient.InferenceServerClient(self.url)
+        return self._grpc
+
+    def _grpc_generate(self, model: str, fields: dict) -> Generation:
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        inputs = []
+        for name, value in fields.items():
+            if name in ("text_input", "stop_words", "bad_words"):
+                vals = value if isinstance(value, list) else [value]
+                arr = np.array([[v.encode("utf-8") for v in vals]], dtype=object)
+                t = grpcclient.InferInput(name, list(arr.shape), "BYTES")
+            else:
+                arr = np.array([[value]], dtype=FIELD_TYPES.get(name, np.int32))
+                t = grpcclient.InferInput(name, list(arr.shape), _triton_dtype(arr.dtype))
+            t.set_data_from_numpy(arr)
+            inputs.append(t)
+        wanted = ["text_output", "output_ids"] + ([] if model == "ensemble" else list(METRIC_OUTPUTS))
+        outputs = [grpcclient.InferRequestedOutput(n) for n in wanted]
+        q: "queue.Queue" = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.url)  # one stream per call: calls may run concurrently
+        t0 = time.perf_counter()
+        try:
+            client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter() - t0)))
+            client.async_stream_infer(model, inputs, outputs=outputs, enable_empty_final_response=True)
+            parts = []
+            while True:
+                try:
+                    result, error, t = q.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise ClientError(f"{model}: no response within {self.timeout:.0f}s") from None
+                if error is not None:
+                    raise ClientError(f"{model}: {_grpc_message(error)}")
+                resp = result.get_response()
+                outs = {}
+                for o in resp.outputs:
+                    arr = result.as_numpy(o.name)
+                    if arr is not None:
+                        outs[o.name] = arr
+                if outs:
+                    parts.append((_np_outputs(outs), t))
+                final = resp.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    break
+        except InferenceServerException as e:
+            raise ClientError(f"cannot reach {self.url} over gRPC ({_grpc_message(e)}); is the server running?") from None
+        finally:
+            try:
+                client.stop_stream()
+            finally:
+                client.close()
+        return _assemble(parts, time.perf_counter() - t0)
+
+
+def _grpc_message(e) -> str:
+    msg = getattr(e, "message", None)
+    msg = msg() if callable(msg) else (msg or str(e))
+    return str(msg).strip()
+
+
+def _triton_dtype(dt) -> str:
+    from tritonclient.utils import np_to_triton_dtype
+
+    return np_to_triton_dtype(dt)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _http_outputs(ev: dict) -> dict:
+    """A /generate JSON event -> {text, ids, metrics}."""
+    text = ev.get("text_output", "")
+    if isinstance(text, list):
+        text = "".join(text)
+    ids = ev.get("output_ids", [])
+    ids = list(np.asarray(ids, dtype=np.int64).reshape(-1)) if ids != [] else []
+    return {"text": text, "ids": [int(i) for i in ids], "metrics": {k: ev[k] for k in METRIC_OUTPUTS if k in ev}}
+
+
+def _np_outputs(outs: dict) -> dict:
+    text = outs.get("text_output")
+    text = "".join(x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in text.reshape(-1)) if text is not None else ""
+    ids = outs.get("output_ids")
+    ids = [int(i) for i in ids.reshape(-1)] if ids is not None else []
+    metrics = {}
+    for k in METRIC_OUTPUTS:
+        if k in outs:
+            v = outs[k].reshape(-1).tolist()
+            metrics[k] = v if k == "accepted_length_histogram" else v[0]
+    return {"text": text, "ids": ids, "metrics": metrics}
+
+
+def _assemble(parts: list[tuple[dict, float]], latency: float) -> Generation:
+    text = "".join(p["text"] for p, _ in parts)
+    ids = [i for p, _ in parts for i in p["ids"]]
+    token_times = [t for p, t in parts if p["ids"]]
+    metrics: dict = {}
+    for p, _ in parts:
+        metrics.update(p["metrics"])
+    ttft = token_times[0] if token_times else latency
+    return Generation(text=text, output_ids=ids, ttft_s=ttft, latency_s=latency, chunks=len(token_times),
+                      chunk_times_s=token_times, metrics=metrics)
