@@ -8,7 +8,7 @@ GPU_ARG := $(if $(GPU),--gpu $(GPU),)
 # torch from PyPI is a multi-GB CUDA build; the CPU wheel (2.13.0+cpu) is what the reference engine needs.
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup plan engines test test-all clean help
+.PHONY: setup plan engines demo test test-all clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
@@ -40,3 +40,6 @@ test-all: setup
 
 clean:
 	rm -rf build .pytest_cache
+
+demo: setup
+	$(BIN)/trt-spec demo build_configs/cpu-smollm2-ngram.yaml --out build/demo

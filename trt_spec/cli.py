@@ -217,6 +217,219 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
         _err("stopped")
 
 
+def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int]):
+    from .harness.prompts import load_prompts
+
+    try:
+        return load_prompts(prompt_set, max_tokens)[:limit]
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _client(url: str, protocol: str, models: tuple[str, ...] = ("ensemble", "tensorrt_llm_bls")):
+    from .harness.client import ClientError, LLMClient
+
+    c = LLMClient(url, protocol)
+    try:
+        c.check_ready(list(models))
+    except ClientError as e:
+        raise UserError(str(e)) from None
+    return c
+
+
+def _progress(console, total: int, label: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True)
+    task = prog.add_task(label, total=total)
+    return prog, (lambda done, *_: prog.update(task, completed=done))
+
+
+_prompt_options = [
+    click.option("--prompts", "prompt_set", default="code-edit",
+                 help="Prompt set (code-edit, code, chat, summarization) or a JSONL file {\"prompt\", \"max_tokens\"}."),
+    click.option("--max-tokens", type=int, default=None, help="Override every prompt's max_tokens."),
+    click.option("--limit", type=int, default=None, help="Use only the first N prompts."),
+]
+
+
+def _with(options):
+    def deco(f):
+        for o in reversed(options):
+            f = o(f)
+        return f
+    return deco
+
+
+@main.command()
+@click.option("--url", default="127.0.0.1:8001", help="Triton endpoint HOST:PORT (gRPC or HTTP port).")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc")
+@_with(_prompt_options)
+@click.option("--num-draft-tokens", type=int, default=None, help="k per request (default: the deployment's).")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="Tokenizer dir: shows divergence context and enables the near-tie (top-2 logit margin) check.")
+@click.option("--temperature", type=float, default=0.0, help="> 0: distribution-level check over seeded samples.")
+@click.option("--samples", type=int, default=200, help="Samples per prompt for the distribution check.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
+          num_draft_tokens: Optional[int], tokenizer: Optional[str], temperature: float, samples: int, fmt: str) -> None:
+    """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch)."""
+    from rich.console import Console
+
+    from .harness.client import ClientError
+    from .harness.identity import check_greedy, check_sampling, format_check
+
+    prompts = _prompts(prompt_set, max_tokens, limit)
+    client = _client(url, protocol)
+    tok = None
+    if tokenizer:
+        from .serving import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    console = Console(stderr=True)
+    try:
+        prog, cb = _progress(console, len(prompts), f"identity ({protocol})")
+        with prog:
+            rep = check_greedy(client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tok, progress=cb)
+        if temperature > 0:
+            prog, cb = _progress(console, len(prompts), f"sampling T={temperature}")
+            with prog:
+                check_sampling(client, prompts, rep, temperature=temperature, samples=samples,
+                               num_draft_tokens=num_draft_tokens, progress=cb)
+    except ClientError as e:
+        raise UserError(str(e)) from None
+    click.echo(json.dumps(rep.to_dict(), indent=2) if fmt == "json" else format_check(rep))
+    sys.exit(0 if rep.passed else 1)
+
+
+@main.command()
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--in-process", "in_process", is_flag=True,
+              help="Benchmark the built reference engine of CONFIG in this process (no server).")
+@click.option("--url", default=None, help="Benchmark a served deployment at HOST:PORT instead.")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc")
+@click.option("--prompt-set", "prompt_set", default="code-edit",
+              help="code-edit, code, chat, summarization, or a JSONL file.")
+@click.option("--max-tokens", type=int, default=None, help="Override every prompt's max_tokens.")
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--k", "ks", multiple=True, type=int, help="Draft tokens per step; repeat to sweep (default: max_draft_len).")
+@click.option("--repeats", type=int, default=1, help="Repetitions of the prompt set.")
+@click.option("--concurrency", "levels", multiple=True, type=int, help="Served: concurrency sweep levels (repeatable).")
+@click.option("--ignore-eos", is_flag=True, help="In-process: generate exactly max_tokens (fixed-length benchmark).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Served: write report.{json,md,png} here.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@_set_option
+def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol: str, prompt_set: str,
+          max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...], repeats: int, levels: tuple[int, ...],
+          ignore_eos: bool, out_dir: Optional[str], fmt: str, sets: tuple[str, ...]) -> None:
+    """Measure speculative vs baseline: speedup, acceptance, TTFT/TPOT, cost ratio, Leviathan bound, identity."""
+    if in_process == bool(url):
+        raise UserError("choose one: --in-process CONFIG (reference engine, no server) or --url HOST:PORT (served)")
+    prompts = _prompts(prompt_set, max_tokens, limit)
+    if in_process:
+        if config is None:
+            raise UserError("--in-process needs CONFIG, e.g. trt-spec bench --in-process build_configs/cpu-smollm2-ngram.yaml")
+        from .harness.inprocess import format_report, load_deployment, run_inprocess, to_json
+        from .runner import BuildError
+
+        cfg = _load(config, sets)
+        try:
+            dep = load_deployment(cfg.resolved_output_dir(Path(config)))
+            rep = run_inprocess(dep, prompts, list(ks) or [dep.max_draft_len], repeats=repeats, ignore_eos=ignore_eos,
+                                progress=lambda s: click.echo(s, err=True) if fmt == "text" else None)
+        except (ValueError, BuildError) as e:
+            raise UserError(str(e)) from None
+        click.echo(to_json(rep) if fmt == "json" else format_report(rep))
+        return
+    from rich.console import Console
+
+    from .harness.bench import concurrency_sweep, paired_ab
+    from .harness.client import ClientError, LLMClient
+    from .harness.report import write_reports
+
+    console = Console(stderr=True)
+    client = _client(url, protocol)
+    runs = []
+    try:
+        for k in (list(ks) or [None]):
+            prog, cb = _progress(console, len(prompts) * repeats, f"A/B k={k if k is not None else 'default'}")
+            with prog:
+                res = paired_ab(client, prompts, k=k, repeats=repeats, progress=cb)
+            runs.append({"protocol": protocol, **res})
+        conc = []
+        if levels:
+            prog, cb = _progress(console, 2 * len(levels), "concurrency sweep")
+            with prog:
+                conc = concurrency_sweep(lambda: LLMClient(url, protocol), prompts, levels, k=ks[0] if ks else None,
+                                         progress=cb)
+    except ClientError as e:
+        raise UserError(str(e)) from None
+    rep = {"title": f"bench {url} ({protocol})", "bench": runs, "concurrency": conc}
+    if out_dir:
+        for f in write_reports(rep, Path(out_dir)):
+            console.print(f"wrote {f}")
+    if fmt == "json":
+        click.echo(json.dumps(rep, indent=2, default=float))
+    else:
+        from .harness.report import markdown, environment
+
+        click.echo(markdown({**rep, "environment": environment()}))
+
+
+@main.command()
+@click.option("--url", default="127.0.0.1:8001", help="Triton endpoint HOST:PORT.")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc")
+@_with(_prompt_options)
+@click.option("--k", "ks", multiple=True, type=int, help="k values to try (default 1 2 4 and max).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Write report files here.")
+def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
+         ks: tuple[int, ...], out_dir: Optional[str]) -> None:
+    """Sweep num_draft_tokens (k) against a served deployment and recommend one."""
+    from rich.console import Console
+
+    from .harness.bench import tune_k
+    from .harness.client import ClientError
+    from .harness.report import environment, markdown, write_reports
+
+    prompts = _prompts(prompt_set, max_tokens, limit)
+    client = _client(url, protocol)
+    sweep = list(ks) or [1, 2, 4]
+    console = Console(stderr=True)
+    try:
+        prog, cb = _progress(console, len(sweep), "k sweep")
+        with prog:
+            res = tune_k(client, prompts, sweep, progress=cb)
+    except ClientError as e:
+        raise UserError(str(e)) from None
+    rep = {"title": f"tune {url}", "tune": res}
+    if out_dir:
+        write_reports(rep, Path(out_dir))
+    click.echo(markdown({**rep, "environment": environment()}))
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False), default="build_configs/cpu-smollm2-ngram.yaml")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="build/demo",
+              help="Where the repository, server log and reports go.")
+def demo(config: str, out_dir: str) -> None:
+    """End to end on this machine: build, repo, serve, check + bench over HTTP and gRPC, reports, stop."""
+    from .demo import format_verdict, run_demo
+    from .harness.client import ClientError
+    from .runner import BuildError
+    from .server import ServerError
+
+    try:
+        rep = run_demo(Path(config), Path(out_dir), say=lambda m: click.echo(m, err=True))
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    except (PreflightError, BuildError, ServerError, ClientError) as e:
+        _err(f"error: {e}")
+        sys.exit(1)
+    click.echo(format_verdict(rep))
+    sys.exit(0 if rep["passed"] else 1)
+
+
 @main.command()
 def doctor() -> None:
     """Show what this machine has (GPU, TensorRT-LLM, tritonserver, ...) and what each gap blocks."""

@@ -102,6 +102,34 @@ class LLMClient:
             return self._http(model, fields, stream)
         return self._grpc_generate(model, fields)
 
+    def engine_logits(self, model: str, input_ids: list[int]) -> Optional[np.ndarray]:
+        """Next-token logits [V] from an engine model (core interface, return_generation_logits); None when
+        the engine returns none (a TensorRT-LLM engine built without --gather_generation_logits)."""
+        fields = {"input_ids": [input_ids], "input_lengths": [[len(input_ids)]], "request_output_len": [[1]],
+                  "return_generation_logits": [[True]], "exclude_input_in_output": [[True]], "streaming": [[False]]}
+        if self.protocol == "http":
+            body = json.dumps({k: v[0] if k == "input_ids" else v[0][0] for k, v in fields.items()}).encode()
+            req = urllib.request.Request(f"http://{self.url}/v2/models/{model}/generate", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    out = json.loads(resp.read()).get("generation_logits")
+            except (urllib.error.URLError, OSError) as e:
+                raise ClientError(f"{model}: logits request failed ({e})") from None
+            return None if out is None else np.asarray(out, dtype=np.float32).reshape(-1)
+        import tritonclient.grpc as grpcclient
+
+        dtypes = {"input_ids": np.int32, "input_lengths": np.int32, "request_output_len": np.int32}
+        inputs = []
+        for name, value in fields.items():
+            arr = np.asarray(value, dtype=dtypes.get(name, np.bool_))
+            t = grpcclient.InferInput(name, list(arr.shape), _triton_dtype(arr.dtype))
+            t.set_data_from_numpy(arr)
+            inputs.append(t)
+        parts = self._grpc_stream(model, inputs, ["generation_logits"])
+        arrs = [o["generation_logits"] for o in parts if "generation_logits" in o]
+        return arrs[0].reshape(-1) if arrs else None
+
     def _http(self, model: str, fields: dict, stream: bool) -> Generation:
         endpoint = "generate_stream" if stream else "generate"
         body = json.dumps({k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in fields.items()}).encode()
@@ -145,7 +173,6 @@ class LLMClient:
 
     def _grpc_generate(self, model: str, fields: dict) -> Generation:
         import tritonclient.grpc as grpcclient
-        from tritonclient.utils import InferenceServerException
 
         inputs = []
         for name, value in fields.items():
@@ -159,14 +186,24 @@ class LLMClient:
             t.set_data_from_numpy(arr)
             inputs.append(t)
         wanted = ["text_output", "output_ids"] + ([] if model == "ensemble" else list(METRIC_OUTPUTS))
+        t0 = time.perf_counter()
+        timed = self._grpc_stream(model, inputs, wanted, t0)
+        return _assemble([(_np_outputs(o), t) for o, t in timed], time.perf_counter() - t0)
+
+    def _grpc_stream(self, model: str, inputs: list, wanted: list[str], t0: Optional[float] = None) -> list:
+        """One request over a fresh bidirectional stream; every response's outputs until the final flag.
+        Returns [(outputs, seconds since t0)] when t0 is given, else [outputs]."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
         outputs = [grpcclient.InferRequestedOutput(n) for n in wanted]
         q: "queue.Queue" = queue.Queue()
+        start = time.perf_counter() if t0 is None else t0
         client = grpcclient.InferenceServerClient(self.url)  # one stream per call: calls may run concurrently
-        t0 = time.perf_counter()
+        parts = []
         try:
-            client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter() - t0)))
+            client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter() - start)))
             client.async_stream_infer(model, inputs, outputs=outputs, enable_empty_final_response=True)
-            parts = []
             while True:
                 try:
                     result, error, t = q.get(timeout=self.timeout)
@@ -175,13 +212,10 @@ class LLMClient:
                 if error is not None:
                     raise ClientError(f"{model}: {_grpc_message(error)}")
                 resp = result.get_response()
-                outs = {}
-                for o in resp.outputs:
-                    arr = result.as_numpy(o.name)
-                    if arr is not None:
-                        outs[o.name] = arr
+                outs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
+                outs = {k: v for k, v in outs.items() if v is not None}
                 if outs:
-                    parts.append((_np_outputs(outs), t))
+                    parts.append((outs, t) if t0 is not None else outs)
                 final = resp.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     break
@@ -192,7 +226,7 @@ class LLMClient:
                 client.stop_stream()
             finally:
                 client.close()
-        return _assemble(parts, time.perf_counter() - t0)
+        return parts
 
 
 def _grpc_message(e) -> str:

@@ -1,0 +1,125 @@
+"""The client harness against a real tritonserver: identity passes, a broken speculative model is caught at
+the right position, bench reports every metric over HTTP and gRPC, errors are one clear line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from trt_spec.harness.bench import paired_ab
+from trt_spec.harness.client import LLMClient
+from trt_spec.harness.identity import check_greedy, check_sampling, first_divergence
+from trt_spec.harness.prompts import Prompt
+from trt_spec.server import TritonServer, free_port
+
+PROMPTS = [Prompt("def add(a, b):\n    return", 24), Prompt("The quick brown fox", 24), Prompt("for i in range(10):", 24)]
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "trt_spec.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def tokenizer_dir(server) -> str:
+    cfg = (server.repo / "preprocessing" / "config.pbtxt").read_text()
+    return cfg.split('key: "tokenizer_dir"')[1].split('string_value: "')[1].split('"')[0]
+
+
+def test_check_passes_over_both_protocols(dtm_server):
+    for proto, url in (("grpc", dtm_server.grpc_url), ("http", dtm_server.http_url)):
+        r = cli("check", "--url", url, "--protocol", proto, "--prompts", "code", "--max-tokens", "16", "--limit", "2",
+                "--tokenizer", tokenizer_dir(dtm_server), "--format", "json")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(r.stdout)
+        assert rep["passed"] and rep["match_rate"] == 1.0 and rep["protocol"] == proto
+
+
+@pytest.fixture(scope="module")
+def broken_server(dtm_server, tmp_path_factory):
+    """A copy of the draft-target repository whose BLS accepts every draft token unverified."""
+    repo = tmp_path_factory.mktemp("broken") / "repo"
+    shutil.copytree(dtm_server.repo, repo)
+    f = repo / "tensorrt_llm_bls" / "1" / "model.py"
+    src = f.read_text()
+    good = 'new = [int(x) for x in res["output_ids"]][:remaining]'
+    assert good in src
+    f.write_text(src.replace(good, 'new = (list(draft) + [int(x) for x in res["output_ids"]][-1:])[:remaining]'))
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server.start().wait_ready(180)
+    yield server
+    server.stop()
+
+
+def test_broken_speculative_model_is_caught_at_the_right_position(broken_server):
+    from trt_spec.serving import load_tokenizer
+
+    client = LLMClient(broken_server.grpc_url, "grpc")
+    tok = load_tokenizer(tokenizer_dir(broken_server))
+    rep = check_greedy(client, PROMPTS, num_draft_tokens=3, tokenizer=tok)
+    assert not rep.passed and rep.real_mismatches >= 1
+    for p, res in zip(PROMPTS, rep.results):
+        base = client.generate("ensemble", p.text, p.max_tokens, exclude_input_in_output=True)
+        spec = client.generate("tensorrt_llm_bls", p.text, p.max_tokens, exclude_input_in_output=True,
+                               num_draft_tokens=3)
+        idx = first_divergence(base.output_ids, spec.output_ids)
+        if idx is None:
+            assert res.identical
+            continue
+        d = res.divergence
+        assert d.index == idx and d.baseline_token == base.output_ids[idx] and d.speculative_token == spec.output_ids[idx]
+        assert d.margin is not None and d.margin > 0.05 and d.kind == "mismatch"  # the engine returned logits
+    r = cli("check", "--url", broken_server.http_url, "--protocol", "http", "--prompts", "code", "--max-tokens", "16",
+            "--limit", "2", "--num-draft-tokens", "3")
+    assert r.returncode == 1 and "DIVERGED at token" in r.stdout and "verdict: FAIL" in r.stdout
+
+
+def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
+    reps = {}
+    for proto, url in (("grpc", dtm_server.grpc_url), ("http", dtm_server.http_url)):
+        reps[proto] = paired_ab(LLMClient(url, proto), PROMPTS[:2], k=3, warmup=0)
+    for rep in reps.values():
+        for side in ("baseline", "speculative"):
+            s = rep[side]
+            assert s["tokens_per_s"] > 0 and s["ttft_s"]["p50"] > 0 and s["tpot_s"]["p50"] > 0
+            assert s["latency_s"]["p50"] >= s["ttft_s"]["p50"]
+        a = rep["acceptance"]
+        assert a["drafted"] > 0 and len(a["histogram"]) == 4 and len(a["per_position_acceptance"]) == 3
+        assert rep["speedup"] > 0 and rep["speedup_ci95"][0] <= rep["speedup"] <= rep["speedup_ci95"][1]
+    # greedy and deterministic: both protocols see exactly the same drafting and acceptance
+    assert reps["grpc"]["acceptance"] == reps["http"]["acceptance"]
+    out = tmp_path / "rep"
+    r = cli("bench", "--url", dtm_server.http_url, "--protocol", "http", "--prompt-set", "code", "--max-tokens", "12",
+            "--limit", "2", "--k", "2", "--concurrency", "1", "--concurrency", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "## Speedup (http, k=2)" in r.stdout and "## Concurrency sweep" in r.stdout
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["bench"][0]["samples"] and rep["environment"]["python"]
+    for png in ("tokens_per_s.png", "acceptance_histogram.png", "speedup_vs_concurrency.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+def test_tune_recommends_a_k(ngram_server, tmp_path):
+    r = cli("tune", "--url", ngram_server.grpc_url, "--prompts", "code", "--max-tokens", "16", "--limit", "2",
+            "--k", "1", "--k", "4", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "Recommended num_draft_tokens" in r.stdout and (tmp_path / "speedup_vs_k.png").is_file()
+
+
+def test_sampling_distribution_check(ngram_server):
+    client = LLMClient(ngram_server.grpc_url, "grpc")
+    rep = check_greedy(client, PROMPTS[:1])
+    check_sampling(client, PROMPTS[:1], rep, temperature=1.0, samples=120)
+    d = rep.distribution[0]
+    assert d["samples"] == 120 and d["dof"] >= 1 and 0.0 <= d["p_value"] <= 1.0
+    assert d["passed"], d
+
+
+def test_errors_are_one_clear_line(dtm_server):
+    r = cli("check", "--url", f"127.0.0.1:{free_port()}", "--protocol", "http")
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: no Triton server ready")
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = cli("bench", "--url", f"127.0.0.1:{free_port()}")
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: no Triton server ready")

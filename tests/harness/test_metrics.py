@@ -1,0 +1,105 @@
+"""Metric math on synthetic samples: acceptance length, Leviathan bound, bootstrap interval, TPOT vs ITL,
+chi-square, prompt files."""
+
+import json
+import math
+import random
+
+import pytest
+
+from trt_spec.harness.bench import Sample, acceptance_summary, summarize
+from trt_spec.harness.identity import chi2_homogeneity, chi2_sf, first_divergence
+from trt_spec.harness.inprocess import solve_alpha
+from trt_spec.harness.metrics import (acceptance_rate, bootstrap_ratio_ci, expected_tokens_per_step, leviathan_bound,
+                                      low_acceptance_advice, mean_acceptance_length, tpot)
+from trt_spec.harness.prompts import PROMPT_SETS, load_prompts
+
+
+def test_acceptance_definitions():
+    assert mean_acceptance_length(accepted=30, steps=10) == 4.0  # 1 + accepted / steps
+    assert acceptance_rate(accepted=30, drafted=40) == 0.75
+    assert acceptance_rate(0, 0) == 0.0 and mean_acceptance_length(0, 0) == 0.0
+
+
+def test_leviathan_bound_known_values():
+    assert leviathan_bound(0.0, 4, 0.0) == pytest.approx(1.0)  # nothing accepted, free draft: no gain, no loss
+    assert leviathan_bound(1.0, 4, 0.0) == pytest.approx(5.0)  # all accepted: k + 1 tokens per pass
+    assert leviathan_bound(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.2))
+    assert leviathan_bound(0.2, 4, 0.3) < 1.0  # a costly, rarely right draft makes decoding slower
+    assert leviathan_bound(0.5, 0, 0.3) == 1.0
+
+
+def test_solve_alpha_inverts_expected_length():
+    for alpha in (0.1, 0.5, 0.9):
+        assert solve_alpha(expected_tokens_per_step(alpha, 4), 4) == pytest.approx(alpha, abs=1e-6)
+    assert solve_alpha(1.0, 4) == 0.0 and solve_alpha(5.0, 4) == 1.0
+
+
+def test_tpot_is_not_itl():
+    # 11 tokens, first after 0.5 s, done at 1.5 s: TPOT = 1.0 / 10 regardless of how bursty chunks were
+    assert tpot(1.5, 0.5, 11) == pytest.approx(0.1)
+    assert tpot(1.0, 1.0, 1) is None
+
+
+def test_bootstrap_ci_covers_and_narrows():
+    rng = random.Random(3)
+    base = [1.0 + rng.random() * 0.2 for _ in range(40)]
+    spec = [b / 2.0 * (1 + rng.uniform(-0.05, 0.05)) for b in base]
+    point, lo, hi = bootstrap_ratio_ci(base, spec)
+    assert lo < point < hi and lo < 2.0 < hi + 0.1 and hi - lo < 0.2
+    with pytest.raises(ValueError):
+        bootstrap_ratio_ci([1.0], [])
+
+
+def test_histogram_summary_and_per_position():
+    s = [Sample("tensorrt_llm_bls", 0, 0, 10, 0.1, 1.0, 0.1, accepted=6, drafted=12, steps=4, histogram=[1, 1, 1, 1]),
+         Sample("tensorrt_llm_bls", 1, 0, 10, 0.1, 1.0, 0.1, accepted=0, drafted=6, steps=2, histogram=[2, 0, 0, 0])]
+    a = acceptance_summary(s)
+    assert a["histogram"] == [3, 1, 1, 1] and a["steps"] == 6
+    assert a["acceptance_rate"] == pytest.approx(6 / 18) and a["mean_acceptance_length"] == pytest.approx(2.0)
+    assert a["per_position_acceptance"] == pytest.approx([3 / 6, 2 / 6, 1 / 6])
+
+
+def test_summarize_pairs_and_warns():
+    samples = []
+    for i in range(6):
+        samples.append(Sample("ensemble", i, 0, 20, 0.1, 2.0, 0.1))
+        samples.append(Sample("tensorrt_llm_bls", i, 0, 20, 0.1, 2.5, 0.12, accepted=1, drafted=20, steps=19,
+                              histogram=[18, 1, 0, 0, 0]))
+    out = summarize(samples, 4)
+    assert out["speedup"] == pytest.approx(0.8)
+    assert "SLOWER" in out["warning"] and "Advice" in out["warning"]
+    assert low_acceptance_advice(0.8, 4, 0.05, 2.5) is None
+
+
+def test_chi_square():
+    assert chi2_sf(3.84, 1) == pytest.approx(0.05, abs=1e-3)
+    assert chi2_sf(11.07, 5) == pytest.approx(0.05, abs=1e-3)
+    assert chi2_sf(0.0, 3) == 1.0
+    rng = random.Random(0)
+    a = [rng.choice("abcd") for _ in range(2000)]
+    b = [rng.choice("abcd") for _ in range(2000)]
+    assert chi2_homogeneity(a, b)[2] > 0.001
+    c = [rng.choices("abcd", weights=[0.4, 0.2, 0.2, 0.2])[0] for _ in range(2000)]
+    assert chi2_homogeneity(a, c)[2] < 0.001
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_prompt_sets_and_jsonl(tmp_path):
+    assert set(PROMPT_SETS) == {"code-edit", "code", "chat", "summarization"}
+    assert all(len(v) >= 4 for v in PROMPT_SETS.values())
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "hi", "max_tokens": 5}) + "\n\n" + json.dumps({"prompt": "yo"}) + "\n")
+    ps = load_prompts(str(f))
+    assert [(p.text, p.max_tokens) for p in ps] == [("hi", 5), ("yo", 128)]
+    f.write_text('{"text": "x"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:1: expected a JSON object with a \"prompt\" key"):
+        load_prompts(str(f))
+    with pytest.raises(ValueError, match="not one of code-edit"):
+        load_prompts("nope")
+    assert all(p.max_tokens == 7 for p in load_prompts("chat", 7))

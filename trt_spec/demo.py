@@ -1,0 +1,104 @@
+"""`trt-spec demo` (what `make demo` runs): the whole product end to end on one machine.
+
+build the config -> write the Triton repository -> start tritonserver -> identity check over HTTP and gRPC
+-> paired A/B benchmark over HTTP and gRPC -> concurrency sweep -> reports -> stop the server.
+Returns a verdict dict; the caller prints it and exits non-zero when identity fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .config import load_config
+from .harness.bench import concurrency_sweep, paired_ab
+from .harness.client import LLMClient
+from .harness.identity import check_greedy
+from .harness.prompts import load_prompts
+from .harness.report import write_reports
+from .plan import make_plan
+from .preflight import run_preflight
+from .repository import write_repository
+from .runner import load_manifest, run_plan
+from .server import TritonServer, free_port
+
+
+@dataclass
+class DemoSettings:
+    prompt_set: str = "code-edit"
+    check_prompts: int = 3
+    check_tokens: int = 48
+    bench_prompts: int = 3
+    bench_tokens: int = 96
+    concurrency: tuple[int, ...] = (1, 2, 4)
+    concurrency_tokens: int = 32
+
+
+def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
+             say: Callable[[str], None] = print) -> dict:
+    cfg = load_config(config)
+    say(f"[1/5] build {config} (incremental: reruns only what changed)")
+    plan = make_plan(cfg, run_preflight(cfg, None, require_checkpoints=True), config)
+    run_plan(plan, config_path=config, on_event=lambda ev, st, i, n: say(f"      {st.name}: {ev}")
+             if ev in ("start", "skip", "done") else None)
+    build_dir = Path(plan.output_dir)
+    manifest = load_manifest(build_dir)
+    repo = out / "model_repo"
+    say(f"[2/5] write the Triton model repository {repo}")
+    write_repository(manifest, repo)
+    tokenizer_dir = manifest["engines"]["target"]["dir"]
+    say("[3/5] start tritonserver")
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          log_path=out / "tritonserver.log")
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"title": f"demo {cfg.resolved_name(config)}", "check": [], "bench": []}
+    with server:
+        say(f"      ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
+        from .serving import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_dir)
+        check_prompts = load_prompts(s.prompt_set, s.check_tokens)[: s.check_prompts]
+        bench_prompts = load_prompts(s.prompt_set, s.bench_tokens)[: s.bench_prompts]
+        for proto, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+            client = LLMClient(url, proto)
+            client.check_ready(["ensemble", "tensorrt_llm_bls"])
+            say(f"[4/5] identity check over {proto} ({len(check_prompts)} prompts)")
+            rep = check_greedy(client, check_prompts, tokenizer=tok)
+            report["check"].append(rep.to_dict())
+            say(f"[5/5] paired A/B benchmark over {proto} ({len(bench_prompts)} prompts, streaming)")
+            report["bench"].append({"protocol": proto, **paired_ab(client, bench_prompts)})
+        say(f"      concurrency sweep over gRPC {list(s.concurrency)}")
+        conc_prompts = load_prompts(s.prompt_set, s.concurrency_tokens)[: max(s.concurrency)]
+        report["concurrency"] = concurrency_sweep(lambda: LLMClient(server.grpc_url, "grpc"), conc_prompts,
+                                                  s.concurrency)
+    files = write_reports(report, out)
+    report["files"] = [str(f) for f in files]
+    report["passed"] = all(c["passed"] for c in report["check"])
+    return report
+
+
+def format_verdict(rep: dict) -> str:
+    lines = ["", "=" * 72]
+    for c in rep["check"]:
+        lines.append(f"identity over {c['protocol']:<4}: {c['match_rate']:.0%} of prompts token-identical, "
+                     f"{c['real_mismatches']} real mismatch(es) -> {'PASS' if c['passed'] else 'FAIL'}")
+    lines.append("")
+    lines.append(f"{'protocol':<9}{'baseline tok/s':>15}{'spec tok/s':>12}{'speedup':>9}{'95% CI':>15}"
+                 f"{'accept':>8}{'mean len':>9}{'TTFT ms':>9}")
+    for b in rep["bench"]:
+        lines.append(f"{b['protocol']:<9}{b['baseline']['tokens_per_s']:>15.1f}{b['speculative']['tokens_per_s']:>12.1f}"
+                     f"{b['speedup']:>8.2f}x{b['speedup_ci95'][0]:>8.2f}-{b['speedup_ci95'][1]:<6.2f}"
+                     f"{b['acceptance']['acceptance_rate']:>8.2f}{b['acceptance']['mean_acceptance_length']:>9.2f}"
+                     f"{b['speculative']['ttft_s']['p50'] * 1e3:>9.0f}")
+    for b in rep["bench"]:
+        if b.get("warning"):
+            lines.append(f"WARNING ({b['protocol']}): {b['warning']}")
+    if rep.get("concurrency"):
+        lines.append("")
+        lines.append("in flight:  " + "  ".join(f"{r['concurrency']}: {r['speedup']:.2f}x" for r in rep["concurrency"]))
+    lines.append("")
+    lines.append(f"verdict: {'PASS' if rep['passed'] else 'FAIL'} — reports: " + ", ".join(rep.get("files", [])))
+    lines.append("=" * 72)
+    return "\n".join(lines)
+

@@ -1,0 +1,168 @@
+"""In-process benchmark of the reference engine: baseline (target-only greedy) vs speculative, alternating
+per prompt in one run, with a k sweep. No server: this is the engine's own ceiling, which the served
+benchmark is compared against.
+
+Reported per k: baseline and speculative tokens/s, speedup, token identity (fraction of prompts whose
+tokens are identical), acceptance rate (vLLM: accepted / drafted), mean acceptance length (1 + accepted /
+steps), the per-token acceptance α that explains that length under Leviathan et al.'s i.i.d. model
+((1 − α^(k+1)) / (1 − α) = mean acceptance length), the draft/target cost ratio c (draft time per drafted
+token / target time per baseline token), the Leviathan bound S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) and
+efficiency = speedup / bound.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from .metrics import leviathan_bound, low_acceptance_advice
+from .prompts import Prompt
+
+
+def solve_alpha(mean_len: float, k: int) -> float:
+    """α with (1 − α^(k+1)) / (1 − α) = mean_len (bisection; 0 when no gain, 1 at the k+1 ceiling)."""
+    if k <= 0 or mean_len <= 1.0:
+        return 0.0
+    if mean_len >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        val = (1 - mid ** (k + 1)) / (1 - mid)
+        lo, hi = (mid, hi) if val < mean_len else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass
+class Loaded:
+    target: object
+    draft: object  # ReferenceModel | NgramDraft | None
+    tokenizer: object
+    mode: str
+    eos: tuple[int, ...]
+    max_draft_len: int
+
+
+def load_deployment(build_dir: Path) -> Loaded:
+    from transformers import AutoTokenizer
+
+    from ..reference.engine import load_engine
+    from ..reference.ngram import NgramDraft
+    from ..runner import load_manifest
+
+    m = load_manifest(build_dir)
+    if m["engine"] != "reference":
+        raise ValueError(f"{build_dir}: --in-process runs the CPU reference engine; this build is {m['engine']}. "
+                         "Benchmark a GPU deployment through Triton with `trt-spec bench --url`")
+    mode = m["speculative"]["mode"]
+    target = load_engine(m["engines"]["target"]["dir"])
+    draft = None
+    if mode == "draft_target":
+        draft = load_engine(m["engines"]["draft"]["dir"])
+    elif mode == "ngram":
+        draft = NgramDraft(max_ngram=m["speculative"]["ngram_size"], k=m["speculative"]["max_draft_len"])
+    tok = AutoTokenizer.from_pretrained(m["engines"]["target"]["dir"])
+    eos = (int(tok.eos_token_id),) if tok.eos_token_id is not None else ()
+    return Loaded(target, draft, tok, mode, eos, m["speculative"]["max_draft_len"])
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """The prompt as the model expects it: its chat template when it has one, else plain text."""
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+    return list(tokenizer.encode(text))
+
+
+def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, repeats: int = 1,
+                  warmup: bool = True, ignore_eos: bool = False,
+                  progress: Optional[Callable[[str], None]] = None) -> dict:
+    import torch
+
+    from ..reference.speculative import SpecMetrics, generate
+
+    say = progress or (lambda s: None)
+    ids = [chat_ids(d.tokenizer, p.text) for p in prompts]
+    if warmup:
+        generate(d.target, [ids[0]], 4, eos_token_ids=d.eos)
+        if d.draft is not None:
+            generate(d.target, [ids[0]], 4, draft=d.draft, k=min(ks), eos_token_ids=d.eos)
+    results = []
+    for k in ks:
+        if d.draft is not None and k > d.max_draft_len:
+            raise ValueError(f"k {k} > max_draft_len {d.max_draft_len} of this build; pick k <= {d.max_draft_len}")
+        base_t = spec_t = 0.0
+        base_n = spec_n = 0
+        identical = 0
+        spec_metrics, base_metrics = [], []
+        samples = []
+        for r in range(repeats):
+            for i, (p, x) in enumerate(zip(prompts, ids)):
+                say(f"k={k} rep {r + 1}/{repeats} prompt {i + 1}/{len(prompts)}")
+                runs = {}
+                order = ("base", "spec") if (i + r) % 2 == 0 else ("spec", "base")  # alternate: no drift bias
+                for which in order:
+                    t0 = time.perf_counter()
+                    res = generate(d.target, [x], p.max_tokens, draft=d.draft if which == "spec" else None, k=k,
+                                   eos_token_ids=d.eos, ignore_eos=ignore_eos)
+                    runs[which] = (res, time.perf_counter() - t0)
+                (b, bt), (s, st) = runs["base"], runs["spec"]
+                base_t, spec_t = base_t + bt, spec_t + st
+                base_n, spec_n = base_n + len(b.tokens[0]), spec_n + len(s.tokens[0])
+                same = b.tokens[0] == s.tokens[0]
+                identical += same
+                spec_metrics.append(s.metrics)
+                base_metrics.append(b.metrics)
+                samples.append({"prompt": p.id or i, "k": k, "repeat": r, "baseline_s": bt, "spec_s": st,
+                                "tokens": len(b.tokens[0]), "identical": same,
+                                "accepted": s.metrics.accepted, "drafted": s.metrics.drafted,
+                                "steps": s.metrics.steps})
+        sm, bm = SpecMetrics.merge(spec_metrics), SpecMetrics.merge(base_metrics)
+        base_tok_s = base_n / base_t
+        spec_tok_s = spec_n / spec_t
+        speedup = spec_tok_s / base_tok_s
+        mean_len = sm.mean_acceptance_length
+        alpha = solve_alpha(mean_len, k)
+        target_per_token = bm.time_target_s / max(1, bm.new_tokens)
+        draft_per_token = sm.time_draft_s / max(1, sm.drafted)
+        c = draft_per_token / target_per_token if target_per_token else 0.0
+        bound = leviathan_bound(alpha, k, c)
+        row = {
+            "k": k, "baseline_tok_s": base_tok_s, "spec_tok_s": spec_tok_s, "speedup": speedup,
+            "token_identity": identical / (len(prompts) * repeats),
+            "acceptance_rate": sm.acceptance_rate, "mean_acceptance_length": mean_len, "alpha": alpha,
+            "cost_ratio": c, "leviathan_bound": bound, "efficiency": speedup / bound if bound else 0.0,
+            "per_position_acceptance": sm.per_position_acceptance, "accepted_histogram": sm.accepted_histogram,
+            "drafted": sm.drafted, "accepted": sm.accepted, "steps": sm.steps,
+            "time_draft_s": sm.time_draft_s, "time_target_s": sm.time_target_s,
+            "baseline_tokens": base_n, "spec_tokens": spec_n, "samples": samples,
+        }
+        row["warning"] = low_acceptance_advice(alpha, k, c, speedup)
+        results.append(row)
+    best = max(results, key=lambda r: r["speedup"])
+    return {"mode": d.mode, "prompts": len(prompts), "repeats": repeats, "ignore_eos": ignore_eos,
+            "threads": torch.get_num_threads(), "sweep": results, **{k: v for k, v in best.items() if k != "samples"}}
+
+
+def format_report(rep: dict) -> str:
+    lines = [f"in-process benchmark: mode {rep['mode']}, {rep['prompts']} prompts x {rep['repeats']}, "
+             f"{rep['threads']} torch threads, greedy"]
+    lines.append(f"{'k':>3} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'identity':>8} {'accept':>7} "
+                 f"{'mean len':>8} {'alpha':>6} {'c':>6} {'bound':>6} {'effic.':>6}")
+    for r in rep["sweep"]:
+        lines.append(f"{r['k']:>3} {r['baseline_tok_s']:>10.1f} {r['spec_tok_s']:>10.1f} {r['speedup']:>7.2f}x "
+                     f"{r['token_identity']:>8.0%} {r['acceptance_rate']:>7.2f} {r['mean_acceptance_length']:>8.2f} "
+                     f"{r['alpha']:>6.2f} {r['cost_ratio']:>6.3f} {r['leviathan_bound']:>5.2f}x {r['efficiency']:>6.2f}")
+    lines.append(f"best k={rep['k']}: {rep['speedup']:.2f}x ({rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} tok/s)")
+    for r in rep["sweep"]:
+        if r.get("warning"):
+            lines.append(f"WARNING (k={r['k']}): {r['warning']}")
+    return "\n".join(lines)
+
+
+def to_json(rep: dict) -> str:
+    return json.dumps(rep, indent=2, default=float)

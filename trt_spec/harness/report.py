@@ -1,0 +1,135 @@
+"""Reports: report.json (every raw sample + summary + environment), report.md (tables), PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+
+def environment() -> dict:
+    from importlib import metadata
+
+    def v(d: str) -> Optional[str]:
+        try:
+            return metadata.version(d)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"time": datetime.now(timezone.utc).isoformat(), "python": sys.version.split()[0],
+            "platform": platform.platform(), "cpus": os.cpu_count(),
+            "packages": {d: v(d) for d in ("trt-spec", "tritonclient", "nvidia-pytriton", "torch", "tensorrt_llm")}}
+
+
+def _atomic_write(path: Path, data: bytes | str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+def markdown(rep: dict) -> str:
+    out = [f"# trt-spec report — {rep.get('title', '')}", "", f"Generated {rep['environment']['time']}.", ""]
+    check = rep.get("check")
+    if check:
+        out += ["## Identity", "", "| protocol | prompts identical | real mismatches | near-ties | verdict |",
+                "|---|---|---|---|---|"]
+        for c in check:
+            out.append(f"| {c['protocol']} | {c['match_rate']:.0%} | {c['real_mismatches']} | {c['near_ties']} | "
+                       f"{'PASS' if c['passed'] else 'FAIL'} |")
+        out.append("")
+    for b in rep.get("bench", []):
+        a = b["acceptance"]
+        out += [f"## Speedup ({b['protocol']}, k={b['k']})", "",
+                "| | baseline | speculative |", "|---|---|---|",
+                f"| output tokens/s | {b['baseline']['tokens_per_s']:.1f} | {b['speculative']['tokens_per_s']:.1f} |",
+                f"| TTFT p50 (ms) | {b['baseline']['ttft_s']['p50'] * 1e3:.0f} | {b['speculative']['ttft_s']['p50'] * 1e3:.0f} |",
+                f"| TPOT p50 (ms) | {b['baseline']['tpot_s']['p50'] * 1e3:.1f} | {b['speculative']['tpot_s']['p50'] * 1e3:.1f} |",
+                f"| latency p50 (s) | {b['baseline']['latency_s']['p50']:.2f} | {b['speculative']['latency_s']['p50']:.2f} |",
+                "", f"**Speedup {b['speedup']:.2f}x** (95% CI {b['speedup_ci95'][0]:.2f}–{b['speedup_ci95'][1]:.2f}), "
+                f"acceptance rate {a['acceptance_rate']:.2f}, mean acceptance length {a['mean_acceptance_length']:.2f}, "
+                f"histogram {a['histogram']}.", ""]
+        if b.get("warning"):
+            out += [f"> WARNING: {b['warning']}", ""]
+    if rep.get("concurrency"):
+        out += ["## Concurrency sweep", "", "| in flight | baseline tok/s | speculative tok/s | speedup |",
+                "|---|---|---|---|"]
+        for r in rep["concurrency"]:
+            out.append(f"| {r['concurrency']} | {r['ensemble']['tokens_per_s']:.1f} | "
+                       f"{r['tensorrt_llm_bls']['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
+        out.append("")
+    if rep.get("tune"):
+        t = rep["tune"]
+        out += ["## k sweep", "", "| k | speedup | acceptance | mean length |", "|---|---|---|---|"]
+        for r in t["sweep"]:
+            out.append(f"| {r['k']} | {r['speedup']:.2f}x | {r['acceptance_rate']:.2f} | {r['mean_acceptance_length']:.2f} |")
+        out += ["", f"Recommended num_draft_tokens: **{t['recommended_k']}** ({t['note']}).", ""]
+    return "\n".join(out)
+
+
+def plots(rep: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+
+    def save(fig, name):
+        p = out_dir / name
+        tmp = p.with_name(f".{p.stem}.tmp-{os.getpid()}.png")
+        fig.tight_layout()
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        os.replace(tmp, p)
+        made.append(p)
+
+    bench = rep.get("bench") or []
+    if bench:
+        b = bench[0]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.bar(["baseline", "speculative"], [b["baseline"]["tokens_per_s"], b["speculative"]["tokens_per_s"]],
+               color=["#888888", "#76b900"])
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(f"tokens/s ({b['protocol']}, speedup {b['speedup']:.2f}x)")
+        save(fig, "tokens_per_s.png")
+        hist = b["acceptance"]["histogram"]
+        if hist:
+            fig, ax = plt.subplots(figsize=(5, 3.5))
+            ax.bar(range(len(hist)), hist, color="#76b900")
+            ax.set_xlabel("draft tokens accepted per step")
+            ax.set_ylabel("steps")
+            ax.set_title(f"acceptance histogram (rate {b['acceptance']['acceptance_rate']:.2f})")
+            save(fig, "acceptance_histogram.png")
+    if rep.get("concurrency"):
+        rows = rep["concurrency"]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([r["concurrency"] for r in rows], [r["speedup"] for r in rows], "o-", color="#76b900")
+        ax.axhline(1.0, color="gray", ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("requests in flight")
+        ax.set_ylabel("speedup (tokens/s)")
+        ax.set_title("speedup vs concurrency")
+        save(fig, "speedup_vs_concurrency.png")
+    if rep.get("tune"):
+        rows = rep["tune"]["sweep"]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([r["k"] for r in rows], [r["speedup"] for r in rows], "o-", color="#76b900")
+        ax.axhline(1.0, color="gray", ls="--")
+        ax.set_xlabel("num_draft_tokens (k)")
+        ax.set_ylabel("speedup")
+        ax.set_title("speedup vs k")
+        save(fig, "speedup_vs_k.png")
+    return made
+
+
+def write_reports(rep: dict, out_dir: Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rep = {**rep, "environment": rep.get("environment") or environment()}
+    _atomic_write(out_dir / "report.json", json.dumps(rep, indent=2, default=float) + "\n")
+    _atomic_write(out_dir / "report.md", markdown(rep))
+    return [out_dir / "report.json", out_dir / "report.md", *plots(rep, out_dir)]
