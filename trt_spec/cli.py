@@ -200,7 +200,10 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
         server.start()
     except ServerError as e:
         raise UserError(str(e)) from None
-    _signal.signal(_signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def _term(*_):  # SIGTERM: unwind like Ctrl-C so the server is stopped and its shared memory removed
+        raise KeyboardInterrupt
+
+    _signal.signal(_signal.SIGTERM, _term)
     try:
         server.wait_ready(timeout)
         click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  (log {server.log_path}); Ctrl-C stops")
@@ -419,8 +422,17 @@ def demo(config: str, out_dir: str) -> None:
     from .runner import BuildError
     from .server import ServerError
 
+    import signal as _signal
+
+    def _term(*_):  # SIGTERM: unwind like Ctrl-C so the server is stopped and its shared memory removed
+        raise KeyboardInterrupt
+
+    _signal.signal(_signal.SIGTERM, _term)
     try:
         rep = run_demo(Path(config), Path(out_dir), say=lambda m: click.echo(m, err=True))
+    except KeyboardInterrupt:
+        _err("interrupted: the server was stopped")
+        sys.exit(130)
     except ConfigError as e:
         raise UserError(str(e)) from None
     except (PreflightError, BuildError, ServerError, ClientError) as e:

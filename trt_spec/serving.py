@@ -127,27 +127,3 @@ class IncrementalDetokenizer:
         self.emitted = text
         return delta
 
-
-def ngram_propose(tokens: Sequence[int], k: int, max_ngram: int, min_ngram: int = 1,
-                  eos_ids: Sequence[int] = ()) -> list[int]:
-    """Prompt lookup: match the last n tokens (n = max_ngram .. min_ngram) against earlier positions of
-    prompt + output and propose up to k tokens that followed the most recent match; never past an EOS."""
-    n_tok = len(tokens)
-    if k <= 0 or n_tok < 2:
-        return []
-    eos = set(int(e) for e in eos_ids)
-    seq = list(tokens)
-    for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
-        tail = seq[n_tok - n:]
-        # most recent earlier occurrence whose continuation exists
-        for start in range(n_tok - n - 1, -1, -1):
-            if seq[start:start + n] == tail:
-                cont = seq[start + n:start + n + k]
-                out = []
-                for t in cont:
-                    out.append(t)
-                    if t in eos:
-                        break
-                if out:
-                    return out
-    return []

@@ -19,7 +19,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.serving import (IncrementalDetokenizer, RequestError, decode_strings, default_end_id, default_pad_id,
-                              encode, find_stop, load_tokenizer, ngram_propose, scalar, to_word_list)
+                              encode, find_stop, load_tokenizer, scalar, to_word_list)
+from trt_spec.reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
 
 SEED_STRIDE = 1_000_003  # per-iteration seed offset: independent random streams across verify calls
 
@@ -42,7 +43,7 @@ class TritonPythonModel:
         self.mode = p["speculative_mode"]  # draft_target | ngram | engine
         self.max_draft_len = int(p["max_draft_len"])
         self.default_k = int(p["num_draft_tokens"])
-        self.ngram = int(p["ngram_size"])
+        self.ngram = NgramDraft(max_ngram=int(p["ngram_size"]), k=self.max_draft_len)
         self.max_seq_len = int(p["max_seq_len"])
         self.tokenizer = load_tokenizer(p["tokenizer_dir"])
         self.add_special = p.get("add_special_tokens", "true") == "true"
@@ -129,7 +130,7 @@ class TritonPythonModel:
         if k <= 0:
             return [], None
         if self.mode == "ngram":
-            return ngram_propose(tokens, k, self.ngram, 1, (r["end_id"],)), None
+            return self.ngram.propose(tokens, k, (r["end_id"],)), None
         if self.mode != "draft_target":
             return [], None
         ins = self._engine_inputs(r, tokens, k, SEED_STRIDE * step + 1)

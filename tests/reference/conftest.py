@@ -78,14 +78,14 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def target(checkpoints):
-    from trt_spec.reference import ReferenceModel
+    from trt_spec.reference.model import ReferenceModel
 
     return ReferenceModel.from_pretrained(checkpoints["llama"][1])
 
 
 @pytest.fixture(scope="session")
 def random_draft(checkpoints):
-    from trt_spec.reference import ReferenceModel
+    from trt_spec.reference.model import ReferenceModel
 
     return ReferenceModel.from_pretrained(checkpoints["llama_draft"][1])
 
@@ -95,7 +95,7 @@ def close_draft(checkpoints):
     """The target with slightly perturbed weights: agrees with it often but not always."""
     import torch
 
-    from trt_spec.reference import ReferenceModel
+    from trt_spec.reference.model import ReferenceModel
 
     hf = checkpoints["llama"][0]
     gen = torch.Generator().manual_seed(99)

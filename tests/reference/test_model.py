@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from trt_spec.reference import ReferenceModel, generate  # noqa: E402
+from trt_spec.reference.model import ReferenceModel  # noqa: E402
+from trt_spec.reference.speculative import generate  # noqa: E402
 
 from .conftest import KINDS, build_hf  # noqa: E402
 

@@ -7,7 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from trt_spec.reference import NgramDraft, ReferenceModel, SpecMetrics, generate  # noqa: E402
+from trt_spec.reference.model import ReferenceModel  # noqa: E402
+from trt_spec.reference.ngram import NgramDraft  # noqa: E402
+from trt_spec.reference.speculative import SpecMetrics, generate  # noqa: E402
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 8, 61, 12, 40], [120, 7, 33], [64]]
 
