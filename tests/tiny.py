@@ -34,8 +34,9 @@ def make_tokenizer(out: Path, vocab_size: int = 384) -> Path:
 
 
 def make_model(out: Path, tokenizer_dir: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2,
-               vocab_size: int = 384, copy_from: Path | None = None) -> Path:
-    """A random (or copied) LlamaForCausalLM + the tokenizer, as a Hugging Face directory."""
+               vocab_size: int = 384, copy_from: Path | None = None, tie: bool = False) -> Path:
+    """A random (or copied) LlamaForCausalLM + the tokenizer, as a Hugging Face directory. Untied by default:
+    a tied random model mostly predicts its input token, so any two of them would agree."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -49,10 +50,12 @@ def make_model(out: Path, tokenizer_dir: Path, *, seed: int = 0, hidden: int = 6
     cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
                       max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-                      tie_word_embeddings=True)
+                      tie_word_embeddings=tie)
     model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # peaky logits: greedy continuations repeat, like a real LM on code
+    with torch.no_grad():  # logits of a real LM's scale (margins O(1), not O(0.01))
         model.model.embed_tokens.weight.mul_(4.0)
+        if not tie:
+            model.lm_head.weight.mul_(60.0)
     model.save_pretrained(out)
     for f in tokenizer_dir.iterdir():
         shutil.copy2(f, out / f.name)

@@ -320,12 +320,13 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
 @click.option("--repeats", type=int, default=1, help="Repetitions of the prompt set.")
 @click.option("--concurrency", "levels", multiple=True, type=int, help="Served: concurrency sweep levels (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="In-process: generate exactly max_tokens (fixed-length benchmark).")
+@click.option("--threads", type=int, default=None, help="In-process: torch threads (default: torch's choice).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Served: write report.{json,md,png} here.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_set_option
 def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol: str, prompt_set: str,
           max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...], repeats: int, levels: tuple[int, ...],
-          ignore_eos: bool, out_dir: Optional[str], fmt: str, sets: tuple[str, ...]) -> None:
+          ignore_eos: bool, threads: Optional[int], out_dir: Optional[str], fmt: str, sets: tuple[str, ...]) -> None:
     """Measure speculative vs baseline: speedup, acceptance, TTFT/TPOT, cost ratio, Leviathan bound, identity."""
     if in_process == bool(url):
         raise UserError("choose one: --in-process CONFIG (reference engine, no server) or --url HOST:PORT (served)")
@@ -337,6 +338,10 @@ def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol:
         from .runner import BuildError
 
         cfg = _load(config, sets)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         try:
             dep = load_deployment(cfg.resolved_output_dir(Path(config)))
             rep = run_inprocess(dep, prompts, list(ks) or [dep.max_draft_len], repeats=repeats, ignore_eos=ignore_eos,

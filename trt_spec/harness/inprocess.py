@@ -2,7 +2,8 @@
 per prompt in one run, with a k sweep. No server: this is the engine's own ceiling, which the served
 benchmark is compared against.
 
-Reported per k: baseline and speculative tokens/s, speedup, token identity (fraction of prompts whose
+Reported per k: baseline and speculative tokens/s, speedup (end to end, prefill included), decode speedup
+(TPOT ratio: time after the first token, which speculation accelerates), token identity (fraction of prompts whose
 tokens are identical), acceptance rate (vLLM: accepted / drafted), mean acceptance length (1 + accepted /
 steps), the per-token acceptance α that explains that length under Leviathan et al.'s i.i.d. model
 ((1 − α^(k+1)) / (1 − α) = mean acceptance length), the draft/target cost ratio c (draft time per drafted
@@ -91,11 +92,17 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
         generate(d.target, [ids[0]], 4, eos_token_ids=d.eos)
         if d.draft is not None:
             generate(d.target, [ids[0]], 4, draft=d.draft, k=min(ks), eos_token_ids=d.eos)
+    # Time to first token (prefill + one step) per prompt: identical for both, so decode time = total - TTFT.
+    ttft = []
+    for x in ids:
+        t0 = time.perf_counter()
+        generate(d.target, [x], 1, eos_token_ids=d.eos)
+        ttft.append(time.perf_counter() - t0)
     results = []
     for k in ks:
         if d.draft is not None and k > d.max_draft_len:
             raise ValueError(f"k {k} > max_draft_len {d.max_draft_len} of this build; pick k <= {d.max_draft_len}")
-        base_t = spec_t = 0.0
+        base_t = spec_t = base_dec = spec_dec = 0.0
         base_n = spec_n = 0
         identical = 0
         spec_metrics, base_metrics = [], []
@@ -112,6 +119,8 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
                     runs[which] = (res, time.perf_counter() - t0)
                 (b, bt), (s, st) = runs["base"], runs["spec"]
                 base_t, spec_t = base_t + bt, spec_t + st
+                base_dec += max(bt - ttft[i], 1e-9)
+                spec_dec += max(st - ttft[i], 1e-9)
                 base_n, spec_n = base_n + len(b.tokens[0]), spec_n + len(s.tokens[0])
                 same = b.tokens[0] == s.tokens[0]
                 identical += same
@@ -125,6 +134,7 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
         base_tok_s = base_n / base_t
         spec_tok_s = spec_n / spec_t
         speedup = spec_tok_s / base_tok_s
+        decode_speedup = base_dec / spec_dec  # TPOT ratio: the same tokens after the same first token
         mean_len = sm.mean_acceptance_length
         alpha = solve_alpha(mean_len, k)
         target_per_token = bm.time_target_s / max(1, bm.new_tokens)
@@ -133,6 +143,7 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
         bound = leviathan_bound(alpha, k, c)
         row = {
             "k": k, "baseline_tok_s": base_tok_s, "spec_tok_s": spec_tok_s, "speedup": speedup,
+            "decode_speedup": decode_speedup, "prefill_share": sum(ttft) * repeats / base_t,
             "token_identity": identical / (len(prompts) * repeats),
             "acceptance_rate": sm.acceptance_rate, "mean_acceptance_length": mean_len, "alpha": alpha,
             "cost_ratio": c, "leviathan_bound": bound, "efficiency": speedup / bound if bound else 0.0,
@@ -151,13 +162,16 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
 def format_report(rep: dict) -> str:
     lines = [f"in-process benchmark: mode {rep['mode']}, {rep['prompts']} prompts x {rep['repeats']}, "
              f"{rep['threads']} torch threads, greedy"]
-    lines.append(f"{'k':>3} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'identity':>8} {'accept':>7} "
+    lines.append(f"{'k':>3} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'decode':>7} {'identity':>8} {'accept':>7} "
                  f"{'mean len':>8} {'alpha':>6} {'c':>6} {'bound':>6} {'effic.':>6}")
     for r in rep["sweep"]:
         lines.append(f"{r['k']:>3} {r['baseline_tok_s']:>10.1f} {r['spec_tok_s']:>10.1f} {r['speedup']:>7.2f}x "
+                     f"{r['decode_speedup']:>6.2f}x "
                      f"{r['token_identity']:>8.0%} {r['acceptance_rate']:>7.2f} {r['mean_acceptance_length']:>8.2f} "
                      f"{r['alpha']:>6.2f} {r['cost_ratio']:>6.3f} {r['leviathan_bound']:>5.2f}x {r['efficiency']:>6.2f}")
-    lines.append(f"best k={rep['k']}: {rep['speedup']:.2f}x ({rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} tok/s)")
+    lines.append(f"best k={rep['k']}: {rep['speedup']:.2f}x end to end ({rep['spec_tok_s']:.1f} vs "
+                 f"{rep['baseline_tok_s']:.1f} tok/s), {rep['decode_speedup']:.2f}x in decode (TPOT; prefill is "
+                 f"{rep['prefill_share']:.0%} of the baseline's time and identical in both)")
     for r in rep["sweep"]:
         if r.get("warning"):
             lines.append(f"WARNING (k={r['k']}): {r['warning']}")
