@@ -27,12 +27,12 @@ from .server import TritonServer, free_port
 @dataclass
 class DemoSettings:
     prompt_set: str = "code-edit"
-    check_prompts: int = 3
-    check_tokens: int = 48
+    check_prompts: int = 2
+    check_tokens: int = 40
     bench_prompts: int = 3
-    bench_tokens: int = 96
-    concurrency: tuple[int, ...] = (1, 2, 4)
-    concurrency_tokens: int = 32
+    bench_tokens: int = 64
+    concurrency: tuple[int, ...] = (1, 4)
+    concurrency_tokens: int = 24
 
 
 def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),

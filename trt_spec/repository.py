@@ -182,7 +182,7 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
     else:
         cfg.backend = "python"
         _params(cfg, {"engine_dir": e["dir"], "max_seq_len": s.max_seq_len,
-                      "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB, "max_draft_len": e.get("max_draft_len", 0)})
+                      "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB, "max_draft_len": s.max_draft_len})
     return cfg
 
 

@@ -32,7 +32,8 @@ class TritonPythonModel:
         threads = int(os.environ.get("TRT_SPEC_TORCH_THREADS", "0")) or torch.get_num_threads()
         torch.set_num_threads(threads)
         model = load_engine(p["engine_dir"])
-        self.engine = ReferenceEngine(model, int(p["max_seq_len"]), int(p.get("prefix_cache_mb", "512")) * 2**20)
+        self.engine = ReferenceEngine(model, int(p["max_seq_len"]), int(p.get("prefix_cache_mb", "512")) * 2**20,
+                                      diverge_slack=int(p.get("max_draft_len", "0")) + 1)
         self.name = args["model_name"]
 
     def _outputs(self, request, tokens, input_ids, res, *, final):

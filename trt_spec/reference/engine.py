@@ -32,6 +32,7 @@ from .sampling import logits_to_probs, select
 from .speculative import speculative_accept
 
 CAPACITY_STEP = 256  # KV-cache capacity grows in multiples of this many positions
+DIVERGE_SLACK = 16  # default: a request may diverge this close to the end of a cached sequence and take it over
 
 
 def load_engine(engine_dir: str | Path) -> ReferenceModel:
@@ -81,8 +82,14 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def take(self, tokens: Sequence[int]) -> tuple[Optional[CacheEntry], int]:
-        """Remove and return the entry sharing the longest prefix with `tokens` (and that length)."""
+    def take(self, tokens: Sequence[int], copy: Callable[[CacheEntry, int], CacheEntry],
+             slack: int = DIVERGE_SLACK) -> tuple[Optional[CacheEntry], int]:
+        """The entry sharing the longest prefix with `tokens`, and that length.
+
+        An entry that `tokens` extends (or leaves within `slack` positions of its end: the same request's
+        rejected draft tokens) is removed and handed out. An entry that only shares an early prefix with
+        `tokens` (another request's sequence) stays cached for its owner: its common prefix is copied into a
+        new entry instead, so concurrent requests never destroy each other's caches."""
         with self._lock:
             best_key, best_len = None, 0
             for key, e in self._entries.items():
@@ -94,7 +101,10 @@ class PrefixCache:
                 return None, 0
             self.hits += 1
             self.reused_tokens += best_len
-            return self._entries.pop(best_key), best_len
+            entry = self._entries[best_key]
+            if best_len >= len(entry.tokens) - slack:
+                return self._entries.pop(best_key), best_len
+            return copy(entry, best_len), best_len
 
     def put(self, entry: CacheEntry) -> None:
         with self._lock:
@@ -130,8 +140,12 @@ class CallResult:
 class ReferenceEngine:
     """One loaded model + its prefix cache; thread-safe for concurrent calls (one forward at a time)."""
 
-    def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = 512 * 2**20):
+    def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = 512 * 2**20,
+                 diverge_slack: int = DIVERGE_SLACK):
+        """diverge_slack: set to the deployment's max draft length + 1 (how far a request's own rejected
+        drafts can reach back)."""
         self.model = model
+        self.slack = diverge_slack
         self.max_seq_len = max_seq_len
         c = model.config
         per_pos = c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4  # fp32 K and V
@@ -139,20 +153,24 @@ class ReferenceEngine:
         self._compute = threading.Lock()
 
     # -- cache plumbing ---------------------------------------------------------------------------------
+    def _copy_prefix(self, entry: CacheEntry, n: int, capacity: int) -> CacheEntry:
+        """A new entry of `capacity` positions holding the first n positions of `entry`."""
+        fresh = self.model.new_cache(1, max(capacity, n + 1))
+        for src, dst in ((entry.cache.k, fresh.k), (entry.cache.v, fresh.v)):
+            for s, d in zip(src, dst):
+                d[:, :, :n] = s[:, :, :n]
+        return CacheEntry(list(entry.tokens[:n]), fresh)
+
     def _acquire(self, tokens: Sequence[int], need: int) -> CacheEntry:
         """An entry valid for a prefix of `tokens` (never all of it: the last token is always re-fed) with
         capacity >= need positions."""
-        entry, n = self.prefix_cache.take(tokens)
-        n = min(n, len(tokens) - 1)
         cap = min(self.max_seq_len + 1, -(-need // CAPACITY_STEP) * CAPACITY_STEP)
+        entry, n = self.prefix_cache.take(tokens, lambda e, m: self._copy_prefix(e, m, cap), self.slack)
+        n = min(n, len(tokens) - 1)
         if entry is None:
             return CacheEntry([], self.model.new_cache(1, cap))
         if entry.capacity < need:  # grow: copy the valid prefix into a bigger cache
-            bigger = self.model.new_cache(1, max(cap, need))
-            for src, dst in ((entry.cache.k, bigger.k), (entry.cache.v, bigger.v)):
-                for s, d in zip(src, dst):
-                    d[:, :, :n] = s[:, :, :n]
-            entry = CacheEntry(entry.tokens, bigger)
+            entry = self._copy_prefix(entry, n, max(cap, need))
         entry.tokens = list(tokens[:n])
         return entry
 
