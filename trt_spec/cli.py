@@ -321,12 +321,13 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
 @click.option("--concurrency", "levels", multiple=True, type=int, help="Served: concurrency sweep levels (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="In-process: generate exactly max_tokens (fixed-length benchmark).")
 @click.option("--threads", type=int, default=None, help="In-process: torch threads (default: torch's choice).")
+@click.option("--compare-hf", is_flag=True, help="In-process: also time target-only greedy against HF generate.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Served: write report.{json,md,png} here.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_set_option
 def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol: str, prompt_set: str,
           max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...], repeats: int, levels: tuple[int, ...],
-          ignore_eos: bool, threads: Optional[int], out_dir: Optional[str], fmt: str, sets: tuple[str, ...]) -> None:
+          ignore_eos: bool, threads: Optional[int], compare_hf: bool, out_dir: Optional[str], fmt: str, sets: tuple[str, ...]) -> None:
     """Measure speculative vs baseline: speedup, acceptance, TTFT/TPOT, cost ratio, Leviathan bound, identity."""
     if in_process == bool(url):
         raise UserError("choose one: --in-process CONFIG (reference engine, no server) or --url HOST:PORT (served)")
@@ -346,9 +347,21 @@ def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol:
             dep = load_deployment(cfg.resolved_output_dir(Path(config)))
             rep = run_inprocess(dep, prompts, list(ks) or [dep.max_draft_len], repeats=repeats, ignore_eos=ignore_eos,
                                 progress=lambda s: click.echo(s, err=True) if fmt == "text" else None)
+            if compare_hf:
+                from .harness.inprocess import compare_hf as _compare_hf
+                from .runner import load_manifest
+
+                engine_dir = load_manifest(cfg.resolved_output_dir(Path(config)))["engines"]["target"]["dir"]
+                rep["lean_vs_hf"] = _compare_hf(dep, engine_dir, prompts)
         except (ValueError, BuildError) as e:
             raise UserError(str(e)) from None
-        click.echo(to_json(rep) if fmt == "json" else format_report(rep))
+        text = format_report(rep)
+        if "lean_vs_hf" in rep:
+            c = rep["lean_vs_hf"]
+            text += (f"\ntarget-only greedy, {c['prompts']} prompts x {c['max_tokens']} tokens: lean runtime "
+                     f"{c['lean_tok_s']:.1f} tok/s vs HF generate {c['hf_tok_s']:.1f} tok/s = {c['ratio']:.2f}x "
+                     f"({c['identical_prompts']}/{c['prompts']} prompts token-identical)")
+        click.echo(to_json(rep) if fmt == "json" else text)
         return
     from rich.console import Console
 

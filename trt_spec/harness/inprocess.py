@@ -180,3 +180,39 @@ def format_report(rep: dict) -> str:
 
 def to_json(rep: dict) -> str:
     return json.dumps(rep, indent=2, default=float)
+
+
+def compare_hf(d: Loaded, engine_dir: str, prompts: Sequence[Prompt], *, max_tokens: int = 64) -> dict:
+    """Target-only greedy: the lean runtime vs HF transformers `generate` on the same (dequantized) weights and
+    prompts, alternating per prompt. Returns tokens/s of both and their ratio."""
+    import json as _json
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..reference.export import load_engine_state_dict
+    from ..reference.speculative import generate
+
+    cfg = AutoConfig.for_model(**{k: v for k, v in _json.loads((Path(engine_dir) / "config.json").read_text()).items()
+                                  if k not in ("quantization_config",)})
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    hf.load_state_dict(load_engine_state_dict(Path(engine_dir)), strict=False)
+    hf.eval()
+    ids = [chat_ids(d.tokenizer, p.text) for p in prompts]
+    lean_t = hf_t = 0.0
+    lean_n = hf_n = same = 0
+    with torch.inference_mode():
+        hf.generate(torch.tensor([ids[0]]), max_new_tokens=2, do_sample=False)  # warm-up
+        generate(d.target, [ids[0]], 2)
+        for x in ids:
+            t0 = time.perf_counter()
+            out = hf.generate(torch.tensor([x]), max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+            hf_t += time.perf_counter() - t0
+            h = out[0, len(x):].tolist()
+            t0 = time.perf_counter()
+            lean = generate(d.target, [x], max_tokens, ignore_eos=True).tokens[0]
+            lean_t += time.perf_counter() - t0
+            hf_n, lean_n = hf_n + len(h), lean_n + len(lean)
+            same += h == lean
+    return {"hf_tok_s": hf_n / hf_t, "lean_tok_s": lean_n / lean_t, "ratio": (lean_n / lean_t) / (hf_n / hf_t),
+            "identical_prompts": same, "prompts": len(ids), "max_tokens": max_tokens}
