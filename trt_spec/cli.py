@@ -272,11 +272,13 @@ def _with(options):
 @click.option("--num-draft-tokens", type=int, default=None, help="k per request (default: the deployment's).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
               help="Tokenizer dir: shows divergence context and enables the near-tie (top-2 logit margin) check.")
+@click.option("--raw", is_flag=True, help="Send prompts as raw text (default with --tokenizer: its chat template).")
 @click.option("--temperature", type=float, default=0.0, help="> 0: distribution-level check over seeded samples.")
 @click.option("--samples", type=int, default=200, help="Samples per prompt for the distribution check.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
-          num_draft_tokens: Optional[int], tokenizer: Optional[str], temperature: float, samples: int, fmt: str) -> None:
+          num_draft_tokens: Optional[int], tokenizer: Optional[str], raw: bool, temperature: float, samples: int,
+          fmt: str) -> None:
     """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch)."""
     from rich.console import Console
 
@@ -287,9 +289,12 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
     client = _client(url, protocol)
     tok = None
     if tokenizer:
+        from .harness.prompts import with_chat_template
         from .serving import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
+        if not raw:
+            prompts = with_chat_template(prompts, tok)
     console = Console(stderr=True)
     try:
         prog, cb = _progress(console, len(prompts), f"identity ({protocol})")
@@ -322,12 +327,14 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
 @click.option("--ignore-eos", is_flag=True, help="In-process: generate exactly max_tokens (fixed-length benchmark).")
 @click.option("--threads", type=int, default=None, help="In-process: torch threads (default: torch's choice).")
 @click.option("--compare-hf", is_flag=True, help="In-process: also time target-only greedy against HF generate.")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="Served: wrap prompts in this tokenizer's chat template (as an instruct model is served).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Served: write report.{json,md,png} here.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_set_option
 def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol: str, prompt_set: str,
           max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...], repeats: int, levels: tuple[int, ...],
-          ignore_eos: bool, threads: Optional[int], compare_hf: bool, out_dir: Optional[str], fmt: str, sets: tuple[str, ...]) -> None:
+          ignore_eos: bool, threads: Optional[int], compare_hf: bool, tokenizer: Optional[str], out_dir: Optional[str], fmt: str, sets: tuple[str, ...]) -> None:
     """Measure speculative vs baseline: speedup, acceptance, TTFT/TPOT, cost ratio, Leviathan bound, identity."""
     if in_process == bool(url):
         raise UserError("choose one: --in-process CONFIG (reference engine, no server) or --url HOST:PORT (served)")
@@ -371,6 +378,11 @@ def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol:
 
     console = Console(stderr=True)
     client = _client(url, protocol)
+    if tokenizer:
+        from .harness.prompts import with_chat_template
+        from .serving import load_tokenizer
+
+        prompts = with_chat_template(prompts, load_tokenizer(tokenizer))
     runs = []
     try:
         for k in (list(ks) or [None]):

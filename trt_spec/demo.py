@@ -15,7 +15,7 @@ from .config import load_config
 from .harness.bench import concurrency_sweep, paired_ab
 from .harness.client import LLMClient
 from .harness.identity import check_greedy
-from .harness.prompts import load_prompts
+from .harness.prompts import load_prompts, with_chat_template
 from .harness.report import write_reports
 from .plan import make_plan
 from .preflight import run_preflight
@@ -58,8 +58,8 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
         from .serving import load_tokenizer
 
         tok = load_tokenizer(tokenizer_dir)
-        check_prompts = load_prompts(s.prompt_set, s.check_tokens)[: s.check_prompts]
-        bench_prompts = load_prompts(s.prompt_set, s.bench_tokens)[: s.bench_prompts]
+        check_prompts = with_chat_template(load_prompts(s.prompt_set, s.check_tokens)[: s.check_prompts], tok)
+        bench_prompts = with_chat_template(load_prompts(s.prompt_set, s.bench_tokens)[: s.bench_prompts], tok)
         for proto, url in (("http", server.http_url), ("grpc", server.grpc_url)):
             client = LLMClient(url, proto)
             client.check_ready(["ensemble", "tensorrt_llm_bls"])
@@ -69,7 +69,7 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
             say(f"[5/5] paired A/B benchmark over {proto} ({len(bench_prompts)} prompts, streaming)")
             report["bench"].append({"protocol": proto, **paired_ab(client, bench_prompts)})
         say(f"      concurrency sweep over gRPC {list(s.concurrency)}")
-        conc_prompts = load_prompts(s.prompt_set, s.concurrency_tokens)[: max(s.concurrency)]
+        conc_prompts = with_chat_template(load_prompts(s.prompt_set, s.concurrency_tokens)[: max(s.concurrency)], tok)
         report["concurrency"] = concurrency_sweep(lambda: LLMClient(server.grpc_url, "grpc"), conc_prompts,
                                                   s.concurrency)
     files = write_reports(report, out)

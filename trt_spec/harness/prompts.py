@@ -175,3 +175,12 @@ def load_prompts(name_or_path: str, max_tokens: int | None = None) -> list[Promp
     if max_tokens is not None:
         prompts = [Prompt(p.text, max_tokens, p.id) for p in prompts]
     return list(prompts)
+
+
+def with_chat_template(prompts: list[Prompt], tokenizer) -> list[Prompt]:
+    """Wrap each prompt as a user turn in the model's chat template (what an instruct model is served with);
+    unchanged when the tokenizer has no template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return list(prompts)
+    return [Prompt(tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
+                                                 add_generation_prompt=True), p.max_tokens, p.id) for p in prompts]

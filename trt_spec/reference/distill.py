@@ -1,0 +1,570 @@
+"""Build a tiny draft model from the target, offline, by distillation (a reproducible build step).
+
+PLACEHOLDER DOCSTRING (rewritten below once the defaults are measured).
+
+Run as a build step: python -m trt_spec.reference.distill --teacher DIR --output_dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import statistics
+import sys
+import sysconfig
+import time
+import zlib
+from pathlib import Path
+
+REPORT_NAME = "trt_spec_distill.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "chat_template.jinja", "tokenizer.model", "generation_config.json")
+CHAT_FORMAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+# Chat prompts whose teacher-greedy answers are (optionally) trained on. Disjoint from EVAL_CHAT_PROMPTS and from
+# the benchmark prompt sets in trt_spec.harness.prompts.
+TRAIN_CHAT_PROMPTS = (
+    "Write a Python function that reverses a linked list.",
+    "Explain what a Python decorator is, with a short example.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a Python script that reads a CSV file and prints the sum of the second column.",
+    "Give three tips for writing readable code.",
+    "Write a Python class `Counter` with increment, decrement and reset methods.",
+    "What does the `with` statement do in Python?",
+    "Write a Python function that removes duplicates from a list while keeping the order.",
+    "Explain recursion to a beginner in a few sentences.",
+    "Write a Python function that converts a temperature from Celsius to Fahrenheit.",
+    "What is a hash table and why is lookup fast?",
+    "Write a Python generator that yields prime numbers.",
+    "Summarize the benefits of unit testing in a short paragraph.",
+    "Write a Python function that flattens a nested list.",
+    "How do I sort a dictionary by value in Python?",
+)
+EVAL_CHAT_PROMPTS = (
+    "Write a Python function that returns the largest element of a list without using max().",
+    "Why is the sky blue? Answer briefly.",
+    "Write a Python function that counts the vowels in a string.",
+)
+
+
+class DistillError(ValueError):
+    """Bad input to the distillation step (reported as one line by the CLI)."""
+
+
+# ----------------------------------------------------------------------------------------------------------- corpus
+
+def stdlib_files() -> list[Path]:
+    """Python standard-library source files, in a deterministic order (sorted relative paths).
+
+    Tests, site-packages, codec tables (`encodings/`) and very large generated files are left out."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip_dirs = {"site-packages", "dist-packages", "test", "tests", "idle_test", "encodings", "__pycache__"}
+    out = []
+    for p in sorted(root.rglob("*.py"), key=lambda q: q.relative_to(root).as_posix()):
+        rel = p.relative_to(root)
+        if skip_dirs.intersection(rel.parts[:-1]) or not p.is_file() or p.stat().st_size > 300_000:
+            continue
+        out.append(p)
+    return out
+
+
+def _is_heldout(path: Path) -> bool:
+    return zlib.crc32(path.name.encode() + str(path.parent.name).encode()) % 16 == 0
+
+
+def load_corpus(tokenizer, files: list[Path], *, seq_len: int, train_chunks: int, eval_chunks: int,
+                seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Token chunks of seq_len: (train, held-out). Held-out chunks come from files never trained on (chosen by a
+    hash of the file name); train chunks are a seeded shuffle of every chunk of a seeded sample of train files."""
+    files = list(files)
+    heldout = [p for p in files if _is_heldout(p)]
+    train = [p for p in files if not _is_heldout(p)]
+    if len(files) >= 2 and (not heldout or not train):  # tiny corpora (tests): split by position instead
+        heldout, train = files[-1:], files[:-1]
+    rng = random.Random(seed)
+    rng.shuffle(train)
+    rng.shuffle(heldout)
+
+    def encode(paths: list[Path]) -> list[list[int]]:
+        texts = [p.read_text(encoding="utf-8", errors="replace") for p in paths]
+        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    # held-out: one chunk from the middle of each held-out file, until eval_chunks
+    ev: list[list[int]] = []
+    for i in range(0, len(heldout), 16):
+        for ids in encode(heldout[i:i + 16]):
+            if len(ids) >= seq_len:
+                s = (len(ids) - seq_len) // 2
+                ev.append(ids[s:s + seq_len])
+            if len(ev) >= eval_chunks:
+                break
+        if len(ev) >= eval_chunks:
+            break
+    # train: concatenate files (separated by a newline-free boundary), cut into chunks, shuffle
+    stream: list[int] = []
+    need = (train_chunks + 1) * seq_len * 2  # twice what is needed so the chunk shuffle mixes files
+    for i in range(0, len(train), 32):
+        for ids in encode(train[i:i + 32]):
+            stream.extend(ids)
+        if len(stream) >= need:
+            break
+    chunks = [stream[i:i + seq_len + 1] for i in range(0, len(stream) - seq_len, seq_len)]
+    rng.shuffle(chunks)
+    return chunks[:train_chunks], ev
+
+
+# ---------------------------------------------------------------------------------------------------------- teacher
+
+def teacher_label(teacher, rows, *, k: int, batch: int = 4) -> dict:
+    """Run the teacher once over equal-length token rows. Returns {"hidden": [N,S,d] fp16 final (normed) hidden
+    states, "logp": [N,S,k] fp32 top-k log-probabilities, "idx": [N,S,k] int32 their token ids}."""
+    import torch
+
+    hs, logps, idxs = [], [], []
+    with torch.inference_mode():
+        for i in range(0, len(rows), batch):
+            x = torch.tensor(rows[i:i + batch], dtype=torch.long)
+            h = teacher.model(input_ids=x, use_cache=False).last_hidden_state
+            v, ix = torch.log_softmax(teacher.lm_head(h).float(), dim=-1).topk(k, dim=-1)
+            hs.append(h.to(torch.float16))
+            logps.append(v)
+            idxs.append(ix.to(torch.int32))
+    return {"hidden": torch.cat(hs), "logp": torch.cat(logps), "idx": torch.cat(idxs)}
+
+
+def teacher_generate(teacher, tokenizer, prompts, *, max_new_tokens: int, eos: int, pad: int) -> list[tuple[list, int]]:
+    """Greedy teacher answers to chat-formatted prompts (one left-padded batch). Returns (prompt + answer ids,
+    answer start) per prompt; an answer ends with EOS when the teacher produced one."""
+    import torch
+
+    enc = [tokenizer.encode(CHAT_FORMAT.format(p), add_special_tokens=False).ids for p in prompts]
+    if not enc:
+        return []
+    width = max(len(e) for e in enc)
+    x = torch.tensor([[pad] * (width - len(e)) + e for e in enc], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], dtype=torch.long)
+    with torch.inference_mode():
+        out = teacher.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=1,
+                               do_sample=False, pad_token_id=pad, eos_token_id=eos, top_p=None, top_k=None,
+                               temperature=None)
+    res = []
+    for b, e in enumerate(enc):
+        ans = out[b, width:].tolist()
+        if eos in ans:
+            ans = ans[:ans.index(eos) + 1]
+        res.append((e + ans, len(e)))
+    return res
+
+
+def hidden_basis(h, rank: int):
+    """Top `rank` eigenvectors [d, rank] of the uncentred second moment of teacher hidden states h [M, d] (the
+    mean direction included). Deterministic: eigh, sorted, largest-magnitude loading made positive."""
+    import torch
+
+    h = h.double()
+    evals, evecs = torch.linalg.eigh(h.T @ h / max(1, h.shape[0]))
+    v = evecs[:, torch.argsort(evals, descending=True)[:rank]]
+    return (v * torch.sign(v.gather(0, v.abs().argmax(0, keepdim=True)))).float()
+
+
+# ------------------------------------------------------------------------------------------------------------ draft
+
+def draft_config(teacher_cfg: dict, *, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int,
+                 intermediate: int):
+    from transformers import LlamaConfig
+
+    keep = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "rms_norm_eps",
+            "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling", "hidden_act")
+    cfg = {k: teacher_cfg[k] for k in keep if k in teacher_cfg}
+    cfg.update(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+               head_dim=head_dim, intermediate_size=intermediate, tie_word_embeddings=True, attention_bias=False,
+               mlp_bias=False, use_cache=True, architectures=["LlamaForCausalLM"])
+    return LlamaConfig(**cfg)
+
+
+# -------------------------------------------------------------------------------------------------------- training
+
+def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def top1_agreement(model, seqs, targets, positions=None, batch: int = 8) -> tuple[int, int]:
+    """Count positions where the model's full-vocab argmax equals the target token.
+
+    seqs: list of token lists (equal length within a batch call is not required); targets: list of lists of target
+    ids, one per position in `positions[i]` (default: every position)."""
+    import torch
+
+    agree = total = 0
+    with torch.inference_mode():
+        for i, s in enumerate(seqs):
+            x = torch.tensor([s], dtype=torch.long)
+            am = model(input_ids=x, use_cache=False).logits[0].argmax(-1)
+            pos = positions[i] if positions is not None else list(range(len(s)))
+            t = torch.tensor(targets[i], dtype=torch.long)
+            agree += int((am[pos] == t).sum())
+            total += len(pos)
+    return agree, total
+
+
+def decode_step_ms(models, *, vocab: int, prompt_len: int = 32, steps: int = 16) -> list[float]:
+    """Median wall time (ms) of a single-token forward with a KV cache, after a prompt_len prefill, for each model.
+    The models' steps are interleaved so that they see the same background load."""
+    import torch
+
+    x = torch.randint(3, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    state, times = [], [[] for _ in models]
+    with torch.inference_mode():
+        for m in models:
+            out = m(input_ids=x, use_cache=True)
+            state.append((out.past_key_values, out.logits[:, -1:].argmax(-1)))
+        for _ in range(steps + 2):
+            for i, m in enumerate(models):
+                past, nxt = state[i]
+                t = time.perf_counter()
+                out = m(input_ids=nxt, past_key_values=past, use_cache=True)
+                times[i].append(time.perf_counter() - t)
+                state[i] = (out.past_key_values, out.logits[:, -1:].argmax(-1))
+    return [statistics.median(ts[2:]) * 1e3 for ts in times]
+
+
+def forward_macs(cfg) -> int:
+    """Multiply-accumulates per token for the weight matmuls (attention projections, MLP, LM head)."""
+    h, hd = cfg.hidden_size, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = h * hd * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    mlp = 3 * h * cfg.intermediate_size
+    return cfg.num_hidden_layers * (attn + mlp) + cfg.vocab_size * h
+
+
+def _pad_rows(seqs: list[list[int]], length: int, pad: int) -> list[list[int]]:
+    return [(q[:length] + [pad] * (length - len(q[:length]))) for q in seqs]
+
+
+def distill_draft(teacher_dir: Path, out_dir: Path, *, hidden: int = 160, layers: int = 2, steps: int = 400,
+                  seq_len: int = 256, seed: int = 0, lr: float = 3e-3, batch: int = 8, heads: int | None = None,
+                  kv_heads: int = 1, head_dim: int = 64, intermediate: int | None = None,
+                  teacher_chunks: int = 96, raw_chunks: int = 2048, eval_chunks: int = 8, topk: int = 32,
+                  chat_prompts: int = 16, chat_tokens: int = 96, eval_chat_prompts: int = 3,
+                  teacher_fraction: float = 0.5, kl_weight: float = 1.0, mse_weight: float = 1.0,
+                  raw_weight: float = 1.0, neg_samples: int = 1024, train_vocab: int = 8192, init: str = "hidden_pca",
+                  corpus_files: list[Path] | None = None, threads: int = 2, measure_cost: bool = True,
+                  eval_every: int = 0, log=None, _cache: dict | None = None) -> dict:
+    """Distill a small LlamaForCausalLM draft from the teacher directory into out_dir; returns the report."""
+    teacher_dir, out_dir = Path(teacher_dir), Path(out_dir)
+    if not (teacher_dir / "config.json").is_file():
+        raise DistillError(f"{teacher_dir}: no config.json (expected a Hugging Face model directory)")
+    if not (teacher_dir / "tokenizer.json").is_file():
+        raise DistillError(f"{teacher_dir}: no tokenizer.json (the draft copies the teacher's tokenizer)")
+    try:
+        tcfg = json.loads((teacher_dir / "config.json").read_text())
+    except ValueError as e:
+        raise DistillError(f"{teacher_dir / 'config.json'}: not valid JSON ({e})") from None
+    if tcfg.get("model_type") != "llama" and "LlamaForCausalLM" not in (tcfg.get("architectures") or []):
+        raise DistillError(f"{teacher_dir}: teacher must be a Llama model, got {tcfg.get('model_type')!r}")
+    if hidden < 8 or layers < 1 or steps < 1 or seq_len < 4 or batch < 1:
+        raise DistillError(f"bad sizes: hidden={hidden} layers={layers} steps={steps} seq_len={seq_len} batch={batch}")
+    if init not in ("hidden_pca", "embedding_pca", "random"):
+        raise DistillError(f"init {init!r}: expected hidden_pca, embedding_pca or random")
+
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    log = log or (lambda *a: None)
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    t_start = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def lap(name: str, t0: float) -> float:
+        phases[name] = round(time.monotonic() - t0, 2)
+        log(f"{name}: {phases[name]:.1f}s")
+        return time.monotonic()
+
+    t = time.monotonic()
+    tok = Tokenizer.from_file(str(teacher_dir / "tokenizer.json"))
+    teacher = LlamaForCausalLM.from_pretrained(str(teacher_dir), dtype=torch.float32).eval()
+    vocab, d_teacher = teacher.config.vocab_size, teacher.config.hidden_size
+    eos = tcfg.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = tcfg.get("pad_token_id")
+    pad = eos if pad is None else pad
+    files = list(corpus_files) if corpus_files is not None else stdlib_files()
+    if not files:
+        raise DistillError("empty training corpus")
+    raw, ev = load_corpus(tok, files, seq_len=seq_len, train_chunks=max(raw_chunks, teacher_chunks),
+                          eval_chunks=eval_chunks, seed=seed)
+    if not raw:
+        raise DistillError(f"corpus too small: no training chunk of {seq_len + 1} tokens")
+    t = lap("load", t)
+
+    # ---- teacher: top-k + final hidden states on code chunks and on its own chat answers, computed once
+    cache = _cache if _cache is not None else {}
+    tch = [c[:seq_len] for c in raw[:teacher_chunks]] if teacher_fraction > 0 else []
+    key = ("code", seq_len, topk, seed, len(raw))
+    if tch and (key not in cache or cache[key]["idx"].shape[0] < len(tch)):
+        cache[key] = teacher_label(teacher, tch, k=topk)
+    code_lab = {k: v[:len(tch)] for k, v in cache[key].items()} if tch else None
+    key = ("chat", chat_prompts, chat_tokens, topk, seq_len)
+    if key not in cache:
+        gen = teacher_generate(teacher, tok, TRAIN_CHAT_PROMPTS[:chat_prompts], max_new_tokens=chat_tokens, eos=eos,
+                               pad=pad) if chat_prompts and teacher_fraction > 0 else []
+        width = min(seq_len, max((len(q) for q, _ in gen), default=0))
+        lab = teacher_label(teacher, _pad_rows([q for q, _ in gen], width, pad), k=topk) if gen else None
+        cache[key] = (gen, width, lab)
+    chat_gen, chat_width, chat_lab = cache[key]
+    t = lap("teacher_labels", t)
+    key = ("eval", seq_len, len(ev), eval_chat_prompts, chat_tokens, seed)
+    if key not in cache:
+        ev_top1 = teacher_label(teacher, ev, k=1)["idx"][..., 0].long() if ev else None
+        ev_chat = teacher_generate(teacher, tok, EVAL_CHAT_PROMPTS[:eval_chat_prompts], max_new_tokens=chat_tokens,
+                                   eos=eos, pad=pad) if eval_chat_prompts else []
+        cache[key] = (ev_top1, ev_chat)
+    ev_top1, ev_chat = cache[key]
+    t = lap("teacher_eval_labels", t)
+
+    # ---- teacher rows for training: [R, S] ids, top-k, hidden, and a mask of the positions to learn
+    rows_x, rows_lp, rows_ix, rows_h, rows_m = [], [], [], [], []
+    if code_lab is not None:
+        rows_x.append(torch.tensor(tch, dtype=torch.long))
+        rows_lp.append(code_lab["logp"])
+        rows_ix.append(code_lab["idx"])
+        rows_h.append(code_lab["hidden"])
+        rows_m.append(torch.ones(len(tch), seq_len, dtype=torch.bool))
+    if chat_lab is not None:
+        # chat rows are right-padded to chat_width (< seq_len): pad them up to seq_len so rows stack
+        x = torch.full((len(chat_gen), seq_len), pad, dtype=torch.long)
+        lp = torch.zeros(len(chat_gen), seq_len, topk)
+        ix = torch.zeros(len(chat_gen), seq_len, topk, dtype=torch.int32)
+        hh = torch.zeros(len(chat_gen), seq_len, d_teacher, dtype=torch.float16)
+        m = torch.zeros(len(chat_gen), seq_len, dtype=torch.bool)
+        for r, (q, a0) in enumerate(chat_gen):
+            n = min(len(q), chat_width)
+            x[r, :n] = torch.tensor(q[:n])
+            lp[r, :chat_width], ix[r, :chat_width], hh[r, :chat_width] = (chat_lab["logp"][r], chat_lab["idx"][r],
+                                                                         chat_lab["hidden"][r])
+            m[r, a0 - 1:n - 1] = True  # positions whose next token is an answer token
+        rows_x.append(x)
+        rows_lp.append(lp)
+        rows_ix.append(ix)
+        rows_h.append(hh)
+        rows_m.append(m)
+    T_x = torch.cat(rows_x) if rows_x else None
+    if T_x is not None:
+        T_p = torch.softmax(torch.cat(rows_lp), dim=-1)  # renormalised top-k distribution
+        T_ix, T_m, T_h = torch.cat(rows_ix).long(), torch.cat(rows_m), torch.cat(rows_h)
+
+    # ---- draft: a small Llama whose tied embedding starts as the teacher's embedding projected onto the top
+    # principal directions of the teacher's final hidden states (so the draft's head is a low-rank teacher head)
+    heads = heads or max(1, round(hidden / head_dim))
+    intermediate = intermediate or 4 * hidden
+    cfg = draft_config(tcfg, hidden=hidden, layers=layers, heads=heads, kv_heads=min(kv_heads, heads),
+                       head_dim=head_dim, intermediate=intermediate)
+    torch.manual_seed(seed)
+    draft = LlamaForCausalLM(cfg)
+    temb = teacher.model.embed_tokens.weight.detach().float()
+    basis = None
+    if init == "hidden_pca" and T_x is not None and hidden <= d_teacher:
+        basis = hidden_basis(T_h[T_m].float(), hidden)  # [d, hidden]
+    elif init == "embedding_pca" and hidden <= d_teacher:
+        basis = hidden_basis(temb, hidden)
+    target_scale = None
+    with torch.no_grad():
+        if basis is not None:
+            draft.model.embed_tokens.weight.copy_(temb @ basis)
+        if basis is not None and T_x is not None:
+            proj = T_h[T_m].float() @ basis  # teacher hidden in the draft's coordinates
+            target_scale = proj.pow(2).mean(0).sqrt()  # per-dim rms: the draft's final norm weight at init
+            draft.model.norm.weight.copy_(target_scale)
+        else:
+            draft.model.norm.weight.fill_(0.1)  # keep initial tied logits O(1)
+    draft.tie_weights()
+    emb = draft.model.embed_tokens.weight
+    mse_on = basis is not None and T_x is not None and mse_weight > 0
+    mse_norm = float(target_scale.pow(2).mean()) if mse_on else 1.0
+
+    # training vocabulary: the train_vocab tokens that matter most (raw next-token counts + teacher top-k mass);
+    # rarer raw targets are ignored. Each step also samples neg_samples tokens from outside it so that the rows
+    # of tokens never seen in training are pushed down too (the draft's argmax is over the full vocabulary).
+    raw_t = torch.tensor(raw, dtype=torch.long)  # [N, S+1]
+    score = torch.bincount(raw_t[:, 1:].flatten(), minlength=vocab).double()
+    if T_x is not None:
+        score.index_add_(0, T_ix[T_m].flatten(), T_p[T_m].flatten().double())
+    order = torch.sort(-score, stable=True).indices
+    cand = torch.sort(order[:min(train_vocab, int((score > 0).sum()))]).values
+    others = torch.ones(vocab, dtype=torch.bool)
+    others[cand] = False
+    others = others.nonzero().flatten()
+    in_cand = ~torch.isin(torch.arange(vocab), others)
+    if T_x is not None:  # drop teacher top-k entries outside the training vocabulary, renormalise
+        T_p = T_p * in_cand[T_ix]
+        T_p = T_p / T_p.sum(-1, keepdim=True).clamp_min(1e-12)
+    pos_of = torch.full((vocab,), -1, dtype=torch.long)
+
+    opt = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    warmup = max(1, steps // 20)
+    n_teacher_steps = int(round(steps * teacher_fraction)) if T_x is not None else 0
+    # teacher steps are interleaved evenly through training (mixing keeps the big raw corpus from being
+    # forgotten and the small teacher set from being overfitted early)
+    is_teacher_step = [False] * steps
+    for j in range(n_teacher_steps):
+        is_teacher_step[min(steps - 1, int((j + 0.5) * steps / n_teacher_steps))] = True
+    losses: list[float] = []
+    kls: list[float] = []  # KL(teacher top-k || draft) on teacher steps
+    raw_losses: list[float] = []  # next-token cross-entropy on raw-text steps
+    curve: list[list] = []
+    raw_perm, raw_pos = torch.randperm(len(raw), generator=gen), 0
+    t_perm, t_pos = (torch.randperm(T_x.shape[0], generator=gen) if T_x is not None else None), 0
+
+    def heldout_agreement() -> float | None:
+        if ev_top1 is None:
+            return None
+        a, n = top1_agreement(draft, ev, [r.tolist() for r in ev_top1])
+        return a / n
+
+    draft.train()
+    for step in range(steps):
+        for gp in opt.param_groups:
+            gp["lr"] = _lr_at(step, steps, lr, warmup)
+        neg = others[torch.randint(0, len(others), (min(neg_samples, len(others)),), generator=gen)] \
+            if len(others) else others
+        voc = torch.cat([cand, neg])
+        pos_of[voc] = torch.arange(len(voc))
+        w = emb[voc]  # [Vs, h]
+        if is_teacher_step[step]:
+            nb = min(batch, T_x.shape[0])
+            if t_pos + nb > T_x.shape[0]:
+                t_perm, t_pos = torch.randperm(T_x.shape[0], generator=gen), 0
+            sel = t_perm[t_pos:t_pos + nb]
+            t_pos += nb
+            m = T_m[sel]
+            g = draft.model(input_ids=T_x[sel], use_cache=False).last_hidden_state[m]
+            logq = torch.log_softmax(g @ w.T, dim=-1)
+            p = T_p[sel][m]
+            # soft cross-entropy to the renormalised teacher top-k; minus the teacher entropy it is the KL
+            ce = -(p * logq.gather(1, pos_of[T_ix[sel][m]].clamp_min(0))).sum(-1).mean()
+            kl = ce.detach() + (p * p.clamp_min(1e-12).log()).sum(-1).mean()
+            loss = kl_weight * ce
+            if mse_on:  # match the teacher's final hidden state in the draft's coordinates
+                loss = loss + mse_weight * (g - T_h[sel][m].float() @ basis).pow(2).mean() / mse_norm
+        else:
+            if raw_pos + batch > len(raw):
+                raw_perm, raw_pos = torch.randperm(len(raw), generator=gen), 0
+            sel = raw_perm[raw_pos:raw_pos + batch]
+            raw_pos += batch
+            xb = raw_t[sel]
+            g = draft.model(input_ids=xb[:, :-1], use_cache=False).last_hidden_state
+            logits = g.reshape(-1, g.shape[-1]) @ w.T
+            tgt = pos_of[xb[:, 1:].reshape(-1)]
+            tgt[tgt >= len(cand)] = -1  # outside the training vocabulary (sampled as a negative this step)
+            loss = raw_weight * torch.nn.functional.cross_entropy(logits, tgt, ignore_index=-1)
+            kl = None
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        pos_of[voc] = -1
+        losses.append(float(loss.detach()))
+        (kls if kl is not None else raw_losses).append(float(kl) if kl is not None else losses[-1])
+        if step % 50 == 0 or step == steps - 1:
+            log(f"step {step} {'teacher' if is_teacher_step[step] else 'raw'} loss {losses[-1]:.3f}")
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            draft.eval()
+            curve.append([step + 1, heldout_agreement()])
+            draft.train()
+            log(f"step {step + 1} held-out code top-1 {curve[-1][1]}")
+    draft.eval()
+    t = lap("train", t)
+
+    # ---- evaluation: full-vocab argmax of the draft vs the teacher's argmax
+    res: dict = {}
+    if ev_top1 is not None:
+        res["heldout_code_top1"] = heldout_agreement()
+        res["heldout_code_positions"] = int(ev_top1.numel())
+        if curve:
+            res["heldout_code_curve"] = curve + [[steps, res["heldout_code_top1"]]]
+    if ev_chat:
+        seqs = [q[:-1] for q, _ in ev_chat]
+        poss = [list(range(a0 - 1, len(q) - 1)) for q, a0 in ev_chat]
+        a, n = top1_agreement(draft, seqs, [q[a0:] for q, a0 in ev_chat], poss)
+        res["chat_top1"] = a / n
+        res["chat_positions"] = n
+    t = lap("eval", t)
+
+    # ---- cost
+    cost = {"draft_macs_per_token": forward_macs(cfg), "teacher_macs_per_token": forward_macs(teacher.config)}
+    cost["macs_ratio"] = cost["draft_macs_per_token"] / cost["teacher_macs_per_token"]
+    if measure_cost:
+        dm, tm = decode_step_ms([draft, teacher], vocab=vocab)
+        cost.update(draft_decode_ms=round(dm, 3), teacher_decode_ms=round(tm, 3), time_ratio=dm / tm)
+    t = lap("cost", t)
+
+    # ---- save
+    out_dir.mkdir(parents=True, exist_ok=True)
+    draft.save_pretrained(str(out_dir), safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (teacher_dir / name).is_file():
+            shutil.copy2(teacher_dir / name, out_dir / name)
+    t = lap("save", t)
+
+    def ends(xs: list[float]) -> tuple[float | None, float | None]:
+        if not xs:
+            return None, None
+        k = max(1, min(10, len(xs) // 10))
+        return sum(xs[:k]) / k, sum(xs[-k:]) / k
+
+    first_loss, final_loss = ends(losses)
+    first_kl, final_kl = ends(kls)
+    first_ce, final_ce = ends(raw_losses)
+    every = max(1, steps // 20)
+    report = {
+        "teacher": str(teacher_dir), "hidden": hidden, "layers": layers, "heads": heads,
+        "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim, "intermediate": intermediate, "init": init,
+        "steps": steps, "seq_len": seq_len, "seed": seed, "lr": lr, "batch": batch, "topk": topk,
+        "teacher_chunks": len(tch), "teacher_fraction": teacher_fraction, "kl_weight": kl_weight,
+        "mse_weight": mse_weight if mse_on else 0.0, "raw_chunks": len(raw), "chat_train_prompts": len(chat_gen),
+        "train_vocab": int(len(cand)), "train_vocab_cap": train_vocab, "params": sum(p.numel() for p in draft.parameters()),
+        "first_loss": first_loss, "final_loss": final_loss, "first_teacher_kl": first_kl, "final_teacher_kl": final_kl,
+        "first_raw_ce": first_ce, "final_raw_ce": final_ce,
+        "loss_curve": [[i, round(losses[i], 4)] for i in range(0, steps, every)] + [[steps - 1, round(losses[-1], 4)]],
+        **res, "cost": cost, "phases_seconds": phases, "seconds": round(time.monotonic() - t_start, 1),
+    }
+    (out_dir / REPORT_NAME).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Distill a small draft model from a Llama teacher directory.")
+    ap.add_argument("--teacher", required=True, help="Hugging Face directory of the target (config.json, weights, "
+                                                       "tokenizer.json)")
+    ap.add_argument("--output_dir", required=True)
+    ap.add_argument("--hidden", type=int, default=160)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--seq_len", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-q", "--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    log = None if a.quiet else (lambda msg: print(f"[distill] {msg}", file=sys.stderr, flush=True))
+    try:
+        report = distill_draft(Path(a.teacher), Path(a.output_dir), hidden=a.hidden, layers=a.layers, steps=a.steps,
+                               seq_len=a.seq_len, seed=a.seed, lr=a.lr, threads=a.threads, log=log)
+    except DistillError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: report[k] for k in ("steps", "seconds", "final_loss", "heldout_code_top1", "chat_top1",
+                                              "params") if k in report} | {"cost": report["cost"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
