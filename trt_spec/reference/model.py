@@ -237,21 +237,11 @@ class ReferenceModel:
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ReferenceModel:
         """Load an HF directory: config.json + model.safetensors or a sharded model.safetensors.index.json."""
-        from safetensors.torch import load_file
+        from .export import load_hf_state_dict
 
         path = Path(path)
         config_dict = json.loads((path / "config.json").read_text())
-        index = path / "model.safetensors.index.json"
-        if index.exists():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        elif (path / "model.safetensors").exists():
-            shards = ["model.safetensors"]
-        else:
-            raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
-        state_dict: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state_dict.update(load_file(path / shard))
-        return cls.from_state_dict(config_dict, state_dict)
+        return cls.from_state_dict(config_dict, load_hf_state_dict(path))
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.config
