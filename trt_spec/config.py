@@ -51,7 +51,7 @@ class ModelSpec(_Strict):
 class DistillSpec(_Strict):
     """Reference engine only: build the draft from the target by distillation (offline, seeded, bounded)."""
 
-    hidden_size: int = Field(160, ge=32, description="draft hidden size")
+    hidden_size: int = Field(128, ge=32, description="draft hidden size")
     num_layers: int = Field(2, ge=1, description="draft decoder layers")
     steps: int = Field(600, ge=1, description="distillation steps (fixed count: reproducible)")
     seed: int = Field(0, description="random seed")

@@ -102,6 +102,20 @@ def test_report_fields_and_loss_decreases(built):
     assert report["final_loss"] < report["first_loss"]
 
 
+def test_same_seed_same_bytes_other_seed_differs(built, tmp_path):
+    teacher, _, _ = built
+    files = sorted((teacher.parent / "corpus").glob("*.py"))
+    kw = dict(hidden=32, layers=1, steps=6, seq_len=16, batch=2, head_dim=16, teacher_chunks=2, raw_chunks=8,
+              eval_chunks=1, topk=4, chat_prompts=1, chat_tokens=3, eval_chat_prompts=0, neg_samples=8,
+              corpus_files=files, threads=1, measure_cost=False)
+    blobs = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        distill.distill_draft(teacher, tmp_path / name, seed=seed, **kw)
+        blobs.append((tmp_path / name / "model.safetensors").read_bytes())
+    assert blobs[0] == blobs[1]
+    assert blobs[0] != blobs[2]
+
+
 def test_hidden_basis_keeps_the_top_directions():
     g = torch.Generator().manual_seed(0)
     q = torch.linalg.qr(torch.randn(3, 3, generator=g))[0]
