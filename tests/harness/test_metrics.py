@@ -72,6 +72,14 @@ def test_summarize_pairs_and_warns():
     assert low_acceptance_advice(0.8, 4, 0.05, 2.5) is None
 
 
+def test_advice_fits_the_case():
+    at_k1 = low_acceptance_advice(0.13, 1, 0.07, 0.92)  # already at k=1: lowering k is no advice
+    assert "SLOWER" in at_k1 and "lower num_draft_tokens" not in at_k1 and "disable speculation" in at_k1
+    assert "cannot beat the baseline" not in at_k1  # bound 1.06x: a better implementation could still win
+    at_k4 = low_acceptance_advice(0.13, 4, 0.06, 0.69)  # bound 0.92x: no implementation wins
+    assert "lower num_draft_tokens (k=4)" in at_k4 and "cannot beat the baseline" in at_k4
+
+
 def test_chi_square():
     assert chi2_sf(3.84, 1) == pytest.approx(0.05, abs=1e-3)
     assert chi2_sf(11.07, 5) == pytest.approx(0.05, abs=1e-3)

@@ -100,6 +100,10 @@ def low_acceptance_advice(alpha: float, k: int, c: float, speedup: float) -> Opt
     reasons = [f"acceptance α={alpha:.2f} at k={k}, draft/target cost c={c:.2f}, Leviathan bound {bound:.2f}x"]
     if speedup < 1.0:
         reasons.insert(0, f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x)")
-    advice = ("lower num_draft_tokens (k), use a draft closer to the target (same family, distilled), use n-gram "
-              "mode for prompts whose answers copy the prompt, or disable speculation for this workload")
+    if bound < 1.0:
+        reasons.append("even a perfectly efficient implementation cannot beat the baseline at this α and c")
+    advice = ([f"lower num_draft_tokens (k={k})"] if k > 1 else []) + [
+        "use a draft closer to the target (same family, distilled)",
+        "use n-gram mode for prompts whose answers copy the prompt", "or disable speculation for this workload"]
+    advice = ", ".join(advice)
     return "; ".join(reasons) + ". Advice: " + advice
