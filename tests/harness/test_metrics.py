@@ -27,6 +27,8 @@ def test_leviathan_bound_known_values():
     assert leviathan_bound(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.2))
     assert leviathan_bound(0.2, 4, 0.3) < 1.0  # a costly, rarely right draft makes decoding slower
     assert leviathan_bound(0.5, 0, 0.3) == 1.0
+    # verification that costs r decode steps instead of 1 lowers the bound by exactly (k·c + 1) / (k·c + r)
+    assert leviathan_bound(0.32, 1, 0.06, verify_cost=1.2) == pytest.approx(leviathan_bound(0.32, 1, 0.06) * 1.06 / 1.26)
 
 
 def test_solve_alpha_inverts_expected_length():

@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 
-def leviathan_bound(alpha: float, k: int, c: float) -> float:
+def leviathan_bound(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
     """Expected speedup of speculative decoding (Leviathan et al. 2023, Thm 3.8):
-    S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)), α = per-token acceptance rate, c = draft/target cost ratio."""
+    S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)), α = per-token acceptance rate, c = draft/target cost ratio.
+
+    The theorem assumes verifying k + 1 tokens costs one target decode step (true on a GPU at small batch).
+    verify_cost = r, the measured cost of that (k + 1)-token pass in decode steps, replaces the 1:
+    S_r = (1 − α^(k+1)) / ((1 − α)(k·c + r)), the bound for hardware where verification is not free."""
     if k <= 0:
         return 1.0
-    if alpha >= 1.0:
-        return (k + 1) / (k * c + 1)
-    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:

@@ -1,0 +1,82 @@
+"""`trt-spec bench --in-process CONFIG --format json`: the contract, on tiny reference builds (through the CLI)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from trt_spec.harness.metrics import leviathan_bound  # noqa: E402
+
+from ..e2e.conftest import build_deployment  # noqa: E402
+from ..tiny import make_model, make_tokenizer  # noqa: E402
+
+CONTRACT = ("speedup", "token_identity", "acceptance_rate", "mean_acceptance_length", "cost_ratio", "leviathan_bound",
+            "efficiency", "baseline_tok_s", "spec_tok_s")
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inproc")
+    tok = make_tokenizer(root / "tok")
+    target = make_model(root / "target", tok, seed=0)
+    out = {}
+    for name, draft in (("copy", make_model(root / "draft_copy", tok, copy_from=target)),
+                        ("other", make_model(root / "draft_other", tok, seed=1))):
+        (root / name).mkdir()
+        build_deployment(root / name, "draft_target", draft, target, k=4)
+        out[name] = root / name / "draft_target.yaml"
+    (root / "ngram").mkdir()
+    build_deployment(root / "ngram", "ngram", None, target, k=4)
+    out["ngram"] = root / "ngram" / "ngram.yaml"
+    return out
+
+
+def bench(config, *args):
+    p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--in-process", str(config), "--format", "json",
+                        "--prompt-set", "code-edit", "--limit", "2", "--max-tokens", "24", "--ignore-eos",
+                        "--threads", "1", *args], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout)
+
+
+def test_json_contract_and_a_perfect_draft(configs):
+    rep = bench(configs["copy"], "--k", "1", "--k", "4")
+    for key in CONTRACT + ("verify_cost", "adjusted_bound", "adjusted_efficiency", "alpha", "k", "sweep"):
+        assert key in rep, key
+    assert [r["k"] for r in rep["sweep"]] == [1, 4]
+    for r in rep["sweep"]:
+        k = r["k"]
+        assert r["token_identity"] == 1.0
+        assert r["acceptance_rate"] == 1.0  # the draft is the target: all accepted
+        assert r["alpha"] > 0.85  # from the mean length, which the budget-clamped last step lowers
+        # 24 tokens: 1 from prefill, then steps of k + 1 (the last step clamped to the budget)
+        assert r["mean_acceptance_length"] == pytest.approx(1 + r["accepted"] / r["steps"])
+        assert r["accepted_histogram"][k] >= r["steps"] - 2
+        assert r["leviathan_bound"] == pytest.approx(leviathan_bound(r["alpha"], k, r["cost_ratio"]))
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["leviathan_bound"])
+        assert r["adjusted_bound"] == pytest.approx(leviathan_bound(r["alpha"], k, r["cost_ratio"], r["verify_cost"]))
+        assert r["verify_cost"] > 0.5 and 0.5 < r["cost_ratio"] < 2.0  # the draft costs what the target does
+        assert r["baseline_tokens"] == r["spec_tokens"] == 2 * 24
+
+
+def test_a_wrong_draft_is_reported_as_slower(configs):
+    rep = bench(configs["other"], "--k", "4")
+    assert rep["token_identity"] == 1.0  # output is still the target's
+    assert rep["acceptance_rate"] < 0.3
+    assert rep["leviathan_bound"] < 1.0  # an equally expensive, mostly wrong draft cannot pay
+    assert rep["warning"] and "SLOWER" in rep["warning"] or rep["speedup"] >= 1.0
+
+
+def test_ngram_and_a_k_beyond_the_build_is_one_clear_error(configs):
+    rep = bench(configs["ngram"], "--k", "2")
+    assert rep["mode"] == "ngram" and rep["token_identity"] == 1.0
+    p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--in-process", str(configs["copy"]),
+                        "--k", "9", "--limit", "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "max_draft_len" in p.stderr and "Traceback" not in p.stderr
