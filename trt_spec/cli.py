@@ -27,6 +27,16 @@ def _err(msg: str) -> None:
     click.echo(msg, err=True)
 
 
+def _sigterm_as_ctrl_c() -> None:
+    """SIGTERM unwinds like Ctrl-C, so a running server is stopped and its shared memory removed."""
+    import signal
+
+    def _raise(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)
+
+
 def _load(config: str, sets: tuple[str, ...]) -> BuildConfig:
     try:
         return load_config(config, sets)
@@ -182,7 +192,6 @@ def repo(source: str, out_dir: Optional[str], gpu: Optional[str], sets: tuple[st
 def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, host: str, timeout: float,
           dry_run: bool, verbose: bool) -> None:
     """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until Ctrl-C/SIGTERM."""
-    import signal as _signal
     import time
 
     from .server import ServerError, TritonServer, launch_spec
@@ -200,10 +209,7 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
         server.start()
     except ServerError as e:
         raise UserError(str(e)) from None
-    def _term(*_):  # SIGTERM: unwind like Ctrl-C so the server is stopped and its shared memory removed
-        raise KeyboardInterrupt
-
-    _signal.signal(_signal.SIGTERM, _term)
+    _sigterm_as_ctrl_c()
     try:
         server.wait_ready(timeout)
         click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  (log {server.log_path}); Ctrl-C stops")
@@ -356,19 +362,11 @@ def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol:
                                 progress=lambda s: click.echo(s, err=True) if fmt == "text" else None)
             if compare_hf:
                 from .harness.inprocess import compare_hf as _compare_hf
-                from .runner import load_manifest
 
-                engine_dir = load_manifest(cfg.resolved_output_dir(Path(config)))["engines"]["target"]["dir"]
-                rep["lean_vs_hf"] = _compare_hf(dep, engine_dir, prompts)
+                rep["lean_vs_hf"] = _compare_hf(dep, prompts)
         except (ValueError, BuildError) as e:
             raise UserError(str(e)) from None
-        text = format_report(rep)
-        if "lean_vs_hf" in rep:
-            c = rep["lean_vs_hf"]
-            text += (f"\ntarget-only greedy, {c['prompts']} prompts x {c['max_tokens']} tokens: lean runtime "
-                     f"{c['lean_tok_s']:.1f} tok/s vs HF generate {c['hf_tok_s']:.1f} tok/s = {c['ratio']:.2f}x "
-                     f"({c['identical_prompts']}/{c['prompts']} prompts token-identical)")
-        click.echo(to_json(rep) if fmt == "json" else text)
+        click.echo(to_json(rep) if fmt == "json" else format_report(rep))
         return
     from rich.console import Console
 
@@ -452,12 +450,7 @@ def demo(config: str, out_dir: str) -> None:
     from .runner import BuildError
     from .server import ServerError
 
-    import signal as _signal
-
-    def _term(*_):  # SIGTERM: unwind like Ctrl-C so the server is stopped and its shared memory removed
-        raise KeyboardInterrupt
-
-    _signal.signal(_signal.SIGTERM, _term)
+    _sigterm_as_ctrl_c()
     try:
         rep = run_demo(Path(config), Path(out_dir), say=lambda m: click.echo(m, err=True))
     except KeyboardInterrupt:

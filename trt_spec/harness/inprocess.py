@@ -48,6 +48,7 @@ class Loaded:
     mode: str
     eos: tuple[int, ...]
     max_draft_len: int
+    target_dir: str  # the target's engine directory
 
 
 def load_deployment(build_dir: Path) -> Loaded:
@@ -62,15 +63,16 @@ def load_deployment(build_dir: Path) -> Loaded:
         raise ValueError(f"{build_dir}: --in-process runs the CPU reference engine; this build is {m['engine']}. "
                          "Benchmark a GPU deployment through Triton with `trt-spec bench --url`")
     mode = m["speculative"]["mode"]
-    target = load_engine(m["engines"]["target"]["dir"])
+    target_dir = m["engines"]["target"]["dir"]
+    target = load_engine(target_dir)
     draft = None
     if mode == "draft_target":
         draft = load_engine(m["engines"]["draft"]["dir"])
     elif mode == "ngram":
         draft = NgramDraft(max_ngram=m["speculative"]["ngram_size"], k=m["speculative"]["max_draft_len"])
-    tok = AutoTokenizer.from_pretrained(m["engines"]["target"]["dir"])
+    tok = AutoTokenizer.from_pretrained(target_dir)
     eos = (int(tok.eos_token_id),) if tok.eos_token_id is not None else ()
-    return Loaded(target, draft, tok, mode, eos, m["speculative"]["max_draft_len"])
+    return Loaded(target, draft, tok, mode, eos, m["speculative"]["max_draft_len"], target_dir)
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
@@ -101,6 +103,7 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
         t0 = time.perf_counter()
         generate(d.target, [x], 1, eos_token_ids=d.eos)
         ttft.append(time.perf_counter() - t0)
+    prefills = sum(ttft) * repeats  # the prefill time in each side's totals, per k
     results = []
     for k in ks:
         if d.draft is not None and k > d.max_draft_len:
@@ -145,13 +148,12 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
         c = draft_per_token / target_per_token if target_per_token else 0.0
         bound = leviathan_bound(alpha, k, c)
         # r: one verification pass (k + 1 tokens) in baseline decode steps, both without the prefills.
-        prefills = sum(ttft) * repeats
         base_step = (bm.time_target_s - prefills) / max(1, bm.steps)
         verify_cost = (sm.time_target_s - prefills) / max(1, sm.steps) / base_step if base_step > 0 else 1.0
         adjusted = leviathan_bound(alpha, k, c, verify_cost=verify_cost)
         row = {
             "k": k, "baseline_tok_s": base_tok_s, "spec_tok_s": spec_tok_s, "speedup": speedup,
-            "decode_speedup": decode_speedup, "prefill_share": sum(ttft) * repeats / base_t,
+            "decode_speedup": decode_speedup, "prefill_share": prefills / base_t,
             "token_identity": identical / (len(prompts) * repeats),
             "acceptance_rate": sm.acceptance_rate, "mean_acceptance_length": mean_len, "alpha": alpha,
             "cost_ratio": c, "leviathan_bound": bound, "efficiency": speedup / bound if bound else 0.0,
@@ -188,6 +190,11 @@ def format_report(rep: dict) -> str:
     for r in rep["sweep"]:
         if r.get("warning"):
             lines.append(f"WARNING (k={r['k']}): {r['warning']}")
+    if "lean_vs_hf" in rep:
+        c = rep["lean_vs_hf"]
+        lines.append(f"target-only greedy, {c['prompts']} prompts x {c['max_tokens']} tokens: lean runtime "
+                     f"{c['lean_tok_s']:.1f} tok/s vs HF generate {c['hf_tok_s']:.1f} tok/s = {c['ratio']:.2f}x "
+                     f"({c['identical_prompts']}/{c['prompts']} prompts token-identical)")
     return "\n".join(lines)
 
 
@@ -195,21 +202,20 @@ def to_json(rep: dict) -> str:
     return json.dumps(rep, indent=2, default=float)
 
 
-def compare_hf(d: Loaded, engine_dir: str, prompts: Sequence[Prompt], *, max_tokens: int = 64) -> dict:
+def compare_hf(d: Loaded, prompts: Sequence[Prompt], *, max_tokens: int = 64) -> dict:
     """Target-only greedy: the lean runtime vs HF transformers `generate` on the same (dequantized) weights and
     prompts, alternating per prompt. Returns tokens/s of both and their ratio."""
-    import json as _json
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..reference.export import load_engine_state_dict
     from ..reference.speculative import generate
 
-    cfg = AutoConfig.for_model(**{k: v for k, v in _json.loads((Path(engine_dir) / "config.json").read_text()).items()
+    engine_dir = Path(d.target_dir)
+    cfg = AutoConfig.for_model(**{k: v for k, v in json.loads((engine_dir / "config.json").read_text()).items()
                                   if k not in ("quantization_config",)})
     hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    hf.load_state_dict(load_engine_state_dict(Path(engine_dir)), strict=False)
+    hf.load_state_dict(load_engine_state_dict(engine_dir), strict=False)
     hf.eval()
     ids = [chat_ids(d.tokenizer, p.text) for p in prompts]
     lean_t = hf_t = 0.0

@@ -107,5 +107,4 @@ def low_acceptance_advice(alpha: float, k: int, c: float, speedup: float) -> Opt
     advice = ([f"lower num_draft_tokens (k={k})"] if k > 1 else []) + [
         "use a draft closer to the target (same family, distilled)",
         "use n-gram mode for prompts whose answers copy the prompt", "or disable speculation for this workload"]
-    advice = ", ".join(advice)
-    return "; ".join(reasons) + ". Advice: " + advice
+    return "; ".join(reasons) + ". Advice: " + ", ".join(advice)

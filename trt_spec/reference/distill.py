@@ -468,10 +468,9 @@ def distill_draft(teacher_dir: Path, out_dir: Path, *, hidden: int = 128, layers
         score.index_add_(0, T_ix[T_m].flatten(), T_p[T_m].flatten().double())
     order = torch.sort(-score, stable=True).indices
     cand = torch.sort(order[:min(train_vocab, int((score > 0).sum()))]).values
-    others = torch.ones(vocab, dtype=torch.bool)
-    others[cand] = False
-    others = others.nonzero().flatten()
-    in_cand = ~torch.isin(torch.arange(vocab), others)
+    in_cand = torch.zeros(vocab, dtype=torch.bool)
+    in_cand[cand] = True
+    others = (~in_cand).nonzero().flatten()
     if T_x is not None:  # drop teacher top-k entries outside the training vocabulary, renormalise
         T_p = T_p * in_cand[T_ix]
         T_p = T_p / T_p.sum(-1, keepdim=True).clamp_min(1e-12)
@@ -620,15 +619,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--teacher", required=True, help="Hugging Face directory of the target (config.json, "
                                                        "model.safetensors, tokenizer.json)")
     ap.add_argument("--output_dir", required=True)
-    for name, typ in (("hidden", int), ("layers", int), ("steps", int), ("seq_len", int), ("seed", int), ("lr", float),
-                      ("batch", int), ("teacher_chunks", int), ("chat_prompts", int), ("train_vocab", int),
-                      ("threads", int)):
-        ap.add_argument(f"--{name}", type=typ, default=defaults[name], help=f"default {defaults[name]}")
+    options = ("hidden", "layers", "steps", "seq_len", "seed", "lr", "batch", "teacher_chunks", "chat_prompts",
+               "train_vocab", "threads")
+    for name in options:
+        ap.add_argument(f"--{name}", type=type(defaults[name]), default=defaults[name], help=f"default {defaults[name]}")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
     log = None if a.quiet else (lambda msg: print(f"[distill] {msg}", file=sys.stderr, flush=True))
-    kw = {k: getattr(a, k) for k in ("hidden", "layers", "steps", "seq_len", "seed", "lr", "batch", "teacher_chunks",
-                                     "chat_prompts", "train_vocab", "threads")}
+    kw = {k: getattr(a, k) for k in options}
     try:
         report = distill_draft(Path(a.teacher), Path(a.output_dir), log=log, **kw)
     except DistillError as e:
