@@ -8,12 +8,13 @@ GPU_ARG := $(if $(GPU),--gpu $(GPU),)
 # torch from PyPI is a multi-GB CUDA build; the CPU wheel (2.13.0+cpu) is what the reference engine needs.
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup plan engines demo test test-all clean help
+.PHONY: setup gpu-setup plan engines demo test test-all clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
 	@echo "make plan   CONFIG=...      print the build plan for CONFIG (GPU=h100 to plan for a named GPU)"
-	@echo "make engines CONFIG=...     run the build (quantize + trtllm-build); needs a GPU host / NGC image"
+	@echo "make gpu-setup              GPU host (NGC image): install trt-spec into the image's python3 (no venv, no torch)"
+	@echo "make engines CONFIG=...     GPU host: run the build (quantize + trtllm-build) with the image's python3"
 	@echo "make test                   the test suite (offline, CPU)"
 
 $(BIN)/trt-spec: pyproject.toml
@@ -29,8 +30,13 @@ setup: $(BIN)/trt-spec
 plan: setup
 	$(BIN)/trt-spec plan $(CONFIG) $(GPU_ARG)
 
-engines: setup
-	$(BIN)/trt-spec build $(CONFIG) $(GPU_ARG)
+# GPU host: the NGC image's own python3, torch and TensorRT-LLM 1.2.1. No .venv, nothing downloaded beyond
+# trt-spec's small pure-python dependencies.
+gpu-setup:
+	$(PY) -m pip install -e . "tritonclient[http,grpc]>=2.51"
+
+engines:
+	$(PY) -m trt_spec.cli build $(CONFIG) $(GPU_ARG)
 
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -106,13 +106,17 @@ def test_seed_config_is_the_documented_fp8_dtm_recipe():
     t = list(p.step("engine-target").argv)
     assert arg(t, "--speculative_decoding_mode") == "draft_tokens_external" and arg(t, "--max_draft_len") == "5"
     assert arg(t, "--workers") == "2"
-    assert p.report.draft_devices == [0] and p.report.kv_cache_free_gpu_mem_fraction == 0.45
+    assert arg(t, "--use_fp8_context_fmha") == "enable"  # what builder.py does with FP8 + FP8 KV anyway
+    assert p.report.draft_devices == [0] and p.report.draft_kv_tokens == 8 * 8192
+    assert p.report.kv_cache_free_gpu_mem_fraction == 0.85  # GPU 0 keeps the draft's weights + capped KV free
 
 
 def test_a100_config_falls_back_to_int8_smoothquant():
     p = plan_of(REPO / "build_configs" / "llama31-8b-a100.yaml")
     q = list(p.step("checkpoint-target").argv)
-    assert arg(q, "--qformat") == "int8_sq" and arg(q, "--kv_cache_dtype") == "int8"
+    # SmoothQuant weights, 16-bit KV cache: INT8 KV would turn off the block reuse the DTM target needs
+    assert arg(q, "--qformat") == "int8_sq" and "--kv_cache_dtype" not in q
+    assert arg(list(p.step("engine-target").argv), "--use_fp8_context_fmha") == "disable"
     assert p.report.quant.fell_back
     # the same file on a Hopper GPU plans FP8
     cfg = load_config(REPO / "build_configs" / "llama31-8b-a100.yaml")
@@ -131,6 +135,21 @@ def test_bf16_uses_family_convert_checkpoint():
                 ["quantization.weights=bf16", "quantization.kv_cache=auto", "limits.max_batch_size=2"])
     argv = list(p.step("checkpoint-target").argv)
     assert argv[1].endswith("models/core/qwen/convert_checkpoint.py") and arg(argv, "--dtype") == "bfloat16"
+
+
+def test_gemma_convert_uses_its_own_cli(tmp_path):
+    from .conftest import make_checkpoint
+
+    g = make_checkpoint(tmp_path / "gemma", arch="GemmaForCausalLM")
+    cfg_path = tmp_path / "g.yaml"
+    cfg_path.write_text(f"engine: tensorrt\ngpu: h100:2\ntarget: {{checkpoint: {g}, tp: 2}}\n"
+                        "quantization: {weights: bf16}\nspeculative: {mode: ngram}\n"
+                        "limits: {max_input_len: 1024, max_seq_len: 2048, max_num_tokens: 2048}\n")
+    argv = list(plan_of(cfg_path).step("checkpoint-target").argv)
+    assert argv[1].endswith("models/core/gemma/convert_checkpoint.py")
+    assert arg(argv, "--ckpt-type") == "hf" and arg(argv, "--model-dir") == str(g)
+    assert arg(argv, "--world-size") == "2" and "--output-model-dir" in argv
+    assert "--tp_size" not in argv and "--pp_size" not in argv
 
 
 def test_lookahead_and_eagle_modes(tmp_path):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_spec.config import load_config
+from trt_spec.config import ConfigError, load_config
 from trt_spec.hardware import named_gpu
 from trt_spec.preflight import PreflightError, kv_cache_gib, read_model_info, run_preflight
 
@@ -39,8 +39,11 @@ def one_line(e) -> str:
 def test_compatible_pair_passes(tmp_path, tiny_pair):
     r = preflight(cfg_for(tmp_path, *tiny_pair))
     assert r.quant.weights == "fp8" and r.quant.kv_cache == "fp8"
-    assert r.shares_gpu and r.kv_cache_free_gpu_mem_fraction == 0.45
     assert {m.role for m in r.memory} == {"target", "draft"}
+    # sharing a GPU: the draft's KV cache is capped in tokens, the target's fraction leaves the draft its room
+    assert r.shares_gpu and r.draft_kv_tokens == 2 * 512 and r.draft_kv_tokens % 32 == 0
+    assert 0.05 <= r.kv_cache_free_gpu_mem_fraction <= 0.9
+    assert any("max_tokens_in_paged_kv_cache" in n for n in r.notes)
 
 
 def test_missing_checkpoint_dir(tmp_path, tiny_pair):
@@ -129,8 +132,52 @@ def test_fp8_on_ampere_refused_without_fallback(tmp_path, tiny_pair):
 
 def test_fp8_on_ampere_uses_configured_fallback_with_warning(tmp_path, tiny_pair):
     r = preflight(cfg_for(tmp_path, *tiny_pair, quantization={"fallback": "int8_sq"}), gpu="a100-80gb:1")
-    assert r.quant.weights == "int8_sq" and r.quant.kv_cache == "int8" and r.quant.fell_back
+    # draft-target: 16-bit KV cache (an INT8 KV cache disables the block reuse a speculative target needs)
+    assert r.quant.weights == "int8_sq" and r.quant.kv_cache == "none" and r.quant.fell_back
     assert any("no FP8" in w and "int8_sq" in w for w in r.warnings)
+    assert any("KV cache kept 16-bit" in w for w in r.warnings)
+    # a mode without external drafts keeps the INT8 KV cache
+    c = cfg_for(tmp_path, tiny_pair[0], None, quantization={"fallback": "int8_sq"},
+                speculative={"mode": "lookahead"})
+    assert preflight(c, gpu="a100-80gb:1").quant.kv_cache == "int8"
+
+
+@pytest.mark.parametrize("mode", ["draft_target", "ngram"])
+def test_int8_kv_cache_refused_for_external_draft_modes(tmp_path, tiny_pair, mode):
+    draft = tiny_pair[1] if mode == "draft_target" else None
+    c = cfg_for(tmp_path, tiny_pair[0], draft, quantization={"weights": "int8_sq", "kv_cache": "int8"},
+                speculative={"mode": mode})
+    with pytest.raises(PreflightError) as e:
+        preflight(c, gpu="a100-80gb:1")
+    msg = one_line(e)
+    assert "kv_cache int8" in msg and "KV cache block reuse must be enabled" in msg and "kv_cache: auto" in msg
+
+
+def test_fp8_kv_without_fp8_weights_refused_for_draft_target(tmp_path, tiny_pair):
+    c = cfg_for(tmp_path, *tiny_pair, quantization={"weights": "int4_awq", "kv_cache": "fp8"})
+    with pytest.raises(PreflightError, match="paged context FMHA off for an FP8 KV cache without FP8 weights"):
+        preflight(c, gpu="h100:1")
+
+
+def test_short_max_num_tokens_refused_for_external_draft_modes(tmp_path, tiny_pair):
+    c = cfg_for(tmp_path, *tiny_pair, limits={"max_input_len": 4096, "max_seq_len": 8192, "max_num_tokens": 4096})
+    with pytest.raises(PreflightError) as e:
+        preflight(c)
+    assert "max_num_tokens 4096 < max_seq_len - 1 (8191)" in one_line(e) and "max_num_tokens: 8192" in str(e.value)
+
+
+def test_draft_logits_need_equal_vocab_sizes(tmp_path):
+    t = make_checkpoint(tmp_path / "t", vocab_size=192)
+    d = make_checkpoint(tmp_path / "d", vocab_size=128)
+    with pytest.raises(PreflightError) as e:
+        preflight(cfg_for(tmp_path, t, d, speculative={"use_draft_logits": True}))
+    assert "use_draft_logits with different vocab sizes (target 192, draft 128)" in one_line(e)
+
+
+def test_gemma_is_tensor_parallel_only(tmp_path, tiny_pair):
+    t = make_checkpoint(tmp_path / "g", arch="GemmaForCausalLM")
+    with pytest.raises(PreflightError, match="Gemma's convert_checkpoint.py supports tensor parallelism only"):
+        preflight(cfg_for(tmp_path, t, None, target={"pp": 2}, speculative={"mode": "ngram"}), gpu="h100:2")
 
 
 def test_auto_weights_pick_fp8_on_hopper_and_fallback_on_ampere(tmp_path, tiny_pair):
@@ -140,11 +187,13 @@ def test_auto_weights_pick_fp8_on_hopper_and_fallback_on_ampere(tmp_path, tiny_p
     assert r.quant.weights == "int8_wo" and r.quant.kv_cache == "none"
 
 
-def test_fp8_context_fmha_only_on_sm90(tmp_path, tiny_pair):
-    c = cfg_for(tmp_path, *tiny_pair, quantization={"fp8_context_fmha": True})
-    assert preflight(c, gpu="h100:1").quant.weights == "fp8"
-    with pytest.raises(PreflightError, match="reliable only on SM90"):
-        preflight(c, gpu="l40s:1")
+def test_fp8_context_fmha_follows_what_the_builder_decides(tmp_path, tiny_pair):
+    # builder.py turns it on by itself with FP8 weights + FP8 KV + paged context FMHA on SM >= 89
+    assert preflight(cfg_for(tmp_path, *tiny_pair), gpu="l40s:1").quant.fp8_context_fmha
+    c = cfg_for(tmp_path, *tiny_pair, quantization={"weights": "bf16", "kv_cache": "auto"})
+    assert not preflight(c, gpu="h100:1").quant.fp8_context_fmha
+    with pytest.raises(ConfigError, match="fp8_context_fmha was removed"):
+        cfg_for(tmp_path, *tiny_pair, quantization={"fp8_context_fmha": True})
 
 
 def test_memory_plan_refuses_with_numbers(tmp_path):

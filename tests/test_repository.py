@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trt_spec import backend_contract as bc
 from trt_spec.repository import (RepositoryError, manifest_for_config, parse_config, validate_repository,
                                  write_repository)
 
@@ -48,13 +49,12 @@ def test_tensorrt_engine_parameters(gpu_repo):
     assert p["gpt_model_path"].endswith("build/llama33-70b-fp8-h100-tp2/engines/target")
     assert p["enable_kv_cache_reuse"] == "true" and p["exclude_input_in_output"] == "false"
     assert p["max_beam_width"] == "1" and p["gpu_device_ids"] == "0,1"
-    assert p["kv_cache_free_gpu_mem_fraction"] == "0.45"  # draft shares GPU 0
+    assert p["kv_cache_free_gpu_mem_fraction"] == "0.85"  # leaves the draft (sharing GPU 0) its room
     d = {k: v.string_value for k, v in parse_config(gpu_repo / "tensorrt_llm_draft" / "config.pbtxt").parameters.items()}
     assert d["gpu_device_ids"] == "0" and d["gpt_model_path"].endswith("engines/draft")
-    allowed = {"gpt_model_type", "gpt_model_path", "max_beam_width", "enable_kv_cache_reuse", "exclude_input_in_output",
-               "kv_cache_free_gpu_mem_fraction", "gpu_device_ids", "batch_scheduler_policy", "decoding_mode",
-               "medusa_choices", "eagle_choices", "lookahead_window_size", "lookahead_ngram_size",
-               "lookahead_verification_set_size", "participant_ids"}
+    assert d["max_tokens_in_paged_kv_cache"] == str(8 * 8192) and "max_tokens_in_paged_kv_cache" not in p
+    allowed = set(bc.REQUIRED_PARAMETERS) | set(bc.PARAMETER_DEFAULTS) | set(bc.LOOKAHEAD_PARAMETERS) | {
+        "medusa_choices", "eagle_choices", "participant_ids"}
     assert set(p) <= allowed  # only the backend's own parameter keys
     names = {i.name: i for i in cfg.input}
     assert names["input_ids"].data_type == mc.TYPE_INT32 and list(names["input_ids"].dims) == [-1]

@@ -37,7 +37,12 @@ def test_two_models_with_tp_use_orchestrator_mode(tmp_path):
     out = tmp_path / "repo"
     write_repository(manifest_for_config(REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml"), out)
     spec = launch_spec(out, workdir=tmp_path)
-    assert spec.argv[0] != "mpirun" and spec.env["TRTLLM_ORCHESTRATOR"] == "1"
+    # NVIDIA's launch_triton_server.py --multi-model: one server under mpirun -n 1, no memory pools of its own
+    assert spec.argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and spec.argv.count("-n") == 1
+    assert spec.env["TRTLLM_ORCHESTRATOR"] == "1" and spec.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
+    for flag in ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0",
+                 "--cuda-memory-pool-byte-size=1:0"):
+        assert flag in spec.argv
 
 
 def test_serve_dry_run_prints_exact_command(tp2_repo):

@@ -152,9 +152,12 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Repository directory (default: BUILD_DIR/model_repo).")
+@click.option("--decoupled/--no-decoupled", default=True, show_default=True,
+              help="Decoupled engine models and BLS (streaming). --no-decoupled: NVIDIA's DTM recipe, for clients "
+                   "that call the models with unary infer (no streaming).")
 @_gpu_option
 @_set_option
-def repo(source: str, out_dir: Optional[str], gpu: Optional[str], sets: tuple[str, ...]) -> None:
+def repo(source: str, out_dir: Optional[str], decoupled: bool, gpu: Optional[str], sets: tuple[str, ...]) -> None:
     """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
     from .repository import RepositoryError, manifest_for_config, write_repository
     from .runner import BuildError, load_manifest
@@ -173,7 +176,7 @@ def repo(source: str, out_dir: Optional[str], gpu: Optional[str], sets: tuple[st
                 raise UserError(str(e)) from None
             default_out = Path(manifest["config"].get("output_dir") or Path("build") / manifest["name"]) / "model_repo"
         dest = Path(out_dir) if out_dir else default_out
-        configs = write_repository(manifest, dest)
+        configs = write_repository(manifest, dest, decoupled=decoupled)
     except (BuildError, RepositoryError) as e:
         raise UserError(str(e)) from None
     click.echo(f"wrote {dest} ({', '.join(sorted(configs))})")

@@ -79,7 +79,15 @@ class Quantization(_Strict):
     )
     calib_size: int = Field(512, ge=1, description="calibration samples")
     calib_max_seq_length: int = Field(512, ge=16, description="calibration sequence length")
-    fp8_context_fmha: bool = Field(False, description="--use_fp8_context_fmha (FP8 + SM90 only; opt-in)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fmha_removed(cls, data):
+        if isinstance(data, dict) and "fp8_context_fmha" in data:
+            raise ValueError("fp8_context_fmha was removed: TensorRT-LLM 1.2's builder turns FP8 context FMHA on by "
+                             "itself with FP8 weights + FP8 KV cache + paged context FMHA on SM >= 89 (and off "
+                             "otherwise), whatever the flag says; delete the key")
+        return data
 
 
 class MedusaSpec(_Strict):

@@ -17,10 +17,9 @@ from typing import Optional
 from . import trtllm_flags as flags
 from .config import BuildConfig
 from .hardware import GpuSpec
-from .preflight import TRTLLM_ARCHITECTURES, PreflightReport
+from .preflight import TOKENS_PER_BLOCK, TRTLLM_ARCHITECTURES, PreflightReport
 
 # Build settings trt-spec always passes explicitly (their defaults changed between TensorRT-LLM versions).
-TOKENS_PER_BLOCK = 32  # KV-cache block size: small blocks let each draft/verify call reuse more of the prefix
 QUANTIZE_CALIBRATED = {"fp8", "int8_sq", "int4_awq"}
 QUANTIZE_WEIGHT_ONLY = {"int8_wo", "int4_wo"}
 DTYPE_FOR_FORMAT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -86,6 +85,8 @@ class Plan:
                             "num_draft_tokens": min(r.config.speculative.default_k, r.max_draft_len)},
             "devices": {"target": r.target_devices, "draft": r.draft_devices},
             "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
+            "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
+            "fp8_context_fmha": r.quant.fp8_context_fmha,
             "memory": [dict(asdict(m), total_gib=m.total_gib) for m in r.memory],
             "warnings": r.warnings,
             "notes": r.notes,
@@ -99,7 +100,9 @@ class Plan:
         if self.gpu:
             lines.append(f"gpu: {self.gpu.describe()}")
         lines.append(f"quantization: weights {r.quant.weights}, KV cache {r.quant.kv_cache}"
-                     + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else ""))
+                     + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else "")
+                     + (", FP8 context FMHA (TensorRT-LLM enables it with FP8 weights + FP8 KV)"
+                        if self.engine == "tensorrt" and r.quant.fp8_context_fmha else ""))
         lines.append(f"speculative: {r.config.speculative.mode}, max_draft_len {r.max_draft_len}")
         if r.memory:
             lines.append("memory plan per GPU:")
@@ -204,10 +207,16 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
                     tuple(argv), str(out), tuple(inputs))
     if q.weights in DTYPE_FOR_FORMAT:
         family = TRTLLM_ARCHITECTURES[info.architecture]
-        argv = [tc.python, str(ex / "models" / "core" / family / "convert_checkpoint.py"),
-                "--model_dir", model.checkpoint, "--output_dir", str(out),
-                "--dtype", DTYPE_FOR_FORMAT[q.weights], "--tp_size", str(model.tp), "--pp_size", str(model.pp)]
-        _check_flags(argv, flags.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
+        script = str(ex / "models" / "core" / family / "convert_checkpoint.py")
+        if family == "gemma":  # its own CLI: dashes, --ckpt-type, tensor parallelism only (--world-size)
+            argv = [tc.python, script, "--ckpt-type", "hf", "--model-dir", model.checkpoint,
+                    "--output-model-dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
+                    "--world-size", str(model.tp)]
+            _check_flags(argv, flags.GEMMA_CONVERT_FLAGS, "gemma/convert_checkpoint.py")
+        else:
+            argv = [tc.python, script, "--model_dir", model.checkpoint, "--output_dir", str(out),
+                    "--dtype", DTYPE_FOR_FORMAT[q.weights], "--tp_size", str(model.tp), "--pp_size", str(model.pp)]
+            _check_flags(argv, flags.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
         return Step(f"checkpoint-{role}", f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, "
                     f"tp{model.tp} pp{model.pp})", tuple(argv), str(out), tuple(inputs))
 
@@ -241,7 +250,6 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
     model = cfg.target if role == "target" else cfg.draft
     lim = cfg.limits
     q = report.quant
-    fp8_fmha = cfg.quantization.fp8_context_fmha and q.weights == "fp8"
     ranks_on_node = min(model.world_size, report.gpu.count if report.gpu else model.world_size)
     argv = [cfg.toolchain.trtllm_build,
             "--checkpoint_dir", str(ckpt), "--output_dir", str(out),
@@ -252,7 +260,8 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
             "--remove_input_padding", "enable", "--context_fmha", "enable",
             "--kv_cache_type", "paged", "--tokens_per_block", str(TOKENS_PER_BLOCK),
             "--use_paged_context_fmha", "enable",
-            "--use_fp8_context_fmha", "enable" if fp8_fmha else "disable"]
+            # what builder.py decides anyway (FP8 weights + FP8 KV + paged context FMHA on SM >= 89), made explicit
+            "--use_fp8_context_fmha", "enable" if q.fp8_context_fmha else "disable"]
     mode = cfg.speculative.mode
     what = "engine"
     if role == "target" and mode != "none":
@@ -297,8 +306,13 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
     engines = {}
     for role in (["draft"] if cfg.draft is not None else []) + ["target"]:
         edir = out / "engines" / role
+        lim = cfg.limits
         argv = (py, "-m", "trt_spec.reference.export", "--checkpoint", hf[role], "--output_dir", str(edir),
-                "--weights", report.quant.weights)
+                "--weights", report.quant.weights, "--max_batch_size", str(lim.max_batch_size),
+                "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens))
+        if role == "target" and cfg.speculative.mode in ("draft_target", "ngram"):
+            argv += ("--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[cfg.speculative.mode],
+                     "--max_draft_len", str(report.max_draft_len))
         steps.append(Step(f"export-{role}", f"export the {role} to a reference engine ({report.quant.weights} "
                           "weights, safetensors)", argv, str(edir), (hf[role],)))
         engines[role] = str(edir)

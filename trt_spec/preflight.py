@@ -7,6 +7,7 @@ checkpoints work offline from config.json / tokenizer files only (no torch, no t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -37,10 +38,14 @@ MEDUSA_DEFAULT_TREE_NODES = 63  # TRT-LLM's default tree (mc_sim_7b_63) has 63 n
 BYTES_PER_WEIGHT = {"fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0, "int4_awq": 0.5, "int4_wo": 0.5,
                     "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 BYTES_PER_KV = {"fp8": 1.0, "int8": 1.0, "none": 2.0}
-DEFAULT_KV_FRACTION = 0.9
+DEFAULT_KV_FRACTION = 0.9  # the executor's default share of free memory for the KV cache
 # FP8 calibration of a 70B model peaks above 210 GB: ~1.6x its 16-bit weights.
 CALIBRATION_PEAK_FACTOR = 1.6
-SHARED_GPU_KV_FRACTION = 0.45
+TOKENS_PER_BLOCK = 32  # KV-cache block size (trtllm-build --tokens_per_block): small blocks reuse more prefix
+# Modes whose target is built with draft_tokens_external: the executor refuses such a target without KV-cache
+# block reuse (trtGptModelInflightBatching.cpp), and reuse needs paged context FMHA, which tensorrt_llm/builder.py
+# turns off with an INT8 KV cache, and with an FP8 KV cache unless the weights are FP8 on SM >= 89.
+EXTERNAL_DRAFT_MODES = ("draft_target", "ngram")
 
 
 class PreflightError(ValueError):
@@ -106,6 +111,12 @@ class QuantChoice:
     kv_cache: str  # fp8 | int8 | none
     fell_back: bool = False
 
+    @property
+    def fp8_context_fmha(self) -> bool:
+        """What tensorrt_llm/builder.py build() decides by itself (1.2): FP8 context FMHA is on with FP8 weights, an
+        FP8 KV cache and paged context FMHA on SM >= 89 (an explicit `disable` is overridden), off otherwise."""
+        return self.weights == "fp8" and self.kv_cache == "fp8"
+
 
 @dataclass(frozen=True)
 class MemoryRow:
@@ -138,6 +149,7 @@ class PreflightReport:
     draft_devices: list[int]
     kv_cache_free_gpu_mem_fraction: float
     max_draft_len: int
+    draft_kv_tokens: Optional[int] = None  # max_tokens_in_paged_kv_cache for the draft
     memory: list[MemoryRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -336,23 +348,32 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
         weights, fell_back = q.fallback, True
         warnings.append(f"{gname} (SM {cc}) has no FP8: using the configured fallback {weights} instead of fp8")
 
+    external = cfg.speculative.mode in EXTERNAL_DRAFT_MODES
     kv = q.kv_cache
     if kv == "auto":
         kv = {"fp8": "fp8", "int8_sq": "int8"}.get(weights, "none")
+        if external and kv == "int8":
+            kv = "none"
+            warnings.append(f"KV cache kept 16-bit with {weights} weights: an INT8 KV cache turns off paged context "
+                            f"FMHA and with it the KV-cache block reuse a {cfg.speculative.mode} target needs")
     elif kv == "fp8" and not has_fp8:
         if fell_back or q.fallback is not None:
-            kv = "int8"
-            warnings.append(f"{gname} has no FP8: KV cache falls back to int8")
+            kv = "none" if external else "int8"
+            warnings.append(f"{gname} has no FP8: KV cache falls back to {'16-bit' if external else 'int8'}")
         else:
             raise PreflightError(f"quantization.kv_cache fp8 needs compute capability >= 8.9, but {gname} is SM {cc}; "
-                                 "set quantization.kv_cache: int8 or auto")
-
-    if q.fp8_context_fmha:
-        if weights != "fp8":
-            raise PreflightError("quantization.fp8_context_fmha needs quantization.weights fp8; set it to false")
-        if gpu is not None and not gpu.supports_fp8_context_fmha:
-            raise PreflightError(f"quantization.fp8_context_fmha is reliable only on SM90+ (Hopper), {gname} is SM {cc}; "
-                                 "set quantization.fp8_context_fmha: false")
+                                 "set quantization.kv_cache: auto")
+    if external and kv == "int8":
+        raise PreflightError(
+            f"quantization.kv_cache int8 cannot serve speculative mode {cfg.speculative.mode}: TensorRT-LLM turns paged "
+            "context FMHA off with an INT8 KV cache, so KV-cache block reuse is off and the executor refuses the "
+            "target ('KV cache block reuse must be enabled for speculative decoding target model'); set "
+            "quantization.kv_cache: auto (16-bit KV cache)")
+    if external and kv == "fp8" and weights != "fp8":
+        raise PreflightError(
+            f"quantization.kv_cache fp8 with {weights} weights cannot serve speculative mode {cfg.speculative.mode}: "
+            "TensorRT-LLM turns paged context FMHA off for an FP8 KV cache without FP8 weights, so the target "
+            "cannot reuse KV-cache blocks and fails to load; set quantization.kv_cache: auto")
     return QuantChoice(weights=weights, kv_cache=kv, fell_back=fell_back), warnings
 
 
@@ -383,6 +404,13 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
         )
     if s.use_draft_logits and s.mode != "draft_target":
         raise PreflightError("speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)")
+    lim = cfg.limits
+    if s.mode in EXTERNAL_DRAFT_MODES and lim.max_num_tokens < lim.max_seq_len - 1:
+        raise PreflightError(
+            f"limits.max_num_tokens {lim.max_num_tokens} < max_seq_len - 1 ({lim.max_seq_len - 1}): without chunked "
+            f"context the engine takes at most min(max_seq_len - 1, max_num_tokens) input tokens, and the {s.mode} "
+            "loop resends the whole sequence every round, so requests would fail mid-generation; set "
+            f"limits.max_num_tokens: {lim.max_seq_len} or lower limits.max_seq_len")
     if s.mode in ("medusa", "eagle"):
         spec = s.medusa if s.mode == "medusa" else s.eagle
         nodes = len(spec.choices) if spec.choices else MEDUSA_DEFAULT_TREE_NODES
@@ -394,6 +422,9 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
 
 
 def _check_parallel(role: str, tp: int, pp: int, info: ModelInfo) -> None:
+    if pp > 1 and TRTLLM_ARCHITECTURES.get(info.architecture) == "gemma":
+        raise PreflightError(f"{role}.pp {pp}: Gemma's convert_checkpoint.py supports tensor parallelism only "
+                             "(--world-size = tp); set pp: 1")
     if info.num_kv_heads % tp:
         raise PreflightError(
             f"{role}.tp {tp} does not divide the {info.num_kv_heads} KV heads of {role}; use tp in "
@@ -422,6 +453,22 @@ def _memory_rows(role: str, info: ModelInfo, quant: QuantChoice, tp: int, pp: in
     w = _weights_gib(info, quant.weights) / (tp * pp)
     kv = kv_cache_gib(info, quant.kv_cache, cfg.limits.max_batch_size, cfg.limits.max_seq_len) / (tp * pp)
     return [MemoryRow(d, role, w, kv, cfg.runtime.memory_reserve_gib) for d in devices]
+
+
+def shared_gpu_kv_fraction(memory: list[MemoryRow], gpu_gib: float) -> float:
+    """Target kv_cache_free_gpu_mem_fraction on a GPU shared with the draft: the share of the memory left after
+    the target's weights and reserve that still leaves the draft's weights, capped KV cache and reserve free
+    (rounded down to 0.05; the executor's default 0.9 at most)."""
+    fracs = []
+    for gid in {r.gpu_id for r in memory if r.role == "draft"}:
+        t = [r for r in memory if r.gpu_id == gid and r.role == "target"]
+        d = sum(r.total_gib for r in memory if r.gpu_id == gid and r.role == "draft")
+        if not t:
+            continue
+        free = gpu_gib - t[0].weights_gib - t[0].reserve_gib
+        fracs.append((free - d) / free if free > 0 else 0.0)
+    f = min(fracs, default=DEFAULT_KV_FRACTION)
+    return round(max(0.05, min(DEFAULT_KV_FRACTION, math.floor(f * 20) / 20)), 2)
 
 
 def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoints: bool) -> PreflightReport:
@@ -473,6 +520,11 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     elif cfg.target.world_size > 1 or (cfg.draft and cfg.draft.world_size > 1):
         raise PreflightError("the reference engine runs on one CPU process; set target.tp/pp and draft.tp/pp to 1")
 
+    if draft is not None and cfg.speculative.use_draft_logits and draft.vocab_size != target.vocab_size:
+        raise PreflightError(
+            f"speculative.use_draft_logits with different vocab sizes (target {target.vocab_size}, draft "
+            f"{draft.vocab_size}): the draft's logits would be {draft.vocab_size} wide where the target expects "
+            f"{target.vocab_size}; set use_draft_logits: false (greedy and token-matching acceptance need no logits)")
     if draft is not None and cfg.draft.checkpoint is not None:
         tdir, ddir = Path(cfg.target.checkpoint), Path(cfg.draft.checkpoint)
         if tdir.is_dir() and ddir.is_dir():
@@ -493,6 +545,10 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                                  "point it at a local dataset directory or remove it")
 
     # Devices and memory (GPU engines only)
+    # The draft never needs more KV cache than max_batch_size full sequences: cap it, or the backend's fraction
+    # of free memory lets a 1B draft that loads first take most of the GPU from the target.
+    draft_kv = (-(-cfg.limits.max_batch_size * cfg.limits.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
+                if draft is not None else None)
     t_dev = cfg.runtime.gpu_device_ids or list(range(cfg.target.world_size))
     d_dev: list[int] = []
     if cfg.draft is not None:
@@ -511,11 +567,17 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
             raise PreflightError(f"GPU ids {used} need {max(used) + 1} GPUs but {gpu.describe()}; lower tp or use a "
                                  "bigger node (--gpu NAME:COUNT)")
         shares = bool(set(t_dev) & set(d_dev))
-        if kv_frac is None:
-            kv_frac = SHARED_GPU_KV_FRACTION if shares else DEFAULT_KV_FRACTION
         memory += _memory_rows("target", target, quant, cfg.target.tp, cfg.target.pp, t_dev, cfg)
         if draft is not None:
             memory += _memory_rows("draft", draft, quant, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
+        if kv_frac is None:
+            kv_frac = DEFAULT_KV_FRACTION
+            if shares:
+                kv_frac = shared_gpu_kv_fraction(memory, gpu.memory_gib)
+                notes.append(f"draft and target share GPU(s) {sorted(set(t_dev) & set(d_dev))}: the draft's KV cache is "
+                             f"capped at {draft_kv:,} tokens (max_tokens_in_paged_kv_cache) and the target takes "
+                             f"{kv_frac} of the memory left free (kv_cache_free_gpu_mem_fraction), so whichever loads "
+                             "first leaves room for the other")
         for gid, total in sorted(_totals(memory).items()):
             if total > gpu.memory_gib:
                 parts = ", ".join(f"{r.role} weights {r.weights_gib:.1f} + KV {r.kv_gib:.1f} + reserve {r.reserve_gib:.1f}"
@@ -535,4 +597,5 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     else:
         kv_frac = kv_frac or DEFAULT_KV_FRACTION
 
-    return PreflightReport(cfg, gpu, target, draft, quant, t_dev, d_dev, kv_frac, k_max, memory, warnings, notes)
+    return PreflightReport(cfg, gpu, target, draft, quant, t_dev, d_dev, kv_frac, k_max, draft_kv, memory, warnings,
+                           notes)

@@ -9,11 +9,14 @@ Models (NVIDIA's names, so clients written for tensorrtllm_backend work unchange
   ensemble            the non-speculative baseline: preprocessing -> tensorrt_llm -> postprocessing
   tensorrt_llm_bls    the speculative model: draft (model or n-gram) -> verify with draft_input_ids, streaming
 
-Design choice (streaming): engine models and the BLS are *decoupled*. The baseline ensemble then streams
-(TTFT measurable) and the BLS calls the engines with decoupled BLS execs and streams each accepted chunk.
-NVIDIA's DTM recipe sets every model non-decoupled and loses streaming; the cost of our choice is that a
-non-streaming request must be answered with exactly one response (the models do), and that HTTP `/generate`
-works only for non-streaming requests (use `/generate_stream` or gRPC streams otherwise).
+Design choice (streaming): by default engine models and the BLS are *decoupled*. The baseline ensemble then
+streams (TTFT measurable) and the BLS calls the engines with decoupled BLS execs and streams each accepted
+chunk. NVIDIA's DTM recipe sets every model non-decoupled and loses streaming, but its clients call the models
+with unary `infer`, which a decoupled model refuses: `decoupled=False` writes that variant.
+
+The engine models are written by ONE code path for both engines: the same inputs, outputs, batching and
+`parameters` block (the `tensorrtllm` backend's keys, from trt_spec/backend_contract.py, including the ones
+it reads unguarded); only `backend` differs (tensorrtllm on a GPU, python + the reference engine on CPU).
 
 Every config.pbtxt is built as Triton's ModelConfig protobuf and serialized; the writer parses every file
 back, rejects leftover `${…}` template variables, and checks cross-model references. Writing is atomic.
@@ -32,12 +35,13 @@ from typing import Iterable, Optional
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from . import backend_contract as bc
+
 MODEL_REPO_SOURCES = Path(__file__).resolve().parents[1] / "model_repo"
 
 PRE, POST, TARGET, DRAFT, ENSEMBLE, BLS = (
     "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "ensemble", "tensorrt_llm_bls")
-LOGITS_TYPE = "TYPE_FP32"
-DEFAULT_PREFIX_CACHE_MB = 512
+LOGITS_TYPE = bc.LOGITS_TYPE
 
 
 class RepositoryError(ValueError):
@@ -75,41 +79,21 @@ def _params(cfg: mc.ModelConfig, params: dict[str, object]) -> None:
         cfg.parameters[k].string_value = str(v)
 
 
-# The core tensor interface of the TensorRT-LLM backend's `tensorrt_llm` model (the subset trt-spec uses;
-# names, types and shapes exactly as in tensorrtllm_backend's inflight_batcher_llm/tensorrt_llm).
+def _spec(t: bc.TensorSpec, cls):
+    if cls is mc.ModelOutput:
+        return out(t.name, t.dtype, list(t.dims))
+    return inp(t.name, t.dtype, list(t.dims), optional=t.optional, ragged=t.ragged,
+               reshape=[] if t.scalar else None)
+
+
+# The `tensorrt_llm` model's tensor interface (names, types and shapes as in NVIDIA's template; the subset
+# trt-spec uses), from the contract module.
 def engine_inputs() -> list:
-    return [
-        inp("input_ids", "TYPE_INT32", [-1], ragged=True),
-        inp("input_lengths", "TYPE_INT32", [1], reshape=[]),
-        inp("request_output_len", "TYPE_INT32", [1], reshape=[]),
-        inp("draft_input_ids", "TYPE_INT32", [-1], optional=True, ragged=True),
-        inp("draft_logits", LOGITS_TYPE, [-1, -1], optional=True, ragged=True),
-        inp("draft_acceptance_threshold", "TYPE_FP32", [1], optional=True, reshape=[]),
-        inp("end_id", "TYPE_INT32", [1], optional=True, reshape=[]),
-        inp("pad_id", "TYPE_INT32", [1], optional=True, reshape=[]),
-        inp("stop_words_list", "TYPE_INT32", [2, -1], optional=True, ragged=True),
-        inp("bad_words_list", "TYPE_INT32", [2, -1], optional=True, ragged=True),
-        inp("beam_width", "TYPE_INT32", [1], optional=True, reshape=[]),
-        inp("temperature", "TYPE_FP32", [1], optional=True, reshape=[]),
-        inp("runtime_top_k", "TYPE_INT32", [1], optional=True, reshape=[]),
-        inp("runtime_top_p", "TYPE_FP32", [1], optional=True, reshape=[]),
-        inp("seed", "TYPE_UINT64", [1], optional=True, reshape=[]),
-        inp("streaming", "TYPE_BOOL", [1], optional=True),
-        inp("exclude_input_in_output", "TYPE_BOOL", [1], optional=True),
-        inp("return_generation_logits", "TYPE_BOOL", [1], optional=True, reshape=[]),
-        inp("return_perf_metrics", "TYPE_BOOL", [1], optional=True, reshape=[]),
-    ]
+    return [_spec(t, mc.ModelInput) for t in bc.INPUTS]
 
 
 def engine_outputs() -> list:
-    return [
-        out("output_ids", "TYPE_INT32", [-1, -1]),
-        out("sequence_length", "TYPE_INT32", [-1]),
-        out("generation_logits", LOGITS_TYPE, [-1, -1, -1]),
-        out("acceptance_rate", "TYPE_FP32", [1]),
-        out("total_accepted_draft_tokens", "TYPE_INT32", [1]),
-        out("total_draft_tokens", "TYPE_INT32", [1]),
-    ]
+    return [_spec(t, mc.ModelOutput) for t in bc.OUTPUTS]
 
 
 @dataclass(frozen=True)
@@ -119,6 +103,7 @@ class RepoSettings:
     engine: str
     max_batch_size: int
     max_seq_len: int
+    max_input_len: int  # what the engine takes: backend_contract.max_input_len
     mode: str
     max_draft_len: int
     num_draft_tokens: int
@@ -130,59 +115,66 @@ class RepoSettings:
     eagle_choices: Optional[list] = None
     lookahead: Optional[dict] = None
     orchestrator: bool = False
+    draft_kv_tokens: Optional[int] = None  # max_tokens_in_paged_kv_cache of the draft (caps it on a shared GPU)
+    decoupled: bool = True
 
     @staticmethod
-    def from_manifest(m: dict) -> "RepoSettings":
+    def from_manifest(m: dict, decoupled: bool = True) -> "RepoSettings":
         cfg = m["config"]
         spec = cfg["speculative"]
+        lim = cfg["limits"]
         tok = cfg["target"]["checkpoint"] if m["engine"] == "tensorrt" else m["engines"]["target"]["dir"]
         multi_gpu = any(e["world_size"] > 1 for e in m["engines"].values())
         return RepoSettings(
-            engine=m["engine"], max_batch_size=cfg["limits"]["max_batch_size"], max_seq_len=cfg["limits"]["max_seq_len"],
+            engine=m["engine"], max_batch_size=lim["max_batch_size"], max_seq_len=lim["max_seq_len"],
+            max_input_len=bc.max_input_len(lim["max_seq_len"], lim["max_num_tokens"]),
             mode=spec["mode"], max_draft_len=m["speculative"]["max_draft_len"],
             num_draft_tokens=m["speculative"]["num_draft_tokens"], ngram_size=spec["ngram_size"], tokenizer_dir=tok,
             engines=m["engines"], kv_fraction=m["runtime"]["kv_cache_free_gpu_mem_fraction"],
             medusa_choices=(spec.get("medusa") or {}).get("choices"), eagle_choices=(spec.get("eagle") or {}).get("choices"),
-            lookahead=spec.get("lookahead"), orchestrator=multi_gpu and len(m["engines"]) > 1)
+            lookahead=spec.get("lookahead"), orchestrator=multi_gpu and len(m["engines"]) > 1,
+            draft_kv_tokens=m["runtime"].get("draft_max_tokens_in_paged_kv_cache"), decoupled=decoupled)
 
 
 def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
+    """A `tensorrt_llm` model: identical for both engines but for `backend` (see the module docstring)."""
     e = s.engines[role]
     cfg = mc.ModelConfig(name=name, max_batch_size=s.max_batch_size)
-    cfg.model_transaction_policy.decoupled = True
+    cfg.model_transaction_policy.decoupled = s.decoupled
     cfg.input.extend(engine_inputs())
     cfg.output.extend(engine_outputs())
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    if s.engine == "tensorrt":
-        cfg.backend = "tensorrtllm"
-        cfg.dynamic_batching.max_queue_delay_microseconds = 0
-        params: dict[str, object] = {
-            "gpt_model_type": "inflight_fused_batching",
-            "gpt_model_path": e["dir"],
-            "max_beam_width": 1,
-            "enable_kv_cache_reuse": True,
-            "exclude_input_in_output": False,
-            "kv_cache_free_gpu_mem_fraction": s.kv_fraction,
-            "gpu_device_ids": ",".join(str(d) for d in e["devices"]),
-            "batch_scheduler_policy": "guaranteed_no_evict",
-        }
-        if role == "target":
-            if s.mode == "medusa":
-                params["decoding_mode"] = "medusa"
-                params["medusa_choices"] = _choices(s.medusa_choices)
-            elif s.mode == "eagle":
-                params["decoding_mode"] = "eagle"
-                params["eagle_choices"] = _choices(s.eagle_choices)
-            elif s.mode == "lookahead":
-                la = s.lookahead or {}
-                params.update(decoding_mode="lookahead", lookahead_window_size=la.get("window_size"),
-                              lookahead_ngram_size=la.get("ngram_size"),
-                              lookahead_verification_set_size=la.get("verification_set_size"))
-        _params(cfg, params)
-    else:
-        cfg.backend = "python"
-        _params(cfg, {"engine_dir": e["dir"], "max_seq_len": s.max_seq_len,
-                      "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB, "max_draft_len": s.max_draft_len})
+    cfg.dynamic_batching.max_queue_delay_microseconds = 0
+    cfg.backend = "tensorrtllm" if s.engine == "tensorrt" else "python"
+    params: dict[str, object] = {
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": e["dir"],
+        "max_beam_width": 1,
+        "enable_kv_cache_reuse": True,  # draft_tokens_external targets refuse to load without it
+        "enable_chunked_context": False,  # input limit: min(max_seq_len - 1, max_num_tokens), checked upstream
+        "exclude_input_in_output": False,
+        "kv_cache_free_gpu_mem_fraction": s.kv_fraction,
+        "max_tokens_in_paged_kv_cache": s.draft_kv_tokens if role == "draft" else None,
+        "gpu_device_ids": ",".join(str(d) for d in e["devices"]) or None,
+        "batch_scheduler_policy": "guaranteed_no_evict",
+        # read unguarded by the backend (load fails without them); "" = guided decoding off
+        "tokenizer_dir": s.tokenizer_dir,
+        "xgrammar_tokenizer_info_path": bc.GUIDED_DECODING_OFF,
+        "guided_decoding_backend": bc.GUIDED_DECODING_OFF,
+    }
+    if role == "target":
+        if s.mode == "medusa":
+            params["decoding_mode"] = "medusa"
+            params["medusa_choices"] = _choices(s.medusa_choices)
+        elif s.mode == "eagle":
+            params["decoding_mode"] = "eagle"
+            params["eagle_choices"] = _choices(s.eagle_choices)
+        elif s.mode == "lookahead":
+            la = s.lookahead or {}
+            params.update(decoding_mode="lookahead", lookahead_window_size=la.get("window_size"),
+                          lookahead_ngram_size=la.get("ngram_size"),
+                          lookahead_verification_set_size=la.get("verification_set_size"))
+    _params(cfg, params)
     return cfg
 
 
@@ -213,7 +205,7 @@ def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
         out("OUT_PAD_ID", "TYPE_INT32", [1]),
     ])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "max_input_len": s.max_seq_len - 1})
+    _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "max_input_len": s.max_input_len})
     return cfg
 
 
@@ -241,6 +233,9 @@ def text_inputs(bls: bool) -> list:
         inp("stream", "TYPE_BOOL", [1], optional=True),
         inp("exclude_input_in_output", "TYPE_BOOL", [1], optional=True),
         inp("return_perf_metrics", "TYPE_BOOL", [1], optional=True),
+        # NVIDIA's end_to_end_grpc_client always sends beam_width; 1 is the only value served
+        inp("beam_width", "TYPE_INT32", [1], optional=True),
+        inp("num_return_sequences", "TYPE_INT32", [1], optional=True),
     ]
     if bls:
         ins += [inp("num_draft_tokens", "TYPE_INT32", [1], optional=True),
@@ -266,7 +261,8 @@ def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
                           "bad_words_list": "_BAD_WORDS_IDS", "stop_words_list": "_STOP_WORDS_IDS",
                           "runtime_top_k": "top_k", "runtime_top_p": "top_p", "temperature": "temperature",
                           "seed": "seed", "streaming": "stream", "exclude_input_in_output": "exclude_input_in_output",
-                          "return_perf_metrics": "return_perf_metrics"})
+                          "return_perf_metrics": "return_perf_metrics", "beam_width": "beam_width",
+                          "num_return_sequences": "num_return_sequences"})
     llm.output_map.update({"output_ids": "output_ids", "sequence_length": "sequence_length"})
     post = steps.add(model_name=POST, model_version=-1)
     post.input_map.update({"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "sequence_length"})
@@ -276,7 +272,7 @@ def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
 
 def bls_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=BLS, backend="python", max_batch_size=s.max_batch_size)
-    cfg.model_transaction_policy.decoupled = True
+    cfg.model_transaction_policy.decoupled = s.decoupled
     cfg.input.extend(text_inputs(bls=True))
     cfg.output.extend([
         out("text_output", "TYPE_STRING", [-1]),
@@ -297,6 +293,7 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
         "num_draft_tokens": s.num_draft_tokens,
         "ngram_size": s.ngram_size,
         "max_seq_len": s.max_seq_len,
+        "max_input_len": s.max_input_len,
         "tokenizer_dir": s.tokenizer_dir,
     })
     return cfg
@@ -352,6 +349,12 @@ def validate_repository(repo: Path) -> dict[str, mc.ModelConfig]:
     if not models:
         raise RepositoryError(f"{repo}: no models (no */config.pbtxt); run trt-spec repo")
     for name, cfg in models.items():
+        if name in (TARGET, DRAFT):
+            try:  # what the tensorrtllm backend checks at load (the CPU stand-in checks the same)
+                bc.check_parameters({k: v.string_value for k, v in cfg.parameters.items()})
+            except bc.ContractError as e:
+                raise RepositoryError(f"{name}: the tensorrtllm backend would refuse to load it: {e}; regenerate with "
+                                      "trt-spec repo") from None
         if cfg.platform == "ensemble":
             _check_ensemble(cfg, models)
         for key in ("tensorrt_llm_model_name", "tensorrt_llm_draft_model_name"):
@@ -369,7 +372,7 @@ def _check_engine_interface(caller: str, engine: mc.ModelConfig) -> None:
     for t in ("input_ids", "input_lengths", "request_output_len", "draft_input_ids"):
         if t not in have_in:
             raise RepositoryError(f"{caller} calls {engine.name}, which has no input {t!r}")
-    for t in ("output_ids", "sequence_length"):
+    for t in bc.MANDATORY_OUTPUTS:
         if t not in have_out:
             raise RepositoryError(f"{caller} calls {engine.name}, which has no output {t!r}")
 
@@ -411,9 +414,10 @@ def _python_sources(name: str, engine: str) -> Path:
     return MODEL_REPO_SOURCES / src
 
 
-def write_repository(manifest: dict, dest: Path) -> dict[str, mc.ModelConfig]:
-    """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one."""
-    settings = RepoSettings.from_manifest(manifest)
+def write_repository(manifest: dict, dest: Path, *, decoupled: bool = True) -> dict[str, mc.ModelConfig]:
+    """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one.
+    decoupled=False: every model non-decoupled (NVIDIA's DTM recipe; unary clients, no streaming)."""
+    settings = RepoSettings.from_manifest(manifest, decoupled)
     configs = repository_configs(settings)
     dest = Path(dest)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
@@ -431,7 +435,8 @@ def write_repository(manifest: dict, dest: Path) -> dict[str, mc.ModelConfig]:
         (tmp / "trt_spec_repo.json").write_text(json.dumps({
             "name": manifest["name"], "config_hash": manifest["config_hash"], "engine": manifest["engine"],
             "world_size": manifest["world_size"], "orchestrator": settings.orchestrator,
-            "mpi_ranks": mpi_ranks(settings), "models": sorted(configs)}, indent=2))
+            "mpi_ranks": mpi_ranks(settings), "models": sorted(configs), "decoupled": decoupled,
+            "gpu_ids": sorted({d for e in settings.engines.values() for d in e["devices"]})}, indent=2))
         validate_repository(tmp)
         old = dest.parent / f".{dest.name}.old-{os.getpid()}"
         if dest.exists():

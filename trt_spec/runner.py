@@ -221,6 +221,7 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
                         "ngram_size": cfg.speculative.ngram_size, "use_draft_logits": cfg.speculative.use_draft_logits},
         "limits": cfg.limits.model_dump(),
         "runtime": {"kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
+                    "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
                     "target_devices": r.target_devices, "draft_devices": r.draft_devices},
         "world_size": {"target": cfg.target.world_size, "draft": cfg.draft.world_size if cfg.draft else 0,
                        "total": world},

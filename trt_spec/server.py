@@ -97,13 +97,21 @@ def launch_spec(repo: Path, *, http_port: int = DEFAULT_HTTP_PORT, grpc_port: in
     if binary != NGC_TRITONSERVER and pytriton_dir() is not None and str(binary).startswith(str(pytriton_dir())):
         backends, env = prepare_pytriton_backends(workdir or Path(tempfile.mkdtemp(prefix="trt-spec-triton-")))
         backend_args = [f"--backend-directory={backends}"]
-    if info.get("orchestrator"):
-        env["TRTLLM_ORCHESTRATOR"] = "1"  # two TRT-LLM models with TP/PP > 1: the backend spawns the ranks
+    orchestrator = bool(info.get("orchestrator"))
+    if orchestrator:
+        # Two TRT-LLM models with TP/PP > 1: orchestrator mode, as NVIDIA's scripts/launch_triton_server.py
+        # --multi-model runs it: one tritonserver under `mpirun -n 1`, the backend spawns the ranks, and the
+        # server keeps no pinned/CUDA memory pools or peer access of its own (they collide with the workers').
+        env["TRTLLM_ORCHESTRATOR"] = "1"
+        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
     prefix = f"trtspec{os.getpid()}_"
 
     def rank_args(rank: int) -> list[str]:
         a = [str(binary), f"--model-repository={repo}", *backend_args, "--disable-auto-complete-config",
              f"--backend-config=python,shm-region-prefix-name={prefix}{rank}_", "--exit-timeout-secs=10"]
+        if orchestrator:
+            a += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
+            a += [f"--cuda-memory-pool-byte-size={g}:0" for g in info.get("gpu_ids") or [0]]
         if rank == 0:
             a += [f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
                   f"--http-address={host}", f"--grpc-address={host}", f"--metrics-address={host}"]
@@ -115,6 +123,8 @@ def launch_spec(repo: Path, *, http_port: int = DEFAULT_HTTP_PORT, grpc_port: in
         return a
 
     plain = shlex.join([str(binary), f"--model-repository={repo}"])
+    if orchestrator:
+        return LaunchSpec(["mpirun", "--allow-run-as-root", "-n", "1", *rank_args(0)], env, prefix, plain)
     if world == 1:
         return LaunchSpec(rank_args(0), env, prefix, plain)
     argv = ["mpirun", "--allow-run-as-root"]

@@ -7,13 +7,11 @@ compares different prompts. Imports only numpy at module level (the Triton pytho
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
-
-class RequestError(ValueError):
-    """A bad request: reported to the client as a Triton error; the server stays up."""
+from .speculative_loop import RequestError  # noqa: F401  (one class for every model's request errors)
 
 
 def load_tokenizer(tokenizer_dir: str):
@@ -38,36 +36,9 @@ def default_pad_id(tokenizer) -> int:
 
 def to_word_list(tokenizer, words: Sequence[str]) -> np.ndarray:
     """TensorRT-LLM's [2, L] word-list format: row 0 = concatenated token ids, row 1 = end offsets (-1 pad)."""
-    ids: list[int] = []
-    offsets: list[int] = []
-    for w in words:
-        if not w:
-            continue
-        t = encode(tokenizer, w, add_special_tokens=False)
-        ids += t
-        offsets.append(len(ids))
-    n = max(1, len(ids))
-    out = np.full((2, n), -1, dtype=np.int32)
-    if ids:
-        out[0, : len(ids)] = ids
-        out[1, : len(offsets)] = offsets
-    else:
-        out[0, 0] = 0
-    return out
+    from .backend_contract import word_list_array
 
-
-def from_word_list(wl: Optional[np.ndarray]) -> list[list[int]]:
-    """Inverse of to_word_list: [2, L] -> list of token sequences."""
-    if wl is None:
-        return []
-    wl = np.asarray(wl).reshape(2, -1)
-    words, start = [], 0
-    for end in wl[1]:
-        if end < 0:
-            break
-        words.append([int(x) for x in wl[0, start:end]])
-        start = int(end)
-    return [w for w in words if w]
+    return word_list_array([encode(tokenizer, w, add_special_tokens=False) for w in words if w])
 
 
 def decode_strings(arr) -> list[str]:
@@ -87,20 +58,6 @@ def scalar(arr, default, kind=None):
         return default
     v = flat[0]
     return kind(v) if kind else v.item() if hasattr(v, "item") else v
-
-
-def find_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]], start: int = 0) -> Optional[int]:
-    """Index just past the first stop-word occurrence that ends at or after `start`, else None."""
-    best = None
-    for sw in stop_words:
-        n = len(sw)
-        if n == 0:
-            continue
-        for end in range(max(start, n), len(tokens) + 1):
-            if list(tokens[end - n:end]) == list(sw):
-                best = end if best is None else min(best, end)
-                break
-    return best
 
 
 class IncrementalDetokenizer:

@@ -36,6 +36,9 @@ QUANTIZE_QFORMATS = frozenset("nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int
 QUANTIZE_KV_DTYPES = frozenset({"int8", "fp8"})
 
 CONVERT_CHECKPOINT_FLAGS = frozenset("--model_dir --output_dir --dtype --tp_size --pp_size".split())
+# examples/models/core/gemma/convert_checkpoint.py parse_arguments(): dashes, no --tp_size/--pp_size
+# (Mapping(world_size=tp_size=--world-size, pp_size=1)); --ckpt-type has no default (required in effect).
+GEMMA_CONVERT_FLAGS = frozenset("--ckpt-type --model-dir --output-model-dir --world-size --dtype".split())
 MEDUSA_CONVERT_FLAGS = frozenset(
     "--model_dir --medusa_model_dir --output_dir --dtype --tp_size --pp_size --num_medusa_heads "
     "--num_medusa_layers --max_medusa_token_len --medusa_hidden_act".split()

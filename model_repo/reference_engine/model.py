@@ -1,11 +1,12 @@
-"""tensorrt_llm / tensorrt_llm_draft on CPU: the trt-spec reference engine behind the TensorRT-LLM backend's
-core tensor interface (python backend, decoupled).
+"""tensorrt_llm / tensorrt_llm_draft on CPU: the trt-spec reference engine behind the `tensorrtllm` backend's
+contract (python backend).
 
-input_ids [1, L], input_lengths, request_output_len, draft_input_ids [1, k], draft_logits [1, k, V], end_id,
-stop_words_list, temperature, runtime_top_k, runtime_top_p, seed, streaming, exclude_input_in_output,
-return_generation_logits, return_perf_metrics -> output_ids [1, 1, T], sequence_length [1, 1],
-generation_logits [1, 1, T, V], acceptance_rate, total_accepted_draft_tokens, total_draft_tokens.
-Streaming sends one response per token; otherwise exactly one response. See trt_spec/reference/engine.py.
+The stand-in is at least as strict as the backend it stands in for: it refuses to load without the
+parameters the backend reads unguarded, rejects every request the backend or the executor rejects (missing
+mandatory outputs, streaming on a non-decoupled model, too many draft tokens, a prompt over the engine's
+input limit, beam width or return sequences other than 1) with their own error text, samples like
+TensorRT-LLM (no top_k and no top_p: greedy at any temperature) and returns the backend's outputs in its
+shapes. Every rule and its source: trt_spec/backend_contract.py. The engine itself: trt_spec/reference/engine.py.
 """
 
 import json
@@ -15,88 +16,90 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from trt_spec import backend_contract as bc
 from trt_spec.reference.engine import ReferenceEngine, Sampling, load_engine
-from trt_spec.serving import from_word_list, scalar
+from trt_spec.reference.export import read_engine_meta
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def _in(request, name):
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    return None if t is None else t.as_numpy()
+INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
+DEFAULT_CACHE_TOKENS = 16384  # prefix-cache budget without max_tokens_in_paged_kv_cache (the backend's 0.9 of free memory)
+# The executor refuses a speculative target without KV-cache block reuse (draft tokens are verified against
+# the reused prefix): TensorRT-LLM 1.2 trtGptModelInflightBatching.cpp.
+REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding target model"
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        p = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
+        cfg = json.loads(args["model_config"])
+        self.params = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
+        bc.check_parameters(self.params)  # raises: the model fails to load, as on a GPU
+        self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
+        engine_dir = self.params["gpt_model_path"]
+        if not os.path.isdir(engine_dir):
+            raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY))
+        self.limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"])
+        reuse = bc.parse_bool(bc.parameter(self.params, "enable_kv_cache_reuse"), "enable_kv_cache_reuse")
+        if self.limits.speculative_decoding_mode == "draft_tokens_external" and not reuse:
+            raise bc.ContractError(bc.LOAD_ERROR.format(msg=REUSE_REQUIRED))
         threads = int(os.environ.get("TRT_SPEC_TORCH_THREADS", "0")) or torch.get_num_threads()
         torch.set_num_threads(threads)
-        model = load_engine(p["engine_dir"])
-        self.engine = ReferenceEngine(model, int(p["max_seq_len"]), int(p.get("prefix_cache_mb", "512")) * 2**20,
-                                      diverge_slack=int(p.get("max_draft_len", "0")) + 1)
-        self.name = args["model_name"]
+        model = load_engine(engine_dir)
+        tokens = bc.parameter(self.params, "max_tokens_in_paged_kv_cache")
+        c = model.config
+        per_pos = c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4
+        budget = (int(tokens) if tokens else DEFAULT_CACHE_TOKENS) * per_pos if reuse else 0
+        self.engine = ReferenceEngine(model, self.limits.max_seq_len, budget,
+                                      diverge_slack=self.limits.max_draft_len + 1)
 
-    def _outputs(self, request, tokens, input_ids, res, *, final):
-        exclude = bool(scalar(_in(request, "exclude_input_in_output"), False))
-        ids = tokens if (exclude or not final) else list(input_ids) + list(tokens)
-        outs = [pb_utils.Tensor("output_ids", np.asarray(ids, dtype=np.int32).reshape(1, 1, -1)),
-                pb_utils.Tensor("sequence_length", np.asarray([[len(ids)]], dtype=np.int32))]
-        if final and res is not None:
-            if bool(scalar(_in(request, "return_generation_logits"), False)) and res.logits:
-                logits = torch.stack(res.logits).float().numpy()[None, None]
-                outs.append(pb_utils.Tensor("generation_logits", logits))
-            if bool(scalar(_in(request, "return_perf_metrics"), False)):
-                rate = res.accepted / res.drafted if res.drafted else 0.0
-                outs += [pb_utils.Tensor("acceptance_rate", np.asarray([[rate]], dtype=np.float32)),
-                         pb_utils.Tensor("total_accepted_draft_tokens", np.asarray([[res.accepted]], dtype=np.int32)),
-                         pb_utils.Tensor("total_draft_tokens", np.asarray([[res.drafted]], dtype=np.int32))]
-        return pb_utils.InferenceResponse(output_tensors=outs)
+    def _inputs(self, request):
+        out = {}
+        for name in INPUT_NAMES:
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            if t is not None:
+                out[name] = t.as_numpy()
+        return out
 
-    def _one(self, request, sender):
-        ids = _in(request, "input_ids")
-        if ids is None or ids.size == 0:
-            raise ValueError("input_ids is empty")
-        if ids.shape[0] != 1:
-            raise ValueError(f"{self.name} takes one sequence per request, got a batch of {ids.shape[0]}")
-        length = scalar(_in(request, "input_lengths"), ids.shape[-1], int)
-        input_ids = [int(x) for x in ids.reshape(-1)[:length]]
-        out_len = scalar(_in(request, "request_output_len"), None, int)
-        if out_len is None or out_len < 1:
-            raise ValueError(f"request_output_len must be >= 1, got {out_len}")
-        if _in(request, "bad_words_list") is not None and from_word_list(_in(request, "bad_words_list")[0]):
-            raise ValueError("bad_words is not supported by the reference engine; drop it from the request")
-        sampling = Sampling(float(scalar(_in(request, "temperature"), 0.0)), scalar(_in(request, "runtime_top_k"), 0, int),
-                            float(scalar(_in(request, "runtime_top_p"), 1.0)), scalar(_in(request, "seed"), None, int))
-        end_id = scalar(_in(request, "end_id"), None, int)
-        stop = _in(request, "stop_words_list")
-        stop_words = from_word_list(stop[0]) if stop is not None else []
-        draft = _in(request, "draft_input_ids")
-        draft = [int(x) for x in draft.reshape(-1)] if draft is not None else []
-        streaming = bool(scalar(_in(request, "streaming"), False))
+    def _response(self, req, tokens, *, final, res=None):
+        logits = torch.stack(res.logits).float().numpy() if res is not None and res.logits else None
+        tensors = bc.response_tensors(req, tokens, final=final, accepted=res.accepted if res else 0,
+                                      drafted=res.drafted if res else 0, logits=logits)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
 
-        if draft:
-            dl = _in(request, "draft_logits")
-            dl = torch.from_numpy(np.asarray(dl).reshape(-1, np.asarray(dl).shape[-1])) if dl is not None else None
-            res = self.engine.verify(input_ids, draft[: out_len - 1] if out_len > 1 else [], sampling,
-                                     draft_logits=dl, end_id=end_id)
-            sender.send(self._outputs(request, res.tokens, input_ids, res, final=True), flags=FINAL)
+    def _one(self, request, send):
+        req = bc.parse_request(self._inputs(request), request.requested_output_names(), self.limits, self.params,
+                               decoupled=self.decoupled)
+        if req.bad_words:
+            raise bc.ContractError("bad_words is not supported by the reference engine; drop it from the request")
+        greedy = req.greedy
+        sampling = Sampling(0.0 if greedy else req.temperature, 0 if greedy else req.top_k,
+                            1.0 if greedy or req.top_p == 0.0 else req.top_p, req.seed)
+        if req.draft_tokens:
+            dl = torch.from_numpy(req.draft_logits) if req.draft_logits is not None else None
+            draft = req.draft_tokens[: req.output_len - 1] if req.output_len > 1 else []
+            res = self.engine.verify(req.input_ids, draft, sampling, draft_logits=dl, end_id=req.end_id)
+            send(self._response(req, res.tokens, final=True, res=res), FINAL)
             return
         on_token = None
-        if streaming:
-            on_token = lambda t: sender.send(self._outputs(request, [t], input_ids, None, final=False))  # noqa: E731
-        res = self.engine.generate(input_ids, out_len, sampling, end_id=end_id, stop_words=stop_words,
-                                   return_logits=bool(scalar(_in(request, "return_generation_logits"), False)),
+        if req.streaming:
+            on_token = lambda t: send(self._response(req, [t], final=False), 0)  # noqa: E731
+        res = self.engine.generate(req.input_ids, req.output_len, sampling, end_id=req.end_id,
+                                   stop_words=req.stop_words, return_logits=req.return_generation_logits,
                                    on_token=on_token)
-        if streaming:
-            sender.send(flags=FINAL)
+        if req.streaming:
+            send(None, FINAL)
         else:
-            sender.send(self._outputs(request, res.tokens, input_ids, res, final=True), flags=FINAL)
+            send(self._response(req, res.tokens, final=True, res=res), FINAL)
 
     def execute(self, requests):
+        responses = []
         for request in requests:
-            sender = request.get_response_sender()
+            if self.decoupled:
+                sender = request.get_response_sender()
+                send = lambda r, flags, s=sender: s.send(r, flags=flags) if r is not None else s.send(flags=flags)  # noqa: E731
+            else:
+                send = lambda r, flags: responses.append(r)  # noqa: E731
             try:
-                self._one(request, sender)
-            except (ValueError, TypeError, IndexError) as e:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.name}: {e}")), flags=FINAL)
-        return None
+                self._one(request, send)
+            except (bc.ContractError, ValueError, TypeError, IndexError) as e:
+                send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), FINAL)
+        return None if self.decoupled else responses

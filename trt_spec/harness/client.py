@@ -126,7 +126,8 @@ class LLMClient:
             t = grpcclient.InferInput(name, list(arr.shape), _triton_dtype(arr.dtype))
             t.set_data_from_numpy(arr)
             inputs.append(t)
-        parts = self._grpc_stream(model, inputs, ["generation_logits"])
+        # the backend refuses a request that does not ask for both mandatory outputs (backend_contract)
+        parts = self._grpc_stream(model, inputs, ["output_ids", "sequence_length", "generation_logits"])
         arrs = [o["generation_logits"] for o in parts if "generation_logits" in o]
         return arrs[0].reshape(-1) if arrs else None
 

@@ -6,9 +6,14 @@ Norm weights and biases stay fp32. bf16 / fp16 / fp32 exports store the weights 
 loads and dequantizes once to fp32 (CPU has no FP8 matmul).
 
 Engine directory: model.safetensors, config.json, tokenizer files, trt_spec_engine.json (format, weights,
-source, quantization report: relative weight error and FP8-vs-full-precision top-1 agreement).
+source, quantization report: relative weight error and FP8-vs-full-precision top-1 agreement, and the
+`build_config` the engine is limited by: what trtllm-build bakes into a TensorRT-LLM engine's config.json —
+max_batch_size, max_seq_len, max_num_tokens, max_draft_len, speculative_decoding_mode — which the served
+stand-in enforces exactly like the executor does).
 
 Run as a build step: python -m trt_spec.reference.export --checkpoint DIR --output_dir DIR --weights fp8
+    --max_batch_size B --max_seq_len S --max_num_tokens N [--speculative_decoding_mode draft_tokens_external
+    --max_draft_len K]
 """
 
 from __future__ import annotations
@@ -142,7 +147,8 @@ def top1_agreement(config: dict, full: dict[str, torch.Tensor], quant: dict[str,
     return {"top1_agreement": agree / total, "positions": total, "prompts": len(SAMPLE_PROMPTS)}
 
 
-def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = True) -> dict:
+def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = True,
+           build_config: dict | None = None) -> dict:
     if weights not in ("fp8", *STORE_DTYPES):
         raise ValueError(f"weights {weights!r}: the reference engine exports fp8, bf16, fp16 or fp32")
     from safetensors.torch import save_file
@@ -162,7 +168,8 @@ def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = Tr
         report.update(top1_agreement(config, {k: v.float() for k, v in sd.items()}, load_engine_state_dict(out), checkpoint))
     meta = {"format": ENGINE_FORMAT, "version": 1, "weights": weights, "source": str(checkpoint),
             "architecture": (config.get("architectures") or ["?"])[0], "quantization_report": report,
-            "bytes": (out / "model.safetensors").stat().st_size, "seconds": round(time.monotonic() - t0, 1)}
+            "bytes": (out / "model.safetensors").stat().st_size, "seconds": round(time.monotonic() - t0, 1),
+            "build_config": build_config or {}}
     (out / ENGINE_META).write_text(json.dumps(meta, indent=2))
     return meta
 
@@ -173,9 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output_dir", required=True)
     ap.add_argument("--weights", default="fp8", choices=["fp8", *STORE_DTYPES])
     ap.add_argument("--no-agreement-check", action="store_true", help="skip the FP8-vs-full top-1 check")
+    # The engine's limits, named like trtllm-build's flags (they mean the same and the stand-in enforces them).
+    ap.add_argument("--max_batch_size", type=int, required=True)
+    ap.add_argument("--max_seq_len", type=int, required=True)
+    ap.add_argument("--max_num_tokens", type=int, required=True)
+    ap.add_argument("--speculative_decoding_mode", default=None)
+    ap.add_argument("--max_draft_len", type=int, default=0)
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check)
+    build_config = {"max_batch_size": a.max_batch_size, "max_seq_len": a.max_seq_len, "max_num_tokens": a.max_num_tokens,
+                    "max_beam_width": 1, "speculative_decoding_mode": a.speculative_decoding_mode,
+                    "max_draft_len": a.max_draft_len, "gather_generation_logits": True}
+    meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check, build_config)
     print(json.dumps(meta["quantization_report"]))
     return 0
 

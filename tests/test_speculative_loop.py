@@ -1,0 +1,165 @@
+"""The BLS's speculative loop (trt_spec/speculative_loop.py) against a strict double of the tensorrtllm backend
+contract: every engine request it sends must pass the backend's checks, and the output must be the target's."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from trt_spec import backend_contract as bc
+from trt_spec.speculative_loop import (EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
+                                       validate)
+
+from .engine_double import END_ID, ContractEngine, Router, draft_next, target_next
+
+LIMITS = bc.EngineLimits(max_batch_size=4, max_seq_len=256, max_num_tokens=256, max_draft_len=4,
+                         speculative_decoding_mode="draft_tokens_external")
+PROMPTS = [[5, 9, 11], [7, 7, 7, 7, 3], [40, 41, 42, 43, 44, 45, 46, 47], [12]]
+
+
+def setup(mode="draft_target", k_max=4, limits=LIMITS, draft_limits=None, in_engine_accept=0, decoupled=True):
+    target = ContractEngine(target_next, limits, in_engine_accept=in_engine_accept, decoupled=decoupled)
+    draft = ContractEngine(draft_next, draft_limits or bc.EngineLimits(4, 256, 256), decoupled=decoupled)
+    cfg = LoopConfig(target="tensorrt_llm", draft="tensorrt_llm_draft" if mode == "draft_target" else None, mode=mode,
+                     max_draft_len=k_max, ngram_size=3, max_seq_len=limits.max_seq_len,
+                     max_input_len=limits.input_limit())
+    return SpeculativeLoop(cfg, Router(tensorrt_llm=target, tensorrt_llm_draft=draft)), target, draft
+
+
+def run(loop, req):
+    chunks = []
+    generated, m = asyncio.run(loop.generate(req, chunks.append))
+    return generated, m, chunks
+
+
+def baseline(prompt, n):
+    """Target-only greedy decoding through the same strict double (what the ensemble returns)."""
+    eng = ContractEngine(target_next, LIMITS)
+    ins = {"input_ids": np.asarray([prompt], np.int32), "input_lengths": np.asarray([[len(prompt)]], np.int32),
+           "request_output_len": np.asarray([[n]], np.int32), "end_id": np.asarray([[END_ID]], np.int32),
+           "exclude_input_in_output": np.asarray([[True]], bool)}
+    out = eng(ins, list(bc.MANDATORY_OUTPUTS))[0]
+    return [int(x) for x in out["output_ids"].reshape(-1)]
+
+
+def req(prompt, n=24, k=4, **kw):
+    return SpecRequest(prompt=list(prompt), max_tokens=n, k=k, end_id=END_ID, pad_id=0, **kw)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_draft_target_equals_target_only(prompt, k):
+    loop, target, draft = setup()
+    generated, m, chunks = run(loop, req(prompt, 24, k))
+    assert generated == baseline(prompt, 24)
+    assert [t for c in chunks for t in c] == generated  # streaming chunks add up to the output
+    assert all(1 <= len(c) <= k + 1 for c in chunks) and len(chunks) == m.steps
+    assert sum(m.hist) == m.steps and m.accepted == sum(i * n for i, n in enumerate(m.hist))
+    assert 0 < m.accepted <= m.drafted
+    if k == 4:
+        assert m.accepted < m.drafted  # the draft agrees often, not always
+    # every engine request asked for both mandatory outputs and sent no sampling inputs it was not given
+    for ins, outs in target.requests + draft.requests:
+        assert set(bc.MANDATORY_OUTPUTS) <= set(outs)
+        assert not {"temperature", "runtime_top_k", "runtime_top_p"} & set(ins)
+    # verification requests: request_output_len = len(draft) + 1, drafts within max_draft_len
+    for ins, _ in target.requests:
+        d = ins.get("draft_input_ids")
+        n = 0 if d is None else d.size
+        assert n <= k and int(ins["request_output_len"][0, 0]) == n + 1
+
+
+def test_ngram_equals_target_only_and_drafts_from_the_sequence():
+    loop, target, _ = setup("ngram", k_max=4)
+    prompt = [5, 9, 11, 5, 9, 11, 5, 9]
+    generated, m, _ = run(loop, req(prompt, 30, 4))
+    assert generated == baseline(prompt, 30)
+    assert m.drafted > 0 and len(target.requests) == m.steps
+
+
+def test_eos_is_kept_and_ends_the_request():
+    loop, _, _ = setup()
+    generated, _, _ = run(loop, req([20, 21], 200, 4))
+    assert generated[-1] == END_ID and END_ID not in generated[:-1]
+    assert generated == baseline([20, 21], 200)
+
+
+def test_stop_word_cuts_the_output():
+    loop, _, _ = setup()
+    full = baseline(PROMPTS[0], 24)
+    stop = full[6:8]
+    generated, _, chunks = run(loop, req(PROMPTS[0], 24, 4, stop_words=[stop]))
+    assert generated == full[:8] and [t for c in chunks for t in c] == generated
+
+
+def test_sampling_inputs_forwarded_only_when_sent():
+    loop, target, draft = setup()
+    sampling = {"temperature": np.asarray([[0.0]], np.float32)}
+    run(loop, req(PROMPTS[0], 8, 2, sampling=sampling))
+    for ins, _ in target.requests + draft.requests:
+        assert "temperature" in ins and "runtime_top_k" not in ins and "runtime_top_p" not in ins
+
+
+def test_more_draft_tokens_than_the_engine_takes_is_refused_with_the_executors_text():
+    limits = bc.EngineLimits(4, 256, 256, max_draft_len=2, speculative_decoding_mode="draft_tokens_external")
+    loop, _, _ = setup(k_max=4, limits=limits)  # a BLS configured beyond what the engine was built for
+    with pytest.raises(EngineError, match=r"Draft tokens length \(4\) exceeds maximum draft tokens length \(2\)"):
+        run(loop, req(PROMPTS[0], 16, 4))
+
+
+def test_sequences_past_the_input_limit_are_refused_before_any_engine_call():
+    limits = bc.EngineLimits(4, 256, 64, max_draft_len=4, speculative_decoding_mode="draft_tokens_external")
+    loop, target, _ = setup(limits=limits)
+    with pytest.raises(RequestError, match=r"prompt \+ max_tokens - 1 \(66 tokens\) exceeds the engine's input limit 64"):
+        validate(loop.cfg, 3, 64, 4, False)
+    # without the check the engine would refuse the request mid-generation (what the check prevents)
+    with pytest.raises(EngineError, match=r"Prompt length \(65\) exceeds maximum input length \(64\)"):
+        run(loop, req([30] * 3, 100, 4))
+    assert target.requests  # it got that far: rounds ran before the failure
+
+
+def test_request_validation_is_one_line_each():
+    loop, _, _ = setup()
+    for args, msg in [((0, 8, 2, False), "text_input is empty"), ((3, 0, 2, False), "max_tokens must be >= 1"),
+                      ((3, 300, 2, False), "exceeds max_seq_len 256"), ((3, 8, 9, False), "outside 0..max_draft_len"),
+                      ((3, 8, -1, False), "outside 0..max_draft_len")]:
+        with pytest.raises(RequestError, match=msg) as e:
+            validate(loop.cfg, *args)
+        assert "\n" not in str(e.value)
+    ngram, _, _ = setup("ngram")
+    with pytest.raises(RequestError, match="use_draft_logits needs draft-target mode"):
+        validate(ngram.cfg, 3, 8, 2, True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_in_engine_modes_send_one_request_for_the_whole_generation(stream):
+    loop, target, _ = setup("engine", k_max=63, in_engine_accept=2)
+    generated, m, chunks = run(loop, req(PROMPTS[2], 30, 0, stream=stream))
+    assert generated == baseline(PROMPTS[2], 30)
+    assert len(target.requests) == 1
+    ins, outs = target.requests[0]
+    assert int(ins["request_output_len"][0, 0]) == 30 and bool(ins["streaming"][0, 0]) == stream
+    assert bool(ins["return_perf_metrics"][0, 0]) and set(bc.MANDATORY_OUTPUTS) <= set(outs)
+    assert m.drafted > 0 and m.accepted > 0 and m.steps == len(generated) - m.accepted
+    if stream:
+        assert len(chunks) > 1 and [t for c in chunks for t in c] == generated
+
+
+def test_the_double_is_as_strict_as_the_backend():
+    eng = ContractEngine(target_next, LIMITS, decoupled=False)
+    ins = {"input_ids": np.asarray([[5, 6]], np.int32), "input_lengths": np.asarray([[2]], np.int32),
+           "request_output_len": np.asarray([[4]], np.int32)}
+    with pytest.raises(bc.ContractError, match="sequence_length tensor must be present in list of output tensors"):
+        eng(ins, ["output_ids"])
+    with pytest.raises(bc.ContractError, match="Streaming is only supported if model is deployed using decoupled mode"):
+        eng({**ins, "streaming": np.asarray([[True]])}, list(bc.MANDATORY_OUTPUTS))
+    with pytest.raises(bc.ContractError, match="request_output_len is not present"):
+        eng({k: v for k, v in ins.items() if k != "request_output_len"}, list(bc.MANDATORY_OUTPUTS))
+    with pytest.raises(bc.ContractError, match="beamWidth"):
+        eng({**ins, "beam_width": np.asarray([[2]], np.int32)}, list(bc.MANDATORY_OUTPUTS))
+    with pytest.raises(bc.ContractError, match="num_return_sequences 3"):
+        eng({**ins, "num_return_sequences": np.asarray([[3]], np.int32)}, list(bc.MANDATORY_OUTPUTS))
+    ok = eng({**ins, "beam_width": np.asarray([[1]], np.int32)}, list(bc.MANDATORY_OUTPUTS))[0]
+    # non-streaming output_ids include the prompt unless excluded; sequence_length counts this response
+    assert ok["output_ids"].shape == (1, 1, 6) and ok["output_ids"][0, 0, :2].tolist() == [5, 6]
+    assert ok["sequence_length"].tolist() == [[6]]

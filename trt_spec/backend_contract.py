@@ -1,0 +1,400 @@
+"""The contract of NVIDIA's `tensorrtllm` Triton backend, for the parameters and tensors trt-spec uses.
+
+One data module, read by the repository writer (what a `tensorrt_llm` config must carry), by the CPU stand-in
+`model_repo/reference_engine` (what it must refuse, with the backend's own error text) and by the tests, so
+the GPU repository and the stand-in cannot drift apart. The stand-in is at least as strict as the backend.
+
+Sources (each rule below names its file and function):
+- BACKEND = triton-inference-server/tensorrtllm_backend at c2e65b8 (2025-05-13, the last commit with
+  `inflight_batcher_llm/src/`; the same code lives on in NVIDIA/TensorRT-LLM `triton_backend/`, where the
+  parameter reads, mandatory outputs and request checks quoted here are unchanged). Files:
+  `model_state.cc` (MS), `model_instance_state.cc` (MIS), `utils.cc` (U), `all_models/.../tensorrt_llm/config.pbtxt`.
+- EXECUTOR = TensorRT-LLM 1.2 `cpp/tensorrt_llm/batch_manager/llmRequest.cpp` (LlmRequest::validate),
+  `trtGptModelInflightBatching.cpp` (maxInputLen), `executor/samplingConfig.cpp`, and the top-k/top-p
+  sampling-layer setup kernels (`kernels/samplingTopKKernels.cu`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+BACKEND = "tensorrtllm_backend@c2e65b8 inflight_batcher_llm/src"
+
+# ---------------------------------------------------------------------------------------------------------
+# Parameters (config.pbtxt `parameters { key: … value { string_value: … } }`)
+
+# Read with no try/catch: a missing key fails the model load (MS GetParameter<std::string>: "Cannot find
+# parameter with name: X", wrapped by MIS ModelInstanceState::Create).
+REQUIRED_PARAMETERS: dict[str, str] = {
+    "gpt_model_type": "MIS getBatchingTypeFromParams (L62)",
+    "tokenizer_dir": "MIS getGuidedDecodingConfigFromParams (L413)",
+    "xgrammar_tokenizer_info_path": "MIS getGuidedDecodingConfigFromParams (L414)",
+    "guided_decoding_backend": "MIS getGuidedDecodingConfigFromParams (L415)",
+}
+LOAD_ERROR = "unexpected error when creating modelInstanceState: {msg}"  # MIS ModelInstanceState::Create (L52)
+MISSING_PARAMETER = "Cannot find parameter with name: {name}"  # MS GetParameter (L249-269)
+GPT_MODEL_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")  # MIS getBatchingTypeFromParams
+INVALID_MODEL_TYPE = "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."
+# Guided decoding is off when the backend or the tokenizer-info path is "" (or its unfilled placeholder);
+# "none"/"off" are NOT off (MIS getGuidedDecodingConfigFromParams L417-427). trt-spec writes "" for both.
+GUIDED_DECODING_OFF = ""
+# Read only when decoding_mode == lookahead, then mandatory (MIS getExecutorConfigFromParams L627-647).
+LOOKAHEAD_PARAMETERS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+LOOKAHEAD_MISSING = ("Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
+                     "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size.")
+DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
+# Parameters read inside try/catch: missing, empty or unparsable -> this default (MIS, MS LoadParameters).
+PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
+    "max_beam_width": ("1", "MIS getExecutorConfigFromParams L459-468"),
+    "enable_kv_cache_reuse": ("true", "MIS getKvCacheConfigFromParams L167-176"),
+    "exclude_input_in_output": ("false", "MIS constructor L797-807 (a request input overrides it, U L915-927)"),
+    "enable_chunked_context": ("false", "MIS getExecutorConfigFromParams L518-533"),
+    "batch_scheduler_policy": ("guaranteed_no_evict", "MIS getSchedulerConfigFromParams L356-381"),
+    "cancellation_check_period_ms": ("100", "MIS constructor L809-819"),
+    "kv_cache_free_gpu_mem_fraction": (None, "MIS getKvCacheConfigFromParams L96-107 (executor default 0.9)"),
+    "max_tokens_in_paged_kv_cache": (None, "MIS getKvCacheConfigFromParams L83-94 (min with the fraction)"),
+    "decoding_mode": (None, "MIS L545-592 (unset: top_k_top_p with beam width 1)"),
+    "gpu_device_ids": (None, "MS LoadParameters L95-120 ('0,1;2,3': per-instance device groups)"),
+    "gpt_model_path": ("", "MIS constructor L743-755 (missing/nonexistent -> '', then 'Both encoder and decoder "
+                           "model paths are empty')"),
+    "executor_worker_path": ("/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+                             "MS GetExecutorWorkerPath L180-188 (orchestrator mode only)"),
+}
+MODEL_PATHS_EMPTY = "Both encoder and decoder model paths are empty"  # MIS constructor L771-772
+
+
+class ContractError(ValueError):
+    """What the backend would refuse, with its own message."""
+
+
+def check_parameters(params: Mapping[str, str]) -> None:
+    """Load-time checks of a `tensorrt_llm` model's parameters, in the backend's order. Raises ContractError
+    with the load error the backend reports."""
+    for name in ("gpt_model_type",):
+        if name not in params:
+            raise ContractError(LOAD_ERROR.format(msg=MISSING_PARAMETER.format(name=name)))
+    if params["gpt_model_type"] not in GPT_MODEL_TYPES:
+        raise ContractError(LOAD_ERROR.format(msg=INVALID_MODEL_TYPE))
+    if params.get("decoding_mode") == "lookahead" and not all(_is_int(params.get(k)) for k in LOOKAHEAD_PARAMETERS):
+        raise ContractError(LOAD_ERROR.format(msg=LOOKAHEAD_MISSING))
+    for name in ("tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend"):
+        if name not in params:
+            raise ContractError(LOAD_ERROR.format(msg=MISSING_PARAMETER.format(name=name)))
+    if not params.get("gpt_model_path"):
+        raise ContractError(LOAD_ERROR.format(msg=MODEL_PATHS_EMPTY))
+
+
+def _is_int(v: Optional[str]) -> bool:
+    try:
+        return v is not None and int(v) >= 0
+    except ValueError:
+        return False
+
+
+def parameter(params: Mapping[str, str], name: str) -> Optional[str]:
+    """A parameter's value, or the backend's default when absent or empty."""
+    v = params.get(name)
+    return v if v not in (None, "") else PARAMETER_DEFAULTS.get(name, (None, ""))[0]
+
+
+def parse_bool(v: Optional[str], name: str) -> bool:
+    """MS GetParameter<bool> (L310-326): True/true/TRUE/1, False/false/FALSE/0; anything else is an error."""
+    if v in ("True", "true", "TRUE", "1"):
+        return True
+    if v in ("False", "false", "FALSE", "0"):
+        return False
+    raise ContractError(f"Cannot convert {v} to a boolean. (parameter {name})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tensors (all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt; dims without the batch dimension)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # Triton TYPE_* name
+    dims: tuple[int, ...]
+    optional: bool = True
+    scalar: bool = False  # dims [1] with reshape: { shape: [] }
+    ragged: bool = False
+
+
+LOGITS_TYPE = "TYPE_FP32"
+# The inputs trt-spec declares (a subset of the template's ~60; the rest stay unused).
+INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("input_ids", "TYPE_INT32", (-1,), ragged=True),
+    TensorSpec("input_lengths", "TYPE_INT32", (1,), optional=False, scalar=True),
+    TensorSpec("request_output_len", "TYPE_INT32", (1,), optional=False, scalar=True),
+    TensorSpec("num_return_sequences", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("draft_input_ids", "TYPE_INT32", (-1,), ragged=True),
+    TensorSpec("draft_logits", LOGITS_TYPE, (-1, -1), ragged=True),
+    TensorSpec("draft_acceptance_threshold", "TYPE_FP32", (1,), scalar=True),
+    TensorSpec("end_id", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("pad_id", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), ragged=True),
+    TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), ragged=True),
+    TensorSpec("beam_width", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("temperature", "TYPE_FP32", (1,), scalar=True),
+    TensorSpec("runtime_top_k", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("runtime_top_p", "TYPE_FP32", (1,), scalar=True),
+    TensorSpec("seed", "TYPE_UINT64", (1,), scalar=True),
+    TensorSpec("streaming", "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), scalar=True),
+)
+OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("output_ids", "TYPE_INT32", (-1, -1)),  # sent as [1, beams, T], -1 padded (MIS fillTritonResponse L1081)
+    TensorSpec("sequence_length", "TYPE_INT32", (-1,)),  # sent as [1, beams]: tokens in THIS response (L1094)
+    TensorSpec("generation_logits", LOGITS_TYPE, (-1, -1, -1)),  # [1, beams, T, V]; needs return_generation_logits
+    TensorSpec("acceptance_rate", "TYPE_FP32", (1,)),  # perf outputs: [1, 1], only with return_perf_metrics
+    TensorSpec("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+# fillTritonResponse (MIS L1079-1103) throws unless the request asked for both; the error comes back as one
+# final error response: "Error encountered while populating response: <name> tensor must be present ...".
+MANDATORY_OUTPUTS = ("output_ids", "sequence_length")
+MISSING_OUTPUT = "Error encountered while populating response: {name} tensor must be present in list of output tensors"
+# Emitted on every response when return_perf_metrics is true, requested or not (MIS L1255-1306).
+PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+
+# ---------------------------------------------------------------------------------------------------------
+# Request rules
+
+STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."  # U L905-908
+BATCH_NEEDS_DECOUPLED = ("Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction "
+                         "policy")  # U L900-903
+NO_OUTPUT_LEN = "request_output_len is not present in the request"  # U L946-950
+NO_INPUT_IDS = "input_ids or encoder_input_features is not present in the request."  # U L938-945
+INVALID_SIZE = "Invalid size for tensor {name}"  # utils.h extractSingleton (L241)
+EXECUTOR_ERROR = "Encountered an error when fetching new request: {msg}"  # executorImpl fetchNewRequests
+PROMPT_TOO_LONG = ("Prompt length ({n}) exceeds maximum input length ({max}). Set log level to info and check "
+                   "TRTGptModel logs for how maximum input length is set")  # llmRequest.cpp LlmRequest::validate
+DRAFT_TOO_LONG = "Draft tokens length ({n}) exceeds maximum draft tokens length ({max})."  # LlmRequest::validate
+BEAM_WIDTH = "Assertion failed: beamWidth ({n}) exceeds max_beam_width ({max})"  # SamplingConfig::checkBeamWidth
+TEMPERATURE_NEGATIVE = "Assertion failed: temperature.value() >= 0.f"  # SamplingConfig::checkTemperature
+TOP_P_RANGE = "Assertion failed: topP.value() <= 1.f"  # SamplingConfig::checkTopP
+# Stricter than the backend (it would fan a request out into N child requests): trt-spec never asks for more.
+RETURN_SEQUENCES = ("num_return_sequences {n} is not supported by trt-spec's deployment (beam width 1, one "
+                    "sequence per request); send 1 or omit it")
+
+
+def max_input_len(max_seq_len: int, max_num_tokens: int, chunked_context: bool = False) -> int:
+    """The longest prompt the executor takes (trtGptModelInflightBatching.cpp, 'TRTGptModel maxInputLen'):
+    with context FMHA and packed input (trt-spec always builds with both) it is min(max_seq_len - 1,
+    max_num_tokens), or max_seq_len - 1 with chunked context. trtllm-build's --max_input_len does not raise it."""
+    return max_seq_len - 1 if chunked_context else min(max_seq_len - 1, max_num_tokens)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What a built engine fixes (TRT-LLM: the engine's config.json build_config; the reference engine: its
+    trt_spec_engine.json build_config, written from the same config keys)."""
+
+    max_batch_size: int
+    max_seq_len: int
+    max_num_tokens: int
+    max_draft_len: int = 0
+    max_beam_width: int = 1
+    speculative_decoding_mode: Optional[str] = None
+    gather_generation_logits: bool = False
+
+    @classmethod
+    def from_build_config(cls, bc: Mapping) -> "EngineLimits":
+        return cls(int(bc["max_batch_size"]), int(bc["max_seq_len"]), int(bc["max_num_tokens"]),
+                   int(bc.get("max_draft_len", 0)), int(bc.get("max_beam_width", 1)),
+                   bc.get("speculative_decoding_mode"), bool(bc.get("gather_generation_logits", False)))
+
+    def input_limit(self, chunked_context: bool = False) -> int:
+        return max_input_len(self.max_seq_len, self.max_num_tokens, chunked_context)
+
+
+def effective_top_k_top_p(top_k: Optional[int], top_p: Optional[float]) -> tuple[int, float]:
+    """TensorRT-LLM's sampling-layer setup: absent top_k is 0, absent (or <= 0, U L558-563) top_p is 0; and
+    `k == 0 && p == 0.0f` -> k = 1 (samplingTopKKernels.cu setup): with neither set, decoding is GREEDY at any
+    temperature. top_p == 1.0 with k == 0 samples from the full distribution."""
+    k = int(top_k or 0)
+    p = float(top_p) if top_p is not None and top_p > 0 else 0.0
+    if k == 0 and p == 0.0:
+        k = 1
+    return k, p
+
+
+@dataclass
+class EngineRequest:
+    """One request as the executor sees it, after the backend's and the executor's checks."""
+
+    input_ids: list[int]
+    output_len: int
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_logits: Optional[np.ndarray] = None  # [k, V]
+    end_id: Optional[int] = None  # absent: -1, never stops on EOS
+    streaming: bool = False
+    exclude_input: bool = False
+    temperature: float = 1.0
+    top_k: int = 1  # effective (see effective_top_k_top_p); 1 = greedy
+    top_p: float = 0.0
+    seed: Optional[int] = None
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    return_generation_logits: bool = False
+    return_perf_metrics: bool = False
+    requested_outputs: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k == 1 or self.temperature == 0.0
+
+
+def _scalar(inputs: Mapping[str, Optional[np.ndarray]], name: str):
+    a = inputs.get(name)
+    if a is None:
+        return None
+    flat = np.asarray(a).reshape(-1)
+    if flat.size != 1:
+        raise ContractError(INVALID_SIZE.format(name=name))
+    v = flat[0]
+    return v.item() if hasattr(v, "item") else v
+
+
+def word_list(arr: Optional[np.ndarray]) -> list[list[int]]:
+    """TensorRT-LLM's [2, L] word list (row 0 ids, row 1 end offsets, -1 padded) -> token sequences."""
+    if arr is None:
+        return []
+    wl = np.asarray(arr).reshape(2, -1)
+    words, start = [], 0
+    for end in wl[1]:
+        if end < 0:
+            break
+        words.append([int(x) for x in wl[0, start:end]])
+        start = int(end)
+    return [w for w in words if w]
+
+
+def word_list_array(words: Sequence[Sequence[int]]) -> np.ndarray:
+    """Token sequences -> TensorRT-LLM's [2, L] word list (inverse of word_list)."""
+    ids: list[int] = []
+    offsets: list[int] = []
+    for w in words:
+        if len(w):
+            ids += [int(t) for t in w]
+            offsets.append(len(ids))
+    out = np.full((2, max(1, len(ids))), -1, dtype=np.int32)
+    if ids:
+        out[0, : len(ids)] = ids
+        out[1, : len(offsets)] = offsets
+    else:
+        out[0, 0] = 0
+    return out
+
+
+def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs: Iterable[str], limits: EngineLimits,
+                  params: Mapping[str, str], *, decoupled: bool) -> EngineRequest:
+    """Every check the backend (U createRequestsFromInputTensors, MIS fillTritonResponse) and the executor
+    (LlmRequest::validate, SamplingConfig) make on the inputs trt-spec uses, in their order. Raises
+    ContractError with their message. `inputs`: name -> array with the batch dimension ([1, …])."""
+    ids = inputs.get("input_ids")
+    if ids is None:
+        raise ContractError(NO_INPUT_IDS)
+    ids = np.asarray(ids)
+    if ids.ndim >= 2 and ids.shape[0] > 1 and not decoupled:
+        raise ContractError(BATCH_NEEDS_DECOUPLED)
+    if ids.ndim >= 2 and ids.shape[0] > 1:
+        raise ContractError(f"batch of {ids.shape[0]} sequences in one request: trt-spec's engines take one "
+                            "sequence per request; send one request per prompt")
+    streaming = bool(_scalar(inputs, "streaming") or False)
+    if streaming and not decoupled:
+        raise ContractError(STREAMING_NEEDS_DECOUPLED)
+    input_ids = [int(x) for x in ids.reshape(-1)]
+    if not input_ids:
+        raise ContractError(PROMPT_TOO_LONG.format(n=0, max=limits.input_limit()).replace(
+            "exceeds maximum input length", "is below the minimum input length 1 of"))
+    out_len = _scalar(inputs, "request_output_len")
+    if out_len is None:
+        raise ContractError(NO_OUTPUT_LEN)
+    num_seq = _scalar(inputs, "num_return_sequences")
+    if num_seq is not None and int(num_seq) != 1:
+        raise ContractError(RETURN_SEQUENCES.format(n=int(num_seq)))
+    beam = _scalar(inputs, "beam_width")
+    if beam is not None and not 0 < int(beam) <= limits.max_beam_width:
+        raise ContractError(EXECUTOR_ERROR.format(msg=BEAM_WIDTH.format(n=int(beam), max=limits.max_beam_width)))
+    temperature = _scalar(inputs, "temperature")
+    top_p = _scalar(inputs, "runtime_top_p")
+    if temperature is not None and not float(temperature) >= 0:  # NaN fails too
+        raise ContractError(TEMPERATURE_NEGATIVE)
+    if top_p is not None and (not math.isfinite(float(top_p)) or float(top_p) > 1):
+        raise ContractError(TOP_P_RANGE)
+    k, p = effective_top_k_top_p(_scalar(inputs, "runtime_top_k"), top_p)
+    exclude = _scalar(inputs, "exclude_input_in_output")
+    if exclude is None:
+        exclude = parse_bool(parameter(params, "exclude_input_in_output"), "exclude_input_in_output")
+    draft = inputs.get("draft_input_ids")
+    draft_tokens = [int(x) for x in np.asarray(draft).reshape(-1)] if draft is not None else []
+    # LlmRequest::validate (executor): prompt length, then draft length.
+    if len(input_ids) > limits.input_limit():
+        raise ContractError(EXECUTOR_ERROR.format(msg=PROMPT_TOO_LONG.format(n=len(input_ids), max=limits.input_limit())))
+    if draft_tokens and len(draft_tokens) > limits.max_draft_len:
+        raise ContractError(EXECUTOR_ERROR.format(msg=DRAFT_TOO_LONG.format(n=len(draft_tokens), max=limits.max_draft_len)))
+    requested = tuple(requested_outputs)
+    for name in MANDATORY_OUTPUTS:  # fillTritonResponse, at the first response
+        if name not in requested:
+            raise ContractError(MISSING_OUTPUT.format(name=name))
+    dl = inputs.get("draft_logits")
+    end_id = _scalar(inputs, "end_id")
+    seed = _scalar(inputs, "seed")
+    return EngineRequest(
+        input_ids=input_ids, output_len=int(out_len), draft_tokens=draft_tokens,
+        draft_logits=None if dl is None else np.asarray(dl).reshape(-1, np.asarray(dl).shape[-1]),
+        end_id=None if end_id is None else int(end_id), streaming=streaming, exclude_input=bool(exclude),
+        temperature=1.0 if temperature is None else float(temperature), top_k=k, top_p=p,
+        seed=None if seed is None else int(seed),
+        stop_words=word_list(inputs.get("stop_words_list")), bad_words=word_list(inputs.get("bad_words_list")),
+        return_generation_logits=bool(_scalar(inputs, "return_generation_logits") or False),
+        return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics") or False),
+        requested_outputs=requested)
+
+
+def response_tensors(req: EngineRequest, tokens: Sequence[int], *, final: bool, accepted: int = 0, drafted: int = 0,
+                     logits: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+    """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]
+    (non-streaming: prompt + generated unless exclude_input_in_output; streaming: only this chunk's new
+    tokens, never the prompt), sequence_length [1, 1] = tokens in this response, generation_logits when asked
+    for, perf outputs on every response when return_perf_metrics is set."""
+    ids = list(tokens) if (req.streaming or req.exclude_input) else list(req.input_ids) + list(tokens)
+    out = {"output_ids": np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
+           "sequence_length": np.asarray([[len(ids)]], dtype=np.int32)}
+    if logits is not None and req.return_generation_logits and "generation_logits" in req.requested_outputs:
+        out["generation_logits"] = np.asarray(logits, dtype=np.float32)[None, None]
+    if req.return_perf_metrics:
+        out["acceptance_rate"] = np.asarray([[accepted / drafted if drafted else 0.0]], dtype=np.float32)
+        out["total_accepted_draft_tokens"] = np.asarray([[accepted]], dtype=np.int32)
+        out["total_draft_tokens"] = np.asarray([[drafted]], dtype=np.int32)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The table README shows (rule -> source), generated from this module.
+
+def contract_table() -> list[tuple[str, str]]:
+    rows = [(f"parameter `{k}` required (load fails without it)", f"{BACKEND} {src}") for k, src in REQUIRED_PARAMETERS.items()]
+    rows += [(f"parameter `{k}` default {v!r}", f"{BACKEND} {src}") for k, (v, src) in PARAMETER_DEFAULTS.items()]
+    rows += [
+        ("requests must ask for `output_ids` and `sequence_length`", f"{BACKEND} MIS fillTritonResponse L1079-1103"),
+        ("`output_ids` [1, beams, T]; non-streaming includes the prompt unless exclude_input_in_output; streaming "
+         "carries only new tokens", "TRT-LLM llmRequest.cpp LlmRequest::createResult; MIS fillTritonResponse"),
+        ("`sequence_length` [1, beams] = tokens in this response", f"{BACKEND} MIS fillTritonResponse L1094"),
+        ("perf outputs only with `return_perf_metrics`, on every response", f"{BACKEND} MIS fillTritonResponse L1255-1306"),
+        ("streaming needs a decoupled model", f"{BACKEND} U createRequestsFromInputTensors L905-908"),
+        ("draft tokens <= the engine's max_draft_len", "TRT-LLM llmRequest.cpp LlmRequest::validate"),
+        ("prompt <= min(max_seq_len - 1, max_num_tokens) without chunked context",
+         "TRT-LLM trtGptModelInflightBatching.cpp maxInputLen; LlmRequest::validate"),
+        ("absent top_k and top_p: greedy at any temperature (k == 0 && p == 0 -> k = 1)",
+         "TRT-LLM kernels/samplingTopKKernels.cu setup; U getSamplingConfigFromTensors (top_p <= 0 -> unset)"),
+        ("absent end_id: -1 (no EOS stop)", f"{BACKEND} U L952-956; executor createNewDecoderRequests"),
+    ]
+    return rows

@@ -1,0 +1,249 @@
+"""The speculative loop of the `tensorrt_llm_bls` model, free of Triton.
+
+The BLS (model_repo/tensorrt_llm_bls) is a thin adapter: it parses and tokenizes the text request, then runs
+`generate` here with an `EngineCall` that turns dicts of numpy arrays into BLS requests to the engine models.
+Tests run the same loop against a strict in-memory double of the `tensorrtllm` backend contract
+(trt_spec/backend_contract.py). NVIDIA's own BLS is split the same way (lib/decode.py + lib/triton_decoder.py).
+
+Modes:
+- draft_target / ngram: loop { draft k tokens (the draft engine with request_output_len = k, or prompt
+  lookup) -> verify with the target (draft_input_ids, request_output_len = len(draft) + 1) -> keep the
+  target's tokens } until max_tokens, EOS or a stop word. Every round resends the whole sequence (the engine
+  reuses its cached prefix), so the sequence must stay within the engine's input limit.
+- engine (Medusa, EAGLE, lookahead: the target engine drafts by itself): ONE request for the whole
+  generation, streamed through, with the engine's own acceptance metrics (return_perf_metrics).
+
+Every engine request asks for both mandatory outputs (output_ids, sequence_length) and sends sampling
+inputs only when the client sent them (TensorRT-LLM treats absent top_k/top_p as greedy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from . import backend_contract as bc
+from .reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
+
+SEED_STRIDE = 1_000_003  # per-round seed offset: independent random streams across verify calls
+LOOP_MODES = ("draft_target", "ngram")
+MODES = (*LOOP_MODES, "engine")
+
+
+class RequestError(ValueError):
+    """A bad request: reported to the client as one error line; the server stays up."""
+
+
+class EngineError(RuntimeError):
+    """An engine model answered a call with an error."""
+
+
+class EngineCall(Protocol):
+    async def __call__(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                       on_response: Optional[Callable[[dict[str, np.ndarray]], None]] = None) -> list[dict[str, np.ndarray]]:
+        """Send one request; return every response's outputs (calling on_response for each as it arrives).
+        Raises EngineError on an error response."""
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    target: str
+    draft: Optional[str]
+    mode: str  # draft_target | ngram | engine
+    max_draft_len: int
+    ngram_size: int
+    max_seq_len: int
+    max_input_len: int  # the engine's input limit (backend_contract.max_input_len)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"speculative_mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.mode == "draft_target" and not self.draft:
+            raise ValueError("draft_target mode needs a draft model name")
+
+
+@dataclass
+class SpecRequest:
+    prompt: list[int]
+    max_tokens: int
+    k: int
+    end_id: int
+    pad_id: int
+    stream: bool = False
+    sampling: dict[str, np.ndarray] = field(default_factory=dict)  # engine tensors, only those the client sent
+    seed: Optional[int] = None
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    use_logits: bool = False
+
+
+@dataclass
+class Metrics:
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    hist: list[int] = field(default_factory=list)  # rounds by accepted count 0..k (loop modes)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logits: bool) -> None:
+    """Request checks before any engine call (one line each: the problem and the fix)."""
+    if prompt_len == 0:
+        raise RequestError("text_input is empty; send a non-empty prompt")
+    if max_tokens <= 0:
+        raise RequestError(f"max_tokens must be >= 1, got {max_tokens}")
+    if prompt_len + max_tokens > cfg.max_seq_len:
+        raise RequestError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len "
+                           f"{cfg.max_seq_len}; lower max_tokens")
+    # Loop modes resend prompt + everything generated so far; the last round's input is prompt + max_tokens - 1.
+    longest = prompt_len + max_tokens - 1 if cfg.mode in LOOP_MODES else prompt_len
+    if longest > cfg.max_input_len:
+        what = "prompt + max_tokens - 1" if cfg.mode in LOOP_MODES else "prompt"
+        raise RequestError(f"{what} ({longest} tokens) exceeds the engine's input limit {cfg.max_input_len} "
+                           "(min(max_seq_len - 1, max_num_tokens)); the speculative loop resends the whole sequence "
+                           "every round, so lower max_tokens or shorten the prompt")
+    if not 0 <= k <= cfg.max_draft_len:
+        raise RequestError(f"num_draft_tokens {k} is outside 0..max_draft_len ({cfg.max_draft_len}); the engine "
+                           "was built for at most max_draft_len draft tokens")
+    if use_logits and cfg.mode != "draft_target":
+        raise RequestError("use_draft_logits needs draft-target mode (this deployment has no draft model)")
+
+
+def engine_inputs(r: SpecRequest, tokens: Sequence[int], out_len: int, seed_offset: int, *,
+                  streaming: bool = False) -> dict[str, np.ndarray]:
+    """One engine request in the backend's tensor format ([1, …]: batch dimension first)."""
+    ins = {
+        "input_ids": np.asarray([list(tokens)], dtype=np.int32),
+        "input_lengths": np.asarray([[len(tokens)]], dtype=np.int32),
+        "request_output_len": np.asarray([[out_len]], dtype=np.int32),
+        "end_id": np.asarray([[r.end_id]], dtype=np.int32),
+        "pad_id": np.asarray([[r.pad_id]], dtype=np.int32),
+        "streaming": np.asarray([[streaming]], dtype=bool),
+        "exclude_input_in_output": np.asarray([[True]], dtype=bool),
+        **r.sampling,
+    }
+    if r.seed is not None:
+        ins["seed"] = np.asarray([[(r.seed + seed_offset) % 2**63]], dtype=np.uint64)
+    if r.bad_words:
+        ins["bad_words_list"] = bc.word_list_array(r.bad_words)[None]
+    return ins
+
+
+def response_tokens(out: dict[str, np.ndarray]) -> list[int]:
+    """New tokens of one response: output_ids [1, 1, T] cut to sequence_length [1, 1]."""
+    ids = np.asarray(out["output_ids"]).reshape(-1)
+    n = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
+    return [int(x) for x in ids[:n]]
+
+
+def find_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]], start: int = 0) -> Optional[int]:
+    """Index just past the first stop-word occurrence that ends at or after `start`, else None."""
+    best = None
+    for sw in stop_words:
+        n = len(sw)
+        if n == 0:
+            continue
+        for end in range(max(start, n), len(tokens) + 1):
+            if list(tokens[end - n:end]) == list(sw):
+                best = end if best is None else min(best, end)
+                break
+    return best
+
+
+class SpeculativeLoop:
+    def __init__(self, cfg: LoopConfig, call: EngineCall):
+        self.cfg = cfg
+        self.call = call
+        self.ngram = NgramDraft(max_ngram=cfg.ngram_size, k=cfg.max_draft_len)
+
+    async def generate(self, r: SpecRequest, emit: Callable[[list[int]], None]) -> tuple[list[int], Metrics]:
+        """Generated tokens and metrics; `emit(new_tokens)` is called once per accepted chunk (streaming)."""
+        if self.cfg.mode == "engine":
+            return await self._in_engine(r, emit)
+        return await self._loop(r, emit)
+
+    async def _draft(self, r: SpecRequest, tokens: list[int], k: int, step: int) -> tuple[list[int], Optional[np.ndarray]]:
+        if k <= 0:
+            return [], None
+        if self.cfg.mode == "ngram":
+            return self.ngram.propose(tokens, k, (r.end_id,)), None
+        ins = engine_inputs(r, tokens, k, SEED_STRIDE * step + 1)
+        outs = list(bc.MANDATORY_OUTPUTS)
+        if r.use_logits:
+            ins["return_generation_logits"] = np.asarray([[True]], dtype=bool)
+            outs.append("generation_logits")
+        responses = await self.call(self.cfg.draft, ins, outs)
+        draft = [t for out in responses for t in response_tokens(out)][:k]
+        logits = next((o["generation_logits"] for o in responses if "generation_logits" in o), None)
+        if logits is not None:
+            logits = np.asarray(logits, dtype=np.float32)
+            logits = logits.reshape(-1, logits.shape[-1])[: len(draft)]
+        return draft, logits
+
+    async def _loop(self, r: SpecRequest, emit) -> tuple[list[int], Metrics]:
+        tokens = list(r.prompt)
+        generated: list[int] = []
+        m = Metrics(hist=[0] * (r.k + 1))
+        done = False
+        while not done and len(generated) < r.max_tokens:
+            remaining = r.max_tokens - len(generated)
+            draft, logits = await self._draft(r, tokens, min(r.k, remaining - 1), m.steps)
+            ins = engine_inputs(r, tokens, len(draft) + 1, SEED_STRIDE * m.steps)
+            if draft:
+                ins["draft_input_ids"] = np.asarray([draft], dtype=np.int32)
+                if logits is not None:
+                    ins["draft_logits"] = logits[None]
+            responses = await self.call(self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS))
+            new = [t for out in responses for t in response_tokens(out)][:remaining]
+            if not new:
+                break
+            acc = 0
+            while acc < min(len(draft), len(new)) and new[acc] == draft[acc]:
+                acc += 1
+            m.steps += 1
+            m.drafted += len(draft)
+            m.accepted += acc
+            m.hist[min(acc, r.k)] += 1
+            # stop conditions: EOS (kept, like the engine), stop words (kept), budget
+            if r.end_id in new:
+                new = new[: new.index(r.end_id) + 1]
+                done = True
+            start = len(generated)
+            generated += new
+            cut = find_stop(generated, r.stop_words, start=start)
+            if cut is not None:
+                new = new[: cut - start]
+                generated = generated[:cut]
+                done = True
+            tokens += new
+            if new:
+                emit(new)
+        return generated, m
+
+    async def _in_engine(self, r: SpecRequest, emit) -> tuple[list[int], Metrics]:
+        ins = engine_inputs(r, r.prompt, r.max_tokens, 0, streaming=r.stream)
+        ins["return_perf_metrics"] = np.asarray([[True]], dtype=bool)
+        if r.stop_words:
+            ins["stop_words_list"] = bc.word_list_array(r.stop_words)[None]
+        generated: list[int] = []
+        m = Metrics()
+
+        def on_response(out: dict[str, np.ndarray]) -> None:
+            new = response_tokens(out)
+            generated.extend(new)
+            if "total_draft_tokens" in out:
+                m.drafted = int(np.asarray(out["total_draft_tokens"]).reshape(-1)[0])
+                m.accepted = int(np.asarray(out["total_accepted_draft_tokens"]).reshape(-1)[0])
+            if new:
+                m.steps += 1 if r.stream else 0
+                emit(new)
+
+        await self.call(self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS), on_response)
+        if not r.stream:  # one response: each engine step yields accepted + 1 tokens
+            m.steps = max(0, len(generated) - m.accepted)
+        return generated, m
