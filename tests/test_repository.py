@@ -127,3 +127,68 @@ def test_rewrite_is_atomic_and_safe(gpu_repo, tmp_path):
     write_repository(m, dest)  # rerun over an existing repository replaces it whole
     assert not (dest / "stale.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _engine_cfg(repo: Path, model: str) -> mc.ModelConfig:
+    return parse_config(repo / model / "config.pbtxt")
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_draft"])
+def test_cpu_and_gpu_engine_models_differ_only_in_backend(tmp_path, model):
+    """One code path writes both: the CPU stand-in carries the GPU parameters block and tensor interface."""
+    gpu = tmp_path / "gpu"
+    cpu = tmp_path / "cpu"
+    write_repository(manifest_for_config(REPO / "build_configs" / "llama33-70b-fp8-h200.yaml"), gpu)
+    write_repository(manifest_for_config(REPO / "build_configs" / "cpu-smollm2-draft.yaml"), cpu)
+    g, c = _engine_cfg(gpu, model), _engine_cfg(cpu, model)
+    assert (g.backend, c.backend) == ("tensorrtllm", "python")
+    assert set(g.parameters) == set(c.parameters) and set(bc.REQUIRED_PARAMETERS) <= set(c.parameters)
+    same = ("gpt_model_type", "max_beam_width", "enable_kv_cache_reuse", "enable_chunked_context",
+            "exclude_input_in_output", "batch_scheduler_policy", "xgrammar_tokenizer_info_path", "guided_decoding_backend")
+    assert all(g.parameters[k].string_value == c.parameters[k].string_value for k in same)
+    for field in ("input", "output", "model_transaction_policy", "dynamic_batching", "instance_group", "max_batch_size"):
+        assert getattr(g, field) == getattr(c, field), field
+
+
+def test_every_shipped_gpu_config_carries_the_unguarded_parameters(tmp_path):
+    for path in sorted((REPO / "build_configs").glob("*.yaml")):
+        out = tmp_path / path.stem
+        write_repository(manifest_for_config(path), out)
+        for model in ("tensorrt_llm", "tensorrt_llm_draft"):
+            if (out / model).is_dir():
+                params = {k: v.string_value for k, v in _engine_cfg(out, model).parameters.items()}
+                bc.check_parameters(params)  # what the backend checks at load
+                assert params["guided_decoding_backend"] == "" and params["xgrammar_tokenizer_info_path"] == ""
+
+
+def test_validator_rejects_an_engine_model_the_backend_would_not_load(gpu_repo, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(gpu_repo, bad)
+    cfg = bad / "tensorrt_llm" / "config.pbtxt"
+    m = parse_config(cfg)
+    del m.parameters["guided_decoding_backend"]
+    cfg.write_text(text_format.MessageToString(m))
+    with pytest.raises(RepositoryError, match="Cannot find parameter with name: guided_decoding_backend"):
+        validate_repository(bad)
+
+
+def test_no_decoupled_variant(tmp_path):
+    write_repository(manifest_for_config(SEED), tmp_path / "r", decoupled=False)
+    for model in ("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"):
+        assert not _engine_cfg(tmp_path / "r", model).model_transaction_policy.decoupled
+
+
+def test_preprocessing_admits_what_the_engine_takes(tmp_path):
+    write_repository(manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"), tmp_path / "r")
+    pre = _engine_cfg(tmp_path / "r", "preprocessing").parameters
+    bls = _engine_cfg(tmp_path / "r", "tensorrt_llm_bls").parameters
+    # min(max_seq_len - 1, max_num_tokens) = min(16383, 16384)
+    assert pre["max_input_len"].string_value == bls["max_input_len"].string_value == "16383"
+
+
+def test_make_engines_uses_the_images_python_and_downloads_no_torch():
+    import subprocess
+
+    out = subprocess.run(["make", "-n", "engines", "gpu-setup", "CONFIG=build_configs/llama33-70b-fp8-h200.yaml"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert ".venv" not in out and "torch" not in out and "-m trt_spec.cli build" in out

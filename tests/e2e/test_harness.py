@@ -44,9 +44,19 @@ def broken_server(dtm_server, tmp_path_factory):
     shutil.copytree(dtm_server.repo, repo)
     f = repo / "tensorrt_llm_bls" / "1" / "model.py"
     src = f.read_text()
-    good = 'new = [int(x) for x in res["output_ids"]][:remaining]'
-    assert good in src
-    f.write_text(src.replace(good, 'new = (list(draft) + [int(x) for x in res["output_ids"]][-1:])[:remaining]'))
+    hook, marker = "max_input_len=int(p[\"max_input_len\"])), self._call)", "    # -- parsing / validation"
+    assert hook in src and marker in src
+    broken = (  # the target "accepts" every draft token: returns the draft + the target's last token
+        "    async def _broken_call(self, model, inputs, outputs, on_response=None):\n"
+        "        res = await self._call(model, inputs, outputs, on_response)\n"
+        "        d = inputs.get('draft_input_ids')\n"
+        "        if d is not None and res:\n"
+        "            last = res[-1]['output_ids'].reshape(-1)[int(res[-1]['sequence_length'].reshape(-1)[0]) - 1]\n"
+        "            toks = [int(x) for x in d.reshape(-1)] + [int(last)]\n"
+        "            res = [{'output_ids': np.asarray(toks, np.int32).reshape(1, 1, -1),\n"
+        "                    'sequence_length': np.asarray([[len(toks)]], np.int32)}]\n"
+        "        return res\n\n")
+    f.write_text(src.replace(hook, hook.replace("self._call", "self._broken_call")).replace(marker, broken + marker))
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start().wait_ready(180)
     yield server

@@ -1,0 +1,188 @@
+"""The CPU stand-in served by a real tritonserver enforces the tensorrtllm backend's contract
+(trt_spec/backend_contract.py): it refuses what the backend refuses, with the backend's text, samples like
+TensorRT-LLM, and serves NVIDIA's client request shapes (streaming ensemble client, unary draft-target client)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from trt_spec import backend_contract as bc
+from trt_spec.harness.client import ClientError, LLMClient
+from trt_spec.repository import write_repository
+from trt_spec.runner import load_manifest
+from trt_spec.server import ServerError, TritonServer, free_port
+
+from .conftest import _serve, build_deployment
+
+PROMPT = "def add(a, b):\n    return"
+GREEDY = {"exclude_input_in_output": True, "temperature": 0.0}
+
+
+def _inp(name, value, dtype):
+    arr = np.asarray(value, dtype=dtype)
+    t = grpcclient.InferInput(name, list(arr.shape), "BYTES" if dtype is object else
+                              {np.int32: "INT32", np.float32: "FP32", bool: "BOOL", np.uint64: "UINT64"}[dtype])
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def engine_request(ids, out_len, **extra):
+    ins = [_inp("input_ids", [ids], np.int32), _inp("input_lengths", [[len(ids)]], np.int32),
+           _inp("request_output_len", [[out_len]], np.int32)]
+    for k, (v, dt) in extra.items():
+        ins.append(_inp(k, v, dt))
+    return ins
+
+
+def stream_call(url, model, inputs, outputs):
+    """One request over the gRPC stream API (how decoupled models are called); (responses, errors)."""
+    import queue
+
+    q, got, errs = queue.Queue(), [], []
+    c = grpcclient.InferenceServerClient(url)
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    c.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] or None,
+                         enable_empty_final_response=True)
+    while True:
+        r, e = q.get(timeout=60)
+        if e is not None:
+            errs.append(str(e))
+            break
+        got.append({o.name: r.as_numpy(o.name) for o in r.get_response().outputs})
+        if r.get_response().parameters.get("triton_final_response").bool_param:
+            break
+    c.stop_stream()
+    c.close()
+    return got, errs
+
+
+def prompt_ids(server):
+    from trt_spec.serving import encode, load_tokenizer
+
+    tok_dir = (server.repo / "preprocessing" / "config.pbtxt").read_text().split('key: "tokenizer_dir"')[1]
+    tok = load_tokenizer(tok_dir.split('string_value: "')[1].split('"')[0])
+    return encode(tok, PROMPT)
+
+
+def test_engine_refuses_a_request_without_the_mandatory_outputs(dtm_server):
+    ids = prompt_ids(dtm_server)
+    _, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", engine_request(ids, 4), ["output_ids"])
+    assert errs and "sequence_length tensor must be present in list of output tensors" in errs[0]
+    got, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", engine_request(ids, 4),
+                            list(bc.MANDATORY_OUTPUTS))
+    assert not errs
+    out = next(g for g in got if "output_ids" in g)
+    # non-streaming: [1, 1, prompt + 4], sequence_length [1, 1] (the backend's shapes)
+    assert out["output_ids"].shape == (1, 1, len(ids) + 4) and out["sequence_length"].tolist() == [[len(ids) + 4]]
+
+
+def test_engine_refuses_more_draft_tokens_than_it_was_built_for(dtm_server):
+    ids = prompt_ids(dtm_server)  # dtm_server's target: max_draft_len 4
+    ins = engine_request(ids, 6, draft_input_ids=([[5, 6, 7, 8, 9]], np.int32))
+    _, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", ins, list(bc.MANDATORY_OUTPUTS))
+    assert errs and "Draft tokens length (5) exceeds maximum draft tokens length (4)." in errs[0]
+    _, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", engine_request(ids, 4, beam_width=([[2]], np.int32)),
+                          list(bc.MANDATORY_OUTPUTS))
+    assert errs and "beamWidth (2) exceeds max_beam_width (1)" in errs[0]
+
+
+def test_sampling_without_top_k_or_top_p_is_greedy_like_tensorrt_llm(dtm_server):
+    c = LLMClient(dtm_server.grpc_url, "grpc")
+    greedy = c.generate("ensemble", PROMPT, 12, **GREEDY).output_ids
+    for seed in range(3):  # temperature 1 alone: TensorRT-LLM sets k = 1 -> greedy, on the ensemble and the BLS
+        assert c.generate("ensemble", PROMPT, 12, exclude_input_in_output=True, temperature=1.0, seed=seed).output_ids == greedy
+        assert c.generate("tensorrt_llm_bls", PROMPT, 12, exclude_input_in_output=True, temperature=1.0,
+                          seed=seed).output_ids == greedy
+    sampled = {tuple(c.generate("ensemble", PROMPT, 12, exclude_input_in_output=True, temperature=1.0, top_p=1.0,
+                                seed=seed).output_ids) for seed in range(4)}
+    assert sampled != {tuple(greedy)}  # top_p = 1.0 asks for sampling from the full distribution
+
+
+def _e2e_client_inputs(beam_width=1):
+    """What inflight_batcher_llm/client/end_to_end_grpc_client.py sends: the stream API, text_input, max_tokens,
+    stream, beam_width, temperature and exclude_input_in_output always; no top_k/top_p; it requests text_output."""
+    return [_inp("text_input", [[PROMPT.encode()]], object), _inp("max_tokens", [[12]], np.int32),
+            _inp("stream", [[False]], bool), _inp("beam_width", [[beam_width]], np.int32),
+            _inp("temperature", [[1.0]], np.float32), _inp("exclude_input_in_output", [[True]], bool),
+            _inp("num_return_sequences", [[1]], np.int32)]
+
+
+def _text(got):
+    return "".join(x.decode() for g in got for x in g.get("text_output", np.array([])).reshape(-1))
+
+
+def test_nvidia_end_to_end_client_request_shape_on_the_bls(dtm_server):
+    greedy = LLMClient(dtm_server.grpc_url, "grpc").generate("ensemble", PROMPT, 12, **GREEDY)
+    got, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm_bls", _e2e_client_inputs(), ["text_output"])
+    assert not errs and _text(got) == greedy.text  # temperature 1.0 without top_k/top_p: greedy
+    _, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm_bls", _e2e_client_inputs(beam_width=2), ["text_output"])
+    assert errs and "beam_width 2 is not supported" in errs[0]
+
+
+@pytest.mark.xfail(strict=True, reason="Triton 2.51 (CPU): a decoupled ensemble asked for text_output alone answers "
+                   "with one empty final response; ask for text_output and output_ids (trt-spec's client does)")
+def test_nvidia_end_to_end_client_request_shape_on_the_ensemble(dtm_server):
+    greedy = LLMClient(dtm_server.grpc_url, "grpc").generate("ensemble", PROMPT, 12, **GREEDY)
+    got, errs = stream_call(dtm_server.grpc_url, "ensemble", _e2e_client_inputs(), ["text_output"])
+    assert not errs and _text(got) == greedy.text
+
+
+def test_nvidia_end_to_end_client_inputs_with_text_and_ids_on_the_ensemble(dtm_server):
+    greedy = LLMClient(dtm_server.grpc_url, "grpc").generate("ensemble", PROMPT, 12, **GREEDY)
+    got, errs = stream_call(dtm_server.grpc_url, "ensemble", _e2e_client_inputs(), ["text_output", "output_ids"])
+    assert not errs and _text(got) == greedy.text
+
+
+def test_engine_model_without_an_unguarded_parameter_fails_to_load(tiny_models, tmp_path):
+    repo = build_deployment(tmp_path, "ngram", None, tiny_models["target"])
+    cfg = repo / "tensorrt_llm" / "config.pbtxt"
+    text = cfg.read_text()
+    cut = re.sub(r'parameters \{\n  key: "tokenizer_dir"\n  value \{\n    string_value: "[^"]*"\n  \}\n\}\n', "", text)
+    assert cut != text
+    cfg.write_text(cut)
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          log_path=tmp_path / "log")
+    with pytest.raises(ServerError):
+        server.start().wait_ready(120)
+    log = (tmp_path / "log").read_text()
+    assert "Cannot find parameter with name: tokenizer_dir" in log
+
+
+@pytest.fixture(scope="module")
+def unary_server(tiny_models, tmp_path_factory):
+    """The --no-decoupled repository (NVIDIA's DTM recipe) of a draft-target deployment."""
+    root = tmp_path_factory.mktemp("unary")
+    build_deployment(root, "draft_target", tiny_models["draft_other"], tiny_models["target"])
+    repo = root / "repo_unary"
+    write_repository(load_manifest(root / "build"), repo, decoupled=False)
+    server = _serve(repo, root / "server.log")
+    yield server
+    server.stop()
+
+
+def test_nvidia_draft_target_client_calls_engines_with_unary_infer(unary_server):
+    """What e2e_grpc_speculative_decoding_client.py does: unary infer on tensorrt_llm_draft and tensorrt_llm with no
+    requested outputs (all come back), beam_width and temperature sent, draft_input_ids to the target."""
+    c = grpcclient.InferenceServerClient(unary_server.grpc_url)
+    ids = prompt_ids(unary_server)
+    common = {"beam_width": ([[1]], np.int32), "temperature": ([[1.0]], np.float32), "end_id": ([[2]], np.int32),
+              "pad_id": ([[2]], np.int32)}
+    base = LLMClient(unary_server.grpc_url, "grpc").generate("tensorrt_llm_bls", PROMPT, 8, **GREEDY)
+    seq = list(ids)
+    while len(seq) < len(ids) + 8:
+        d = c.infer("tensorrt_llm_draft", engine_request(seq, 3, **common))
+        n = int(d.as_numpy("sequence_length").reshape(-1)[0])
+        draft = [int(x) for x in d.as_numpy("output_ids").reshape(-1)[len(seq):n]]
+        t = c.infer("tensorrt_llm", engine_request(seq, len(draft) + 1, draft_input_ids=([draft], np.int32), **common))
+        n = int(t.as_numpy("sequence_length").reshape(-1)[0])
+        seq = [int(x) for x in t.as_numpy("output_ids").reshape(-1)[:n]]
+    assert seq[len(ids):len(ids) + 8] == base.output_ids
+    with pytest.raises(InferenceServerException, match="Streaming is only supported if model is deployed using decoupled"):
+        c.infer("tensorrt_llm", engine_request(ids, 4, streaming=([[True]], bool)))
+    with pytest.raises(ClientError, match="stream=true needs the decoupled deployment"):
+        LLMClient(unary_server.grpc_url, "grpc").generate("tensorrt_llm_bls", PROMPT, 8, stream=True, **GREEDY)
