@@ -5,9 +5,9 @@ from trt_spec.hardware import HardwareError, named_gpu, parse_nvidia_smi, resolv
 
 def test_named_gpus_and_fp8():
     h100 = named_gpu("h100:2")
-    assert h100.count == 2 and h100.has_fp8 and h100.supports_fp8_context_fmha
+    assert h100.count == 2 and h100.has_fp8
     l40s = named_gpu("L40S")
-    assert l40s.has_fp8 and not l40s.supports_fp8_context_fmha  # Ada: FP8 yes, FP8 context FMHA no
+    assert l40s.has_fp8  # Ada: FP8
     a100 = named_gpu("a100-80gb:1")
     assert not a100.has_fp8 and a100.memory_gib == 80.0
 

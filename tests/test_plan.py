@@ -76,8 +76,9 @@ def test_plan_follows_trtllm_recipe(path):
             else:
                 assert "--speculative_decoding_mode" not in argv
                 assert ("--gather_generation_logits" in argv) == cfg.speculative.use_draft_logits
-            if p.report.quant.weights != "fp8" or not p.gpu.supports_fp8_context_fmha:
-                assert arg(argv, "--use_fp8_context_fmha") == "disable"
+            q = p.report.quant  # builder.py: on with FP8 weights + FP8 KV + paged context FMHA on SM >= 89
+            fp8_fmha = q.weights == "fp8" and q.kv_cache == "fp8" and p.gpu.has_fp8
+            assert arg(argv, "--use_fp8_context_fmha") == ("enable" if fp8_fmha else "disable")
         else:
             tool = Path(argv[1]).name
             assert argv[0] == cfg.toolchain.python

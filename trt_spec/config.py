@@ -149,7 +149,7 @@ class Limits(_Strict):
 
 class Runtime(_Strict):
     kv_cache_free_gpu_mem_fraction: Optional[float] = Field(
-        None, gt=0, le=1, description="KV-cache share of free GPU memory (null = 0.9, or 0.45 when draft and target share a GPU)"
+        None, gt=0, le=1, description="KV-cache share of free GPU memory (null = 0.9, or what leaves room for a draft sharing the GPU)"
     )
     gpu_device_ids: Optional[list[int]] = Field(None, description="target GPUs (null = 0..world-1)")
     draft_gpu_device_ids: Optional[list[int]] = Field(None, description="draft GPUs (null = the target's first GPUs)")

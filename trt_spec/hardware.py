@@ -28,11 +28,6 @@ class GpuSpec:
         """FP8 tensor cores: Ada (SM89), Hopper (SM90), Blackwell (SM100+)."""
         return self.sm >= 89
 
-    @property
-    def supports_fp8_context_fmha(self) -> bool:
-        """TRT-LLM's FP8 context FMHA is reliable on Hopper and newer only."""
-        return self.sm >= 90
-
     def describe(self) -> str:
         cc = f"{self.compute_capability[0]}.{self.compute_capability[1]}"
         return f"{self.count}x {self.name} (SM {cc}, {self.memory_gib:.0f} GiB, FP8 {'yes' if self.has_fp8 else 'no'}, from {self.source})"
