@@ -375,26 +375,3 @@ def response_tensors(req: EngineRequest, tokens: Sequence[int], *, final: bool, 
         out["total_accepted_draft_tokens"] = np.asarray([[accepted]], dtype=np.int32)
         out["total_draft_tokens"] = np.asarray([[drafted]], dtype=np.int32)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The table README shows (rule -> source), generated from this module.
-
-def contract_table() -> list[tuple[str, str]]:
-    rows = [(f"parameter `{k}` required (load fails without it)", f"{BACKEND} {src}") for k, src in REQUIRED_PARAMETERS.items()]
-    rows += [(f"parameter `{k}` default {v!r}", f"{BACKEND} {src}") for k, (v, src) in PARAMETER_DEFAULTS.items()]
-    rows += [
-        ("requests must ask for `output_ids` and `sequence_length`", f"{BACKEND} MIS fillTritonResponse L1079-1103"),
-        ("`output_ids` [1, beams, T]; non-streaming includes the prompt unless exclude_input_in_output; streaming "
-         "carries only new tokens", "TRT-LLM llmRequest.cpp LlmRequest::createResult; MIS fillTritonResponse"),
-        ("`sequence_length` [1, beams] = tokens in this response", f"{BACKEND} MIS fillTritonResponse L1094"),
-        ("perf outputs only with `return_perf_metrics`, on every response", f"{BACKEND} MIS fillTritonResponse L1255-1306"),
-        ("streaming needs a decoupled model", f"{BACKEND} U createRequestsFromInputTensors L905-908"),
-        ("draft tokens <= the engine's max_draft_len", "TRT-LLM llmRequest.cpp LlmRequest::validate"),
-        ("prompt <= min(max_seq_len - 1, max_num_tokens) without chunked context",
-         "TRT-LLM trtGptModelInflightBatching.cpp maxInputLen; LlmRequest::validate"),
-        ("absent top_k and top_p: greedy at any temperature (k == 0 && p == 0 -> k = 1)",
-         "TRT-LLM kernels/samplingTopKKernels.cu setup; U getSamplingConfigFromTensors (top_p <= 0 -> unset)"),
-        ("absent end_id: -1 (no EOS stop)", f"{BACKEND} U L952-956; executor createNewDecoderRequests"),
-    ]
-    return rows
