@@ -65,21 +65,21 @@ class ContractEngine:
             new = req.draft_tokens[:acc] + [self.next_token(seq)]
             if req.end_id in new:
                 new = new[: new.index(req.end_id) + 1]
-            return [bc.response_tensors(req, new, final=True, accepted=acc, drafted=len(req.draft_tokens))]
+            return [bc.response_tensors(req, new, accepted=acc, drafted=len(req.draft_tokens))]
         tokens = self._continue(req, list(req.input_ids), req.output_len)
         if not req.streaming:
             drafted = accepted = 0
             if self.in_engine_accept:
                 steps = -(-len(tokens) // (self.in_engine_accept + 1))
                 drafted, accepted = steps * self.in_engine_accept, len(tokens) - steps
-            return [bc.response_tensors(req, tokens, final=True, accepted=accepted, drafted=drafted)]
+            return [bc.response_tensors(req, tokens, accepted=accepted, drafted=drafted)]
         step = self.in_engine_accept + 1
         chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
         out, done = [], 0
         for c in chunks:
             done += len(c)
             steps = len(out) + 1
-            out.append(bc.response_tensors(req, c, final=False, accepted=done - steps,
+            out.append(bc.response_tensors(req, c, accepted=done - steps,
                                            drafted=steps * self.in_engine_accept))
         return out
 

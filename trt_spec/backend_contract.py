@@ -74,9 +74,8 @@ class ContractError(ValueError):
 def check_parameters(params: Mapping[str, str]) -> None:
     """Load-time checks of a `tensorrt_llm` model's parameters, in the backend's order. Raises ContractError
     with the load error the backend reports."""
-    for name in ("gpt_model_type",):
-        if name not in params:
-            raise ContractError(LOAD_ERROR.format(msg=MISSING_PARAMETER.format(name=name)))
+    if "gpt_model_type" not in params:
+        raise ContractError(LOAD_ERROR.format(msg=MISSING_PARAMETER.format(name="gpt_model_type")))
     if params["gpt_model_type"] not in GPT_MODEL_TYPES:
         raise ContractError(LOAD_ERROR.format(msg=INVALID_MODEL_TYPE))
     if params.get("decoding_mode") == "lookahead" and not all(_is_int(params.get(k)) for k in LOOKAHEAD_PARAMETERS):
@@ -171,7 +170,8 @@ BATCH_NEEDS_DECOUPLED = ("Batch size > 1 requires the tensorrt_llm backend to be
                          "policy")  # U L900-903
 NO_OUTPUT_LEN = "request_output_len is not present in the request"  # U L946-950
 NO_INPUT_IDS = "input_ids or encoder_input_features is not present in the request."  # U L938-945
-INVALID_SIZE = "Invalid size for tensor {name}"  # utils.h extractSingleton (L241)
+INVALID_SIZE = "Invalid size for tensor {name}"
+EMPTY_INPUT = "input_ids is empty; send at least one token"  # trt-spec's own (stricter) check  # utils.h extractSingleton (L241)
 EXECUTOR_ERROR = "Encountered an error when fetching new request: {msg}"  # executorImpl fetchNewRequests
 PROMPT_TOO_LONG = ("Prompt length ({n}) exceeds maximum input length ({max}). Set log level to info and check "
                    "TRTGptModel logs for how maximum input length is set")  # llmRequest.cpp LlmRequest::validate
@@ -312,8 +312,7 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
         raise ContractError(STREAMING_NEEDS_DECOUPLED)
     input_ids = [int(x) for x in ids.reshape(-1)]
     if not input_ids:
-        raise ContractError(PROMPT_TOO_LONG.format(n=0, max=limits.input_limit()).replace(
-            "exceeds maximum input length", "is below the minimum input length 1 of"))
+        raise ContractError(EMPTY_INPUT)
     out_len = _scalar(inputs, "request_output_len")
     if out_len is None:
         raise ContractError(NO_OUTPUT_LEN)
@@ -359,7 +358,7 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
         requested_outputs=requested)
 
 
-def response_tensors(req: EngineRequest, tokens: Sequence[int], *, final: bool, accepted: int = 0, drafted: int = 0,
+def response_tensors(req: EngineRequest, tokens: Sequence[int], *, accepted: int = 0, drafted: int = 0,
                      logits: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
     """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]
     (non-streaming: prompt + generated unless exclude_input_in_output; streaming: only this chunk's new

@@ -240,10 +240,8 @@ class SpeculativeLoop:
                 m.drafted = int(np.asarray(out["total_draft_tokens"]).reshape(-1)[0])
                 m.accepted = int(np.asarray(out["total_accepted_draft_tokens"]).reshape(-1)[0])
             if new:
-                m.steps += 1 if r.stream else 0
                 emit(new)
 
         await self.call(self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS), on_response)
-        if not r.stream:  # one response: each engine step yields accepted + 1 tokens
-            m.steps = max(0, len(generated) - m.accepted)
+        m.steps = max(0, len(generated) - m.accepted)  # each engine step yields its accepted tokens + 1
         return generated, m

@@ -17,7 +17,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from trt_spec import backend_contract as bc
-from trt_spec.reference.engine import ReferenceEngine, Sampling, load_engine
+from trt_spec.reference.engine import ReferenceEngine, Sampling, kv_bytes_per_position, load_engine
 from trt_spec.reference.export import read_engine_meta
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -45,9 +45,7 @@ class TritonPythonModel:
         torch.set_num_threads(threads)
         model = load_engine(engine_dir)
         tokens = bc.parameter(self.params, "max_tokens_in_paged_kv_cache")
-        c = model.config
-        per_pos = c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4
-        budget = (int(tokens) if tokens else DEFAULT_CACHE_TOKENS) * per_pos if reuse else 0
+        budget = (int(tokens) if tokens else DEFAULT_CACHE_TOKENS) * kv_bytes_per_position(model) if reuse else 0
         self.engine = ReferenceEngine(model, self.limits.max_seq_len, budget,
                                       diverge_slack=self.limits.max_draft_len + 1)
 
@@ -59,9 +57,9 @@ class TritonPythonModel:
                 out[name] = t.as_numpy()
         return out
 
-    def _response(self, req, tokens, *, final, res=None):
+    def _response(self, req, tokens, res=None):
         logits = torch.stack(res.logits).float().numpy() if res is not None and res.logits else None
-        tensors = bc.response_tensors(req, tokens, final=final, accepted=res.accepted if res else 0,
+        tensors = bc.response_tensors(req, tokens, accepted=res.accepted if res else 0,
                                       drafted=res.drafted if res else 0, logits=logits)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
 
@@ -77,18 +75,18 @@ class TritonPythonModel:
             dl = torch.from_numpy(req.draft_logits) if req.draft_logits is not None else None
             draft = req.draft_tokens[: req.output_len - 1] if req.output_len > 1 else []
             res = self.engine.verify(req.input_ids, draft, sampling, draft_logits=dl, end_id=req.end_id)
-            send(self._response(req, res.tokens, final=True, res=res), FINAL)
+            send(self._response(req, res.tokens, res), FINAL)
             return
         on_token = None
         if req.streaming:
-            on_token = lambda t: send(self._response(req, [t], final=False), 0)  # noqa: E731
+            on_token = lambda t: send(self._response(req, [t]), 0)  # noqa: E731
         res = self.engine.generate(req.input_ids, req.output_len, sampling, end_id=req.end_id,
                                    stop_words=req.stop_words, return_logits=req.return_generation_logits,
                                    on_token=on_token)
         if req.streaming:
             send(None, FINAL)
         else:
-            send(self._response(req, res.tokens, final=True, res=res), FINAL)
+            send(self._response(req, res.tokens, res), FINAL)
 
     def execute(self, requests):
         responses = []

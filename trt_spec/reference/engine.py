@@ -47,6 +47,12 @@ def load_engine(engine_dir: str | Path) -> ReferenceModel:
     return ReferenceModel.from_pretrained(d)
 
 
+def kv_bytes_per_position(model: ReferenceModel) -> int:
+    """Bytes of K and V (fp32) one cached position takes."""
+    c = model.config
+    return c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4
+
+
 @dataclass
 class CacheEntry:
     tokens: list[int]  # tokens whose K/V are valid at positions 0..len-1
@@ -147,9 +153,7 @@ class ReferenceEngine:
         self.model = model
         self.slack = diverge_slack
         self.max_seq_len = max_seq_len
-        c = model.config
-        per_pos = c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4  # fp32 K and V
-        self.prefix_cache = PrefixCache(prefix_cache_bytes, per_pos)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, kv_bytes_per_position(model))
         self._compute = threading.Lock()
 
     # -- cache plumbing ---------------------------------------------------------------------------------
