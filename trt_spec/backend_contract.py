@@ -363,7 +363,10 @@ def response_tensors(req: EngineRequest, tokens: Sequence[int], *, accepted: int
     """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]
     (non-streaming: prompt + generated unless exclude_input_in_output; streaming: only this chunk's new
     tokens, never the prompt), sequence_length [1, 1] = tokens in this response, generation_logits when asked
-    for, perf outputs on every response when return_perf_metrics is set."""
+    for, perf outputs on every response when return_perf_metrics is set. Only the outputs the request named:
+    fillTritonResponse writes each token output under `if (requestData.outputNames.count(name) > 0)`, and the
+    perf outputs it writes regardless never reach a caller that did not ask (Triton returns requested outputs
+    only); a python stand-in must not even send them (trt_spec.serving.requested_only)."""
     ids = list(tokens) if (req.streaming or req.exclude_input) else list(req.input_ids) + list(tokens)
     out = {"output_ids": np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
            "sequence_length": np.asarray([[len(ids)]], dtype=np.int32)}
@@ -373,4 +376,4 @@ def response_tensors(req: EngineRequest, tokens: Sequence[int], *, accepted: int
         out["acceptance_rate"] = np.asarray([[accepted / drafted if drafted else 0.0]], dtype=np.float32)
         out["total_accepted_draft_tokens"] = np.asarray([[accepted]], dtype=np.int32)
         out["total_draft_tokens"] = np.asarray([[drafted]], dtype=np.int32)
-    return out
+    return {name: value for name, value in out.items() if name in req.requested_outputs}

@@ -7,7 +7,7 @@ compares different prompts. Imports only numpy at module level (the Triton pytho
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -39,6 +39,18 @@ def to_word_list(tokenizer, words: Sequence[str]) -> np.ndarray:
     from .backend_contract import word_list_array
 
     return word_list_array([encode(tokenizer, w, add_special_tokens=False) for w in words if w])
+
+
+def requested_only(tensors: Mapping[str, np.ndarray], requested: Iterable[str]) -> dict[str, np.ndarray]:
+    """The tensors the request asked for, and no others.
+
+    A decoupled python model must never send an output its caller did not request: Triton 2.51's python
+    backend drops such outputs in ResponseSender::Send with the GIL released (InferResponse::
+    PruneOutputTensors), so the last reference to their numpy arrays dies without the GIL, which corrupts
+    the stub's heap (python_backend #390, "Hold GIL when deleting numpy array", fixed after 24.12). Callers
+    that name no outputs get all of them: Triton fills the requested set with every output then."""
+    wanted = set(requested)
+    return {name: value for name, value in tensors.items() if name in wanted}
 
 
 def decode_strings(arr) -> list[str]:

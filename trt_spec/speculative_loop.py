@@ -242,6 +242,7 @@ class SpeculativeLoop:
             if new:
                 emit(new)
 
-        await self.call(self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS), on_response)
+        # The perf outputs must be requested too: Triton returns only requested outputs.
+        await self.call(self.cfg.target, ins, [*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS], on_response)
         m.steps = max(0, len(generated) - m.accepted)  # each engine step yields its accepted tokens + 1
         return generated, m

@@ -11,6 +11,7 @@ shapes. Every rule and its source: trt_spec/backend_contract.py. The engine itse
 
 import json
 import os
+import traceback
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding 
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
+        self.name = args["model_name"]
         self.params = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
         bc.check_parameters(self.params)  # raises: the model fails to load, as on a GPU
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
@@ -91,13 +93,32 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
+            final = []  # set once the request's final response is out
+
             if self.decoupled:
                 sender = request.get_response_sender()
-                send = lambda r, flags, s=sender: s.send(r, flags=flags) if r is not None else s.send(flags=flags)  # noqa: E731
+
+                def send(r, flags, s=sender, final=final):
+                    s.send(r, flags=flags) if r is not None else s.send(flags=flags)
+                    if flags & FINAL:
+                        final.append(True)
             else:
-                send = lambda r, flags: responses.append(r)  # noqa: E731
+                def send(r, flags, final=final):
+                    responses.append(r)
+                    final.append(True)
             try:
                 self._one(request, send)
-            except (bc.ContractError, ValueError, TypeError, IndexError) as e:
-                send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), FINAL)
+            except (bc.ContractError, ValueError, TypeError, IndexError) as e:  # the request's fault
+                error = str(e)
+            except Exception as e:  # noqa: BLE001 - ours: logged in full, and the request still gets its answer
+                pb_utils.Logger.log_error(f"{self.name}: {traceback.format_exc()}")
+                error = f"internal error ({type(e).__name__}: {e}); the server log has the details"
+            else:
+                continue
+            # Every request gets a final response, whatever happened: a decoupled request left without one
+            # would keep its caller (the BLS, a client stream) waiting forever.
+            if not final:
+                send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), FINAL)
+            else:
+                pb_utils.Logger.log_error(f"{self.name}: after the final response: {error}")
         return None if self.decoupled else responses

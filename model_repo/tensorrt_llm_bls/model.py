@@ -13,12 +13,13 @@ one response. NVIDIA's clients' beam_width / num_return_sequences inputs are acc
 
 import asyncio
 import json
+import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.serving import (IncrementalDetokenizer, decode_strings, default_end_id, default_pad_id, encode,
-                              load_tokenizer, scalar)
+                              load_tokenizer, requested_only, scalar)
 from trt_spec.speculative_loop import EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop, validate
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -30,10 +31,6 @@ SAMPLING_INPUTS = {"temperature": ("temperature", np.float32), "top_k": ("runtim
 def _in(request, name):
     t = pb_utils.get_input_tensor_by_name(request, name)
     return None if t is None else t.as_numpy()
-
-
-def _t(name, value, dtype):
-    return pb_utils.Tensor(name, np.asarray(value, dtype=dtype))
 
 
 class TritonPythonModel:
@@ -106,20 +103,29 @@ class TritonPythonModel:
 
     # -- the request ----------------------------------------------------------------------------------
     async def _handle(self, request, respond):
+        """Serve one request; whatever happens it gets a final response (a decoupled request left without one
+        keeps its client waiting forever)."""
+        try:
+            await self._serve(request, respond)
+        except (RequestError, EngineError) as e:  # the request's fault, or an engine refused or failed it
+            error = str(e)
+        except Exception as e:  # noqa: BLE001 - ours: logged in full, the client gets one line
+            pb_utils.Logger.log_error(f"tensorrt_llm_bls: {traceback.format_exc()}")
+            error = f"internal error ({type(e).__name__}: {e}); the server log has the details"
+        else:
+            return
+        respond(error, FINAL)
+
+    async def _serve(self, request, respond):
         try:
             r, exclude_input = self._parse(request)
-        except (RequestError, ValueError, TypeError) as e:
-            respond(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), FINAL)
-            return
+        except (ValueError, TypeError) as e:  # malformed values in the request's tensors
+            raise RequestError(str(e)) from None
         detok = IncrementalDetokenizer(self.tokenizer)
-        try:
-            if r.stream and not exclude_input:
-                respond(self._chunk(r.prompt, self.tokenizer.decode(r.prompt, skip_special_tokens=True)), 0)
-            emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
-            generated, m = await self.loop.generate(r, emit)
-        except EngineError as e:  # an engine refused or failed: report it on this request, keep serving others
-            respond(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), FINAL)
-            return
+        if r.stream and not exclude_input:
+            respond(self._chunk(r.prompt, self.tokenizer.decode(r.prompt, skip_special_tokens=True)), 0)
+        emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
+        generated, m = await self.loop.generate(r, emit)
         if r.stream:
             respond(self._final([], detok.flush(), m), FINAL)
         else:
@@ -127,32 +133,43 @@ class TritonPythonModel:
             respond(self._final(ids, self.tokenizer.decode(ids, skip_special_tokens=True), m), FINAL)
 
     # Outputs carry the batch dimension (max_batch_size > 0): text_output [1, 1], output_ids [1, n], ...
-    def _chunk(self, ids, text):
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)),
-            _t("output_ids", [list(ids)], np.int32)])
+    @staticmethod
+    def _chunk(ids, text) -> dict:
+        return {"text_output": np.array([[text.encode("utf-8")]], dtype=object),
+                "output_ids": np.asarray([list(ids)], dtype=np.int32)}
 
-    def _final(self, ids, text, m):
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)),
-            _t("output_ids", [list(ids)], np.int32),
-            _t("acceptance_rate", [[m.acceptance_rate]], np.float32),
-            _t("total_accepted_draft_tokens", [[m.accepted]], np.int32),
-            _t("total_draft_tokens", [[m.drafted]], np.int32),
-            _t("total_steps", [[m.steps]], np.int32),
-            _t("accepted_length_histogram", [m.hist], np.int32),
-        ])
+    def _final(self, ids, text, m) -> dict:
+        return {**self._chunk(ids, text),
+                "acceptance_rate": np.asarray([[m.acceptance_rate]], dtype=np.float32),
+                "total_accepted_draft_tokens": np.asarray([[m.accepted]], dtype=np.int32),
+                "total_draft_tokens": np.asarray([[m.drafted]], dtype=np.int32),
+                "total_steps": np.asarray([[m.steps]], dtype=np.int32),
+                "accepted_length_histogram": np.asarray([m.hist], dtype=np.int32)}
+
+    @staticmethod
+    def _responder(request, deliver):
+        """respond(outputs: dict | error: str, flags): only the outputs the request asked for (see
+        trt_spec.serving.requested_only: anything else would be dropped by the stub without the GIL)."""
+        wanted = request.requested_output_names()
+
+        def respond(outputs, flags):
+            if isinstance(outputs, str):
+                deliver(pb_utils.InferenceResponse(error=pb_utils.TritonError(outputs)), flags)
+            else:
+                deliver(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor(k, v) for k, v in requested_only(outputs, wanted).items()]), flags)
+        return respond
 
     async def execute(self, requests):
         if self.decoupled:
-            def responder(request):
-                sender = request.get_response_sender()
-                return lambda resp, flags: sender.send(resp, flags=flags)
-            await asyncio.gather(*(self._handle(r, responder(r)) for r in requests))
+            def sender(request):
+                s = request.get_response_sender()
+                return lambda resp, flags: s.send(resp, flags=flags)
+            await asyncio.gather(*(self._handle(r, self._responder(r, sender(r))) for r in requests))
             return None
         results = [None] * len(requests)
 
         def keep(i):
             return lambda resp, flags: results.__setitem__(i, resp)
-        await asyncio.gather(*(self._handle(r, keep(i)) for i, r in enumerate(requests)))
+        await asyncio.gather(*(self._handle(r, self._responder(r, keep(i))) for i, r in enumerate(requests)))
         return results

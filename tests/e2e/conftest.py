@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from trt_spec.config import load_config
+from trt_spec.harness import client
 from trt_spec.plan import make_plan
 from trt_spec.preflight import run_preflight
 from trt_spec.repository import write_repository
@@ -45,10 +46,34 @@ def tiny_models(tmp_path_factory):
             "draft_other": make_model(root / "draft_other", tok, seed=1)}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def short_client_timeout():
+    """Requests on the tiny test models answer in seconds: a response that takes 2 minutes means the server is
+    stuck, and the test should fail then (with the server log), not after the product's 10-minute default."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(client, "REQUEST_TIMEOUT_S", 120.0)
+        yield
+
+
+SERVERS: list[TritonServer] = []  # every server this session started: their logs explain a failed test
+
+
 def _serve(repo: Path, log: Path):
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log)
+    SERVERS.append(server)
     server.start().wait_ready(180)
     return server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed (or timed-out) end-to-end test carries the tail of every running server's log in its report,
+    so a CI log shows what the server was doing, not only that the client gave up."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for server in SERVERS:
+            report.sections.append((f"tritonserver log tail ({server.log_path})", server.log_tail(60)))
 
 
 @pytest.fixture(scope="session")

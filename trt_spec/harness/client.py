@@ -49,17 +49,20 @@ FIELD_TYPES = {
     "stream": np.bool_, "exclude_input_in_output": np.bool_, "return_perf_metrics": np.bool_,
     "use_draft_logits": np.bool_,
 }
+REQUEST_TIMEOUT_S = 600.0  # the longest wait for one response (a 70B engine's first token under load included)
 METRIC_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "total_steps",
                   "accepted_length_histogram")
 
 
 class LLMClient:
-    def __init__(self, url: str, protocol: str = "grpc", timeout_s: float = 600.0):
+    def __init__(self, url: str, protocol: str = "grpc", timeout_s: Optional[float] = None):
+        """timeout_s: the longest wait for any one response (default REQUEST_TIMEOUT_S); past it the call is
+        cancelled and raises ClientError."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
         self.url = url.replace("http://", "").rstrip("/")
         self.protocol = protocol
-        self.timeout = timeout_s
+        self.timeout = timeout_s if timeout_s is not None else REQUEST_TIMEOUT_S
         self._grpc = None
 
     # -- health -----------------------------------------------------------------------------------------
@@ -202,6 +205,7 @@ class LLMClient:
         start = time.perf_counter() if t0 is None else t0
         client = grpcclient.InferenceServerClient(self.url)  # one stream per call: calls may run concurrently
         parts = []
+        finished = False
         try:
             client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter() - start)))
             client.async_stream_infer(model, inputs, outputs=outputs, enable_empty_final_response=True)
@@ -219,12 +223,15 @@ class LLMClient:
                     parts.append((outs, t) if t0 is not None else outs)
                 final = resp.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
+                    finished = True
                     break
         except InferenceServerException as e:
             raise ClientError(f"cannot reach {self.url} over gRPC ({_grpc_message(e)}); is the server running?") from None
         finally:
             try:
-                client.stop_stream()
+                # Unfinished (timeout, error): cancel the call. A plain stop_stream() waits for the server to end
+                # the stream, which a stuck server never does.
+                client.stop_stream(cancel_requests=not finished)
             finally:
                 client.close()
         return parts
