@@ -8,7 +8,7 @@ GPU_ARG := $(if $(GPU),--gpu $(GPU),)
 # torch from PyPI is a multi-GB CUDA build; the CPU wheel (2.13.0+cpu) is what the reference engine needs.
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup gpu-setup plan engines demo test test-all clean help
+.PHONY: setup gpu-setup plan engines demo test soak test-all clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
@@ -16,6 +16,7 @@ help:
 	@echo "make gpu-setup              GPU host (NGC image): install trt-spec into the image's python3 (no venv, no torch)"
 	@echo "make engines CONFIG=...     GPU host: run the build (quantize + trtllm-build) with the image's python3"
 	@echo "make test                   the test suite (offline, CPU)"
+	@echo "make soak                   the long concurrency soak (CI runs it)"
 
 $(BIN)/trt-spec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,7 +40,11 @@ engines:
 	$(PY) -m trt_spec.cli build $(CONFIG) $(GPU_ARG)
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not soak"
+
+# The long concurrency soak (96 streams x 8 rounds on the tiny deployment); CI runs it after make test.
+soak: setup
+	$(BIN)/python -m pytest -q -m soak tests/e2e/test_reliability.py -s
 
 test-all: setup
 	$(BIN)/python -m pytest -q

@@ -178,12 +178,13 @@ def test_no_decoupled_variant(tmp_path):
         assert not _engine_cfg(tmp_path / "r", model).model_transaction_policy.decoupled
 
 
-def test_preprocessing_admits_what_the_engine_takes(tmp_path):
+def test_preprocessing_and_bls_admit_the_configured_prompt_limit(tmp_path):
     write_repository(manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"), tmp_path / "r")
     pre = _engine_cfg(tmp_path / "r", "preprocessing").parameters
     bls = _engine_cfg(tmp_path / "r", "tensorrt_llm_bls").parameters
-    # min(max_seq_len - 1, max_num_tokens) = min(16383, 16384)
-    assert pre["max_input_len"].string_value == bls["max_input_len"].string_value == "16383"
+    # limits.max_input_len 8192, under the engine's min(max_seq_len - 1, max_num_tokens) = 16383
+    assert pre["max_input_len"].string_value == bls["max_input_len"].string_value == "8192"
+    assert bls["max_num_tokens"].string_value == "16384"
 
 
 def test_make_engines_uses_the_images_python_and_downloads_no_torch():

@@ -112,6 +112,76 @@ def test_kill_mid_step_leaves_no_half_written_output(fake_build):
     assert not list(ckpt.parent.glob(".target.partial-*"))
 
 
+def _tool_pids(tools_dir: Path) -> set[int]:
+    """Live (not zombie) processes running one of the stand-in tools under tools_dir."""
+    pids = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(tools_dir) in cmd and state != "Z":
+            pids.add(int(d.name))
+    return pids
+
+
+def _start_sleeping_build(fake_build, **popen) -> subprocess.Popen:
+    mark = fake_build["tmp"] / "sleeping"
+    env = {**os.environ, "FAKE_SLEEP": "30", "FAKE_SLEEP_MARK": str(mark)}
+    proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], env=env,
+                            **popen)
+    deadline = time.time() + 30
+    while not mark.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), "the stand-in tool never started"
+    return proc
+
+
+def _gone_within(tools_dir: Path, seconds: float) -> set[int]:
+    deadline = time.time() + seconds
+    while (left := _tool_pids(tools_dir)) and time.time() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_kill_9_of_the_build_alone_takes_the_tool_with_it(fake_build):
+    """SIGKILL only the build process (not its group): its step tool must not keep running and writing."""
+    tools = fake_build["tmp"] / "tools"
+    proc = _start_sleeping_build(fake_build, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _tool_pids(tools), "the stand-in tool is not running"
+        proc.kill()
+        proc.wait()
+        left = _gone_within(tools, 5)
+        assert not left, f"step tool(s) {sorted(left)} outlived the killed build"
+    finally:
+        for pid in _tool_pids(tools):
+            os.kill(pid, signal.SIGKILL)
+    res = run_plan(plan_for(fake_build["config"]))
+    assert [s.status for s in res.steps] == ["ran"] * 4
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the tool through /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_the_tool_and_clean_up(fake_build, sig):
+    tools = fake_build["tmp"] / "tools"
+    proc = _start_sleeping_build(fake_build, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "rerun the same command to resume" in err
+        assert not _gone_within(tools, 5)
+    finally:
+        for pid in _tool_pids(tools):
+            os.kill(pid, signal.SIGKILL)
+    ckpt = fake_build["out"] / "checkpoints"
+    assert not list(ckpt.glob(".*partial*")) and not (ckpt / "target").exists()
+
+
 def test_ctrl_c_cleans_up(fake_build):
     mark = fake_build["tmp"] / "sleeping"
     env = {**os.environ, "FAKE_SLEEP": "30", "FAKE_SLEEP_MARK": str(mark)}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from trt_spec import backend_contract as bc
-from trt_spec.speculative_loop import (EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
+from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                        validate)
 
 from .engine_double import END_ID, ContractEngine, Router, draft_next, target_next
@@ -163,3 +163,27 @@ def test_the_double_is_as_strict_as_the_backend():
     # non-streaming output_ids include the prompt unless excluded; sequence_length counts this response
     assert ok["output_ids"].shape == (1, 1, 6) and ok["output_ids"][0, 0, :2].tolist() == [5, 6]
     assert ok["sequence_length"].tolist() == [[6]]
+
+
+def test_a_cancelled_request_stops_between_rounds():
+    loop, target, draft = setup()
+    rounds_before_cancel = 3
+    calls = []
+
+    def cancelled():
+        calls.append(1)
+        return len(calls) > rounds_before_cancel
+
+    chunks = []
+    with pytest.raises(Cancelled, match="cancelled after"):
+        asyncio.run(loop.generate(req(PROMPTS[0], 60, 4), chunks.append, cancelled))
+    assert len(target.requests) == rounds_before_cancel  # no engine call once cancelled
+    assert len(chunks) == rounds_before_cancel
+
+
+def test_prompt_over_the_deployments_max_input_len_is_refused():
+    cfg = LoopConfig(target="t", draft=None, mode="ngram", max_draft_len=4, ngram_size=3, max_seq_len=256,
+                     max_input_len=255, max_prompt_len=100)
+    validate(cfg, 100, 8, 4, False)
+    with pytest.raises(RequestError, match="prompt is 101 tokens, more than max_input_len 100"):
+        validate(cfg, 101, 8, 4, False)

@@ -179,6 +179,22 @@ DRAFT_TOO_LONG = "Draft tokens length ({n}) exceeds maximum draft tokens length 
 BEAM_WIDTH = "Assertion failed: beamWidth ({n}) exceeds max_beam_width ({max})"  # SamplingConfig::checkBeamWidth
 TEMPERATURE_NEGATIVE = "Assertion failed: temperature.value() >= 0.f"  # SamplingConfig::checkTemperature
 TOP_P_RANGE = "Assertion failed: topP.value() <= 1.f"  # SamplingConfig::checkTopP
+TOP_K_NEGATIVE = "Assertion failed: topK.value() >= 0"  # SamplingConfig::checkTopK
+# U convertWordList (L416-449): the [2, L] stop/bad word list, flattened, is checked before the request is made.
+WORD_LIST_ODD = "Sparse list must not have odd length: {list}"
+WORD_LIST_EXTRA_END = "Sparse list must not have additional -1s: {list}"
+WORD_LIST_OUT_OF_BOUND = "Sparse list must not have out-of-bound offsets: {list}"
+WORD_LIST_NOT_INCREASING = "Sparse list must not have non-increasing offsets: {list}"
+# trt-spec's stand-in is stricter than the backend where the backend silently does something a caller did not
+# mean (it ignores input_lengths at batch size 1, U splitBatchInputsTensors) or fails deep inside a kernel.
+INPUT_LENGTHS_MISMATCH = ("input_lengths {n} does not match input_ids ({m} tokens); send input_lengths = the "
+                          "number of tokens in input_ids")
+OUTPUT_LEN_INVALID = "request_output_len must be >= 1, got {n}"
+TEMPERATURE_NOT_FINITE = "temperature must be a finite number >= 0, got {t}"
+TOKEN_OUT_OF_VOCAB = ("{name} holds token id {t} outside the vocabulary [0, {v}); send ids the model's tokenizer "
+                      "produced")
+END_ID_OUT_OF_VOCAB = "end_id {t} is outside [-1, {v}) (the vocabulary); send the tokenizer's EOS id or -1"
+SEED_RANGE = "seed {s} is outside 0..2^64-1 (the backend's UINT64 seed)"
 # Stricter than the backend (it would fan a request out into N child requests): trt-spec never asks for more.
 RETURN_SEQUENCES = ("num_return_sequences {n} is not supported by trt-spec's deployment (beam width 1, one "
                     "sequence per request); send 1 or omit it")
@@ -203,12 +219,13 @@ class EngineLimits:
     max_beam_width: int = 1
     speculative_decoding_mode: Optional[str] = None
     gather_generation_logits: bool = False
+    vocab_size: Optional[int] = None  # when known, token ids are range-checked (the stand-in's stricter check)
 
     @classmethod
-    def from_build_config(cls, bc: Mapping) -> "EngineLimits":
+    def from_build_config(cls, bc: Mapping, vocab_size: Optional[int] = None) -> "EngineLimits":
         return cls(int(bc["max_batch_size"]), int(bc["max_seq_len"]), int(bc["max_num_tokens"]),
                    int(bc.get("max_draft_len", 0)), int(bc.get("max_beam_width", 1)),
-                   bc.get("speculative_decoding_mode"), bool(bc.get("gather_generation_logits", False)))
+                   bc.get("speculative_decoding_mode"), bool(bc.get("gather_generation_logits", False)), vocab_size)
 
     def input_limit(self, chunked_context: bool = False) -> int:
         return max_input_len(self.max_seq_len, self.max_num_tokens, chunked_context)
@@ -263,16 +280,28 @@ def _scalar(inputs: Mapping[str, Optional[np.ndarray]], name: str):
 
 
 def word_list(arr: Optional[np.ndarray]) -> list[list[int]]:
-    """TensorRT-LLM's [2, L] word list (row 0 ids, row 1 end offsets, -1 padded) -> token sequences."""
+    """TensorRT-LLM's [2, L] word list (row 0 ids, row 1 end offsets, -1 padded) -> token sequences, with the
+    backend's checks (U convertWordList): even length, offsets increasing and <= L, -1 only as trailing pad."""
     if arr is None:
         return []
-    wl = np.asarray(arr).reshape(2, -1)
+    flat = [int(x) for x in np.asarray(arr).reshape(-1)]
+    shown = " ".join(str(x) for x in flat)
+    if len(flat) % 2:
+        raise ContractError(WORD_LIST_ODD.format(list=shown))
+    n = len(flat) // 2
+    ids, offsets = flat[:n], flat[n:]
     words, start = [], 0
-    for end in wl[1]:
-        if end < 0:
+    for i, end in enumerate(offsets):
+        if end == -1:
+            if any(o != -1 for o in offsets[i + 1:]):
+                raise ContractError(WORD_LIST_EXTRA_END.format(list=shown))
             break
-        words.append([int(x) for x in wl[0, start:end]])
-        start = int(end)
+        if end > n:
+            raise ContractError(WORD_LIST_OUT_OF_BOUND.format(list=shown))
+        if i > 0 and end <= offsets[i - 1]:
+            raise ContractError(WORD_LIST_NOT_INCREASING.format(list=shown))
+        words.append(ids[start:end])
+        start = max(start, end)
     return [w for w in words if w]
 
 
@@ -313,9 +342,14 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     input_ids = [int(x) for x in ids.reshape(-1)]
     if not input_ids:
         raise ContractError(EMPTY_INPUT)
+    n_in = _scalar(inputs, "input_lengths")
+    if n_in is not None and int(n_in) != len(input_ids):
+        raise ContractError(INPUT_LENGTHS_MISMATCH.format(n=int(n_in), m=len(input_ids)))
     out_len = _scalar(inputs, "request_output_len")
     if out_len is None:
         raise ContractError(NO_OUTPUT_LEN)
+    if int(out_len) < 1:
+        raise ContractError(OUTPUT_LEN_INVALID.format(n=int(out_len)))
     num_seq = _scalar(inputs, "num_return_sequences")
     if num_seq is not None and int(num_seq) != 1:
         raise ContractError(RETURN_SEQUENCES.format(n=int(num_seq)))
@@ -326,9 +360,14 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     top_p = _scalar(inputs, "runtime_top_p")
     if temperature is not None and not float(temperature) >= 0:  # NaN fails too
         raise ContractError(TEMPERATURE_NEGATIVE)
+    if temperature is not None and not math.isfinite(float(temperature)):
+        raise ContractError(TEMPERATURE_NOT_FINITE.format(t=float(temperature)))
     if top_p is not None and (not math.isfinite(float(top_p)) or float(top_p) > 1):
         raise ContractError(TOP_P_RANGE)
-    k, p = effective_top_k_top_p(_scalar(inputs, "runtime_top_k"), top_p)
+    top_k = _scalar(inputs, "runtime_top_k")
+    if top_k is not None and int(top_k) < 0:
+        raise ContractError(TOP_K_NEGATIVE)
+    k, p = effective_top_k_top_p(top_k, top_p)
     exclude = _scalar(inputs, "exclude_input_in_output")
     if exclude is None:
         exclude = parse_bool(parameter(params, "exclude_input_in_output"), "exclude_input_in_output")
@@ -346,6 +385,16 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     dl = inputs.get("draft_logits")
     end_id = _scalar(inputs, "end_id")
     seed = _scalar(inputs, "seed")
+    if seed is not None and not 0 <= int(seed) < 2**64:
+        raise ContractError(SEED_RANGE.format(s=int(seed)))
+    v = limits.vocab_size
+    if v is not None:
+        for name, toks in (("input_ids", input_ids), ("draft_input_ids", draft_tokens)):
+            bad = next((t for t in toks if not 0 <= t < v), None)
+            if bad is not None:
+                raise ContractError(TOKEN_OUT_OF_VOCAB.format(name=name, t=bad, v=v))
+        if end_id is not None and not -1 <= int(end_id) < v:
+            raise ContractError(END_ID_OUT_OF_VOCAB.format(t=int(end_id), v=v))
     return EngineRequest(
         input_ids=input_ids, output_len=int(out_len), draft_tokens=draft_tokens,
         draft_logits=None if dl is None else np.asarray(dl).reshape(-1, np.asarray(dl).shape[-1]),

@@ -20,6 +20,10 @@ it reads unguarded); only `backend` differs (tensorrtllm on a GPU, python + the 
 
 Every config.pbtxt is built as Triton's ModelConfig protobuf and serialized; the writer parses every file
 back, rejects leftover `${…}` template variables, and checks cross-model references. Writing is atomic.
+
+Engine integrity: before writing anything, every engine whose manifest entry records checksums ("files", from
+the build's stamps) is verified against them; the sums are stored in trt_spec_repo.json ("engines": engine dir
+-> step, config_path, files) and the reference engine model verifies its engine again when it loads.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import backend_contract as bc
+from .integrity import REPO_META, IntegrityError, rebuild_hint, verify
 
 MODEL_REPO_SOURCES = Path(__file__).resolve().parents[1] / "model_repo"
 
@@ -103,7 +108,8 @@ class RepoSettings:
     engine: str
     max_batch_size: int
     max_seq_len: int
-    max_input_len: int  # what the engine takes: backend_contract.max_input_len
+    max_input_len: int  # the longest prompt served: limits.max_input_len, capped by what the engine takes
+    max_num_tokens: int
     mode: str
     max_draft_len: int
     num_draft_tokens: int
@@ -127,7 +133,8 @@ class RepoSettings:
         multi_gpu = any(e["world_size"] > 1 for e in m["engines"].values())
         return RepoSettings(
             engine=m["engine"], max_batch_size=lim["max_batch_size"], max_seq_len=lim["max_seq_len"],
-            max_input_len=bc.max_input_len(lim["max_seq_len"], lim["max_num_tokens"]),
+            max_input_len=min(lim["max_input_len"], bc.max_input_len(lim["max_seq_len"], lim["max_num_tokens"])),
+            max_num_tokens=lim["max_num_tokens"],
             mode=spec["mode"], max_draft_len=m["speculative"]["max_draft_len"],
             num_draft_tokens=m["speculative"]["num_draft_tokens"], ngram_size=spec["ngram_size"], tokenizer_dir=tok,
             engines=m["engines"], kv_fraction=m["runtime"]["kv_cache_free_gpu_mem_fraction"],
@@ -293,6 +300,7 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
         "num_draft_tokens": s.num_draft_tokens,
         "ngram_size": s.ngram_size,
         "max_seq_len": s.max_seq_len,
+        "max_num_tokens": s.max_num_tokens,
         "max_input_len": s.max_input_len,
         "tokenizer_dir": s.tokenizer_dir,
     })
@@ -414,9 +422,27 @@ def _python_sources(name: str, engine: str) -> Path:
     return MODEL_REPO_SOURCES / src
 
 
+def engine_sums(manifest: dict) -> dict[str, dict]:
+    """Engine dir (gpt_model_path) -> {step, config_path, files}, for the engines built with checksums."""
+    return {e["dir"]: {"step": e.get("step"), "config_path": manifest.get("config_path"), "files": e["files"]}
+            for e in manifest["engines"].values() if e.get("files")}
+
+
+def verify_engines(manifest: dict) -> None:
+    """Every engine against the checksums its build recorded (sizes first, then sha256). Raises RepositoryError."""
+    for d, entry in engine_sums(manifest).items():
+        try:
+            hint = rebuild_hint(entry["config_path"], entry["step"]) + ", then rerun trt-spec repo"
+            verify(Path(d), entry["files"], hint)
+        except IntegrityError as e:
+            raise RepositoryError(str(e)) from None
+
+
 def write_repository(manifest: dict, dest: Path, *, decoupled: bool = True) -> dict[str, mc.ModelConfig]:
     """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one.
-    decoupled=False: every model non-decoupled (NVIDIA's DTM recipe; unary clients, no streaming)."""
+    decoupled=False: every model non-decoupled (NVIDIA's DTM recipe; unary clients, no streaming).
+    Engines are verified against the manifest's checksums first (hashing reads every engine file once)."""
+    verify_engines(manifest)
     settings = RepoSettings.from_manifest(manifest, decoupled)
     configs = repository_configs(settings)
     dest = Path(dest)
@@ -432,11 +458,12 @@ def write_repository(manifest: dict, dest: Path, *, decoupled: bool = True) -> d
                 src = _python_sources(name, settings.engine)
                 for f in src.glob("*.py"):
                     shutil.copy2(f, mdir / "1" / f.name)
-        (tmp / "trt_spec_repo.json").write_text(json.dumps({
+        (tmp / REPO_META).write_text(json.dumps({
             "name": manifest["name"], "config_hash": manifest["config_hash"], "engine": manifest["engine"],
             "world_size": manifest["world_size"], "orchestrator": settings.orchestrator,
             "mpi_ranks": mpi_ranks(settings), "models": sorted(configs), "decoupled": decoupled,
-            "gpu_ids": sorted({d for e in settings.engines.values() for d in e["devices"]})}, indent=2))
+            "gpu_ids": sorted({d for e in settings.engines.values() for d in e["devices"]}),
+            "engines": engine_sums(manifest)}, indent=2))
         validate_repository(tmp)
         old = dest.parent / f".{dest.name}.old-{os.getpid()}"
         if dest.exists():

@@ -4,19 +4,27 @@
 - Each step writes into a hidden temporary directory next to its output, renamed on success; a failure,
   Ctrl-C or a crash leaves no half-written output (stale temporaries are removed by the next run).
 - One build per output directory at a time (an advisory lock, released by the OS if the process dies).
+- A step's tool dies with the build: SIGINT/SIGTERM/SIGHUP stop it and remove its temporary; on Linux a build
+  killed outright (kill -9) takes the tool with it (PR_SET_PDEATHSIG).
+- The stamp records the size and sha256 of every output file; a step whose output no longer matches is rerun,
+  and the manifest carries each engine's sums (trt_spec/integrity.py).
 - Each step logs to <output_dir>/logs/<step>.log; a failure reports the log tail and the rerun command.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
 import fcntl
 import json
+import logging
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -24,10 +32,14 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import __version__
+from .integrity import IntegrityError, file_sums, verify
 from .plan import STEP_STAMP, Plan, Step
 
 MANIFEST = "manifest.json"
 LOG_TAIL_LINES = 25
+PR_SET_PDEATHSIG = 1  # prctl(2) option: signal sent to this process when its parent thread exits
+
+log = logging.getLogger(__name__)
 
 
 class BuildError(RuntimeError):
@@ -74,8 +86,18 @@ def read_stamp(output: Path) -> Optional[dict]:
 
 
 def is_up_to_date(step: Step) -> bool:
-    stamp = read_stamp(Path(step.output))
-    return bool(stamp) and stamp.get("fingerprint") == step.fingerprint
+    """The stamp has the step's fingerprint and every file it records still has its size and sha256 (sizes
+    first, then hashes). A changed file is logged (one line naming it) and makes the step run again."""
+    out = Path(step.output)
+    stamp = read_stamp(out)
+    if not stamp or stamp.get("fingerprint") != step.fingerprint:
+        return False
+    try:  # stamps written before checksums were recorded carry no "files": nothing to verify
+        verify(out, stamp.get("files") or {}, "rerunning the step", kind=f"step {step.name}: output file")
+    except IntegrityError as e:
+        log.warning("%s", e)
+        return False
+    return True
 
 
 class _Lock:
@@ -123,6 +145,47 @@ def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
+def _die_with_parent() -> Optional[Callable[[], None]]:
+    """preexec_fn: the child gets SIGKILL when the thread that spawned it exits, however it exits (kill -9
+    included). That thread waits in _run_step until the tool exits, so the signal fires only when the build
+    dies. Linux only; elsewhere the signal handling in _run_step is all there is."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    parent = os.getpid()
+
+    def preexec() -> None:  # runs in the child between fork and exec: keep it minimal
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect (the race in prctl(2))
+            os._exit(1)
+    return preexec
+
+
+class _TerminateAsInterrupt:
+    """While a tool runs, SIGTERM and SIGHUP unwind like Ctrl-C, so the tool is stopped and its temporary removed.
+    Signal handlers can only be set from the main thread; elsewhere this does nothing."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self) -> None:
+        self.saved = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.saved[sig] = signal.signal(sig, self._raise)
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
 def _run_step(step: Step, log_path: Path, rerun: str) -> float:
     out = Path(step.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -132,11 +195,12 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
     env = {**os.environ, **step.env}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        log.write(f"$ {shlex.join(argv)}\n")
-        log.flush()
-        try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with open(log_path, "w") as logf, _TerminateAsInterrupt():
+        logf.write(f"$ {shlex.join(argv)}\n")
+        logf.flush()
+        try:  # own session (the build's Ctrl-C is handled below), but it dies with this thread (PDEATHSIG)
+            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    preexec_fn=_die_with_parent())
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise BuildError(f"step {step.name}: cannot start {argv[0]}: {e.strerror}; install it or fix "
@@ -144,7 +208,7 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
                              step.name, log_path, "", rerun) from None
         try:
             rc = proc.wait()
-        except BaseException:  # Ctrl-C / SIGTERM: stop the tool's whole process group, leave nothing behind
+        except BaseException:  # Ctrl-C / SIGTERM / SIGHUP: stop the tool's whole process group, leave nothing behind
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=10)
@@ -165,7 +229,8 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
         raise BuildError(f"step {step.name} exited 0 but wrote nothing to its output directory; log: {log_path}",
                          step.name, log_path, _tail(log_path), rerun)
     stamp = {"step": step.name, "fingerprint": step.fingerprint, "argv": list(step.argv),
-             "seconds": round(seconds, 3), "finished": _dt.datetime.now(_dt.timezone.utc).isoformat()}
+             "seconds": round(seconds, 3), "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+             "files": file_sums(tmp, skip={STEP_STAMP})}
     (tmp / STEP_STAMP).write_text(json.dumps(stamp, indent=2))
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
@@ -195,6 +260,8 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
     for role, edir in plan.engines.items():
         model = cfg.target if role == "target" else cfg.draft
         step = plan.step(f"engine-{role}" if plan.engine == "tensorrt" else f"export-{role}")
+        stamp = read_stamp(Path(step.output)) or {}
+        built = stamp.get("fingerprint") == step.fingerprint
         engines[role] = {
             "dir": str(Path(edir).resolve()),
             "checkpoint": model.checkpoint,
@@ -205,6 +272,10 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
             "fingerprint": step.fingerprint,
             "max_draft_len": r.max_draft_len if role == "target" else 0,
             "gather_generation_logits": "--gather_generation_logits" in step.argv,
+            "step": step.name,
+            # size + sha256 per file, as the build wrote it (verified by the run that writes this manifest);
+            # None before the engine is built
+            "files": stamp.get("files") if built else None,
         }
     world = cfg.target.world_size + (cfg.draft.world_size if cfg.draft else 0)
     return {
@@ -239,10 +310,17 @@ def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = 
     emit = on_event or (lambda *a: None)
     cfg_arg = shlex.quote(str(config_path)) if config_path else "CONFIG"
     result = BuildResult(out)
+    checked: dict[str, bool] = {}  # step -> up to date: each output is hashed at most once per run
+
+    def up_to_date(s: Step) -> bool:
+        if s.name not in checked:
+            checked[s.name] = is_up_to_date(s)
+        return checked[s.name]
+
     if dry_run:
         for i, s in enumerate(plan.steps, 1):
             if only is None or s.name == only:
-                st = "up-to-date" if (is_up_to_date(s) and not force) else "would-run"
+                st = "up-to-date" if (not force and up_to_date(s)) else "would-run"
                 result.steps.append(StepResult(s.name, st))
         return result
 
@@ -254,10 +332,10 @@ def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = 
             if only is not None:
                 for dep in step.inputs:
                     producer = next((s for s in plan.steps if s.output == dep), None)
-                    if producer is not None and not is_up_to_date(producer):
+                    if producer is not None and not up_to_date(producer):
                         raise BuildError(f"--only {only} needs the output of {producer.name}, which is missing or "
                                          f"stale; run `trt-spec build {cfg_arg}` first")
-            if not force and is_up_to_date(step):
+            if not force and up_to_date(step):
                 emit("skip", step, i, len(plan.steps))
                 result.steps.append(StepResult(step.name, "skipped"))
                 continue
@@ -268,9 +346,10 @@ def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = 
             except BuildError:
                 emit("fail", step, i, len(plan.steps))
                 raise
+            checked[step.name] = True  # its sums were just recorded
             emit("done", step, i, len(plan.steps))
             result.steps.append(StepResult(step.name, "ran", secs))
-        if all(is_up_to_date(s) for s in plan.steps):
+        if all(up_to_date(s) for s in plan.steps):
             manifest = build_manifest(plan, config_path, result.steps)
             atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
             result.manifest = out / MANIFEST

@@ -7,11 +7,25 @@ compares different prompts. Imports only numpy at module level (the Triton pytho
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+import traceback
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .speculative_loop import RequestError  # noqa: F401  (one class for every model's request errors)
+from .speculative_loop import RequestError, check_prompt_len  # noqa: F401  (one vocabulary for every model)
+
+# What a request can get wrong: its own values (RequestError, the contract's ContractError) or its tensors'
+# shapes and types (ValueError, TypeError from numpy). Anything else is a fault of ours.
+CLIENT_ERRORS = (ValueError, TypeError)
+
+
+def error_line(model: str, exc: BaseException, log: Callable[[str], None]) -> str:
+    """The one line a client gets for `exc`: a client mistake says what is wrong and how to fix it; an internal
+    fault is logged in full (traceback to the server log) and the client gets no trace and no path."""
+    if isinstance(exc, CLIENT_ERRORS):
+        return str(exc)
+    log(f"{model}: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    return f"{model}: internal error ({type(exc).__name__}); the server log has the details"
 
 
 def load_tokenizer(tokenizer_dir: str):

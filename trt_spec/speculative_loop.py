@@ -19,6 +19,7 @@ inputs only when the client sent them (TensorRT-LLM treats absent top_k/top_p as
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Protocol, Sequence
 
@@ -40,6 +41,10 @@ class EngineError(RuntimeError):
     """An engine model answered a call with an error."""
 
 
+class Cancelled(Exception):
+    """The client cancelled the request (or went away): the loop stopped between rounds."""
+
+
 class EngineCall(Protocol):
     async def __call__(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
                        on_response: Optional[Callable[[dict[str, np.ndarray]], None]] = None) -> list[dict[str, np.ndarray]]:
@@ -56,6 +61,7 @@ class LoopConfig:
     ngram_size: int
     max_seq_len: int
     max_input_len: int  # the engine's input limit (backend_contract.max_input_len)
+    max_prompt_len: Optional[int] = None  # the deployment's limits.max_input_len (default: the engine's limit)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -91,12 +97,21 @@ class Metrics:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+def check_prompt_len(prompt_len: int, max_input_len: int) -> None:
+    """The deployment's prompt limit, the same words from the ensemble's preprocessing and the BLS."""
+    if prompt_len > max_input_len:
+        raise RequestError(f"prompt is {prompt_len} tokens, more than max_input_len {max_input_len}; shorten it "
+                           "(or rebuild with a larger limits.max_input_len)")
+
+
 def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logits: bool) -> None:
     """Request checks before any engine call (one line each: the problem and the fix)."""
     if prompt_len == 0:
         raise RequestError("text_input is empty; send a non-empty prompt")
     if max_tokens <= 0:
         raise RequestError(f"max_tokens must be >= 1, got {max_tokens}")
+    if cfg.max_prompt_len is not None:
+        check_prompt_len(prompt_len, cfg.max_prompt_len)
     if prompt_len + max_tokens > cfg.max_seq_len:
         raise RequestError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len "
                            f"{cfg.max_seq_len}; lower max_tokens")
@@ -112,6 +127,24 @@ def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logi
                            "was built for at most max_draft_len draft tokens")
     if use_logits and cfg.mode != "draft_target":
         raise RequestError("use_draft_logits needs draft-target mode (this deployment has no draft model)")
+
+
+def check_sampling(*, temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
+                   seed: Optional[int], end_id: int, pad_id: int, vocab_size: int) -> None:
+    """Sampling and token-id values, checked before any engine call (the engine's own checks name engine tensors
+    a client never sent; these name the client's inputs)."""
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise RequestError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise RequestError(f"top_k must be >= 0 (0 = no top-k limit), got {top_k}")
+    if top_p is not None and not (math.isfinite(top_p) and 0 <= top_p <= 1):
+        raise RequestError(f"top_p must be in [0, 1], got {top_p}")
+    if seed is not None and not 0 <= seed < 2**64:
+        raise RequestError(f"seed must be in 0..2^64-1, got {seed}")
+    if not -1 <= end_id < vocab_size:
+        raise RequestError(f"end_id {end_id} is outside the vocabulary [0, {vocab_size}) (-1: never stop on EOS)")
+    if not 0 <= pad_id < vocab_size:
+        raise RequestError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab_size})")
 
 
 def engine_inputs(r: SpecRequest, tokens: Sequence[int], out_len: int, seed_offset: int, *,
@@ -161,11 +194,14 @@ class SpeculativeLoop:
         self.call = call
         self.ngram = NgramDraft(max_ngram=cfg.ngram_size, k=cfg.max_draft_len)
 
-    async def generate(self, r: SpecRequest, emit: Callable[[list[int]], None]) -> tuple[list[int], Metrics]:
-        """Generated tokens and metrics; `emit(new_tokens)` is called once per accepted chunk (streaming)."""
+    async def generate(self, r: SpecRequest, emit: Callable[[list[int]], None],
+                       cancelled: Callable[[], bool] = lambda: False) -> tuple[list[int], Metrics]:
+        """Generated tokens and metrics; `emit(new_tokens)` is called once per accepted chunk (streaming).
+        `cancelled()` is checked before every round: once true the loop raises Cancelled and sends no more
+        engine calls (in-engine modes make one call; Triton 2.51's BLS cannot cancel it, so it runs out)."""
         if self.cfg.mode == "engine":
             return await self._in_engine(r, emit)
-        return await self._loop(r, emit)
+        return await self._loop(r, emit, cancelled)
 
     async def _draft(self, r: SpecRequest, tokens: list[int], k: int, step: int) -> tuple[list[int], Optional[np.ndarray]]:
         if k <= 0:
@@ -185,12 +221,14 @@ class SpeculativeLoop:
             logits = logits.reshape(-1, logits.shape[-1])[: len(draft)]
         return draft, logits
 
-    async def _loop(self, r: SpecRequest, emit) -> tuple[list[int], Metrics]:
+    async def _loop(self, r: SpecRequest, emit, cancelled: Callable[[], bool]) -> tuple[list[int], Metrics]:
         tokens = list(r.prompt)
         generated: list[int] = []
         m = Metrics(hist=[0] * (r.k + 1))
         done = False
         while not done and len(generated) < r.max_tokens:
+            if cancelled():
+                raise Cancelled(f"request cancelled after {len(generated)} tokens")
             remaining = r.max_tokens - len(generated)
             draft, logits = await self._draft(r, tokens, min(r.k, remaining - 1), m.steps)
             ins = engine_inputs(r, tokens, len(draft) + 1, SEED_STRIDE * m.steps)

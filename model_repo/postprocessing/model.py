@@ -5,7 +5,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.serving import load_tokenizer
+from trt_spec.serving import error_line, load_tokenizer
 
 
 class TritonPythonModel:
@@ -17,18 +17,25 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
-            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
-            tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
-            lengths = lengths.reshape(tokens.shape[0], -1)
-            texts = []
-            for b in range(tokens.shape[0]):
-                row = []
-                for beam in range(tokens.shape[1]):
-                    n = int(lengths[b, beam])
-                    row.append(self.tokenizer.decode(tokens[b, beam, :n].tolist(),
-                                                     skip_special_tokens=self.skip_special).encode("utf-8"))
-                texts.append(row)
-            out = np.array(texts, dtype=object)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", out)]))
+            try:
+                responses.append(self._one(request))
+            except Exception as e:  # noqa: BLE001 - every request gets an answer; internal faults are logged
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    error_line("postprocessing", e, pb_utils.Logger.log_error))))
         return responses
+
+    def _one(self, request):
+        tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+        lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+        tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
+        lengths = lengths.reshape(tokens.shape[0], -1)
+        texts = []
+        for b in range(tokens.shape[0]):
+            row = []
+            for beam in range(tokens.shape[1]):
+                n = int(lengths[b, beam])
+                row.append(self.tokenizer.decode(tokens[b, beam, :n].tolist(),
+                                                 skip_special_tokens=self.skip_special).encode("utf-8"))
+            texts.append(row)
+        out = np.array(texts, dtype=object)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", out)])

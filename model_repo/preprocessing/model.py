@@ -9,8 +9,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.serving import (RequestError, decode_strings, default_end_id, default_pad_id, encode, load_tokenizer,
-                              scalar, to_word_list)
+from trt_spec.serving import (RequestError, check_prompt_len, decode_strings, default_end_id, default_pad_id, encode,
+                              error_line, load_tokenizer, scalar, to_word_list)
 
 
 def _get(request, name):
@@ -34,8 +34,7 @@ class TritonPythonModel:
             raise RequestError(f"max_tokens must be >= 1, got {int(out_len.min())}")
         ids = [encode(self.tokenizer, q, self.add_special) for q in queries]
         longest = max(len(i) for i in ids)
-        if longest > self.max_input_len:
-            raise RequestError(f"prompt is {longest} tokens, more than max_input_len {self.max_input_len}")
+        check_prompt_len(longest, self.max_input_len)
         end_id = scalar(_get(request, "END_ID"), default_end_id(self.tokenizer), int)
         pad_id = scalar(_get(request, "PAD_ID"), default_pad_id(self.tokenizer), int)
         batch = len(ids)
@@ -61,6 +60,7 @@ class TritonPythonModel:
         for request in requests:
             try:
                 responses.append(self._one(request))
-            except (RequestError, ValueError, TypeError) as e:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+            except Exception as e:  # noqa: BLE001 - every request gets an answer; internal faults are logged
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    error_line("preprocessing", e, pb_utils.Logger.log_error))))
         return responses

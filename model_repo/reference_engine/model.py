@@ -11,15 +11,17 @@ shapes. Every rule and its source: trt_spec/backend_contract.py. The engine itse
 
 import json
 import os
-import traceback
+import time
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 from trt_spec import backend_contract as bc
+from trt_spec.integrity import verify_served_engine
 from trt_spec.reference.engine import ReferenceEngine, Sampling, kv_bytes_per_position, load_engine
 from trt_spec.reference.export import read_engine_meta
+from trt_spec.serving import error_line
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
@@ -39,13 +41,18 @@ class TritonPythonModel:
         engine_dir = self.params["gpt_model_path"]
         if not os.path.isdir(engine_dir):
             raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY))
-        self.limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"])
+        # the engine must match the build's checksums (stored in trt_spec_repo.json at the repository root)
+        verify_served_engine(os.path.dirname(os.path.abspath(args["model_repository"])), engine_dir)
+        model = load_engine(engine_dir)
+        self.limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"],
+                                                        vocab_size=model.config.vocab_size)
+        # Cancelled requests stop between tokens, checked at most this often (the backend polls the same way).
+        self.cancel_period_s = int(bc.parameter(self.params, "cancellation_check_period_ms")) / 1000.0
         reuse = bc.parse_bool(bc.parameter(self.params, "enable_kv_cache_reuse"), "enable_kv_cache_reuse")
         if self.limits.speculative_decoding_mode == "draft_tokens_external" and not reuse:
             raise bc.ContractError(bc.LOAD_ERROR.format(msg=REUSE_REQUIRED))
         threads = int(os.environ.get("TRT_SPEC_TORCH_THREADS", "0")) or torch.get_num_threads()
         torch.set_num_threads(threads)
-        model = load_engine(engine_dir)
         tokens = bc.parameter(self.params, "max_tokens_in_paged_kv_cache")
         budget = (int(tokens) if tokens else DEFAULT_CACHE_TOKENS) * kv_bytes_per_position(model) if reuse else 0
         self.engine = ReferenceEngine(model, self.limits.max_seq_len, budget,
@@ -65,9 +72,25 @@ class TritonPythonModel:
                                       drafted=res.drafted if res else 0, logits=logits)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
 
+    def _cancel_check(self, request):
+        """should_stop for the engine: request.is_cancelled() (an IPC round trip) after the first token, then at
+        most once per period."""
+        last = [float("-inf")]
+
+        def cancelled() -> bool:
+            now = time.monotonic()
+            if now - last[0] < self.cancel_period_s:
+                return False
+            last[0] = now
+            return request.is_cancelled()
+        return cancelled
+
     def _one(self, request, send):
         req = bc.parse_request(self._inputs(request), request.requested_output_names(), self.limits, self.params,
                                decoupled=self.decoupled)
+        if request.is_cancelled():  # cancelled while queued: finish it at once, as the executor does
+            send(self._response(req, []), FINAL)
+            return
         if req.bad_words:
             raise bc.ContractError("bad_words is not supported by the reference engine; drop it from the request")
         greedy = req.greedy
@@ -84,7 +107,7 @@ class TritonPythonModel:
             on_token = lambda t: send(self._response(req, [t]), 0)  # noqa: E731
         res = self.engine.generate(req.input_ids, req.output_len, sampling, end_id=req.end_id,
                                    stop_words=req.stop_words, return_logits=req.return_generation_logits,
-                                   on_token=on_token)
+                                   on_token=on_token, should_stop=self._cancel_check(request))
         if req.streaming:
             send(None, FINAL)
         else:
@@ -108,13 +131,9 @@ class TritonPythonModel:
                     final.append(True)
             try:
                 self._one(request, send)
-            except (bc.ContractError, ValueError, TypeError, IndexError) as e:  # the request's fault
-                error = str(e)
-            except Exception as e:  # noqa: BLE001 - ours: logged in full, and the request still gets its answer
-                pb_utils.Logger.log_error(f"{self.name}: {traceback.format_exc()}")
-                error = f"internal error ({type(e).__name__}: {e}); the server log has the details"
-            else:
                 continue
+            except Exception as e:  # noqa: BLE001 - client mistakes get their line; our faults are logged in full
+                error = error_line(self.name, e, pb_utils.Logger.log_error)
             # Every request gets a final response, whatever happened: a decoupled request left without one
             # would keep its caller (the BLS, a client stream) waiting forever.
             if not final:

@@ -13,14 +13,15 @@ one response. NVIDIA's clients' beam_width / num_return_sequences inputs are acc
 
 import asyncio
 import json
-import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.serving import (IncrementalDetokenizer, decode_strings, default_end_id, default_pad_id, encode,
-                              load_tokenizer, requested_only, scalar)
-from trt_spec.speculative_loop import EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop, validate
+                              error_line, load_tokenizer, requested_only, scalar)
+from trt_spec import backend_contract as bc
+from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
+                                      check_sampling, validate)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Client tensor -> engine tensor; forwarded only when the client sent it (TensorRT-LLM: absent top_k/top_p = greedy).
@@ -41,7 +42,8 @@ class TritonPythonModel:
         self.loop = SpeculativeLoop(LoopConfig(
             target=p["tensorrt_llm_model_name"], draft=p.get("tensorrt_llm_draft_model_name") or None,
             mode=p["speculative_mode"], max_draft_len=int(p["max_draft_len"]), ngram_size=int(p["ngram_size"]),
-            max_seq_len=int(p["max_seq_len"]), max_input_len=int(p["max_input_len"])), self._call)
+            max_seq_len=int(p["max_seq_len"]), max_prompt_len=int(p["max_input_len"]),
+            max_input_len=bc.max_input_len(int(p["max_seq_len"]), int(p["max_num_tokens"]))), self._call)
         self.default_k = int(p["num_draft_tokens"])
         self.tokenizer = load_tokenizer(p["tokenizer_dir"])
         self.add_special = p.get("add_special_tokens", "true") == "true"
@@ -66,19 +68,16 @@ class TritonPythonModel:
         k = scalar(_in(request, "num_draft_tokens"), self.default_k, int)
         use_logits = bool(scalar(_in(request, "use_draft_logits"), False))
         validate(self.loop.cfg, len(prompt), max_tokens, k, use_logits)
-        sampling = {}
-        for client, (engine, dtype) in SAMPLING_INPUTS.items():
-            v = _in(request, client)
-            if v is not None:
-                sampling[engine] = np.asarray(v, dtype=dtype).reshape(1, 1)
-        temperature = sampling.get("temperature")
-        if temperature is not None and not float(temperature.reshape(-1)[0]) >= 0:
-            raise RequestError(f"temperature must be >= 0, got {float(temperature.reshape(-1)[0])}")
+        values = {client: scalar(_in(request, client), None, kind) for client, kind in
+                  (("temperature", float), ("top_k", int), ("top_p", float), ("seed", int))}
+        end_id = scalar(_in(request, "end_id"), default_end_id(self.tokenizer), int)
+        pad_id = scalar(_in(request, "pad_id"), default_pad_id(self.tokenizer), int)
+        check_sampling(**values, end_id=end_id, pad_id=pad_id, vocab_size=len(self.tokenizer))
+        sampling = {engine: np.asarray([[values[client]]], dtype=dtype)
+                    for client, (engine, dtype) in SAMPLING_INPUTS.items() if values[client] is not None}
         r = SpecRequest(
             prompt=prompt, max_tokens=max_tokens, k=k, use_logits=use_logits, stream=stream, sampling=sampling,
-            seed=scalar(_in(request, "seed"), None, int),
-            end_id=scalar(_in(request, "end_id"), default_end_id(self.tokenizer), int),
-            pad_id=scalar(_in(request, "pad_id"), default_pad_id(self.tokenizer), int),
+            seed=values["seed"], end_id=end_id, pad_id=pad_id,
             stop_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, "stop_words")) if w],
             bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, "bad_words")) if w])
         return r, bool(scalar(_in(request, "exclude_input_in_output"), False))
@@ -92,8 +91,9 @@ class TritonPythonModel:
             responses = [responses]
         result = []
         for resp in responses:  # decoupled: a (blocking) iterator of responses
-            if resp.has_error():
-                raise EngineError(resp.error().message())
+            if resp.has_error():  # "<engine model>: <its message>", the model named once
+                msg = resp.error().message()
+                raise EngineError(msg if msg.startswith(f"{model}:") else f"{model}: {msg}")
             out = {t.name(): t.as_numpy() for t in resp.output_tensors()}
             if out:
                 result.append(out)
@@ -107,13 +107,13 @@ class TritonPythonModel:
         keeps its client waiting forever)."""
         try:
             await self._serve(request, respond)
-        except (RequestError, EngineError) as e:  # the request's fault, or an engine refused or failed it
-            error = str(e)
-        except Exception as e:  # noqa: BLE001 - ours: logged in full, the client gets one line
-            pb_utils.Logger.log_error(f"tensorrt_llm_bls: {traceback.format_exc()}")
-            error = f"internal error ({type(e).__name__}: {e}); the server log has the details"
-        else:
             return
+        except Cancelled as e:
+            error = str(e)
+        except EngineError as e:  # an engine failed or refused a call: "<engine model>: <its message>"
+            error = str(e)
+        except Exception as e:  # noqa: BLE001 - client mistakes get their line; our faults are logged in full
+            error = error_line("tensorrt_llm_bls", e, pb_utils.Logger.log_error)
         respond(error, FINAL)
 
     async def _serve(self, request, respond):
@@ -125,7 +125,7 @@ class TritonPythonModel:
         if r.stream and not exclude_input:
             respond(self._chunk(r.prompt, self.tokenizer.decode(r.prompt, skip_special_tokens=True)), 0)
         emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
-        generated, m = await self.loop.generate(r, emit)
+        generated, m = await self.loop.generate(r, emit, request.is_cancelled)
         if r.stream:
             respond(self._final([], detok.flush(), m), FINAL)
         else:

@@ -44,7 +44,7 @@ def broken_server(dtm_server, tmp_path_factory):
     shutil.copytree(dtm_server.repo, repo)
     f = repo / "tensorrt_llm_bls" / "1" / "model.py"
     src = f.read_text()
-    hook, marker = "max_input_len=int(p[\"max_input_len\"])), self._call)", "    # -- parsing / validation"
+    hook, marker = "int(p[\"max_num_tokens\"]))), self._call)", "    # -- parsing / validation"
     assert hook in src and marker in src
     broken = (  # the target "accepts" every draft token: returns the draft + the target's last token
         "    async def _broken_call(self, model, inputs, outputs, on_response=None):\n"

@@ -76,7 +76,7 @@ def test_sixteen_concurrent_requests(dtm_server):
     ({"num_draft_tokens": 9}, "num_draft_tokens 9 is outside 0..max_draft_len (4)"),
     ({"max_tokens": 0}, "max_tokens must be >= 1"),
     ({"max_tokens": 5000}, "exceeds max_seq_len 512"),
-    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
 ])
 def test_bad_requests_get_errors_and_server_stays_up(dtm_server, kwargs, message):
     c = both(dtm_server, "http")

@@ -141,6 +141,7 @@ class CallResult:
     accepted: int = 0
     drafted: int = 0
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits per generated token (if asked)
+    cancelled: bool = False  # stopped early by should_stop
 
 
 class ReferenceEngine:
@@ -192,8 +193,10 @@ class ReferenceEngine:
     # -- the two call kinds ---------------------------------------------------------------------------
     def generate(self, input_ids: Sequence[int], max_new: int, sampling: Sampling, *, end_id: Optional[int] = None,
                  stop_words: Sequence[Sequence[int]] = (), return_logits: bool = False,
-                 on_token: Optional[Callable[[int], None]] = None) -> CallResult:
-        """Plain decoding of up to max_new tokens."""
+                 on_token: Optional[Callable[[int], None]] = None,
+                 should_stop: Optional[Callable[[], bool]] = None) -> CallResult:
+        """Plain decoding of up to max_new tokens; `should_stop()` (checked between tokens) ends it early with
+        the tokens so far (a cancelled request, as the executor finishes a cancelled request)."""
         self._check_len(input_ids, max_new)
         entry = self._acquire(input_ids, len(input_ids) + max_new)
         gen = sampling.generator()
@@ -209,6 +212,9 @@ class ReferenceEngine:
                 if on_token is not None:
                     on_token(tok)
                 if tok == end_id or _ends_with_stop(res.tokens, stop_words):
+                    break
+                if should_stop is not None and should_stop():
+                    res.cancelled = True
                     break
                 pending = [tok]
         finally:

@@ -11,6 +11,10 @@ source, quantization report: relative weight error and FP8-vs-full-precision top
 max_batch_size, max_seq_len, max_num_tokens, max_draft_len, speculative_decoding_mode — which the served
 stand-in enforces exactly like the executor does).
 
+Byte-reproducible: the same checkpoint and arguments give identical files (canonical safetensors header, sorted
+JSON, no timestamps or durations in the files; the export time is printed instead), so engine checksums are
+stable across rebuilds.
+
 Run as a build step: python -m trt_spec.reference.export --checkpoint DIR --output_dir DIR --weights fp8
     --max_batch_size B --max_seq_len S --max_num_tokens N [--speculative_decoding_mode draft_tokens_external
     --max_draft_len K]
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import struct
 import sys
 import time
 from pathlib import Path
@@ -147,18 +152,35 @@ def top1_agreement(config: dict, full: dict[str, torch.Tensor], quant: dict[str,
     return {"top1_agreement": agree / total, "positions": total, "prompts": len(SAMPLE_PROMPTS)}
 
 
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """safetensors.save_file with a canonical header: the library writes its metadata map in hash order (it
+    differs run to run); rewrite the header in place with the metadata sorted (same length, same data)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        meta = header.pop("__metadata__", None)
+        canon = {"__metadata__": dict(sorted(meta.items()))} if meta is not None else {}
+        canon.update(sorted(header.items()))
+        text = json.dumps(canon, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > n:  # never expected: the same JSON, reordered
+            raise RuntimeError(f"{path}: canonical safetensors header is longer than the written one")
+        f.seek(8)
+        f.write(text + b" " * (n - len(text)))
+
+
 def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = True,
            build_config: dict | None = None) -> dict:
     if weights not in ("fp8", *STORE_DTYPES):
         raise ValueError(f"weights {weights!r}: the reference engine exports fp8, bf16, fp16 or fp32")
-    from safetensors.torch import save_file
-
     t0 = time.monotonic()
     config = json.loads((checkpoint / "config.json").read_text())
     sd = load_hf_state_dict(checkpoint)
     stored, stats = export_state_dict(sd, weights)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(stored, str(out / "model.safetensors"), metadata={"format": ENGINE_FORMAT, "weights": weights})
+    save_safetensors(stored, out / "model.safetensors", {"format": ENGINE_FORMAT, "weights": weights})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for name in TOKENIZER_FILES:
         if (checkpoint / name).is_file():
@@ -168,10 +190,9 @@ def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = Tr
         report.update(top1_agreement(config, {k: v.float() for k, v in sd.items()}, load_engine_state_dict(out), checkpoint))
     meta = {"format": ENGINE_FORMAT, "version": 1, "weights": weights, "source": str(checkpoint),
             "architecture": (config.get("architectures") or ["?"])[0], "quantization_report": report,
-            "bytes": (out / "model.safetensors").stat().st_size, "seconds": round(time.monotonic() - t0, 1),
-            "build_config": build_config or {}}
-    (out / ENGINE_META).write_text(json.dumps(meta, indent=2))
-    return meta
+            "bytes": (out / "model.safetensors").stat().st_size, "build_config": build_config or {}}
+    (out / ENGINE_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return {**meta, "seconds": round(time.monotonic() - t0, 1)}  # not in the file: it would change its bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                     "max_beam_width": 1, "speculative_decoding_mode": a.speculative_decoding_mode,
                     "max_draft_len": a.max_draft_len, "gather_generation_logits": True}
     meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check, build_config)
-    print(json.dumps(meta["quantization_report"]))
+    print(json.dumps({**meta["quantization_report"], "seconds": meta["seconds"]}))
     return 0
 
 

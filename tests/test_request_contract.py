@@ -1,0 +1,100 @@
+"""What the engine stand-in and the BLS accept and send, checked without a server: python models send exactly
+the outputs a request names (the backend fills only requested token outputs, and Triton 2.51's python backend
+would drop anything else with the GIL released, python_backend #390); malformed or out-of-range request values
+get one line naming the problem, the backend's own where it has one."""
+
+import numpy as np
+import pytest
+
+from trt_spec import backend_contract as bc
+from trt_spec.serving import error_line, requested_only
+from trt_spec.speculative_loop import RequestError, check_sampling
+
+LIMITS = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, max_draft_len=4, vocab_size=100)
+
+
+def _req(outputs=bc.MANDATORY_OUTPUTS, **extra):
+    inputs = {"input_ids": np.asarray([[5, 6, 7]], dtype=np.int32),
+              "request_output_len": np.asarray([[4]], dtype=np.int32), **extra}
+    return bc.parse_request(inputs, list(outputs), LIMITS, {}, decoupled=True)
+
+
+def test_engine_response_holds_only_requested_outputs():
+    perf = {"return_perf_metrics": np.asarray([[True]])}
+    lean = bc.response_tensors(_req(bc.MANDATORY_OUTPUTS, **perf), [8, 9], accepted=1, drafted=2)
+    assert set(lean) == set(bc.MANDATORY_OUTPUTS)  # perf outputs computed but not asked for: not sent
+    full = bc.response_tensors(_req([*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS], **perf), [8, 9], accepted=1, drafted=2)
+    assert set(full) == set(bc.MANDATORY_OUTPUTS) | set(bc.PERF_OUTPUTS)
+    assert float(full["acceptance_rate"][0, 0]) == 0.5
+    assert full["output_ids"].tolist() == [[[5, 6, 7, 8, 9]]]
+
+
+def test_requested_only_keeps_the_requested_tensors_unchanged():
+    tensors = {"text_output": np.array([[b"hi"]], dtype=object), "output_ids": np.asarray([[1, 2]]),
+               "acceptance_rate": np.asarray([[0.5]], dtype=np.float32)}
+    kept = requested_only(tensors, ["text_output", "not_an_output"])
+    assert list(kept) == ["text_output"] and kept["text_output"] is tensors["text_output"]
+    assert requested_only(tensors, []) == {}
+
+
+def _i32(*v):
+    return np.asarray([list(v)], dtype=np.int32)
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"input_lengths": _i32(7)}, r"input_lengths 7 does not match input_ids \(3 tokens\)"),
+    ({"input_lengths": _i32(-1)}, "input_lengths -1 does not match input_ids"),
+    ({"request_output_len": _i32(0)}, "request_output_len must be >= 1, got 0"),
+    ({"input_ids": _i32(5, 100, 7)}, r"input_ids holds token id 100 outside the vocabulary \[0, 100\)"),
+    ({"input_ids": _i32(-3)}, "input_ids holds token id -3"),
+    ({"draft_input_ids": _i32(1, 250)}, "draft_input_ids holds token id 250"),
+    ({"end_id": _i32(100)}, r"end_id 100 is outside \[-1, 100\)"),
+    ({"temperature": np.asarray([[np.inf]], np.float32)}, "temperature must be a finite number >= 0, got inf"),
+    ({"temperature": np.asarray([[np.nan]], np.float32)}, r"temperature.value\(\) >= 0"),
+    ({"runtime_top_k": _i32(-2)}, r"topK.value\(\) >= 0"),
+    ({"seed": np.asarray([[-1]], np.int64)}, r"seed -1 is outside 0..2\^64-1"),
+    ({"stop_words_list": np.asarray([[[5, 6, 7]]], np.int32)}, "Sparse list must not have odd length"),
+    ({"stop_words_list": np.asarray([[[5, 6], [3, -1]]], np.int32)}, "out-of-bound offsets"),
+    ({"stop_words_list": np.asarray([[[5, 6, 7], [2, 1, -1]]], np.int32)}, "non-increasing offsets"),
+    ({"stop_words_list": np.asarray([[[5, 6, 7], [1, -1, 3]]], np.int32)}, "additional -1s"),
+])
+def test_engine_refuses_inconsistent_inputs(extra, message):
+    with pytest.raises(bc.ContractError, match=message):
+        _req(**extra)
+
+
+def test_well_formed_word_lists_parse():
+    r = _req(stop_words_list=np.asarray([[[5, 6, 7, 0], [2, 3, -1, -1]]], np.int32))
+    assert r.stop_words == [[5, 6], [7]]
+    assert bc.word_list(bc.word_list_array([[1, 2], [3]])) == [[1, 2], [3]]
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"temperature": float("inf")}, "temperature must be a finite number >= 0, got inf"),
+    ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+    ({"temperature": -0.5}, "temperature must be a finite number >= 0"),
+    ({"top_k": -1}, "top_k must be >= 0"),
+    ({"top_p": 1.5}, r"top_p must be in \[0, 1\], got 1.5"),
+    ({"top_p": float("nan")}, "top_p must be in"),
+    ({"seed": 2**64}, r"seed must be in 0..2\^64-1"),
+    ({"end_id": 100}, r"end_id 100 is outside the vocabulary \[0, 100\)"),
+    ({"pad_id": -2}, r"pad_id -2 is outside the vocabulary"),
+])
+def test_bls_sampling_values_are_checked_before_any_engine_call(values, message):
+    args = {"temperature": None, "top_k": None, "top_p": None, "seed": None, "end_id": 2, "pad_id": 0,
+            "vocab_size": 100, **values}
+    with pytest.raises(RequestError, match=message):
+        check_sampling(**args)
+
+
+def test_error_lines_carry_no_trace_or_path():
+    logged = []
+    assert error_line("m", RequestError("max_tokens must be >= 1, got 0"), logged.append) == \
+        "max_tokens must be >= 1, got 0"
+    assert not logged
+    try:
+        open("/nonexistent/dir/file")
+    except OSError as e:
+        line = error_line("tensorrt_llm", e, logged.append)
+    assert line == "tensorrt_llm: internal error (FileNotFoundError); the server log has the details"
+    assert "Traceback" in logged[0] and "/nonexistent" in logged[0]  # the log keeps the detail
