@@ -207,3 +207,17 @@ def test_safetensors_header_is_canonical(tmp_path):
 
     with safe_open(str(tmp_path / "0.safetensors"), "pt") as f:
         assert f.metadata() == meta and sorted(f.keys()) == ["a", "b"]
+
+
+def test_cli_serve_refuses_a_changed_engine_before_starting_anything(built):
+    """The GPU path's load-time check: the tensorrtllm backend loads engines without looking at sums, so serve
+    verifies every engine of the repository first."""
+    repo = built["root"] / "repo-serve"
+    write_repository(load_manifest(built["build"]), repo)
+    f = built["engine"] / "model.safetensors"
+    with corrupted(f, "flip"):
+        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(repo), "--http-port", "1"],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: engine file {f} does not match the build")
+    assert "plain command" not in r.stderr  # refused before any server process

@@ -1,8 +1,10 @@
 """Server launcher without models: command lines (mpirun for TP/PP > 1), port checks, plain command."""
 
+import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -67,3 +69,124 @@ def test_port_in_use_is_one_clear_error(tp2_repo):
 def test_missing_repository(tmp_path):
     with pytest.raises(ServerError, match="model repository not found"):
         TritonServer(tmp_path / "nope")
+
+
+def test_dry_run_prepares_no_work_dir_and_shows_no_key(tp2_repo, tmp_path):
+    tmp, key_file = tmp_path / "tmp", tmp_path / "admin.key"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    for extra in ([], ["--admin-key-file", str(key_file)]):
+        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(tp2_repo), "--dry-run", *extra],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert list(tmp.iterdir()) == []
+    assert not key_file.exists()  # dry-run reads and writes nothing
+    assert 'triton-admin-key="$(cat ' + str(key_file) in r.stdout
+
+
+def test_admin_apis_are_restricted_on_the_serving_rank(tp2_repo, tmp_path):
+    from trt_spec.server import RESTRICTED_APIS, launch_spec
+
+    assert set(RESTRICTED_APIS) == {"shared-memory", "model-repository", "trace", "logging"}
+    spec = launch_spec(tp2_repo, workdir=tmp_path)
+    rank0, rank1 = " ".join(spec.argv).split(" : ")
+    want = f"shared-memory,model-repository,trace,logging:triton-admin-key={spec.admin_key}"
+    assert f"--http-restricted-api={want}" in rank0 and f"--grpc-restricted-protocol={want}" in rank0
+    assert "-restricted-" not in rank1  # worker ranks serve no endpoint
+    assert len(spec.admin_key) >= 32 and spec.admin_key not in spec.shell()
+    assert launch_spec(tp2_repo, workdir=tmp_path).admin_key != spec.admin_key  # random per launch
+    assert launch_spec(tp2_repo, workdir=tmp_path, admin_key="k" * 20).admin_key == "k" * 20
+
+
+def test_two_servers_in_one_process_have_distinct_shared_memory_prefixes(tp2_repo, tmp_path):
+    a, b = (launch_spec(tp2_repo, workdir=tmp_path).shm_prefix for _ in range(2))
+    assert a != b and not a.startswith(b) and not b.startswith(a)  # stopping one removes only its own regions
+
+
+def test_admin_key_file(tmp_path):
+    from trt_spec.server import read_admin_key
+
+    f = tmp_path / "admin.key"
+    key = read_admin_key(f)  # created, owner-only
+    assert f.stat().st_mode & 0o777 == 0o600 and len(key) >= 32 and read_admin_key(f) == key
+    f.write_text("short\n")
+    with pytest.raises(ServerError, match="at least 16 characters"):
+        read_admin_key(f)
+    with pytest.raises(ServerError, match="admin key file"):
+        read_admin_key(tmp_path / "no" / "such" / "dir")
+
+
+FAILED_LOAD_LOG = r'''W1201 02:34:50.889 17163 pinned_memory_manager.cc:273] "Unable to allocate pinned system memory"
+E1201 02:34:50.890202 17163 server.cc:241] "CudaDriverHelper has not been initialized."
+I1201 02:34:53.115804 17163 pb_stub.cc:366] "Failed to initialize Python stub: ContractError: boom"
+E1201 02:34:54.183720 17163 backend_model.cc:692] "ERROR: Failed to create instance: ContractError: unexpected error when creating modelInstanceState: Cannot find parameter with name: tokenizer_dir\n\nAt:\n  /x/backend_contract.py(85): check_parameters\n  /r/tensorrt_llm/1/model.py(38): initialize\n"
+E1201 02:34:54.183842 17163 model_lifecycle.cc:642] "failed to load 'tensorrt_llm' version 1: Internal: ContractError: unexpected error when creating modelInstanceState: Cannot find parameter with name: tokenizer_dir\n\nAt:\n  /x/backend_contract.py(85): check_parameters\n  /r/tensorrt_llm/1/model.py(38): initialize\n"
+E1201 02:34:56.112050 17163 model_repository_manager.cc:703] "Invalid argument: ensemble 'ensemble' depends on 'tensorrt_llm' which has no loaded version."
+Traceback (most recent call last):
+  File "/r/preprocessing/1/model.py", line 3, in <module>
+    import nope
+ModuleNotFoundError: No module named 'nope'
+I1201 02:34:56.113673 17163 server.cc:336] "All models are stopped, unloading models"
+error: creating server: Internal - failed to load all models
+'''
+
+
+def test_log_errors_put_the_failed_model_and_its_reason_first():
+    from trt_spec.server import log_errors
+
+    assert log_errors(FAILED_LOAD_LOG) == [
+        "failed to load 'tensorrt_llm' version 1: Internal: ContractError: unexpected error when creating "
+        "modelInstanceState: Cannot find parameter with name: tokenizer_dir "
+        "(at /x/backend_contract.py(85): check_parameters)",
+        "ModuleNotFoundError: No module named 'nope'",
+        "error: creating server: Internal - failed to load all models"]
+    # no model failed to load: every error record, the ones a machine without a GPU always logs last
+    other = 'E1201 1:2:3.4 1 server.cc:241] "CudaDriverHelper has not been initialized."\n' \
+            'E1201 1:2:3.5 1 http_server.cc:9] "failed to start HTTP service: address in use"\n'
+    assert log_errors(other) == ["failed to start HTTP service: address in use",
+                                 "CudaDriverHelper has not been initialized."]
+
+
+def test_stub_model_name_from_its_command_line():
+    from trt_spec.server import stub_model
+
+    argv = ["/w/backends/python/triton_python_backend_stub", "/repo/tensorrt_llm_draft/1/model.py",
+            "trtspec1_ab_0_c7a3", "1048576", "1048576", "16383", "/w/backends/python", "336",
+            "tensorrt_llm_draft_0_0", "DEFAULT"]
+    assert stub_model(argv) == "tensorrt_llm_draft"
+    assert stub_model([argv[0], "model.py", *argv[2:]]) == "tensorrt_llm_draft"  # from the instance name
+
+
+def test_serve_help_documents_the_dead_model_exit_code():
+    from trt_spec.server import MODEL_DIED_EXIT
+
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and f"exit code is {MODEL_DIED_EXIT}" in " ".join(r.stdout.split())
+    assert "--admin-key-file" in r.stdout and "--log" in r.stdout
+
+
+def test_a_started_child_dies_with_its_launcher(tmp_path):
+    """PR_SET_PDEATHSIG as TritonServer.start() sets it: kill -9 of the launcher -> SIGTERM to the child."""
+    code = ("import subprocess, sys, time\nfrom trt_spec.procutil import die_with_parent\n"
+            "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent(15), start_new_session=True)\n"
+            "print(p.pid, flush=True)\ntime.sleep(60)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(launcher.stdout.readline())
+    try:
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _running(child):
+            time.sleep(0.05)
+        assert not _running(child)
+    finally:
+        if _running(child):
+            os.kill(child, 9)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"

@@ -188,39 +188,77 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, gpu: Optional[str
 @click.option("--http-port", default=8000, type=int, help="HTTP port.")
 @click.option("--grpc-port", default=8001, type=int, help="gRPC port.")
 @click.option("--metrics-port", default=8002, type=int, help="Metrics port.")
-@click.option("--host", default="127.0.0.1", help="Address to bind (0.0.0.0 for all interfaces).")
+@click.option("--host", default="127.0.0.1",
+              help="Address to bind (0.0.0.0 for all interfaces: inference, metadata, statistics and metrics are "
+                   "then open to the network).")
 @click.option("--timeout", default=180.0, type=float, help="Seconds to wait for readiness.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
+              help="tritonserver's log (kept after stop)  [default: REPOSITORY/../NAME.tritonserver.log]")
+@click.option("--admin-key-file", type=click.Path(dir_okay=False), default=None,
+              help="Unlock the admin APIs (shared-memory, model-repository, trace, logging) for requests whose header "
+                   "triton-admin-key (gRPC: triton-grpc-protocol-triton-admin-key) holds the key in this file; a "
+                   "missing file is created with a random key, mode 0600. Without it they are refused.")
 @click.option("--dry-run", is_flag=True, help="Print the exact command line(s) and exit.")
 @click.option("--verbose", is_flag=True, help="tritonserver --log-verbose=1.")
 def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, host: str, timeout: float,
-          dry_run: bool, verbose: bool) -> None:
-    """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until Ctrl-C/SIGTERM."""
+          log_path: Optional[str], admin_key_file: Optional[str], dry_run: bool, verbose: bool) -> None:
+    """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until Ctrl-C/SIGTERM/SIGHUP.
+
+    The server stops with this command, however it ends (kill -9 included). If a model's python-backend process
+    dies, the model can no longer answer: the server is stopped and the exit code is 3. Other exit codes: 0 stopped
+    by a signal, 1 the server failed or exited, 2 a bad argument or a busy port.
+    """
+    import shlex
+    import signal
     import time
 
-    from .server import ServerError, TritonServer, launch_spec
+    from .integrity import IntegrityError, verify_repository_engines
+    from .server import MODEL_DIED_EXIT, ServerError, TritonServer, dead_models_message, launch_spec
 
+    if dry_run:
+        try:
+            spec = launch_spec(Path(repository), http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                               host=host, verbose=verbose, admin_key_file=admin_key_file)
+        except ServerError as e:
+            raise UserError(str(e)) from None
+        click.echo(spec.shell())
+        for note in spec.notes:
+            click.echo(f"# {note}")
+        click.echo(f"# plain: {spec.plain}")
+        return
+    _sigterm_as_ctrl_c()
+    signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # terminal closed: stop cleanly as well
+    server = None
+    try:  # the engines are the ones the build made (the tensorrtllm backend itself does not check)
+        verify_repository_engines(Path(repository))
+    except IntegrityError as e:
+        raise UserError(str(e)) from None
     try:
-        if dry_run:
-            spec = launch_spec(Path(repository), http_port=http_port, grpc_port=grpc_port,
-                               metrics_port=metrics_port, host=host, verbose=verbose)
-            click.echo(spec.shell())
-            click.echo(f"# plain: {spec.plain}")
-            return
-        server = TritonServer(Path(repository), http_port=http_port, grpc_port=grpc_port,
-                              metrics_port=metrics_port, host=host, verbose=verbose)
+        server = TritonServer(Path(repository), http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                              host=host, verbose=verbose, log_path=log_path, admin_key_file=admin_key_file)
         click.echo(f"plain command: {server.spec.plain}", err=True)
         server.start()
     except ServerError as e:
         raise UserError(str(e)) from None
-    _sigterm_as_ctrl_c()
+    except KeyboardInterrupt:
+        if server is not None:
+            server.stop()
+        _err("stopped")
+        return
     try:
         server.wait_ready(timeout)
         click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  (log {server.log_path}); Ctrl-C stops")
-        while server.proc.poll() is None:
-            time.sleep(0.5)
-        _err(f"error: tritonserver exited with code {server.proc.returncode}; log tail:\n{server.log_tail()}")
-        server.stop()
-        sys.exit(1)
+        while True:
+            if server.proc.poll() is not None:
+                _err(f"error: {server.failure(f'tritonserver exited with code {server.proc.returncode}')}")
+                server.stop()
+                sys.exit(1)
+            dead = server.dead_models()
+            if dead:
+                _err(dead_models_message(dead, "trt-spec " + shlex.join(sys.argv[1:])))
+                server.stop()
+                sys.exit(MODEL_DIED_EXIT)
+            time.sleep(1.0)
     except ServerError as e:
         _err(f"error: {e}")
         sys.exit(1)

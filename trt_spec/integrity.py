@@ -96,3 +96,18 @@ def verify_served_engine(repository: Path, engine_dir: str) -> None:
     if entry and entry.get("files"):
         verify(Path(engine_dir), entry["files"], rebuild_hint(entry.get("config_path"), entry.get("step", "STEP"))
                + ", then rerun trt-spec repo")
+
+
+def verify_repository_engines(repository: Path) -> int:
+    """Before serving (the GPU path: the tensorrtllm C++ backend loads engines without looking at sums): every
+    engine recorded in <repository>/trt_spec_repo.json against its sums. Returns the number checked."""
+    meta_file = Path(repository) / REPO_META
+    try:
+        engines = json.loads(meta_file.read_text()).get("engines") or {}
+    except FileNotFoundError:
+        return 0
+    except (OSError, json.JSONDecodeError) as e:
+        raise IntegrityError(f"{meta_file}: unreadable ({e}); regenerate the repository with trt-spec repo") from None
+    for engine_dir in sorted(engines):
+        verify_served_engine(repository, engine_dir)
+    return len(engines)

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import datetime as _dt
 import fcntl
 import json
@@ -23,7 +22,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,11 +31,11 @@ from typing import Callable, Optional
 
 from . import __version__
 from .integrity import IntegrityError, file_sums, verify
+from .procutil import die_with_parent
 from .plan import STEP_STAMP, Plan, Step
 
 MANIFEST = "manifest.json"
 LOG_TAIL_LINES = 25
-PR_SET_PDEATHSIG = 1  # prctl(2) option: signal sent to this process when its parent thread exits
 
 log = logging.getLogger(__name__)
 
@@ -145,26 +143,6 @@ def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
-def _die_with_parent() -> Optional[Callable[[], None]]:
-    """preexec_fn: the child gets SIGKILL when the thread that spawned it exits, however it exits (kill -9
-    included). That thread waits in _run_step until the tool exits, so the signal fires only when the build
-    dies. Linux only; elsewhere the signal handling in _run_step is all there is."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    parent = os.getpid()
-
-    def preexec() -> None:  # runs in the child between fork and exec: keep it minimal
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect (the race in prctl(2))
-            os._exit(1)
-    return preexec
-
-
 class _TerminateAsInterrupt:
     """While a tool runs, SIGTERM and SIGHUP unwind like Ctrl-C, so the tool is stopped and its temporary removed.
     Signal handlers can only be set from the main thread; elsewhere this does nothing."""
@@ -200,7 +178,7 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
         logf.flush()
         try:  # own session (the build's Ctrl-C is handled below), but it dies with this thread (PDEATHSIG)
             proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    preexec_fn=_die_with_parent())
+                                    preexec_fn=die_with_parent(signal.SIGKILL))
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise BuildError(f"step {step.name}: cannot start {argv[0]}: {e.strerror}; install it or fix "

@@ -13,7 +13,6 @@ import json
 import os
 import time
 
-import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 

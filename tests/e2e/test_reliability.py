@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from trt_spec.harness.client import ClientError, LLMClient
+from trt_spec.harness.client import LLMClient
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "import numpy as np\n", "Once upon a time"]
 GREEDY = {"temperature": 0.0}

@@ -1,0 +1,275 @@
+"""`trt-spec serve` run as a user runs it (a subprocess) on a tiny deployment: the server dies with the launcher,
+SIGHUP stops it cleanly, no work dir stays behind, the python backend's shared memory is owner-only, the admin
+APIs need the admin key, a dead model stops serve, and a model that fails to load is named with its reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from trt_spec.harness.client import LLMClient
+from trt_spec.server import free_port
+
+from .conftest import build_deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture(scope="module")
+def built_repo(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("launcher")
+    return build_deployment(root, "draft_target", tiny_models["draft_other"], tiny_models["target"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+    except OSError:
+        return []
+
+
+def _refused(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", port))
+        except ConnectionRefusedError:
+            return True
+        return False
+
+
+class Serve:
+    """`python -m trt_spec.cli serve REPO …` with its own TMPDIR; procs() are the server's processes (tritonserver and
+    python-backend stubs: every live process whose command line names this test's repository, launcher aside)."""
+
+    def __init__(self, repo: Path, tmp: Path, *extra: str):
+        self.repo = repo.resolve()
+        self.tmpdir = tmp / "tmp"
+        self.tmpdir.mkdir()
+        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
+        self.out, self.err = tmp / "serve.out", tmp / "serve.err"
+        cmd = [sys.executable, "-m", "trt_spec.cli", "serve", str(self.repo), "--http-port", str(self.http),
+               "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), *extra]
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT,
+                                         env={**os.environ, "TMPDIR": str(self.tmpdir)})
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def procs(self) -> dict[int, list[str]]:
+        out = {}
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit() and int(p.name) != self.proc.pid and _alive(int(p.name)):
+                argv = _argv(int(p.name))
+                if any(str(self.repo) in a for a in argv[1:]):
+                    out[int(p.name)] = argv
+        return out
+
+    def wait_ready(self, timeout: float = 180) -> "Serve":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}:\n{self.stderr()}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        self.procs()
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.25)
+        pytest.fail(f"not ready after {timeout}s:\n{self.stderr()}")
+
+    def stubs(self) -> dict[int, list[str]]:
+        return {pid: a for pid, a in self.procs().items() if a[0].endswith("triton_python_backend_stub")}
+
+    def shm_prefix(self) -> str:
+        for argv in self.procs().values():
+            for a in argv:
+                m = re.search(r"shm-region-prefix-name=(\S+)", a)
+                if m:
+                    return m.group(1)
+        raise AssertionError("no tritonserver with a shm-region-prefix-name")
+
+    def wait_gone(self, timeout: float = 20) -> dict[int, list[str]]:
+        deadline = time.monotonic() + timeout
+        while self.procs() and time.monotonic() < deadline:
+            time.sleep(0.25)
+        return self.procs()
+
+    def close(self) -> None:
+        """Whatever a failed test left: this launcher and the processes that name this test's repository."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.procs():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for f in SHM.glob(f"trtspec{self.proc.pid}_*"):
+            f.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def serve(built_repo, tmp_path):
+    started: list[Serve] = []
+
+    def start(*extra: str, repo: Path | None = None) -> Serve:
+        if repo is None:
+            repo = tmp_path / "repo"
+            shutil.copytree(built_repo, repo)
+        s = Serve(repo, tmp_path, *extra)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def _workdirs(s: Serve) -> list[Path]:
+    return list(s.tmpdir.glob("trt-spec-triton-*"))
+
+
+def test_kill_9_of_the_launcher_stops_the_server_and_its_stubs(serve):
+    s = serve().wait_ready()
+    procs = s.procs()
+    assert any(a[0].endswith("tritonserver") for a in procs.values()) and len(s.stubs()) == 5
+    s.proc.kill()
+    s.proc.wait()
+    assert s.wait_gone(20) == {}, "tritonserver or a stub outlived its launcher"
+    assert _refused(s.http) and _refused(s.grpc)
+
+
+def test_sighup_stops_cleanly_and_removes_the_work_dir(serve):
+    s = serve().wait_ready()
+    assert len(_workdirs(s)) == 1
+    s.proc.send_signal(signal.SIGHUP)
+    assert s.proc.wait(30) == 0, s.stderr()
+    assert s.wait_gone(5) == {}
+    assert _refused(s.http) and _refused(s.grpc)
+    assert _workdirs(s) == []
+    log = s.repo.parent / "repo.tritonserver.log"  # the log outlives the server, next to the repository
+    assert "stopped" in s.stderr() and "Started HTTPService" in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def keyed(built_repo, tmp_path_factory):
+    """One deployment served with --admin-key-file, after one request over each protocol."""
+    tmp = tmp_path_factory.mktemp("keyed")
+    repo = tmp / "repo"
+    shutil.copytree(built_repo, repo)
+    key_file = tmp / "admin.key"
+    s = Serve(repo, tmp, "--admin-key-file", str(key_file)).wait_ready()
+    try:
+        for url, proto in ((f"127.0.0.1:{s.http}", "http"), (f"127.0.0.1:{s.grpc}", "grpc")):
+            assert LLMClient(url, proto).generate("tensorrt_llm_bls", "Hello, world!", 4, temperature=0.0).output_ids
+        yield s, key_file
+    finally:
+        s.close()
+
+
+def test_python_backend_shared_memory_is_owner_only(keyed):
+    s, _ = keyed
+    regions = list(SHM.glob(f"{s.shm_prefix()}*"))
+    assert len(regions) >= 5  # one per stub
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in regions if f.stat().st_mode & 0o077} == {}
+
+
+def _http(s: Serve, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> int:
+    req = urllib.request.Request(f"http://127.0.0.1:{s.http}{path}", method=method, headers=headers or {},
+                                 data=None if body is None else json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_admin_apis_need_the_admin_key(keyed):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    s, key_file = keyed
+    register = {"key": "/trtspec_probe", "offset": 0, "byte_size": 64}
+    assert _http(s, "POST", "/v2/systemsharedmemory/region/x/register", register) == 403
+    assert _http(s, "POST", "/v2/logging", {"log_verbose_level": 1}) == 403
+    assert _http(s, "POST", "/v2/repository/models/ensemble/unload", {}) == 403
+    assert _http(s, "POST", "/v2/logging", {"log_verbose_level": 1}, {"triton-admin-key": "wrong-key"}) == 403
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{s.grpc}")
+    with pytest.raises(InferenceServerException, match="restricted"):
+        g.update_log_settings({"log_verbose_level": 1})
+    with pytest.raises(InferenceServerException, match="restricted"):
+        g.unload_model("ensemble")
+    # --admin-key-file: created owner-only, never printed, unlocks them
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text().strip()
+    assert key not in s.stderr() + s.out.read_text()
+    assert _http(s, "POST", "/v2/logging", {"log_verbose_level": 0}, {"triton-admin-key": key}) == 200
+    g.update_log_settings({"log_verbose_level": 0}, headers={"triton-grpc-protocol-triton-admin-key": key})
+    # open: health, metadata, model config, statistics, inference
+    for path in ("/v2/health/ready", "/v2", "/v2/models/ensemble", "/v2/models/ensemble/config",
+                 "/v2/models/ensemble/stats"):
+        assert _http(s, "GET", path) == 200, path
+    assert g.is_model_ready("tensorrt_llm_bls")
+    assert LLMClient(f"127.0.0.1:{s.grpc}", "grpc").generate("ensemble", "The quick", 3).output_ids
+
+
+def test_a_dead_python_backend_process_stops_serve_with_its_model_named(serve):
+    s = serve().wait_ready()
+    draft = [pid for pid, a in s.stubs().items() if "/tensorrt_llm_draft/" in a[1]]
+    assert len(draft) == 1
+    os.kill(draft[0], signal.SIGKILL)
+    try:
+        rc = s.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"serve still running 15 s after a stub died:\n{s.stderr()}")
+    err = s.stderr()
+    assert rc == 3, err  # the exit code `serve --help` documents (server.MODEL_DIED_EXIT)
+    assert f"model tensorrt_llm_draft stopped (its python-backend process {draft[0]} died)" in err
+    assert "restart it with: trt-spec serve" in err
+    assert s.wait_gone(10) == {} and _refused(s.http) and _refused(s.grpc)
+    assert _workdirs(s) == []
+
+
+def test_a_model_that_fails_to_load_is_named_with_its_reason(serve, built_repo, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(built_repo, repo)
+    cfg = repo / "tensorrt_llm" / "config.pbtxt"
+    text = cfg.read_text()
+    cut = re.sub(r'parameters \{\n  key: "tokenizer_dir"\n  value \{\n    string_value: "[^"]*"\n  \}\n\}\n', "", text)
+    assert cut != text
+    cfg.write_text(cut)
+    s = serve(repo=repo)
+    rc = s.proc.wait(180)
+    err = s.stderr()
+    assert rc == 1, err
+    lines = err.splitlines()
+    cause = next(i for i, ln in enumerate(lines) if "failed to load 'tensorrt_llm'" in ln)
+    assert "Cannot find parameter with name: tokenizer_dir" in lines[cause]
+    assert lines[cause - 1].startswith("error: tritonserver exited with code 1 before becoming ready")
+    log = Path(re.search(r"full log: (\S+)", err).group(1))
+    assert log.is_file() and "tokenizer_dir" in log.read_text() and s.tmpdir not in log.parents
+    assert _workdirs(s) == [] and s.wait_gone(10) == {}
