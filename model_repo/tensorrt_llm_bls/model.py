@@ -117,10 +117,7 @@ class TritonPythonModel:
         respond(error, FINAL)
 
     async def _serve(self, request, respond):
-        try:
-            r, exclude_input = self._parse(request)
-        except (ValueError, TypeError) as e:  # malformed values in the request's tensors
-            raise RequestError(str(e)) from None
+        r, exclude_input = self._parse(request)  # malformed values: ValueError/TypeError, a client error line
         detok = IncrementalDetokenizer(self.tokenizer)
         if r.stream and not exclude_input:
             respond(self._chunk(r.prompt, self.tokenizer.decode(r.prompt, skip_special_tokens=True)), 0)
