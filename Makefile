@@ -40,7 +40,7 @@ engines:
 	$(PY) -m trt_spec.cli build $(CONFIG) $(GPU_ARG)
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow and not soak"
+	$(BIN)/python -m pytest -q -m "not soak"
 
 # The long concurrency soak (96 streams x 8 rounds on the tiny deployment); CI runs it after make test.
 soak: setup
@@ -53,4 +53,4 @@ clean:
 	rm -rf build .pytest_cache
 
 demo: setup
-	$(BIN)/trt-spec demo build_configs/cpu-smollm2-ngram.yaml --out build/demo
+	$(BIN)/trt-spec demo

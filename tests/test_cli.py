@@ -101,3 +101,57 @@ def test_doctor_lists_what_is_missing():
     r = run("doctor")
     assert r.exit_code == 0
     assert "TensorRT-LLM" in r.output and "tritonserver" in r.output and "blocks:" in r.output
+
+
+def _section(help_text: str, heading: str) -> set[str]:
+    """The options listed in one --help section (from its heading to the next blank line)."""
+    lines = help_text.split(heading, 1)[1].split("\n\n", 1)[0].splitlines()
+    return {ln.split()[0].rstrip(",") for ln in lines if ln.startswith("  -")}
+
+
+def test_bench_help_groups_options_by_mode():
+    out = run("bench", "--help").output
+    assert _section(out, "Options (every mode):") == {"--prompts", "--max-tokens", "--limit", "--k", "--repeats",
+                                                      "--format", "-h"}
+    assert _section(out, "With --url HOST:PORT") == {"--url", "--protocol", "--concurrency", "--tokenizer", "--out"}
+    assert _section(out, "With --in-process CONFIG") == {"--in-process", "--ignore-eos", "--threads", "--compare-hf",
+                                                         "--set"}
+    assert "--prompt-set" not in out  # the old name still works, but is not advertised
+
+
+@pytest.mark.parametrize("args,expect", [
+    ((), "error: choose one: --url HOST:PORT"),
+    (("--url", "h:1", "--in-process", "c.yaml"), "error: choose one: --url HOST:PORT"),
+    (("--url", "h:1", "--ignore-eos"), "error: --ignore-eos goes with --in-process CONFIG, not with --url HOST:PORT"),
+    (("--url", "h:1", "--set", "a=1"), "error: --set goes with --in-process CONFIG"),
+    (("--in-process", "c.yaml", "--concurrency", "2"), "error: --concurrency goes with --url HOST:PORT"),
+    (("--in-process", "c.yaml", "--protocol", "http"), "error: --protocol goes with --url HOST:PORT"),
+])
+def test_bench_mode_errors_are_one_line_exit_2(args, expect):
+    r = run("bench", *args)
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [r.output.strip()] and r.output.startswith(expect)
+
+
+@pytest.mark.parametrize("cmd", ["check", "bench", "tune"])
+def test_prompts_option_and_its_old_name(cmd, tmp_path):
+    missing = str(tmp_path / "none.jsonl")
+    mode = ("--url", "127.0.0.1:1") if cmd == "bench" else ()
+    for name in ("--prompts", "--prompt-set"):
+        r = run(cmd, *mode, name, missing)
+        assert r.exit_code == 2 and f"prompt set '{missing}'" in r.output
+
+
+def test_option_defaults_come_from_the_defaults_module():
+    from trt_spec import defaults
+
+    serve = run("serve", "--help").output
+    for opt, value in (("--http-port", defaults.HTTP_PORT), ("--grpc-port", defaults.GRPC_PORT),
+                       ("--metrics-port", defaults.METRICS_PORT), ("--host", defaults.HOST),
+                       ("--timeout", defaults.READY_TIMEOUT_S)):
+        assert f"[default: {value}]" in " ".join(serve.split(opt, 1)[1].split("\n  --", 1)[0].split())
+    for cmd in ("check", "tune"):
+        assert f"[default: {defaults.URL}]" in run(cmd, "--help").output
+    tune = " ".join(run("tune", "--help").output.split())
+    assert f"[default: {', '.join(map(str, defaults.TUNE_KS))}]" in tune
+    demo = " ".join(run("demo", "--help").output.split())
+    assert defaults.DEMO_CONFIG in demo.replace("- ", "-") and f"[default: {defaults.DEMO_OUT}]" in demo

@@ -16,11 +16,12 @@ import yaml
 
 from trt_spec.config import load_config
 from trt_spec.integrity import IntegrityError, file_sums, verify, verify_served_engine
+from trt_spec.manifest import BuildManifest, RepoRecord
 from trt_spec.plan import STEP_STAMP, make_plan
 from trt_spec.preflight import run_preflight
 from trt_spec.reference.export import export, save_safetensors
 from trt_spec.repository import RepositoryError, write_repository
-from trt_spec.runner import is_up_to_date, load_manifest, run_plan
+from trt_spec.runner import is_up_to_date, run_plan
 
 from .tiny import make_model, make_tokenizer
 
@@ -71,14 +72,14 @@ def test_stamp_and_manifest_carry_the_sums(built):
     stamp = json.loads((built["engine"] / STEP_STAMP).read_text())
     assert stamp["files"] == file_sums(built["engine"], skip={STEP_STAMP})
     assert "model.safetensors" in stamp["files"] and STEP_STAMP not in stamp["files"]
-    entry = load_manifest(built["build"])["engines"]["target"]
-    assert entry["files"] == stamp["files"] and entry["step"] == "export-target"
+    entry = BuildManifest.read(built["build"]).target
+    assert entry.files == stamp["files"] and entry.step == "export-target"
 
 
 def test_truncated_engine_file_reruns_its_step(built):
     """Through the CLI: the changed file is named on one line and its step runs again (not "up to date")."""
     f = built["engine"] / "model.safetensors"
-    before = load_manifest(built["build"])["engines"]["target"]["files"]
+    before = BuildManifest.read(built["build"]).target.files
     size = before["model.safetensors"]["size"]
     with corrupted(f, "truncate"):
         r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "build", str(built["config"])],
@@ -90,7 +91,7 @@ def test_truncated_engine_file_reruns_its_step(built):
                          "at build time); rerunning the step"]
         assert f.stat().st_size == size  # rebuilt
     # the reference export is byte-reproducible: the rebuilt engine has the same sums
-    assert load_manifest(built["build"])["engines"]["target"]["files"] == before
+    assert BuildManifest.read(built["build"]).target.files == before
 
 
 def test_same_size_corruption_is_detected(built, caplog):
@@ -106,7 +107,7 @@ def test_same_size_corruption_is_detected(built, caplog):
 
 def test_write_repository_refuses_a_changed_engine(built):
     f = built["engine"] / "model.safetensors"
-    manifest = load_manifest(built["build"])
+    manifest = BuildManifest.read(built["build"])
     dest = built["root"] / "repo-refused"
     with corrupted(f, "flip"), pytest.raises(RepositoryError) as e:
         write_repository(manifest, dest)
@@ -129,11 +130,11 @@ def test_cli_repo_shows_the_one_line(built):
 
 
 def test_engine_model_refuses_to_load_a_changed_engine(built):
-    """The check model_repo/reference_engine/model.py runs in initialize() (the model fails to load)."""
+    """The check trt_spec/triton_models/reference_engine/model.py runs in initialize() (the model fails to load)."""
     repo = built["root"] / "repo"
-    write_repository(load_manifest(built["build"]), repo)
-    meta = json.loads((repo / "trt_spec_repo.json").read_text())
-    assert meta["engines"][str(built["engine"])]["files"]["model.safetensors"]["size"] > 0
+    write_repository(BuildManifest.read(built["build"]), repo)
+    record = RepoRecord.read(repo)
+    assert record.engines[str(built["engine"])].files["model.safetensors"]["size"] > 0
     verify_served_engine(repo, str(built["engine"]))  # intact: loads
     f = built["engine"] / "model.safetensors"
     with corrupted(f, "truncate"), pytest.raises(IntegrityError, match=rf"engine file {f} does not match the build "
@@ -153,7 +154,7 @@ def test_engine_model_initialize_runs_the_check(built, monkeypatch):
     from trt_spec.repository import parse_config
 
     repo = built["root"] / "repo-model"
-    write_repository(load_manifest(built["build"]), repo)
+    write_repository(BuildManifest.read(built["build"]), repo)
     mdir = repo / "tensorrt_llm"
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils",
                         types.SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=1))
@@ -213,7 +214,7 @@ def test_cli_serve_refuses_a_changed_engine_before_starting_anything(built):
     """The GPU path's load-time check: the tensorrtllm backend loads engines without looking at sums, so serve
     verifies every engine of the repository first."""
     repo = built["root"] / "repo-serve"
-    write_repository(load_manifest(built["build"]), repo)
+    write_repository(BuildManifest.read(built["build"]), repo)
     f = built["engine"] / "model.safetensors"
     with corrupted(f, "flip"):
         r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(repo), "--http-port", "1"],

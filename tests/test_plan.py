@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_spec import trtllm_flags as F
+from trt_spec import trtllm as F
 from trt_spec.config import load_config
 from trt_spec.hardware import resolve_gpu
 from trt_spec.plan import make_plan

@@ -1,6 +1,5 @@
 """Repository writer: goldens for a TensorRT config, parse-back, leftover/cross-reference checks."""
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -10,8 +9,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trt_spec import backend_contract as bc
-from trt_spec.repository import (RepositoryError, manifest_for_config, parse_config, validate_repository,
-                                 write_repository)
+from trt_spec.manifest import RepoRecord, WorldSize
+from trt_spec.pipeline import manifest_for_config
+from trt_spec.repository import RepositoryError, parse_config, validate_repository, write_repository
 
 from .conftest import REPO
 
@@ -61,8 +61,9 @@ def test_tensorrt_engine_parameters(gpu_repo):
     assert names["draft_input_ids"].optional and names["seed"].data_type == mc.TYPE_UINT64
     assert {o.name for o in cfg.output} >= {"output_ids", "sequence_length", "acceptance_rate",
                                             "total_accepted_draft_tokens", "total_draft_tokens"}
-    meta = json.loads((gpu_repo / "trt_spec_repo.json").read_text())
-    assert meta["orchestrator"] is True and meta["world_size"]["total"] == 3 and meta["mpi_ranks"] == 1
+    record = RepoRecord.read(gpu_repo)
+    assert record.orchestrator is True and record.world_size == WorldSize(2, 1, 3) and record.mpi_ranks == 1
+    assert record.engines == {}  # written from the config's plan: no engine built, no sums yet
 
 
 def test_medusa_repository_sets_decoding_mode(tmp_path):

@@ -1,6 +1,5 @@
 """Runner with stand-in TensorRT-LLM tools (test doubles of the external executables, not of trt-spec)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -12,9 +11,10 @@ import pytest
 
 from trt_spec.config import load_config
 from trt_spec.hardware import resolve_gpu
+from trt_spec.manifest import BuildManifest, WorldSize
 from trt_spec.plan import make_plan
 from trt_spec.preflight import run_preflight
-from trt_spec.runner import BuildError, BuildLockedError, _Lock, load_manifest, run_plan
+from trt_spec.runner import BuildError, BuildLockedError, run_plan
 
 from .conftest import tool_calls
 
@@ -30,12 +30,15 @@ def test_full_build_writes_engines_and_manifest(fake_build):
     assert [s.status for s in res.steps] == ["ran"] * 4
     calls = tool_calls(fake_build["log"])
     assert [c["tool"] for c in calls] == ["quantize", "quantize", "trtllm_build", "trtllm_build"]
-    m = load_manifest(fake_build["out"])
-    assert m["config_hash"] == p.config_hash and m["engine"] == "tensorrt"
-    assert m["engines"]["target"]["max_draft_len"] == 4 and m["engines"]["draft"]["max_draft_len"] == 0
-    assert m["world_size"] == {"target": 1, "draft": 1, "total": 2}
-    assert m["gpu"]["name"] == "h100" and m["speculative"]["mode"] == "draft_target"
-    assert "--speculative_decoding_mode" in m["engines"]["target"]["argv"]
+    assert res.manifest == fake_build["out"] / "manifest.json"
+    m = BuildManifest.read(fake_build["out"])
+    assert m.config_hash == p.config_hash and m.engine == "tensorrt" and m.config == p.report.config
+    assert m.target.max_draft_len == 4 and m.draft.max_draft_len == 0
+    assert m.world_size == WorldSize(target=1, draft=1, total=2)
+    assert m.gpu.name == "h100" and m.speculative.mode == "draft_target"
+    assert "--speculative_decoding_mode" in m.target.argv
+    assert m.target.files and m.draft.files  # built: each engine's sums
+    assert [s.status for s in m.steps] == ["ran"] * 4
     assert (fake_build["out"] / "logs" / "engine-target.log").read_text().startswith("$ ")
     # the tools wrote into temporaries that were renamed: no leftovers next to the outputs
     leftovers = [p for p in fake_build["out"].rglob(".*") if "partial" in p.name or ".old-" in p.name]

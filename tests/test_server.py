@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from trt_spec.repository import manifest_for_config, write_repository
+from trt_spec.pipeline import manifest_for_config
+from trt_spec.repository import write_repository
 from trt_spec.server import ServerError, TritonServer, check_port_free, launch_spec
 
 from .conftest import REPO

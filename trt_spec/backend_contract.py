@@ -1,7 +1,7 @@
 """The contract of NVIDIA's `tensorrtllm` Triton backend, for the parameters and tensors trt-spec uses.
 
 One data module, read by the repository writer (what a `tensorrt_llm` config must carry), by the CPU stand-in
-`model_repo/reference_engine` (what it must refuse, with the backend's own error text) and by the tests, so
+`trt_spec/triton_models/reference_engine` (what it must refuse, with the backend's own error text) and by the tests, so
 the GPU repository and the stand-in cannot drift apart. The stand-in is at least as strict as the backend.
 
 Sources (each rule below names its file and function):

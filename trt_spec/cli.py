@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Optional
 
 import click
+from click.core import ParameterSource
 
+from . import defaults
 from .config import BuildConfig, ConfigError, load_config
+from .harness.prompts import PROMPT_SETS
 from .hardware import HardwareError, resolve_gpu
 from .preflight import PreflightError
 
@@ -57,8 +60,62 @@ def _plan_for(config: str, sets: tuple[str, ...], gpu: Optional[str], require_ch
     return make_plan(cfg, report, Path(config))
 
 
-_set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                           help="Override a config key, e.g. --set target.checkpoint=/models/llama (repeatable).")
+class _Option(click.Option):
+    """An option that may belong to one mode of a _ModeCommand, and whose extra names (old spellings that still
+    work) may be kept out of --help."""
+
+    def __init__(self, *args, mode: Optional[str] = None, hidden_aliases: bool = False, **kw):
+        super().__init__(*args, **kw)
+        self.mode = mode
+        self.hidden_aliases = hidden_aliases
+
+    def get_help_record(self, ctx: click.Context):
+        if not self.hidden_aliases:
+            return super().get_help_record(ctx)
+        names, self.opts = self.opts, self.opts[:1]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = names
+
+
+class _ModeCommand(click.Command):
+    """A command that runs in one of several modes, each chosen by its own option. --help lists the options every
+    mode takes, then each mode's under its own heading; check_mode refuses an option of a mode not chosen."""
+
+    def __init__(self, *args, modes: dict[str, tuple[str, str]], **kw):
+        super().__init__(*args, **kw)
+        self.modes = modes  # mode -> (the option that chooses it, what it does)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        params = self.get_params(ctx)
+        headings = {None: "Options (every mode)"}
+        headings.update({m: f"With {sel} ({what})" for m, (sel, what) in self.modes.items()})
+        for mode, heading in headings.items():
+            rows = [r for p in params if getattr(p, "mode", None) == mode for r in [p.get_help_record(ctx)] if r]
+            if rows:
+                with formatter.section(heading):
+                    formatter.write_dl(rows)
+
+    def check_mode(self, ctx: click.Context, mode: str) -> None:
+        for p in self.get_params(ctx):
+            other = getattr(p, "mode", None)
+            if other not in (None, mode) and ctx.get_parameter_source(p.name) not in (None, ParameterSource.DEFAULT):
+                raise UserError(f"{p.opts[0]} goes with {self.modes[other][0]}, not with {self.modes[mode][0]}; "
+                                "drop it")
+
+
+def _set_opt(**kw):
+    return click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                        help="Override a config key, e.g. --set target.checkpoint=/models/llama (repeatable).", **kw)
+
+
+def _protocol_opt(**kw):
+    return click.option("--protocol", type=click.Choice(defaults.PROTOCOLS), default=defaults.PROTOCOL,
+                        help="How to reach --url.", **kw)
+
+
+_set_option = _set_opt()
 _gpu_option = click.option("--gpu", default=None, metavar="NAME[:COUNT]",
                            help="Plan for a named GPU (h100, h200, a100-80gb, l40s, ...) instead of the config/nvidia-smi.")
 
@@ -151,7 +208,7 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
 @main.command()
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Repository directory (default: BUILD_DIR/model_repo).")
+              help=f"Repository directory (default: BUILD_DIR/{defaults.REPO_SUBDIR}).")
 @click.option("--decoupled/--no-decoupled", default=True, show_default=True,
               help="Decoupled engine models and BLS (streaming). --no-decoupled: NVIDIA's DTM recipe, for clients "
                    "that call the models with unary infer (no streaming).")
@@ -159,25 +216,21 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
 @_set_option
 def repo(source: str, out_dir: Optional[str], decoupled: bool, gpu: Optional[str], sets: tuple[str, ...]) -> None:
     """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
-    from .repository import RepositoryError, manifest_for_config, write_repository
-    from .runner import BuildError, load_manifest
+    from .manifest import BuildManifest, ManifestError
+    from .pipeline import manifest_for_config
+    from .repository import RepositoryError, write_repository
 
     src = Path(source)
     try:
         if src.is_dir():
-            manifest = load_manifest(src)
-            default_out = src / "model_repo"
+            manifest = BuildManifest.read(src)
+            default_out = src / defaults.REPO_SUBDIR
         else:
-            try:
-                manifest = manifest_for_config(src, sets, gpu)
-            except ConfigError as e:
-                raise UserError(str(e)) from None
-            except (PreflightError, HardwareError) as e:
-                raise UserError(str(e)) from None
-            default_out = Path(manifest["config"].get("output_dir") or Path("build") / manifest["name"]) / "model_repo"
+            manifest = manifest_for_config(src, sets, gpu)
+            default_out = manifest.config.resolved_output_dir(src) / defaults.REPO_SUBDIR
         dest = Path(out_dir) if out_dir else default_out
         configs = write_repository(manifest, dest, decoupled=decoupled)
-    except (BuildError, RepositoryError) as e:
+    except (ConfigError, PreflightError, HardwareError, ManifestError, RepositoryError) as e:
         raise UserError(str(e)) from None
     click.echo(f"wrote {dest} ({', '.join(sorted(configs))})")
     click.echo(f"serve it: trt-spec serve {dest}   (or: tritonserver --model-repository={dest.resolve()})")
@@ -185,15 +238,16 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, gpu: Optional[str
 
 @main.command()
 @click.argument("repository", type=click.Path(file_okay=False))
-@click.option("--http-port", default=8000, type=int, help="HTTP port.")
-@click.option("--grpc-port", default=8001, type=int, help="gRPC port.")
-@click.option("--metrics-port", default=8002, type=int, help="Metrics port.")
-@click.option("--host", default="127.0.0.1",
+@click.option("--http-port", default=defaults.HTTP_PORT, type=int, help="HTTP port.")
+@click.option("--grpc-port", default=defaults.GRPC_PORT, type=int, help="gRPC port.")
+@click.option("--metrics-port", default=defaults.METRICS_PORT, type=int, help="Metrics port.")
+@click.option("--host", default=defaults.HOST,
               help="Address to bind (0.0.0.0 for all interfaces: inference, metadata, statistics and metrics are "
                    "then open to the network).")
-@click.option("--timeout", default=180.0, type=float, help="Seconds to wait for readiness.")
+@click.option("--timeout", default=defaults.READY_TIMEOUT_S, type=float,
+              help="Seconds to wait for the server and every model to be ready.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
-              help="tritonserver's log (kept after stop)  [default: REPOSITORY/../NAME.tritonserver.log]")
+              help="tritonserver's log (kept after stop)  [default: REPOSITORY.tritonserver.log]")
 @click.option("--admin-key-file", type=click.Path(dir_okay=False), default=None,
               help="Unlock the admin APIs (shared-memory, model-repository, trace, logging) for requests whose header "
                    "triton-admin-key (gRPC: triton-grpc-protocol-triton-admin-key) holds the key in this file; a "
@@ -276,12 +330,14 @@ def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int]):
         raise UserError(str(e)) from None
 
 
-def _client(url: str, protocol: str, models: tuple[str, ...] = ("ensemble", "tensorrt_llm_bls")):
+def _client(url: str, protocol: str):
+    """A client for the baseline and speculative models at url; one clear error if either is not ready."""
     from .harness.client import ClientError, LLMClient
+    from .names import TEXT_MODELS
 
     c = LLMClient(url, protocol)
     try:
-        c.check_ready(list(models))
+        c.check_ready(list(TEXT_MODELS))
     except ClientError as e:
         raise UserError(str(e)) from None
     return c
@@ -296,12 +352,16 @@ def _progress(console, total: int, label: str):
     return prog, (lambda done, *_: prog.update(task, completed=done))
 
 
-_prompt_options = [
-    click.option("--prompts", "prompt_set", default="code-edit",
-                 help="Prompt set (code-edit, code, chat, summarization) or a JSONL file {\"prompt\", \"max_tokens\"}."),
+_prompt_options = [  # --prompt-set: bench's old name, still accepted
+    click.option("--prompts", "--prompt-set", "prompt_set", cls=_Option, hidden_aliases=True, metavar="SET|FILE",
+                 default=defaults.PROMPT_SET, help=f"Prompt set ({', '.join(PROMPT_SETS)}) or a JSONL file, one "
+                 "{\"prompt\": ..., \"max_tokens\": ...} per line."),
     click.option("--max-tokens", type=int, default=None, help="Override every prompt's max_tokens."),
     click.option("--limit", type=int, default=None, help="Use only the first N prompts."),
 ]
+_url_help = ("Triton endpoint HOST:PORT: the server's gRPC port with --protocol grpc, its HTTP port with "
+             "--protocol http.")
+_report_help = "Write report.json, report.md and PNG plots here."
 
 
 def _with(options):
@@ -313,15 +373,17 @@ def _with(options):
 
 
 @main.command()
-@click.option("--url", default="127.0.0.1:8001", help="Triton endpoint HOST:PORT (gRPC or HTTP port).")
-@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc")
+@click.option("--url", default=defaults.URL, metavar="HOST:PORT", help=_url_help)
+@_protocol_opt()
 @_with(_prompt_options)
 @click.option("--num-draft-tokens", type=int, default=None, help="k per request (default: the deployment's).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
               help="Tokenizer dir: shows divergence context and enables the near-tie (top-2 logit margin) check.")
 @click.option("--raw", is_flag=True, help="Send prompts as raw text (default with --tokenizer: its chat template).")
-@click.option("--temperature", type=float, default=0.0, help="> 0: distribution-level check over seeded samples.")
-@click.option("--samples", type=int, default=200, help="Samples per prompt for the distribution check.")
+@click.option("--temperature", type=float, default=0.0,
+              help="> 0: also a distribution-level (chi-square) check over seeded samples at this temperature.")
+@click.option("--samples", type=int, default=defaults.SAMPLING_SAMPLES,
+              help="Seeded samples per prompt and model for the distribution check.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
           num_draft_tokens: Optional[int], tokenizer: Optional[str], raw: bool, temperature: float, samples: int,
@@ -358,37 +420,55 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
     sys.exit(0 if rep.passed else 1)
 
 
-@main.command()
-@click.argument("config", required=False, type=click.Path(dir_okay=False))
-@click.option("--in-process", "in_process", is_flag=True,
-              help="Benchmark the built reference engine of CONFIG in this process (no server).")
-@click.option("--url", default=None, help="Benchmark a served deployment at HOST:PORT instead.")
-@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc")
-@click.option("--prompt-set", "prompt_set", default="code-edit",
-              help="code-edit, code, chat, summarization, or a JSONL file.")
-@click.option("--max-tokens", type=int, default=None, help="Override every prompt's max_tokens.")
-@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
-@click.option("--k", "ks", multiple=True, type=int, help="Draft tokens per step; repeat to sweep (default: max_draft_len).")
+_BENCH_MODES = {"served": ("--url HOST:PORT", "a deployment served by Triton"),
+                "in-process": ("--in-process CONFIG", "CONFIG's built reference engine, in this process, no server")}
+
+
+def _served(*names, **kw):
+    return click.option(*names, cls=_Option, mode="served", **kw)
+
+
+def _in_process(*names, **kw):
+    return click.option(*names, cls=_Option, mode="in-process", **kw)
+
+
+@main.command(cls=_ModeCommand, modes=_BENCH_MODES)
+@_with(_prompt_options)
+@click.option("--k", "ks", multiple=True, type=int,
+              help="Draft tokens per step; repeat to sweep (default: served, the deployment's num_draft_tokens; "
+                   "in-process, the build's max_draft_len).")
 @click.option("--repeats", type=int, default=1, help="Repetitions of the prompt set.")
-@click.option("--concurrency", "levels", multiple=True, type=int, help="Served: concurrency sweep levels (repeatable).")
-@click.option("--ignore-eos", is_flag=True, help="In-process: generate exactly max_tokens (fixed-length benchmark).")
-@click.option("--threads", type=int, default=None, help="In-process: torch threads (default: torch's choice).")
-@click.option("--compare-hf", is_flag=True, help="In-process: also time target-only greedy against HF generate.")
-@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
-              help="Served: wrap prompts in this tokenizer's chat template (as an instruct model is served).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Served: write report.{json,md,png} here.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-@_set_option
-def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol: str, prompt_set: str,
-          max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...], repeats: int, levels: tuple[int, ...],
-          ignore_eos: bool, threads: Optional[int], compare_hf: bool, tokenizer: Optional[str], out_dir: Optional[str], fmt: str, sets: tuple[str, ...]) -> None:
-    """Measure speculative vs baseline: speedup, acceptance, TTFT/TPOT, cost ratio, Leviathan bound, identity."""
-    if in_process == bool(url):
-        raise UserError("choose one: --in-process CONFIG (reference engine, no server) or --url HOST:PORT (served)")
+@_served("--url", default=None, metavar="HOST:PORT", help=_url_help)
+@_protocol_opt(cls=_Option, mode="served")
+@_served("--concurrency", "levels", multiple=True, type=int,
+         help="Also sweep these numbers of requests in flight (repeatable), at the first --k.")
+@_served("--tokenizer", type=click.Path(file_okay=False), default=None,
+         help="Wrap prompts in this tokenizer's chat template (as an instruct model is served).")
+@_served("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
+@_in_process("--in-process", "config", type=click.Path(dir_okay=False), default=None, metavar="CONFIG",
+             help="The build config (built with `trt-spec build CONFIG`).")
+@_in_process("--ignore-eos", is_flag=True, help="Generate exactly max_tokens (fixed-length benchmark).")
+@_in_process("--threads", type=int, default=None, help="torch threads (default: torch's choice).")
+@_in_process("--compare-hf", is_flag=True, help="Also time target-only greedy against HF generate.")
+@_set_opt(cls=_Option, mode="in-process")
+@click.pass_context
+def bench(ctx: click.Context, prompt_set: str, max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...],
+          repeats: int, fmt: str, url: Optional[str], protocol: str, levels: tuple[int, ...], tokenizer: Optional[str],
+          out_dir: Optional[str], config: Optional[str], ignore_eos: bool, threads: Optional[int], compare_hf: bool,
+          sets: tuple[str, ...]) -> None:
+    """Benchmark the speculative model against the baseline, paired (same prompts, alternating), in one of two modes.
+
+    Served (--url): speedup with a 95% interval, acceptance, TTFT/TPOT, optionally a concurrency sweep and report
+    files. In-process (--in-process CONFIG): the reference engine's own ceiling: speedup, decode speedup, token
+    identity, acceptance, draft/target cost ratio and the Leviathan bound.
+    """
+    if bool(config) == bool(url):
+        raise UserError("choose one: --url HOST:PORT (a served deployment) or --in-process CONFIG (its reference "
+                        "engine, no server)")
+    ctx.command.check_mode(ctx, "in-process" if config else "served")
     prompts = _prompts(prompt_set, max_tokens, limit)
-    if in_process:
-        if config is None:
-            raise UserError("--in-process needs CONFIG, e.g. trt-spec bench --in-process build_configs/cpu-smollm2-ngram.yaml")
+    if config:
         from .harness.inprocess import format_report, load_deployment, run_inprocess, to_json
         from .runner import BuildError
 
@@ -450,11 +530,11 @@ def bench(config: Optional[str], in_process: bool, url: Optional[str], protocol:
 
 
 @main.command()
-@click.option("--url", default="127.0.0.1:8001", help="Triton endpoint HOST:PORT.")
-@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc")
+@click.option("--url", default=defaults.URL, metavar="HOST:PORT", help=_url_help)
+@_protocol_opt()
 @_with(_prompt_options)
-@click.option("--k", "ks", multiple=True, type=int, help="k values to try (default 1 2 4 and max).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Write report files here.")
+@click.option("--k", "ks", multiple=True, type=int, default=defaults.TUNE_KS, help="k values to try (repeatable).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
 def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
          ks: tuple[int, ...], out_dir: Optional[str]) -> None:
     """Sweep num_draft_tokens (k) against a served deployment and recommend one."""
@@ -466,7 +546,7 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
 
     prompts = _prompts(prompt_set, max_tokens, limit)
     client = _client(url, protocol)
-    sweep = list(ks) or [1, 2, 4]
+    sweep = list(ks)
     console = Console(stderr=True)
     try:
         prog, cb = _progress(console, len(sweep), "k sweep")
@@ -480,14 +560,15 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
     click.echo(markdown({**rep, "environment": environment()}))
 
 
-@main.command()
-@click.argument("config", type=click.Path(dir_okay=False), default="build_configs/cpu-smollm2-ngram.yaml")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="build/demo",
+@main.command(help=f"End to end on this machine: build CONFIG (default: {defaults.DEMO_CONFIG}), repo, serve, "
+                   "check and bench over HTTP and gRPC, a concurrency sweep over gRPC, reports, stop.")
+@click.argument("config", type=click.Path(dir_okay=False), default=defaults.DEMO_CONFIG)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=defaults.DEMO_OUT,
               help="Where the repository, server log and reports go.")
 def demo(config: str, out_dir: str) -> None:
-    """End to end on this machine: build, repo, serve, check + bench over HTTP and gRPC, reports, stop."""
     from .demo import format_verdict, run_demo
     from .harness.client import ClientError
+    from .manifest import ManifestError
     from .runner import BuildError
     from .server import ServerError
 
@@ -499,7 +580,7 @@ def demo(config: str, out_dir: str) -> None:
         sys.exit(130)
     except ConfigError as e:
         raise UserError(str(e)) from None
-    except (PreflightError, BuildError, ServerError, ClientError) as e:
+    except (PreflightError, BuildError, ManifestError, ServerError, ClientError) as e:
         _err(f"error: {e}")
         sys.exit(1)
     click.echo(format_verdict(rep))

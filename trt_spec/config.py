@@ -18,6 +18,8 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .defaults import BUILD_ROOT
+
 ENV_PREFIX = "TRT_SPEC__"
 
 WeightFormat = Literal["fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo", "bf16", "fp16", "fp32", "auto"]
@@ -177,7 +179,7 @@ class BuildConfig(_Strict):
     limits: Limits = Field(default_factory=Limits)
     runtime: Runtime = Field(default_factory=Runtime)
     toolchain: Toolchain = Field(default_factory=Toolchain)
-    output_dir: Optional[str] = Field(None, description="build output directory (null = build/<name>)")
+    output_dir: Optional[str] = Field(None, description=f"build output directory (null = {BUILD_ROOT}/<name>)")
 
     @field_validator("gpu")
     @classmethod
@@ -206,7 +208,7 @@ class BuildConfig(_Strict):
         return self.name or (source.stem if source else "trt-spec")
 
     def resolved_output_dir(self, source: Path | None) -> Path:
-        return Path(self.output_dir) if self.output_dir else Path("build") / self.resolved_name(source)
+        return Path(self.output_dir) if self.output_dir else Path(BUILD_ROOT) / self.resolved_name(source)
 
     def canonical_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

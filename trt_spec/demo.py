@@ -12,21 +12,24 @@ from pathlib import Path
 from typing import Callable
 
 from .config import load_config
+from .defaults import PROMPT_SET, REPO_SUBDIR
 from .harness.bench import concurrency_sweep, paired_ab
 from .harness.client import LLMClient
 from .harness.identity import check_greedy
 from .harness.prompts import load_prompts, with_chat_template
 from .harness.report import write_reports
+from .manifest import BuildManifest
 from .plan import make_plan
 from .preflight import run_preflight
+from .names import TEXT_MODELS
 from .repository import write_repository
-from .runner import load_manifest, run_plan
+from .runner import run_plan
 from .server import TritonServer, free_port
 
 
 @dataclass
 class DemoSettings:
-    prompt_set: str = "code-edit"
+    prompt_set: str = PROMPT_SET
     check_prompts: int = 2
     check_tokens: int = 40
     bench_prompts: int = 3
@@ -43,11 +46,11 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
     run_plan(plan, config_path=config, on_event=lambda ev, st, i, n: say(f"      {st.name}: {ev}")
              if ev in ("start", "skip", "done") else None)
     build_dir = Path(plan.output_dir)
-    manifest = load_manifest(build_dir)
-    repo = out / "model_repo"
+    manifest = BuildManifest.read(build_dir)
+    repo = out / REPO_SUBDIR
     say(f"[2/5] write the Triton model repository {repo}")
     write_repository(manifest, repo)
-    tokenizer_dir = manifest["engines"]["target"]["dir"]
+    tokenizer_dir = manifest.target.dir
     say("[3/5] start tritonserver")
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           log_path=out / "tritonserver.log")
@@ -62,7 +65,7 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
         bench_prompts = with_chat_template(load_prompts(s.prompt_set, s.bench_tokens)[: s.bench_prompts], tok)
         for proto, url in (("http", server.http_url), ("grpc", server.grpc_url)):
             client = LLMClient(url, proto)
-            client.check_ready(["ensemble", "tensorrt_llm_bls"])
+            client.check_ready(list(TEXT_MODELS))
             say(f"[4/5] identity check over {proto} ({len(check_prompts)} prompts)")
             rep = check_greedy(client, check_prompts, tokenizer=tok)
             report["check"].append(rep.to_dict())

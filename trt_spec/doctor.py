@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 from dataclasses import dataclass
@@ -12,8 +11,7 @@ from typing import Optional
 
 from .config import Toolchain
 from .hardware import detect_gpus
-
-NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+from .server import find_tritonserver, python_backend_stub
 
 
 @dataclass(frozen=True)
@@ -29,39 +27,6 @@ def _version(dist: str) -> Optional[str]:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def pytriton_dir() -> Optional[Path]:
-    """The `pytriton/tritonserver` directory of nvidia-pytriton, found without importing pytriton."""
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    d = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
-    return d if d.is_dir() else None
-
-
-def find_tritonserver() -> Optional[Path]:
-    """NGC image binary first, then the one bundled in nvidia-pytriton, then PATH."""
-    if NGC_TRITONSERVER.is_file():
-        return NGC_TRITONSERVER
-    d = pytriton_dir()
-    if d is not None and (d / "bin" / "tritonserver").is_file():
-        return d / "bin" / "tritonserver"
-    which = shutil.which("tritonserver")
-    return Path(which) if which else None
-
-
-def python_backend_stub() -> Optional[Path]:
-    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    ngc = Path("/opt/tritonserver/backends/python/triton_python_backend_stub")
-    if ngc.is_file():
-        return ngc
-    d = pytriton_dir()
-    if d is not None:
-        stub = d / "python_backend_stubs" / ver / "triton_python_backend_stub"
-        if stub.is_file():
-            return stub
-    return None
 
 
 def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) -> list[Check]:

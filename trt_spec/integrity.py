@@ -1,21 +1,21 @@
 """Checksums of built outputs: what a step wrote (size + sha256 per file), verified before it is trusted.
 
 Recorded by the runner in each step's stamp and, per engine, in manifest.json; the repository writer copies
-the engines' sums into trt_spec_repo.json, and the reference engine model verifies its engine at load.
-Standard library only: the Triton python models import this module.
+the engines' sums into trt_spec_repo.json (both typed in trt_spec/manifest.py), and the reference engine model
+verifies its engine at load. Standard library only: the Triton python models import this module.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 from pathlib import Path
 from typing import Iterable, Optional
 
+from .manifest import ManifestError, RepoRecord
+
 CHUNK = 8 << 20  # bytes read per hash update
-REPO_META = "trt_spec_repo.json"  # written by the repository writer at the repository root
 
 Sums = dict[str, dict]  # relative posix path -> {"size": int, "sha256": hex}
 
@@ -81,33 +81,29 @@ def rebuild_hint(config_path: Optional[str], step: str) -> str:
     return f"rebuild it: trt-spec build {shlex.quote(config_path) if config_path else 'CONFIG'} --force --only {step}"
 
 
+def _repo_record(repository: Path) -> Optional[RepoRecord]:
+    try:
+        return RepoRecord.read(Path(repository))
+    except ManifestError as e:  # old, foreign or damaged: the same one line, as what the caller handles
+        raise IntegrityError(str(e)) from None
+
+
 def verify_served_engine(repository: Path, engine_dir: str) -> None:
     """At model load: check `engine_dir` (gpt_model_path) against the sums the repository writer stored in
     <repository>/trt_spec_repo.json. Engines without recorded sums (a repository written from a config before
-    the build) are not checked."""
-    meta_file = Path(repository) / REPO_META
-    try:
-        meta = json.loads(meta_file.read_text())
-    except FileNotFoundError:
-        return
-    except (OSError, json.JSONDecodeError) as e:
-        raise IntegrityError(f"{meta_file}: unreadable ({e}); regenerate the repository with trt-spec repo") from None
-    entry = (meta.get("engines") or {}).get(engine_dir)
-    if entry and entry.get("files"):
-        verify(Path(engine_dir), entry["files"], rebuild_hint(entry.get("config_path"), entry.get("step", "STEP"))
+    the build) are not checked; a record from another trt-spec version is refused."""
+    record = _repo_record(repository)
+    entry = record.engines.get(engine_dir) if record else None
+    if entry and entry.files:
+        verify(Path(engine_dir), entry.files, rebuild_hint(entry.config_path, entry.step or "STEP")
                + ", then rerun trt-spec repo")
 
 
 def verify_repository_engines(repository: Path) -> int:
     """Before serving (the GPU path: the tensorrtllm C++ backend loads engines without looking at sums): every
     engine recorded in <repository>/trt_spec_repo.json against its sums. Returns the number checked."""
-    meta_file = Path(repository) / REPO_META
-    try:
-        engines = json.loads(meta_file.read_text()).get("engines") or {}
-    except FileNotFoundError:
-        return 0
-    except (OSError, json.JSONDecodeError) as e:
-        raise IntegrityError(f"{meta_file}: unreadable ({e}); regenerate the repository with trt-spec repo") from None
+    record = _repo_record(repository)
+    engines = record.engines if record else {}
     for engine_dir in sorted(engines):
         verify_served_engine(repository, engine_dir)
     return len(engines)

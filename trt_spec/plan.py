@@ -14,22 +14,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import trtllm_flags as flags
+from . import trtllm
 from .config import BuildConfig
+from .defaults import served_num_draft_tokens
 from .hardware import GpuSpec
-from .preflight import TOKENS_PER_BLOCK, TRTLLM_ARCHITECTURES, PreflightReport
+from .preflight import TOKENS_PER_BLOCK, PreflightReport
+from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED, SPEC_MODE_TO_TRTLLM, TRTLLM_ARCHITECTURES
 
-# Build settings trt-spec always passes explicitly (their defaults changed between TensorRT-LLM versions).
-QUANTIZE_CALIBRATED = {"fp8", "int8_sq", "int4_awq"}
-QUANTIZE_WEIGHT_ONLY = {"int8_wo", "int4_wo"}
-DTYPE_FOR_FORMAT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-SPEC_MODE_TO_TRTLLM = {
-    "draft_target": "draft_tokens_external",
-    "ngram": "draft_tokens_external",
-    "medusa": "medusa",
-    "eagle": "eagle",
-    "lookahead": "lookahead_decoding",
-}
 STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
 
 
@@ -82,7 +73,7 @@ class Plan:
                 "memory_gib": self.gpu.memory_gib, "count": self.gpu.count, "source": self.gpu.source},
             "quantization": {"weights": r.quant.weights, "kv_cache": r.quant.kv_cache, "fell_back": r.quant.fell_back},
             "speculative": {"mode": r.config.speculative.mode, "max_draft_len": r.max_draft_len,
-                            "num_draft_tokens": min(r.config.speculative.default_k, r.max_draft_len)},
+                            "num_draft_tokens": served_num_draft_tokens(r.config.speculative.default_k, r.max_draft_len)},
             "devices": {"target": r.target_devices, "draft": r.draft_devices},
             "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
             "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
@@ -171,7 +162,7 @@ def _finish(steps: list[Step]) -> list[Step]:
 def _check_flags(argv: list[str], allowed: frozenset[str], tool: str) -> None:
     for a in argv:
         if a.startswith("--") and a not in allowed:
-            raise PlanError(f"internal: {tool} in TensorRT-LLM {flags.TRTLLM_VERSION} has no flag {a}")
+            raise PlanError(f"internal: {tool} in TensorRT-LLM {trtllm.TRTLLM_VERSION} has no flag {a}")
 
 
 def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path) -> Step:
@@ -191,7 +182,7 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
                 "--tp_size", str(model.tp), "--pp_size", str(model.pp),
                 "--max_draft_len", str(report.max_draft_len), "--num_eagle_layers", str(spec.eagle.num_layers),
                 "--max_non_leaves_per_layer", str(spec.eagle.max_non_leaves_per_layer)]
-        _check_flags(argv, flags.EAGLE_CONVERT_FLAGS, "eagle/convert_checkpoint.py")
+        _check_flags(argv, trtllm.EAGLE_CONVERT_FLAGS, "eagle/convert_checkpoint.py")
         inputs.append(spec.eagle.heads_dir)
         return Step(f"checkpoint-{role}", f"convert {role} + EAGLE heads ({q.weights}, tp{model.tp} pp{model.pp})",
                     tuple(argv), str(out), tuple(inputs))
@@ -201,7 +192,7 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
                 "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
                 "--tp_size", str(model.tp), "--pp_size", str(model.pp),
                 "--num_medusa_heads", str(spec.medusa.num_heads), "--max_medusa_token_len", str(report.max_draft_len)]
-        _check_flags(argv, flags.MEDUSA_CONVERT_FLAGS, "medusa/convert_checkpoint.py")
+        _check_flags(argv, trtllm.MEDUSA_CONVERT_FLAGS, "medusa/convert_checkpoint.py")
         inputs.append(spec.medusa.heads_dir)
         return Step(f"checkpoint-{role}", f"convert {role} + Medusa heads ({q.weights}, tp{model.tp} pp{model.pp})",
                     tuple(argv), str(out), tuple(inputs))
@@ -212,11 +203,11 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
             argv = [tc.python, script, "--ckpt-type", "hf", "--model-dir", model.checkpoint,
                     "--output-model-dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
                     "--world-size", str(model.tp)]
-            _check_flags(argv, flags.GEMMA_CONVERT_FLAGS, "gemma/convert_checkpoint.py")
+            _check_flags(argv, trtllm.GEMMA_CONVERT_FLAGS, "gemma/convert_checkpoint.py")
         else:
             argv = [tc.python, script, "--model_dir", model.checkpoint, "--output_dir", str(out),
                     "--dtype", DTYPE_FOR_FORMAT[q.weights], "--tp_size", str(model.tp), "--pp_size", str(model.pp)]
-            _check_flags(argv, flags.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
+            _check_flags(argv, trtllm.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
         return Step(f"checkpoint-{role}", f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, "
                     f"tp{model.tp} pp{model.pp})", tuple(argv), str(out), tuple(inputs))
 
@@ -238,8 +229,8 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
                  "--max_draft_len", str(report.max_draft_len)]
         inputs.append(spec.medusa.heads_dir)
     argv += ["--output_dir", str(out)]
-    _check_flags(argv, flags.QUANTIZE_FLAGS, "quantize.py")
-    if q.weights not in flags.QUANTIZE_QFORMATS:
+    _check_flags(argv, trtllm.QUANTIZE_FLAGS, "quantize.py")
+    if q.weights not in trtllm.QUANTIZE_QFORMATS:
         raise PlanError(f"internal: quantize.py has no --qformat {q.weights}")
     kv = f" + {q.kv_cache.upper()} KV cache" if q.kv_cache != "none" else ""
     return Step(f"checkpoint-{role}", f"ModelOpt {q.weights.upper()} quantization of the {role}{kv} "
@@ -271,7 +262,7 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
         argv += ["--gather_generation_logits"]
         what = "engine with generation logits (rejection sampling)"
     argv += ["--workers", str(ranks_on_node)]
-    _check_flags(argv, flags.TRTLLM_BUILD_FLAGS, "trtllm-build")
+    _check_flags(argv, trtllm.TRTLLM_BUILD_FLAGS, "trtllm-build")
     if "--gather_context_logits" in argv and report.max_draft_len > 0:
         raise PlanError("internal: --gather_context_logits with max_draft_len > 0 is rejected by trtllm-build")
     return Step(f"engine-{role}", f"trtllm-build {role} {what} ({model.world_size} rank(s))",

@@ -1,113 +1,34 @@
 """Preflight: every check that can fail a build, before any expensive step.
 
 Each failure raises PreflightError with one line naming the problem and the fix. Checks that read
-checkpoints work offline from config.json / tokenizer files only (no torch, no transformers).
+checkpoints work offline from config.json / tokenizer files only (no torch, no transformers). Model facts
+come from trt_spec.model_info, the memory plan from trt_spec.memory, TensorRT-LLM's own limits from
+trt_spec.trtllm; the rules that combine them with the config live here.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from .config import BuildConfig
 from .hardware import GpuSpec
+from .memory import CALIBRATION_PEAK_FACTOR, GIB, MemoryRow, memory_rows, shared_gpu_kv_fraction, totals_per_gpu
+from .model_info import ModelInfo, PreflightError, model_info_for, read_vocab
+from .trtllm import DEFAULT_KV_FRACTION, EXTERNAL_DRAFT_MODES, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
 
-GIB = 1024**3
-
-# Architectures the TensorRT-LLM 1.2 engine flow (convert_checkpoint.py / quantize.py + trtllm-build) builds,
-# mapped to the examples/models/core/<family> directory whose convert_checkpoint.py handles them.
-TRTLLM_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "MixtralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen",
-    "GemmaForCausalLM": "gemma",
-    "Gemma2ForCausalLM": "gemma",
-    "Phi3ForCausalLM": "phi",
-}
 # The CPU reference engine implements the Llama-style decoder (Llama, SmolLM2, Qwen2).
 REFERENCE_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 
 VOCAB_PAD_TOLERANCE = 128
 FIRST_COMPARED_TOKEN_ID = 5
-MEDUSA_DEFAULT_TREE_NODES = 63  # TRT-LLM's default tree (mc_sim_7b_63) has 63 nodes
-
-BYTES_PER_WEIGHT = {"fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0, "int4_awq": 0.5, "int4_wo": 0.5,
-                    "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
-BYTES_PER_KV = {"fp8": 1.0, "int8": 1.0, "none": 2.0}
-DEFAULT_KV_FRACTION = 0.9  # the executor's default share of free memory for the KV cache
-# FP8 calibration of a 70B model peaks above 210 GB: ~1.6x its 16-bit weights.
-CALIBRATION_PEAK_FACTOR = 1.6
 TOKENS_PER_BLOCK = 32  # KV-cache block size (trtllm-build --tokens_per_block): small blocks reuse more prefix
-# Modes whose target is built with draft_tokens_external: the executor refuses such a target without KV-cache
-# block reuse (trtGptModelInflightBatching.cpp), and reuse needs paged context FMHA, which tensorrt_llm/builder.py
-# turns off with an INT8 KV cache, and with an FP8 KV cache unless the weights are FP8 on SM >= 89.
-EXTERNAL_DRAFT_MODES = ("draft_target", "ngram")
-
-
-class PreflightError(ValueError):
-    """A check failed: one line naming the problem and the fix."""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    architecture: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    num_experts: int = 1
-    bos_token_id: Optional[int] = None
-    eos_token_ids: tuple[int, ...] = ()
-    source: str = "checkpoint"
-
-    def param_counts(self) -> tuple[int, int]:
-        """(parameters in quantizable linear layers, parameters in embedding + LM head)."""
-        h, l = self.hidden_size, self.num_layers
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        attn = h * q + 2 * h * kv + q * h
-        mlp = 3 * h * self.intermediate_size * self.num_experts
-        linear = l * (attn + mlp)
-        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return linear, embed + (2 * l + 1) * h
-
-    @property
-    def num_params(self) -> int:
-        return sum(self.param_counts())
-
-
-# Published config.json values of the models the shipped build configs name, so `trt-spec plan` can show a
-# memory plan on a machine that does not hold the checkpoints. `trt-spec build` always reads the real files.
-KNOWN_MODELS: dict[str, ModelInfo] = {
-    "llama-3.3-70b-instruct": ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
-                                        bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
-    "llama-3.1-8b-instruct": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072,
-                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
-    "llama-3.2-1b-instruct": ModelInfo("LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072,
-                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
-    "qwen2.5-coder-32b-instruct": ModelInfo("Qwen2ForCausalLM", 64, 5120, 40, 8, 128, 27648, 152064, False, 32768,
-                                            bos_token_id=151643, eos_token_ids=(151645,)),
-    "qwen2.5-coder-0.5b-instruct": ModelInfo("Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, True, 32768,
-                                             bos_token_id=151643, eos_token_ids=(151645,)),
-    "smollm2-135m-instruct": ModelInfo("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192,
-                                       bos_token_id=1, eos_token_ids=(2,)),
-    "vicuna-7b-v1.3": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048,
-                                bos_token_id=1, eos_token_ids=(2,)),
-}
 
 
 @dataclass(frozen=True)
 class QuantChoice:
-    weights: str  # one of BYTES_PER_WEIGHT
+    weights: str  # one of memory.BYTES_PER_WEIGHT
     kv_cache: str  # fp8 | int8 | none
     fell_back: bool = False
 
@@ -116,26 +37,6 @@ class QuantChoice:
         """What tensorrt_llm/builder.py build() decides by itself (1.2): FP8 context FMHA is on with FP8 weights, an
         FP8 KV cache and paged context FMHA on SM >= 89 (an explicit `disable` is overridden), off otherwise."""
         return self.weights == "fp8" and self.kv_cache == "fp8"
-
-
-@dataclass(frozen=True)
-class MemoryRow:
-    gpu_id: int
-    role: str  # target | draft
-    weights_gib: float
-    kv_gib: float
-    reserve_gib: float
-
-    @property
-    def total_gib(self) -> float:
-        return self.weights_gib + self.kv_gib + self.reserve_gib
-
-
-def _totals(rows: list[MemoryRow]) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for r in rows:
-        out[r.gpu_id] = out.get(r.gpu_id, 0.0) + r.total_gib
-    return out
 
 
 @dataclass
@@ -159,7 +60,7 @@ class PreflightReport:
         return bool(set(self.target_devices) & set(self.draft_devices))
 
     def gpu_totals(self) -> dict[int, float]:
-        return _totals(self.memory)
+        return totals_per_gpu(self.memory)
 
     def memory_table(self) -> str:
         if not self.memory:
@@ -172,118 +73,6 @@ class PreflightReport:
         for gid, tot in sorted(self.gpu_totals().items()):
             lines.append(f"{gid:>3}  {'sum':<6}  {'':>9}  {'':>9}  {'':>8}  {tot:>6.1f}Gi of {cap:.1f}Gi")
         return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Checkpoint reading
-
-
-def _first(d: dict, *keys, default=None):
-    for k in keys:
-        if d.get(k) is not None:
-            return d[k]
-    return default
-
-
-def read_model_info(checkpoint: Path, role: str) -> ModelInfo:
-    cfg_path = checkpoint / "config.json"
-    if not checkpoint.is_dir():
-        raise PreflightError(f"{role}.checkpoint {checkpoint}: directory not found; download the Hugging Face "
-                             f"checkpoint there or point {role}.checkpoint at it (--set {role}.checkpoint=DIR)")
-    if not cfg_path.is_file():
-        raise PreflightError(f"{role}.checkpoint {checkpoint}: no config.json; point {role}.checkpoint at a "
-                             "Hugging Face model directory (the one with config.json and *.safetensors)")
-    try:
-        c = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise PreflightError(f"{cfg_path}: invalid JSON ({e.msg} at line {e.lineno}); re-download the checkpoint") from None
-    archs = c.get("architectures") or []
-    if not archs:
-        raise PreflightError(f"{cfg_path}: no 'architectures' entry; this is not a causal-LM checkpoint")
-    try:
-        hidden = int(c["hidden_size"])
-        heads = int(c["num_attention_heads"])
-        eos = c.get("eos_token_id")
-        return ModelInfo(
-            architecture=archs[0],
-            num_layers=int(c["num_hidden_layers"]),
-            hidden_size=hidden,
-            num_heads=heads,
-            num_kv_heads=int(_first(c, "num_key_value_heads", default=heads)),
-            head_dim=int(_first(c, "head_dim", default=hidden // heads)),
-            intermediate_size=int(c["intermediate_size"]),
-            vocab_size=int(c["vocab_size"]),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(_first(c, "max_position_embeddings", default=0)),
-            num_experts=int(_first(c, "num_local_experts", default=1)),
-            bos_token_id=c.get("bos_token_id"),
-            eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise PreflightError(f"{cfg_path}: missing or invalid field {e}; re-download the checkpoint") from None
-
-
-def _packaged_model_info(spec: str, role: str, require: bool) -> ModelInfo:
-    """A GGUF file (pkg:<module>/<file>.gguf or a path): dimensions from the built-in table by model name."""
-    from .reference.checkpoints import SourceError, is_package_source, resolve_package_file
-
-    if require:
-        try:
-            path = resolve_package_file(spec) if is_package_source(spec) else Path(spec)
-        except SourceError as e:
-            raise PreflightError(f"{role}.checkpoint {e}") from None
-        if not path.is_file():
-            raise PreflightError(f"{role}.checkpoint {spec}: file not found")
-    key = Path(spec).name.split(".")[0].lower()
-    known = KNOWN_MODELS.get(key)
-    if known is None:
-        raise PreflightError(f"{role}.checkpoint {spec}: GGUF model {key!r} is not in the built-in model table; "
-                             "convert it to a Hugging Face directory and point the checkpoint there")
-    return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (GGUF source, imported at build time)"})
-
-
-def model_info_for(checkpoint: str, role: str, require: bool) -> ModelInfo:
-    """Real config.json when present; else (plan only) the built-in table of known models."""
-    if checkpoint.startswith("pkg:") or checkpoint.endswith(".gguf"):
-        return _packaged_model_info(checkpoint, role, require)
-    path = Path(checkpoint)
-    if require or path.is_dir():
-        return read_model_info(path, role)
-    known = KNOWN_MODELS.get(path.name.lower())
-    if known is None:
-        raise PreflightError(
-            f"{role}.checkpoint {checkpoint}: not found, and {path.name!r} is not in the built-in model table; "
-            f"point {role}.checkpoint at the Hugging Face directory (--set {role}.checkpoint=DIR)"
-        )
-    return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (checkpoint not on this machine)"})
-
-
-def read_vocab(checkpoint: Path) -> dict[int, str]:
-    """id -> token text from tokenizer.json (fast tokenizers) or vocab.json (+ added tokens)."""
-    tj = checkpoint / "tokenizer.json"
-    vocab: dict[int, str] = {}
-    if tj.is_file():
-        data = json.loads(tj.read_text())
-        model_vocab = (data.get("model") or {}).get("vocab") or {}
-        if isinstance(model_vocab, dict):
-            vocab.update({int(i): t for t, i in model_vocab.items()})
-        elif isinstance(model_vocab, list):  # unigram: [[piece, score], ...]
-            vocab.update({i: entry[0] for i, entry in enumerate(model_vocab)})
-        for tok in data.get("added_tokens") or []:
-            vocab[int(tok["id"])] = tok["content"]
-        return vocab
-    vj = checkpoint / "vocab.json"
-    if vj.is_file():
-        vocab.update({int(i): t for t, i in json.loads(vj.read_text()).items()})
-        tc = checkpoint / "tokenizer_config.json"
-        if tc.is_file():
-            for i, tok in (json.loads(tc.read_text()).get("added_tokens_decoder") or {}).items():
-                vocab[int(i)] = tok["content"]
-        return vocab
-    raise PreflightError(
-        f"{checkpoint}: no tokenizer.json or vocab.json; copy the tokenizer files into the checkpoint directory "
-        "(draft/target compatibility is checked from them)"
-    )
 
 
 def check_tokenizers(target_dir: Path, draft_dir: Path, target: ModelInfo, draft: ModelInfo) -> list[str]:
@@ -315,10 +104,6 @@ def check_tokenizers(target_dir: Path, draft_dir: Path, target: ModelInfo, draft
         raise PreflightError(f"EOS tokens differ (target {list(target.eos_token_ids)}, draft {list(draft.eos_token_ids)}); "
                              "use a draft with the target's tokenizer and special tokens")
     return notes
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Rules
 
 
 def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[QuantChoice, list[str]]:
@@ -436,41 +221,6 @@ def _check_parallel(role: str, tp: int, pp: int, info: ModelInfo) -> None:
         raise PreflightError(f"{role}.pp {pp} exceeds the {info.num_layers} layers of {role}")
 
 
-def _weights_gib(info: ModelInfo, weights: str) -> float:
-    linear, embed = info.param_counts()
-    # ModelOpt quantizes the linear layers; embeddings, norms and the LM head stay 16-bit.
-    embed_bytes = 4.0 if weights == "fp32" else 2.0
-    return (linear * BYTES_PER_WEIGHT[weights] + embed * embed_bytes) / GIB
-
-
-def kv_cache_gib(info: ModelInfo, kv: str, batch: int, seq: int) -> float:
-    """layers x kv_heads x head_dim x 2 (K and V) x bytes x max_batch_size x max_seq_len."""
-    return info.num_layers * info.num_kv_heads * info.head_dim * 2 * BYTES_PER_KV[kv] * batch * seq / GIB
-
-
-def _memory_rows(role: str, info: ModelInfo, quant: QuantChoice, tp: int, pp: int, devices: list[int],
-                 cfg: BuildConfig) -> list[MemoryRow]:
-    w = _weights_gib(info, quant.weights) / (tp * pp)
-    kv = kv_cache_gib(info, quant.kv_cache, cfg.limits.max_batch_size, cfg.limits.max_seq_len) / (tp * pp)
-    return [MemoryRow(d, role, w, kv, cfg.runtime.memory_reserve_gib) for d in devices]
-
-
-def shared_gpu_kv_fraction(memory: list[MemoryRow], gpu_gib: float) -> float:
-    """Target kv_cache_free_gpu_mem_fraction on a GPU shared with the draft: the share of the memory left after
-    the target's weights and reserve that still leaves the draft's weights, capped KV cache and reserve free
-    (rounded down to 0.05; the executor's default 0.9 at most)."""
-    fracs = []
-    for gid in {r.gpu_id for r in memory if r.role == "draft"}:
-        t = [r for r in memory if r.gpu_id == gid and r.role == "target"]
-        d = sum(r.total_gib for r in memory if r.gpu_id == gid and r.role == "draft")
-        if not t:
-            continue
-        free = gpu_gib - t[0].weights_gib - t[0].reserve_gib
-        fracs.append((free - d) / free if free > 0 else 0.0)
-    f = min(fracs, default=DEFAULT_KV_FRACTION)
-    return round(max(0.05, min(DEFAULT_KV_FRACTION, math.floor(f * 20) / 20)), 2)
-
-
 def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoints: bool) -> PreflightReport:
     """All checks, cheapest first. `require_checkpoints=False` (plan) tolerates absent checkpoints."""
     warnings: list[str] = []
@@ -567,9 +317,9 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
             raise PreflightError(f"GPU ids {used} need {max(used) + 1} GPUs but {gpu.describe()}; lower tp or use a "
                                  "bigger node (--gpu NAME:COUNT)")
         shares = bool(set(t_dev) & set(d_dev))
-        memory += _memory_rows("target", target, quant, cfg.target.tp, cfg.target.pp, t_dev, cfg)
+        memory += memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
         if draft is not None:
-            memory += _memory_rows("draft", draft, quant, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
+            memory += memory_rows("draft", draft, quant.weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
         if kv_frac is None:
             kv_frac = DEFAULT_KV_FRACTION
             if shares:
@@ -578,7 +328,7 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                              f"capped at {draft_kv:,} tokens (max_tokens_in_paged_kv_cache) and the target takes "
                              f"{kv_frac} of the memory left free (kv_cache_free_gpu_mem_fraction), so whichever loads "
                              "first leaves room for the other")
-        for gid, total in sorted(_totals(memory).items()):
+        for gid, total in sorted(totals_per_gpu(memory).items()):
             if total > gpu.memory_gib:
                 parts = ", ".join(f"{r.role} weights {r.weights_gib:.1f} + KV {r.kv_gib:.1f} + reserve {r.reserve_gib:.1f}"
                                   for r in memory if r.gpu_id == gid)

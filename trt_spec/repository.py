@@ -1,4 +1,4 @@
-"""Triton model repository writer: a build manifest (or a config's plan) -> a complete model repository.
+"""Triton model repository writer: a build manifest (trt_spec/manifest.py) -> a complete model repository.
 
 Models (NVIDIA's names, so clients written for tensorrtllm_backend work unchanged):
   preprocessing       python   text -> token ids (HF tokenizer)
@@ -28,24 +28,30 @@ the build's stamps) is verified against them; the sums are stored in trt_spec_re
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Optional
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import backend_contract as bc
-from .integrity import REPO_META, IntegrityError, rebuild_hint, verify
+from .integrity import IntegrityError, rebuild_hint, verify
+from .manifest import BuildManifest, EngineEntry, RepoRecord
+from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
+                    POSTPROCESSING as POST, PREPROCESSING as PRE, SEQUENCE_LENGTH, TARGET, TEXT_INPUT, TEXT_OUTPUT,
+                    TOTAL_STEPS)
 
-MODEL_REPO_SOURCES = Path(__file__).resolve().parents[1] / "model_repo"
+if TYPE_CHECKING:
+    from .config import LookaheadSpec
 
-PRE, POST, TARGET, DRAFT, ENSEMBLE, BLS = (
-    "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "ensemble", "tensorrt_llm_bls")
+# The python-backend models (model.py per model), shipped inside the package as data: never imported by trt_spec
+# (they import triton_python_backend_utils, which exists only inside a Triton stub), copied into each repository.
+MODEL_REPO_SOURCES = Path(__file__).resolve().parent / "triton_models"
+
 LOGITS_TYPE = bc.LOGITS_TYPE
 
 
@@ -115,32 +121,31 @@ class RepoSettings:
     num_draft_tokens: int
     ngram_size: int
     tokenizer_dir: str
-    engines: dict  # role -> manifest engine entry
+    engines: dict[str, EngineEntry]  # role -> engine
     kv_fraction: float
     medusa_choices: Optional[list] = None
     eagle_choices: Optional[list] = None
-    lookahead: Optional[dict] = None
+    lookahead: Optional[LookaheadSpec] = None
     orchestrator: bool = False
     draft_kv_tokens: Optional[int] = None  # max_tokens_in_paged_kv_cache of the draft (caps it on a shared GPU)
     decoupled: bool = True
 
     @staticmethod
-    def from_manifest(m: dict, decoupled: bool = True) -> "RepoSettings":
-        cfg = m["config"]
-        spec = cfg["speculative"]
-        lim = cfg["limits"]
-        tok = cfg["target"]["checkpoint"] if m["engine"] == "tensorrt" else m["engines"]["target"]["dir"]
-        multi_gpu = any(e["world_size"] > 1 for e in m["engines"].values())
+    def from_manifest(m: BuildManifest, decoupled: bool = True) -> "RepoSettings":
+        spec, lim = m.config.speculative, m.limits
+        tok = m.config.target.checkpoint if m.engine == "tensorrt" else m.target.dir
+        multi_gpu = any(e.world_size > 1 for e in m.engines.values())
         return RepoSettings(
-            engine=m["engine"], max_batch_size=lim["max_batch_size"], max_seq_len=lim["max_seq_len"],
-            max_input_len=min(lim["max_input_len"], bc.max_input_len(lim["max_seq_len"], lim["max_num_tokens"])),
-            max_num_tokens=lim["max_num_tokens"],
-            mode=spec["mode"], max_draft_len=m["speculative"]["max_draft_len"],
-            num_draft_tokens=m["speculative"]["num_draft_tokens"], ngram_size=spec["ngram_size"], tokenizer_dir=tok,
-            engines=m["engines"], kv_fraction=m["runtime"]["kv_cache_free_gpu_mem_fraction"],
-            medusa_choices=(spec.get("medusa") or {}).get("choices"), eagle_choices=(spec.get("eagle") or {}).get("choices"),
-            lookahead=spec.get("lookahead"), orchestrator=multi_gpu and len(m["engines"]) > 1,
-            draft_kv_tokens=m["runtime"].get("draft_max_tokens_in_paged_kv_cache"), decoupled=decoupled)
+            engine=m.engine, max_batch_size=lim.max_batch_size, max_seq_len=lim.max_seq_len,
+            max_input_len=min(lim.max_input_len, bc.max_input_len(lim.max_seq_len, lim.max_num_tokens)),
+            max_num_tokens=lim.max_num_tokens,
+            mode=spec.mode, max_draft_len=m.speculative.max_draft_len,
+            num_draft_tokens=m.speculative.num_draft_tokens, ngram_size=spec.ngram_size, tokenizer_dir=tok,
+            engines=m.engines, kv_fraction=m.runtime.kv_cache_free_gpu_mem_fraction,
+            medusa_choices=spec.medusa.choices if spec.medusa else None,
+            eagle_choices=spec.eagle.choices if spec.eagle else None,
+            lookahead=spec.lookahead, orchestrator=multi_gpu and len(m.engines) > 1,
+            draft_kv_tokens=m.runtime.draft_max_tokens_in_paged_kv_cache, decoupled=decoupled)
 
 
 def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
@@ -155,14 +160,14 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
     cfg.backend = "tensorrtllm" if s.engine == "tensorrt" else "python"
     params: dict[str, object] = {
         "gpt_model_type": "inflight_fused_batching",
-        "gpt_model_path": e["dir"],
+        "gpt_model_path": e.dir,
         "max_beam_width": 1,
         "enable_kv_cache_reuse": True,  # draft_tokens_external targets refuse to load without it
         "enable_chunked_context": False,  # input limit: min(max_seq_len - 1, max_num_tokens), checked upstream
         "exclude_input_in_output": False,
         "kv_cache_free_gpu_mem_fraction": s.kv_fraction,
         "max_tokens_in_paged_kv_cache": s.draft_kv_tokens if role == "draft" else None,
-        "gpu_device_ids": ",".join(str(d) for d in e["devices"]) or None,
+        "gpu_device_ids": ",".join(str(d) for d in e.devices) or None,
         "batch_scheduler_policy": "guaranteed_no_evict",
         # read unguarded by the backend (load fails without them); "" = guided decoding off
         "tokenizer_dir": s.tokenizer_dir,
@@ -177,10 +182,9 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
             params["decoding_mode"] = "eagle"
             params["eagle_choices"] = _choices(s.eagle_choices)
         elif s.mode == "lookahead":
-            la = s.lookahead or {}
-            params.update(decoding_mode="lookahead", lookahead_window_size=la.get("window_size"),
-                          lookahead_ngram_size=la.get("ngram_size"),
-                          lookahead_verification_set_size=la.get("verification_set_size"))
+            la = s.lookahead  # the config sets it for mode lookahead
+            params.update(decoding_mode="lookahead", lookahead_window_size=la.window_size,
+                          lookahead_ngram_size=la.ngram_size, lookahead_verification_set_size=la.verification_set_size)
     _params(cfg, params)
     return cfg
 
@@ -227,8 +231,8 @@ def postprocessing_config(s: RepoSettings) -> mc.ModelConfig:
 
 def text_inputs(bls: bool) -> list:
     ins = [
-        inp("text_input", "TYPE_STRING", [1]),
-        inp("max_tokens", "TYPE_INT32", [1]),
+        inp(TEXT_INPUT, "TYPE_STRING", [1]),
+        inp(MAX_TOKENS, "TYPE_INT32", [1]),
         inp("bad_words", "TYPE_STRING", [-1], optional=True),
         inp("stop_words", "TYPE_STRING", [-1], optional=True),
         inp("end_id", "TYPE_INT32", [1], optional=True),
@@ -245,7 +249,7 @@ def text_inputs(bls: bool) -> list:
         inp("num_return_sequences", "TYPE_INT32", [1], optional=True),
     ]
     if bls:
-        ins += [inp("num_draft_tokens", "TYPE_INT32", [1], optional=True),
+        ins += [inp(NUM_DRAFT_TOKENS, "TYPE_INT32", [1], optional=True),
                 inp("use_draft_logits", "TYPE_BOOL", [1], optional=True)]
     return ins
 
@@ -253,11 +257,11 @@ def text_inputs(bls: bool) -> list:
 def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=ENSEMBLE, platform="ensemble", max_batch_size=s.max_batch_size)
     cfg.input.extend(text_inputs(bls=False))
-    cfg.output.extend([out("text_output", "TYPE_STRING", [-1]), out("output_ids", "TYPE_INT32", [-1, -1]),
-                       out("sequence_length", "TYPE_INT32", [-1])])
+    cfg.output.extend([out(TEXT_OUTPUT, "TYPE_STRING", [-1]), out(OUTPUT_IDS, "TYPE_INT32", [-1, -1]),
+                       out(SEQUENCE_LENGTH, "TYPE_INT32", [-1])])
     steps = cfg.ensemble_scheduling.step
     pre = steps.add(model_name=PRE, model_version=-1)
-    pre.input_map.update({"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
+    pre.input_map.update({"QUERY": TEXT_INPUT, "REQUEST_OUTPUT_LEN": MAX_TOKENS, "BAD_WORDS_DICT": "bad_words",
                           "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id"})
     pre.output_map.update({"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
                            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
@@ -270,10 +274,10 @@ def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
                           "seed": "seed", "streaming": "stream", "exclude_input_in_output": "exclude_input_in_output",
                           "return_perf_metrics": "return_perf_metrics", "beam_width": "beam_width",
                           "num_return_sequences": "num_return_sequences"})
-    llm.output_map.update({"output_ids": "output_ids", "sequence_length": "sequence_length"})
+    llm.output_map.update({OUTPUT_IDS: OUTPUT_IDS, SEQUENCE_LENGTH: SEQUENCE_LENGTH})
     post = steps.add(model_name=POST, model_version=-1)
-    post.input_map.update({"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "sequence_length"})
-    post.output_map.update({"OUTPUT": "text_output"})
+    post.input_map.update({"TOKENS_BATCH": OUTPUT_IDS, "SEQUENCE_LENGTH": SEQUENCE_LENGTH})
+    post.output_map.update({"OUTPUT": TEXT_OUTPUT})
     return cfg
 
 
@@ -282,13 +286,11 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
     cfg.model_transaction_policy.decoupled = s.decoupled
     cfg.input.extend(text_inputs(bls=True))
     cfg.output.extend([
-        out("text_output", "TYPE_STRING", [-1]),
-        out("output_ids", "TYPE_INT32", [-1]),
-        out("acceptance_rate", "TYPE_FP32", [1]),
-        out("total_accepted_draft_tokens", "TYPE_INT32", [1]),
-        out("total_draft_tokens", "TYPE_INT32", [1]),
-        out("total_steps", "TYPE_INT32", [1]),
-        out("accepted_length_histogram", "TYPE_INT32", [-1]),
+        out(TEXT_OUTPUT, "TYPE_STRING", [-1]),
+        out(OUTPUT_IDS, "TYPE_INT32", [-1]),
+        *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS),
+        out(TOTAL_STEPS, "TYPE_INT32", [1]),
+        out(ACCEPTED_LENGTH_HISTOGRAM, "TYPE_INT32", [-1]),
     ])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     mode = s.mode if s.mode in ("draft_target", "ngram") else "engine"  # medusa/eagle/lookahead: the engine drafts
@@ -313,7 +315,7 @@ def mpi_ranks(s: RepoSettings) -> int:
     each fit one GPU, and the CPU reference engine, need one plain process."""
     if s.engine != "tensorrt" or s.orchestrator:
         return 1
-    return max(e["world_size"] for e in s.engines.values())
+    return max(e.world_size for e in s.engines.values())
 
 
 def repository_configs(s: RepoSettings) -> dict[str, mc.ModelConfig]:
@@ -422,23 +424,16 @@ def _python_sources(name: str, engine: str) -> Path:
     return MODEL_REPO_SOURCES / src
 
 
-def engine_sums(manifest: dict) -> dict[str, dict]:
-    """Engine dir (gpt_model_path) -> {step, config_path, files}, for the engines built with checksums."""
-    return {e["dir"]: {"step": e.get("step"), "config_path": manifest.get("config_path"), "files": e["files"]}
-            for e in manifest["engines"].values() if e.get("files")}
-
-
-def verify_engines(manifest: dict) -> None:
+def verify_engines(manifest: BuildManifest) -> None:
     """Every engine against the checksums its build recorded (sizes first, then sha256). Raises RepositoryError."""
-    for d, entry in engine_sums(manifest).items():
+    for d, entry in manifest.engine_sums().items():
         try:
-            hint = rebuild_hint(entry["config_path"], entry["step"]) + ", then rerun trt-spec repo"
-            verify(Path(d), entry["files"], hint)
+            verify(Path(d), entry.files, rebuild_hint(entry.config_path, entry.step) + ", then rerun trt-spec repo")
         except IntegrityError as e:
             raise RepositoryError(str(e)) from None
 
 
-def write_repository(manifest: dict, dest: Path, *, decoupled: bool = True) -> dict[str, mc.ModelConfig]:
+def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = True) -> dict[str, mc.ModelConfig]:
     """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one.
     decoupled=False: every model non-decoupled (NVIDIA's DTM recipe; unary clients, no streaming).
     Engines are verified against the manifest's checksums first (hashing reads every engine file once)."""
@@ -458,12 +453,11 @@ def write_repository(manifest: dict, dest: Path, *, decoupled: bool = True) -> d
                 src = _python_sources(name, settings.engine)
                 for f in src.glob("*.py"):
                     shutil.copy2(f, mdir / "1" / f.name)
-        (tmp / REPO_META).write_text(json.dumps({
-            "name": manifest["name"], "config_hash": manifest["config_hash"], "engine": manifest["engine"],
-            "world_size": manifest["world_size"], "orchestrator": settings.orchestrator,
-            "mpi_ranks": mpi_ranks(settings), "models": sorted(configs), "decoupled": decoupled,
-            "gpu_ids": sorted({d for e in settings.engines.values() for d in e["devices"]}),
-            "engines": engine_sums(manifest)}, indent=2))
+        RepoRecord(name=manifest.name, config_hash=manifest.config_hash, engine=manifest.engine,
+                   world_size=manifest.world_size, orchestrator=settings.orchestrator, mpi_ranks=mpi_ranks(settings),
+                   models=sorted(configs), decoupled=decoupled,
+                   gpu_ids=sorted({d for e in settings.engines.values() for d in e.devices}),
+                   engines=manifest.engine_sums()).write(tmp)
         validate_repository(tmp)
         old = dest.parent / f".{dest.name}.old-{os.getpid()}"
         if dest.exists():
@@ -475,16 +469,3 @@ def write_repository(manifest: dict, dest: Path, *, decoupled: bool = True) -> d
         raise
     return configs
 
-
-def manifest_for_config(config_path: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> dict:
-    """A manifest-shaped dict from a config's plan: the repository can be written before the build runs."""
-    from .config import load_config
-    from .hardware import resolve_gpu
-    from .plan import make_plan
-    from .preflight import run_preflight
-    from .runner import build_manifest
-
-    cfg = load_config(config_path, tuple(sets))
-    gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.engine == "tensorrt" else None
-    plan = make_plan(cfg, run_preflight(cfg, gpu_spec, require_checkpoints=False), Path(config_path))
-    return build_manifest(plan, Path(config_path), [])

@@ -1,4 +1,4 @@
-"""Runner: executes a Plan incrementally, atomically and resumably, then writes manifest.json.
+"""Runner: executes a Plan incrementally, atomically and resumably, then writes manifest.json (trt_spec/manifest.py).
 
 - A step whose output carries a stamp with the same fingerprint is skipped.
 - Each step writes into a hidden temporary directory next to its output, renamed on success; a failure,
@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import __version__
+from .defaults import served_num_draft_tokens
 from .integrity import IntegrityError, file_sums, verify
+from .manifest import (BuildManifest, EngineEntry, GpuRecord, LimitsRecord, RuntimeRecord, SpeculativeRecord,
+                       StepRecord, WorldSize)
 from .procutil import die_with_parent
 from .plan import STEP_STAMP, Plan, Step
 
-MANIFEST = "manifest.json"
 LOG_TAIL_LINES = 25
 
 log = logging.getLogger(__name__)
@@ -66,13 +68,6 @@ class BuildResult:
 
 
 Event = Callable[[str, Step, int, int], None]  # (event, step, index, total); event in start|skip|done|fail
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def read_stamp(output: Path) -> Optional[dict]:
@@ -231,7 +226,7 @@ def tool_versions(plan: Plan) -> dict[str, Optional[str]]:
     return out
 
 
-def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepResult]) -> dict:
+def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepResult]) -> BuildManifest:
     cfg = plan.report.config
     r = plan.report
     engines = {}
@@ -240,43 +235,34 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
         step = plan.step(f"engine-{role}" if plan.engine == "tensorrt" else f"export-{role}")
         stamp = read_stamp(Path(step.output)) or {}
         built = stamp.get("fingerprint") == step.fingerprint
-        engines[role] = {
-            "dir": str(Path(edir).resolve()),
-            "checkpoint": model.checkpoint,
-            "tp": model.tp, "pp": model.pp, "world_size": model.world_size,
-            "devices": r.target_devices if role == "target" else r.draft_devices,
-            "weights": r.quant.weights, "kv_cache": r.quant.kv_cache,
-            "argv": list(step.argv),
-            "fingerprint": step.fingerprint,
-            "max_draft_len": r.max_draft_len if role == "target" else 0,
-            "gather_generation_logits": "--gather_generation_logits" in step.argv,
-            "step": step.name,
-            # size + sha256 per file, as the build wrote it (verified by the run that writes this manifest);
-            # None before the engine is built
-            "files": stamp.get("files") if built else None,
-        }
-    world = cfg.target.world_size + (cfg.draft.world_size if cfg.draft else 0)
-    return {
-        "name": plan.name,
-        "config_path": str(config_path) if config_path else None,
-        "config_hash": plan.config_hash,
-        "config": cfg.model_dump(mode="json"),
-        "engine": plan.engine,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "tool_versions": tool_versions(plan),
-        "gpu": plan.to_json()["gpu"],
-        "speculative": {"mode": cfg.speculative.mode, "max_draft_len": r.max_draft_len,
-                        "num_draft_tokens": min(cfg.speculative.default_k, r.max_draft_len),
-                        "ngram_size": cfg.speculative.ngram_size, "use_draft_logits": cfg.speculative.use_draft_logits},
-        "limits": cfg.limits.model_dump(),
-        "runtime": {"kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
-                    "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
-                    "target_devices": r.target_devices, "draft_devices": r.draft_devices},
-        "world_size": {"target": cfg.target.world_size, "draft": cfg.draft.world_size if cfg.draft else 0,
-                       "total": world},
-        "engines": engines,
-        "steps": [{"name": s.name, "status": s.status, "seconds": round(s.seconds, 3)} for s in results],
-    }
+        engines[role] = EngineEntry(
+            dir=str(Path(edir).resolve()), checkpoint=model.checkpoint,
+            tp=model.tp, pp=model.pp, world_size=model.world_size,
+            devices=list(r.target_devices if role == "target" else r.draft_devices),
+            weights=r.quant.weights, kv_cache=r.quant.kv_cache, argv=list(step.argv), fingerprint=step.fingerprint,
+            max_draft_len=r.max_draft_len if role == "target" else 0,
+            gather_generation_logits="--gather_generation_logits" in step.argv, step=step.name,
+            # as the build wrote it (verified by the run that writes this manifest); None before the engine is built
+            files=stamp.get("files") if built else None)
+    g = plan.gpu
+    draft_world = cfg.draft.world_size if cfg.draft else 0
+    return BuildManifest(
+        name=plan.name, config_path=str(config_path) if config_path else None, config_hash=plan.config_hash,
+        config=cfg, engine=plan.engine, created=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+        tool_versions=tool_versions(plan),
+        gpu=None if g is None else GpuRecord(g.name, list(g.compute_capability), g.memory_gib, g.count, g.source),
+        speculative=SpeculativeRecord(
+            mode=cfg.speculative.mode, max_draft_len=r.max_draft_len,
+            num_draft_tokens=served_num_draft_tokens(cfg.speculative.default_k, r.max_draft_len),
+            ngram_size=cfg.speculative.ngram_size, use_draft_logits=cfg.speculative.use_draft_logits),
+        limits=LimitsRecord(max_batch_size=cfg.limits.max_batch_size, max_input_len=cfg.limits.max_input_len,
+                            max_seq_len=cfg.limits.max_seq_len, max_num_tokens=cfg.limits.max_num_tokens),
+        runtime=RuntimeRecord(kv_cache_free_gpu_mem_fraction=r.kv_cache_free_gpu_mem_fraction,
+                              draft_max_tokens_in_paged_kv_cache=r.draft_kv_tokens,
+                              target_devices=list(r.target_devices), draft_devices=list(r.draft_devices)),
+        world_size=WorldSize(cfg.target.world_size, draft_world, cfg.target.world_size + draft_world),
+        engines=engines,
+        steps=[StepRecord(s.name, s.status, round(s.seconds, 3)) for s in results])
 
 
 def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = False, force: bool = False,
@@ -328,14 +314,6 @@ def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = 
             emit("done", step, i, len(plan.steps))
             result.steps.append(StepResult(step.name, "ran", secs))
         if all(up_to_date(s) for s in plan.steps):
-            manifest = build_manifest(plan, config_path, result.steps)
-            atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-            result.manifest = out / MANIFEST
+            result.manifest = build_manifest(plan, config_path, result.steps).write(out)
     return result
 
-
-def load_manifest(build_dir: Path) -> dict:
-    f = Path(build_dir) / MANIFEST
-    if not f.is_file():
-        raise BuildError(f"{build_dir}: no {MANIFEST}; run `trt-spec build CONFIG` first (it writes the manifest)")
-    return json.loads(f.read_text())

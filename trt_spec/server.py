@@ -22,6 +22,7 @@ What a started server guarantees:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -41,15 +42,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .doctor import NGC_TRITONSERVER, find_tritonserver, pytriton_dir
+from . import defaults
+from .manifest import ManifestError, RepoRecord
 from .procutil import die_with_parent
 
-DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 8000, 8001, 8002
-DEFAULT_HOST = "127.0.0.1"
-READY_TIMEOUT_S = 180.0
 SHM_DIR = Path("/dev/shm")
 WORKDIR_PREFIX = "trt-spec-triton-"
 STUB_NAME = "triton_python_backend_stub"
+NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+NGC_PYTHON_STUB = Path("/opt/tritonserver/backends/python") / STUB_NAME
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # picks nvidia-pytriton's stub
 # Admin APIs, restricted on both protocols (tritonserver --http-restricted-api / --grpc-restricted-protocol).
 RESTRICTED_APIS = ("shared-memory", "model-repository", "trace", "logging")
 ADMIN_HEADER = "triton-admin-key"
@@ -79,13 +81,57 @@ class LaunchSpec:
         return text.replace(self.admin_key, self.admin_key_shown) if self.admin_key else text
 
 
-def repo_info(repo: Path) -> dict:
-    f = Path(repo) / "trt_spec_repo.json"
+def repo_info(repo: Path) -> tuple[int, bool, list[int]]:
+    """(tritonserver processes under mpirun, orchestrator mode, GPU ids) from the repository's trt_spec_repo.json;
+    (1, False, [0]) for a repository trt-spec did not write. An old or foreign record is refused with one line."""
     if not Path(repo).is_dir():
         raise ServerError(f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out {repo}`")
-    if not f.is_file():
-        return {"mpi_ranks": 1, "orchestrator": False}
-    return json.loads(f.read_text())
+    try:
+        record = RepoRecord.read(Path(repo))
+    except ManifestError as e:
+        raise ServerError(str(e)) from None
+    if record is None:
+        return 1, False, [0]
+    return record.mpi_ranks, record.orchestrator, list(record.gpu_ids or [0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Finding tritonserver and the python-backend stub (also what `trt-spec doctor` reports)
+
+
+def pytriton_dir() -> Optional[Path]:
+    """The `pytriton/tritonserver` directory of nvidia-pytriton, found without importing pytriton."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    return d if d.is_dir() else None
+
+
+def find_tritonserver() -> Optional[Path]:
+    """NGC image binary first, then the one bundled in nvidia-pytriton, then PATH."""
+    if NGC_TRITONSERVER.is_file():
+        return NGC_TRITONSERVER
+    d = pytriton_dir()
+    if d is not None and (d / "bin" / "tritonserver").is_file():
+        return d / "bin" / "tritonserver"
+    which = shutil.which("tritonserver")
+    return Path(which) if which else None
+
+
+def _pytriton_stub(d: Path) -> Path:
+    """nvidia-pytriton's python-backend stub for this interpreter (d: pytriton_dir()); it may be absent."""
+    return d / "python_backend_stubs" / PYTHON_VERSION / STUB_NAME
+
+
+def python_backend_stub() -> Optional[Path]:
+    """The NGC image's stub first, then nvidia-pytriton's for this interpreter; None when neither is there."""
+    if NGC_PYTHON_STUB.is_file():
+        return NGC_PYTHON_STUB
+    d = pytriton_dir()
+    if d is not None and _pytriton_stub(d).is_file():
+        return _pytriton_stub(d)
+    return None
 
 
 def _pytriton_layout(workdir: Path) -> tuple[Path, Path, dict[str, str]]:
@@ -94,10 +140,10 @@ def _pytriton_layout(workdir: Path) -> tuple[Path, Path, dict[str, str]]:
     if d is None:
         raise ServerError("no tritonserver: not in the NGC image and nvidia-pytriton is not installed; "
                           "pip install 'trt-spec[serve]' (or run `make setup`)")
-    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = d / "python_backend_stubs" / ver / STUB_NAME
+    stub = _pytriton_stub(d)
     if not stub.is_file():
-        raise ServerError(f"nvidia-pytriton has no python-backend stub for Python {ver}; use Python 3.8-3.13")
+        raise ServerError(f"nvidia-pytriton has no python-backend stub for Python {PYTHON_VERSION}; "
+                          "use Python 3.8-3.13")
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     libs = d.parent.parent / "nvidia_pytriton.libs"
     env = {
@@ -135,9 +181,9 @@ def read_admin_key(path: Path) -> str:
     return key
 
 
-def launch_spec(repo: Path, *, http_port: int = DEFAULT_HTTP_PORT, grpc_port: int = DEFAULT_GRPC_PORT,
-                metrics_port: int = DEFAULT_METRICS_PORT, host: str = DEFAULT_HOST, workdir: Optional[Path] = None,
-                binary: Optional[Path] = None, verbose: bool = False, prepare: bool = True,
+def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: int = defaults.GRPC_PORT,
+                metrics_port: int = defaults.METRICS_PORT, host: str = defaults.HOST,
+                workdir: Optional[Path] = None, binary: Optional[Path] = None, verbose: bool = False, prepare: bool = True,
                 admin_key: Optional[str] = None, admin_key_file: Optional[Path] = None) -> LaunchSpec:
     """The exact command line(s); world size and orchestrator mode come from the repository's manifest.
 
@@ -146,8 +192,7 @@ def launch_spec(repo: Path, *, http_port: int = DEFAULT_HTTP_PORT, grpc_port: in
     (default: a random key nobody is told; admin_key_file only changes how shell() shows it).
     """
     repo = Path(repo).resolve()
-    info = repo_info(repo)
-    world = int(info.get("mpi_ranks", 1))
+    world, orchestrator, gpu_ids = repo_info(repo)
     binary = binary or find_tritonserver()
     if binary is None:
         raise ServerError("tritonserver not found; use the NGC image or `pip install 'trt-spec[serve]'`")
@@ -166,7 +211,6 @@ def launch_spec(repo: Path, *, http_port: int = DEFAULT_HTTP_PORT, grpc_port: in
             _, backends, env = _pytriton_layout(Path(workdir))
             spec_workdir = Path(workdir)
         backend_args = [f"--backend-directory={backends}"]
-    orchestrator = bool(info.get("orchestrator"))
     if orchestrator:
         # Two TRT-LLM models with TP/PP > 1: orchestrator mode, as NVIDIA's scripts/launch_triton_server.py
         # --multi-model runs it: one tritonserver under `mpirun -n 1`, the backend spawns the ranks, and the
@@ -186,7 +230,7 @@ def launch_spec(repo: Path, *, http_port: int = DEFAULT_HTTP_PORT, grpc_port: in
              f"--backend-config=python,shm-region-prefix-name={prefix}{rank}_", "--exit-timeout-secs=10"]
         if orchestrator:
             a += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
-            a += [f"--cuda-memory-pool-byte-size={g}:0" for g in info.get("gpu_ids") or [0]]
+            a += [f"--cuda-memory-pool-byte-size={g}:0" for g in gpu_ids]
         if rank == 0:
             a += [f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
                   f"--http-address={host}", f"--grpc-address={host}", f"--metrics-address={host}",
@@ -221,7 +265,7 @@ def check_port_free(host: str, port: int, what: str) -> None:
                               "or stop the other server") from None
 
 
-def free_port(host: str = DEFAULT_HOST) -> int:
+def free_port(host: str = defaults.HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -378,9 +422,9 @@ class TritonServer:
     The server gets SIGTERM when the thread that called start() exits: start it from a thread that outlives it.
     """
 
-    def __init__(self, repo: Path, *, http_port: int = DEFAULT_HTTP_PORT, grpc_port: int = DEFAULT_GRPC_PORT,
-                 metrics_port: int = DEFAULT_METRICS_PORT, host: str = DEFAULT_HOST, log_path: Optional[Path] = None,
-                 verbose: bool = False, admin_key_file: Optional[Path] = None):
+    def __init__(self, repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: int = defaults.GRPC_PORT,
+                 metrics_port: int = defaults.METRICS_PORT, host: str = defaults.HOST,
+                 log_path: Optional[Path] = None, verbose: bool = False, admin_key_file: Optional[Path] = None):
         self.repo = Path(repo)
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         # created by start(), removed by stop(); the pid in the name lets a later launcher remove it after a kill -9
@@ -460,7 +504,7 @@ class TritonServer:
             except OSError:
                 pass
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> "TritonServer":
+    def wait_ready(self, timeout: float = defaults.READY_TIMEOUT_S) -> "TritonServer":
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.protect_shm()
@@ -497,7 +541,7 @@ class TritonServer:
         """Remember each stub seen (while loading too: one that dies before watch() is a zombie without argv)."""
         for pid, model in self.stubs().items():
             st = _proc_stat(pid)
-            if st is not None:
+            if st is not None and model != "?":  # a stub not (yet) showing a model's argv serves no model to watch
                 self._seen[pid] = (model, st[2])
 
     def watch(self) -> None:

@@ -1,18 +1,19 @@
-"""Helpers shared by the python-backend models in model_repo/ (tokenization, word lists, request parsing).
+"""Helpers shared by the python-backend models in triton_models/ (tokenization, word lists, request parsing).
 
-Kept here, not in model_repo/, so the logic is unit-tested without a server and identical in every model:
+Kept here, not in triton_models/, so the logic is unit-tested without a server and identical in every model:
 the ensemble's preprocessing and the speculative BLS must tokenize exactly alike, or the identity check
 compares different prompts. Imports only numpy at module level (the Triton python-backend environment).
 """
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import sys
 import traceback
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
-
-from .speculative_loop import RequestError, check_prompt_len  # noqa: F401  (one vocabulary for every model)
 
 # What a request can get wrong: its own values (RequestError, the contract's ContractError) or its tensors'
 # shapes and types (ValueError, TypeError from numpy). Anything else is a fault of ours.
@@ -26,6 +27,27 @@ def error_line(model: str, exc: BaseException, log: Callable[[str], None]) -> st
         return str(exc)
     log(f"{model}: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     return f"{model}: internal error ({type(exc).__name__}); the server log has the details"
+
+
+def enable_crash_traces(model: str) -> None:
+    """On a fatal signal (SIGSEGV, SIGABRT from a heap check, ...) print every thread's Python stack to the stub's
+    stderr, which is the tritonserver log: a crashed stub is then named by its model and the line it was on,
+    instead of one anonymous glibc line. Called first thing in every model's initialize()."""
+    print(f"trt-spec: {model} stub pid {os.getpid()} (crash traces on)", file=sys.stderr, flush=True)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
+    """A plain (non-decoupled) python model's execute(): one response per request, `one(request)` or, whatever it
+    raised, that request's error line (error_line: client mistakes in a line, internal faults logged in full)."""
+    responses = []
+    for request in requests:
+        try:
+            responses.append(one(request))
+        except Exception as e:  # noqa: BLE001 - every request gets an answer
+            responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                error_line(model, e, pb_utils.Logger.log_error))))
+    return responses
 
 
 def load_tokenizer(tokenizer_dir: str):

@@ -1,6 +1,6 @@
 """The speculative loop of the `tensorrt_llm_bls` model, free of Triton.
 
-The BLS (model_repo/tensorrt_llm_bls) is a thin adapter: it parses and tokenizes the text request, then runs
+The BLS (trt_spec/triton_models/tensorrt_llm_bls) is a thin adapter: it parses and tokenizes the text request, then runs
 `generate` here with an `EngineCall` that turns dicts of numpy arrays into BLS requests to the engine models.
 Tests run the same loop against a strict in-memory double of the `tensorrtllm` backend contract
 (trt_spec/backend_contract.py). NVIDIA's own BLS is split the same way (lib/decode.py + lib/triton_decoder.py).
@@ -26,6 +26,7 @@ from typing import Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from . import backend_contract as bc
+from .names import MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
 from .reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
 
 SEED_STRIDE = 1_000_003  # per-round seed offset: independent random streams across verify calls
@@ -107,9 +108,9 @@ def check_prompt_len(prompt_len: int, max_input_len: int) -> None:
 def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logits: bool) -> None:
     """Request checks before any engine call (one line each: the problem and the fix)."""
     if prompt_len == 0:
-        raise RequestError("text_input is empty; send a non-empty prompt")
+        raise RequestError(f"{TEXT_INPUT} is empty; send a non-empty prompt")
     if max_tokens <= 0:
-        raise RequestError(f"max_tokens must be >= 1, got {max_tokens}")
+        raise RequestError(f"{MAX_TOKENS} must be >= 1, got {max_tokens}")
     if cfg.max_prompt_len is not None:
         check_prompt_len(prompt_len, cfg.max_prompt_len)
     if prompt_len + max_tokens > cfg.max_seq_len:
@@ -123,7 +124,7 @@ def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logi
                            "(min(max_seq_len - 1, max_num_tokens)); the speculative loop resends the whole sequence "
                            "every round, so lower max_tokens or shorten the prompt")
     if not 0 <= k <= cfg.max_draft_len:
-        raise RequestError(f"num_draft_tokens {k} is outside 0..max_draft_len ({cfg.max_draft_len}); the engine "
+        raise RequestError(f"{NUM_DRAFT_TOKENS} {k} is outside 0..max_draft_len ({cfg.max_draft_len}); the engine "
                            "was built for at most max_draft_len draft tokens")
     if use_logits and cfg.mode != "draft_target":
         raise RequestError("use_draft_logits needs draft-target mode (this deployment has no draft model)")

@@ -10,10 +10,11 @@ import yaml
 
 from trt_spec.config import load_config
 from trt_spec.harness import client
+from trt_spec.manifest import BuildManifest
 from trt_spec.plan import make_plan
 from trt_spec.preflight import run_preflight
 from trt_spec.repository import write_repository
-from trt_spec.runner import load_manifest, run_plan
+from trt_spec.runner import run_plan
 from trt_spec.server import TritonServer, free_port
 
 from ..tiny import make_model, make_tokenizer
@@ -32,7 +33,7 @@ def build_deployment(root: Path, mode: str, draft_dir: Path | None, target_dir: 
     c = load_config(path)
     run_plan(make_plan(c, run_preflight(c, None, require_checkpoints=True), path), config_path=path)
     repo = root / "repo"
-    write_repository(load_manifest(root / "build"), repo)
+    write_repository(BuildManifest.read(root / "build"), repo)
     return repo
 
 

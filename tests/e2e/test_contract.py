@@ -13,8 +13,8 @@ from tritonclient.utils import InferenceServerException
 
 from trt_spec import backend_contract as bc
 from trt_spec.harness.client import ClientError, LLMClient
+from trt_spec.manifest import BuildManifest
 from trt_spec.repository import write_repository
-from trt_spec.runner import load_manifest
 from trt_spec.server import ServerError, TritonServer, free_port
 
 from .conftest import _serve, build_deployment
@@ -159,7 +159,7 @@ def unary_server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("unary")
     build_deployment(root, "draft_target", tiny_models["draft_other"], tiny_models["target"])
     repo = root / "repo_unary"
-    write_repository(load_manifest(root / "build"), repo, decoupled=False)
+    write_repository(BuildManifest.read(root / "build"), repo, decoupled=False)
     server = _serve(repo, root / "server.log")
     yield server
     server.stop()

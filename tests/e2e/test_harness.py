@@ -37,26 +37,43 @@ def test_check_passes_over_both_protocols(dtm_server):
         assert rep["passed"] and rep["match_rate"] == 1.0 and rep["protocol"] == proto
 
 
+# The broken BLS: the shipped model.py, kept whole under another name, loaded by path and subclassed. Its engine
+# calls go through the shipped _call (and so its _held/_checkpoint bookkeeping); only the target's verification
+# result is replaced: the target "accepts" every draft token and adds its own last token.
+BROKEN_BLS = '''"""tensorrt_llm_bls with broken verification: every draft token is accepted unverified."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+_spec = importlib.util.spec_from_file_location("shipped_tensorrt_llm_bls", Path(__file__).with_name("shipped_model.py"))
+shipped = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = shipped
+_spec.loader.exec_module(shipped)
+
+
+class TritonPythonModel(shipped.TritonPythonModel):
+    async def _call(self, model, inputs, outputs, on_response=None):
+        res = await super()._call(model, inputs, outputs, on_response)
+        d = inputs.get("draft_input_ids")
+        if d is not None and res:
+            last = res[-1]["output_ids"].reshape(-1)[int(res[-1]["sequence_length"].reshape(-1)[0]) - 1]
+            toks = [int(x) for x in d.reshape(-1)] + [int(last)]
+            res = [{"output_ids": np.asarray(toks, np.int32).reshape(1, 1, -1),
+                    "sequence_length": np.asarray([[len(toks)]], np.int32)}]
+        return res
+'''
+
+
 @pytest.fixture(scope="module")
 def broken_server(dtm_server, tmp_path_factory):
     """A copy of the draft-target repository whose BLS accepts every draft token unverified."""
     repo = tmp_path_factory.mktemp("broken") / "repo"
     shutil.copytree(dtm_server.repo, repo)
-    f = repo / "tensorrt_llm_bls" / "1" / "model.py"
-    src = f.read_text()
-    hook, marker = "int(p[\"max_num_tokens\"]))), self._call)", "    # -- parsing / validation"
-    assert hook in src and marker in src
-    broken = (  # the target "accepts" every draft token: returns the draft + the target's last token
-        "    async def _broken_call(self, model, inputs, outputs, on_response=None):\n"
-        "        res = await self._call(model, inputs, outputs, on_response)\n"
-        "        d = inputs.get('draft_input_ids')\n"
-        "        if d is not None and res:\n"
-        "            last = res[-1]['output_ids'].reshape(-1)[int(res[-1]['sequence_length'].reshape(-1)[0]) - 1]\n"
-        "            toks = [int(x) for x in d.reshape(-1)] + [int(last)]\n"
-        "            res = [{'output_ids': np.asarray(toks, np.int32).reshape(1, 1, -1),\n"
-        "                    'sequence_length': np.asarray([[len(toks)]], np.int32)}]\n"
-        "        return res\n\n")
-    f.write_text(src.replace(hook, hook.replace("self._call", "self._broken_call")).replace(marker, broken + marker))
+    version = repo / "tensorrt_llm_bls" / "1"
+    (version / "model.py").rename(version / "shipped_model.py")
+    (version / "model.py").write_text(BROKEN_BLS)
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start().wait_ready(180)
     yield server
@@ -101,12 +118,15 @@ def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
     # greedy and deterministic: both protocols see exactly the same drafting and acceptance
     assert reps["grpc"]["acceptance"] == reps["http"]["acceptance"]
     out = tmp_path / "rep"
-    r = cli("bench", "--url", dtm_server.http_url, "--protocol", "http", "--prompt-set", "code", "--max-tokens", "12",
+    r = cli("bench", "--url", dtm_server.http_url, "--protocol", "http", "--prompts", "code", "--max-tokens", "12",
             "--limit", "2", "--k", "2", "--concurrency", "1", "--concurrency", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "## Speedup (http, k=2)" in r.stdout and "## Concurrency sweep" in r.stdout
     rep = json.loads((out / "report.json").read_text())
-    assert rep["bench"][0]["samples"] and rep["environment"]["python"]
+    # every raw sample is kept: one baseline and one speculative request per prompt
+    assert sorted((s["model"], s["prompt"]) for s in rep["bench"][0]["samples"]) == [
+        ("ensemble", 0), ("ensemble", 1), ("tensorrt_llm_bls", 0), ("tensorrt_llm_bls", 1)]
+    assert rep["environment"]["python"] == sys.version.split()[0]  # the CLI ran under this interpreter
     for png in ("tokens_per_s.png", "acceptance_histogram.png", "speedup_vs_concurrency.png"):
         assert (out / png).stat().st_size > 1000
 
@@ -123,7 +143,7 @@ def test_sampling_distribution_check(ngram_server):
     rep = check_greedy(client, PROMPTS[:1])
     check_sampling(client, PROMPTS[:1], rep, temperature=1.0, samples=120)
     d = rep.distribution[0]
-    assert d["samples"] == 120 and d["dof"] >= 1 and 0.0 <= d["p_value"] <= 1.0
+    assert d["samples"] == 120 and d["dof"] >= 1  # sampled, not greedy: two or more outcome classes
     assert d["passed"], d
 
 

@@ -39,7 +39,7 @@ def configs(tmp_path_factory):
 
 def bench(config, *args):
     p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--in-process", str(config), "--format", "json",
-                        "--prompt-set", "code-edit", "--limit", "2", "--max-tokens", "24", "--ignore-eos",
+                        "--prompts", "code-edit", "--limit", "2", "--max-tokens", "24", "--ignore-eos",
                         "--threads", "1", *args], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout)
@@ -71,7 +71,13 @@ def test_a_wrong_draft_is_reported_as_slower(configs):
     assert rep["token_identity"] == 1.0  # output is still the target's
     assert rep["acceptance_rate"] < 0.3
     assert rep["leviathan_bound"] < 1.0  # an equally expensive, mostly wrong draft cannot pay
-    assert rep["warning"] and "SLOWER" in rep["warning"] or rep["speedup"] >= 1.0
+    # k draft passes + a verification for about one token each step: measured ~0.2x, far beyond timing noise
+    assert rep["speedup"] < 1.0
+    w = rep["warning"]
+    assert w.startswith(f"speculative decoding is SLOWER than the baseline here ({rep['speedup']:.2f}x); "
+                        f"acceptance α={rep['alpha']:.2f} at k=4")
+    assert "even a perfectly efficient implementation cannot beat the baseline" in w
+    assert "lower num_draft_tokens (k=4)" in w
 
 
 def test_ngram_and_a_k_beyond_the_build_is_one_clear_error(configs):

@@ -2,7 +2,6 @@
 chi-square, prompt files."""
 
 import json
-import math
 import random
 
 import pytest

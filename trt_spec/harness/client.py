@@ -20,7 +20,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-PROTOCOLS = ("grpc", "http")
+from .. import backend_contract as bc
+from ..defaults import PROTOCOLS
+from ..names import (ACCEPTED_LENGTH_HISTOGRAM, ENSEMBLE, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
+                     TEXT_INPUT, TEXT_MODELS, TEXT_OUTPUT)
 
 
 class ClientError(RuntimeError):
@@ -44,14 +47,12 @@ class Generation:
 
 # Request fields: JSON names == tensor names; numpy dtypes for gRPC.
 FIELD_TYPES = {
-    "max_tokens": np.int32, "top_k": np.int32, "num_draft_tokens": np.int32, "end_id": np.int32, "pad_id": np.int32,
+    MAX_TOKENS: np.int32, "top_k": np.int32, NUM_DRAFT_TOKENS: np.int32, "end_id": np.int32, "pad_id": np.int32,
     "temperature": np.float32, "top_p": np.float32, "seed": np.uint64,
     "stream": np.bool_, "exclude_input_in_output": np.bool_, "return_perf_metrics": np.bool_,
     "use_draft_logits": np.bool_,
 }
 REQUEST_TIMEOUT_S = 600.0  # the longest wait for one response (a 70B engine's first token under load included)
-METRIC_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "total_steps",
-                  "accepted_length_histogram")
 
 
 class LLMClient:
@@ -74,8 +75,8 @@ class LLMClient:
                 raise ClientError(f"no Triton server ready at {self.url} (HTTP); start one with `trt-spec serve REPO`")
             for m in models:
                 if not _http_ok(f"{base}/v2/models/{m}/ready"):
-                    raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: ensemble, "
-                                      "tensorrt_llm_bls) or the server log")
+                    raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: "
+                                      f"{', '.join(TEXT_MODELS)}) or the server log")
         else:
             c = self._grpc_client()
             try:
@@ -90,8 +91,8 @@ class LLMClient:
                 except Exception:
                     ok = False
                 if not ok:
-                    raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: ensemble, "
-                                      "tensorrt_llm_bls) or the server log")
+                    raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: "
+                                      f"{', '.join(TEXT_MODELS)}) or the server log")
 
     def close(self) -> None:
         if self._grpc is not None:
@@ -100,7 +101,7 @@ class LLMClient:
 
     # -- generation -----------------------------------------------------------------------------------------
     def generate(self, model: str, prompt: str, max_tokens: int, *, stream: bool = False, **params) -> Generation:
-        fields = {"text_input": prompt, "max_tokens": int(max_tokens), "stream": bool(stream), **params}
+        fields = {TEXT_INPUT: prompt, MAX_TOKENS: int(max_tokens), "stream": bool(stream), **params}
         if self.protocol == "http":
             return self._http(model, fields, stream)
         return self._grpc_generate(model, fields)
@@ -130,7 +131,7 @@ class LLMClient:
             t.set_data_from_numpy(arr)
             inputs.append(t)
         # the backend refuses a request that does not ask for both mandatory outputs (backend_contract)
-        parts = self._grpc_stream(model, inputs, ["output_ids", "sequence_length", "generation_logits"])
+        parts = self._grpc_stream(model, inputs, [*bc.MANDATORY_OUTPUTS, "generation_logits"])
         arrs = [o["generation_logits"] for o in parts if "generation_logits" in o]
         return arrs[0].reshape(-1) if arrs else None
 
@@ -180,7 +181,7 @@ class LLMClient:
 
         inputs = []
         for name, value in fields.items():
-            if name in ("text_input", "stop_words", "bad_words"):
+            if name in (TEXT_INPUT, "stop_words", "bad_words"):
                 vals = value if isinstance(value, list) else [value]
                 arr = np.array([[v.encode("utf-8") for v in vals]], dtype=object)
                 t = grpcclient.InferInput(name, list(arr.shape), "BYTES")
@@ -189,7 +190,7 @@ class LLMClient:
                 t = grpcclient.InferInput(name, list(arr.shape), _triton_dtype(arr.dtype))
             t.set_data_from_numpy(arr)
             inputs.append(t)
-        wanted = ["text_output", "output_ids"] + ([] if model == "ensemble" else list(METRIC_OUTPUTS))
+        wanted = [TEXT_OUTPUT, OUTPUT_IDS] + ([] if model == ENSEMBLE else list(METRIC_OUTPUTS))
         t0 = time.perf_counter()
         timed = self._grpc_stream(model, inputs, wanted, t0)
         return _assemble([(_np_outputs(o), t) for o, t in timed], time.perf_counter() - t0)
@@ -259,24 +260,24 @@ def _http_ok(url: str) -> bool:
 
 def _http_outputs(ev: dict) -> dict:
     """A /generate JSON event -> {text, ids, metrics}."""
-    text = ev.get("text_output", "")
+    text = ev.get(TEXT_OUTPUT, "")
     if isinstance(text, list):
         text = "".join(text)
-    ids = ev.get("output_ids", [])
+    ids = ev.get(OUTPUT_IDS, [])
     ids = list(np.asarray(ids, dtype=np.int64).reshape(-1)) if ids != [] else []
     return {"text": text, "ids": [int(i) for i in ids], "metrics": {k: ev[k] for k in METRIC_OUTPUTS if k in ev}}
 
 
 def _np_outputs(outs: dict) -> dict:
-    text = outs.get("text_output")
+    text = outs.get(TEXT_OUTPUT)
     text = "".join(x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in text.reshape(-1)) if text is not None else ""
-    ids = outs.get("output_ids")
+    ids = outs.get(OUTPUT_IDS)
     ids = [int(i) for i in ids.reshape(-1)] if ids is not None else []
     metrics = {}
     for k in METRIC_OUTPUTS:
         if k in outs:
             v = outs[k].reshape(-1).tolist()
-            metrics[k] = v if k == "accepted_length_histogram" else v[0]
+            metrics[k] = v if k == ACCEPTED_LENGTH_HISTOGRAM else v[0]
     return {"text": text, "ids": ids, "metrics": metrics}
 
 

@@ -20,10 +20,11 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..defaults import SAMPLING_SAMPLES
+from ..names import BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE, TARGET
 from .client import ClientError, LLMClient
 from .prompts import Prompt
 
-BASELINE, SPECULATIVE, ENGINE = "ensemble", "tensorrt_llm_bls", "tensorrt_llm"
 NEAR_TIE_MARGIN = 0.05  # logits; below this the two best tokens are a coin flip for any kernel change
 
 
@@ -91,7 +92,7 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 def top2_margin(client: LLMClient, prompt_ids: Sequence[int], prefix: Sequence[int]) -> Optional[float]:
     """The engine's logit margin between its two best next tokens after prompt + prefix (None if unavailable)."""
     try:
-        logits = client.engine_logits(ENGINE, list(prompt_ids) + list(prefix))
+        logits = client.engine_logits(TARGET, list(prompt_ids) + list(prefix))
     except ClientError:
         return None
     if logits is None or logits.size == 0:
@@ -107,7 +108,7 @@ def check_greedy(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_toke
     params = {"exclude_input_in_output": True, "temperature": 0.0}
     spec_params = dict(params, return_perf_metrics=True)
     if num_draft_tokens is not None:
-        spec_params["num_draft_tokens"] = num_draft_tokens
+        spec_params[NUM_DRAFT_TOKENS] = num_draft_tokens
     for i, p in enumerate(prompts):
         base = client.generate(BASELINE, p.text, p.max_tokens, **params)
         spec = client.generate(SPECULATIVE, p.text, p.max_tokens, **spec_params)
@@ -193,9 +194,9 @@ def chi2_homogeneity(a: Sequence, b: Sequence, min_expected: float = 5.0) -> tup
 
 
 def check_sampling(client: LLMClient, prompts: Sequence[Prompt], rep: CheckReport, *, temperature: float,
-                   top_p: float = 1.0, samples: int = 200, dist_tokens: int = 1, alpha: float = 0.001,
+                   top_p: float = 1.0, samples: int = SAMPLING_SAMPLES, dist_tokens: int = 1, alpha: float = 0.001,
                    num_draft_tokens: Optional[int] = None, progress: Optional[Callable[[int], None]] = None) -> None:
-    extra = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
+    extra = {} if num_draft_tokens is None else {NUM_DRAFT_TOKENS: num_draft_tokens}
     for i, p in enumerate(prompts):
         outs = {BASELINE: [], SPECULATIVE: []}
         for s in range(samples):

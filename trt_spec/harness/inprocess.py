@@ -54,25 +54,24 @@ class Loaded:
 def load_deployment(build_dir: Path) -> Loaded:
     from transformers import AutoTokenizer
 
+    from ..manifest import BuildManifest
     from ..reference.engine import load_engine
     from ..reference.ngram import NgramDraft
-    from ..runner import load_manifest
 
-    m = load_manifest(build_dir)
-    if m["engine"] != "reference":
-        raise ValueError(f"{build_dir}: --in-process runs the CPU reference engine; this build is {m['engine']}. "
+    m = BuildManifest.read(build_dir)
+    if m.engine != "reference":
+        raise ValueError(f"{build_dir}: --in-process runs the CPU reference engine; this build is {m.engine}. "
                          "Benchmark a GPU deployment through Triton with `trt-spec bench --url`")
-    mode = m["speculative"]["mode"]
-    target_dir = m["engines"]["target"]["dir"]
-    target = load_engine(target_dir)
+    mode, k = m.speculative.mode, m.speculative.max_draft_len
+    target = load_engine(m.target.dir)
     draft = None
     if mode == "draft_target":
-        draft = load_engine(m["engines"]["draft"]["dir"])
+        draft = load_engine(m.draft.dir)
     elif mode == "ngram":
-        draft = NgramDraft(max_ngram=m["speculative"]["ngram_size"], k=m["speculative"]["max_draft_len"])
-    tok = AutoTokenizer.from_pretrained(target_dir)
+        draft = NgramDraft(max_ngram=m.speculative.ngram_size, k=k)
+    tok = AutoTokenizer.from_pretrained(m.target.dir)
     eos = (int(tok.eos_token_id),) if tok.eos_token_id is not None else ()
-    return Loaded(target, draft, tok, mode, eos, m["speculative"]["max_draft_len"], target_dir)
+    return Loaded(target, draft, tok, mode, eos, k, m.target.dir)
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:

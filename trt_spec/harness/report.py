@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from ..names import BASELINE, SPECULATIVE
+
 
 def environment() -> dict:
     from importlib import metadata
@@ -58,8 +60,8 @@ def markdown(rep: dict) -> str:
         out += ["## Concurrency sweep", "", "| in flight | baseline tok/s | speculative tok/s | speedup |",
                 "|---|---|---|---|"]
         for r in rep["concurrency"]:
-            out.append(f"| {r['concurrency']} | {r['ensemble']['tokens_per_s']:.1f} | "
-                       f"{r['tensorrt_llm_bls']['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
+            out.append(f"| {r['concurrency']} | {r[BASELINE]['tokens_per_s']:.1f} | "
+                       f"{r[SPECULATIVE]['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
         out.append("")
     if rep.get("tune"):
         t = rep["tune"]

@@ -70,7 +70,9 @@ multiply-accumulates per token (incl. LM head) of draft vs target and a timed si
 cache for each (interleaved, median).
 
 Run as a build step: python -m trt_spec.reference.distill --teacher DIR --output_dir DIR [--hidden 128
---layers 2 --steps 600 --seed 0]; a bad input exits 2 with one `error: ...` line on stderr.
+--layers 2 --steps 600 --seed 0]; a bad input exits 2 with one `error: ...` line on stderr. From Python:
+run(DistillConfig(teacher_dir, out_dir, ...)), which calls the phases in order: read_teacher_config / load_teacher,
+load_text + label_with_teacher (data), init_draft, train, evaluate + measure_cost, save, build_report.
 """
 
 from __future__ import annotations
@@ -85,11 +87,13 @@ import sys
 import sysconfig
 import time
 import zlib
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any, Literal, get_args
+
+from ..names import TOKENIZER_FILES
 
 REPORT_NAME = "trt_spec_distill.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "chat_template.jinja", "tokenizer.model", "generation_config.json")
 CHAT_FORMAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 # Chat prompts whose teacher-greedy answers are (optionally) trained on. Disjoint from EVAL_CHAT_PROMPTS and from
 # the benchmark prompt sets in trt_spec.harness.prompts.
@@ -120,6 +124,71 @@ EVAL_CHAT_PROMPTS = (
 
 class DistillError(ValueError):
     """Bad input to the distillation step (reported as one line by the CLI)."""
+
+
+# ----------------------------------------------------------------------------------------------------------- config
+
+InitMethod = Literal["hidden_pca", "embedding_pca", "random"]
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Every knob of one distillation run; the defaults here are the only ones (the CLI reads them)."""
+
+    teacher_dir: Path  # Hugging Face Llama directory of the target (config.json, model.safetensors, tokenizer.json)
+    out_dir: Path
+    # draft shape
+    hidden: int = 128
+    layers: int = 2
+    heads: int | None = None  # None: hidden / head_dim
+    kv_heads: int = 1  # capped at heads
+    head_dim: int = 64
+    intermediate: int | None = None  # None: 4 * hidden
+    init: InitMethod = "hidden_pca"
+    # optimisation
+    steps: int = 600
+    seq_len: int = 256
+    seed: int = 0
+    lr: float = 5e-3
+    batch: int = 4
+    threads: int = 2
+    # data: code chunks (raw text, teacher-labelled, held-out) and chat prompts (teacher answers)
+    teacher_chunks: int = 96
+    raw_chunks: int = 2048
+    eval_chunks: int = 8
+    topk: int = 32
+    chat_prompts: int = 16
+    chat_tokens: int = 96
+    eval_chat_prompts: int = 3
+    corpus_files: tuple[Path, ...] | None = None  # None: the standard library (stdlib_files())
+    # loss mix and training vocabulary
+    teacher_fraction: float = 0.5
+    kl_weight: float = 1.0
+    mse_weight: float = 1.0
+    raw_weight: float = 1.0
+    neg_samples: int = 1024
+    train_vocab: int = 8192
+    # reporting
+    measure_cost: bool = True  # time a decode step of draft and teacher
+    eval_every: int = 0  # held-out code agreement every N steps (0: only at the end)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "teacher_dir", Path(self.teacher_dir))
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if self.corpus_files is not None:
+            object.__setattr__(self, "corpus_files", tuple(Path(p) for p in self.corpus_files))
+
+    def validate(self) -> None:
+        if self.hidden < 8 or self.layers < 1 or self.steps < 1 or self.seq_len < 4 or self.batch < 1:
+            raise DistillError(f"bad sizes: hidden={self.hidden} layers={self.layers} steps={self.steps} "
+                               f"seq_len={self.seq_len} batch={self.batch}")
+        if self.init not in get_args(InitMethod):
+            raise DistillError(f"init {self.init!r}: expected hidden_pca, embedding_pca or random")
+
+
+# the DistillConfig fields the command line exposes (`--name`, default from the field)
+CLI_OPTIONS = ("hidden", "layers", "steps", "seq_len", "seed", "lr", "batch", "teacher_chunks", "chat_prompts",
+               "train_vocab", "threads")
 
 
 # ----------------------------------------------------------------------------------------------------------- corpus
@@ -323,17 +392,74 @@ def _pad_rows(seqs: list[list[int]], length: int, pad: int) -> list[list[int]]:
     return [(q[:length] + [pad] * (length - len(q[:length]))) for q in seqs]
 
 
-def distill_draft(teacher_dir: Path, out_dir: Path, *, hidden: int = 128, layers: int = 2, steps: int = 600,
-                  seq_len: int = 256, seed: int = 0, lr: float = 5e-3, batch: int = 4, heads: int | None = None,
-                  kv_heads: int = 1, head_dim: int = 64, intermediate: int | None = None,
-                  teacher_chunks: int = 96, raw_chunks: int = 2048, eval_chunks: int = 8, topk: int = 32,
-                  chat_prompts: int = 16, chat_tokens: int = 96, eval_chat_prompts: int = 3,
-                  teacher_fraction: float = 0.5, kl_weight: float = 1.0, mse_weight: float = 1.0,
-                  raw_weight: float = 1.0, neg_samples: int = 1024, train_vocab: int = 8192, init: str = "hidden_pca",
-                  corpus_files: list[Path] | None = None, threads: int = 2, measure_cost: bool = True,
-                  eval_every: int = 0, log=None) -> dict:
-    """Distill a small LlamaForCausalLM draft from the teacher directory into out_dir; returns the report."""
-    teacher_dir, out_dir = Path(teacher_dir), Path(out_dir)
+# ---------------------------------------------------------------------------------------------------------- phases
+
+@dataclass
+class Teacher:
+    lm: Any  # LlamaForCausalLM, fp32, eval mode
+    tok: Any  # tokenizers.Tokenizer
+    config_json: dict
+    eos: int
+    pad: int  # eos when config.json has no pad_token_id
+
+
+@dataclass
+class TeacherRows:
+    """Teacher-labelled training rows, stacked: R rows of seq_len positions."""
+
+    x: Any  # [R, S] token ids
+    p: Any  # [R, S, k] renormalised teacher top-k probabilities
+    ix: Any  # [R, S, k] their token ids (long)
+    m: Any  # [R, S] bool: the positions to learn
+    h: Any  # [R, S, d_teacher] fp16 teacher final hidden states
+
+
+@dataclass
+class Data:
+    raw: list[list[int]]  # raw training chunks of seq_len + 1 tokens
+    ev: list[list[int]]  # held-out code chunks of seq_len tokens
+    ev_top1: Any  # [E, S] the teacher's argmax on ev; None without held-out chunks
+    teacher_chunks: int  # code chunks the teacher labelled
+    chat_gen: list[tuple[list[int], int]]  # (prompt + teacher answer, answer start) per training chat prompt
+    ev_chat: list[tuple[list[int], int]]  # the same for the held-out chat prompts
+    rows: TeacherRows | None  # None when no teacher steps are taken
+
+
+@dataclass
+class Draft:
+    lm: Any  # LlamaForCausalLM, tied embeddings
+    init: str  # the init actually used ("random" when the requested one does not apply)
+    basis: Any  # [d_teacher, hidden] teacher -> draft coordinates; None for a random init
+    mse_norm: float | None  # mean square of the init's final-norm weight; None: no hidden-state MSE
+
+
+@dataclass
+class TrainHistory:
+    train_vocab: int  # tokens in the training softmax (before the sampled negatives)
+    losses: list[float] = field(default_factory=list)  # every step's loss
+    kls: list[float] = field(default_factory=list)  # KL(teacher top-k || draft) on teacher steps
+    raw_losses: list[float] = field(default_factory=list)  # next-token cross-entropy on raw-text steps
+    curve: list[list] = field(default_factory=list)  # [step, held-out code top-1] every eval_every steps
+
+
+class _Clock:
+    """Wall seconds per phase, logged as each phase ends."""
+
+    def __init__(self, log):
+        self.log, self.phases = log, {}
+        self.start = self.t = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        self.phases[name] = round(time.monotonic() - self.t, 2)
+        self.log(f"{name}: {self.phases[name]:.1f}s")
+        self.t = time.monotonic()
+
+    def total(self) -> float:
+        return round(time.monotonic() - self.start, 1)
+
+
+def read_teacher_config(teacher_dir: Path) -> dict:
+    """The teacher's config.json, after checking the directory is a Llama model with a tokenizer.json."""
     if not (teacher_dir / "config.json").is_file():
         raise DistillError(f"{teacher_dir}: no config.json (expected a Hugging Face model directory)")
     if not (teacher_dir / "tokenizer.json").is_file():
@@ -344,291 +470,381 @@ def distill_draft(teacher_dir: Path, out_dir: Path, *, hidden: int = 128, layers
         raise DistillError(f"{teacher_dir / 'config.json'}: not valid JSON ({e})") from None
     if tcfg.get("model_type") != "llama" and "LlamaForCausalLM" not in (tcfg.get("architectures") or []):
         raise DistillError(f"{teacher_dir}: teacher must be a Llama model, got {tcfg.get('model_type')!r}")
-    if hidden < 8 or layers < 1 or steps < 1 or seq_len < 4 or batch < 1:
-        raise DistillError(f"bad sizes: hidden={hidden} layers={layers} steps={steps} seq_len={seq_len} batch={batch}")
-    if init not in ("hidden_pca", "embedding_pca", "random"):
-        raise DistillError(f"init {init!r}: expected hidden_pca, embedding_pca or random")
+    return tcfg
 
+
+def load_teacher(teacher_dir: Path, tcfg: dict) -> Teacher:
     import torch
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
 
-    log = log or (lambda *a: None)
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    t_start = time.monotonic()
-    phases: dict[str, float] = {}
-
-    def lap(name: str, t0: float) -> float:
-        phases[name] = round(time.monotonic() - t0, 2)
-        log(f"{name}: {phases[name]:.1f}s")
-        return time.monotonic()
-
-    t = time.monotonic()
     tok = Tokenizer.from_file(str(teacher_dir / "tokenizer.json"))
     try:
-        teacher = LlamaForCausalLM.from_pretrained(str(teacher_dir), dtype=torch.float32).eval()
+        lm = LlamaForCausalLM.from_pretrained(str(teacher_dir), dtype=torch.float32).eval()
     except (OSError, ValueError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise DistillError(f"{teacher_dir}: cannot load the teacher ({first})") from None
-    vocab, d_teacher = teacher.config.vocab_size, teacher.config.hidden_size
     eos = tcfg.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) else eos
     pad = tcfg.get("pad_token_id")
-    pad = eos if pad is None else pad
-    files = list(corpus_files) if corpus_files is not None else stdlib_files()
+    return Teacher(lm, tok, tcfg, eos, eos if pad is None else pad)
+
+
+def load_text(cfg: DistillConfig, tok) -> tuple[list[list[int]], list[list[int]]]:
+    """Data, part 1: (raw training chunks of seq_len + 1 tokens, held-out chunks of seq_len) from the corpus."""
+    files = list(cfg.corpus_files) if cfg.corpus_files is not None else stdlib_files()
     if not files:
         raise DistillError("empty training corpus")
-    raw, ev = load_corpus(tok, files, seq_len=seq_len, train_chunks=max(raw_chunks, teacher_chunks),
-                          eval_chunks=eval_chunks, seed=seed)
+    raw, ev = load_corpus(tok, files, seq_len=cfg.seq_len, train_chunks=max(cfg.raw_chunks, cfg.teacher_chunks),
+                          eval_chunks=cfg.eval_chunks, seed=cfg.seed)
     if not raw:
-        raise DistillError(f"corpus too small: no training chunk of {seq_len + 1} tokens")
-    t = lap("load", t)
+        raise DistillError(f"corpus too small: no training chunk of {cfg.seq_len + 1} tokens")
+    return raw, ev
 
-    # ---- teacher, run once: top-k + final hidden states on code chunks and on its own greedy chat answers (the
-    # training prompts' answers and the held-out prompts' answers come from one batched generation)
-    tch = [c[:seq_len] for c in raw[:teacher_chunks]] if teacher_fraction > 0 else []
-    code_lab = teacher_label(teacher, tch, k=topk) if tch else None
-    train_prompts = list(TRAIN_CHAT_PROMPTS[:chat_prompts]) if teacher_fraction > 0 else []
-    gen = teacher_generate(teacher, tok, train_prompts + list(EVAL_CHAT_PROMPTS[:eval_chat_prompts]),
-                           max_new_tokens=chat_tokens, eos=eos, pad=pad)
+
+def label_with_teacher(cfg: DistillConfig, teacher: Teacher, raw: list[list[int]], ev: list[list[int]]) -> Data:
+    """Data, part 2: the teacher, run once: top-k + final hidden states on code chunks and on its own greedy chat
+    answers (the training and the held-out prompts' answers come from one batched generation)."""
+    tch = [c[:cfg.seq_len] for c in raw[:cfg.teacher_chunks]] if cfg.teacher_fraction > 0 else []
+    code_lab = teacher_label(teacher.lm, tch, k=cfg.topk) if tch else None
+    train_prompts = list(TRAIN_CHAT_PROMPTS[:cfg.chat_prompts]) if cfg.teacher_fraction > 0 else []
+    gen = teacher_generate(teacher.lm, teacher.tok, train_prompts + list(EVAL_CHAT_PROMPTS[:cfg.eval_chat_prompts]),
+                           max_new_tokens=cfg.chat_tokens, eos=teacher.eos, pad=teacher.pad)
     chat_gen, ev_chat = gen[:len(train_prompts)], gen[len(train_prompts):]
-    chat_width = min(seq_len, max((len(q) for q, _ in chat_gen), default=0))
-    chat_lab = teacher_label(teacher, _pad_rows([q for q, _ in chat_gen], chat_width, pad), k=topk) \
+    chat_width = min(cfg.seq_len, max((len(q) for q, _ in chat_gen), default=0))
+    chat_lab = teacher_label(teacher.lm, _pad_rows([q for q, _ in chat_gen], chat_width, teacher.pad), k=cfg.topk) \
         if chat_gen else None
-    ev_top1 = teacher_label(teacher, ev, k=1)["idx"][..., 0].long() if ev else None
-    t = lap("teacher", t)
+    ev_top1 = teacher_label(teacher.lm, ev, k=1)["idx"][..., 0].long() if ev else None
+    rows = teacher_rows(tch, code_lab, chat_gen, chat_lab, seq_len=cfg.seq_len, pad=teacher.pad)
+    return Data(raw, ev, ev_top1, len(tch), chat_gen, ev_chat, rows)
 
-    # ---- teacher rows for training: [R, S] ids, top-k, hidden, and a mask of the positions to learn
-    rows_x, rows_lp, rows_ix, rows_h, rows_m = [], [], [], [], []
+
+def teacher_rows(tch, code_lab: dict | None, chat_gen, chat_lab: dict | None, *, seq_len: int,
+                 pad: int) -> TeacherRows | None:
+    """Stack the labelled code chunks and chat answers into [R, seq_len] rows; None when there are none."""
+    import torch
+
+    parts = []  # (ids, top-k logp, top-k idx, hidden, mask) per source
     if code_lab is not None:
-        rows_x.append(torch.tensor(tch, dtype=torch.long))
-        rows_lp.append(code_lab["logp"])
-        rows_ix.append(code_lab["idx"])
-        rows_h.append(code_lab["hidden"])
-        rows_m.append(torch.ones(len(tch), seq_len, dtype=torch.bool))
+        parts.append((torch.tensor(tch, dtype=torch.long), code_lab["logp"], code_lab["idx"], code_lab["hidden"],
+                      torch.ones(len(tch), seq_len, dtype=torch.bool)))
     if chat_lab is not None:
         # chat rows are right-padded to chat_width (< seq_len): pad them up to seq_len so rows stack
-        x = torch.full((len(chat_gen), seq_len), pad, dtype=torch.long)
-        lp = torch.zeros(len(chat_gen), seq_len, topk)
-        ix = torch.zeros(len(chat_gen), seq_len, topk, dtype=torch.int32)
-        hh = torch.zeros(len(chat_gen), seq_len, d_teacher, dtype=torch.float16)
-        m = torch.zeros(len(chat_gen), seq_len, dtype=torch.bool)
+        n_rows, chat_width, topk = chat_lab["logp"].shape
+        x = torch.full((n_rows, seq_len), pad, dtype=torch.long)
+        lp = torch.zeros(n_rows, seq_len, topk)
+        ix = torch.zeros(n_rows, seq_len, topk, dtype=torch.int32)
+        hh = torch.zeros(n_rows, seq_len, chat_lab["hidden"].shape[-1], dtype=torch.float16)
+        m = torch.zeros(n_rows, seq_len, dtype=torch.bool)
         for r, (q, a0) in enumerate(chat_gen):
             n = min(len(q), chat_width)
             x[r, :n] = torch.tensor(q[:n])
             lp[r, :chat_width], ix[r, :chat_width], hh[r, :chat_width] = (chat_lab["logp"][r], chat_lab["idx"][r],
                                                                          chat_lab["hidden"][r])
             m[r, a0 - 1:n - 1] = True  # positions whose next token is an answer token
-        rows_x.append(x)
-        rows_lp.append(lp)
-        rows_ix.append(ix)
-        rows_h.append(hh)
-        rows_m.append(m)
-    T_x = torch.cat(rows_x) if rows_x else None
-    if T_x is not None:
-        T_p = torch.softmax(torch.cat(rows_lp), dim=-1)  # renormalised top-k distribution
-        T_ix, T_m, T_h = torch.cat(rows_ix).long(), torch.cat(rows_m), torch.cat(rows_h)
+        parts.append((x, lp, ix, hh, m))
+    if not parts:
+        return None
+    x, lp, ix, hh, m = (torch.cat(t) for t in zip(*parts))
+    return TeacherRows(x=x, p=torch.softmax(lp, dim=-1), ix=ix.long(), m=m, h=hh)
 
-    # ---- draft: a small Llama whose tied embedding starts as the teacher's embedding projected onto the top
-    # principal directions of the teacher's final hidden states (so the draft's head is a low-rank teacher head)
-    heads = heads or max(1, round(hidden / head_dim))
-    intermediate = intermediate or 4 * hidden
-    cfg = draft_config(tcfg, hidden=hidden, layers=layers, heads=heads, kv_heads=min(kv_heads, heads),
-                       head_dim=head_dim, intermediate=intermediate)
-    torch.manual_seed(seed)
-    draft = LlamaForCausalLM(cfg)
-    temb = teacher.model.embed_tokens.weight.detach().float()
+
+def init_draft(cfg: DistillConfig, teacher: Teacher, rows: TeacherRows | None) -> Draft:
+    """A small Llama whose tied embedding starts as the teacher's embedding projected onto the top principal
+    directions of the teacher's final hidden states (so the draft's head is a low-rank teacher head)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    heads = cfg.heads or max(1, round(cfg.hidden / cfg.head_dim))
+    lcfg = draft_config(teacher.config_json, hidden=cfg.hidden, layers=cfg.layers, heads=heads,
+                        kv_heads=min(cfg.kv_heads, heads), head_dim=cfg.head_dim,
+                        intermediate=cfg.intermediate or 4 * cfg.hidden)
+    torch.manual_seed(cfg.seed)
+    lm = LlamaForCausalLM(lcfg)
+    temb = teacher.lm.model.embed_tokens.weight.detach().float()
+    fits = cfg.hidden <= teacher.lm.config.hidden_size
     basis, init_used = None, "random"
-    if init == "hidden_pca" and T_x is not None and hidden <= d_teacher:
-        basis, init_used = hidden_basis(T_h[T_m].float(), hidden), init  # [d, hidden]
-    elif init == "embedding_pca" and hidden <= d_teacher:
-        basis, init_used = hidden_basis(temb, hidden), init
+    if cfg.init == "hidden_pca" and rows is not None and fits:
+        basis, init_used = hidden_basis(rows.h[rows.m].float(), cfg.hidden), cfg.init  # [d, hidden]
+    elif cfg.init == "embedding_pca" and fits:
+        basis, init_used = hidden_basis(temb, cfg.hidden), cfg.init
     target_scale = None
     with torch.no_grad():
         if basis is not None:
-            draft.model.embed_tokens.weight.copy_(temb @ basis)
-        if basis is not None and T_x is not None:
-            proj = T_h[T_m].float() @ basis  # teacher hidden in the draft's coordinates
+            lm.model.embed_tokens.weight.copy_(temb @ basis)
+        if basis is not None and rows is not None:
+            proj = rows.h[rows.m].float() @ basis  # teacher hidden in the draft's coordinates
             target_scale = proj.pow(2).mean(0).sqrt()  # per-dim rms: the draft's final norm weight at init
-            draft.model.norm.weight.copy_(target_scale)
+            lm.model.norm.weight.copy_(target_scale)
         else:
-            draft.model.norm.weight.fill_(0.1)  # keep initial tied logits O(1)
-    draft.tie_weights()
-    emb = draft.model.embed_tokens.weight
-    mse_on = basis is not None and T_x is not None and mse_weight > 0
-    mse_norm = float(target_scale.pow(2).mean()) if mse_on else 1.0
+            lm.model.norm.weight.fill_(0.1)  # keep initial tied logits O(1)
+    lm.tie_weights()
+    mse_on = basis is not None and rows is not None and cfg.mse_weight > 0
+    return Draft(lm, init_used, basis, float(target_scale.pow(2).mean()) if mse_on else None)
 
-    # training vocabulary: the train_vocab tokens that matter most (raw next-token counts + teacher top-k mass);
-    # rarer raw targets are ignored. Each step also samples neg_samples tokens from outside it so that the rows
-    # of tokens never seen in training are pushed down too (the draft's argmax is over the full vocabulary).
-    raw_t = torch.tensor(raw, dtype=torch.long)  # [N, S+1]
+
+def training_vocab(raw_t, rows: TeacherRows | None, *, vocab: int, cap: int):
+    """(cand, others, rows): the `cap` tokens that matter most (raw next-token counts + teacher top-k mass), sorted;
+    every other token id; rows with the teacher top-k renormalised over cand. Rarer raw targets are ignored."""
+    import torch
+
     score = torch.bincount(raw_t[:, 1:].flatten(), minlength=vocab).double()
-    if T_x is not None:
-        score.index_add_(0, T_ix[T_m].flatten(), T_p[T_m].flatten().double())
+    if rows is not None:
+        score.index_add_(0, rows.ix[rows.m].flatten(), rows.p[rows.m].flatten().double())
     order = torch.sort(-score, stable=True).indices
-    cand = torch.sort(order[:min(train_vocab, int((score > 0).sum()))]).values
+    cand = torch.sort(order[:min(cap, int((score > 0).sum()))]).values
     in_cand = torch.zeros(vocab, dtype=torch.bool)
     in_cand[cand] = True
     others = (~in_cand).nonzero().flatten()
-    if T_x is not None:  # drop teacher top-k entries outside the training vocabulary, renormalise
-        T_p = T_p * in_cand[T_ix]
-        T_p = T_p / T_p.sum(-1, keepdim=True).clamp_min(1e-12)
+    if rows is not None:  # drop teacher top-k entries outside the training vocabulary, renormalise
+        p = rows.p * in_cand[rows.ix]
+        rows = replace(rows, p=p / p.sum(-1, keepdim=True).clamp_min(1e-12))
+    return cand, others, rows
+
+
+def _teacher_step_mask(steps: int, n_teacher: int) -> list[bool]:
+    """Which steps are teacher steps: n_teacher of them, interleaved evenly through training (mixing keeps the big
+    raw corpus from being forgotten and the small teacher set from being overfitted early)."""
+    mask = [False] * steps
+    for j in range(n_teacher):
+        mask[min(steps - 1, int((j + 0.5) * steps / n_teacher))] = True
+    return mask
+
+
+class _Batches:
+    """Row indices in seeded random order, without replacement; a fresh permutation when too few are left."""
+
+    def __init__(self, n: int, gen):
+        import torch
+
+        self.n, self.gen = n, gen
+        self.perm, self.pos = torch.randperm(n, generator=gen), 0
+
+    def take(self, k: int):
+        import torch
+
+        if self.pos + k > self.n:
+            self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
+        sel = self.perm[self.pos:self.pos + k]
+        self.pos += k
+        return sel
+
+
+def _teacher_loss(cfg: DistillConfig, draft: Draft, rows: TeacherRows, sel, w, pos_of):
+    """(loss, KL) on teacher rows sel. w: [Vs, h] the step's vocabulary rows; pos_of: token id -> row of w."""
+    import torch
+
+    m = rows.m[sel]
+    g = draft.lm.model(input_ids=rows.x[sel], use_cache=False).last_hidden_state[m]
+    logq = torch.log_softmax(g @ w.T, dim=-1)
+    p = rows.p[sel][m]
+    # soft cross-entropy to the renormalised teacher top-k; minus the teacher entropy it is the KL
+    ce = -(p * logq.gather(1, pos_of[rows.ix[sel][m]].clamp_min(0))).sum(-1).mean()
+    kl = ce.detach() + (p * p.clamp_min(1e-12).log()).sum(-1).mean()
+    loss = cfg.kl_weight * ce
+    if draft.mse_norm is not None:  # match the teacher's final hidden state in the draft's coordinates
+        loss = loss + cfg.mse_weight * (g - rows.h[sel][m].float() @ draft.basis).pow(2).mean() / draft.mse_norm
+    return loss, kl
+
+
+def _raw_loss(cfg: DistillConfig, lm, xb, w, pos_of, n_cand: int):
+    """Next-token cross-entropy on raw chunks xb [B, S+1] over the step's vocabulary (targets outside cand, i.e.
+    sampled as negatives this step, are ignored)."""
+    import torch
+
+    g = lm.model(input_ids=xb[:, :-1], use_cache=False).last_hidden_state
+    logits = g.reshape(-1, g.shape[-1]) @ w.T
+    tgt = pos_of[xb[:, 1:].reshape(-1)]
+    tgt[tgt >= n_cand] = -1
+    return cfg.raw_weight * torch.nn.functional.cross_entropy(logits, tgt, ignore_index=-1)
+
+
+def heldout_code_top1(lm, data: Data) -> float | None:
+    """Share of held-out code positions where the draft's full-vocabulary argmax is the teacher's argmax."""
+    if data.ev_top1 is None:
+        return None
+    a, n = top1_agreement(lm, data.ev, [r.tolist() for r in data.ev_top1])
+    return a / n
+
+
+def train(cfg: DistillConfig, draft: Draft, data: Data, *, vocab: int, log) -> TrainHistory:
+    """Alternate teacher steps and raw-text steps over a training vocabulary (plus neg_samples other tokens sampled
+    per step so that never-seen rows are pushed down; the draft's argmax is still over the full vocabulary)."""
+    import torch
+
+    raw_t = torch.tensor(data.raw, dtype=torch.long)  # [N, S+1]
+    cand, others, rows = training_vocab(raw_t, data.rows, vocab=vocab, cap=cfg.train_vocab)
     pos_of = torch.full((vocab,), -1, dtype=torch.long)
-
-    opt = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rng = torch.Generator().manual_seed(seed)
-    warmup = max(1, steps // 20)
-    n_teacher_steps = int(round(steps * teacher_fraction)) if T_x is not None else 0
-    # teacher steps are interleaved evenly through training (mixing keeps the big raw corpus from being
-    # forgotten and the small teacher set from being overfitted early)
-    is_teacher_step = [False] * steps
-    for j in range(n_teacher_steps):
-        is_teacher_step[min(steps - 1, int((j + 0.5) * steps / n_teacher_steps))] = True
-    losses: list[float] = []
-    kls: list[float] = []  # KL(teacher top-k || draft) on teacher steps
-    raw_losses: list[float] = []  # next-token cross-entropy on raw-text steps
-    curve: list[list] = []
-    raw_perm, raw_pos = torch.randperm(len(raw), generator=rng), 0
-    t_perm, t_pos = (torch.randperm(T_x.shape[0], generator=rng) if T_x is not None else None), 0
-
-    def heldout_agreement() -> float | None:
-        if ev_top1 is None:
-            return None
-        a, n = top1_agreement(draft, ev, [r.tolist() for r in ev_top1])
-        return a / n
-
-    draft.train()
-    for step in range(steps):
+    lm, emb = draft.lm, draft.lm.model.embed_tokens.weight
+    opt = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    warmup = max(1, cfg.steps // 20)
+    is_teacher = _teacher_step_mask(cfg.steps, int(round(cfg.steps * cfg.teacher_fraction)) if rows is not None else 0)
+    raw_batches = _Batches(len(data.raw), gen)
+    teacher_batches = _Batches(rows.x.shape[0], gen) if rows is not None else None
+    hist = TrainHistory(train_vocab=int(len(cand)))
+    lm.train()
+    for step in range(cfg.steps):
         for gp in opt.param_groups:
-            gp["lr"] = _lr_at(step, steps, lr, warmup)
-        neg = others[torch.randint(0, len(others), (min(neg_samples, len(others)),), generator=rng)] \
+            gp["lr"] = _lr_at(step, cfg.steps, cfg.lr, warmup)
+        neg = others[torch.randint(0, len(others), (min(cfg.neg_samples, len(others)),), generator=gen)] \
             if len(others) else others
         voc = torch.cat([cand, neg])
         pos_of[voc] = torch.arange(len(voc))
         w = emb[voc]  # [Vs, h]
-        if is_teacher_step[step]:
-            nb = min(batch, T_x.shape[0])
-            if t_pos + nb > T_x.shape[0]:
-                t_perm, t_pos = torch.randperm(T_x.shape[0], generator=rng), 0
-            sel = t_perm[t_pos:t_pos + nb]
-            t_pos += nb
-            m = T_m[sel]
-            g = draft.model(input_ids=T_x[sel], use_cache=False).last_hidden_state[m]
-            logq = torch.log_softmax(g @ w.T, dim=-1)
-            p = T_p[sel][m]
-            # soft cross-entropy to the renormalised teacher top-k; minus the teacher entropy it is the KL
-            ce = -(p * logq.gather(1, pos_of[T_ix[sel][m]].clamp_min(0))).sum(-1).mean()
-            kl = ce.detach() + (p * p.clamp_min(1e-12).log()).sum(-1).mean()
-            loss = kl_weight * ce
-            if mse_on:  # match the teacher's final hidden state in the draft's coordinates
-                loss = loss + mse_weight * (g - T_h[sel][m].float() @ basis).pow(2).mean() / mse_norm
+        if is_teacher[step]:
+            sel = teacher_batches.take(min(cfg.batch, rows.x.shape[0]))
+            loss, kl = _teacher_loss(cfg, draft, rows, sel, w, pos_of)
         else:
-            if raw_pos + batch > len(raw):
-                raw_perm, raw_pos = torch.randperm(len(raw), generator=rng), 0
-            sel = raw_perm[raw_pos:raw_pos + batch]
-            raw_pos += batch
-            xb = raw_t[sel]
-            g = draft.model(input_ids=xb[:, :-1], use_cache=False).last_hidden_state
-            logits = g.reshape(-1, g.shape[-1]) @ w.T
-            tgt = pos_of[xb[:, 1:].reshape(-1)]
-            tgt[tgt >= len(cand)] = -1  # outside the training vocabulary (sampled as a negative this step)
-            loss = raw_weight * torch.nn.functional.cross_entropy(logits, tgt, ignore_index=-1)
-            kl = None
+            loss, kl = _raw_loss(cfg, lm, raw_t[raw_batches.take(cfg.batch)], w, pos_of, len(cand)), None
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
         opt.step()
         pos_of[voc] = -1
-        losses.append(float(loss.detach()))
-        (kls if kl is not None else raw_losses).append(float(kl) if kl is not None else losses[-1])
-        if step % 50 == 0 or step == steps - 1:
-            log(f"step {step} {'teacher' if is_teacher_step[step] else 'raw'} loss {losses[-1]:.3f}")
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            draft.eval()
-            curve.append([step + 1, heldout_agreement()])
-            draft.train()
-            log(f"step {step + 1} held-out code top-1 {curve[-1][1]}")
-    draft.eval()
-    t = lap("train", t)
+        hist.losses.append(float(loss.detach()))
+        if kl is None:
+            hist.raw_losses.append(hist.losses[-1])
+        else:
+            hist.kls.append(float(kl))
+        if step % 50 == 0 or step == cfg.steps - 1:
+            log(f"step {step} {'teacher' if is_teacher[step] else 'raw'} loss {hist.losses[-1]:.3f}")
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            lm.eval()
+            hist.curve.append([step + 1, heldout_code_top1(lm, data)])
+            lm.train()
+            log(f"step {step + 1} held-out code top-1 {hist.curve[-1][1]}")
+    lm.eval()
+    return hist
 
-    # ---- evaluation: full-vocab argmax of the draft vs the teacher's argmax
+
+def evaluate(lm, data: Data, hist: TrainHistory, *, steps: int, log) -> dict:
+    """Held-out agreement: the draft's full-vocabulary argmax vs the teacher's argmax, on code and chat answers."""
     res: dict = {}
-    if ev_top1 is not None:
-        res["heldout_code_top1"] = heldout_agreement()
-        res["heldout_code_positions"] = int(ev_top1.numel())
-        if curve:
-            res["heldout_code_curve"] = curve + [[steps, res["heldout_code_top1"]]]
-    if ev_chat:
-        seqs = [q[:-1] for q, _ in ev_chat]
-        poss = [list(range(a0 - 1, len(q) - 1)) for q, a0 in ev_chat]
-        a, n = top1_agreement(draft, seqs, [q[a0:] for q, a0 in ev_chat], poss)
+    if data.ev_top1 is not None:
+        res["heldout_code_top1"] = heldout_code_top1(lm, data)
+        res["heldout_code_positions"] = int(data.ev_top1.numel())
+        if hist.curve:
+            res["heldout_code_curve"] = hist.curve + [[steps, res["heldout_code_top1"]]]
+    if data.ev_chat:
+        seqs = [q[:-1] for q, _ in data.ev_chat]
+        poss = [list(range(a0 - 1, len(q) - 1)) for q, a0 in data.ev_chat]
+        a, n = top1_agreement(lm, seqs, [q[a0:] for q, a0 in data.ev_chat], poss)
         res["chat_top1"] = a / n
         res["chat_positions"] = n
     log("held-out agreement: " + ", ".join(f"{k} {v:.3f}" for k, v in res.items() if k.endswith("top1")))
-    t = lap("eval", t)
+    return res
 
-    # ---- cost
-    cost = {"draft_macs_per_token": forward_macs(cfg), "teacher_macs_per_token": forward_macs(teacher.config)}
+
+def measure_cost(draft_lm, teacher_lm, *, timed: bool) -> dict:
+    """Weight MACs per token of draft and teacher and (timed) a single-token decode step of each."""
+    cost = {"draft_macs_per_token": forward_macs(draft_lm.config),
+            "teacher_macs_per_token": forward_macs(teacher_lm.config)}
     cost["macs_ratio"] = cost["draft_macs_per_token"] / cost["teacher_macs_per_token"]
-    if measure_cost:
-        dm, tm = decode_step_ms([draft, teacher], vocab=vocab)
+    if timed:
+        dm, tm = decode_step_ms([draft_lm, teacher_lm], vocab=teacher_lm.config.vocab_size)
         cost.update(draft_decode_ms=round(dm, 3), teacher_decode_ms=round(tm, 3), time_ratio=dm / tm)
-    t = lap("cost", t)
+    return cost
 
-    # ---- save
-    out_dir.mkdir(parents=True, exist_ok=True)
-    draft.save_pretrained(str(out_dir), safe_serialization=True)
+
+def save(cfg: DistillConfig, lm) -> None:
+    """The draft (config.json + model.safetensors) and the teacher's tokenizer files, verbatim."""
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    lm.save_pretrained(str(cfg.out_dir), safe_serialization=True)
     for name in TOKENIZER_FILES:
-        if (teacher_dir / name).is_file():
-            shutil.copy2(teacher_dir / name, out_dir / name)
-    t = lap("save", t)
+        if (cfg.teacher_dir / name).is_file():
+            shutil.copy2(cfg.teacher_dir / name, cfg.out_dir / name)
 
-    def ends(xs: list[float]) -> tuple[float | None, float | None]:
-        if not xs:
-            return None, None
-        k = max(1, min(10, len(xs) // 10))
-        return sum(xs[:k]) / k, sum(xs[-k:]) / k
 
-    first_loss, final_loss = ends(losses)
-    first_kl, final_kl = ends(kls)
-    first_ce, final_ce = ends(raw_losses)
-    every = max(1, steps // 20)
-    report = {
-        "teacher": str(teacher_dir), "hidden": hidden, "layers": layers, "heads": heads,
-        "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim, "intermediate": intermediate, "init": init_used,
-        "steps": steps, "seq_len": seq_len, "seed": seed, "lr": lr, "batch": batch, "topk": topk,
-        "teacher_chunks": len(tch), "teacher_fraction": teacher_fraction, "kl_weight": kl_weight,
-        "mse_weight": mse_weight if mse_on else 0.0, "raw_chunks": len(raw), "chat_train_prompts": len(chat_gen),
-        "train_vocab": int(len(cand)), "train_vocab_cap": train_vocab,
-        "params": sum(p.numel() for p in draft.parameters()),
+def _ends(xs: list[float]) -> tuple[float | None, float | None]:
+    """Mean of the first and of the last ~10% (1..10) values."""
+    if not xs:
+        return None, None
+    k = max(1, min(10, len(xs) // 10))
+    return sum(xs[:k]) / k, sum(xs[-k:]) / k
+
+
+def build_report(cfg: DistillConfig, data: Data, draft: Draft, hist: TrainHistory, res: dict, cost: dict,
+                 clock: _Clock) -> dict:
+    lcfg, losses = draft.lm.config, hist.losses
+    first_loss, final_loss = _ends(losses)
+    first_kl, final_kl = _ends(hist.kls)
+    first_ce, final_ce = _ends(hist.raw_losses)
+    every = max(1, cfg.steps // 20)
+    return {
+        "teacher": str(cfg.teacher_dir), "hidden": cfg.hidden, "layers": cfg.layers,
+        "heads": lcfg.num_attention_heads, "kv_heads": lcfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "intermediate": lcfg.intermediate_size, "init": draft.init,
+        "steps": cfg.steps, "seq_len": cfg.seq_len, "seed": cfg.seed, "lr": cfg.lr, "batch": cfg.batch,
+        "topk": cfg.topk, "teacher_chunks": data.teacher_chunks, "teacher_fraction": cfg.teacher_fraction,
+        "kl_weight": cfg.kl_weight, "mse_weight": cfg.mse_weight if draft.mse_norm is not None else 0.0,
+        "raw_chunks": len(data.raw), "chat_train_prompts": len(data.chat_gen),
+        "train_vocab": hist.train_vocab, "train_vocab_cap": cfg.train_vocab,
+        "params": sum(p.numel() for p in draft.lm.parameters()),
         "first_loss": first_loss, "final_loss": final_loss, "first_teacher_kl": first_kl, "final_teacher_kl": final_kl,
         "first_raw_ce": first_ce, "final_raw_ce": final_ce,
-        "loss_curve": [[i, round(losses[i], 4)] for i in range(0, steps, every)] + [[steps - 1, round(losses[-1], 4)]],
-        **res, "cost": cost, "phases_seconds": phases, "seconds": round(time.monotonic() - t_start, 1),
+        "loss_curve": [[i, round(losses[i], 4)] for i in range(0, cfg.steps, every)]
+        + [[cfg.steps - 1, round(losses[-1], 4)]],
+        **res, "cost": cost, "phases_seconds": clock.phases, "seconds": clock.total(),
     }
-    (out_dir / REPORT_NAME).write_text(json.dumps(report, indent=2))
+
+
+# ------------------------------------------------------------------------------------------------------------- run
+
+def run(cfg: DistillConfig, log=None) -> dict:
+    """Distill a small LlamaForCausalLM draft from cfg.teacher_dir into cfg.out_dir; returns the report (also
+    written there as REPORT_NAME)."""
+    tcfg = read_teacher_config(cfg.teacher_dir)
+    cfg.validate()
+    import torch
+
+    log = log or (lambda *a: None)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    clock = _Clock(log)
+    teacher = load_teacher(cfg.teacher_dir, tcfg)
+    raw, ev = load_text(cfg, teacher.tok)
+    clock.lap("load")
+    data = label_with_teacher(cfg, teacher, raw, ev)
+    clock.lap("teacher")
+    draft = init_draft(cfg, teacher, data.rows)
+    hist = train(cfg, draft, data, vocab=teacher.lm.config.vocab_size, log=log)
+    clock.lap("train")
+    res = evaluate(draft.lm, data, hist, steps=cfg.steps, log=log)
+    clock.lap("eval")
+    cost = measure_cost(draft.lm, teacher.lm, timed=cfg.measure_cost)
+    clock.lap("cost")
+    save(cfg, draft.lm)
+    clock.lap("save")
+    report = build_report(cfg, data, draft, hist, res, cost, clock)
+    (cfg.out_dir / REPORT_NAME).write_text(json.dumps(report, indent=2))
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    import inspect
+def distill_draft(teacher_dir: Path, out_dir: Path, *, log=None, **knobs) -> dict:
+    """run() with the DistillConfig fields as keywords (an unknown keyword is a TypeError)."""
+    return run(DistillConfig(teacher_dir, out_dir, **knobs), log=log)
 
-    defaults = {k: v.default for k, v in inspect.signature(distill_draft).parameters.items()}
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = {f.name: f.default for f in fields(DistillConfig)}
     ap = argparse.ArgumentParser(description="Distill a small draft model from a Llama teacher directory.")
     ap.add_argument("--teacher", required=True, help="Hugging Face directory of the target (config.json, "
                                                        "model.safetensors, tokenizer.json)")
     ap.add_argument("--output_dir", required=True)
-    options = ("hidden", "layers", "steps", "seq_len", "seed", "lr", "batch", "teacher_chunks", "chat_prompts",
-               "train_vocab", "threads")
-    for name in options:
-        ap.add_argument(f"--{name}", type=type(defaults[name]), default=defaults[name], help=f"default {defaults[name]}")
+    for name in CLI_OPTIONS:
+        d = defaults[name]
+        ap.add_argument(f"--{name}", type=type(d), default=d, help=f"default {d}")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     log = None if a.quiet else (lambda msg: print(f"[distill] {msg}", file=sys.stderr, flush=True))
-    kw = {k: getattr(a, k) for k in options}
     try:
-        report = distill_draft(Path(a.teacher), Path(a.output_dir), log=log, **kw)
+        report = run(DistillConfig(Path(a.teacher), Path(a.output_dir), **{k: getattr(a, k) for k in CLI_OPTIONS}),
+                     log=log)
     except DistillError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

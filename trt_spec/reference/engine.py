@@ -27,6 +27,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..defaults import PREFIX_CACHE_BYTES
 from .model import KVCache, ReferenceModel
 from .sampling import logits_to_probs, select
 from .speculative import speculative_accept
@@ -147,7 +148,7 @@ class CallResult:
 class ReferenceEngine:
     """One loaded model + its prefix cache; thread-safe for concurrent calls (one forward at a time)."""
 
-    def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = 512 * 2**20,
+    def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
                  diverge_slack: int = DIVERGE_SLACK):
         """diverge_slack: set to the deployment's max draft length + 1 (how far a request's own rejected
         drafts can reach back)."""

@@ -32,12 +32,13 @@ from pathlib import Path
 
 import torch
 
+from ..names import TOKENIZER_FILES
+from .model import ReferenceModel, load_hf_state_dict
+
 ENGINE_FORMAT = "trt-spec-reference"
 ENGINE_META = "trt_spec_engine.json"
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 STORE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "generation_config.json", "chat_template.jinja", "tokenizer.model")
 SAMPLE_PROMPTS = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n",
     "The capital of France is",
@@ -57,22 +58,6 @@ def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale.float()[:, None]
-
-
-def load_hf_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    single = checkpoint / "model.safetensors"
-    if single.is_file():
-        return load_file(single)
-    index = checkpoint / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        out: dict[str, torch.Tensor] = {}
-        for s in shards:
-            out.update(load_file(checkpoint / s))
-        return out
-    raise FileNotFoundError(f"{checkpoint}: no model.safetensors or model.safetensors.index.json")
 
 
 def _is_quantizable(name: str, t: torch.Tensor) -> bool:
@@ -134,8 +119,6 @@ def top1_agreement(config: dict, full: dict[str, torch.Tensor], quant: dict[str,
                    tokenizer_dir: Path) -> dict:
     """Fraction of positions where the exported model's argmax equals the full-precision argmax."""
     from transformers import AutoTokenizer
-
-    from .model import ReferenceModel
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     a, b = ReferenceModel.from_state_dict(config, full), ReferenceModel.from_state_dict(config, quant)

@@ -186,6 +186,23 @@ class _Layer:
     window: int | None
 
 
+def load_hf_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """HF-named tensors of a checkpoint directory: model.safetensors or the shards of model.safetensors.index.json."""
+    from safetensors.torch import load_file
+
+    single = checkpoint / "model.safetensors"
+    if single.is_file():
+        return load_file(single)
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out: dict[str, torch.Tensor] = {}
+        for s in shards:
+            out.update(load_file(checkpoint / s))
+        return out
+    raise FileNotFoundError(f"{checkpoint}: no model.safetensors or model.safetensors.index.json")
+
+
 class ReferenceModel:
     """Decoder-only transformer over plain fp32 tensors; see the module docstring for the cache contract."""
 
@@ -237,8 +254,6 @@ class ReferenceModel:
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ReferenceModel:
         """Load an HF directory: config.json + model.safetensors or a sharded model.safetensors.index.json."""
-        from .export import load_hf_state_dict
-
         path = Path(path)
         config_dict = json.loads((path / "config.json").read_text())
         return cls.from_state_dict(config_dict, load_hf_state_dict(path))

@@ -5,24 +5,19 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.serving import error_line, load_tokenizer
+from trt_spec.names import POSTPROCESSING
+from trt_spec.serving import enable_crash_traces, load_tokenizer, respond_each
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_crash_traces(args["model_name"])
         params = json.loads(args["model_config"])["parameters"]
         self.tokenizer = load_tokenizer(params["tokenizer_dir"]["string_value"])
         self.skip_special = params.get("skip_special_tokens", {}).get("string_value", "true") == "true"
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                responses.append(self._one(request))
-            except Exception as e:  # noqa: BLE001 - every request gets an answer; internal faults are logged
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    error_line("postprocessing", e, pb_utils.Logger.log_error))))
-        return responses
+        return respond_each(requests, self._one, POSTPROCESSING, pb_utils)
 
     def _one(self, request):
         tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()

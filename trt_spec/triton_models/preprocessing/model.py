@@ -9,8 +9,10 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.serving import (RequestError, check_prompt_len, decode_strings, default_end_id, default_pad_id, encode,
-                              error_line, load_tokenizer, scalar, to_word_list)
+from trt_spec.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT
+from trt_spec.serving import (decode_strings, default_end_id, default_pad_id, enable_crash_traces, encode,
+                              load_tokenizer, respond_each, scalar, to_word_list)
+from trt_spec.speculative_loop import RequestError, check_prompt_len
 
 
 def _get(request, name):
@@ -20,6 +22,7 @@ def _get(request, name):
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_crash_traces(args["model_name"])
         params = json.loads(args["model_config"])["parameters"]
         self.tokenizer = load_tokenizer(params["tokenizer_dir"]["string_value"])
         self.max_input_len = int(params["max_input_len"]["string_value"])
@@ -28,10 +31,10 @@ class TritonPythonModel:
     def _one(self, request):
         queries = decode_strings(_get(request, "QUERY"))
         if not queries or any(not q for q in queries):
-            raise RequestError("text_input is empty; send a non-empty prompt")
+            raise RequestError(f"{TEXT_INPUT} is empty; send a non-empty prompt")
         out_len = np.asarray(_get(request, "REQUEST_OUTPUT_LEN")).reshape(-1, 1).astype(np.int32)
         if int(out_len.min()) <= 0:
-            raise RequestError(f"max_tokens must be >= 1, got {int(out_len.min())}")
+            raise RequestError(f"{MAX_TOKENS} must be >= 1, got {int(out_len.min())}")
         ids = [encode(self.tokenizer, q, self.add_special) for q in queries]
         longest = max(len(i) for i in ids)
         check_prompt_len(longest, self.max_input_len)
@@ -56,11 +59,4 @@ class TritonPythonModel:
         ])
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                responses.append(self._one(request))
-            except Exception as e:  # noqa: BLE001 - every request gets an answer; internal faults are logged
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    error_line("preprocessing", e, pb_utils.Logger.log_error))))
-        return responses
+        return respond_each(requests, self._one, PREPROCESSING, pb_utils)

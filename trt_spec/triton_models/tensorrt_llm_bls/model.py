@@ -17,9 +17,11 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.serving import (IncrementalDetokenizer, decode_strings, default_end_id, default_pad_id, encode,
-                              error_line, load_tokenizer, requested_only, scalar)
+from trt_spec.serving import (IncrementalDetokenizer, decode_strings, default_end_id, default_pad_id,
+                              enable_crash_traces, encode, error_line, load_tokenizer, requested_only, scalar)
 from trt_spec import backend_contract as bc
+from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT,
+                            TEXT_OUTPUT, TOTAL_STEPS)
 from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                       check_sampling, validate)
 
@@ -34,8 +36,30 @@ def _in(request, name):
     return None if t is None else t.as_numpy()
 
 
+class _Responder:
+    """respond(outputs: dict | error: str, flags) for one request. Sends only the outputs the request asked for
+    (trt_spec.serving.requested_only: the 24.10 stub drops any other without the GIL). `closed` turns true just
+    before a final response is handed over: the backend deletes the request's response factory even when that
+    send fails, so after it the request may be neither answered nor asked is_cancelled()."""
+
+    def __init__(self, request, deliver):
+        self.wanted = request.requested_output_names()
+        self.deliver = deliver
+        self.closed = False
+
+    def __call__(self, outputs, flags):
+        if flags & FINAL:
+            self.closed = True
+        if isinstance(outputs, str):
+            self.deliver(pb_utils.InferenceResponse(error=pb_utils.TritonError(outputs)), flags)
+        else:
+            self.deliver(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(k, v) for k, v in requested_only(outputs, self.wanted).items()]), flags)
+
+
 class TritonPythonModel:
     def initialize(self, args):
+        enable_crash_traces(args["model_name"])
         cfg = json.loads(args["model_config"])
         p = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
@@ -46,13 +70,14 @@ class TritonPythonModel:
             max_input_len=bc.max_input_len(int(p["max_seq_len"]), int(p["max_num_tokens"]))), self._call)
         self.default_k = int(p["num_draft_tokens"])
         self.tokenizer = load_tokenizer(p["tokenizer_dir"])
+        self._held: list = []  # finished engine response iterators, kept until a _checkpoint says they are safe
         self.add_special = p.get("add_special_tokens", "true") == "true"
 
     # -- parsing / validation -------------------------------------------------------------------------
     def _parse(self, request):
-        texts = decode_strings(_in(request, "text_input"))
+        texts = decode_strings(_in(request, TEXT_INPUT))
         if len(texts) != 1:
-            raise RequestError(f"text_input must hold exactly one prompt per request (got {len(texts)}); "
+            raise RequestError(f"{TEXT_INPUT} must hold exactly one prompt per request (got {len(texts)}); "
                                "send one request per prompt")
         for name in ("beam_width", "num_return_sequences"):
             v = scalar(_in(request, name), 1, int)
@@ -63,9 +88,9 @@ class TritonPythonModel:
         if stream and not self.decoupled:
             raise RequestError("stream=true needs the decoupled deployment; write the repository with "
                                "`trt-spec repo --decoupled` or send stream=false")
-        max_tokens = scalar(_in(request, "max_tokens"), 0, int)
+        max_tokens = scalar(_in(request, MAX_TOKENS), 0, int)
         prompt = encode(self.tokenizer, texts[0], self.add_special) if texts[0] else []
-        k = scalar(_in(request, "num_draft_tokens"), self.default_k, int)
+        k = scalar(_in(request, NUM_DRAFT_TOKENS), self.default_k, int)
         use_logits = bool(scalar(_in(request, "use_draft_logits"), False))
         validate(self.loop.cfg, len(prompt), max_tokens, k, use_logits)
         values = {client: scalar(_in(request, client), None, kind) for client, kind in
@@ -88,10 +113,24 @@ class TritonPythonModel:
                                         inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()])
         responses = await req.async_exec(decoupled=self.decoupled)
         if not self.decoupled:
-            responses = [responses]
-        result = []
-        for resp in responses:  # decoupled: a (blocking) iterator of responses
-            if resp.has_error():  # "<engine model>: <its message>", the model named once
+            return self._collect(model, [responses], on_response)
+        try:
+            return self._collect(model, responses, on_response)
+        except BaseException:
+            for _ in responses:  # drain to the final response: only then does the stub clean the stream up
+                pass
+            raise
+        finally:
+            self._held.append(responses)  # after its last response was taken; released by _checkpoint
+
+    @staticmethod
+    def _collect(model, responses, on_response) -> list[dict]:
+        """Every response's outputs (decoupled: a blocking iterator). An engine error raises EngineError
+        "<engine model>: <its message>", the model named once."""
+        result, seen = [], 0
+        for resp in responses:
+            seen += 1
+            if resp.has_error():
                 msg = resp.error().message()
                 raise EngineError(msg if msg.startswith(f"{model}:") else f"{model}: {msg}")
             out = {t.name(): t.as_numpy() for t in resp.output_tensors()}
@@ -99,7 +138,26 @@ class TritonPythonModel:
                 result.append(out)
                 if on_response is not None:
                     on_response(out)
+        if not seen:  # a stream always ends with a response; none means the call itself failed (24.10 can hand
+            raise EngineError(f"{model}: no response")  # one failed call's error to another: never pass it off as done)
         return result
+
+    def _checkpoint(self, request) -> bool:
+        """request.is_cancelled(), and release the engine responses received before it.
+
+        Triton 2.51's python backend (24.10) keeps each decoupled BLS response iterator in the stub's own map too,
+        and erases it on its stub-to-parent thread without the GIL. If Python has let go of the iterator first,
+        that erase frees the responses' numpy arrays without the GIL: a reference-count race that corrupts the
+        heap under load ("Reference count error detected ... dtype", "malloc(): unaligned fastbin chunk
+        detected", then the stub aborts and every request hangs). Upstream fixed ~PbTensor to take the GIL after
+        24.12 (python_backend #390). Our side: hold every finished iterator until a round trip through that same
+        FIFO thread has completed. is_cancelled() is such a round trip (it queues behind the cleanups and waits),
+        except once a request is cancelled (then the answer is cached and nothing is released)."""
+        settled = len(self._held)
+        cancelled = request.is_cancelled()
+        if not cancelled:
+            del self._held[:settled]
+        return cancelled
 
     # -- the request ----------------------------------------------------------------------------------
     async def _handle(self, request, respond):
@@ -113,7 +171,11 @@ class TritonPythonModel:
         except EngineError as e:  # an engine failed or refused a call: "<engine model>: <its message>"
             error = str(e)
         except Exception as e:  # noqa: BLE001 - client mistakes get their line; our faults are logged in full
-            error = error_line("tensorrt_llm_bls", e, pb_utils.Logger.log_error)
+            error = error_line(BLS, e, pb_utils.Logger.log_error)
+        if respond.closed:  # the final response went out (or failed on the way): nothing more may be sent or asked
+            pb_utils.Logger.log_error(f"{BLS}: after the final response: {error}")
+            return
+        self._checkpoint(request)  # before the final response: after it the request may not be asked anything
         respond(error, FINAL)
 
     async def _serve(self, request, respond):
@@ -122,7 +184,8 @@ class TritonPythonModel:
         if r.stream and not exclude_input:
             respond(self._chunk(r.prompt, self.tokenizer.decode(r.prompt, skip_special_tokens=True)), 0)
         emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
-        generated, m = await self.loop.generate(r, emit, request.is_cancelled)
+        generated, m = await self.loop.generate(r, emit, lambda: self._checkpoint(request))
+        self._checkpoint(request)
         if r.stream:
             respond(self._final([], detok.flush(), m), FINAL)
         else:
@@ -132,41 +195,27 @@ class TritonPythonModel:
     # Outputs carry the batch dimension (max_batch_size > 0): text_output [1, 1], output_ids [1, n], ...
     @staticmethod
     def _chunk(ids, text) -> dict:
-        return {"text_output": np.array([[text.encode("utf-8")]], dtype=object),
-                "output_ids": np.asarray([list(ids)], dtype=np.int32)}
+        return {TEXT_OUTPUT: np.array([[text.encode("utf-8")]], dtype=object),
+                OUTPUT_IDS: np.asarray([list(ids)], dtype=np.int32)}
 
     def _final(self, ids, text, m) -> dict:
         return {**self._chunk(ids, text),
                 "acceptance_rate": np.asarray([[m.acceptance_rate]], dtype=np.float32),
                 "total_accepted_draft_tokens": np.asarray([[m.accepted]], dtype=np.int32),
                 "total_draft_tokens": np.asarray([[m.drafted]], dtype=np.int32),
-                "total_steps": np.asarray([[m.steps]], dtype=np.int32),
-                "accepted_length_histogram": np.asarray([m.hist], dtype=np.int32)}
-
-    @staticmethod
-    def _responder(request, deliver):
-        """respond(outputs: dict | error: str, flags): only the outputs the request asked for (see
-        trt_spec.serving.requested_only: anything else would be dropped by the stub without the GIL)."""
-        wanted = request.requested_output_names()
-
-        def respond(outputs, flags):
-            if isinstance(outputs, str):
-                deliver(pb_utils.InferenceResponse(error=pb_utils.TritonError(outputs)), flags)
-            else:
-                deliver(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor(k, v) for k, v in requested_only(outputs, wanted).items()]), flags)
-        return respond
+                TOTAL_STEPS: np.asarray([[m.steps]], dtype=np.int32),
+                ACCEPTED_LENGTH_HISTOGRAM: np.asarray([m.hist], dtype=np.int32)}
 
     async def execute(self, requests):
         if self.decoupled:
             def sender(request):
                 s = request.get_response_sender()
                 return lambda resp, flags: s.send(resp, flags=flags)
-            await asyncio.gather(*(self._handle(r, self._responder(r, sender(r))) for r in requests))
+            await asyncio.gather(*(self._handle(r, _Responder(r, sender(r))) for r in requests))
             return None
         results = [None] * len(requests)
 
         def keep(i):
             return lambda resp, flags: results.__setitem__(i, resp)
-        await asyncio.gather(*(self._handle(r, self._responder(r, keep(i))) for i, r in enumerate(requests)))
+        await asyncio.gather(*(self._handle(r, _Responder(r, keep(i))) for i, r in enumerate(requests)))
         return results

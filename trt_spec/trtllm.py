@@ -1,4 +1,6 @@
-"""The command-line surface of the TensorRT-LLM 1.2 tools the plan calls.
+"""What trt-spec knows about TensorRT-LLM 1.2 itself: its version and image, the command-line surface of the
+tools the plan calls, the architectures its engine flow builds, its speculative-decoding mode names, its
+quantization formats, and the executor defaults trt-spec plans around.
 
 Every flag the planner emits must be in these sets (the plan checks itself, and a contract test checks
 every shipped config). Source: TensorRT-LLM 1.2 `trtllm-build --help`, `examples/quantization/quantize.py`,
@@ -51,3 +53,37 @@ EAGLE_CONVERT_FLAGS = frozenset(
 SPECULATIVE_DECODING_MODES = frozenset(
     {"draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"}
 )
+
+# trt-spec speculative.mode -> the engine's --speculative_decoding_mode.
+SPEC_MODE_TO_TRTLLM = {
+    "draft_target": "draft_tokens_external",
+    "ngram": "draft_tokens_external",
+    "medusa": "medusa",
+    "eagle": "eagle",
+    "lookahead": "lookahead_decoding",
+}
+# Modes whose target is built with draft_tokens_external: the executor refuses such a target without KV-cache
+# block reuse (trtGptModelInflightBatching.cpp), and reuse needs paged context FMHA, which tensorrt_llm/builder.py
+# turns off with an INT8 KV cache, and with an FP8 KV cache unless the weights are FP8 on SM >= 89.
+EXTERNAL_DRAFT_MODES = tuple(m for m, t in SPEC_MODE_TO_TRTLLM.items() if t == "draft_tokens_external")
+MEDUSA_DEFAULT_TREE_NODES = 63  # TRT-LLM's default tree (mc_sim_7b_63) has 63 nodes
+
+# Architectures the TensorRT-LLM 1.2 engine flow (convert_checkpoint.py / quantize.py + trtllm-build) builds,
+# mapped to the examples/models/core/<family> directory whose convert_checkpoint.py handles them.
+TRTLLM_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "MixtralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen",
+    "GemmaForCausalLM": "gemma",
+    "Gemma2ForCausalLM": "gemma",
+    "Phi3ForCausalLM": "phi",
+}
+
+# quantize.py --qformat values that run calibration, and the weight-only ones that do not.
+QUANTIZE_CALIBRATED = {"fp8", "int8_sq", "int4_awq"}
+QUANTIZE_WEIGHT_ONLY = {"int8_wo", "int4_wo"}
+# 16-bit/32-bit weight formats -> convert_checkpoint.py --dtype.
+DTYPE_FOR_FORMAT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+DEFAULT_KV_FRACTION = 0.9  # the executor's default share of free memory for the KV cache

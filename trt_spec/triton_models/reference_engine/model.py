@@ -17,14 +17,14 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from trt_spec import backend_contract as bc
+from trt_spec.defaults import PREFIX_CACHE_TOKENS
 from trt_spec.integrity import verify_served_engine
 from trt_spec.reference.engine import ReferenceEngine, Sampling, kv_bytes_per_position, load_engine
 from trt_spec.reference.export import read_engine_meta
-from trt_spec.serving import error_line
+from trt_spec.serving import enable_crash_traces, error_line
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
-DEFAULT_CACHE_TOKENS = 16384  # prefix-cache budget without max_tokens_in_paged_kv_cache (the backend's 0.9 of free memory)
 # The executor refuses a speculative target without KV-cache block reuse (draft tokens are verified against
 # the reused prefix): TensorRT-LLM 1.2 trtGptModelInflightBatching.cpp.
 REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding target model"
@@ -32,6 +32,7 @@ REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding 
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_crash_traces(args["model_name"])
         cfg = json.loads(args["model_config"])
         self.name = args["model_name"]
         self.params = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
@@ -53,7 +54,7 @@ class TritonPythonModel:
         threads = int(os.environ.get("TRT_SPEC_TORCH_THREADS", "0")) or torch.get_num_threads()
         torch.set_num_threads(threads)
         tokens = bc.parameter(self.params, "max_tokens_in_paged_kv_cache")
-        budget = (int(tokens) if tokens else DEFAULT_CACHE_TOKENS) * kv_bytes_per_position(model) if reuse else 0
+        budget = (int(tokens) if tokens else PREFIX_CACHE_TOKENS) * kv_bytes_per_position(model) if reuse else 0
         self.engine = ReferenceEngine(model, self.limits.max_seq_len, budget,
                                       diverge_slack=self.limits.max_draft_len + 1)
 
@@ -121,9 +122,9 @@ class TritonPythonModel:
                 sender = request.get_response_sender()
 
                 def send(r, flags, s=sender, final=final):
-                    s.send(r, flags=flags) if r is not None else s.send(flags=flags)
-                    if flags & FINAL:
+                    if flags & FINAL:  # before sending: a failed final send still deletes the response factory
                         final.append(True)
+                    s.send(r, flags=flags) if r is not None else s.send(flags=flags)
             else:
                 def send(r, flags, final=final):
                     responses.append(r)
@@ -135,8 +136,11 @@ class TritonPythonModel:
                 error = error_line(self.name, e, pb_utils.Logger.log_error)
             # Every request gets a final response, whatever happened: a decoupled request left without one
             # would keep its caller (the BLS, a client stream) waiting forever.
-            if not final:
-                send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), FINAL)
-            else:
+            if final:
                 pb_utils.Logger.log_error(f"{self.name}: after the final response: {error}")
+                continue
+            try:
+                send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), FINAL)
+            except Exception as e:  # noqa: BLE001 - never let one request's failure fail the batch
+                pb_utils.Logger.log_error(f"{self.name}: the final error response failed: {e}")
         return None if self.decoupled else responses

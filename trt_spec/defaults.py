@@ -1,0 +1,41 @@
+"""Defaults used in more than one place, one definition each: the functions take them as keyword defaults and the
+CLI's options show them (`default=defaults.X`), so `--help` and the code cannot drift apart.
+
+Standard library only: the CLI imports this module at startup.
+"""
+
+from __future__ import annotations
+
+# -- Build ---------------------------------------------------------------------------------------------------
+BUILD_ROOT = "build"  # a config without output_dir builds into BUILD_ROOT/NAME
+REPO_SUBDIR = "model_repo"  # the Triton model repository inside a build dir (trt-spec repo) or a demo dir
+
+
+def served_num_draft_tokens(default_k: int, max_draft_len: int) -> int:
+    """The deployment's k per request when a request names none: speculative.num_draft_tokens (else
+    max_draft_len), never more than the max_draft_len the engine is built with."""
+    return min(default_k, max_draft_len)
+
+
+# -- Serving (trt-spec serve) and the clients that reach it -------------------------------------------------
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # tritonserver's own defaults
+HOST = "127.0.0.1"  # bind to loopback: nothing is open to the network unless asked
+READY_TIMEOUT_S = 180.0  # the longest wait for every model to load
+PROTOCOLS = ("grpc", "http")  # what the harness client speaks
+PROTOCOL = "grpc"  # check / bench / tune
+URL = f"{HOST}:{GRPC_PORT}"  # check / bench / tune --url: a server started with the defaults, over PROTOCOL
+
+# -- Reference engine: the prefix cache (KV of earlier requests, reused by a request sharing their prefix) ----
+PREFIX_CACHE_BYTES = 512 * 2**20  # ReferenceEngine's budget when its caller gives none (in-process use)
+# The served engine's budget, in positions, when its config has no max_tokens_in_paged_kv_cache (where the GPU
+# backend would take 0.9 of free memory).
+PREFIX_CACHE_TOKENS = 16384
+
+# -- Harness (check / bench / tune / demo) -------------------------------------------------------------------
+PROMPT_SET = "code-edit"
+TUNE_KS = (1, 2, 4)  # tune's k sweep
+SAMPLING_SAMPLES = 200  # check --temperature: seeded samples per prompt and model
+
+# -- Demo (trt-spec demo, make demo) -------------------------------------------------------------------------
+DEMO_CONFIG = "build_configs/cpu-smollm2-ngram.yaml"
+DEMO_OUT = f"{BUILD_ROOT}/demo"

@@ -1,0 +1,38 @@
+"""The names a trt-spec deployment answers to: its Triton models and the tensors of their text interface.
+
+A client written against these names (the harness, NVIDIA's end_to_end clients) breaks if one changes, so each is
+written once, here, and read by the repository writer, the python models, the harness and the CLI. The
+`tensorrt_llm` engine's own tensors (input_ids, draft_input_ids, output_ids, the perf outputs, ...) are the
+backend's contract and live in trt_spec/backend_contract.py; the text models reuse some of them by name.
+"""
+
+from __future__ import annotations
+
+from . import backend_contract as bc
+
+# -- Triton models (NVIDIA's names, so clients written for tensorrtllm_backend work unchanged) ----------------
+PREPROCESSING = "preprocessing"  # text -> token ids
+POSTPROCESSING = "postprocessing"  # token ids -> text
+TARGET = "tensorrt_llm"  # the target engine
+DRAFT = "tensorrt_llm_draft"  # the draft engine (draft-target mode only)
+ENSEMBLE = "ensemble"  # preprocessing -> tensorrt_llm -> postprocessing
+BLS = "tensorrt_llm_bls"  # draft -> verify with draft_input_ids, streaming
+# What the harness compares: the non-speculative baseline and the speculative model (text in, text out).
+BASELINE, SPECULATIVE = ENSEMBLE, BLS
+TEXT_MODELS = (BASELINE, SPECULATIVE)
+
+# -- Tensors of the text models (ensemble and tensorrt_llm_bls) --------------------------------------------
+TEXT_INPUT = "text_input"
+MAX_TOKENS = "max_tokens"
+NUM_DRAFT_TOKENS = "num_draft_tokens"  # BLS only: k for this request
+TEXT_OUTPUT = "text_output"
+OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS  # the engine's outputs, passed through under their names
+# The BLS's whole-request metrics: the engine's perf outputs plus its own steps and accepted-length histogram.
+TOTAL_STEPS = "total_steps"
+ACCEPTED_LENGTH_HISTOGRAM = "accepted_length_histogram"
+METRIC_OUTPUTS = (*bc.PERF_OUTPUTS, TOTAL_STEPS, ACCEPTED_LENGTH_HISTOGRAM)
+
+# -- Files ------------------------------------------------------------------------------------------------
+# A tokenizer's files, copied next to every engine (and distilled draft) that serves with it.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "generation_config.json", "chat_template.jinja", "tokenizer.model")
