@@ -13,7 +13,7 @@ from click.core import ParameterSource
 from . import defaults
 from .config import BuildConfig, ConfigError, load_config
 from .harness.prompts import PROMPT_SETS
-from .hardware import HardwareError, resolve_gpu
+from .hardware import HardwareError
 from .preflight import PreflightError
 
 USER_ERROR = 2  # bad config / failed preflight (before any expensive work)
@@ -48,16 +48,13 @@ def _load(config: str, sets: tuple[str, ...]) -> BuildConfig:
 
 
 def _plan_for(config: str, sets: tuple[str, ...], gpu: Optional[str], require_checkpoints: bool):
-    from .plan import make_plan
-    from .preflight import run_preflight
+    from .pipeline import plan_for
 
     cfg = _load(config, sets)
     try:
-        gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.engine == "tensorrt" else None
-        report = run_preflight(cfg, gpu_spec, require_checkpoints=require_checkpoints)
+        return plan_for(cfg, Path(config), gpu, require_checkpoints=require_checkpoints)
     except (PreflightError, HardwareError) as e:
         raise UserError(str(e)) from None
-    return make_plan(cfg, report, Path(config))
 
 
 class _Option(click.Option):

@@ -19,9 +19,8 @@ from .harness.identity import check_greedy
 from .harness.prompts import load_prompts, with_chat_template
 from .harness.report import write_reports
 from .manifest import BuildManifest
-from .plan import make_plan
-from .preflight import run_preflight
 from .names import TEXT_MODELS
+from .pipeline import plan_for
 from .repository import write_repository
 from .runner import run_plan
 from .server import TritonServer, free_port
@@ -42,7 +41,7 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
              say: Callable[[str], None] = print) -> dict:
     cfg = load_config(config)
     say(f"[1/5] build {config} (incremental: reruns only what changed)")
-    plan = make_plan(cfg, run_preflight(cfg, None, require_checkpoints=True), config)
+    plan = plan_for(cfg, config)
     run_plan(plan, config_path=config, on_event=lambda ev, st, i, n: say(f"      {st.name}: {ev}")
              if ev in ("start", "skip", "done") else None)
     build_dir = Path(plan.output_dir)

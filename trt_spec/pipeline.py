@@ -9,16 +9,23 @@ from typing import Iterable, Optional
 
 from .config import load_config
 from .hardware import resolve_gpu
+from .config import BuildConfig
 from .manifest import BuildManifest
-from .plan import make_plan
+from .plan import Plan, make_plan
 from .preflight import run_preflight
 from .runner import build_manifest
+
+
+def plan_for(cfg: BuildConfig, config_path: Path, gpu: Optional[str] = None, *,
+             require_checkpoints: bool = True) -> Plan:
+    """config -> preflight -> plan. The GPU (for engine: tensorrt) is `gpu` (NAME[:COUNT]) if given, else the
+    config's. Raises PreflightError or HardwareError (one line each)."""
+    gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.engine == "tensorrt" else None
+    return make_plan(cfg, run_preflight(cfg, gpu_spec, require_checkpoints=require_checkpoints), Path(config_path))
 
 
 def manifest_for_config(config_path: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> BuildManifest:
     """The manifest of a config's plan, engines not built yet (files None): the repository can be written before
     the build runs. Raises ConfigError, PreflightError or HardwareError (one line each)."""
-    cfg = load_config(config_path, tuple(sets))
-    gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.engine == "tensorrt" else None
-    plan = make_plan(cfg, run_preflight(cfg, gpu_spec, require_checkpoints=False), Path(config_path))
+    plan = plan_for(load_config(config_path, tuple(sets)), Path(config_path), gpu, require_checkpoints=False)
     return build_manifest(plan, Path(config_path), [])
