@@ -371,7 +371,8 @@ class ReferenceModel:
             pos = input_pos[start : start + n][None]  # [1, n]
             kv_len = int(pos.max()) + 1
             if int(pos.min()) < 0 or kv_len > cache.max_len:
-                raise ValueError(f"positions {int(pos.min())}..{kv_len - 1} outside the cache (max_len={cache.max_len})")
+                raise ValueError(f"positions {int(pos.min())}..{kv_len - 1} outside the cache "
+                                 f"(max_len={cache.max_len})")
             q_pos = pos[:, None, :, None]
             k_pos = torch.arange(kv_len)
             masks: dict[int | None, torch.Tensor | None] = {}
