@@ -1,6 +1,7 @@
 """The concurrency sweep's aggregation on synthetic samples, and the sweep itself against a fake client:
 total throughput over the level's wall time, per-request percentiles, speedup, acceptance, raw samples."""
 
+import json
 import math
 import threading
 import time
@@ -11,6 +12,7 @@ from trt_spec.harness.bench import Sample, concurrency_sweep, level_side, sweep_
 from trt_spec.harness.client import Generation
 from trt_spec.harness.metrics import Summary, percentile, total_throughput
 from trt_spec.harness.prompts import Prompt
+from trt_spec.harness.report import write_reports
 
 BASE, SPEC = "ensemble", "tensorrt_llm_bls"
 
@@ -103,3 +105,22 @@ def test_sweep_runs_each_level_in_flight_and_keeps_samples():
     assert r4[BASE]["tokens"] == 26 and r4["speedup"] > 0
     with pytest.raises(ValueError, match=r"concurrency levels must be >= 1, got \[0\]"):
         concurrency_sweep(factory, prompts, [1, 0])
+
+
+def test_report_has_the_concurrency_table_samples_and_plots(tmp_path):
+    rows = []
+    for c, bw, sw in ((1, 4.0, 2.0), (4, 2.0, 1.6)):
+        base = [Sample(BASE, i, 0, 20, 0.1, 2.0, 0.1) for i in range(2)]
+        spec = [Sample(SPEC, i, 0, 20, 0.1, 1.0, 0.05, accepted=6, drafted=8, steps=4, histogram=[0, 2, 2])
+                for i in range(2)]
+        rows.append(sweep_row(c, base, bw, spec, sw))
+    files = write_reports({"title": "t", "concurrency": rows, "environment": {"time": "now"}}, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert ("| in flight | model | requests | total tok/s | TPOT p50 (ms) | latency p50 (s) | latency p99 (s) | "
+            "TTFT p50 (ms) | speedup | acceptance rate | mean acceptance length |") in md
+    assert "| 1 | ensemble | 2 | 10.0 | 100.0 | 2.00 | 2.00 | 100 | — | — | — |" in md
+    assert "| 4 | tensorrt_llm_bls | 2 | 25.0 | 50.0 | 1.00 | 1.00 | 100 | **1.25x** | 0.75 | 2.50 |" in md
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert [len(r[m]["samples"]) for r in rep["concurrency"] for m in (BASE, SPEC)] == [2, 2, 2, 2]
+    for png in ("speedup_vs_concurrency.png", "throughput_vs_concurrency.png"):
+        assert tmp_path / png in files and (tmp_path / png).stat().st_size > 1000
