@@ -438,7 +438,7 @@ def _in_process(*names, **kw):
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_served("--url", default=None, metavar="HOST:PORT", help=_url_help)
 @_protocol_opt(cls=_Option, mode="served")
-@_served("--concurrency", "levels", multiple=True, type=int,
+@_served("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
          help="Also sweep these numbers of requests in flight (repeatable), at the first --k.")
 @_served("--tokenizer", type=click.Path(file_okay=False), default=None,
          help="Wrap prompts in this tokenizer's chat template (as an instruct model is served).")

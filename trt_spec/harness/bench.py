@@ -166,8 +166,9 @@ def sweep_row(concurrency: int, base: Sequence[Sample], base_wall_s: float, spec
 def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
                       k: Optional[int] = None, requests_per_level: Optional[int] = None,
                       progress: Progress = None) -> list[dict]:
-    """At each level C: N requests (default max(C, len(prompts))) with C in flight, to the baseline and to the
-    speculative model in turn (which goes first alternates by level, so drift does not favour one side)."""
+    """At each level C: N = max(C, requests_per_level or len(prompts)) requests (prompts cycled) with C in
+    flight, to the baseline and to the speculative model in turn (which goes first alternates by level, so
+    drift does not favour one side)."""
     if not prompts:
         raise ValueError("the concurrency sweep needs at least one prompt")
     bad = [c for c in levels if c < 1]
@@ -175,7 +176,7 @@ def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence
         raise ValueError(f"concurrency levels must be >= 1, got {bad}")
     rows = []
     for li, c in enumerate(levels):
-        n = requests_per_level or max(c, len(prompts))
+        n = max(c, requests_per_level or len(prompts))
         order = (BASELINE, SPECULATIVE) if li % 2 == 0 else (SPECULATIVE, BASELINE)
         runs = {}
         for j, model in enumerate(order):
