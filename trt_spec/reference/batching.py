@@ -38,6 +38,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..backend_contract import QUEUE_FULL
 from .engine import CacheEntry, CallResult, ReferenceEngine, Sampling, _ends_with_stop
 from .sampling import logits_to_probs, select
 from .speculative import speculative_accept
@@ -112,7 +113,10 @@ class BatchScheduler:
     """In-flight batching over a ReferenceEngine (its model and PrefixCache); see the module docstring."""
 
     def __init__(self, engine: ReferenceEngine, *, max_batch_size: int = 8, max_num_tokens: int = 2048,
-                 max_queue_size: Optional[int] = None, chunked_context: bool = True, stats_window: int = 4096):
+                 max_queue_size: Optional[int] = None, chunked_context: bool = True, stats_window: int = 4096,
+                 on_iteration: Optional[Callable[[], None]] = None):
+        """on_iteration: called on the engine thread before each iteration while requests are queued or active
+        (a server polls its clients' cancellations there); an exception from it is ignored."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_num_tokens < 1:
@@ -124,6 +128,7 @@ class BatchScheduler:
         self.max_num_tokens = max_num_tokens
         self.max_queue_size = max_queue_size
         self.chunked_context = chunked_context
+        self.on_iteration = on_iteration
         self.stats: deque[IterationStats] = deque(maxlen=stats_window)
         self._waiting: deque[_Seq] = deque()
         self._active: list[_Seq] = []
@@ -175,8 +180,7 @@ class BatchScheduler:
             if self._closed:
                 raise EngineClosedError("the batch scheduler is closed")
             if self.max_queue_size is not None and len(self._waiting) >= self.max_queue_size:
-                raise QueueFullError(f"Maximum queue size of {self.max_queue_size} has been reached, "
-                                     "please try again later")
+                raise QueueFullError(QUEUE_FULL.format(max=self.max_queue_size))
             seq.order = next(self._order)
             self._waiting.append(seq)
             self._cv.notify_all()
@@ -189,6 +193,11 @@ class BatchScheduler:
     # -- engine thread -----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
+            if self.on_iteration is not None:
+                try:
+                    self.on_iteration()
+                except Exception:  # noqa: BLE001 - a failing hook must not stop the engine
+                    pass
             with self._cv:
                 while not self._closed and not self._waiting and not self._active:
                     self._cv.wait()
