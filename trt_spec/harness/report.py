@@ -88,6 +88,14 @@ def concurrency_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def _levels_axis(ax, rows: list[dict]) -> None:
+    """Concurrency levels on a log2 axis, labelled 1, 2, 4, 8 (not 2^0 ...)."""
+    xs = [r["concurrency"] for r in rows]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.minorticks_off()
+
+
 def plots(rep: dict, out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -127,7 +135,7 @@ def plots(rep: dict, out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         ax.plot([r["concurrency"] for r in rows], [r["speedup"] for r in rows], "o-", color="#76b900")
         ax.axhline(1.0, color="gray", ls="--")
-        ax.set_xscale("log", base=2)
+        _levels_axis(ax, rows)
         ax.set_xlabel("requests in flight")
         ax.set_ylabel("speedup (spec / baseline total tok/s)")
         ax.set_title("speedup vs concurrency")
@@ -136,7 +144,7 @@ def plots(rep: dict, out_dir: Path) -> list[Path]:
         for model, label, color in ((BASELINE, "baseline", "#888888"), (SPECULATIVE, "speculative", "#76b900")):
             ax.plot([r["concurrency"] for r in rows], [r[model]["tokens_per_s"] for r in rows], "o-", color=color,
                     label=label)
-        ax.set_xscale("log", base=2)
+        _levels_axis(ax, rows)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("requests in flight")
         ax.set_ylabel("total output tokens/s")
