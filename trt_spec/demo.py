@@ -34,7 +34,7 @@ class DemoSettings:
     bench_prompts: int = 3
     bench_tokens: int = 64
     concurrency: tuple[int, ...] = (1, 2, 4, 8)  # requests in flight
-    concurrency_requests: int = 8  # per level and model (at least the level)
+    concurrency_requests: int = 8  # per level and model (rounded up to a multiple of the level)
     concurrency_tokens: int = 24
 
 

@@ -103,6 +103,8 @@ def test_sweep_runs_each_level_in_flight_and_keeps_samples():
     assert r4["acceptance"]["acceptance_rate"] == pytest.approx(0.75)
     assert r4["acceptance"]["mean_acceptance_length"] == pytest.approx(2.5)
     assert r4[BASE]["tokens"] == 26 and r4["speedup"] > 0
+    # requests per level round up to a multiple of the level: 3 prompts at 2 in flight -> 4 requests
+    assert [r["requests"] for r in concurrency_sweep(factory, prompts, [2], requests_per_level=3)] == [4]
     with pytest.raises(ValueError, match=r"concurrency levels must be >= 1, got \[0\]"):
         concurrency_sweep(factory, prompts, [1, 0])
 

@@ -166,9 +166,10 @@ def sweep_row(concurrency: int, base: Sequence[Sample], base_wall_s: float, spec
 def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
                       k: Optional[int] = None, requests_per_level: Optional[int] = None,
                       progress: Progress = None) -> list[dict]:
-    """At each level C: N = max(C, requests_per_level or len(prompts)) requests (prompts cycled) with C in
-    flight, to the baseline and to the speculative model in turn (which goes first alternates by level, so
-    drift does not favour one side)."""
+    """At each level C: N requests (prompts cycled) with C in flight, to the baseline and to the speculative
+    model in turn (which goes first alternates by level, so drift does not favour one side). N is
+    requests_per_level (default len(prompts)) rounded up to a multiple of C: every in-flight slot serves the
+    same number of requests, so no level ends on a part-empty wave."""
     if not prompts:
         raise ValueError("the concurrency sweep needs at least one prompt")
     bad = [c for c in levels if c < 1]
@@ -176,7 +177,7 @@ def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence
         raise ValueError(f"concurrency levels must be >= 1, got {bad}")
     rows = []
     for li, c in enumerate(levels):
-        n = max(c, requests_per_level or len(prompts))
+        n = -(-(requests_per_level or len(prompts)) // c) * c
         order = (BASELINE, SPECULATIVE) if li % 2 == 0 else (SPECULATIVE, BASELINE)
         runs = {}
         for j, model in enumerate(order):
