@@ -98,3 +98,13 @@ def test_error_lines_carry_no_trace_or_path():
         line = error_line("tensorrt_llm", e, logged.append)
     assert line == "tensorrt_llm: internal error (FileNotFoundError); the server log has the details"
     assert "Traceback" in logged[0] and "/nonexistent" in logged[0]  # the log keeps the detail
+
+
+def test_max_queue_size_is_read_from_the_queue_policy_like_the_backend():
+    """MIS getExecutorConfigFromParams: dynamic_batching.default_queue_policy.max_queue_size; unset or 0 =
+    unbounded (executorImpl enqueueRequests checks `maxQueueSize > 0`)."""
+    policy = lambda v: {"dynamic_batching": {"default_queue_policy": {"max_queue_size": v}}}  # noqa: E731
+    assert bc.max_queue_size({}) is None
+    assert bc.max_queue_size(policy("0")) is None
+    assert bc.max_queue_size(policy("3")) == 3 and bc.max_queue_size(policy(3)) == 3
+    assert bc.QUEUE_FULL.format(max=3) == "Maximum queue size of 3 has been reached, please try again later"

@@ -66,6 +66,19 @@ PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
 }
 MODEL_PATHS_EMPTY = "Both encoder and decoder model paths are empty"  # MIS constructor L771-772
 
+# Batching limits. The executor is built with maxBatchSize and maxNumTokens left unset (MIS
+# getExecutorConfigFromParams L694-696: `/*maxBatchSize*/ std::nullopt, /*maxNumTokens*/ std::nullopt`), so both
+# come from the engine's build config (trt-spec writes the model config's max_batch_size from the same value).
+# `enable_chunked_context` is a parameter (default above). The queue bound is NOT a parameter: MIS L659-680 reads
+# the model config's `dynamic_batching { default_queue_policy { max_queue_size: N } }` (a failed read only logs a
+# warning); absent -> std::nullopt. The executor (TensorRT-LLM cpp/tensorrt_llm/executor/executorImpl.cpp,
+# Executor::Impl::enqueueRequests) refuses a request when `maxQueueSize > 0 && queued + new > maxQueueSize`:
+# unset or 0 = unbounded (NVIDIA's tools/fill_template.py default: 0). The refusal is a TLLM_THROW with QUEUE_FULL;
+# the backend's enqueue() catches it and answers the request with one final error response carrying e.what()
+# (MIS ModelInstanceState::enqueue -> sendEnqueueResponse, TRITONSERVER_ERROR_INTERNAL). e.what() of a
+# TllmException also carries the throw site and a stack trace after the message; the stand-in sends the message.
+QUEUE_FULL = "Maximum queue size of {max} has been reached, please try again later"
+
 
 class ContractError(ValueError):
     """What the backend would refuse, with its own message."""
@@ -85,6 +98,17 @@ def check_parameters(params: Mapping[str, str]) -> None:
             raise ContractError(LOAD_ERROR.format(msg=MISSING_PARAMETER.format(name=name)))
     if not params.get("gpt_model_path"):
         raise ContractError(LOAD_ERROR.format(msg=MODEL_PATHS_EMPTY))
+
+
+def max_queue_size(model_config: Mapping) -> Optional[int]:
+    """The executor's queue bound from a model config (JSON form, as Triton hands it to a backend): None when
+    unset or 0 (unbounded), else the bound. See QUEUE_FULL for the source."""
+    policy = model_config.get("dynamic_batching", {}).get("default_queue_policy", {})
+    try:
+        n = int(policy.get("max_queue_size", 0))  # int64 fields arrive as JSON strings
+    except (TypeError, ValueError):
+        return None  # the backend logs a warning and leaves it unset
+    return n if n > 0 else None
 
 
 def _is_int(v: Optional[str]) -> bool:

@@ -209,9 +209,13 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
 @click.option("--decoupled/--no-decoupled", default=True, show_default=True,
               help="Decoupled engine models and BLS (streaming). --no-decoupled: NVIDIA's DTM recipe, for clients "
                    "that call the models with unary infer (no streaming).")
+@click.option("--max-queue-size", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Requests an engine model queues for a batch slot before refusing new ones with the backend's "
+                   "'Maximum queue size' error (dynamic_batching.default_queue_policy). 0 = unbounded.")
 @_gpu_option
 @_set_option
-def repo(source: str, out_dir: Optional[str], decoupled: bool, gpu: Optional[str], sets: tuple[str, ...]) -> None:
+def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: int, gpu: Optional[str],
+         sets: tuple[str, ...]) -> None:
     """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
     from .manifest import BuildManifest, ManifestError
     from .pipeline import manifest_for_config
@@ -226,7 +230,7 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, gpu: Optional[str
             manifest = manifest_for_config(src, sets, gpu)
             default_out = manifest.config.resolved_output_dir(src) / defaults.REPO_SUBDIR
         dest = Path(out_dir) if out_dir else default_out
-        configs = write_repository(manifest, dest, decoupled=decoupled)
+        configs = write_repository(manifest, dest, decoupled=decoupled, max_queue_size=max_queue_size)
     except (ConfigError, PreflightError, HardwareError, ManifestError, RepositoryError) as e:
         raise UserError(str(e)) from None
     click.echo(f"wrote {dest} ({', '.join(sorted(configs))})")
@@ -438,7 +442,7 @@ def _in_process(*names, **kw):
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_served("--url", default=None, metavar="HOST:PORT", help=_url_help)
 @_protocol_opt(cls=_Option, mode="served")
-@_served("--concurrency", "levels", multiple=True, type=int,
+@_served("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
          help="Also sweep these numbers of requests in flight (repeatable), at the first --k.")
 @_served("--tokenizer", type=click.Path(file_okay=False), default=None,
          help="Wrap prompts in this tokenizer's chat template (as an instruct model is served).")

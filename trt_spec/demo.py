@@ -19,7 +19,7 @@ from .harness.identity import check_greedy
 from .harness.prompts import load_prompts, with_chat_template
 from .harness.report import write_reports
 from .manifest import BuildManifest
-from .names import TEXT_MODELS
+from .names import BASELINE, SPECULATIVE, TEXT_MODELS
 from .pipeline import plan_for
 from .repository import write_repository
 from .runner import run_plan
@@ -33,7 +33,8 @@ class DemoSettings:
     check_tokens: int = 40
     bench_prompts: int = 3
     bench_tokens: int = 64
-    concurrency: tuple[int, ...] = (1, 4)
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)  # requests in flight
+    concurrency_requests: int = 8  # per level and model (rounded up to a multiple of the level)
     concurrency_tokens: int = 24
 
 
@@ -70,14 +71,30 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
             report["check"].append(rep.to_dict())
             say(f"[5/5] paired A/B benchmark over {proto} ({len(bench_prompts)} prompts, streaming)")
             report["bench"].append({"protocol": proto, **paired_ab(client, bench_prompts)})
-        say(f"      concurrency sweep over gRPC {list(s.concurrency)}")
-        conc_prompts = with_chat_template(load_prompts(s.prompt_set, s.concurrency_tokens)[: max(s.concurrency)], tok)
+        say(f"      concurrency sweep over gRPC: {list(s.concurrency)} in flight, {s.concurrency_requests} requests "
+            f"of up to {s.concurrency_tokens} tokens per level and model")
+        conc_prompts = with_chat_template(load_prompts(s.prompt_set, s.concurrency_tokens), tok)
         report["concurrency"] = concurrency_sweep(lambda: LLMClient(server.grpc_url, "grpc"), conc_prompts,
-                                                  s.concurrency)
+                                                  s.concurrency, requests_per_level=s.concurrency_requests)
     files = write_reports(report, out)
     report["files"] = [str(f) for f in files]
     report["passed"] = all(c["passed"] for c in report["check"])
     return report
+
+
+def format_sweep(rows: list[dict]) -> list[str]:
+    """The concurrency sweep as a text table: total tok/s per model, speedup, acceptance, per-request TPOT p50
+    and latency p99 per model."""
+    out = [f"{'in flight':>9}{'base tok/s':>12}{'spec tok/s':>12}{'speedup':>9}{'accept':>8}{'mean len':>9}"
+           f"{'TPOT ms base/spec':>19}{'p99 s base/spec':>17}"]
+    for r in rows:
+        b, s = r[BASELINE], r[SPECULATIVE]
+        tpot = f"{b['tpot_s']['p50'] * 1e3:.1f}/{s['tpot_s']['p50'] * 1e3:.1f}"
+        p99 = f"{b['latency_s']['p99']:.2f}/{s['latency_s']['p99']:.2f}"
+        out.append(f"{r['concurrency']:>9}{b['tokens_per_s']:>12.1f}{s['tokens_per_s']:>12.1f}{r['speedup']:>8.2f}x"
+                   f"{r['acceptance']['acceptance_rate']:>8.2f}{r['acceptance']['mean_acceptance_length']:>9.2f}"
+                   f"{tpot:>19}{p99:>17}")
+    return out
 
 
 def format_verdict(rep: dict) -> str:
@@ -97,8 +114,7 @@ def format_verdict(rep: dict) -> str:
         if b.get("warning"):
             lines.append(f"WARNING ({b['protocol']}): {b['warning']}")
     if rep.get("concurrency"):
-        lines.append("")
-        lines.append("in flight:  " + "  ".join(f"{r['concurrency']}: {r['speedup']:.2f}x" for r in rep["concurrency"]))
+        lines += ["", *format_sweep(rep["concurrency"])]
     lines.append("")
     lines.append(f"verdict: {'PASS' if rep['passed'] else 'FAIL'} — reports: " + ", ".join(rep.get("files", [])))
     lines.append("=" * 72)

@@ -129,9 +129,10 @@ class RepoSettings:
     orchestrator: bool = False
     draft_kv_tokens: Optional[int] = None  # max_tokens_in_paged_kv_cache of the draft (caps it on a shared GPU)
     decoupled: bool = True
+    max_queue_size: int = 0  # engine models' dynamic_batching.default_queue_policy (0 = unbounded, not written)
 
     @staticmethod
-    def from_manifest(m: BuildManifest, decoupled: bool = True) -> "RepoSettings":
+    def from_manifest(m: BuildManifest, decoupled: bool = True, max_queue_size: int = 0) -> "RepoSettings":
         spec, lim = m.config.speculative, m.limits
         tok = m.config.target.checkpoint if m.engine == "tensorrt" else m.target.dir
         multi_gpu = any(e.world_size > 1 for e in m.engines.values())
@@ -145,7 +146,8 @@ class RepoSettings:
             medusa_choices=spec.medusa.choices if spec.medusa else None,
             eagle_choices=spec.eagle.choices if spec.eagle else None,
             lookahead=spec.lookahead, orchestrator=multi_gpu and len(m.engines) > 1,
-            draft_kv_tokens=m.runtime.draft_max_tokens_in_paged_kv_cache, decoupled=decoupled)
+            draft_kv_tokens=m.runtime.draft_max_tokens_in_paged_kv_cache, decoupled=decoupled,
+            max_queue_size=max_queue_size)
 
 
 def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
@@ -157,6 +159,8 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
     cfg.output.extend(engine_outputs())
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     cfg.dynamic_batching.max_queue_delay_microseconds = 0
+    if s.max_queue_size > 0:  # the backend's executor reads its queue bound here (backend_contract.QUEUE_FULL)
+        cfg.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
     cfg.backend = "tensorrtllm" if s.engine == "tensorrt" else "python"
     params: dict[str, object] = {
         "gpt_model_type": "inflight_fused_batching",
@@ -433,12 +437,16 @@ def verify_engines(manifest: BuildManifest) -> None:
             raise RepositoryError(str(e)) from None
 
 
-def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = True) -> dict[str, mc.ModelConfig]:
+def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = True,
+                     max_queue_size: int = 0) -> dict[str, mc.ModelConfig]:
     """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one.
     decoupled=False: every model non-decoupled (NVIDIA's DTM recipe; unary clients, no streaming).
+    max_queue_size > 0: requests waiting for an engine slot beyond it are refused with the executor's error.
     Engines are verified against the manifest's checksums first (hashing reads every engine file once)."""
+    if max_queue_size < 0:
+        raise RepositoryError(f"max_queue_size must be >= 0 (0 = unbounded), got {max_queue_size}")
     verify_engines(manifest)
-    settings = RepoSettings.from_manifest(manifest, decoupled)
+    settings = RepoSettings.from_manifest(manifest, decoupled, max_queue_size)
     configs = repository_configs(settings)
     dest = Path(dest)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"

@@ -122,12 +122,30 @@ def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
             "--limit", "2", "--k", "2", "--concurrency", "1", "--concurrency", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "## Speedup (http, k=2)" in r.stdout and "## Concurrency sweep" in r.stdout
+    assert ("| in flight | model | requests | total tok/s | TPOT p50 (ms) | latency p50 (s) | latency p99 (s) | "
+            "TTFT p50 (ms) | speedup | acceptance rate | mean acceptance length |") in r.stdout
+    assert r.stdout.count("| ensemble |") == 2 and r.stdout.count("| tensorrt_llm_bls |") == 2
     rep = json.loads((out / "report.json").read_text())
     # every raw sample is kept: one baseline and one speculative request per prompt
     assert sorted((s["model"], s["prompt"]) for s in rep["bench"][0]["samples"]) == [
         ("ensemble", 0), ("ensemble", 1), ("tensorrt_llm_bls", 0), ("tensorrt_llm_bls", 1)]
+    assert [r["concurrency"] for r in rep["concurrency"]] == [1, 2]
+    for row in rep["concurrency"]:
+        for model in ("ensemble", "tensorrt_llm_bls"):
+            side = row[model]
+            # per level and model: every request's raw sample, total tok/s over the level's wall time
+            assert sorted(s["prompt"] for s in side["samples"]) == [0, 1] and side["requests"] == 2
+            assert side["tokens_per_s"] == pytest.approx(side["tokens"] / side["wall_s"])
+            assert side["latency_s"]["p99"] >= side["latency_s"]["p50"] >= side["ttft_s"]["p50"] > 0
+            assert side["tpot_s"]["p50"] > 0
+        spec, base = row["tensorrt_llm_bls"], row["ensemble"]
+        assert row["speedup"] == pytest.approx(spec["tokens_per_s"] / base["tokens_per_s"])
+        acc = row["acceptance"]
+        assert acc["drafted"] == sum(s["drafted"] for s in spec["samples"]) > 0
+        assert acc["acceptance_rate"] == pytest.approx(acc["accepted"] / acc["drafted"])
     assert rep["environment"]["python"] == sys.version.split()[0]  # the CLI ran under this interpreter
-    for png in ("tokens_per_s.png", "acceptance_histogram.png", "speedup_vs_concurrency.png"):
+    for png in ("tokens_per_s.png", "acceptance_histogram.png", "speedup_vs_concurrency.png",
+                "throughput_vs_concurrency.png"):
         assert (out / png).stat().st_size > 1000
 
 

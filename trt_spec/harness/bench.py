@@ -5,12 +5,14 @@ streaming (so TTFT is measured), greedy, same prompt and parameters. Per request
 latency, output tokens/s; per run: mean acceptance length, acceptance rate, per-position acceptance and
 the accepted-length histogram (summed from the BLS's whole-request metrics), and the speedup (baseline
 latency / speculative latency over the same tokens) with a paired bootstrap 95% interval. A concurrency
-sweep (1, 2, 4, 8 in flight) shows where speculation stops paying; `tune` sweeps k and recommends one.
+sweep (e.g. 1, 2, 4, 8 in flight) shows where speculation stops paying: per level and model, total tok/s over
+the level's wall time, per-request TTFT/TPOT/latency percentiles and the raw samples; per level, the speedup
+(speculative / baseline total tok/s) and the acceptance. `tune` sweeps k and recommends one.
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,7 +20,8 @@ from typing import Callable, Optional, Sequence
 
 from ..names import ACCEPTED_LENGTH_HISTOGRAM, BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE, TOTAL_STEPS
 from .client import Generation, LLMClient
-from .metrics import Summary, bootstrap_ratio_ci, low_acceptance_advice, tpot
+from .metrics import (Summary, acceptance_rate, bootstrap_ratio_ci, low_acceptance_advice, mean_acceptance_length,
+                      total_throughput, tpot)
 from .prompts import Prompt
 
 Progress = Optional[Callable[[int, int], None]]
@@ -63,8 +66,8 @@ def acceptance_summary(spec: Sequence[Sample]) -> dict:
     # per position i: among steps, the fraction whose accepted count exceeded i (drafts ran k deep)
     per_pos = [sum(hist[i + 1:]) / steps if steps else 0.0 for i in range(max(k, 0))]
     return {"accepted": accepted, "drafted": drafted, "steps": steps,
-            "acceptance_rate": accepted / drafted if drafted else 0.0,
-            "mean_acceptance_length": 1 + accepted / steps if steps else 0.0,
+            "acceptance_rate": acceptance_rate(accepted, drafted),
+            "mean_acceptance_length": mean_acceptance_length(accepted, steps),
             "histogram": hist, "per_position_acceptance": per_pos}
 
 
@@ -121,36 +124,67 @@ def _alpha_from(acc: dict, k: int) -> float:
     return solve_alpha(acc["mean_acceptance_length"], k)
 
 
+def run_level(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], concurrency: int,
+              n: int, k: Optional[int]) -> tuple[list[Sample], float]:
+    """n requests (prompts cycled) to one model with `concurrency` in flight: the samples and the wall time."""
+    def one(i: int) -> Sample:
+        p, r = i % len(prompts), i // len(prompts)
+        cl = client_factory()
+        try:
+            return Sample.of(model, p, r, _request(cl, model, prompts[p], k))
+        finally:
+            cl.close()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        samples = list(pool.map(one, range(n)))
+    return samples, time.perf_counter() - t0
+
+
+def level_side(samples: Sequence[Sample], wall_s: float) -> dict:
+    """One model at one level: total throughput over the level's wall time, per-request TTFT/TPOT/latency
+    summaries (mean, p50, p90, p99) and every raw sample."""
+    tokens = sum(s.tokens for s in samples)
+    return {"requests": len(samples), "tokens": tokens, "wall_s": wall_s,
+            "tokens_per_s": total_throughput(tokens, wall_s),
+            "ttft_s": Summary.of([s.ttft_s for s in samples]).__dict__,
+            "tpot_s": Summary.of([s.tpot_s for s in samples]).__dict__,
+            "latency_s": Summary.of([s.latency_s for s in samples]).__dict__,
+            "samples": [s.__dict__ for s in samples]}
+
+
+def sweep_row(concurrency: int, base: Sequence[Sample], base_wall_s: float, spec: Sequence[Sample],
+              spec_wall_s: float) -> dict:
+    """One level of the sweep: both sides, speedup = speculative / baseline total tok/s, and the speculative
+    acceptance summed over the level's requests."""
+    b, s = level_side(base, base_wall_s), level_side(spec, spec_wall_s)
+    return {"concurrency": concurrency, "requests": len(spec), BASELINE: b, SPECULATIVE: s,
+            "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else math.nan,
+            "acceptance": acceptance_summary(spec)}
+
+
 def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
                       k: Optional[int] = None, requests_per_level: Optional[int] = None,
                       progress: Progress = None) -> list[dict]:
-    """At each level, N requests with C in flight, baseline then speculative: throughput and latency."""
+    """At each level C: N requests (prompts cycled) with C in flight, to the baseline and to the speculative
+    model in turn (which goes first alternates by level, so drift does not favour one side). N is
+    requests_per_level (default len(prompts)) rounded up to a multiple of C: every in-flight slot serves the
+    same number of requests, so no level ends on a part-empty wave."""
+    if not prompts:
+        raise ValueError("the concurrency sweep needs at least one prompt")
+    bad = [c for c in levels if c < 1]
+    if bad:
+        raise ValueError(f"concurrency levels must be >= 1, got {bad}")
     rows = []
-    total = len(levels) * 2
-    step = 0
-    for c in levels:
-        n = requests_per_level or max(c, len(prompts))
-        work = [prompts[i % len(prompts)] for i in range(n)]
-        row = {"concurrency": c, "requests": n}
-        for model in (BASELINE, SPECULATIVE):
-            def one(p: Prompt, model=model) -> Generation:
-                cl = client_factory()
-                try:
-                    return _request(cl, model, p, k)
-                finally:
-                    cl.close()
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(c) as pool:
-                gens = list(pool.map(one, work))
-            wall = time.perf_counter() - t0
-            row[model] = {"tokens_per_s": sum(g.num_tokens for g in gens) / wall, "wall_s": wall,
-                          "latency_p50_s": statistics.median(g.latency_s for g in gens),
-                          "ttft_p50_s": statistics.median(g.ttft_s for g in gens)}
-            step += 1
+    for li, c in enumerate(levels):
+        n = -(-(requests_per_level or len(prompts)) // c) * c
+        order = (BASELINE, SPECULATIVE) if li % 2 == 0 else (SPECULATIVE, BASELINE)
+        runs = {}
+        for j, model in enumerate(order):
+            runs[model] = run_level(client_factory, model, prompts, c, n, k)
             if progress:
-                progress(step, total)
-        row["speedup"] = row[SPECULATIVE]["tokens_per_s"] / row[BASELINE]["tokens_per_s"]
-        rows.append(row)
+                progress(2 * li + j + 1, 2 * len(levels))
+        rows.append(sweep_row(c, *runs[BASELINE], *runs[SPECULATIVE]))
     return rows
 
 

@@ -3,7 +3,9 @@
 Definitions (vLLM's): mean acceptance length = 1 + accepted / steps; draft acceptance rate α =
 accepted / drafted; per-position acceptance; histogram of accepted counts 0..k. TPOT = (end-to-end latency −
 TTFT) / (output tokens − 1): time per output token after the first, per request (not the inter-token
-latency between streamed chunks, which is bursty under speculation).
+latency between streamed chunks, which is bursty under speculation). Total throughput = generated tokens
+of every request / wall time of the run that served them together (what a server delivers under load; not
+the mean of per-request tokens/s).
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def mean_acceptance_length(accepted: int, steps: int) -> float:
 
 def acceptance_rate(accepted: int, drafted: int) -> float:
     return accepted / drafted if drafted else 0.0
+
+
+def total_throughput(tokens: int, wall_s: float) -> float:
+    """Generated tokens per second of wall time over requests served together (a concurrency level)."""
+    if wall_s <= 0:
+        raise ValueError(f"wall time must be > 0 s, got {wall_s}")
+    return tokens / wall_s
 
 
 def tpot(latency_s: float, ttft_s: float, output_tokens: int) -> Optional[float]:
@@ -85,13 +94,15 @@ class Summary:
     p50: float
     p90: float
     n: int
+    p99: float = math.nan
 
     @staticmethod
-    def of(values: Sequence[float]) -> "Summary":
+    def of(values: Sequence[Optional[float]]) -> "Summary":
+        """Mean and linearly interpolated percentiles of the non-missing values (None/NaN dropped)."""
         v = [x for x in values if x is not None and not math.isnan(x)]
         if not v:
             return Summary(math.nan, math.nan, math.nan, 0)
-        return Summary(statistics.fmean(v), percentile(v, 0.5), percentile(v, 0.9), len(v))
+        return Summary(statistics.fmean(v), percentile(v, 0.5), percentile(v, 0.9), len(v), percentile(v, 0.99))
 
 
 def low_acceptance_advice(alpha: float, k: int, c: float, speedup: float) -> Optional[str]:

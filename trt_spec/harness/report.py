@@ -1,4 +1,5 @@
-"""Reports: report.json (every raw sample + summary + environment), report.md (tables), PNG plots."""
+"""Reports: report.json (every raw sample + summary + environment), report.md (tables), PNG plots (tokens/s,
+acceptance histogram, speedup and total throughput vs concurrency, speedup vs k)."""
 
 from __future__ import annotations
 
@@ -57,12 +58,7 @@ def markdown(rep: dict) -> str:
         if b.get("warning"):
             out += [f"> WARNING: {b['warning']}", ""]
     if rep.get("concurrency"):
-        out += ["## Concurrency sweep", "", "| in flight | baseline tok/s | speculative tok/s | speedup |",
-                "|---|---|---|---|"]
-        for r in rep["concurrency"]:
-            out.append(f"| {r['concurrency']} | {r[BASELINE]['tokens_per_s']:.1f} | "
-                       f"{r[SPECULATIVE]['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
-        out.append("")
+        out += concurrency_table(rep["concurrency"])
     if rep.get("tune"):
         t = rep["tune"]
         out += ["## k sweep", "", "| k | speedup | acceptance | mean length |", "|---|---|---|---|"]
@@ -70,6 +66,34 @@ def markdown(rep: dict) -> str:
             out.append(f"| {r['k']} | {r['speedup']:.2f}x | {r['acceptance_rate']:.2f} | {r['mean_acceptance_length']:.2f} |")
         out += ["", f"Recommended num_draft_tokens: **{t['recommended_k']}** ({t['note']}).", ""]
     return "\n".join(out)
+
+
+def concurrency_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: per level, one row per model; speedup and acceptance on the speculative row."""
+    out = ["## Concurrency sweep", "",
+           "| in flight | model | requests | total tok/s | TPOT p50 (ms) | latency p50 (s) | latency p99 (s) | "
+           "TTFT p50 (ms) | speedup | acceptance rate | mean acceptance length |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a = r["acceptance"]
+        for model, extra in ((BASELINE, "— | — | —"), (SPECULATIVE, f"**{r['speedup']:.2f}x** | "
+                             f"{a['acceptance_rate']:.2f} | {a['mean_acceptance_length']:.2f}")):
+            m = r[model]
+            out.append(f"| {r['concurrency']} | {model} | {m['requests']} | {m['tokens_per_s']:.1f} | "
+                       f"{m['tpot_s']['p50'] * 1e3:.1f} | {m['latency_s']['p50']:.2f} | {m['latency_s']['p99']:.2f} | "
+                       f"{m['ttft_s']['p50'] * 1e3:.0f} | {extra} |")
+    out += ["", "Total tok/s: every generated token of the level over its wall time (all requests in flight "
+            "together). TPOT, latency and TTFT: per request. Speedup: speculative / baseline total tok/s. "
+            "Acceptance: summed over the level's speculative requests. Raw samples: report.json.", ""]
+    return out
+
+
+def _levels_axis(ax, rows: list[dict]) -> None:
+    """Concurrency levels on a log2 axis, labelled 1, 2, 4, 8 (not 2^0 ...)."""
+    xs = [r["concurrency"] for r in rows]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.minorticks_off()
 
 
 def plots(rep: dict, out_dir: Path) -> list[Path]:
@@ -111,11 +135,22 @@ def plots(rep: dict, out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         ax.plot([r["concurrency"] for r in rows], [r["speedup"] for r in rows], "o-", color="#76b900")
         ax.axhline(1.0, color="gray", ls="--")
-        ax.set_xscale("log", base=2)
+        _levels_axis(ax, rows)
         ax.set_xlabel("requests in flight")
-        ax.set_ylabel("speedup (tokens/s)")
+        ax.set_ylabel("speedup (spec / baseline total tok/s)")
         ax.set_title("speedup vs concurrency")
         save(fig, "speedup_vs_concurrency.png")
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for model, label, color in ((BASELINE, "baseline", "#888888"), (SPECULATIVE, "speculative", "#76b900")):
+            ax.plot([r["concurrency"] for r in rows], [r[model]["tokens_per_s"] for r in rows], "o-", color=color,
+                    label=label)
+        _levels_axis(ax, rows)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("requests in flight")
+        ax.set_ylabel("total output tokens/s")
+        ax.set_title("throughput vs concurrency")
+        ax.legend()
+        save(fig, "throughput_vs_concurrency.png")
     if rep.get("tune"):
         rows = rep["tune"]["sweep"]
         fig, ax = plt.subplots(figsize=(5, 3.5))

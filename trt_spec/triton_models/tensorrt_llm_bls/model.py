@@ -13,6 +13,7 @@ one response. NVIDIA's clients' beam_width / num_return_sequences inputs are acc
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -71,6 +72,11 @@ class TritonPythonModel:
         self.default_k = int(p["num_draft_tokens"])
         self.tokenizer = load_tokenizer(p["tokenizer_dir"])
         self._held: list = []  # finished engine response iterators, kept until a _checkpoint says they are safe
+        # Each engine call in flight holds a default-executor worker (req.async_exec runs the blocking exec there
+        # until the first response arrives); asyncio's default pool (min(32, cpus + 4) workers) would cap the
+        # calls the engines' in-flight batching ever sees. One pool per event loop, installed on first execute.
+        self._workers = max(64, 4 * int(cfg.get("max_batch_size", 0) or 0))
+        self._pool_loop = None
         self.add_special = p.get("add_special_tokens", "true") == "true"
 
     # -- parsing / validation -------------------------------------------------------------------------
@@ -114,17 +120,35 @@ class TritonPythonModel:
         responses = await req.async_exec(decoupled=self.decoupled)
         if not self.decoupled:
             return self._collect(model, [responses], on_response)
+        if on_response is None:  # one final response (draft and verify calls): it is already here, nothing blocks
+            try:
+                return self._collect(model, responses, on_response)
+            except BaseException:
+                for _ in responses:  # drain to the final response: only then does the stub clean the stream up
+                    pass
+                raise
+            finally:
+                self._held.append(responses)  # after its last response was taken; released by _checkpoint
+        # A streamed call (in-engine modes): the iterator blocks between the engine's responses, so it is read on
+        # a worker thread and on_response runs here, on the event loop, as every other call's state does.
+        loop = asyncio.get_running_loop()
+        it = iter(responses)
         try:
-            return self._collect(model, responses, on_response)
+            result, seen = [], 0
+            while (resp := await loop.run_in_executor(None, next, it, None)) is not None:
+                seen += 1
+                result += self._collect(model, [resp], on_response, check_seen=False)
+            if not seen:  # as in _collect: none means the call itself failed
+                raise EngineError(f"{model}: no response")
+            return result
         except BaseException:
-            for _ in responses:  # drain to the final response: only then does the stub clean the stream up
-                pass
+            await loop.run_in_executor(None, lambda: [None for _ in it])  # drain, off the loop too
             raise
         finally:
-            self._held.append(responses)  # after its last response was taken; released by _checkpoint
+            self._held.append(responses)  # on the event loop, after its last response was taken
 
     @staticmethod
-    def _collect(model, responses, on_response) -> list[dict]:
+    def _collect(model, responses, on_response, check_seen=True) -> list[dict]:
         """Every response's outputs (decoupled: a blocking iterator). An engine error raises EngineError
         "<engine model>: <its message>", the model named once."""
         result, seen = [], 0
@@ -138,7 +162,7 @@ class TritonPythonModel:
                 result.append(out)
                 if on_response is not None:
                     on_response(out)
-        if not seen:  # a stream always ends with a response; none means the call itself failed (24.10 can hand
+        if check_seen and not seen:  # a stream always ends with a response; none means the call itself failed (24.10 can hand
             raise EngineError(f"{model}: no response")  # one failed call's error to another: never pass it off as done)
         return result
 
@@ -207,6 +231,10 @@ class TritonPythonModel:
                 ACCEPTED_LENGTH_HISTOGRAM: np.asarray([m.hist], dtype=np.int32)}
 
     async def execute(self, requests):
+        loop = asyncio.get_running_loop()
+        if self._pool_loop is not loop:  # once per event loop (see initialize)
+            loop.set_default_executor(ThreadPoolExecutor(self._workers, thread_name_prefix="bls-exec"))
+            self._pool_loop = loop
         if self.decoupled:
             def sender(request):
                 s = request.get_response_sender()

@@ -1,0 +1,359 @@
+"""In-flight batching for the reference engine: many sequences share one forward pass per iteration.
+
+One engine thread runs iterations; `submit_generate` / `submit_verify` only queue a request and return a
+`Handle` (a future). Each iteration:
+
+1. finish sequences whose handle was cancelled (a slot frees at once; the others are not touched);
+2. admit queued requests first come, first served while the slot pool (`max_batch_size`) has room. Admission
+   takes the sequence's best prefix entry out of the engine's PrefixCache (exclusive, as
+   `ReferenceEngine._acquire` does for a solo call), so only the tokens after the cached prefix are pending;
+3. schedule up to `max_num_tokens` new tokens: sequences in their generation phase first (pending tokens ==
+   the tokens whose logits are needed: 1 for a decode step, k + 1 for a verification), then context work in
+   admission order. Token budget policy: with `chunked_context` (default) a context that does not fit gets
+   the remaining budget as a chunk and continues next iteration (positions are cache-addressed, so a chunk
+   is just a shorter feed); without it a context runs whole or waits, and nothing behind it jumps the queue;
+4. one `ReferenceModel.forward_packed` over all scheduled tokens (linear layers once over the concatenation,
+   attention per sequence against its own cache);
+5. per sequence whose pending tokens are all fed: generate samples one token (streamed through `on_token`,
+   then end_id / stop words / max_new / should_stop end it), verify applies `speculative_accept`. A finished
+   sequence puts its entry back into the PrefixCache (so prefix KV reuse keeps working per sequence) and
+   resolves its handle; a sequence whose callback raises fails alone; a failed forward fails the sequences in
+   it (their entries stay valid: a cache entry's `tokens` only grow after a forward succeeded).
+
+Semantics per request are those of `ReferenceEngine.generate` / `verify`. Numerics: prefill and verification
+rows are bit-identical to a solo run; a decode row that the solo run computed as a one-row matmul (MKL gemv)
+is computed with the batch by oneDNN here, ~1e-6 relative difference, which can flip a greedy argmax only on
+a near-tie (see tests/reference/test_batching.py, which reports the margin when it happens).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..backend_contract import QUEUE_FULL
+from .engine import CacheEntry, CallResult, ReferenceEngine, Sampling, _ends_with_stop
+from .sampling import logits_to_probs, select
+from .speculative import speculative_accept
+
+
+class QueueFullError(RuntimeError):
+    """submit() while `max_queue_size` requests are already waiting for a slot."""
+
+
+class EngineClosedError(RuntimeError):
+    """The scheduler was closed before the request finished."""
+
+
+class Handle:
+    """A submitted request: `result()` blocks for its CallResult; `cancel()` asks the engine to finish it early
+    (it resolves normally with the tokens so far and `cancelled=True`, as the executor finishes a cancelled
+    request)."""
+
+    def __init__(self, scheduler: BatchScheduler):
+        self.future: Future[CallResult] = Future()
+        self._scheduler = scheduler
+        self.cancel_requested = False
+
+    def result(self, timeout: Optional[float] = None) -> CallResult:
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        self._scheduler._wake()
+
+
+@dataclass
+class _Seq:
+    handle: Handle
+    input_ids: list[int]
+    sampling: Sampling
+    order: int
+    max_new: int = 0  # generate: tokens to produce
+    draft: Optional[list[int]] = None  # verify: the k draft tokens
+    draft_logits: Optional[torch.Tensor] = None
+    end_id: Optional[int] = None
+    stop_words: Sequence[Sequence[int]] = ()
+    return_logits: bool = False
+    on_token: Optional[Callable[[int], None]] = None
+    should_stop: Optional[Callable[[], bool]] = None
+    # engine-thread state
+    entry: Optional[CacheEntry] = None
+    pending: list[int] = field(default_factory=list)  # tokens to feed before the next token can be chosen
+    need: int = 1  # logits rows needed at the end of `pending`: 1 (decode) or k + 1 (verify)
+    rows: list[torch.Tensor] = field(default_factory=list)  # logits collected for the current step
+    generator: Optional[torch.Generator] = None
+    result: CallResult = field(default_factory=CallResult)
+
+    @property
+    def in_context(self) -> bool:
+        return len(self.pending) > self.need
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    sequences: int  # sequences in the forward
+    tokens: int  # tokens fed
+    active: int  # sequences holding a slot
+    waiting: int  # requests queued for a slot
+    seconds: float  # forward time
+
+
+class BatchScheduler:
+    """In-flight batching over a ReferenceEngine (its model and PrefixCache); see the module docstring."""
+
+    def __init__(self, engine: ReferenceEngine, *, max_batch_size: int = 8, max_num_tokens: int = 2048,
+                 max_queue_size: Optional[int] = None, chunked_context: bool = True, stats_window: int = 4096,
+                 on_iteration: Optional[Callable[[], None]] = None):
+        """on_iteration: called on the engine thread before each iteration while requests are queued or active
+        (a server polls its clients' cancellations there); an exception from it is ignored."""
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens must be >= 1, got {max_num_tokens}")
+        if max_queue_size is not None and max_queue_size < 0:
+            raise ValueError(f"max_queue_size must be >= 0 or None (unbounded), got {max_queue_size}")
+        self.engine = engine
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.max_queue_size = max_queue_size
+        self.chunked_context = chunked_context
+        self.on_iteration = on_iteration
+        self.stats: deque[IterationStats] = deque(maxlen=stats_window)
+        self._waiting: deque[_Seq] = deque()
+        self._active: list[_Seq] = []
+        self._order = itertools.count()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="reference-batch-engine", daemon=True)
+        self._thread.start()
+
+    # -- client side (any thread) ----------------------------------------------------------------------
+    def submit_generate(self, input_ids: Sequence[int], max_new: int, sampling: Sampling, *,
+                        end_id: Optional[int] = None, stop_words: Sequence[Sequence[int]] = (),
+                        return_logits: bool = False, on_token: Optional[Callable[[int], None]] = None,
+                        should_stop: Optional[Callable[[], bool]] = None) -> Handle:
+        """ReferenceEngine.generate, batched. on_token / should_stop run on the engine thread."""
+        self._check(input_ids, max_new, 0)
+        return self._submit(_Seq(Handle(self), list(input_ids), sampling, 0, max_new=max_new, end_id=end_id,
+                                 stop_words=[list(w) for w in stop_words], return_logits=return_logits,
+                                 on_token=on_token, should_stop=should_stop))
+
+    def submit_verify(self, input_ids: Sequence[int], draft: Sequence[int], sampling: Sampling, *,
+                      draft_logits: Optional[torch.Tensor] = None, end_id: Optional[int] = None) -> Handle:
+        """ReferenceEngine.verify, batched: accepted prefix of `draft` + one target token."""
+        self._check(input_ids, len(draft) + 1, len(draft))
+        return self._submit(_Seq(Handle(self), list(input_ids), sampling, 0, draft=list(draft),
+                                 draft_logits=draft_logits, end_id=end_id, need=len(draft) + 1))
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Stop the engine thread; requests not finished resolve with EngineClosedError."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> BatchScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self, input_ids: Sequence[int], new: int, extra_fed: int) -> None:
+        self.engine._check_len(input_ids, new)
+        if not self.chunked_context and len(input_ids) + extra_fed > self.max_num_tokens:
+            raise ValueError(f"input ({len(input_ids)} tokens) + draft ({extra_fed}) exceeds max_num_tokens "
+                             f"{self.max_num_tokens}; without chunked context a context runs in one iteration")
+
+    def _submit(self, seq: _Seq) -> Handle:
+        with self._cv:
+            if self._closed:
+                raise EngineClosedError("the batch scheduler is closed")
+            if self.max_queue_size is not None and len(self._waiting) >= self.max_queue_size:
+                raise QueueFullError(QUEUE_FULL.format(max=self.max_queue_size))
+            seq.order = next(self._order)
+            self._waiting.append(seq)
+            self._cv.notify_all()
+        return seq.handle
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    # -- engine thread -----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            if self.on_iteration is not None:
+                try:
+                    self.on_iteration()
+                except Exception:  # noqa: BLE001 - a failing hook must not stop the engine
+                    pass
+            with self._cv:
+                while not self._closed and not self._waiting and not self._active:
+                    self._cv.wait()
+                if self._closed:
+                    break
+                dropped = [s for s in self._waiting if s.handle.cancel_requested]
+                for seq in dropped:
+                    self._waiting.remove(seq)
+                admitted = []
+                while self._waiting and len(self._active) + len(admitted) < self.max_batch_size:
+                    admitted.append(self._waiting.popleft())
+                waiting = len(self._waiting)
+            for seq in dropped:
+                seq.result.cancelled = True
+                self._release(seq)
+            for seq in admitted:
+                self._admit(seq)
+            self._iteration(waiting)
+        err = EngineClosedError("the batch scheduler was closed before the request finished")
+        for seq in [*self._active, *self._waiting]:
+            self._release(seq, error=err)
+        self._active.clear()
+        self._waiting.clear()
+
+    def _admit(self, seq: _Seq) -> None:
+        if seq.handle.cancel_requested:
+            seq.result.cancelled = True
+            self._release(seq)
+            return
+        if seq.draft is None and seq.max_new < 1:  # nothing to compute (ReferenceEngine.generate: no forward)
+            self._release(seq)
+            return
+        try:
+            k = len(seq.draft) if seq.draft is not None else 0
+            need = len(seq.input_ids) + (k + 1 if seq.draft is not None else seq.max_new)
+            seq.entry = self.engine._acquire(seq.input_ids, need)
+            seq.pending = seq.input_ids[len(seq.entry.tokens):] + (seq.draft or [])
+            if seq.draft is None:
+                seq.generator = seq.sampling.generator()
+            else:
+                seq.result.drafted = k
+        except Exception as e:  # noqa: BLE001 - the request fails alone
+            self._release(seq, error=e)
+            return
+        self._active.append(seq)
+
+    def _iteration(self, waiting: int) -> None:
+        for seq in [s for s in self._active if s.handle.cancel_requested]:
+            seq.result.cancelled = True
+            self._finish(seq)
+        plan = self._schedule()
+        if not plan:
+            return
+        tokens: list[int] = []
+        positions: list[int] = []
+        logits_at: list[int] = []
+        segments = []
+        for seq, n in plan:
+            start = len(seq.entry.tokens)
+            first_needed = len(seq.pending) - seq.need  # pending index of the first logits row needed
+            logits_at += [len(tokens) + j for j in range(max(first_needed, 0), n)]
+            tokens += seq.pending[:n]
+            positions += range(start, start + n)
+            segments.append((seq.entry.cache, n))
+        t0 = time.perf_counter()
+        try:
+            with self.engine._compute:
+                logits = self.engine.model.forward_packed(
+                    torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long), segments,
+                    torch.tensor(logits_at, dtype=torch.long))
+        except Exception as e:  # noqa: BLE001 - fail the sequences in this forward, keep serving the rest
+            for seq, _ in plan:
+                self._finish(seq, error=e)
+            return
+        self.stats.append(IterationStats(len(plan), len(tokens), len(self._active), waiting,
+                                         time.perf_counter() - t0))
+        row = 0
+        for seq, n in plan:
+            first_needed = len(seq.pending) - seq.need
+            m = n - max(first_needed, 0)  # logits rows of this sequence in this forward
+            if m > 0:
+                seq.rows.append(logits[row : row + m])
+                row += m
+            seq.entry.tokens.extend(seq.pending[:n])
+            del seq.pending[:n]
+            if not seq.pending:
+                try:
+                    self._complete_step(seq)
+                except Exception as e:  # noqa: BLE001 - a failing callback fails its own request only
+                    self._finish(seq, error=e)
+
+    def _schedule(self) -> list[tuple[_Seq, int]]:
+        """(sequence, tokens to feed) within max_num_tokens: generation steps first, then contexts FCFS."""
+        budget = self.max_num_tokens
+        plan = []
+        for seq in sorted(self._active, key=lambda s: (s.in_context, s.order)):
+            want = len(seq.pending)
+            if budget <= 0 or (want > budget and not self.chunked_context):
+                break  # nothing behind a waiting context jumps ahead of it
+            n = min(want, budget)
+            plan.append((seq, n))
+            budget -= n
+        return plan
+
+    def _complete_step(self, seq: _Seq) -> None:
+        logits = torch.cat(seq.rows) if len(seq.rows) > 1 else seq.rows[0]  # [need, V]
+        seq.rows = []
+        res = seq.result
+        if seq.draft is not None:
+            self._complete_verify(seq, logits)
+            return
+        last = logits[-1]
+        tok = int(select(last, seq.sampling.temperature, seq.sampling.top_k, seq.sampling.top_p,
+                         seq.generator)[0])
+        if seq.return_logits:
+            res.logits.append(last.clone())
+        res.tokens.append(tok)
+        if seq.on_token is not None:
+            seq.on_token(tok)
+        # The order of ReferenceEngine.generate: end_id / stop word, then should_stop, then the length limit.
+        if tok == seq.end_id or _ends_with_stop(res.tokens, seq.stop_words):
+            self._finish(seq)
+        elif seq.should_stop is not None and seq.should_stop():
+            res.cancelled = True
+            self._finish(seq)
+        elif len(res.tokens) >= seq.max_new:
+            self._finish(seq)
+        else:
+            seq.pending = [tok]
+
+    def _complete_verify(self, seq: _Seq, logits: torch.Tensor) -> None:
+        s, k = seq.sampling, len(seq.draft)
+        draft_probs = None
+        if seq.draft_logits is not None and s.temperature > 0:
+            draft_probs = logits_to_probs(seq.draft_logits[:k].float(), s.temperature, s.top_k, s.top_p)
+        new, accepted = speculative_accept(torch.tensor(seq.draft, dtype=torch.long), draft_probs, logits,
+                                           s.temperature, s.top_k, s.top_p, s.generator())
+        # K/V of the rejected drafts stay in the cache beyond the valid length: overwritten later.
+        seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]
+        if seq.end_id is not None and seq.end_id in new:
+            new = new[: new.index(seq.end_id) + 1]
+        seq.result.tokens, seq.result.accepted = list(new), min(accepted, len(new))
+        self._finish(seq)
+
+    def _finish(self, seq: _Seq, error: Optional[BaseException] = None) -> None:
+        if seq in self._active:
+            self._active.remove(seq)
+        self._release(seq, error)
+
+    def _release(self, seq: _Seq, error: Optional[BaseException] = None) -> None:
+        if seq.entry is not None:
+            self.engine.prefix_cache.put(seq.entry)
+            seq.entry = None
+        if seq.handle.future.done():
+            return
+        if error is not None:
+            seq.handle.future.set_exception(error)
+        else:
+            seq.handle.future.set_result(seq.result)
