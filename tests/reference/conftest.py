@@ -101,3 +101,21 @@ def close_draft(checkpoints):
     gen = torch.Generator().manual_seed(99)
     state = {k: v + 0.006 * torch.randn(v.shape, generator=gen) for k, v in hf.state_dict().items()}
     return ReferenceModel.from_state_dict(hf.config.to_dict(), state)
+
+
+@pytest.fixture(scope="module")
+def sharp_model():
+    """A 2-layer Llama with its LM head scaled up: logits of a real LM's scale (greedy margins O(1)), so greedy
+    comparisons are not decided by rounding."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trt_spec.reference.model import ReferenceModel
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
+    hf = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(30)
+    return ReferenceModel.from_state_dict(cfg.to_dict(), hf.state_dict())

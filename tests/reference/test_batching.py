@@ -70,17 +70,8 @@ MAX_SEQ = 256
 
 
 @pytest.fixture(scope="module")
-def model():
-    """Logits of a real LM's scale (greedy margins O(1)); test_engine.py's model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
-    hf = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(30)
-    return ReferenceModel.from_state_dict(cfg.to_dict(), hf.state_dict())
+def model(sharp_model):
+    return sharp_model
 
 
 def alone(model, kind, *args, **kw):

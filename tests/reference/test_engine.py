@@ -6,26 +6,16 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
 
 from trt_spec.reference.engine import ReferenceEngine, Sampling
-from trt_spec.reference.model import ReferenceModel
 from trt_spec.reference.speculative import generate
 
 GREEDY = Sampling()
 
 
 @pytest.fixture(scope="module")
-def model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
-    hf = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(30)
-    return ReferenceModel.from_state_dict(cfg.to_dict(), hf.state_dict())
+def model(sharp_model):
+    return sharp_model
 
 
 def greedy(model, prompt, n):
