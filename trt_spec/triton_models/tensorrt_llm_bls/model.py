@@ -162,8 +162,10 @@ class TritonPythonModel:
                 result.append(out)
                 if on_response is not None:
                     on_response(out)
-        if check_seen and not seen:  # a stream always ends with a response; none means the call itself failed (24.10 can hand
-            raise EngineError(f"{model}: no response")  # one failed call's error to another: never pass it off as done)
+        # A stream always ends with a response; none means the call itself failed (24.10 can hand one failed
+        # call's error to another): never pass it off as done.
+        if check_seen and not seen:
+            raise EngineError(f"{model}: no response")
         return result
 
     def _checkpoint(self, request) -> bool:
