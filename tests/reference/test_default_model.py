@@ -32,9 +32,9 @@ def built(tmp_path_factory):
     hf_target, hf_draft = root / "hf" / "target", root / "hf" / "draft"
     checkpoints.import_gguf(checkpoints.resolve_package_file(cfg.target.checkpoint), hf_target)
     d = cfg.draft.distill
-    report = distill.distill_draft(hf_target, hf_draft, hidden=d.hidden_size, layers=d.num_layers, steps=40,
-                                   seed=d.seed, teacher_chunks=4, raw_chunks=64, eval_chunks=1, chat_prompts=2,
-                                   eval_chat_prompts=0, measure_cost=False)
+    report = distill.run(distill.DistillConfig(
+        hf_target, hf_draft, hidden=d.hidden_size, layers=d.num_layers, steps=40, seed=d.seed, teacher_chunks=4,
+        raw_chunks=64, eval_chunks=1, chat_prompts=2, eval_chat_prompts=0, measure_cost=False))
     engines = {}
     for name, src in (("target", hf_target), ("draft", hf_draft)):
         export.export(src, root / "engines" / name, cfg.quantization.weights, check_agreement=False)

@@ -1,4 +1,4 @@
-"""distill.run (and its keyword wrapper distill_draft) on a tiny random Llama teacher with a word-level tokenizer and
+"""distill.run on a tiny random Llama teacher with a word-level tokenizer and
 a tiny corpus."""
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def test_same_seed_same_bytes_other_seed_differs(built, tmp_path):
               eval_chunks=1, topk=4, chat_prompts=1, chat_tokens=3, eval_chat_prompts=0, neg_samples=8,
               corpus_files=files, threads=1, measure_cost=False)
     distill.run(distill.DistillConfig(teacher, tmp_path / "a", seed=0, **kw))
-    distill.distill_draft(teacher, tmp_path / "b", seed=0, **kw)  # the keyword wrapper: the same run
+    distill.run(distill.DistillConfig(teacher, tmp_path / "b", seed=0, **kw))  # the same run again
     distill.run(distill.DistillConfig(teacher, tmp_path / "c", seed=1, **kw))
     blobs = [(tmp_path / name / "model.safetensors").read_bytes() for name in "abc"]
     assert blobs[0] == blobs[1]
@@ -156,7 +156,7 @@ def test_cli_defaults_are_the_configs_and_the_plans_argv_parses():
     with pytest.raises(dataclasses.FrozenInstanceError):
         distill.DistillConfig("t", "o").steps = 1
     with pytest.raises(TypeError):
-        distill.distill_draft("t", "o", step=1)  # a misspelt knob is not silently ignored
+        distill.DistillConfig("t", "o", step=1)  # a misspelt knob is not silently ignored
 
 
 def test_hidden_basis_keeps_the_top_directions():

@@ -821,11 +821,6 @@ def run(cfg: DistillConfig, log=None) -> dict:
     return report
 
 
-def distill_draft(teacher_dir: Path, out_dir: Path, *, log=None, **knobs) -> dict:
-    """run() with the DistillConfig fields as keywords (an unknown keyword is a TypeError)."""
-    return run(DistillConfig(teacher_dir, out_dir, **knobs), log=log)
-
-
 def _parser() -> argparse.ArgumentParser:
     defaults = {f.name: f.default for f in fields(DistillConfig)}
     ap = argparse.ArgumentParser(description="Distill a small draft model from a Llama teacher directory.")
