@@ -30,7 +30,9 @@ OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS  # the engine's outputs, pass
 # The BLS's whole-request metrics: the engine's perf outputs plus its own steps and accepted-length histogram.
 TOTAL_STEPS = "total_steps"
 ACCEPTED_LENGTH_HISTOGRAM = "accepted_length_histogram"
-METRIC_OUTPUTS = (*bc.PERF_OUTPUTS, TOTAL_STEPS, ACCEPTED_LENGTH_HISTOGRAM)
+DRAFT_LENGTHS = "draft_lengths"  # the draft length k the policy chose per round; 0 = a round without speculation
+LIST_METRICS = (ACCEPTED_LENGTH_HISTOGRAM, DRAFT_LENGTHS)  # metric outputs that are lists, not one number
+METRIC_OUTPUTS = (*bc.PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
 
 # -- Files ------------------------------------------------------------------------------------------------
 # A tokenizer's files, copied next to every engine (and distilled draft) that serves with it.

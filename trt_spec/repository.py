@@ -41,7 +41,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import backend_contract as bc
 from .integrity import IntegrityError, rebuild_hint, verify
 from .manifest import BuildManifest, EngineEntry, RepoRecord
-from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
+from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, DRAFT_LENGTHS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
                     POSTPROCESSING as POST, PREPROCESSING as PRE, SEQUENCE_LENGTH, TARGET, TEXT_INPUT, TEXT_OUTPUT,
                     TOTAL_STEPS)
 
@@ -295,6 +295,7 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
         *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS),
         out(TOTAL_STEPS, "TYPE_INT32", [1]),
         out(ACCEPTED_LENGTH_HISTOGRAM, "TYPE_INT32", [-1]),
+        out(DRAFT_LENGTHS, "TYPE_INT32", [-1]),
     ])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     mode = s.mode if s.mode in ("draft_target", "ngram") else "engine"  # medusa/eagle/lookahead: the engine drafts

@@ -20,6 +20,7 @@ inputs only when the client sent them (TensorRT-LLM treats absent top_k/top_p as
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
@@ -86,12 +87,28 @@ class SpecRequest:
     use_logits: bool = False
 
 
+@dataclass(frozen=True)
+class Round:
+    """One round of the loop (one target call): what the policy chose and what it cost."""
+    k: int  # the draft length chosen; 0 = a round without speculation (a plain decode of `tokens` tokens)
+    drafted: int  # tokens proposed (a proposer may offer fewer than k)
+    accepted: int  # of those, accepted by the target
+    tokens: int  # tokens the round added to the output
+    draft_s: float  # seconds spent proposing (draft engine call, or the draft-free proposer)
+    target_s: float  # seconds of the target call (verification, or the decode)
+
+
 @dataclass
 class Metrics:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
     hist: list[int] = field(default_factory=list)  # rounds by accepted count 0..k (loop modes)
+    rounds: list[Round] = field(default_factory=list)  # loop modes: one per target call
+
+    @property
+    def draft_lengths(self) -> list[int]:
+        return [r.k for r in self.rounds]
 
     @property
     def acceptance_rate(self) -> float:
@@ -231,19 +248,24 @@ class SpeculativeLoop:
             if cancelled():
                 raise Cancelled(f"request cancelled after {len(generated)} tokens")
             remaining = r.max_tokens - len(generated)
+            t0 = time.perf_counter()
             draft, logits = await self._draft(r, tokens, min(r.k, remaining - 1), m.steps)
+            t1 = time.perf_counter()
             ins = engine_inputs(r, tokens, len(draft) + 1, SEED_STRIDE * m.steps)
             if draft:
                 ins["draft_input_ids"] = np.asarray([draft], dtype=np.int32)
                 if logits is not None:
                     ins["draft_logits"] = logits[None]
             responses = await self.call(self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS))
+            t2 = time.perf_counter()
             new = [t for out in responses for t in response_tokens(out)][:remaining]
             if not new:
                 break
             acc = 0
             while acc < min(len(draft), len(new)) and new[acc] == draft[acc]:
                 acc += 1
+            m.rounds.append(Round(k=min(r.k, remaining - 1), drafted=len(draft), accepted=acc, tokens=len(new),
+                                  draft_s=t1 - t0, target_s=t2 - t1))
             m.steps += 1
             m.drafted += len(draft)
             m.accepted += acc

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import backend_contract as bc
 from ..defaults import PROTOCOLS
-from ..names import (ACCEPTED_LENGTH_HISTOGRAM, ENSEMBLE, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
+from ..names import (ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
                      TEXT_INPUT, TEXT_MODELS, TEXT_OUTPUT)
 
 
@@ -277,7 +277,7 @@ def _np_outputs(outs: dict) -> dict:
     for k in METRIC_OUTPUTS:
         if k in outs:
             v = outs[k].reshape(-1).tolist()
-            metrics[k] = v if k == ACCEPTED_LENGTH_HISTOGRAM else v[0]
+            metrics[k] = v if k in LIST_METRICS else v[0]
     return {"text": text, "ids": ids, "metrics": metrics}
 
 

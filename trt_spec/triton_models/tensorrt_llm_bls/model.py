@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 from trt_spec.serving import (IncrementalDetokenizer, decode_strings, default_end_id, default_pad_id,
                               enable_crash_traces, encode, error_line, load_tokenizer, requested_only, scalar)
 from trt_spec import backend_contract as bc
-from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT,
+from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT_LENGTHS, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT,
                             TEXT_OUTPUT, TOTAL_STEPS)
 from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                       check_sampling, validate)
@@ -230,7 +230,8 @@ class TritonPythonModel:
                 "total_accepted_draft_tokens": np.asarray([[m.accepted]], dtype=np.int32),
                 "total_draft_tokens": np.asarray([[m.drafted]], dtype=np.int32),
                 TOTAL_STEPS: np.asarray([[m.steps]], dtype=np.int32),
-                ACCEPTED_LENGTH_HISTOGRAM: np.asarray([m.hist], dtype=np.int32)}
+                ACCEPTED_LENGTH_HISTOGRAM: np.asarray([m.hist], dtype=np.int32),
+                DRAFT_LENGTHS: np.asarray([m.draft_lengths], dtype=np.int32)}
 
     async def execute(self, requests):
         loop = asyncio.get_running_loop()
