@@ -112,3 +112,14 @@ def test_prompt_sets_and_jsonl(tmp_path):
     with pytest.raises(ValueError, match="not one of code-edit"):
         load_prompts("nope")
     assert all(p.max_tokens == 7 for p in load_prompts("chat", 7))
+
+
+def test_break_even_acceptance_is_where_speculation_stops_paying():
+    from trt_spec.harness.metrics import break_even_acceptance
+    # k=4, c=0.1, r=1.3: a* = 0.1 + 0.3/4 = 0.175; at a*, tokens per round (1 + 4a*) equal the round's cost (4c + r)
+    a = break_even_acceptance(4, 0.1, 1.3)
+    assert a == pytest.approx(0.175)
+    assert 1 + 4 * a == pytest.approx(4 * 0.1 + 1.3)
+    assert break_even_acceptance(8, 0.0, 1.0) == 0.0  # a free draft on a GPU pays at any acceptance
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        break_even_acceptance(0, 0.1)

@@ -36,6 +36,18 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def break_even_acceptance(k: int, c: float, verify_cost: float = 1.0) -> float:
+    """The acceptance rate (accepted / drafted) under which speculation at draft length k is slower than decoding.
+
+    A round of k drafts costs k·c + r decode steps (c = draft/target cost per token, r = the verification pass in
+    decode steps) and yields 1 + a·k tokens at acceptance rate a; it pays while 1 + a·k > k·c + r, so the break-even
+    is a* = c + (r − 1) / k. No i.i.d. model is needed: it holds for the measured averages when every round drafts
+    k. On a GPU at small batch r ≈ 1 and a* ≈ c; on a CPU r > 1 raises it."""
+    if k <= 0:
+        raise ValueError(f"k must be >= 1 for a break-even acceptance, got {k}")
+    return c + (verify_cost - 1.0) / k
+
+
 def mean_acceptance_length(accepted: int, steps: int) -> float:
     return 1.0 + accepted / steps if steps else 0.0
 
