@@ -17,12 +17,13 @@ LIMITS = bc.EngineLimits(max_batch_size=4, max_seq_len=256, max_num_tokens=256, 
 PROMPTS = [[5, 9, 11], [7, 7, 7, 7, 3], [40, 41, 42, 43, 44, 45, 46, 47], [12]]
 
 
-def setup(mode="draft_target", k_max=4, limits=LIMITS, draft_limits=None, in_engine_accept=0, decoupled=True):
+def setup(mode="draft_target", k_max=4, limits=LIMITS, draft_limits=None, in_engine_accept=0, decoupled=True,
+          policy="fixed", proposer="prompt_lookup"):
     target = ContractEngine(target_next, limits, in_engine_accept=in_engine_accept, decoupled=decoupled)
     draft = ContractEngine(draft_next, draft_limits or bc.EngineLimits(4, 256, 256), decoupled=decoupled)
     cfg = LoopConfig(target="tensorrt_llm", draft="tensorrt_llm_draft" if mode == "draft_target" else None, mode=mode,
                      max_draft_len=k_max, ngram_size=3, max_seq_len=limits.max_seq_len,
-                     max_input_len=limits.input_limit())
+                     max_input_len=limits.input_limit(), draft_len_policy=policy, proposer=proposer)
     return SpeculativeLoop(cfg, Router(tensorrt_llm=target, tensorrt_llm_draft=draft)), target, draft
 
 
@@ -54,7 +55,9 @@ def test_draft_target_equals_target_only(prompt, k):
     assert generated == baseline(prompt, 24)
     assert [t for c in chunks for t in c] == generated  # streaming chunks add up to the output
     assert all(1 <= len(c) <= k + 1 for c in chunks) and len(chunks) == m.steps
-    assert sum(m.hist) == m.steps and m.accepted == sum(i * n for i, n in enumerate(m.hist))
+    # the histogram counts the rounds that verified drafts (not the last one-token round with nothing to draft)
+    assert sum(m.hist) == sum(1 for x in m.rounds if x.drafted) and m.accepted == sum(i * n for i, n in enumerate(m.hist))
+    assert len(m.rounds) == m.steps and m.draft_lengths == [x.k for x in m.rounds]
     assert 0 < m.accepted <= m.drafted
     if k == 4:
         assert m.accepted < m.drafted  # the draft agrees often, not always

@@ -122,7 +122,12 @@ class Speculative(_Strict):
     num_draft_tokens: Optional[int] = Field(
         None, ge=0, description="default per-request k (null = max_draft_len); must be <= max_draft_len"
     )
-    ngram_size: int = Field(3, ge=1, description="n-gram mode: tokens matched at the tail of the sequence")
+    ngram_size: int = Field(3, ge=1, description="n-gram mode, prompt_lookup proposer: tokens matched at the tail of the sequence")
+    proposer: Literal["suffix", "prompt_lookup"] = Field(
+        "suffix", description="n-gram mode's draft-free proposer: suffix (longest suffix match, by frequency) or prompt_lookup")
+    draft_len_policy: Literal["adaptive", "fixed"] = Field(
+        "adaptive", description="draft-target / n-gram: adaptive k per round from measured costs and acceptance (k = 0 "
+        "included), or fixed k = num_draft_tokens")
     use_draft_logits: bool = Field(False, description="rejection sampling with draft logits (draft gathers generation logits)")
     medusa: Optional[MedusaSpec] = None
     eagle: Optional[EagleSpec] = None

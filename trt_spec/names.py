@@ -24,7 +24,8 @@ TEXT_MODELS = (BASELINE, SPECULATIVE)
 # -- Tensors of the text models (ensemble and tensorrt_llm_bls) --------------------------------------------
 TEXT_INPUT = "text_input"
 MAX_TOKENS = "max_tokens"
-NUM_DRAFT_TOKENS = "num_draft_tokens"  # BLS only: k for this request
+NUM_DRAFT_TOKENS = "num_draft_tokens"  # BLS only: k for this request (the cap, with the adaptive policy)
+DRAFT_LEN_POLICY = "draft_len_policy"  # BLS only: adaptive | fixed for this request
 TEXT_OUTPUT = "text_output"
 OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS  # the engine's outputs, passed through under their names
 # The BLS's whole-request metrics: the engine's perf outputs plus its own steps and accepted-length histogram.

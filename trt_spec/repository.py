@@ -41,7 +41,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import backend_contract as bc
 from .integrity import IntegrityError, rebuild_hint, verify
 from .manifest import BuildManifest, EngineEntry, RepoRecord
-from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, DRAFT_LENGTHS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
+from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, DRAFT_LEN_POLICY, DRAFT_LENGTHS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
                     POSTPROCESSING as POST, PREPROCESSING as PRE, SEQUENCE_LENGTH, TARGET, TEXT_INPUT, TEXT_OUTPUT,
                     TOTAL_STEPS)
 
@@ -121,6 +121,8 @@ class RepoSettings:
     num_draft_tokens: int
     ngram_size: int
     tokenizer_dir: str
+    draft_len_policy: str
+    proposer: str
     engines: dict[str, EngineEntry]  # role -> engine
     kv_fraction: float
     medusa_choices: Optional[list] = None
@@ -142,6 +144,7 @@ class RepoSettings:
             max_num_tokens=lim.max_num_tokens,
             mode=spec.mode, max_draft_len=m.speculative.max_draft_len,
             num_draft_tokens=m.speculative.num_draft_tokens, ngram_size=spec.ngram_size, tokenizer_dir=tok,
+            draft_len_policy=spec.draft_len_policy, proposer=spec.proposer,
             engines=m.engines, kv_fraction=m.runtime.kv_cache_free_gpu_mem_fraction,
             medusa_choices=spec.medusa.choices if spec.medusa else None,
             eagle_choices=spec.eagle.choices if spec.eagle else None,
@@ -254,7 +257,8 @@ def text_inputs(bls: bool) -> list:
     ]
     if bls:
         ins += [inp(NUM_DRAFT_TOKENS, "TYPE_INT32", [1], optional=True),
-                inp("use_draft_logits", "TYPE_BOOL", [1], optional=True)]
+                inp("use_draft_logits", "TYPE_BOOL", [1], optional=True),
+                inp(DRAFT_LEN_POLICY, "TYPE_STRING", [1], optional=True)]
     return ins
 
 
@@ -306,6 +310,8 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
         "max_draft_len": s.max_draft_len,
         "num_draft_tokens": s.num_draft_tokens,
         "ngram_size": s.ngram_size,
+        "draft_len_policy": s.draft_len_policy,
+        "proposer": s.proposer,
         "max_seq_len": s.max_seq_len,
         "max_num_tokens": s.max_num_tokens,
         "max_input_len": s.max_input_len,

@@ -28,7 +28,14 @@ import numpy as np
 
 from . import backend_contract as bc
 from .names import MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
+from .draft_policy import POLICIES, DraftLengthPolicy
 from .reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
+from .suffix import SuffixProposer  # pure Python
+
+PROPOSERS = ("suffix", "prompt_lookup")  # draft-free (ngram mode) proposers
+# The suffix proposer as served: a one-token match may propose, each matched token buys two proposed tokens (chosen by
+# replaying the shipped code-edit, code and chat sets' greedy outputs; the adaptive policy caps the length by cost).
+SUFFIX_MIN_MATCH, SUFFIX_TOKENS_PER_MATCH = 1, 2.0
 
 SEED_STRIDE = 1_000_003  # per-round seed offset: independent random streams across verify calls
 LOOP_MODES = ("draft_target", "ngram")
@@ -64,10 +71,16 @@ class LoopConfig:
     max_seq_len: int
     max_input_len: int  # the engine's input limit (backend_contract.max_input_len)
     max_prompt_len: Optional[int] = None  # the deployment's limits.max_input_len (default: the engine's limit)
+    draft_len_policy: str = "adaptive"  # adaptive | fixed (trt_spec/draft_policy.py)
+    proposer: str = "suffix"  # ngram mode: suffix | prompt_lookup
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"speculative_mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.draft_len_policy not in POLICIES:
+            raise ValueError(f"draft_len_policy {self.draft_len_policy!r}: use one of {', '.join(POLICIES)}")
+        if self.proposer not in PROPOSERS:
+            raise ValueError(f"proposer {self.proposer!r}: use one of {', '.join(PROPOSERS)}")
         if self.mode == "draft_target" and not self.draft:
             raise ValueError("draft_target mode needs a draft model name")
 
@@ -85,6 +98,7 @@ class SpecRequest:
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
     use_logits: bool = False
+    draft_len_policy: Optional[str] = None  # adaptive | fixed for this request (default: the deployment's)
 
 
 @dataclass(frozen=True)
@@ -211,6 +225,7 @@ class SpeculativeLoop:
         self.cfg = cfg
         self.call = call
         self.ngram = NgramDraft(max_ngram=cfg.ngram_size, k=cfg.max_draft_len)
+        self.policy = DraftLengthPolicy(cfg.draft_len_policy)  # shared costs; `active` = requests in the loop
 
     async def generate(self, r: SpecRequest, emit: Callable[[list[int]], None],
                        cancelled: Callable[[], bool] = lambda: False) -> tuple[list[int], Metrics]:
@@ -219,13 +234,18 @@ class SpeculativeLoop:
         engine calls (in-engine modes make one call; Triton 2.51's BLS cannot cancel it, so it runs out)."""
         if self.cfg.mode == "engine":
             return await self._in_engine(r, emit)
-        return await self._loop(r, emit, cancelled)
+        self.policy.active += 1
+        try:
+            return await self._loop(r, emit, cancelled)
+        finally:
+            self.policy.active -= 1
 
-    async def _draft(self, r: SpecRequest, tokens: list[int], k: int, step: int) -> tuple[list[int], Optional[np.ndarray]]:
+    async def _draft(self, r: SpecRequest, tokens: list[int], k: int, step: int,
+                     proposer) -> tuple[list[int], Optional[np.ndarray]]:
         if k <= 0:
             return [], None
-        if self.cfg.mode == "ngram":
-            return self.ngram.propose(tokens, k, (r.end_id,)), None
+        if proposer is not None:
+            return proposer.propose(tokens, k, (r.end_id,)), None
         ins = engine_inputs(r, tokens, k, SEED_STRIDE * step + 1)
         outs = list(bc.MANDATORY_OUTPUTS)
         if r.use_logits:
@@ -239,19 +259,40 @@ class SpeculativeLoop:
             logits = logits.reshape(-1, logits.shape[-1])[: len(draft)]
         return draft, logits
 
+    def _proposer(self):
+        """The request's draft-free proposer (ngram mode); None in draft-target mode."""
+        if self.cfg.mode != "ngram":
+            return None
+        if self.cfg.proposer == "prompt_lookup":
+            return self.ngram
+        # per request: it indexes the request's own sequence
+        return SuffixProposer(k_max=self.cfg.max_draft_len, min_match=SUFFIX_MIN_MATCH,
+                              tokens_per_match=SUFFIX_TOKENS_PER_MATCH)
+
     async def _loop(self, r: SpecRequest, emit, cancelled: Callable[[], bool]) -> tuple[list[int], Metrics]:
         tokens = list(r.prompt)
         generated: list[int] = []
         m = Metrics(hist=[0] * (r.k + 1))
+        policy = self.policy.start(r.draft_len_policy)
+        proposer = self._proposer()
+        draft_free = proposer is not None
         done = False
         while not done and len(generated) < r.max_tokens:
             if cancelled():
                 raise Cancelled(f"request cancelled after {len(generated)} tokens")
             remaining = r.max_tokens - len(generated)
+            cap = min(r.k, remaining - 1)
+            active = self.policy.active
+            # Draft-free proposers cost nothing to consult: propose up to the best k, then decide whether to verify.
+            k = policy.best_k(cap, active, 0.0)[0] if draft_free and policy.adaptive else policy.choose_k(cap, active)
             t0 = time.perf_counter()
-            draft, logits = await self._draft(r, tokens, min(r.k, remaining - 1), m.steps)
+            draft, logits = await self._draft(r, tokens, k, m.steps, proposer)
             t1 = time.perf_counter()
-            ins = engine_inputs(r, tokens, len(draft) + 1, SEED_STRIDE * m.steps)
+            empty = draft_free and not draft
+            if draft_free and draft and not policy.keep_proposal(len(draft), active, t1 - t0):
+                draft = []
+            out_len = len(draft) + 1 if draft else policy.run_len(remaining, draft_free)
+            ins = engine_inputs(r, tokens, out_len, SEED_STRIDE * m.steps)
             if draft:
                 ins["draft_input_ids"] = np.asarray([draft], dtype=np.int32)
                 if logits is not None:
@@ -264,12 +305,15 @@ class SpeculativeLoop:
             acc = 0
             while acc < min(len(draft), len(new)) and new[acc] == draft[acc]:
                 acc += 1
-            m.rounds.append(Round(k=min(r.k, remaining - 1), drafted=len(draft), accepted=acc, tokens=len(new),
+            k_used = k if draft else 0
+            policy.observe(k_used, len(draft), acc, len(new), t1 - t0, t2 - t1, draft_free=draft_free, empty=empty)
+            m.rounds.append(Round(k=k_used, drafted=len(draft), accepted=acc, tokens=len(new),
                                   draft_s=t1 - t0, target_s=t2 - t1))
             m.steps += 1
             m.drafted += len(draft)
             m.accepted += acc
-            m.hist[min(acc, r.k)] += 1
+            if draft:
+                m.hist[min(acc, r.k)] += 1
             # stop conditions: EOS (kept, like the engine), stop words (kept), budget
             if r.end_id in new:
                 new = new[: new.index(r.end_id) + 1]

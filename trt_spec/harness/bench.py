@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from ..names import ACCEPTED_LENGTH_HISTOGRAM, BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE, TOTAL_STEPS
+from ..names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE, DRAFT_LEN_POLICY, DRAFT_LENGTHS, NUM_DRAFT_TOKENS, SPECULATIVE,
+                     TOTAL_STEPS)
 from .client import Generation, LLMClient
 from .metrics import (Summary, acceptance_rate, bootstrap_ratio_ci, low_acceptance_advice, mean_acceptance_length,
                       total_throughput, tpot)
@@ -40,17 +41,20 @@ class Sample:
     drafted: int = 0
     steps: int = 0
     histogram: Optional[list[int]] = None
+    draft_lengths: Optional[list[int]] = None  # k chosen per round (0 = no speculation that round)
 
     @staticmethod
     def of(model: str, i: int, r: int, g: Generation) -> "Sample":
         m = g.metrics
         return Sample(model, i, r, g.num_tokens, g.ttft_s, g.latency_s, tpot(g.latency_s, g.ttft_s, g.num_tokens),
                       int(m.get("total_accepted_draft_tokens", 0)), int(m.get("total_draft_tokens", 0)),
-                      int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM))
+                      int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM), m.get(DRAFT_LENGTHS))
 
 
-def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int]) -> Generation:
-    extra = {NUM_DRAFT_TOKENS: k} if (model == SPECULATIVE and k is not None) else {}
+def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int], policy: Optional[str] = None) -> Generation:
+    extra = {}
+    if model == SPECULATIVE:
+        extra = {name: v for name, v in ((NUM_DRAFT_TOKENS, k), (DRAFT_LEN_POLICY, policy)) if v is not None}
     return client.generate(model, p.text, p.max_tokens, stream=True, exclude_input_in_output=True, temperature=0.0,
                            **extra)
 
@@ -63,19 +67,27 @@ def acceptance_summary(spec: Sequence[Sample]) -> dict:
     width = max((len(h) for h in hists), default=0)
     hist = [sum(h[i] for h in hists if i < len(h)) for i in range(width)]
     k = width - 1
-    # per position i: among steps, the fraction whose accepted count exceeded i (drafts ran k deep)
-    per_pos = [sum(hist[i + 1:]) / steps if steps else 0.0 for i in range(max(k, 0))]
-    return {"accepted": accepted, "drafted": drafted, "steps": steps,
+    # Rounds that verified drafts (the histogram's); in-engine modes report no histogram: every step drafted.
+    spec_rounds = sum(hist) if hists else steps
+    # per position i: among speculative rounds, the fraction whose accepted count exceeded i
+    per_pos = [sum(hist[i + 1:]) / spec_rounds if spec_rounds else 0.0 for i in range(max(k, 0))]
+    ks = [x for s in spec if s.draft_lengths for x in s.draft_lengths]
+    chosen = [x for x in ks if x > 0]
+    return {"accepted": accepted, "drafted": drafted, "steps": steps, "speculative_rounds": spec_rounds,
             "acceptance_rate": acceptance_rate(accepted, drafted),
-            "mean_acceptance_length": mean_acceptance_length(accepted, steps),
-            "histogram": hist, "per_position_acceptance": per_pos}
+            "mean_acceptance_length": mean_acceptance_length(accepted, spec_rounds),
+            "histogram": hist, "per_position_acceptance": per_pos,
+            # the draft-length policy at work: k chosen per round, and the rounds it did not speculate
+            "draft_length_counts": [ks.count(i) for i in range(max(ks, default=-1) + 1)],
+            "mean_draft_length": sum(chosen) / len(chosen) if chosen else 0.0,
+            "rounds_without_speculation_share": (len(ks) - len(chosen)) / len(ks) if ks else 0.0}
 
 
 def paired_ab(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] = None, repeats: int = 1,
-              warmup: int = 1, progress: Progress = None) -> dict:
+              warmup: int = 1, progress: Progress = None, policy: Optional[str] = None) -> dict:
     for p in prompts[:warmup]:
         _request(client, BASELINE, p, k)
-        _request(client, SPECULATIVE, p, k)
+        _request(client, SPECULATIVE, p, k, policy)
     samples: list[Sample] = []
     total = len(prompts) * repeats
     done = 0
@@ -83,14 +95,14 @@ def paired_ab(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] 
         for i, p in enumerate(prompts):
             order = (BASELINE, SPECULATIVE) if (i + r) % 2 == 0 else (SPECULATIVE, BASELINE)
             for model in order:
-                samples.append(Sample.of(model, i, r, _request(client, model, p, k)))
+                samples.append(Sample.of(model, i, r, _request(client, model, p, k, policy)))
             done += 1
             if progress:
                 progress(done, total)
-    return summarize(samples, k)
+    return summarize(samples, k, policy)
 
 
-def summarize(samples: Sequence[Sample], k: Optional[int]) -> dict:
+def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str] = None) -> dict:
     base = [s for s in samples if s.model == BASELINE]
     spec = [s for s in samples if s.model == SPECULATIVE]
     pairs = {(s.prompt, s.repeat): s for s in base}
@@ -110,7 +122,7 @@ def summarize(samples: Sequence[Sample], k: Optional[int]) -> dict:
                 "tokens_per_s": sum(x.tokens for x in xs) / sum(x.latency_s for x in xs),
                 "tokens": sum(x.tokens for x in xs)}
 
-    out = {"k": k, "requests": len(spec), "speedup": speedup, "speedup_ci95": [lo, hi],
+    out = {"k": k, "draft_len_policy": policy, "requests": len(spec), "speedup": speedup, "speedup_ci95": [lo, hi],
            "baseline": side(base), "speculative": side(spec), "acceptance": acc,
            "samples": [s.__dict__ for s in samples]}
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
@@ -125,13 +137,13 @@ def _alpha_from(acc: dict, k: int) -> float:
 
 
 def run_level(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], concurrency: int,
-              n: int, k: Optional[int]) -> tuple[list[Sample], float]:
+              n: int, k: Optional[int], policy: Optional[str] = None) -> tuple[list[Sample], float]:
     """n requests (prompts cycled) to one model with `concurrency` in flight: the samples and the wall time."""
     def one(i: int) -> Sample:
         p, r = i % len(prompts), i // len(prompts)
         cl = client_factory()
         try:
-            return Sample.of(model, p, r, _request(cl, model, prompts[p], k))
+            return Sample.of(model, p, r, _request(cl, model, prompts[p], k, policy))
         finally:
             cl.close()
 
@@ -165,7 +177,7 @@ def sweep_row(concurrency: int, base: Sequence[Sample], base_wall_s: float, spec
 
 def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
                       k: Optional[int] = None, requests_per_level: Optional[int] = None,
-                      progress: Progress = None) -> list[dict]:
+                      progress: Progress = None, policy: Optional[str] = None) -> list[dict]:
     """At each level C: N requests (prompts cycled) with C in flight, to the baseline and to the speculative
     model in turn (which goes first alternates by level, so drift does not favour one side). N is
     requests_per_level (default len(prompts)) rounded up to a multiple of C: every in-flight slot serves the
@@ -181,7 +193,7 @@ def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence
         order = (BASELINE, SPECULATIVE) if li % 2 == 0 else (SPECULATIVE, BASELINE)
         runs = {}
         for j, model in enumerate(order):
-            runs[model] = run_level(client_factory, model, prompts, c, n, k)
+            runs[model] = run_level(client_factory, model, prompts, c, n, k, policy)
             if progress:
                 progress(2 * li + j + 1, 2 * len(levels))
         rows.append(sweep_row(c, *runs[BASELINE], *runs[SPECULATIVE]))
@@ -189,18 +201,32 @@ def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence
 
 
 def tune_k(client: LLMClient, prompts: Sequence[Prompt], ks: Sequence[int], *, repeats: int = 1,
-           progress: Progress = None) -> dict:
+           progress: Progress = None, adaptive: bool = True) -> dict:
+    """Fixed k for each k in ks, then (adaptive) the adaptive policy capped at max(ks): one paired A/B each, in one
+    run. Recommends the fastest fixed k (0 when none pays) and reports adaptive against it."""
+    runs = [("fixed", k) for k in ks] + ([("adaptive", max(ks))] if adaptive else [])
     rows = []
-    for i, k in enumerate(ks):
-        res = paired_ab(client, prompts, k=k, repeats=repeats, warmup=1 if i == 0 else 0)
-        rows.append({"k": k, "speedup": res["speedup"], "speedup_ci95": res["speedup_ci95"],
-                     "acceptance_rate": res["acceptance"]["acceptance_rate"],
-                     "mean_acceptance_length": res["acceptance"]["mean_acceptance_length"],
+    for i, (policy, k) in enumerate(runs):
+        res = paired_ab(client, prompts, k=k, repeats=repeats, warmup=1 if i == 0 else 0, policy=policy)
+        acc = res["acceptance"]
+        rows.append({"policy": policy, "k": k, "speedup": res["speedup"], "speedup_ci95": res["speedup_ci95"],
+                     "acceptance_rate": acc["acceptance_rate"],
+                     "mean_acceptance_length": acc["mean_acceptance_length"],
+                     "mean_draft_length": acc["mean_draft_length"],
+                     "rounds_without_speculation_share": acc["rounds_without_speculation_share"],
                      "spec_tokens_per_s": res["speculative"]["tokens_per_s"],
                      "baseline_tokens_per_s": res["baseline"]["tokens_per_s"]})
         if progress:
-            progress(i + 1, len(ks))
-    best = max(rows, key=lambda r: r["speedup"])
-    return {"sweep": rows, "recommended_k": best["k"] if best["speedup"] > 1.0 else 0,
-            "note": ("speculation does not pay at any k on this workload; serve the baseline (k=0)"
-                     if best["speedup"] <= 1.0 else f"k={best['k']} gives {best['speedup']:.2f}x")}
+            progress(i + 1, len(runs))
+    fixed = [r for r in rows if r["policy"] == "fixed"]
+    best = max(fixed, key=lambda r: r["speedup"])
+    out = {"sweep": rows, "recommended_k": best["k"] if best["speedup"] > 1.0 else 0,
+           "note": ("speculation does not pay at any fixed k on this workload; serve the baseline (k=0) or the "
+                    "adaptive policy" if best["speedup"] <= 1.0 else f"fixed k={best['k']} gives {best['speedup']:.2f}x")}
+    ad = next((r for r in rows if r["policy"] == "adaptive"), None)
+    if ad is not None:
+        out["adaptive_vs_best_fixed"] = {"adaptive": ad["speedup"], "adaptive_ci95": ad["speedup_ci95"],
+                                         "best_fixed_k": best["k"], "best_fixed": best["speedup"],
+                                         "best_fixed_ci95": best["speedup_ci95"],
+                                         "ratio": ad["speedup"] / best["speedup"]}
+    return out

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import backend_contract as bc
 from ..defaults import PROTOCOLS
-from ..names import (ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
+from ..names import (DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
                      TEXT_INPUT, TEXT_MODELS, TEXT_OUTPUT)
 
 
@@ -181,7 +181,7 @@ class LLMClient:
 
         inputs = []
         for name, value in fields.items():
-            if name in (TEXT_INPUT, "stop_words", "bad_words"):
+            if name in (TEXT_INPUT, "stop_words", "bad_words", DRAFT_LEN_POLICY):
                 vals = value if isinstance(value, list) else [value]
                 arr = np.array([[v.encode("utf-8") for v in vals]], dtype=object)
                 t = grpcclient.InferInput(name, list(arr.shape), "BYTES")

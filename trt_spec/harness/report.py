@@ -46,7 +46,8 @@ def markdown(rep: dict) -> str:
         out.append("")
     for b in rep.get("bench", []):
         a = b["acceptance"]
-        out += [f"## Speedup ({b['protocol']}, k={b['k']})", "",
+        pol = f", {b['draft_len_policy']}" if b.get("draft_len_policy") else ""
+        out += [f"## Speedup ({b['protocol']}, k={b['k']}{pol})", "",
                 "| | baseline | speculative |", "|---|---|---|",
                 f"| output tokens/s | {b['baseline']['tokens_per_s']:.1f} | {b['speculative']['tokens_per_s']:.1f} |",
                 f"| TTFT p50 (ms) | {b['baseline']['ttft_s']['p50'] * 1e3:.0f} | {b['speculative']['ttft_s']['p50'] * 1e3:.0f} |",
@@ -54,17 +55,28 @@ def markdown(rep: dict) -> str:
                 f"| latency p50 (s) | {b['baseline']['latency_s']['p50']:.2f} | {b['speculative']['latency_s']['p50']:.2f} |",
                 "", f"**Speedup {b['speedup']:.2f}x** (95% CI {b['speedup_ci95'][0]:.2f}–{b['speedup_ci95'][1]:.2f}), "
                 f"acceptance rate {a['acceptance_rate']:.2f}, mean acceptance length {a['mean_acceptance_length']:.2f}, "
-                f"histogram {a['histogram']}.", ""]
+                f"histogram {a['histogram']}; k chosen per round {a.get('draft_length_counts', [])} (counts of k = 0, "
+                f"1, …), mean k {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
+                f"{a.get('rounds_without_speculation_share', 0):.0%}.", ""]
         if b.get("warning"):
             out += [f"> WARNING: {b['warning']}", ""]
     if rep.get("concurrency"):
         out += concurrency_table(rep["concurrency"])
     if rep.get("tune"):
         t = rep["tune"]
-        out += ["## k sweep", "", "| k | speedup | acceptance | mean length |", "|---|---|---|---|"]
+        out += ["## k sweep", "", "| policy | k (cap) | speedup | 95% CI | acceptance | mean length | mean k | "
+                "rounds without speculation |", "|---|---|---|---|---|---|---|---|"]
         for r in t["sweep"]:
-            out.append(f"| {r['k']} | {r['speedup']:.2f}x | {r['acceptance_rate']:.2f} | {r['mean_acceptance_length']:.2f} |")
-        out += ["", f"Recommended num_draft_tokens: **{t['recommended_k']}** ({t['note']}).", ""]
+            lo, hi = r["speedup_ci95"]
+            out.append(f"| {r.get('policy', 'fixed')} | {r['k']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
+                       f"{r['acceptance_rate']:.2f} | {r['mean_acceptance_length']:.2f} | "
+                       f"{r.get('mean_draft_length', r['k']):.2f} | {r.get('rounds_without_speculation_share', 0):.0%} |")
+        out += ["", f"Recommended num_draft_tokens (fixed): **{t['recommended_k']}** ({t['note']}).", ""]
+        a = t.get("adaptive_vs_best_fixed")
+        if a:
+            out += [f"Adaptive {a['adaptive']:.2f}x (95% CI {a['adaptive_ci95'][0]:.2f}–{a['adaptive_ci95'][1]:.2f}) vs "
+                    f"the best fixed k={a['best_fixed_k']} {a['best_fixed']:.2f}x (95% CI {a['best_fixed_ci95'][0]:.2f}–"
+                    f"{a['best_fixed_ci95'][1]:.2f}): ratio {a['ratio']:.2f}.", ""]
     return "\n".join(out)
 
 

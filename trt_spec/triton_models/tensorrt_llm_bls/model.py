@@ -21,7 +21,9 @@ import triton_python_backend_utils as pb_utils
 from trt_spec.serving import (IncrementalDetokenizer, decode_strings, default_end_id, default_pad_id,
                               enable_crash_traces, encode, error_line, load_tokenizer, requested_only, scalar)
 from trt_spec import backend_contract as bc
-from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT_LENGTHS, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT,
+from trt_spec.draft_policy import POLICIES
+from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, MAX_TOKENS,
+                            NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT,
                             TEXT_OUTPUT, TOTAL_STEPS)
 from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                       check_sampling, validate)
@@ -68,7 +70,8 @@ class TritonPythonModel:
             target=p["tensorrt_llm_model_name"], draft=p.get("tensorrt_llm_draft_model_name") or None,
             mode=p["speculative_mode"], max_draft_len=int(p["max_draft_len"]), ngram_size=int(p["ngram_size"]),
             max_seq_len=int(p["max_seq_len"]), max_prompt_len=int(p["max_input_len"]),
-            max_input_len=bc.max_input_len(int(p["max_seq_len"]), int(p["max_num_tokens"]))), self._call)
+            max_input_len=bc.max_input_len(int(p["max_seq_len"]), int(p["max_num_tokens"])),
+            draft_len_policy=p["draft_len_policy"], proposer=p["proposer"]), self._call)
         self.default_k = int(p["num_draft_tokens"])
         self.tokenizer = load_tokenizer(p["tokenizer_dir"])
         self._held: list = []  # finished engine response iterators, kept until a _checkpoint says they are safe
@@ -98,6 +101,11 @@ class TritonPythonModel:
         prompt = encode(self.tokenizer, texts[0], self.add_special) if texts[0] else []
         k = scalar(_in(request, NUM_DRAFT_TOKENS), self.default_k, int)
         use_logits = bool(scalar(_in(request, "use_draft_logits"), False))
+        policy = decode_strings(_in(request, DRAFT_LEN_POLICY))
+        policy = policy[0] if policy else None
+        if policy is not None and policy not in POLICIES:
+            raise RequestError(f"{DRAFT_LEN_POLICY} {policy!r} is not one of {', '.join(POLICIES)}; send one or omit it "
+                               f"(the deployment's default: {self.loop.cfg.draft_len_policy})")
         validate(self.loop.cfg, len(prompt), max_tokens, k, use_logits)
         values = {client: scalar(_in(request, client), None, kind) for client, kind in
                   (("temperature", float), ("top_k", int), ("top_p", float), ("seed", int))}
@@ -107,7 +115,8 @@ class TritonPythonModel:
         sampling = {engine: np.asarray([[values[client]]], dtype=dtype)
                     for client, (engine, dtype) in SAMPLING_INPUTS.items() if values[client] is not None}
         r = SpecRequest(
-            prompt=prompt, max_tokens=max_tokens, k=k, use_logits=use_logits, stream=stream, sampling=sampling,
+            prompt=prompt, max_tokens=max_tokens, k=k, use_logits=use_logits, draft_len_policy=policy, stream=stream,
+            sampling=sampling,
             seed=values["seed"], end_id=end_id, pad_id=pad_id,
             stop_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, "stop_words")) if w],
             bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, "bad_words")) if w])

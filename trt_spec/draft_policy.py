@@ -1,0 +1,256 @@
+"""How many tokens to draft each round: fixed k, or adaptive k chosen from measured costs and acceptance (k = 0 included).
+
+Pure Python, no Triton, no torch: it runs inside the `tensorrt_llm_bls` model (trt_spec/speculative_loop.py calls it)
+and decides the same way over the CPU reference engine and the TensorRT-LLM engines.
+
+Fixed (`draft_len_policy: fixed`): every round drafts k = the request's num_draft_tokens (a draft-free proposer may
+offer fewer); a round with nothing to verify asks the target for one token. This is what trt-spec did before.
+
+Adaptive (`draft_len_policy: adaptive`, the default) maximises expected tokens per second, per round:
+- Acceptance. Each request keeps a recency-weighted per-token acceptance estimate α̂ (accepted tokens are successes,
+  the first rejected token of a round a failure; weight DECAY per round), started from the deployment's running
+  acceptance (shared by all requests) with the weight of PRIOR_ROUNDS rounds. Expected tokens of a round with d
+  drafted tokens: E(d) = (1 − α̂^(d+1)) / (1 − α̂) (Leviathan et al.'s i.i.d. model).
+- Costs, measured while serving (shared by all requests, recency-weighted, so they follow the load): the target
+  call's seconds by tokens submitted, V(n) = a + b·n, a line fitted to the per-n means (flat until two n were seen);
+  the draft's seconds by k, D(k) (the draft engine) or the proposer's seconds (draft-free); and t_dec, the seconds
+  per token of a plain decode run (V(1) until one was measured).
+- Load. With B requests in the loop at once (in-flight batching), the k − 0 extra tokens a round submits slow each
+  of the other B − 1 requests' iterations by b·k, i.e. cost them (B − 1)·b·k / t_dec tokens; that is subtracted
+  from E. At B = 1 this is latency-optimal; as B grows speculation stops where it would lower total throughput
+  (the role of TensorRT-LLM's draft_len_schedule by batch size, derived here from measurements).
+- Choice: k* = argmax over 1..K of (E(k) − ext(k)) / (D(k) + V(k + 1)), K = min(num_draft_tokens, remaining − 1);
+  speculate with k* if that rate beats 1 / t_dec, else run without speculation: one target call decodes a run of
+  tokens (MIN_RUN, doubling while speculation keeps losing, at most MAX_RUN), then the next round drafts again to
+  re-measure (a probe: it speculates whatever the estimate says). Draft-free proposers are free to consult, so they
+  propose first; an empty proposal, or one not worth verifying, becomes a run of MIN_RUN tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+POLICIES = ("adaptive", "fixed")
+DECAY = 0.8  # per-round weight of a request's acceptance history (recent rounds count more)
+PRIOR_ROUNDS = 2.0  # weight of the deployment's acceptance in a request's estimate
+COST_DECAY = 0.95  # per-observation weight of the shared cost measurements
+MIN_RUN = 1  # tokens of the first round without speculation (decoded in one target call); doubles per round
+MAX_RUN = 64  # longest run between probes
+
+
+class _EW:
+    """Recency-weighted mean."""
+
+    __slots__ = ("w", "s")
+
+    def __init__(self):
+        self.w = 0.0
+        self.s = 0.0
+
+    def add(self, x: float, decay: float = COST_DECAY) -> None:
+        self.w = self.w * decay + 1.0
+        self.s = self.s * decay + x
+
+    @property
+    def mean(self) -> Optional[float]:
+        return self.s / self.w if self.w else None
+
+
+def _line(table: dict[int, _EW]) -> Optional[tuple[float, float]]:
+    """(a, b) of seconds ≈ a + b·n, weighted least squares over the per-n means; b ≥ 0; flat with one n."""
+    pts = [(n, e.mean, e.w) for n, e in table.items() if e.w]
+    if not pts:
+        return None
+    W = sum(w for _, _, w in pts)
+    nm = sum(n * w for n, _, w in pts) / W
+    ym = sum(y * w for _, y, w in pts) / W
+    var = sum(w * (n - nm) ** 2 for n, _, w in pts)
+    b = max(0.0, sum(w * (n - nm) * (y - ym) for n, y, w in pts) / var) if var > 0 else 0.0
+    return ym - b * nm, b
+
+
+class CostModel:
+    """Seconds the deployment's calls take, measured while serving (one per BLS instance, shared by its requests)."""
+
+    def __init__(self):
+        self.target: dict[int, _EW] = {}  # tokens submitted (drafts + 1) -> seconds of the target call
+        self.draft: dict[int, _EW] = {}  # k -> seconds of the draft call (or the proposer)
+        self.runs: dict[int, _EW] = {}  # tokens of a run without speculation -> seconds of its target call
+        self.acceptance = _EW()  # per-round acceptance successes/(successes + failures), all requests
+        self.useful = _EW()  # draft-free: share of proposer consultations that sped a round up, all requests
+        self.gain = _EW()  # seconds a useful speculative round saved against decoding its tokens
+
+    def observe_target(self, n: int, seconds: float) -> None:
+        self.target.setdefault(n, _EW()).add(seconds)
+
+    def observe_draft(self, k: int, seconds: float) -> None:
+        self.draft.setdefault(k, _EW()).add(seconds)
+
+    def observe_run(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self.runs.setdefault(tokens, _EW()).add(seconds)
+
+    def verify_line(self) -> Optional[tuple[float, float]]:
+        return _line(self.target)
+
+    def verify_s(self, n: int) -> Optional[float]:
+        line = self.verify_line()
+        return None if line is None else max(1e-6, line[0] + line[1] * n)
+
+    def draft_s(self, k: int) -> float:
+        line = _line(self.draft)
+        return 0.0 if line is None else max(0.0, line[0] + line[1] * k)
+
+    def decode_s(self) -> Optional[float]:
+        """Seconds per token without speculation: the slope of the runs' seconds by length (the call's overhead
+        apart) once runs of two lengths were measured, else their mean per token, else a one-token target call."""
+        line = _line(self.runs)
+        if line is None:
+            return self.verify_s(1)
+        if line[1] > 0:
+            return line[1]
+        n = sum(m * e.w for m, e in self.runs.items()) / sum(e.w for e in self.runs.values())
+        return line[0] / n
+
+    def call_overhead_s(self) -> Optional[float]:
+        """Seconds a target call costs beyond its tokens (the runs' intercept), once runs of two lengths were seen."""
+        line = _line(self.runs)
+        return None if line is None or line[1] <= 0 else max(0.0, line[0])
+
+
+def expected_tokens(alpha: float, d: int) -> float:
+    """(1 − α^(d+1)) / (1 − α): tokens a round with d drafts yields under i.i.d. acceptance α."""
+    if alpha >= 1.0:
+        return d + 1.0
+    return (1 - alpha ** (d + 1)) / (1 - alpha)
+
+
+@dataclass
+class RequestPolicy:
+    """One request's side of the policy: its acceptance history and its run length."""
+    policy: str
+    costs: CostModel
+    prior_alpha: float
+    successes: float = 0.0
+    failures: float = 0.0
+    useful: float = 0.0  # draft-free: recency-weighted consultations that sped a round up ...
+    consulted: float = 0.0  # ... out of all consultations
+    run: int = MIN_RUN
+    probe: bool = False  # the next round speculates whatever the estimate says (after a run)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.policy == "adaptive"
+
+    @property
+    def alpha(self) -> float:
+        s = self.successes + PRIOR_ROUNDS * self.prior_alpha
+        return s / (self.successes + self.failures + PRIOR_ROUNDS)
+
+    def rate(self, d: int, active: int, proposer_s: Optional[float] = None) -> Optional[float]:
+        """Expected net tokens per second of a round with d drafts (None while the target's cost is unmeasured)."""
+        v = self.costs.verify_s(d + 1)
+        t_dec = self.costs.decode_s()
+        if v is None or t_dec is None:
+            return None
+        line = self.costs.verify_line()
+        ext = (active - 1) * line[1] * d / t_dec if d else 0.0
+        draft = self.costs.draft_s(d) if proposer_s is None else proposer_s
+        return (expected_tokens(self.alpha, d) - ext) / (draft + v)
+
+    def best_k(self, cap: int, active: int, proposer_s: Optional[float] = None) -> tuple[int, bool]:
+        """(k, pays): the best draft length in 1..cap and whether it beats decoding without speculation."""
+        if cap <= 0:
+            return 0, False
+        rates = [(self.rate(k, active, proposer_s), k) for k in range(1, cap + 1)]
+        if rates[0][0] is None:  # nothing measured yet: speculate at the cap (the fixed policy's choice)
+            return cap, True
+        rate, k = max(rates)
+        return k, rate * self.costs.decode_s() > 1.0
+
+    def choose_k(self, cap: int, active: int) -> int:
+        """The draft length for the next round (before drafting); 0 = a run without speculation."""
+        if not self.adaptive or cap <= 0:
+            return max(cap, 0)
+        k, pays = self.best_k(cap, active)
+        return k if self._speculate(pays) else 0
+
+    def keep_proposal(self, drafted: int, active: int, proposer_s: float) -> bool:
+        """Draft-free: verify these `drafted` proposed tokens, or run without speculation instead."""
+        if not self.adaptive or drafted == 0:
+            return drafted > 0
+        rate = self.rate(drafted, active, proposer_s)
+        return self._speculate(rate is None or rate * self.costs.decode_s() > 1.0)
+
+    def _speculate(self, pays: bool) -> bool:
+        """Speculate this round? Yes when it pays (the run length falls back to MIN_RUN), or as the probe after a
+        run the policy chose (speculation lost: re-measure the acceptance)."""
+        probe, self.probe = self.probe, False
+        if pays:
+            self.run = MIN_RUN
+        return pays or probe
+
+    def run_len(self, remaining: int, draft_free: bool = False) -> int:
+        """Tokens to decode in a round without speculation (fixed policy: 1, the target's verification of nothing).
+
+        Draft-free: a run of m tokens saves (m − 1) call overheads O against m one-token rounds but consults the
+        proposer m − 1 times less, each consultation useful with probability q (measured) and then worth G seconds
+        (measured). Minimising O/m + q·G·(m − 1)/2 per token gives m = sqrt(2·O / (q·G)) (the square-root rule of
+        batch sizing): short runs where matches come back often or calls are cheap, long ones in free text.
+        Draft-target (and before O, q, G are measured): the run doubles with every round in a row without
+        speculation and falls back to MIN_RUN when speculation pays."""
+        if not self.adaptive:
+            return 1
+        o, g = self.costs.call_overhead_s(), self.costs.gain.mean
+        if draft_free and o is not None and g is not None and g > 0:
+            q = (self.useful + PRIOR_ROUNDS * (self.costs.useful.mean or 0.0)) / (self.consulted + PRIOR_ROUNDS)
+            n = MAX_RUN if q <= 0 else round(math.sqrt(2 * o / (q * g)))
+            return max(1, min(n, MAX_RUN, remaining))
+        n = self.run
+        self.run = min(MAX_RUN, self.run * 2)
+        return max(1, min(n, remaining))
+
+    def observe(self, k: int, drafted: int, accepted: int, tokens: int, draft_s: float, target_s: float, *,
+                draft_free: bool, empty: bool = False) -> None:
+        """Account one round: k chosen (0 = a run), what it drafted and accepted, what it cost; `empty`: a run
+        because a draft-free proposer proposed nothing."""
+        if draft_free and self.adaptive:
+            hit = 1.0 if accepted else 0.0
+            self.useful = self.useful * DECAY + hit
+            self.consulted = self.consulted * DECAY + 1.0
+            self.costs.useful.add(hit)
+            t_dec = self.costs.decode_s()
+            if accepted and t_dec is not None:
+                self.costs.gain.add(tokens * t_dec - target_s - draft_s)
+        if drafted:
+            fail = 1.0 if accepted < drafted else 0.0
+            self.successes = self.successes * DECAY + accepted
+            self.failures = self.failures * DECAY + fail
+            self.costs.acceptance.add(accepted / (accepted + fail) if accepted + fail else 1.0)
+            self.costs.observe_target(drafted + 1, target_s)
+            self.costs.observe_draft(0 if draft_free else drafted, draft_s)
+        elif not self.adaptive:
+            self.costs.observe_target(1, target_s)  # the fixed policy's one-token verification of nothing
+        else:
+            self.costs.observe_run(tokens, target_s)
+            self.probe = not empty  # a run the policy chose: the next round probes
+
+
+class DraftLengthPolicy:
+    """The deployment's policy: the shared cost model and the requests in the loop right now."""
+
+    def __init__(self, default: str = "adaptive"):
+        if default not in POLICIES:
+            raise ValueError(f"draft_len_policy {default!r}: use one of {', '.join(POLICIES)}")
+        self.default = default
+        self.costs = CostModel()
+        self.active = 0
+
+    def start(self, policy: Optional[str] = None) -> RequestPolicy:
+        p = policy or self.default
+        if p not in POLICIES:
+            raise ValueError(f"draft_len_policy {p!r}: use one of {', '.join(POLICIES)}")
+        prior = self.costs.acceptance.mean
+        return RequestPolicy(policy=p, costs=self.costs, prior_alpha=0.5 if prior is None else prior)
