@@ -288,3 +288,15 @@ def test_values_every_knob_documented(charts):
     assert values["service"]["ports"] == {"http": defaults.HTTP_PORT, "grpc": defaults.GRPC_PORT,
                                           "metrics": defaults.METRICS_PORT}
     assert helm.lint(str(charts["llama33-70b-fp8-h200"]))["errors"] == []
+
+
+def test_image_with_trt_spec_installed(charts):
+    objs = render(charts["lws"], {"trtSpec": {"pipInstall": ""}, "image": {"repository": "registry.example/triton-trt-spec",
+                                                                            "tag": "1"}})
+    for obj in objs:
+        validate(obj)
+    job = by_kind(objs)["Job"]["spec"]["template"]["spec"]
+    assert "initContainers" not in job and job["containers"][0]["image"] == "registry.example/triton-trt-spec:1"
+    for pod in _server_pods(objs):
+        assert "PYTHONPATH" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+        assert [i["name"] for i in pod["spec"].get("initContainers", [])] in ([], ["wait-for-repository"])

@@ -266,12 +266,16 @@ image:
   # e.g. [{{name: ngc-secret}}]: a docker-registry Secret with an NGC API key, when nodes cannot pull nvcr.io anonymously
   pullSecrets: []
 
-# -- How trt-spec gets into the pods (the python models import it): an init container pip-installs these
-# arguments into an emptyDir on PYTHONPATH, so the image stays NVIDIA's. Default: wheels you copied to the claim
-# (`pip wheel --no-deps -w wheels . && pip download -d wheels 'tritonclient[grpc,http]' rich`, then copy wheels/
-# to {paths['mountPath']}/wheels); with an index reachable from the cluster use e.g. "trt-spec=={__version__}".
+# -- How trt-spec gets into the pods (the python models import it): an init container runs
+# `pip install --target trtSpec.sitePackages <pipInstall>` into an emptyDir on PYTHONPATH, so the image stays
+# NVIDIA's. --no-deps: click, pydantic, PyYAML, numpy<2 and tritonclient come from the image (TensorRT-LLM and
+# NVIDIA's in-container clients need them; an assumption to confirm once with `pip list` in the image). Default: a
+# wheelhouse you copy to the claim first:
+#   pip wheel --no-deps -w wheels . && pip download --no-deps -d wheels rich markdown-it-py mdurl
+#   then copy wheels/ to {paths['mountPath']}/wheels (e.g. kubectl cp into any pod that mounts the claim)
+# "" = no install step: use an image with trt-spec installed (FROM the pinned image + `make gpu-setup`).
 trtSpec:
-  pipInstall: {_j(f"--no-index --find-links {paths['mountPath']}/wheels trt-spec tritonclient[grpc,http]")}
+  pipInstall: {_j(f"--no-deps --no-index --find-links {paths['mountPath']}/wheels trt-spec rich markdown-it-py mdurl")}
   sitePackages: /opt/trt-spec
 
 # -- GPUs per node of the cluster. plan.ranks <= gpusPerNode: one pod per replica (a Deployment). More: a
@@ -346,9 +350,9 @@ service:
     grpc: {defaults.GRPC_PORT}
     metrics: {defaults.METRICS_PORT}
 
-# -- Non-root: the NGC tritonserver image has a user triton-server with uid/gid {TRITON_UID} (an assumption from
-# NVIDIA's Dockerfile.QA/compose: verify with `docker run --rm IMAGE id triton-server`). mpirun is called with
-# --allow-run-as-root by trt-spec, harmless as non-root.
+# -- Non-root: NVIDIA's tritonserver images create user triton-server with uid/gid {TRITON_UID} (their build.py
+# asserts `id -u triton-server` == {TRITON_UID}; not checked on this exact image: `docker run --rm IMAGE id triton-server`).
+# trt-spec passes mpirun --allow-run-as-root, harmless as non-root. The claim must be writable by fsGroup.
 podSecurityContext:
   runAsNonRoot: true
   runAsUser: {TRITON_UID}

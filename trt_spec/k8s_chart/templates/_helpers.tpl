@@ -55,12 +55,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if le (int .Values.plan.ranks) (int .Values.gpusPerNode) -}}{{ int .Values.plan.ranks }}{{- else -}}{{ int .Values.gpusPerNode }}{{- end -}}
 {{- end -}}
 
-{{/* Installs trt-spec into an emptyDir on PYTHONPATH: the pinned NGC image stays as NVIDIA ships it. */}}
+{{/* Installs trt-spec into an emptyDir on PYTHONPATH: the pinned NGC image stays as NVIDIA ships it. Nothing when
+trtSpec.pipInstall is "" (an image with trt-spec installed). */}}
 {{- define "trtspec.installContainer" -}}
+{{- if .Values.trtSpec.pipInstall }}
 - name: install-trt-spec
   image: {{ include "trtspec.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   command: ["bash", "-c", {{ printf "python3 -m pip install --no-cache-dir --disable-pip-version-check --target %s %s" .Values.trtSpec.sitePackages .Values.trtSpec.pipInstall | quote }}]
+  env:
+    - name: HOME
+      value: /tmp
   securityContext:
     {{- toYaml .Values.securityContext | nindent 4 }}
   volumeMounts:
@@ -69,11 +74,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
     - name: models
       mountPath: {{ .Values.plan.paths.mountPath }}
       readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "trtspec.env" -}}
+{{- if .Values.trtSpec.pipInstall }}
 - name: PYTHONPATH
   value: {{ .Values.trtSpec.sitePackages }}
+{{- end }}
 - name: HOME
   value: /tmp
 {{- range $k, $v := .Values.plan.env }}
