@@ -300,3 +300,21 @@ def test_image_with_trt_spec_installed(charts):
     for pod in _server_pods(objs):
         assert "PYTHONPATH" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
         assert [i["name"] for i in pod["spec"].get("initContainers", [])] in ([], ["wait-for-repository"])
+
+
+def test_draft_with_its_own_gpu_counts(tmp_path):
+    chart = write_chart(CONFIGS / "llama33-70b-fp8-h200.yaml", tmp_path / "c", gpu="h200:2",
+                        sets=["runtime.draft_gpu_device_ids=[1]"])
+    (pod,) = _server_pods(render(chart))
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2  # target GPU 0 + draft GPU 1
+    with pytest.raises(helm.HelmRenderError, match="the draft shares the target's process"):
+        render(chart, {"gpusPerNode": 1})
+
+
+def test_from_a_build_dir_equals_from_its_config(tmp_path, rendered):
+    from trt_spec.pipeline import manifest_for_config
+
+    manifest_for_config(SEED).write(tmp_path / "build")
+    objs = render(write_chart(tmp_path / "build", tmp_path / "c"))
+    assert yaml.safe_dump_all(objs, sort_keys=True) == yaml.safe_dump_all(rendered["llama33-70b-fp8-h100-tp2"],
+                                                                          sort_keys=True)
