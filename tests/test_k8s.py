@@ -318,3 +318,14 @@ def test_from_a_build_dir_equals_from_its_config(tmp_path, rendered):
     objs = render(write_chart(tmp_path / "build", tmp_path / "c"))
     assert yaml.safe_dump_all(objs, sort_keys=True) == yaml.safe_dump_all(rendered["llama33-70b-fp8-h100-tp2"],
                                                                           sort_keys=True)
+
+
+def test_every_top_level_knob_has_a_comment(charts):
+    lines = (charts["llama33-70b-fp8-h200"] / "values.yaml").read_text().splitlines()
+    keys = [i for i, ln in enumerate(lines) if re.match(r"[A-Za-z]\w*:", ln)]
+    assert len(keys) == 24
+    for i in keys:
+        j = i - 1
+        while j in keys and ": " in lines[j]:  # one-line knobs sharing the comment above them
+            j -= 1
+        assert lines[j].startswith("#"), f"values.yaml: {lines[i]!r} has no comment above it"

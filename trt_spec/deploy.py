@@ -283,6 +283,7 @@ trtSpec:
 gpusPerNode: {lay.gpus_per_node}
 # -- nvidia.com/gpu.product node labels (GPU Feature Discovery) to require, e.g. [NVIDIA-H100-80GB-HBM3]; [] = any GPU node.
 gpuProducts: []
+# -- Node labels every pod requires (e.g. a GPU node pool).
 nodeSelector: {{}}
 # -- Added to the toleration of nvidia.com/gpu:NoSchedule every pod has.
 tolerations: []
@@ -316,6 +317,7 @@ build:
   backoffLimit: 0
   activeDeadlineSeconds: 21600
 
+# -- The serving pods (or LeaderWorkerSet groups).
 server:
   replicas: 1  # ignored while autoscaling.enabled (the HPA owns it) for a Deployment
   # A Secret holding the admin key (one line, >= 16 characters of A-Z a-z 0-9 . _ ~ + / -) that unlocks Triton's
@@ -343,6 +345,8 @@ probes:
     periodSeconds: 10
     failureThreshold: 6
 
+# -- One Service in front of the serving pods (LeaderWorkerSet: the leaders); ports map to Triton's own
+# (plan.ports) by name.
 service:
   type: ClusterIP
   ports:
@@ -358,6 +362,7 @@ podSecurityContext:
   runAsUser: {TRITON_UID}
   runAsGroup: {TRITON_UID}
   fsGroup: {TRITON_UID}
+# -- Every container: no privilege escalation, no Linux capabilities.
 securityContext:
   allowPrivilegeEscalation: false
   capabilities:
@@ -375,10 +380,13 @@ autoscaling:
     scaleDown:
       stabilizationWindowSeconds: 600  # a new replica costs minutes of engine loading: do not flap
 
+# -- Voluntary evictions (node drains, upgrades) take at most this many serving pods at once.
 podDisruptionBudget:
   enabled: true
   maxUnavailable: 1
 
+# -- Prometheus operator objects: a PodMonitor scraping Triton's metrics port (Triton's nv_* metrics and the
+# BLS's trt_spec_* speculation counters) and a PrometheusRule with the acceptance alert.
 monitoring:
   # Labels the Prometheus operator selects PodMonitors and PrometheusRules by (kube-prometheus-stack: release).
   labels:
@@ -399,8 +407,10 @@ monitoring:
     for: 15m
     severity: warning
 
+# -- Object names: RELEASE-CHART unless the release name already holds the chart name; fullnameOverride wins.
 nameOverride: ""
 fullnameOverride: ""
+# -- Labels added to every object, and environment variables added to every trt-spec container.
 extraLabels: {{}}
 extraEnv: []
 
