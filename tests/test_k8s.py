@@ -197,6 +197,8 @@ def test_leaderworkerset_runs_trt_specs_launch(rendered):
                 "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"):
         assert f" {arg} " in launch
     assert 'hosts="${LWS_LEADER_ADDRESS}:1"' in script
+    assert 'until getent hosts "${lead}-${i}.${domain}"' in script
+    assert lws["spec"]["startupPolicy"] == "LeaderCreated"
     hpa = by_kind(rendered["lws"])["HorizontalPodAutoscaler"]
     assert hpa["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
 

@@ -198,7 +198,10 @@ def leader_script(m: BuildManifest, repository: str, *, admin_key: bool) -> tupl
         "# LWS_LEADER_ADDRESS = <group leader>.<lws>.<namespace>; workers are <group leader>-<i>.<lws>.<namespace>",
         'lead="${LWS_LEADER_ADDRESS%%.*}"; domain="${LWS_LEADER_ADDRESS#*.}"',
         'hosts="${LWS_LEADER_ADDRESS}:@GPUS_PER_NODE@"',
-        'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do hosts="${hosts},${lead}-${i}.${domain}:@GPUS_PER_NODE@"; done',
+        'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do',
+        '  until getent hosts "${lead}-${i}.${domain}" >/dev/null; do echo "waiting for worker ${i}"; sleep 5; done',
+        '  hosts="${hosts},${lead}-${i}.${domain}:@GPUS_PER_NODE@"',
+        "done",
         "exec " + line,
     ]) + "\n"
     return script, dict(spec.env)
