@@ -37,6 +37,17 @@ GPU_CONFIGS = {  # shipped GPU configs -> GPUs the plan needs (target TP x PP, p
 SEED = CONFIGS / "llama33-70b-fp8-h100-tp2.yaml"
 
 
+class _Dumper(yaml.SafeDumper):
+    """Goldens readable in a diff: multi-line strings (scripts, the build config) as literal blocks."""
+
+
+_Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+
+def dump(objs: list[dict]) -> str:
+    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=True, width=120)
+
+
 def render(chart: Path, values: dict | None = None) -> list[dict]:
     with helm.Chart.load(str(chart)) as c:
         out = c.render(values, name="rel", namespace="serving")
@@ -67,7 +78,7 @@ def test_every_gpu_config_is_covered():
 
 @pytest.mark.parametrize("name", [*GPU_CONFIGS, "lws"])
 def test_golden_render(rendered, name):
-    got = yaml.safe_dump_all(rendered[name], sort_keys=True)
+    got = dump(rendered[name])
     golden = GOLDEN / f"{name}.yaml"
     if UPDATE:
         golden.parent.mkdir(parents=True, exist_ok=True)
@@ -318,8 +329,7 @@ def test_from_a_build_dir_equals_from_its_config(tmp_path, rendered):
 
     manifest_for_config(SEED).write(tmp_path / "build")
     objs = render(write_chart(tmp_path / "build", tmp_path / "c"))
-    assert yaml.safe_dump_all(objs, sort_keys=True) == yaml.safe_dump_all(rendered["llama33-70b-fp8-h100-tp2"],
-                                                                          sort_keys=True)
+    assert dump(objs) == dump(rendered["llama33-70b-fp8-h100-tp2"])
 
 
 def test_every_top_level_knob_has_a_comment(charts):
