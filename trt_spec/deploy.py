@@ -197,6 +197,7 @@ def leader_script(m: BuildManifest, repository: str, *, admin_key: bool) -> tupl
         "set -euo pipefail",
         "# LWS_LEADER_ADDRESS = <group leader>.<lws>.<namespace>; workers are <group leader>-<i>.<lws>.<namespace>",
         'lead="${LWS_LEADER_ADDRESS%%.*}"; domain="${LWS_LEADER_ADDRESS#*.}"',
+        'export PYTHONPATH="${PYTHONPATH:-}"  # mpirun -x exports it to every rank',
         'hosts="${LWS_LEADER_ADDRESS}:@GPUS_PER_NODE@"',
         'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do',
         '  until getent hosts "${lead}-${i}.${domain}" >/dev/null; do echo "waiting for worker ${i}"; sleep 5; done',
