@@ -596,6 +596,39 @@ def demo(config: str, out_dir: str) -> None:
     sys.exit(0 if rep["passed"] else 1)
 
 
+@main.group()
+def deploy() -> None:
+    """Deployment bundles for the GPU deployment a build (or a config's plan) describes."""
+
+
+@deploy.command("k8s")
+@click.argument("source", type=click.Path())
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Chart directory to write (Chart.yaml, values.yaml, templates/, prometheus-adapter-values.yaml).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="GPUs per node of the cluster; a plan needing more runs as a LeaderWorkerSet group  "
+                   "[default: the GPU count the plan was made for]")
+@click.option("--min-acceptance", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Alert threshold on accepted/drafted draft tokens  [default: break-even c + (r-1)/k, r = "
+                   f"{defaults.VERIFY_COST_GPU}]")
+@_gpu_option
+@_set_option
+def k8s(source: str, out_dir: str, gpus_per_node: Optional[int], min_acceptance: Optional[float],
+        gpu: Optional[str], sets: tuple[str, ...]) -> None:
+    """Write a Helm chart for BUILD_DIR (its manifest.json) or CONFIG (its plan): pinned NGC image, build Job into a
+    PersistentVolumeClaim, Deployment (or LeaderWorkerSet), Service, PodMonitor, HPA, PodDisruptionBudget and an
+    acceptance alert."""
+    from .deploy import ADAPTER_VALUES, DeployError, write_chart
+
+    try:
+        out = write_chart(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, min_acceptance=min_acceptance,
+                          sets=sets, gpu=gpu)
+    except (DeployError, ConfigError, PreflightError, HardwareError) as e:
+        raise UserError(str(e)) from None
+    click.echo(f"wrote {out} (Helm chart) and {out / ADAPTER_VALUES}")
+    click.echo(f"install: helm install NAME {out}   (render first: helm template NAME {out})")
+
+
 @main.command()
 def doctor() -> None:
     """Show what this machine has (GPU, TensorRT-LLM, tritonserver, ...) and what each gap blocks."""

@@ -25,6 +25,15 @@ PROTOCOLS = ("grpc", "http")  # what the harness client speaks
 PROTOCOL = "grpc"  # check / bench / tune
 URL = f"{HOST}:{GRPC_PORT}"  # check / bench / tune --url: a server started with the defaults, over PROTOCOL
 
+# -- Kubernetes bundle (trt-spec deploy k8s) ---------------------------------------------------------------
+K8S_MOUNT_PATH = "/models"  # where the PersistentVolumeClaim (checkpoints, builds, repositories) is mounted
+# startupProbe budget: a 70B FP8 engine (~70 GB) is read from the claim, sha256-verified by `trt-spec serve` and
+# loaded; on network storage at ~200 MB/s that alone is ~6 min per pass. 60 min covers it with room.
+K8S_STARTUP_PERIOD_S, K8S_STARTUP_FAILURES = 10, 360
+K8S_SHM_SIZE = "16Gi"  # memory-backed /dev/shm: python-backend tensors of every in-flight request + NCCL buffers
+QUEUE_COMPUTE_METRIC = "triton_queue_compute_ratio"  # custom metric: the adapter rule defines it, the HPA reads it
+VERIFY_COST_GPU = 1.0  # r: a GPU at small batch verifies k+1 tokens in about one decode step (memory-bound)
+
 # -- Reference engine: the prefix cache (KV of earlier requests, reused by a request sharing their prefix) ----
 PREFIX_CACHE_BYTES = 512 * 2**20  # ReferenceEngine's budget when its caller gives none (in-process use)
 # The served engine's budget, in positions, when its config has no max_tokens_in_paged_kv_cache (where the GPU
