@@ -113,7 +113,8 @@ def test_bench_help_groups_options_by_mode():
     out = run("bench", "--help").output
     assert _section(out, "Options (every mode):") == {"--prompts", "--max-tokens", "--limit", "--k", "--repeats",
                                                       "--format", "-h"}
-    assert _section(out, "With --url HOST:PORT") == {"--url", "--protocol", "--concurrency", "--tokenizer", "--out"}
+    assert _section(out, "With --url HOST:PORT") == {"--url", "--protocol", "--policy", "--concurrency", "--tokenizer",
+                                                          "--out"}
     assert _section(out, "With --in-process CONFIG") == {"--in-process", "--ignore-eos", "--threads", "--compare-hf",
                                                          "--set"}
     assert "--prompt-set" not in out  # the old name still works, but is not advertised
