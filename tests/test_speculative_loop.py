@@ -190,3 +190,67 @@ def test_prompt_over_the_deployments_max_input_len_is_refused():
     validate(cfg, 100, 8, 4, False)
     with pytest.raises(RequestError, match="prompt is 101 tokens, more than max_input_len 100"):
         validate(cfg, 101, 8, 4, False)
+
+
+# -- the adaptive draft-length policy in the loop ---------------------------------------------------------------------
+class TimedRouter(Router):
+    """The router with engine latencies (seconds): each call sleeps its cost, so the policy measures it, and the costs
+    add up in `spent`. Target: a call overhead plus a decode step per token generated without drafts, or one step plus
+    a little per draft token to verify; draft: per token drafted."""
+
+    def __init__(self, **engines):
+        super().__init__(**engines)
+        self.spent = 0.0
+
+    async def __call__(self, model, inputs, outputs, on_response=None):
+        n = int(inputs["request_output_len"][0, 0])
+        if model == "tensorrt_llm_draft":
+            cost = 0.0005 + 0.0008 * n
+        elif "draft_input_ids" in inputs:
+            cost = 0.002 + 0.004 + 0.0005 * inputs["draft_input_ids"].size
+        else:
+            cost = 0.002 + 0.004 * n
+        self.spent += cost
+        await asyncio.sleep(cost)
+        return await super().__call__(model, inputs, outputs, on_response)
+
+
+def timed_setup(mode, policy, draft_fn=draft_next, proposer="suffix"):
+    loop, target, _ = setup(mode, policy=policy, proposer=proposer)
+    draft = ContractEngine(draft_fn, bc.EngineLimits(4, 256, 256))
+    loop.call = TimedRouter(tensorrt_llm=target, tensorrt_llm_draft=draft)
+    return loop
+
+
+@pytest.mark.parametrize("mode,proposer", [("draft_target", "suffix"), ("ngram", "suffix"), ("ngram", "prompt_lookup")])
+def test_adaptive_policy_keeps_the_target_output(mode, proposer):
+    loop = timed_setup(mode, "adaptive", proposer=proposer)
+    for prompt in PROMPTS:
+        generated, m, chunks = run(loop, req(prompt, 60, 4))
+        assert generated == baseline(prompt, 60)
+        assert [t for c in chunks for t in c] == generated
+        assert m.draft_lengths == [x.k for x in m.rounds] and all(0 <= k <= 4 for k in m.draft_lengths)
+        assert m.drafted == sum(x.drafted for x in m.rounds) and m.accepted == sum(x.accepted for x in m.rounds)
+        assert sum(x.tokens for x in m.rounds) >= len(generated)
+
+
+def test_adaptive_policy_stops_speculating_with_a_draft_that_never_agrees():
+    def wrong(seq):
+        return (target_next(seq) + 1) % 50
+
+    spent = {}
+    for policy in ("fixed", "adaptive"):
+        loop = timed_setup("draft_target", policy, draft_fn=wrong)
+        generated, m, _ = run(loop, req(PROMPTS[2], 90, 4))
+        assert generated == baseline(PROMPTS[2], 90)
+        spent[policy] = loop.call.spent
+        if policy == "adaptive":
+            # runs without speculation make most of the output, each twice as long as the one before (a probe
+            # between them re-measures the draft, with the shortest draft: every length costs the same tokens)
+            runs = [x.tokens for x in m.rounds if x.k == 0]
+            assert sum(runs) > 0.8 * len(generated), m.draft_lengths
+            assert runs[:5] == [1, 2, 4, 8, 16]
+            assert all(x.k == 1 for x in m.rounds[1:] if x.drafted)
+    decode_only = 0.002 + 0.004 * 90  # the target alone, one call
+    assert spent["adaptive"] < 0.6 * spent["fixed"]
+    assert spent["adaptive"] < 1.35 * decode_only, spent

@@ -58,8 +58,9 @@ class _EW:
         return self.s / self.w if self.w else None
 
 
-def _line(table: dict[int, _EW]) -> Optional[tuple[float, float]]:
-    """(a, b) of seconds ≈ a + b·n, weighted least squares over the per-n means; b ≥ 0; flat with one n."""
+def _line(table: dict[int, _EW], proportional: bool = False) -> Optional[tuple[float, float]]:
+    """(a, b) of seconds ≈ a + b·n, weighted least squares over the per-n means; b ≥ 0. With one n: flat, or through
+    the origin when `proportional` (a draft engine decodes its k tokens one after another)."""
     pts = [(n, e.mean, e.w) for n, e in table.items() if e.w]
     if not pts:
         return None
@@ -67,7 +68,9 @@ def _line(table: dict[int, _EW]) -> Optional[tuple[float, float]]:
     nm = sum(n * w for n, _, w in pts) / W
     ym = sum(y * w for _, y, w in pts) / W
     var = sum(w * (n - nm) ** 2 for n, _, w in pts)
-    b = max(0.0, sum(w * (n - nm) * (y - ym) for n, y, w in pts) / var) if var > 0 else 0.0
+    if var <= 0:
+        return (0.0, ym / nm) if proportional and nm > 0 else (ym, 0.0)
+    b = max(0.0, sum(w * (n - nm) * (y - ym) for n, y, w in pts) / var)
     return ym - b * nm, b
 
 
@@ -100,7 +103,7 @@ class CostModel:
         return None if line is None else max(1e-6, line[0] + line[1] * n)
 
     def draft_s(self, k: int) -> float:
-        line = _line(self.draft)
+        line = _line(self.draft, proportional=True)
         return 0.0 if line is None else max(0.0, line[0] + line[1] * k)
 
     def decode_s(self) -> Optional[float]:
@@ -167,7 +170,7 @@ class RequestPolicy:
         rates = [(self.rate(k, active, proposer_s), k) for k in range(1, cap + 1)]
         if rates[0][0] is None:  # nothing measured yet: speculate at the cap (the fixed policy's choice)
             return cap, True
-        rate, k = max(rates)
+        rate, k = max(rates, key=lambda t: (t[0], -t[1]))  # a tie goes to the shorter draft
         return k, rate * self.costs.decode_s() > 1.0
 
     def choose_k(self, cap: int, active: int) -> int:

@@ -1,0 +1,133 @@
+"""The draft-length policy (trt_spec/draft_policy.py) on synthetic costs: what it chooses and why."""
+
+import math
+
+import pytest
+
+from trt_spec import draft_policy as dp
+from trt_spec.draft_policy import CostModel, DraftLengthPolicy, expected_tokens
+
+
+def costs(verify=(0.050, 0.002), run=(0.004, 0.040), draft=None, rounds=20):
+    """A cost model that has measured: verification a + b·n for n = 1..9, runs O + T·m for m = 1, 2, 4, 8 and
+    (optionally) draft calls d0 + d1·k."""
+    c = CostModel()
+    for _ in range(rounds):
+        for n in range(1, 10):
+            c.observe_target(n, verify[0] + verify[1] * n)
+        for m in (1, 2, 4, 8):
+            c.observe_run(m, run[0] + run[1] * m)
+        if draft:
+            for k in range(1, 9):
+                c.observe_draft(k, draft[0] + draft[1] * k)
+    return c
+
+
+def request(c, alpha, policy="adaptive", weight=50.0):
+    """A request whose acceptance history says alpha (with the weight of many rounds)."""
+    pol = DraftLengthPolicy(policy)
+    pol.costs = c
+    r = pol.start()
+    r.successes, r.failures = alpha * weight, (1 - alpha) * weight
+    return r
+
+
+def test_cost_model_recovers_the_lines_it_measured():
+    c = costs()
+    a, b = c.verify_line()
+    assert a == pytest.approx(0.050) and b == pytest.approx(0.002)
+    assert c.verify_s(9) == pytest.approx(0.068)
+    assert c.decode_s() == pytest.approx(0.040)  # the runs' slope: per-token cost without the call overhead
+    assert c.call_overhead_s() == pytest.approx(0.004)
+    assert c.draft_s(4) == 0.0  # nothing measured: a draft-free proposer costs nothing
+    assert costs(draft=(0.001, 0.003)).draft_s(4) == pytest.approx(0.013)
+
+
+def test_expected_tokens_is_leviathans_formula():
+    assert expected_tokens(0.0, 8) == 1.0
+    assert expected_tokens(1.0, 8) == 9.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_high_acceptance_drafts_long_low_acceptance_does_not_speculate():
+    c = costs()
+    assert request(c, 0.9).choose_k(8, active=1) == 8
+    # alpha 0.2: E(k) <= 1/(1-0.2) = 1.25 tokens per >= 54 ms round, decoding gives 1 per 40 ms -> no speculation
+    assert request(c, 0.2).choose_k(8, active=1) == 0
+    # in between the best k is interior: alpha 0.6 with verification at 50 + 2n ms
+    r = request(c, 0.6)
+    best = max(range(1, 9), key=lambda k: expected_tokens(r.alpha, k) / (0.050 + 0.002 * (k + 1)))
+    assert r.choose_k(8, active=1) == best and 1 < best < 8
+
+
+def test_load_shrinks_k_and_then_stops_speculation():
+    """With B requests in the loop, k extra tokens slow the other B - 1 (the draft_len_schedule role)."""
+    c = costs(verify=(0.030, 0.010))
+    ks = [request(c, 0.8).choose_k(8, active=b) for b in (1, 2, 4, 8, 16)]
+    assert ks[0] >= ks[1] >= ks[2] >= ks[3] >= ks[4]
+    assert ks[0] > 0 and ks[-1] == 0
+
+
+def test_draft_cost_counts():
+    cheap, dear = costs(draft=(0.001, 0.001)), costs(draft=(0.005, 0.030))
+    assert request(cheap, 0.75).choose_k(8, active=1) > 0
+    assert request(dear, 0.75).choose_k(8, active=1) == 0  # a draft token as dear as most of a target step
+
+
+def test_nothing_measured_yet_speculates_at_the_cap():
+    r = DraftLengthPolicy().start()
+    assert r.choose_k(6, active=1) == 6
+    assert r.run_len(10) == dp.MIN_RUN
+
+
+def test_fixed_policy_is_the_old_behaviour():
+    r = request(costs(), 0.1, policy="fixed")
+    assert r.choose_k(5, active=8) == 5  # whatever the acceptance or load
+    assert r.keep_proposal(3, active=8, proposer_s=0.0)
+    assert r.run_len(50, draft_free=True) == 1  # nothing to verify: one target token
+
+
+def test_draft_target_runs_double_after_probes_that_lose_and_reset_when_speculation_pays():
+    c = costs()
+    r = request(c, 0.2)
+    runs = []
+    for _ in range(4):
+        assert r.choose_k(8, active=1) == 0
+        m = r.run_len(10_000)
+        runs.append(m)
+        r.observe(0, 0, 0, m, 0.0, 0.004 + 0.04 * m, draft_free=False)
+        k = r.choose_k(8, active=1)  # the probe after a run speculates whatever the estimate says
+        assert k > 0
+        r.observe(k, k, 0, 1, 0.001, 0.05, draft_free=False)  # ... and loses
+    assert runs == [1, 2, 4, 8]
+    r.successes, r.failures = 50.0, 1.0  # acceptance comes back
+    assert r.choose_k(8, active=1) > 0
+    assert r.run == dp.MIN_RUN
+
+
+def test_draft_free_run_length_is_the_square_root_rule():
+    c = costs()
+    r = request(c, 0.7)
+    c.gain.add(0.060)  # a useful speculative round saved 60 ms
+    r.useful, r.consulted = 1.0, 10.0  # about one consultation in 10 (with the deployment's prior) was useful
+    c.useful.add(0.1)
+    q = (1.0 + dp.PRIOR_ROUNDS * 0.1) / (10.0 + dp.PRIOR_ROUNDS)
+    assert r.run_len(10_000, draft_free=True) == round(math.sqrt(2 * 0.004 / (q * 0.060)))
+    r.useful = 0.0
+    c.useful = dp._EW()
+    c.useful.add(0.0)
+    assert r.run_len(10_000, draft_free=True) == dp.MAX_RUN  # nothing useful lately: the longest run
+    assert r.run_len(3, draft_free=True) == 3  # never past max_tokens
+
+
+def test_draft_free_proposal_kept_only_when_verification_pays():
+    c = costs()
+    assert request(c, 0.9).keep_proposal(6, active=1, proposer_s=0.0002)
+    assert not request(c, 0.1).keep_proposal(6, active=1, proposer_s=0.0002)
+
+
+def test_unknown_policy_is_one_line():
+    with pytest.raises(ValueError, match="draft_len_policy 'greedy': use one of adaptive, fixed"):
+        DraftLengthPolicy("greedy")
+    with pytest.raises(ValueError, match="draft_len_policy 'x'"):
+        DraftLengthPolicy().start("x")
