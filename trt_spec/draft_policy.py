@@ -36,6 +36,7 @@ POLICIES = ("adaptive", "fixed")
 DECAY = 0.8  # per-round weight of a request's acceptance history (recent rounds count more)
 PRIOR_ROUNDS = 2.0  # weight of the deployment's acceptance in a request's estimate
 COST_DECAY = 0.95  # per-observation weight of the shared cost measurements
+MIN_SAMPLES = 3.0  # rounds of a proposal length before its measured acceptance is used
 MIN_RUN = 1  # tokens of the first round without speculation (decoded in one target call); doubles per round
 MAX_RUN = 64  # longest run between probes
 
@@ -84,6 +85,7 @@ class CostModel:
         self.acceptance = _EW()  # per-round acceptance successes/(successes + failures), all requests
         self.useful = _EW()  # draft-free: share of proposer consultations that sped a round up, all requests
         self.gain = _EW()  # seconds a useful speculative round saved against decoding its tokens
+        self.accepted_by_len: dict[int, _EW] = {}  # draft-free: tokens proposed -> tokens of them accepted
 
     def observe_target(self, n: int, seconds: float) -> None:
         self.target.setdefault(n, _EW()).add(seconds)
@@ -117,6 +119,11 @@ class CostModel:
         n = sum(m * e.w for m, e in self.runs.items()) / sum(e.w for e in self.runs.values())
         return line[0] / n
 
+    def accepted_s(self, d: int) -> Optional[float]:
+        """Draft-free: mean tokens accepted of a d-token proposal, once measured over MIN_SAMPLES rounds."""
+        e = self.accepted_by_len.get(d)
+        return e.mean if e is not None and e.w >= MIN_SAMPLES else None
+
     def call_overhead_s(self) -> Optional[float]:
         """Seconds a target call costs beyond its tokens (the runs' intercept), once runs of two lengths were seen."""
         line = _line(self.runs)
@@ -140,6 +147,8 @@ class RequestPolicy:
     failures: float = 0.0
     useful: float = 0.0  # draft-free: recency-weighted consultations that sped a round up ...
     consulted: float = 0.0  # ... out of all consultations
+    own_accepted: float = 0.0  # draft-free: recency-weighted tokens accepted ...
+    own_expected: float = 0.0  # ... and what the deployment's acceptance by length expected of the same proposals
     run: int = MIN_RUN
     probe: bool = False  # the next round speculates whatever the estimate says (after a run)
 
@@ -152,8 +161,20 @@ class RequestPolicy:
         s = self.successes + PRIOR_ROUNDS * self.prior_alpha
         return s / (self.successes + self.failures + PRIOR_ROUNDS)
 
+    def expected(self, d: int, draft_free: bool) -> float:
+        """Tokens a round with d drafts is expected to yield. Draft-free proposals are not i.i.d. (a copied span is
+        right as a whole or breaks early), so their acceptance is measured by proposal length over the deployment and
+        scaled by how this request's proposals did against it; a draft model's tokens follow Leviathan's model."""
+        if draft_free:
+            acc = self.costs.accepted_s(d)
+            if acc is not None:
+                scale = (self.own_accepted + PRIOR_ROUNDS) / (self.own_expected + PRIOR_ROUNDS)
+                return 1.0 + min(d, acc * scale)
+        return expected_tokens(self.alpha, d)
+
     def rate(self, d: int, active: int, proposer_s: Optional[float] = None) -> Optional[float]:
-        """Expected net tokens per second of a round with d drafts (None while the target's cost is unmeasured)."""
+        """Expected net tokens per second of a round with d drafts (None while the target's cost is unmeasured);
+        proposer_s given: a draft-free proposer that took that long."""
         v = self.costs.verify_s(d + 1)
         t_dec = self.costs.decode_s()
         if v is None or t_dec is None:
@@ -161,7 +182,7 @@ class RequestPolicy:
         line = self.costs.verify_line()
         ext = (active - 1) * line[1] * d / t_dec if d else 0.0
         draft = self.costs.draft_s(d) if proposer_s is None else proposer_s
-        return (expected_tokens(self.alpha, d) - ext) / (draft + v)
+        return (self.expected(d, proposer_s is not None) - ext) / (draft + v)
 
     def best_k(self, cap: int, active: int, proposer_s: Optional[float] = None) -> tuple[int, bool]:
         """(k, pays): the best draft length in 1..cap and whether it beats decoding without speculation."""
@@ -179,6 +200,13 @@ class RequestPolicy:
             return max(cap, 0)
         k, pays = self.best_k(cap, active)
         return k if self._speculate(pays) else 0
+
+    def proposal_cap(self, cap: int, active: int) -> int:
+        """Draft-free: the most tokens to ask the proposer for. Alone in the loop, the proposer's own confidence sets
+        the length; with others in flight, the length that maximises the net rate (extra tokens slow the others)."""
+        if not self.adaptive or active <= 1 or cap <= 0:
+            return max(cap, 0)
+        return self.best_k(cap, active, 0.0)[0]
 
     def keep_proposal(self, drafted: int, active: int, proposer_s: float) -> bool:
         """Draft-free: verify these `drafted` proposed tokens, or run without speculation instead."""
@@ -219,6 +247,11 @@ class RequestPolicy:
                 draft_free: bool, empty: bool = False) -> None:
         """Account one round: k chosen (0 = a run), what it drafted and accepted, what it cost; `empty`: a run
         because a draft-free proposer proposed nothing."""
+        if draft_free and drafted:
+            acc = self.costs.accepted_s(drafted)
+            self.own_accepted = self.own_accepted * DECAY + accepted
+            self.own_expected = self.own_expected * DECAY + (accepted if acc is None else acc)
+            self.costs.accepted_by_len.setdefault(drafted, _EW()).add(accepted)
         if draft_free and self.adaptive:
             hit = 1.0 if accepted else 0.0
             self.useful = self.useful * DECAY + hit

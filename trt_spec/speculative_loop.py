@@ -284,7 +284,7 @@ class SpeculativeLoop:
             cap = min(r.k, remaining - 1)
             active = self.policy.active
             # Draft-free proposers cost nothing to consult: propose up to the best k, then decide whether to verify.
-            k = policy.best_k(cap, active, 0.0)[0] if draft_free and policy.adaptive else policy.choose_k(cap, active)
+            k = policy.proposal_cap(cap, active) if draft_free else policy.choose_k(cap, active)
             t0 = time.perf_counter()
             draft, logits = await self._draft(r, tokens, k, m.steps, proposer)
             t1 = time.perf_counter()
