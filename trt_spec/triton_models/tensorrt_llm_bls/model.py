@@ -227,7 +227,7 @@ class TritonPythonModel:
         emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
         generated, m = await self.loop.generate(r, emit, lambda: self._checkpoint(request))
         self._checkpoint(request)
-        self.metrics.observe(m)  # finished requests only, before the final response (a client then scrapes them)
+        await self.metrics.publish(m)  # finished requests only, before the final response (a client then scrapes them)
         if r.stream:
             respond(self._final([], detok.flush(), m), FINAL)
         else:
