@@ -18,7 +18,6 @@ No module-level import of triton_python_backend_utils (it exists only inside a T
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -173,16 +172,15 @@ def histogram(samples: Iterable[Sample], name: str, **labels: str) -> dict[float
 
 
 def acceptance_summary(samples: list[Sample], model: str = BLS) -> dict:
-    """What the server says about speculation for one model (all its modes): drafted, accepted, acceptance rate,
-    rounds, share of rounds without speculation, mean accepted draft tokens per round and mean acceptance length
-    (1 + accepted / rounds, tokens per target call)."""
+    """What the server says about speculation for one model (all its modes): requests, drafted, accepted, acceptance
+    rate, rounds, share of rounds without speculation, mean accepted draft tokens per round and mean acceptance
+    length (1 + accepted / rounds: tokens per target call). A ratio without a denominator is None."""
     drafted = value(samples, METRIC_DRAFT_TOKENS, model=model)
     accepted = value(samples, METRIC_ACCEPTED_TOKENS, model=model)
     rounds = value(samples, METRIC_ROUNDS, model=model)
-    nan = math.nan
+    no_spec = value(samples, METRIC_ROUNDS_NO_SPEC, model=model)
     return {"requests": int(value(samples, METRIC_REQUESTS, model=model)), "drafted": int(drafted),
-            "accepted": int(accepted), "acceptance_rate": accepted / drafted if drafted else nan,
-            "rounds": int(rounds),
-            "no_speculation_share": value(samples, METRIC_ROUNDS_NO_SPEC, model=model) / rounds if rounds else nan,
-            "mean_accepted_per_round": accepted / rounds if rounds else nan,
-            "mean_acceptance_length": 1 + accepted / rounds if rounds else nan}
+            "accepted": int(accepted), "acceptance_rate": accepted / drafted if drafted else None,
+            "rounds": int(rounds), "no_speculation_share": no_spec / rounds if rounds else None,
+            "mean_accepted_per_round": accepted / rounds if rounds else None,
+            "mean_acceptance_length": 1 + accepted / rounds if rounds else None}
