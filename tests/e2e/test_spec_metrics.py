@@ -4,11 +4,15 @@ accepted_length_histogram, draft_lengths) — exactly, as deltas between a scrap
 
 from __future__ import annotations
 
+import queue
 import re
+import time
 import urllib.request
 from collections import Counter
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from trt_spec import names as n
 from trt_spec.harness.client import ClientError, LLMClient
@@ -107,3 +111,34 @@ def test_metric_names_and_types_as_published(ngram_server):
     samples = parse_metrics(text)
     assert {s.labels["mode"] for s in samples if s.name.startswith("trt_spec_")} == {"ngram"}
     assert {s.labels["model"] for s in samples if s.name.startswith("trt_spec_")} == {n.BLS}
+
+
+def test_cancelled_requests_are_not_counted(ngram_server):
+    """A stream cancelled after its first response ends without a final result: not a finished request, so it
+    publishes nothing — neither when the BLS notices the cancellation (within a round) nor later (we wait longer
+    than the whole request takes uncancelled)."""
+    url, labels = metrics_url(ngram_server), {"model": n.BLS, "mode": "ngram"}
+    before = scrape(url)
+    t0 = time.perf_counter()
+    whole = LLMClient(ngram_server.grpc_url, "grpc").generate(n.BLS, PROMPTS[1], 400, end_id=-1, stream=True, **GREEDY)
+    seconds = time.perf_counter() - t0
+    assert len(whole.output_ids) == 400
+    c = grpcclient.InferenceServerClient(ngram_server.grpc_url)
+    got: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    inputs = []
+    for name, v, dtype, kind in (("text_input", [[PROMPTS[1].encode()]], object, "BYTES"),
+                                 ("max_tokens", [[400]], np.int32, "INT32"), ("stream", [[True]], bool, "BOOL"),
+                                 ("end_id", [[-1]], np.int32, "INT32")):
+        t = grpcclient.InferInput(name, [1, 1], kind)
+        t.set_data_from_numpy(np.asarray(v, dtype=dtype))
+        inputs.append(t)
+    c.async_stream_infer(n.BLS, inputs)
+    got.get(timeout=60)
+    c.stop_stream(cancel_requests=True)
+    c.close()
+    time.sleep(1.5 * seconds + 0.5)
+    after = scrape(url)
+    assert value(after, n.METRIC_REQUESTS, **labels) - value(before, n.METRIC_REQUESTS, **labels) == 1
+    assert (value(after, n.METRIC_ROUNDS, **labels) - value(before, n.METRIC_ROUNDS, **labels)
+            == whole.metrics["total_steps"])
