@@ -9,6 +9,8 @@ published once, when it has finished: one increment per counter and one observat
 the stub releases the GIL while it waits, so the event loop serves other requests meanwhile, and one thread
 because a 24.10 Metric is not thread-safe (it keeps the value and its shared-memory handle in the object, outside
 any lock: two threads updating one metric can send one value twice and lose the other).
+The accepted-length histogram counts the rounds that speculated (k > 0, as the response's
+accepted_length_histogram does): its _count + trt_spec_rounds_without_speculation_total = trt_spec_rounds_total.
 Labels: model (the BLS as served), mode (draft_target | ngram | engine). In engine mode (Medusa, EAGLE,
 lookahead: the engine drafts by itself) there are no rounds: only requests, drafted and accepted tokens.
 
@@ -63,7 +65,7 @@ class SpecMetrics:
             published += [
                 (METRIC_ROUNDS, "Target calls of the speculative loop (rounds)", counter, None),
                 (METRIC_ROUNDS_NO_SPEC, "Rounds whose chosen draft length k was 0", counter, None),
-                (METRIC_ACCEPTED_LENGTH, "Accepted draft tokens per round", histogram, lengths),
+                (METRIC_ACCEPTED_LENGTH, "Accepted draft tokens per round with a draft (k > 0)", histogram, lengths),
                 (METRIC_DRAFT_LENGTH, "Draft length k chosen per round", histogram, lengths),
                 (METRIC_DRAFT_LATENCY, "Seconds proposing the draft, per round", histogram, list(LATENCY_BUCKETS)),
                 (METRIC_VERIFY_LATENCY, "Seconds of the target call, per round", histogram, list(LATENCY_BUCKETS))]
@@ -94,7 +96,8 @@ class SpecMetrics:
             self._inc(METRIC_ROUNDS, len(m.rounds))
             self._inc(METRIC_ROUNDS_NO_SPEC, sum(1 for r in m.rounds if r.k == 0))
             for r in m.rounds:
-                self._observe(METRIC_ACCEPTED_LENGTH, r.accepted)
+                if r.k > 0:  # as the response's accepted_length_histogram: rounds that speculated
+                    self._observe(METRIC_ACCEPTED_LENGTH, r.accepted)
                 self._observe(METRIC_DRAFT_LENGTH, r.k)
                 self._observe(METRIC_DRAFT_LATENCY, r.draft_s)
                 self._observe(METRIC_VERIFY_LATENCY, r.target_s)
@@ -162,7 +165,7 @@ def value(samples: Iterable[Sample], name: str, **labels: str) -> float:
 
 
 def histogram(samples: Iterable[Sample], name: str, **labels: str) -> dict[float, float]:
-    """Cumulative bucket counts {le: count} of histogram `name` (le = math.inf for +Inf)."""
+    """Cumulative bucket counts {le: count} of histogram `name` (le = float("inf") for +Inf)."""
     out: dict[float, float] = {}
     for s in samples:
         if s.name == f"{name}_bucket" and all(s.labels.get(k) == v for k, v in labels.items()):
