@@ -24,6 +24,7 @@ from .pipeline import plan_for
 from .repository import write_repository
 from .runner import run_plan
 from .server import TritonServer, free_port
+from .spec_metrics import acceptance_summary, scrape
 
 
 @dataclass
@@ -76,6 +77,12 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
         conc_prompts = with_chat_template(load_prompts(s.prompt_set, s.concurrency_tokens), tok)
         report["concurrency"] = concurrency_sweep(lambda: LLMClient(server.grpc_url, "grpc"), conc_prompts,
                                                   s.concurrency, requests_per_level=s.concurrency_requests)
+        url = f"http://{server.http_url.rsplit(':', 1)[0]}:{server.metrics_port}/metrics"
+        say(f"      speculation metrics from the server: {url}")
+        try:
+            report["server_metrics"] = {"url": url, **acceptance_summary(scrape(url), SPECULATIVE)}
+        except (OSError, ValueError) as e:  # the benchmark stands without them
+            report["server_metrics"] = {"url": url, "error": str(e)}
     files = write_reports(report, out)
     report["files"] = [str(f) for f in files]
     report["passed"] = all(c["passed"] for c in report["check"])
@@ -97,6 +104,21 @@ def format_sweep(rows: list[dict]) -> list[str]:
     return out
 
 
+def format_server_metrics(m: dict) -> list[str]:
+    """What the BLS published to Prometheus over the whole demo (trt_spec_* on Triton's metrics port)."""
+    def f(key: str, spec: str) -> str:
+        return "n/a" if m[key] is None else format(m[key], spec)
+
+    head = f"speculation metrics scraped from {m['url']} ({SPECULATIVE}, every request of the demo):"
+    if "error" in m:
+        return [head, f"  not available: {m['error']}"]
+    return [head,
+            f"  requests {m['requests']}, drafted {m['drafted']}, accepted {m['accepted']}, "
+            f"acceptance rate {f('acceptance_rate', '.2f')}",
+            f"  rounds {m['rounds']}, without speculation {f('no_speculation_share', '.1%')}, mean accepted per round "
+            f"{f('mean_accepted_per_round', '.2f')} (mean acceptance length {f('mean_acceptance_length', '.2f')})"]
+
+
 def format_verdict(rep: dict) -> str:
     lines = ["", "=" * 72]
     for c in rep["check"]:
@@ -115,6 +137,8 @@ def format_verdict(rep: dict) -> str:
             lines.append(f"WARNING ({b['protocol']}): {b['warning']}")
     if rep.get("concurrency"):
         lines += ["", *format_sweep(rep["concurrency"])]
+    if rep.get("server_metrics"):
+        lines += ["", *format_server_metrics(rep["server_metrics"])]
     lines.append("")
     lines.append(f"verdict: {'PASS' if rep['passed'] else 'FAIL'} — reports: " + ", ".join(rep.get("files", [])))
     lines.append("=" * 72)

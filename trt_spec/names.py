@@ -39,3 +39,16 @@ METRIC_OUTPUTS = (*bc.PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
 # A tokenizer's files, copied next to every engine (and distilled draft) that serves with it.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "generation_config.json", "chat_template.jinja", "tokenizer.model")
+
+# -- Prometheus metrics the BLS publishes (Triton's metrics port, /metrics) ---------------------------------
+# A Kubernetes alert rule and autoscaler read these names; labels: model (the BLS as served), mode (the loop's
+# mode: draft_target | ngram | engine). trt_spec/spec_metrics.py publishes and reads them.
+METRIC_REQUESTS = "trt_spec_requests_total"  # counter: finished requests
+METRIC_DRAFT_TOKENS = "trt_spec_draft_tokens_total"  # counter: drafted tokens
+METRIC_ACCEPTED_TOKENS = "trt_spec_accepted_draft_tokens_total"  # counter: accepted draft tokens
+METRIC_ROUNDS = "trt_spec_rounds_total"  # counter: target calls of the speculative loop
+METRIC_ROUNDS_NO_SPEC = "trt_spec_rounds_without_speculation_total"  # counter: rounds whose chosen k was 0
+METRIC_ACCEPTED_LENGTH = "trt_spec_accepted_length"  # histogram: accepted draft tokens per round
+METRIC_DRAFT_LENGTH = "trt_spec_draft_length"  # histogram: the draft length k chosen per round
+METRIC_DRAFT_LATENCY = "trt_spec_draft_latency_seconds"  # histogram: seconds proposing, per round
+METRIC_VERIFY_LATENCY = "trt_spec_verify_latency_seconds"  # histogram: seconds of the target call, per round

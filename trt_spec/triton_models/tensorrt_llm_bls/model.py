@@ -27,6 +27,7 @@ from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT_LEN_POLICY, DR
                             TEXT_OUTPUT, TOTAL_STEPS)
 from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                       check_sampling, validate)
+from trt_spec.spec_metrics import SpecMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Client tensor -> engine tensor; forwarded only when the client sent it (TensorRT-LLM: absent top_k/top_p = greedy).
@@ -81,6 +82,11 @@ class TritonPythonModel:
         self._workers = max(64, 4 * int(cfg.get("max_batch_size", 0) or 0))
         self._pool_loop = None
         self.add_special = p.get("add_special_tokens", "true") == "true"
+        self.metrics = SpecMetrics(pb_utils, args["model_name"], self.loop.cfg.mode, self.loop.cfg.max_draft_len,
+                                   pb_utils.Logger.log_error)  # Prometheus: trt_spec_* on the metrics port
+
+    def finalize(self):
+        self.metrics.close()  # metrics before their families, not left to the garbage collector
 
     # -- parsing / validation -------------------------------------------------------------------------
     def _parse(self, request):
@@ -221,6 +227,7 @@ class TritonPythonModel:
         emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
         generated, m = await self.loop.generate(r, emit, lambda: self._checkpoint(request))
         self._checkpoint(request)
+        await self.metrics.publish(m)  # finished requests only, before the final response (a client then scrapes them)
         if r.stream:
             respond(self._final([], detok.flush(), m), FINAL)
         else:
