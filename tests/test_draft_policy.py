@@ -12,14 +12,15 @@ def costs(verify=(0.050, 0.002), run=(0.004, 0.040), draft=None, rounds=20):
     """A cost model that has measured: verification a + b·n for n = 1..9, runs O + T·m for m = 1, 2, 4, 8 and
     (optionally) draft calls d0 + d1·k."""
     c = CostModel()
+    t = c.level(1)
     for _ in range(rounds):
         for n in range(1, 10):
-            c.observe_target(n, verify[0] + verify[1] * n)
+            t.target.setdefault(n, dp._EW()).add(verify[0] + verify[1] * n)
         for m in (1, 2, 4, 8):
-            c.observe_run(m, run[0] + run[1] * m)
+            t.runs.setdefault(m, dp._EW()).add(run[0] + run[1] * m)
         if draft:
             for k in range(1, 9):
-                c.observe_draft(k, draft[0] + draft[1] * k)
+                t.draft.setdefault(k, dp._EW()).add(draft[0] + draft[1] * k)
     return c
 
 
@@ -33,14 +34,24 @@ def request(c, alpha, policy="adaptive", weight=50.0):
 
 
 def test_cost_model_recovers_the_lines_it_measured():
-    c = costs()
+    c = costs().at(1)
     a, b = c.verify_line()
     assert a == pytest.approx(0.050) and b == pytest.approx(0.002)
     assert c.verify_s(9) == pytest.approx(0.068)
     assert c.decode_s() == pytest.approx(0.040)  # the runs' slope: per-token cost without the call overhead
     assert c.call_overhead_s() == pytest.approx(0.004)
     assert c.draft_s(4) == 0.0  # nothing measured: a draft-free proposer costs nothing
-    assert costs(draft=(0.001, 0.003)).draft_s(4) == pytest.approx(0.013)
+    assert costs(draft=(0.001, 0.003)).at(1).draft_s(4) == pytest.approx(0.013)
+
+
+def test_costs_are_kept_per_load_level():
+    """Costs measured at one load decide at another only until that load has its own measurements."""
+    c = costs()  # measured alone in the loop
+    assert [dp.load_level(a) for a in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 3, 3, 4, 4, 5]
+    assert c.at(8) is c.at(1)  # nothing measured at 5-8 yet: the nearest level's
+    c.level(8).target.setdefault(5, dp._EW()).add(0.300)  # one verification with 8 in flight
+    assert c.at(8).verify_s(5) == pytest.approx(0.300) and c.at(1).verify_s(5) == pytest.approx(0.060)
+    assert c.at(16) is c.at(8) and c.at(2) is c.at(1)
 
 
 def test_expected_tokens_is_leviathans_formula():
@@ -108,7 +119,8 @@ def test_draft_target_runs_double_after_probes_that_lose_and_reset_when_speculat
 def test_draft_free_run_length_is_the_square_root_rule():
     c = costs()
     r = request(c, 0.7)
-    c.gain.add(0.060)  # a useful speculative round saved 60 ms
+    r.load = 1
+    c.level(1).gain.add(0.060)  # a useful speculative round saved 60 ms
     r.useful, r.consulted = 1.0, 10.0  # about one consultation in 10 (with the deployment's prior) was useful
     c.useful.add(0.1)
     q = (1.0 + dp.PRIOR_ROUNDS * 0.1) / (10.0 + dp.PRIOR_ROUNDS)

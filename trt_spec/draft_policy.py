@@ -11,8 +11,9 @@ Adaptive (`draft_len_policy: adaptive`, the default) maximises expected tokens p
   the first rejected token of a round a failure; weight DECAY per round), started from the deployment's running
   acceptance (shared by all requests) with the weight of PRIOR_ROUNDS rounds. Expected tokens of a round with d
   drafted tokens: E(d) = (1 − α̂^(d+1)) / (1 − α̂) (Leviathan et al.'s i.i.d. model).
-- Costs, measured while serving (shared by all requests, recency-weighted, so they follow the load): the target
-  call's seconds by tokens submitted, V(n) = a + b·n, a line fitted to the per-n means (flat until two n were seen);
+- Costs, measured while serving (shared by all requests, recency-weighted, and kept per load level — 1, 2, 3-4, 5-8,
+  … requests in the loop — since a call batched with more requests costs more): the target call's seconds by tokens
+  submitted, V(n) = a + b·n, a line fitted to the per-n means (flat until two n were seen);
   the draft's seconds by k, D(k) (the draft engine) or the proposer's seconds (draft-free); and t_dec, the seconds
   per token of a plain decode run (V(1) until one was measured).
 - Load. With B requests in the loop at once (in-flight batching), the k − 0 extra tokens a round submits slow each
@@ -75,27 +76,14 @@ def _line(table: dict[int, _EW], proportional: bool = False) -> Optional[tuple[f
     return ym - b * nm, b
 
 
-class CostModel:
-    """Seconds the deployment's calls take, measured while serving (one per BLS instance, shared by its requests)."""
+class Timings:
+    """Seconds of the deployment's calls at one load level, recency-weighted."""
 
     def __init__(self):
         self.target: dict[int, _EW] = {}  # tokens submitted (drafts + 1) -> seconds of the target call
         self.draft: dict[int, _EW] = {}  # k -> seconds of the draft call (or the proposer)
         self.runs: dict[int, _EW] = {}  # tokens of a run without speculation -> seconds of its target call
-        self.acceptance = _EW()  # per-round acceptance successes/(successes + failures), all requests
-        self.useful = _EW()  # draft-free: share of proposer consultations that sped a round up, all requests
-        self.gain = _EW()  # seconds a useful speculative round saved against decoding its tokens
-        self.accepted_by_len: dict[int, _EW] = {}  # draft-free: tokens proposed -> tokens of them accepted
-
-    def observe_target(self, n: int, seconds: float) -> None:
-        self.target.setdefault(n, _EW()).add(seconds)
-
-    def observe_draft(self, k: int, seconds: float) -> None:
-        self.draft.setdefault(k, _EW()).add(seconds)
-
-    def observe_run(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            self.runs.setdefault(tokens, _EW()).add(seconds)
+        self.gain = _EW()  # seconds a useful draft-free speculative round saved against decoding its tokens
 
     def verify_line(self) -> Optional[tuple[float, float]]:
         return _line(self.target)
@@ -119,15 +107,45 @@ class CostModel:
         n = sum(m * e.w for m, e in self.runs.items()) / sum(e.w for e in self.runs.values())
         return line[0] / n
 
-    def accepted_s(self, d: int) -> Optional[float]:
-        """Draft-free: mean tokens accepted of a d-token proposal, once measured over MIN_SAMPLES rounds."""
-        e = self.accepted_by_len.get(d)
-        return e.mean if e is not None and e.w >= MIN_SAMPLES else None
-
     def call_overhead_s(self) -> Optional[float]:
         """Seconds a target call costs beyond its tokens (the runs' intercept), once runs of two lengths were seen."""
         line = _line(self.runs)
         return None if line is None or line[1] <= 0 else max(0.0, line[0])
+
+
+def load_level(active: int) -> int:
+    """Requests in the loop -> load level: 1, 2, 3-4, 5-8, 9-16, ... (costs are measured per level)."""
+    return (max(1, active) - 1).bit_length() + 1
+
+
+class CostModel:
+    """What the deployment measured while serving (one per BLS instance, shared by its requests): call seconds per
+    load level (the same call costs more with more requests batched with it, so costs measured at one load never
+    decide at another while that one has its own), and acceptance statistics."""
+
+    def __init__(self):
+        self.levels: dict[int, Timings] = {}
+        self.acceptance = _EW()  # per-round acceptance successes/(successes + failures), all requests
+        self.useful = _EW()  # draft-free: share of proposer consultations that sped a round up, all requests
+        self.accepted_by_len: dict[int, _EW] = {}  # draft-free: tokens proposed -> tokens of them accepted
+
+    def at(self, active: int = 1) -> Timings:
+        """The timings to decide with at this load: its own level's once it has measured a target call, else the
+        nearest level that has (the lower on a tie), else its own (empty)."""
+        lvl = load_level(active)
+        have = [k for k, t in self.levels.items() if t.target or t.runs]
+        if lvl in have or not have:
+            return self.levels.setdefault(lvl, Timings())
+        return self.levels[min(have, key=lambda k: (abs(k - lvl), k))]
+
+    def level(self, active: int = 1) -> Timings:
+        """The timings observations at this load go to."""
+        return self.levels.setdefault(load_level(active), Timings())
+
+    def accepted_s(self, d: int) -> Optional[float]:
+        """Draft-free: mean tokens accepted of a d-token proposal, once measured over MIN_SAMPLES rounds."""
+        e = self.accepted_by_len.get(d)
+        return e.mean if e is not None and e.w >= MIN_SAMPLES else None
 
 
 def expected_tokens(alpha: float, d: int) -> float:
@@ -151,6 +169,7 @@ class RequestPolicy:
     own_expected: float = 0.0  # ... and what the deployment's acceptance by length expected of the same proposals
     run: int = MIN_RUN
     probe: bool = False  # the next round speculates whatever the estimate says (after a run)
+    load: int = 1  # requests in the loop at the last decision (its costs are measured at that load)
 
     @property
     def adaptive(self) -> bool:
@@ -175,27 +194,29 @@ class RequestPolicy:
     def rate(self, d: int, active: int, proposer_s: Optional[float] = None) -> Optional[float]:
         """Expected net tokens per second of a round with d drafts (None while the target's cost is unmeasured);
         proposer_s given: a draft-free proposer that took that long."""
-        v = self.costs.verify_s(d + 1)
-        t_dec = self.costs.decode_s()
+        t = self.costs.at(active)
+        v = t.verify_s(d + 1)
+        t_dec = t.decode_s()
         if v is None or t_dec is None:
             return None
-        line = self.costs.verify_line()
-        ext = (active - 1) * line[1] * d / t_dec if d else 0.0
-        draft = self.costs.draft_s(d) if proposer_s is None else proposer_s
+        ext = (active - 1) * t.verify_line()[1] * d / t_dec if d else 0.0
+        draft = t.draft_s(d) if proposer_s is None else proposer_s
         return (self.expected(d, proposer_s is not None) - ext) / (draft + v)
 
     def best_k(self, cap: int, active: int, proposer_s: Optional[float] = None) -> tuple[int, bool]:
         """(k, pays): the best draft length in 1..cap and whether it beats decoding without speculation."""
+        self.load = active
         if cap <= 0:
             return 0, False
         rates = [(self.rate(k, active, proposer_s), k) for k in range(1, cap + 1)]
         if rates[0][0] is None:  # nothing measured yet: speculate at the cap (the fixed policy's choice)
             return cap, True
         rate, k = max(rates, key=lambda t: (t[0], -t[1]))  # a tie goes to the shorter draft
-        return k, rate * self.costs.decode_s() > 1.0
+        return k, rate * self.costs.at(active).decode_s() > 1.0
 
     def choose_k(self, cap: int, active: int) -> int:
         """The draft length for the next round (before drafting); 0 = a run without speculation."""
+        self.load = active
         if not self.adaptive or cap <= 0:
             return max(cap, 0)
         k, pays = self.best_k(cap, active)
@@ -204,16 +225,18 @@ class RequestPolicy:
     def proposal_cap(self, cap: int, active: int) -> int:
         """Draft-free: the most tokens to ask the proposer for. Alone in the loop, the proposer's own confidence sets
         the length; with others in flight, the length that maximises the net rate (extra tokens slow the others)."""
+        self.load = active
         if not self.adaptive or active <= 1 or cap <= 0:
             return max(cap, 0)
         return self.best_k(cap, active, 0.0)[0]
 
     def keep_proposal(self, drafted: int, active: int, proposer_s: float) -> bool:
         """Draft-free: verify these `drafted` proposed tokens, or run without speculation instead."""
+        self.load = active
         if not self.adaptive or drafted == 0:
             return drafted > 0
         rate = self.rate(drafted, active, proposer_s)
-        return self._speculate(rate is None or rate * self.costs.decode_s() > 1.0)
+        return self._speculate(rate is None or rate * self.costs.at(active).decode_s() > 1.0)
 
     def _speculate(self, pays: bool) -> bool:
         """Speculate this round? Yes when it pays (the run length falls back to MIN_RUN), or as the probe after a
@@ -234,7 +257,8 @@ class RequestPolicy:
         speculation and falls back to MIN_RUN when speculation pays."""
         if not self.adaptive:
             return 1
-        o, g = self.costs.call_overhead_s(), self.costs.gain.mean
+        t = self.costs.at(self.load)
+        o, g = t.call_overhead_s(), t.gain.mean
         if draft_free and o is not None and g is not None and g > 0:
             q = (self.useful + PRIOR_ROUNDS * (self.costs.useful.mean or 0.0)) / (self.consulted + PRIOR_ROUNDS)
             n = MAX_RUN if q <= 0 else round(math.sqrt(2 * o / (q * g)))
@@ -257,20 +281,22 @@ class RequestPolicy:
             self.useful = self.useful * DECAY + hit
             self.consulted = self.consulted * DECAY + 1.0
             self.costs.useful.add(hit)
-            t_dec = self.costs.decode_s()
+            t_dec = self.costs.at(self.load).decode_s()
             if accepted and t_dec is not None:
-                self.costs.gain.add(tokens * t_dec - target_s - draft_s)
+                self.costs.level(self.load).gain.add(tokens * t_dec - target_s - draft_s)
         if drafted:
             fail = 1.0 if accepted < drafted else 0.0
             self.successes = self.successes * DECAY + accepted
             self.failures = self.failures * DECAY + fail
             self.costs.acceptance.add(accepted / (accepted + fail) if accepted + fail else 1.0)
-            self.costs.observe_target(drafted + 1, target_s)
-            self.costs.observe_draft(0 if draft_free else drafted, draft_s)
-        elif not self.adaptive:
-            self.costs.observe_target(1, target_s)  # the fixed policy's one-token verification of nothing
+            t = self.costs.level(self.load)
+            t.target.setdefault(drafted + 1, _EW()).add(target_s)
+            t.draft.setdefault(0 if draft_free else drafted, _EW()).add(draft_s)
+        elif not self.adaptive:  # the fixed policy's one-token verification of nothing
+            self.costs.level(self.load).target.setdefault(1, _EW()).add(target_s)
         else:
-            self.costs.observe_run(tokens, target_s)
+            if tokens > 0:
+                self.costs.level(self.load).runs.setdefault(tokens, _EW()).add(target_s)
             self.probe = not empty  # a run the policy chose: the next round probes
 
 

@@ -24,7 +24,7 @@ import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable
 
 from .names import (BLS, METRIC_ACCEPTED_LENGTH, METRIC_ACCEPTED_TOKENS, METRIC_DRAFT_LATENCY, METRIC_DRAFT_LENGTH,
                     METRIC_DRAFT_TOKENS, METRIC_REQUESTS, METRIC_ROUNDS, METRIC_ROUNDS_NO_SPEC, METRIC_VERIFY_LATENCY)

@@ -33,7 +33,9 @@ def test_speculative_equals_baseline_token_for_token(dtm_server, proto):
         assert m["total_draft_tokens"] > 0
         assert m["acceptance_rate"] == pytest.approx(m["total_accepted_draft_tokens"] / m["total_draft_tokens"],
                                                      rel=1e-6)  # sent as float32
-        assert sum(m["accepted_length_histogram"]) == m["total_steps"]
+        # the histogram counts rounds that verified drafts; draft_lengths has every round, 0 where none was verified
+        assert len(m["draft_lengths"]) == m["total_steps"]
+        assert sum(m["accepted_length_histogram"]) == m["total_steps"] - m["draft_lengths"].count(0)
         assert m["total_accepted_draft_tokens"] == sum(i * n for i, n in enumerate(m["accepted_length_histogram"]))
 
 

@@ -265,7 +265,11 @@ def _http_outputs(ev: dict) -> dict:
         text = "".join(text)
     ids = ev.get(OUTPUT_IDS, [])
     ids = list(np.asarray(ids, dtype=np.int64).reshape(-1)) if ids != [] else []
-    return {"text": text, "ids": [int(i) for i in ids], "metrics": {k: ev[k] for k in METRIC_OUTPUTS if k in ev}}
+    metrics = {k: ev[k] for k in METRIC_OUTPUTS if k in ev}
+    for k in LIST_METRICS:  # the JSON of a one-element list output can be a bare number
+        if k in metrics and not isinstance(metrics[k], list):
+            metrics[k] = [metrics[k]]
+    return {"text": text, "ids": [int(i) for i in ids], "metrics": metrics}
 
 
 def _np_outputs(outs: dict) -> dict:
