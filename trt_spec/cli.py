@@ -439,7 +439,8 @@ def _in_process(*names, **kw):
 @click.option("--k", "ks", multiple=True, type=int,
               help="Draft tokens per step; repeat to sweep (default: served, the deployment's num_draft_tokens; "
                    "in-process, the build's max_draft_len).")
-@click.option("--repeats", type=int, default=1, help="Repetitions of the prompt set.")
+@click.option("--repeats", type=int, default=1,
+              help="Repetitions of the prompt set (the concurrency sweep sends prompts × repeats per level).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_served("--url", default=None, metavar="HOST:PORT", help=_url_help)
 @_protocol_opt(cls=_Option, mode="served")
@@ -521,7 +522,8 @@ def bench(ctx: click.Context, prompt_set: str, max_tokens: Optional[int], limit:
             prog, cb = _progress(console, 2 * len(levels), "concurrency sweep")
             with prog:
                 conc = concurrency_sweep(lambda: LLMClient(url, protocol), prompts, levels, k=ks[0] if ks else None,
-                                         progress=cb, policy=policies[0] if policies else None)
+                                         requests_per_level=len(prompts) * repeats, progress=cb,
+                                         policy=policies[0] if policies else None)
     except ClientError as e:
         raise UserError(str(e)) from None
     rep = {"title": f"bench {url} ({protocol})", "bench": runs, "concurrency": conc}

@@ -6,25 +6,28 @@ and decides the same way over the CPU reference engine and the TensorRT-LLM engi
 Fixed (`draft_len_policy: fixed`): every round drafts k = the request's num_draft_tokens (a draft-free proposer may
 offer fewer); a round with nothing to verify asks the target for one token. This is what trt-spec did before.
 
-Adaptive (`draft_len_policy: adaptive`, the default) maximises expected tokens per second, per round:
-- Acceptance. Each request keeps a recency-weighted per-token acceptance estimate α̂ (accepted tokens are successes,
-  the first rejected token of a round a failure; weight DECAY per round), started from the deployment's running
-  acceptance (shared by all requests) with the weight of PRIOR_ROUNDS rounds. Expected tokens of a round with d
-  drafted tokens: E(d) = (1 − α̂^(d+1)) / (1 − α̂) (Leviathan et al.'s i.i.d. model).
-- Costs, measured while serving (shared by all requests, recency-weighted, and kept per load level — 1, 2, 3-4, 5-8,
-  … requests in the loop — since a call batched with more requests costs more): the target call's seconds by tokens
-  submitted, V(n) = a + b·n, a line fitted to the per-n means (flat until two n were seen);
-  the draft's seconds by k, D(k) (the draft engine) or the proposer's seconds (draft-free); and t_dec, the seconds
-  per token of a plain decode run (V(1) until one was measured).
-- Load. With B requests in the loop at once (in-flight batching), the k − 0 extra tokens a round submits slow each
-  of the other B − 1 requests' iterations by b·k, i.e. cost them (B − 1)·b·k / t_dec tokens; that is subtracted
-  from E. At B = 1 this is latency-optimal; as B grows speculation stops where it would lower total throughput
-  (the role of TensorRT-LLM's draft_len_schedule by batch size, derived here from measurements).
-- Choice: k* = argmax over 1..K of (E(k) − ext(k)) / (D(k) + V(k + 1)), K = min(num_draft_tokens, remaining − 1);
+Adaptive (`draft_len_policy: adaptive`, the default) maximises the request's expected tokens per second, per round:
+- Acceptance. A draft model's tokens: each request keeps a recency-weighted per-token acceptance α̂ (accepted tokens are
+  successes, the first rejected token of a round a failure; weight DECAY per round), started from the deployment's
+  running acceptance with the weight of PRIOR_ROUNDS rounds; a round with d drafts yields E(d) = (1 − α̂^(d+1)) / (1 − α̂)
+  (Leviathan et al.'s i.i.d. model). Draft-free proposals are not i.i.d. (a copied span is right as a whole or breaks
+  early): E(d) = 1 + the deployment's measured mean accepted tokens of d-token proposals, scaled by how this request's
+  proposals did against that mean.
+- Costs, measured while serving (shared by all requests, recency-weighted) and kept per load level (1, 2, 3-4, 5-8, …
+  requests in the loop: a call batched with more requests costs more; a level without measurements borrows the
+  nearest one's): the target call's seconds by tokens submitted, V(n) = a + b·n, a line fitted to the per-n means; the
+  draft's seconds by k, D(k) (the draft engine) or the proposer's seconds (draft-free); t_dec, the seconds per token of
+  a run without speculation (the slope of the runs' seconds by length), and the call overhead O (their intercept).
+  This is what makes the policy load-aware: at a load where verifying k tokens costs more than it yields (compute-bound
+  batches), it drafts shorter or stops (the role of TensorRT-LLM's draft_len_schedule by batch size, from measurements).
+- Draft-target: k* = argmax over 1..K of E(k) / (D(k) + V(k + 1)), K = min(num_draft_tokens, remaining − 1);
   speculate with k* if that rate beats 1 / t_dec, else run without speculation: one target call decodes a run of
-  tokens (MIN_RUN, doubling while speculation keeps losing, at most MAX_RUN), then the next round drafts again to
-  re-measure (a probe: it speculates whatever the estimate says). Draft-free proposers are free to consult, so they
-  propose first; an empty proposal, or one not worth verifying, becomes a run of MIN_RUN tokens.
+  tokens (MIN_RUN, doubling with each run in a row, at most MAX_RUN); after a run the next round drafts anyway to
+  re-measure (a probe).
+- Draft-free: the proposer costs nothing to consult, so it proposes first (alone in the loop its confidence sets the
+  length; with others in flight capped at the best k); the proposal is verified if E(d) / V(d + 1) beats 1 / t_dec.
+  An empty or rejected proposal becomes a run of m = sqrt(2·O / (q·G)) tokens (q: the share of consultations that
+  were useful, G: the seconds a useful one saved; see run_len).
 """
 
 from __future__ import annotations
@@ -199,9 +202,8 @@ class RequestPolicy:
         t_dec = t.decode_s()
         if v is None or t_dec is None:
             return None
-        ext = (active - 1) * t.verify_line()[1] * d / t_dec if d else 0.0
         draft = t.draft_s(d) if proposer_s is None else proposer_s
-        return (self.expected(d, proposer_s is not None) - ext) / (draft + v)
+        return self.expected(d, proposer_s is not None) / (draft + v)
 
     def best_k(self, cap: int, active: int, proposer_s: Optional[float] = None) -> tuple[int, bool]:
         """(k, pays): the best draft length in 1..cap and whether it beats decoding without speculation."""
