@@ -74,6 +74,12 @@ def broken_server(dtm_server, tmp_path_factory):
     version = repo / "tensorrt_llm_bls" / "1"
     (version / "model.py").rename(version / "shipped_model.py")
     (version / "model.py").write_text(BROKEN_BLS)
+    # The fixed draft length: a broken BLS's output depends on what it drafts, and the adaptive policy's choices
+    # depend on timing; the test compares two runs of the same prompt.
+    cfg = repo / "tensorrt_llm_bls" / "config.pbtxt"
+    text = cfg.read_text()
+    assert text.count('string_value: "adaptive"') == 1
+    cfg.write_text(text.replace('string_value: "adaptive"', 'string_value: "fixed"'))
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start().wait_ready(180)
     yield server
