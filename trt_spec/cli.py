@@ -544,9 +544,12 @@ def bench(ctx: click.Context, prompt_set: str, max_tokens: Optional[int], limit:
 @_with(_prompt_options)
 @click.option("--k", "ks", multiple=True, type=int, default=defaults.TUNE_KS,
               help="Fixed k values to try (repeatable); the adaptive policy then runs capped at the largest.")
+@click.option("--repeats", type=int, default=1, help="Repetitions of the prompt set per k.")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="Wrap prompts in this tokenizer's chat template (as an instruct model is served).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
 def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
-         ks: tuple[int, ...], out_dir: Optional[str]) -> None:
+         ks: tuple[int, ...], repeats: int, tokenizer: Optional[str], out_dir: Optional[str]) -> None:
     """Sweep fixed num_draft_tokens (k), then the adaptive policy, against a served deployment; recommend a k and
     report adaptive against the best fixed k (speedups with 95% intervals, one run)."""
     from rich.console import Console
@@ -557,12 +560,17 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
 
     prompts = _prompts(prompt_set, max_tokens, limit)
     client = _client(url, protocol)
+    if tokenizer:
+        from .harness.prompts import with_chat_template
+        from .serving import load_tokenizer
+
+        prompts = with_chat_template(prompts, load_tokenizer(tokenizer))
     sweep = list(ks)
     console = Console(stderr=True)
     try:
-        prog, cb = _progress(console, len(sweep), "k sweep")
+        prog, cb = _progress(console, len(sweep) + 1, "k sweep (fixed, then adaptive)")
         with prog:
-            res = tune_k(client, prompts, sweep, progress=cb)
+            res = tune_k(client, prompts, sweep, repeats=repeats, progress=cb)
     except ClientError as e:
         raise UserError(str(e)) from None
     rep = {"title": f"tune {url}", "tune": res}

@@ -39,12 +39,16 @@ def test_speculative_equals_baseline_token_for_token(dtm_server, proto):
         assert m["total_accepted_draft_tokens"] == sum(i * n for i, n in enumerate(m["accepted_length_histogram"]))
 
 
-def test_ngram_bls_equals_baseline(ngram_server):
+@pytest.mark.parametrize("policy", ["adaptive", "fixed"])
+def test_ngram_bls_equals_baseline(ngram_server, policy):
+    """The draft-free suffix proposer under both draft-length policies: the target's own output."""
     c = both(ngram_server, "grpc")
     for p in PROMPTS:
         base = c.generate("ensemble", p, 32, **GREEDY)
-        spec = c.generate("tensorrt_llm_bls", p, 32, **GREEDY)
+        spec = c.generate("tensorrt_llm_bls", p, 32, draft_len_policy=policy, **GREEDY)
         assert spec.output_ids == base.output_ids, p
+        ks = spec.metrics["draft_lengths"]
+        assert len(ks) == spec.metrics["total_steps"] and all(0 <= k <= 4 for k in ks)
 
 
 def test_bls_streaming_grpc_and_http_sse(dtm_server):
@@ -81,6 +85,7 @@ def test_sixteen_concurrent_requests(dtm_server):
     ({"max_tokens": 0}, "max_tokens must be >= 1"),
     ({"max_tokens": 5000}, "exceeds max_seq_len 512"),
     ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+    ({"draft_len_policy": "greedy"}, "draft_len_policy 'greedy' is not one of adaptive, fixed"),
 ])
 def test_bad_requests_get_errors_and_server_stays_up(dtm_server, kwargs, message):
     c = both(dtm_server, "http")
