@@ -291,7 +291,8 @@ class SpeculativeLoop:
             empty = draft_free and not draft
             if draft_free and draft and not policy.keep_proposal(len(draft), active, t1 - t0):
                 draft = []
-            out_len = len(draft) + 1 if draft else policy.run_len(remaining, draft_free)
+            # a run without speculation: one target call, one chunk to a streaming client, so the first token alone
+            out_len = len(draft) + 1 if draft else (policy.run_len(remaining, draft_free) if generated else 1)
             ins = engine_inputs(r, tokens, out_len, SEED_STRIDE * m.steps)
             if draft:
                 ins["draft_input_ids"] = np.asarray([draft], dtype=np.int32)
