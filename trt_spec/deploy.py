@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shlex
 import shutil
@@ -29,6 +28,7 @@ from typing import Iterable, Optional
 import yaml
 
 from . import __version__, defaults
+from .atomic import replacing_dir
 from .harness.metrics import break_even_acceptance
 from .manifest import BuildManifest, ManifestError
 from .trtllm import NGC_IMAGE
@@ -509,19 +509,8 @@ def write_chart(source: Path, out: Path, *, gpus_per_node: Optional[int] = None,
     if out.exists() and not (out / "Chart.yaml").is_file():
         if not out.is_dir() or any(out.iterdir()):
             raise DeployError(f"{out}: exists and is not a chart trt-spec wrote; pass an empty or new --out directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with replacing_dir(out) as tmp:
         shutil.copytree(CHART_SOURCES, tmp, ignore=shutil.ignore_patterns("__pycache__"))
         for name, text in files.items():
             (tmp / name).write_text(text)
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -28,7 +28,6 @@ the build's stamps) is verified against them; the sums are stored in trt_spec_re
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import backend_contract as bc
+from .atomic import replacing_dir
 from .integrity import IntegrityError, rebuild_hint, verify
 from .manifest import BuildManifest, EngineEntry, RepoRecord
 from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, DRAFT_LEN_POLICY, DRAFT_LENGTHS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
@@ -456,10 +456,8 @@ def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = T
     settings = RepoSettings.from_manifest(manifest, decoupled, max_queue_size)
     configs = repository_configs(settings)
     dest = Path(dest)
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with replacing_dir(dest) as tmp:
+        tmp.mkdir()
         for name, cfg in configs.items():
             mdir = tmp / name
             (mdir / "1").mkdir(parents=True)
@@ -474,13 +472,5 @@ def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = T
                    gpu_ids=sorted({d for e in settings.engines.values() for d in e.devices}),
                    engines=manifest.engine_sums()).write(tmp)
         validate_repository(tmp)
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return configs
 

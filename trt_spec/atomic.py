@@ -1,0 +1,30 @@
+"""Directories written whole or not at all: build the new one next to the old, then swap."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+@contextmanager
+def replacing_dir(dest: Path) -> Iterator[Path]:
+    """Yield a path (not yet created) beside `dest` to build the new directory in. When the block succeeds it
+    replaces `dest` (the old directory, if any, is removed); when it fails, nothing of it is left and `dest` is
+    untouched. A crashed earlier attempt's leftover is removed first."""
+    dest = Path(dest)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield tmp
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
