@@ -147,21 +147,29 @@ def test_cancelled_request_frees_its_slot_while_others_continue(queue_server):
     """Every slot busy and one request queued: cancelling one running request lets the queued one start while
     the other running ones are still generating, and they finish with their full, unchanged output."""
     prompts = [[5 + i, 9, 11, 13] for i in range(MAX_BATCH + 1)]
-    solo = []
+    solo, solo_s = [], []
     for p in prompts:
         s = Stream(queue_server.grpc_url, engine_request(p, LONG)).wait()
         s.close()
         solo.append(s.tokens)
+        solo_s.append(s.end - s.first)
+    # Speed-independent: the queued request is checked well within the time one long request takes alone (four
+    # batched together each take longer), so no running request can have finished by then on any machine.
+    pause = min(0.2, min(solo_s) / 4)
     running = []
     try:
+        # One at a time, each running before the next is sent: Triton's own queue (max_queue_size, requests not yet
+        # handed to execute) refuses a burst beyond MAX_QUEUE even with slots free ("Exceeds maximum queue size").
         for p in prompts[:MAX_BATCH]:
             running.append(Stream(queue_server.grpc_url, engine_request(p, LONG)))
-        deadline = time.time() + 60
-        while time.time() < deadline and any(s.first is None for s in running):
-            time.sleep(0.01)
+            deadline = time.time() + 60
+            while time.time() < deadline and running[-1].first is None and running[-1].end is None:
+                time.sleep(0.002)
+            assert running[-1].error is None and running[-1].first is not None, running[-1].error
         queued = Stream(queue_server.grpc_url, engine_request(prompts[-1], LONG))
-        time.sleep(0.2)
-        assert queued.first is None, "the queued request started before a slot was free"
+        time.sleep(pause)
+        assert queued.first is None, ("the queued request started before a slot was free", queued.first,
+                                      [(s.first, s.end, s.error, len(s.tokens)) for s in running], time.perf_counter())
         cancelled_at = time.perf_counter()
         running[0].cancel()
         others = running[1:]
