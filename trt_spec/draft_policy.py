@@ -79,6 +79,10 @@ def _line(table: dict[int, _EW], proportional: bool = False) -> Optional[tuple[f
     return ym - b * nm, b
 
 
+def _at(line: tuple[float, float], n: float, floor: float) -> float:
+    return max(floor, line[0] + line[1] * n)
+
+
 class Timings:
     """Seconds of the deployment's calls at one load level, recency-weighted."""
 
@@ -93,11 +97,14 @@ class Timings:
 
     def verify_s(self, n: int) -> Optional[float]:
         line = self.verify_line()
-        return None if line is None else max(1e-6, line[0] + line[1] * n)
+        return None if line is None else _at(line, n, 1e-6)
+
+    def draft_line(self) -> Optional[tuple[float, float]]:
+        return _line(self.draft, proportional=True)
 
     def draft_s(self, k: int) -> float:
-        line = _line(self.draft, proportional=True)
-        return 0.0 if line is None else max(0.0, line[0] + line[1] * k)
+        line = self.draft_line()
+        return 0.0 if line is None else _at(line, k, 0.0)
 
     def decode_s(self) -> Optional[float]:
         """Seconds per token without speculation: the slope of the runs' seconds by length (the call's overhead
@@ -194,27 +201,31 @@ class RequestPolicy:
                 return 1.0 + min(d, acc * scale)
         return expected_tokens(self.alpha, d)
 
-    def rate(self, d: int, active: int, proposer_s: Optional[float] = None) -> Optional[float]:
-        """Expected net tokens per second of a round with d drafts (None while the target's cost is unmeasured);
-        proposer_s given: a draft-free proposer that took that long."""
+    def speedups(self, ds, active: int, proposer_s: Optional[float] = None) -> Optional[list[float]]:
+        """For each d in ds, a round with d drafts' expected tokens per second over decoding's (> 1: it pays), from
+        the costs at this load, fitted once (None while the target's cost is unmeasured); proposer_s given: a
+        draft-free proposer that took that long."""
         t = self.costs.at(active)
-        v = t.verify_s(d + 1)
-        t_dec = t.decode_s()
-        if v is None or t_dec is None:
+        verify, t_dec = t.verify_line(), t.decode_s()
+        if verify is None or t_dec is None:
             return None
-        draft = t.draft_s(d) if proposer_s is None else proposer_s
-        return self.expected(d, proposer_s is not None) / (draft + v)
+        draft = t.draft_line() if proposer_s is None else None
+        out = []
+        for d in ds:
+            d_s = proposer_s if proposer_s is not None else (0.0 if draft is None else _at(draft, d, 0.0))
+            out.append(self.expected(d, proposer_s is not None) * t_dec / (d_s + _at(verify, d + 1, 1e-6)))
+        return out
 
     def best_k(self, cap: int, active: int, proposer_s: Optional[float] = None) -> tuple[int, bool]:
         """(k, pays): the best draft length in 1..cap and whether it beats decoding without speculation."""
         self.load = active
         if cap <= 0:
             return 0, False
-        rates = [(self.rate(k, active, proposer_s), k) for k in range(1, cap + 1)]
-        if rates[0][0] is None:  # nothing measured yet: speculate at the cap (the fixed policy's choice)
+        gains = self.speedups(range(1, cap + 1), active, proposer_s)
+        if gains is None:  # nothing measured yet: speculate at the cap (the fixed policy's choice)
             return cap, True
-        rate, k = max(rates, key=lambda t: (t[0], -t[1]))  # a tie goes to the shorter draft
-        return k, rate * self.costs.at(active).decode_s() > 1.0
+        gain, k = max(zip(gains, range(1, cap + 1)), key=lambda t: (t[0], -t[1]))  # a tie goes to the shorter draft
+        return k, gain > 1.0
 
     def choose_k(self, cap: int, active: int) -> int:
         """The draft length for the next round (before drafting); 0 = a run without speculation."""
@@ -237,8 +248,8 @@ class RequestPolicy:
         self.load = active
         if not self.adaptive or drafted == 0:
             return drafted > 0
-        rate = self.rate(drafted, active, proposer_s)
-        return self._speculate(rate is None or rate * self.costs.at(active).decode_s() > 1.0)
+        gains = self.speedups([drafted], active, proposer_s)
+        return self._speculate(gains is None or gains[0] > 1.0)
 
     def _speculate(self, pays: bool) -> bool:
         """Speculate this round? Yes when it pays (the run length falls back to MIN_RUN), or as the probe after a
