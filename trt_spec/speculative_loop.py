@@ -27,7 +27,7 @@ from typing import Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from . import backend_contract as bc
-from .names import MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
+from .names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
 from .draft_policy import POLICIES, DraftLengthPolicy
 from .reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
 from .suffix import SuffixProposer  # pure Python
@@ -136,7 +136,8 @@ def check_prompt_len(prompt_len: int, max_input_len: int) -> None:
                            "(or rebuild with a larger limits.max_input_len)")
 
 
-def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logits: bool) -> None:
+def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logits: bool,
+             policy: Optional[str] = None) -> None:
     """Request checks before any engine call (one line each: the problem and the fix)."""
     if prompt_len == 0:
         raise RequestError(f"{TEXT_INPUT} is empty; send a non-empty prompt")
@@ -157,6 +158,9 @@ def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logi
     if not 0 <= k <= cfg.max_draft_len:
         raise RequestError(f"{NUM_DRAFT_TOKENS} {k} is outside 0..max_draft_len ({cfg.max_draft_len}); the engine "
                            "was built for at most max_draft_len draft tokens")
+    if policy is not None and policy not in POLICIES:
+        raise RequestError(f"{DRAFT_LEN_POLICY} {policy!r} is not one of {', '.join(POLICIES)}; send one or omit it "
+                           f"(the deployment's default: {cfg.draft_len_policy})")
     if use_logits and cfg.mode != "draft_target":
         raise RequestError("use_draft_logits needs draft-target mode (this deployment has no draft model)")
 

@@ -21,10 +21,8 @@ import triton_python_backend_utils as pb_utils
 from trt_spec.serving import (IncrementalDetokenizer, decode_strings, default_end_id, default_pad_id,
                               enable_crash_traces, encode, error_line, load_tokenizer, requested_only, scalar)
 from trt_spec import backend_contract as bc
-from trt_spec.draft_policy import POLICIES
 from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, MAX_TOKENS,
-                            NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT,
-                            TEXT_OUTPUT, TOTAL_STEPS)
+                            NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT, TEXT_OUTPUT, TOTAL_STEPS)
 from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                       check_sampling, validate)
 from trt_spec.spec_metrics import SpecMetrics
@@ -107,12 +105,8 @@ class TritonPythonModel:
         prompt = encode(self.tokenizer, texts[0], self.add_special) if texts[0] else []
         k = scalar(_in(request, NUM_DRAFT_TOKENS), self.default_k, int)
         use_logits = bool(scalar(_in(request, "use_draft_logits"), False))
-        policy = decode_strings(_in(request, DRAFT_LEN_POLICY))
-        policy = policy[0] if policy else None
-        if policy is not None and policy not in POLICIES:
-            raise RequestError(f"{DRAFT_LEN_POLICY} {policy!r} is not one of {', '.join(POLICIES)}; send one or omit it "
-                               f"(the deployment's default: {self.loop.cfg.draft_len_policy})")
-        validate(self.loop.cfg, len(prompt), max_tokens, k, use_logits)
+        policy = next(iter(decode_strings(_in(request, DRAFT_LEN_POLICY))), None)
+        validate(self.loop.cfg, len(prompt), max_tokens, k, use_logits, policy)
         values = {client: scalar(_in(request, client), None, kind) for client, kind in
                   (("temperature", float), ("top_k", int), ("top_p", float), ("seed", int))}
         end_id = scalar(_in(request, "end_id"), default_end_id(self.tokenizer), int)
@@ -122,8 +116,7 @@ class TritonPythonModel:
                     for client, (engine, dtype) in SAMPLING_INPUTS.items() if values[client] is not None}
         r = SpecRequest(
             prompt=prompt, max_tokens=max_tokens, k=k, use_logits=use_logits, draft_len_policy=policy, stream=stream,
-            sampling=sampling,
-            seed=values["seed"], end_id=end_id, pad_id=pad_id,
+            sampling=sampling, seed=values["seed"], end_id=end_id, pad_id=pad_id,
             stop_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, "stop_words")) if w],
             bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, "bad_words")) if w])
         return r, bool(scalar(_in(request, "exclude_input_in_output"), False))
