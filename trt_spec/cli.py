@@ -332,6 +332,19 @@ def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int]):
         raise UserError(str(e)) from None
 
 
+def _chat(prompts, tokenizer: Optional[str]):
+    """The prompts wrapped in TOKENIZER's chat template (as an instruct model is served); unchanged without one."""
+    if not tokenizer:
+        return prompts
+    from .harness.prompts import with_chat_template
+    from .serving import load_tokenizer
+
+    return with_chat_template(prompts, load_tokenizer(tokenizer))
+
+
+_tokenizer_help = "Wrap prompts in this tokenizer's chat template (as an instruct model is served)."
+
+
 def _client(url: str, protocol: str):
     """A client for the baseline and speculative models at url; one clear error if either is not ready."""
     from .harness.client import ClientError, LLMClient
@@ -448,8 +461,7 @@ def _in_process(*names, **kw):
          help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the deployment's).")
 @_served("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
          help="Also sweep these numbers of requests in flight (repeatable), at the first --k and --policy.")
-@_served("--tokenizer", type=click.Path(file_okay=False), default=None,
-         help="Wrap prompts in this tokenizer's chat template (as an instruct model is served).")
+@_served("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help)
 @_served("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
 @_in_process("--in-process", "config", type=click.Path(dir_okay=False), default=None, metavar="CONFIG",
              help="The build config (built with `trt-spec build CONFIG`).")
@@ -503,11 +515,7 @@ def bench(ctx: click.Context, prompt_set: str, max_tokens: Optional[int], limit:
 
     console = Console(stderr=True)
     client = _client(url, protocol)
-    if tokenizer:
-        from .harness.prompts import with_chat_template
-        from .serving import load_tokenizer
-
-        prompts = with_chat_template(prompts, load_tokenizer(tokenizer))
+    prompts = _chat(prompts, tokenizer)
     runs = []
     try:
         for policy in (list(policies) or [None]):
@@ -545,8 +553,7 @@ def bench(ctx: click.Context, prompt_set: str, max_tokens: Optional[int], limit:
 @click.option("--k", "ks", multiple=True, type=int, default=defaults.TUNE_KS,
               help="Fixed k values to try (repeatable); the adaptive policy then runs capped at the largest.")
 @click.option("--repeats", type=int, default=1, help="Repetitions of the prompt set per k.")
-@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
-              help="Wrap prompts in this tokenizer's chat template (as an instruct model is served).")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
 def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
          ks: tuple[int, ...], repeats: int, tokenizer: Optional[str], out_dir: Optional[str]) -> None:
@@ -560,11 +567,7 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
 
     prompts = _prompts(prompt_set, max_tokens, limit)
     client = _client(url, protocol)
-    if tokenizer:
-        from .harness.prompts import with_chat_template
-        from .serving import load_tokenizer
-
-        prompts = with_chat_template(prompts, load_tokenizer(tokenizer))
+    prompts = _chat(prompts, tokenizer)
     sweep = list(ks)
     console = Console(stderr=True)
     try:
