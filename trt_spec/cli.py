@@ -218,19 +218,15 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
 def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: int, gpu: Optional[str],
          sets: tuple[str, ...]) -> None:
     """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
-    from .manifest import BuildManifest, ManifestError
-    from .pipeline import manifest_for_config
+    from .manifest import ManifestError
+    from .pipeline import manifest_from
     from .repository import RepositoryError, write_repository
 
     src = Path(source)
     try:
-        if src.is_dir():
-            manifest = BuildManifest.read(src)
-            default_out = src / defaults.REPO_SUBDIR
-        else:
-            manifest = manifest_for_config(src, sets, gpu)
-            default_out = manifest.config.resolved_output_dir(src) / defaults.REPO_SUBDIR
-        dest = Path(out_dir) if out_dir else default_out
+        manifest = manifest_from(src, sets, gpu)
+        build_dir = src if src.is_dir() else manifest.config.resolved_output_dir(src)
+        dest = Path(out_dir) if out_dir else build_dir / defaults.REPO_SUBDIR
         configs = write_repository(manifest, dest, decoupled=decoupled, max_queue_size=max_queue_size)
     except (ConfigError, PreflightError, HardwareError, ManifestError, RepositoryError) as e:
         raise UserError(str(e)) from None

@@ -72,19 +72,16 @@ class Acceptance:
 def load_manifest(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> BuildManifest:
     """BUILD_DIR (its manifest.json) or CONFIG (its plan, before the build). Refuses a CPU (reference) deployment.
     Raises DeployError, or ConfigError/PreflightError/HardwareError from planning a config (one line each)."""
-    source = Path(source)
-    if source.is_dir():
-        try:
-            m = BuildManifest.read(source)
-        except ManifestError as e:
-            raise DeployError(str(e)) from None
-    elif source.is_file():
-        from .pipeline import manifest_for_config
+    from .pipeline import manifest_from
 
-        m = manifest_for_config(source, tuple(sets), gpu)
-    else:
+    source = Path(source)
+    if not source.exists():
         raise DeployError(f"{source}: no such build directory or config; pass a build directory (build/NAME, "
                           "written by trt-spec build) or a config from build_configs/")
+    try:
+        m = manifest_from(source, tuple(sets), gpu)
+    except ManifestError as e:
+        raise DeployError(str(e)) from None
     if m.engine != "tensorrt":
         raise DeployError(f"{source}: engine {m.engine!r} is the CPU reference deployment; the Kubernetes bundle is "
                           "for the GPU deployment (engine: tensorrt): pass a GPU config such as "

@@ -29,3 +29,11 @@ def manifest_for_config(config_path: Path, sets: Iterable[str] = (), gpu: Option
     the build runs. Raises ConfigError, PreflightError or HardwareError (one line each)."""
     plan = plan_for(load_config(config_path, tuple(sets)), Path(config_path), gpu, require_checkpoints=False)
     return build_manifest(plan, Path(config_path), [])
+
+
+def manifest_from(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> BuildManifest:
+    """BUILD_DIR (its manifest.json, as the build wrote it) or CONFIG (its plan, before the build)."""
+    source = Path(source)
+    if source.is_dir():
+        return BuildManifest.read(source)
+    return manifest_for_config(source, sets, gpu)
