@@ -32,9 +32,13 @@ plan: setup
 	$(BIN)/trt-spec plan $(CONFIG) $(GPU_ARG)
 
 # GPU host: the NGC image's own python3, torch and TensorRT-LLM 1.2.1. No .venv, nothing downloaded beyond
-# trt-spec's small pure-python dependencies.
+# trt-spec's small pure-python dependencies. Every package the image already has is pinned to its installed
+# version (a constraints file from pip freeze), so pip fails rather than replace the image's TensorRT-LLM, torch or
+# numpy; then `trt-spec doctor` fails with one line if the image's TensorRT-LLM is not the one trt-spec targets.
 gpu-setup:
-	$(PY) -m pip install -e . "tritonclient[http,grpc]>=2.51"
+	$(PY) -m pip freeze --exclude-editable | grep -E '^[A-Za-z0-9_.-]+==' > .image-constraints.txt
+	$(PY) -m pip install -c .image-constraints.txt -e . "tritonclient[http,grpc]>=2.51"
+	$(PY) -m trt_spec.cli doctor
 
 engines:
 	$(PY) -m trt_spec.cli build $(CONFIG) $(GPU_ARG)

@@ -39,14 +39,17 @@ class ContractEngine:
         self.decoupled = decoupled
         self.params = params or {}
         self.in_engine_accept = in_engine_accept
+        self.declared = [t.name for t in bc.OUTPUTS]  # the outputs trt-spec's engine configs declare
         self.requests: list[tuple[dict, list[str]]] = []
 
     def _continue(self, req: bc.EngineRequest, seq: list[int], n: int) -> list[int]:
         out: list[int] = []
         while len(out) < n:
             t = self.next_token(seq + out)
+            if t == req.end_id:  # finished; the end token is not output (backend_contract.EOS_EXCLUDED)
+                break
             out.append(t)
-            if t == req.end_id or any(out[-len(w):] == w for w in req.stop_words):
+            if any(out[-len(w):] == w for w in req.stop_words):
                 break
         return out
 
@@ -64,23 +67,26 @@ class ContractEngine:
                 acc += 1
             new = req.draft_tokens[:acc] + [self.next_token(seq)]
             if req.end_id in new:
-                new = new[: new.index(req.end_id) + 1]
-            return [bc.response_tensors(req, new, accepted=acc, drafted=len(req.draft_tokens))]
+                new = new[: new.index(req.end_id)]
+            perf = bc.PerfMetrics(accepted=min(acc, len(new)), drafted=len(req.draft_tokens))
+            return [bc.response_tensors(req, new, perf=perf, declared=self.declared)]
         tokens = self._continue(req, list(req.input_ids), req.output_len)
         if not req.streaming:
             drafted = accepted = 0
             if self.in_engine_accept:
                 steps = -(-len(tokens) // (self.in_engine_accept + 1))
                 drafted, accepted = steps * self.in_engine_accept, len(tokens) - steps
-            return [bc.response_tensors(req, tokens, accepted=accepted, drafted=drafted)]
+            return [bc.response_tensors(req, tokens, perf=bc.PerfMetrics(accepted=accepted, drafted=drafted),
+                                        declared=self.declared)]
         step = self.in_engine_accept + 1
         chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
         out, done = [], 0
         for c in chunks:
             done += len(c)
             steps = len(out) + 1
-            out.append(bc.response_tensors(req, c, accepted=done - steps,
-                                           drafted=steps * self.in_engine_accept))
+            out.append(bc.response_tensors(req, c, perf=bc.PerfMetrics(accepted=done - steps,
+                                                                        drafted=steps * self.in_engine_accept),
+                                           declared=self.declared))
         return out
 
 

@@ -154,7 +154,7 @@ def test_server_pod(rendered):
     (pod,) = _server_pods(rendered["llama33-70b-fp8-h100-tp2"])
     spec = pod["spec"]
     c = spec["containers"][0]
-    assert c["image"] == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    assert c["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
     assert c["command"][:5] == ["python3", "-m", "trt_spec.cli", "serve", "/models/repo/llama33-70b-fp8-h100-tp2"]
     assert "--host=0.0.0.0" in c["command"] and "--timeout=3600" in c["command"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}

@@ -194,3 +194,40 @@ def test_make_engines_uses_the_images_python_and_downloads_no_torch():
     out = subprocess.run(["make", "-n", "engines", "gpu-setup", "CONFIG=build_configs/llama33-70b-fp8-h200.yaml"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert ".venv" not in out and "torch" not in out and "-m trt_spec.cli build" in out
+
+
+def test_no_ensemble_output_alone_loses_a_step(gpu_repo):
+    """Triton core prunes an ensemble step once every ensemble output it maps is unrequested (pruned_steps). The
+    engine step maps only internal tensors (_TOKENS_BATCH, _SEQUENCE_LENGTH) and perf outputs, so a client asking for
+    text_output alone (NVIDIA's clients) keeps every step."""
+    from trt_spec.repository import pruned_steps
+
+    ens = parse_config(gpu_repo / "ensemble" / "config.pbtxt")
+    assert pruned_steps(ens, {"text_output"}) == set()
+    assert pruned_steps(ens, {o.name for o in ens.output}) == set()
+    llm = next(s for s in ens.ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    assert llm.output_map["output_ids"] == "_TOKENS_BATCH" and llm.output_map["sequence_length"] == "_SEQUENCE_LENGTH"
+
+
+def test_an_ensemble_mapping_engine_outputs_straight_out_is_refused(gpu_repo, tmp_path):
+    """The layout that failed on first contact (the engine's output_ids/sequence_length as ensemble outputs, read by
+    postprocessing): asked for text_output alone, Triton prunes the engine step, and the validator says so."""
+    from trt_spec.repository import pruned_steps
+
+    repo = tmp_path / "repo"
+    shutil.copytree(gpu_repo, repo)
+    path = repo / "ensemble" / "config.pbtxt"
+    ens = parse_config(path)
+    for o in ("output_ids", "sequence_length"):
+        ens.output.add(name=o, data_type=mc.TYPE_INT32, dims=[-1])
+    del ens.output[1]  # trt-spec's postprocessing output_ids: the old layout had the engine's under that name
+    steps = ens.ensemble_scheduling.step
+    llm = next(s for s in steps if s.model_name == "tensorrt_llm")
+    post = next(s for s in steps if s.model_name == "postprocessing")
+    llm.output_map["output_ids"], llm.output_map["sequence_length"] = "output_ids", "sequence_length"
+    post.input_map["TOKENS_BATCH"], post.input_map["SEQUENCE_LENGTH"] = "output_ids", "sequence_length"
+    del post.output_map["OUTPUT_IDS"]
+    path.write_text(text_format.MessageToString(ens))
+    assert 1 in pruned_steps(ens, {"text_output"})  # the engine step
+    with pytest.raises(RepositoryError, match="a request for 'text_output' alone loses step tensorrt_llm"):
+        validate_repository(repo)

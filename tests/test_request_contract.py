@@ -21,12 +21,59 @@ def _req(outputs=bc.MANDATORY_OUTPUTS, **extra):
 
 def test_engine_response_holds_only_requested_outputs():
     perf = {"return_perf_metrics": np.asarray([[True]])}
-    lean = bc.response_tensors(_req(bc.MANDATORY_OUTPUTS, **perf), [8, 9], accepted=1, drafted=2)
+    pm = bc.PerfMetrics(accepted=1, drafted=2)
+    lean = bc.response_tensors(_req(bc.MANDATORY_OUTPUTS, **perf), [8, 9], perf=pm)
     assert set(lean) == set(bc.MANDATORY_OUTPUTS)  # perf outputs computed but not asked for: not sent
-    full = bc.response_tensors(_req([*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS], **perf), [8, 9], accepted=1, drafted=2)
+    full = bc.response_tensors(_req([*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS], **perf), [8, 9], perf=pm)
     assert set(full) == set(bc.MANDATORY_OUTPUTS) | set(bc.PERF_OUTPUTS)
     assert float(full["acceptance_rate"][0, 0]) == 0.5
     assert full["output_ids"].tolist() == [[[5, 6, 7, 8, 9]]]
+    # the nine perf outputs in the backend's dtypes and [1, 1] shape (NVIDIA's clients read them as x[0][0])
+    assert {k: (v.dtype.name, v.shape) for k, v in full.items() if k in bc.PERF_OUTPUTS} == {
+        k: ({"TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_FP32": "float32"}[t], (1, 1))
+        for k, t in bc.PERF_OUTPUT_TYPES.items()}
+
+
+def test_return_perf_metrics_writes_outputs_a_config_must_declare():
+    """fillTritonResponse writes the nine perf outputs whether or not they were requested; Triton core refuses an
+    undeclared one, and the whole response fails (what Medusa/EAGLE/lookahead requests through the BLS hit)."""
+    perf = {"return_perf_metrics": np.asarray([[True]])}
+    three = ["output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]
+    with pytest.raises(bc.ContractError, match="Could not get response output for output tensor "
+                       "kv_cache_alloc_new_blocks: unexpected inference output 'kv_cache_alloc_new_blocks' for "
+                       "model 'tensorrt_llm'"):
+        bc.response_tensors(_req(bc.MANDATORY_OUTPUTS, **perf), [8], declared=three)
+    # without the flag nothing beyond the token outputs is written, and the same config is fine
+    assert set(bc.response_tensors(_req(bc.MANDATORY_OUTPUTS), [8], declared=three)) == set(bc.MANDATORY_OUTPUTS)
+    declared = [t.name for t in bc.OUTPUTS]  # what trt-spec's engine configs declare
+    assert set(bc.PERF_OUTPUTS) <= set(declared)
+    bc.response_tensors(_req(bc.MANDATORY_OUTPUTS, **perf), [8], declared=declared)
+
+
+def test_an_output_len_past_max_seq_len_is_lowered_like_the_executor():
+    """LlmRequest::validate: prompt + request_output_len + the engine's max_draft_len over max_seq_len lowers the
+    output length (a warning), it is not an error."""
+    r = _req(request_output_len=_i32(60))  # 3 + 60 + 4 > 64
+    assert r.output_len == 64 - 3 - 4 and "Number of requested output tokens is changed to (57)" in r.warning
+    assert _req(request_output_len=_i32(57)).warning is None
+
+
+def test_the_kernel_temperature_rule_and_the_half_clamp():
+    """penaltyKernels.cu: logits * 1/(T + 1e-6), clamped to +-65504 for half logits. Temperature 0 on FP16 logits
+    ties every logit above ~0.066 at 65504, so argmax picks the lowest such id, not the best token; on FP32 logits
+    the order survives."""
+    import torch
+
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
+    half = bc.kernel_logits(logits, 0.0, bc.FP16_LOGITS)
+    assert half.tolist() == [65504.0, 65504.0, -65504.0, 65504.0] and int(half.argmax()) == 0
+    assert int(bc.kernel_logits(logits, 0.0, bc.LOGITS_DTYPE).argmax()) == 1
+    assert torch.equal(bc.kernel_logits(logits, None, bc.LOGITS_DTYPE), logits)  # no temperature: untouched
+    assert torch.equal(bc.kernel_logits(logits, 1.0, bc.LOGITS_DTYPE), logits)  # T = 1: hasTemperature false
+    assert torch.allclose(bc.kernel_logits(logits, 0.5, bc.LOGITS_DTYPE), logits / (0.5 + 1e-6))
+    # with neither top_k nor top_p the engine takes the argmax (k = 1) at any temperature: of the kernel's logits
+    assert _req(temperature=np.asarray([[0.0]], np.float32)).greedy
+    assert not _req(temperature=np.asarray([[0.0]], np.float32), runtime_top_p=np.asarray([[0.9]], np.float32)).greedy
 
 
 def test_requested_only_keeps_the_requested_tensors_unchanged():

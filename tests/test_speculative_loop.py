@@ -80,11 +80,15 @@ def test_ngram_equals_target_only_and_drafts_from_the_sequence():
     assert m.drafted > 0 and len(target.requests) == m.steps
 
 
-def test_eos_is_kept_and_ends_the_request():
-    loop, _, _ = setup()
-    generated, _, _ = run(loop, req([20, 21], 200, 4))
-    assert generated[-1] == END_ID and END_ID not in generated[:-1]
+@pytest.mark.parametrize("mode", ["draft_target", "ngram"])
+def test_the_end_token_ends_the_request_and_is_not_output(mode):
+    """The engine does not output end_id (backend_contract.EOS_EXCLUDED): the loop must see the end in a short
+    round and stop there, neither missing it (running on to max_tokens) nor adding the token itself."""
+    loop, target, _ = setup(mode)
+    generated, m, _ = run(loop, req([20, 21], 200, 4))
+    assert END_ID not in generated and len(generated) < 200
     assert generated == baseline([20, 21], 200)
+    assert len(target.requests) == m.steps  # no round after the end
 
 
 def test_stop_word_cuts_the_output():

@@ -147,6 +147,10 @@ class TensorSpec:
     ragged: bool = False
 
 
+# Logits are FP32 end to end: every engine is built with `trtllm-build --logits_dtype float32` and the model configs
+# declare the logits tensors (generation_logits, draft_logits) TYPE_FP32, as NVIDIA's DTM guide fills
+# `logits_datatype:TYPE_FP32`. Why not FP16: see FP16_LOGITS below.
+LOGITS_DTYPE = "float32"
 LOGITS_TYPE = "TYPE_FP32"
 # The inputs trt-spec declares (a subset of the template's ~60; the rest stay unused).
 INPUTS: tuple[TensorSpec, ...] = (
@@ -155,6 +159,9 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("request_output_len", "TYPE_INT32", (1,), optional=False, scalar=True),
     TensorSpec("num_return_sequences", "TYPE_INT32", (1,), scalar=True),
     TensorSpec("draft_input_ids", "TYPE_INT32", (-1,), ragged=True),
+    # Encoder-decoder models only; a decoder-only engine ignores it. NVIDIA's end_to_end_test.py sends it on every
+    # request (preprocessing's DECODER_INPUT_ID = [[pad_id]]), so the config must declare it.
+    TensorSpec("decoder_input_ids", "TYPE_INT32", (-1,), ragged=True),
     TensorSpec("draft_logits", LOGITS_TYPE, (-1, -1), ragged=True),
     TensorSpec("draft_acceptance_threshold", "TYPE_FP32", (1,), scalar=True),
     TensorSpec("end_id", "TYPE_INT32", (1,), scalar=True),
@@ -171,20 +178,52 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), scalar=True),
     TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), scalar=True),
 )
+# fillTritonResponse (MIS L1255-1306, the same in TensorRT-LLM 1.x triton_backend): with return_perf_metrics the backend
+# writes these nine [1, 1] outputs on EVERY response (streaming ones too), without looking at the requested outputs.
+PERF_OUTPUT_TYPES: dict[str, str] = {
+    "kv_cache_alloc_new_blocks": "TYPE_INT32", "kv_cache_reused_blocks": "TYPE_INT32",
+    "kv_cache_alloc_total_blocks": "TYPE_INT32",
+    "arrival_time_ns": "TYPE_INT64", "first_scheduled_time_ns": "TYPE_INT64",  # steady_clock ns, not Unix time
+    "first_token_time_ns": "TYPE_INT64", "last_token_time_ns": "TYPE_INT64",
+    "acceptance_rate": "TYPE_FP32", "total_accepted_draft_tokens": "TYPE_INT32", "total_draft_tokens": "TYPE_INT32",
+}
+PERF_OUTPUTS = tuple(PERF_OUTPUT_TYPES)
+SPEC_PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")  # what speculation reads
 OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("output_ids", "TYPE_INT32", (-1, -1)),  # sent as [1, beams, T], -1 padded (MIS fillTritonResponse L1081)
     TensorSpec("sequence_length", "TYPE_INT32", (-1,)),  # sent as [1, beams]: tokens in THIS response (L1094)
     TensorSpec("generation_logits", LOGITS_TYPE, (-1, -1, -1)),  # [1, beams, T, V]; needs return_generation_logits
-    TensorSpec("acceptance_rate", "TYPE_FP32", (1,)),  # perf outputs: [1, 1], only with return_perf_metrics
-    TensorSpec("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
-    TensorSpec("total_draft_tokens", "TYPE_INT32", (1,)),
+    *(TensorSpec(name, dtype, (1,)) for name, dtype in PERF_OUTPUT_TYPES.items()),
 )
 # fillTritonResponse (MIS L1079-1103) throws unless the request asked for both; the error comes back as one
 # final error response: "Error encountered while populating response: <name> tensor must be present ...".
 MANDATORY_OUTPUTS = ("output_ids", "sequence_length")
 MISSING_OUTPUT = "Error encountered while populating response: {name} tensor must be present in list of output tensors"
-# Emitted on every response when return_perf_metrics is true, requested or not (MIS L1255-1306).
-PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+# An output the backend writes that the model config does not declare: Triton core's Model::GetOutput (core
+# src/model.cc L56-68, r24.10 and r25.12) refuses it ("unexpected inference output"); the backend's getResponseBuffer
+# (utils.h L320-349) throws, and fillTritonResponse answers with one final INTERNAL error (MIS L1318-1323). A python
+# model's undeclared outputs are silently pruned instead (python_backend PruneOutputTensors), so the stand-in checks its
+# own config and fails the way the C++ backend does.
+UNDECLARED_OUTPUT = ("Error encountered while populating response: Could not get response output for output tensor "
+                     "{name}: unexpected inference output '{name}' for model '{model}'")
+
+# End of sequence (TensorRT-LLM samplers, e.g. kernels/samplingTopKKernels.cu: "Do not increase seq len when EOS is
+# generated. Seq len should always contain only tokens to be outputted"; trtGptModelInflightBatching.cpp adds tokens
+# only up to the decoder's sequence length): a request that samples end_id finishes, and end_id is NOT in output_ids
+# nor counted in sequence_length. Stop words are kept. A verification that accepts up to end_id returns the tokens
+# before it: fewer than a round without an end returns (speculative_loop.round_ended).
+EOS_EXCLUDED = True
+
+# Numerics (TensorRT-LLM cpp/tensorrt_llm/kernels/penaltyKernels.cu batchApplyPenalty; common/reduceKernelUtils.cuh):
+# a request's temperature T scales the logits by 1 / (T + 1e-6) (computed in float), then every logit is clamped to
+# +-HALF_FLT_MAX (65504) for half logits (+-FLT_MAX for float). Temperature 0 is therefore a 1e6 scale, not greedy: on
+# FP16 logits everything above ~0.066 clamps to 65504 and greedy picks the lowest id among the ties (tensorrtllm_backend
+# #158). ModelOpt's export writes logits_dtype float16 for bf16 checkpoints (modelopt torch/export/
+# tensorrt_llm_utils.py L146, L217); trt-spec builds float32 (LOGITS_DTYPE) and its clients send no temperature for greedy.
+TEMPERATURE_EPS = 1e-6
+HALF_MAX = 65504.0
+FP16_LOGITS = "float16"
+LOGITS_DTYPES = (LOGITS_DTYPE, FP16_LOGITS)
 
 # ---------------------------------------------------------------------------------------------------------
 # Request rules
@@ -202,6 +241,10 @@ PROMPT_TOO_LONG = ("Prompt length ({n}) exceeds maximum input length ({max}). Se
 DRAFT_TOO_LONG = "Draft tokens length ({n}) exceeds maximum draft tokens length ({max})."  # LlmRequest::validate
 BEAM_WIDTH = "Assertion failed: beamWidth ({n}) exceeds max_beam_width ({max})"  # SamplingConfig::checkBeamWidth
 TEMPERATURE_NEGATIVE = "Assertion failed: temperature.value() >= 0.f"  # SamplingConfig::checkTemperature
+# LlmRequest::validate: prompt + request_output_len + draftLenPerEngineStep (the engine's max_draft_len) over
+# max_seq_len is not an error: the executor logs this warning and generates fewer tokens.
+OUTPUT_LEN_CLAMPED = ("Prompt length + number of requested output tokens + draft tokens per step ({p} + {n} + {d}) "
+                      "exceeds maximum sequence length ({max}). Number of requested output tokens is changed to ({new}).")
 TOP_P_RANGE = "Assertion failed: topP.value() <= 1.f"  # SamplingConfig::checkTopP
 TOP_K_NEGATIVE = "Assertion failed: topK.value() >= 0"  # SamplingConfig::checkTopK
 # U convertWordList (L416-449): the [2, L] stop/bad word list, flattened, is checked before the request is made.
@@ -244,15 +287,37 @@ class EngineLimits:
     speculative_decoding_mode: Optional[str] = None
     gather_generation_logits: bool = False
     vocab_size: Optional[int] = None  # when known, token ids are range-checked (the stand-in's stricter check)
+    logits_dtype: str = LOGITS_DTYPE  # the engine's logits (TensorRT-LLM's checkpoint default: float32)
 
     @classmethod
     def from_build_config(cls, bc: Mapping, vocab_size: Optional[int] = None) -> "EngineLimits":
         return cls(int(bc["max_batch_size"]), int(bc["max_seq_len"]), int(bc["max_num_tokens"]),
                    int(bc.get("max_draft_len", 0)), int(bc.get("max_beam_width", 1)),
-                   bc.get("speculative_decoding_mode"), bool(bc.get("gather_generation_logits", False)), vocab_size)
+                   bc.get("speculative_decoding_mode"), bool(bc.get("gather_generation_logits", False)), vocab_size,
+                   bc.get("logits_dtype", LOGITS_DTYPE))
 
     def input_limit(self, chunked_context: bool = False) -> int:
         return max_input_len(self.max_seq_len, self.max_num_tokens, chunked_context)
+
+    def output_limit(self, prompt_len: int) -> int:
+        """The most new tokens a request of prompt_len gets: LlmRequest::validate lowers request_output_len to
+        max_seq_len - prompt - draftLenPerEngineStep (the engine's max_draft_len) with OUTPUT_LEN_CLAMPED."""
+        return self.max_seq_len - prompt_len - self.max_draft_len
+
+
+def kernel_logits(logits, temperature: Optional[float], logits_dtype: str):
+    """The logits TensorRT-LLM samples from (FP16_LOGITS): `logits` [..., V] (torch, float) held in the engine's
+    logits dtype, scaled by 1 / (T + 1e-6) when the request sent a temperature other than 1 (hasTemperature), then
+    clamped to the dtype's range. Returns float32."""
+    import torch
+
+    half = logits_dtype == FP16_LOGITS
+    x = logits.to(torch.float16).float() if half else logits.float()
+    if temperature is not None and abs(temperature - 1.0) > 1e-9:
+        x = x * (1.0 / (float(temperature) + TEMPERATURE_EPS))
+    if half:
+        x = x.clamp(-HALF_MAX, HALF_MAX).to(torch.float16).float()
+    return x
 
 
 def effective_top_k_top_p(top_k: Optional[int], top_p: Optional[float]) -> tuple[int, float]:
@@ -277,7 +342,7 @@ class EngineRequest:
     end_id: Optional[int] = None  # absent: -1, never stops on EOS
     streaming: bool = False
     exclude_input: bool = False
-    temperature: float = 1.0
+    temperature: Optional[float] = None  # as sent; None = absent (the kernel then leaves the logits unscaled)
     top_k: int = 1  # effective (see effective_top_k_top_p); 1 = greedy
     top_p: float = 0.0
     seed: Optional[int] = None
@@ -286,10 +351,13 @@ class EngineRequest:
     return_generation_logits: bool = False
     return_perf_metrics: bool = False
     requested_outputs: tuple[str, ...] = ()
+    warning: Optional[str] = None  # what the executor logs for this request (OUTPUT_LEN_CLAMPED)
 
     @property
     def greedy(self) -> bool:
-        return self.top_k == 1 or self.temperature == 0.0
+        """Top-k 1 (neither top_k nor top_p sent): the argmax of kernel_logits at any temperature; on FP16 logits a
+        temperature of 0 makes that argmax a tie among clamped logits (FP16_LOGITS)."""
+        return self.top_k == 1
 
 
 def _scalar(inputs: Mapping[str, Optional[np.ndarray]], name: str):
@@ -400,6 +468,14 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     # LlmRequest::validate (executor): prompt length, then draft length.
     if len(input_ids) > limits.input_limit():
         raise ContractError(EXECUTOR_ERROR.format(msg=PROMPT_TOO_LONG.format(n=len(input_ids), max=limits.input_limit())))
+    warning = None
+    if int(out_len) > limits.output_limit(len(input_ids)):
+        room = limits.output_limit(len(input_ids))
+        warning = OUTPUT_LEN_CLAMPED.format(p=len(input_ids), n=int(out_len), d=limits.max_draft_len,
+                                            max=limits.max_seq_len, new=room)
+        if room < 1:  # trt-spec's own (stricter) refusal: the executor would go on with no room to generate
+            raise ContractError(EXECUTOR_ERROR.format(msg=warning.replace("is changed to", "would be")))
+        out_len = room
     if draft_tokens and len(draft_tokens) > limits.max_draft_len:
         raise ContractError(EXECUTOR_ERROR.format(msg=DRAFT_TOO_LONG.format(n=len(draft_tokens), max=limits.max_draft_len)))
     requested = tuple(requested_outputs)
@@ -423,30 +499,58 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
         input_ids=input_ids, output_len=int(out_len), draft_tokens=draft_tokens,
         draft_logits=None if dl is None else np.asarray(dl).reshape(-1, np.asarray(dl).shape[-1]),
         end_id=None if end_id is None else int(end_id), streaming=streaming, exclude_input=bool(exclude),
-        temperature=1.0 if temperature is None else float(temperature), top_k=k, top_p=p,
+        temperature=None if temperature is None else float(temperature), top_k=k, top_p=p,
         seed=None if seed is None else int(seed),
         stop_words=word_list(inputs.get("stop_words_list")), bad_words=word_list(inputs.get("bad_words_list")),
         return_generation_logits=bool(_scalar(inputs, "return_generation_logits") or False),
         return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics") or False),
-        requested_outputs=requested)
+        requested_outputs=requested, warning=warning)
 
 
-def response_tensors(req: EngineRequest, tokens: Sequence[int], *, accepted: int = 0, drafted: int = 0,
-                     logits: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class PerfMetrics:
+    """The executor's RequestPerfMetrics for one response, as the backend writes them (PERF_OUTPUT_TYPES)."""
+
+    kv_new_blocks: int = 0
+    kv_reused_blocks: int = 0
+    kv_total_blocks: int = 0
+    arrival_ns: int = 0
+    first_scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    accepted: int = 0
+    drafted: int = 0
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        values = (self.kv_new_blocks, self.kv_reused_blocks, self.kv_total_blocks, self.arrival_ns,
+                  self.first_scheduled_ns, self.first_token_ns, self.last_token_ns,
+                  self.accepted / self.drafted if self.drafted else 0.0, self.accepted, self.drafted)
+        np_types = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}
+        return {name: np.asarray([[v]], dtype=np_types[t]) for (name, t), v in zip(PERF_OUTPUT_TYPES.items(), values)}
+
+
+def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfMetrics = PerfMetrics(),
+                     logits: Optional[np.ndarray] = None, declared: Optional[Iterable[str]] = None,
+                     model: str = "tensorrt_llm") -> dict[str, np.ndarray]:
     """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]
     (non-streaming: prompt + generated unless exclude_input_in_output; streaming: only this chunk's new
     tokens, never the prompt), sequence_length [1, 1] = tokens in this response, generation_logits when asked
-    for, perf outputs on every response when return_perf_metrics is set. Only the outputs the request named:
-    fillTritonResponse writes each token output under `if (requestData.outputNames.count(name) > 0)`, and the
-    perf outputs it writes regardless never reach a caller that did not ask (Triton returns requested outputs
-    only); a python stand-in must not even send them (trt_spec.serving.requested_only)."""
+    for, and the nine perf outputs on EVERY response when return_perf_metrics is set.
+
+    What the backend writes is checked against `declared` (the model config's outputs), as Triton core checks it
+    (UNDECLARED_OUTPUT): one undeclared output fails the response. Then only the requested outputs are returned:
+    Triton returns requested outputs only, and a python stand-in must not even send the others
+    (trt_spec.serving.requested_only)."""
     ids = list(tokens) if (req.streaming or req.exclude_input) else list(req.input_ids) + list(tokens)
     out = {"output_ids": np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
            "sequence_length": np.asarray([[len(ids)]], dtype=np.int32)}
     if logits is not None and req.return_generation_logits and "generation_logits" in req.requested_outputs:
         out["generation_logits"] = np.asarray(logits, dtype=np.float32)[None, None]
     if req.return_perf_metrics:
-        out["acceptance_rate"] = np.asarray([[accepted / drafted if drafted else 0.0]], dtype=np.float32)
-        out["total_accepted_draft_tokens"] = np.asarray([[accepted]], dtype=np.int32)
-        out["total_draft_tokens"] = np.asarray([[drafted]], dtype=np.int32)
+        out.update(perf.tensors())
+    if declared is not None:
+        have = set(declared)
+        missing = next((name for name in out if name not in have), None)
+        if missing is not None:
+            raise ContractError(UNDECLARED_OUTPUT.format(name=missing, model=model))
     return {name: value for name, value in out.items() if name in req.requested_outputs}

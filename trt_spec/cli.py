@@ -651,6 +651,9 @@ def doctor() -> None:
         if not c.ok:
             line += f"  (blocks: {c.blocks})"
         click.echo(line)
+    fatal = next((c for c in checks if c.fatal), None)
+    if fatal is not None:
+        raise UserError(fatal.detail)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 # -- Build ---------------------------------------------------------------------------------------------------
 BUILD_ROOT = "build"  # a config without output_dir builds into BUILD_ROOT/NAME
+TOKENS_PER_BLOCK = 32  # KV-cache block size (trtllm-build --tokens_per_block): small blocks reuse more prefix
 REPO_SUBDIR = "model_repo"  # the Triton model repository inside a build dir (trt-spec repo) or a demo dir
 
 

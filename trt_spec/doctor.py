@@ -5,13 +5,13 @@ from __future__ import annotations
 import shutil
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 from .config import Toolchain
 from .hardware import detect_gpus
 from .server import find_tritonserver, python_backend_stub
+from .trtllm import NGC_IMAGE, TRTLLM_VERSION, dist_version, trtllm_mismatch
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,7 @@ class Check:
     ok: bool
     detail: str
     blocks: str  # what cannot be done without it
-
-
-def _version(dist: str) -> Optional[str]:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+    fatal: bool = False  # wrong, not merely missing: `trt-spec doctor` exits 1
 
 
 def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) -> list[Check]:
@@ -35,9 +29,13 @@ def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) 
     gpu = detect_gpus()
     checks.append(Check("GPU", gpu is not None, gpu.describe() if gpu else "no nvidia-smi / no GPU",
                         "engine: tensorrt builds and serving (plan still works with --gpu NAME)"))
-    trt = _version("tensorrt_llm") or _version("tensorrt-llm")
-    checks.append(Check("TensorRT-LLM", trt is not None, trt or "not installed (use the NGC image or pip install '.[gpu]')",
-                        "engine: tensorrt builds (trt-spec build)"))
+    trt = dist_version("tensorrt_llm")
+    mismatch = trtllm_mismatch(trt)
+    checks.append(Check("TensorRT-LLM", trt is not None and mismatch is None,
+                        mismatch or (f"{trt} (trt-spec targets {TRTLLM_VERSION})" if trt else
+                                     f"not installed (run in {NGC_IMAGE})"),
+                        "engine: tensorrt builds and serving (trt-spec build, the tensorrtllm backend)",
+                        fatal=mismatch is not None))
     tb = shutil.which(tc.trtllm_build)
     checks.append(Check("trtllm-build", tb is not None, tb or f"{tc.trtllm_build} not on PATH", "engine builds"))
     qp = Path(tc.examples_dir) / "quantization" / "quantize.py"
@@ -50,12 +48,12 @@ def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) 
     checks.append(Check("python-backend stub", stub is not None,
                         str(stub) if stub else f"no stub for Python {sys.version_info.major}.{sys.version_info.minor}",
                         "python-backend models (preprocessing, BLS, reference engine)"))
-    tcv = _version("tritonclient")
+    tcv = dist_version("tritonclient")
     checks.append(Check("tritonclient", tcv is not None, tcv or "not installed", "trt-spec check / bench"))
     for dist, blocks in (("torch", "engine: reference (CPU)"), ("transformers", "tokenizers in preprocessing")):
-        v = _version(dist)
+        v = dist_version(dist)
         checks.append(Check(dist, v is not None, v or "not installed (pip install '.[reference]')", blocks))
-    np_v = _version("numpy")
+    np_v = dist_version("numpy")
     np_ok = np_v is not None and int(np_v.split(".")[0]) < 2
     checks.append(Check("numpy<2", np_ok, np_v or "not installed", "Triton 2.51 python backend (numpy 2 breaks it)"))
     usage = shutil.disk_usage(disk_path if disk_path.exists() else Path("/"))

@@ -27,13 +27,15 @@ MAX_TOKENS = "max_tokens"
 NUM_DRAFT_TOKENS = "num_draft_tokens"  # BLS only: k for this request (the cap, with the adaptive policy)
 DRAFT_LEN_POLICY = "draft_len_policy"  # BLS only: adaptive | fixed for this request
 TEXT_OUTPUT = "text_output"
-OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS  # the engine's outputs, passed through under their names
+EMBEDDING_BIAS = ("embedding_bias_words", "embedding_bias_weights")  # declared for NVIDIA's clients; must be empty
+OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS  # the engine's outputs (the text models return output_ids)
+POST_OUTPUT_IDS = "OUTPUT_IDS"  # postprocessing's token ids (cut to SEQUENCE_LENGTH): the ensemble's output_ids
 # The BLS's whole-request metrics: the engine's perf outputs plus its own steps and accepted-length histogram.
 TOTAL_STEPS = "total_steps"
 ACCEPTED_LENGTH_HISTOGRAM = "accepted_length_histogram"
 DRAFT_LENGTHS = "draft_lengths"  # the draft length k the policy chose per round; 0 = a round without speculation
 LIST_METRICS = (ACCEPTED_LENGTH_HISTOGRAM, DRAFT_LENGTHS)  # metric outputs that are lists, not one number
-METRIC_OUTPUTS = (*bc.PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
+METRIC_OUTPUTS = (*bc.SPEC_PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
 
 # -- Files ------------------------------------------------------------------------------------------------
 # A tokenizer's files, copied next to every engine (and distilled draft) that serves with it.

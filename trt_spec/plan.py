@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Optional
 
 from . import trtllm
+from .backend_contract import LOGITS_DTYPE
 from .config import BuildConfig
 from .defaults import served_num_draft_tokens
 from .hardware import GpuSpec
-from .preflight import TOKENS_PER_BLOCK, PreflightReport
+from .defaults import TOKENS_PER_BLOCK
+from .preflight import PreflightReport
 from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED, SPEC_MODE_TO_TRTLLM, TRTLLM_ARCHITECTURES
 
 STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
@@ -252,7 +254,10 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
             "--kv_cache_type", "paged", "--tokens_per_block", str(TOKENS_PER_BLOCK),
             "--use_paged_context_fmha", "enable",
             # what builder.py decides anyway (FP8 weights + FP8 KV + paged context FMHA on SM >= 89), made explicit
-            "--use_fp8_context_fmha", "enable" if q.fp8_context_fmha else "disable"]
+            "--use_fp8_context_fmha", "enable" if q.fp8_context_fmha else "disable",
+            # FP32 logits (backend_contract.LOGITS_DTYPE): ModelOpt's export leaves float16, which the penalty kernel
+            # clamps at +-65504 after scaling by 1/(T + 1e-6): greedy and draft verification then pick among ties
+            "--logits_dtype", LOGITS_DTYPE]
     mode = cfg.speculative.mode
     what = "engine"
     if role == "target" and mode != "none":

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .defaults import TOKENS_PER_BLOCK
 from .config import BuildConfig
 from .hardware import GpuSpec
 from .memory import CALIBRATION_PEAK_FACTOR, GIB, MemoryRow, memory_rows, shared_gpu_kv_fraction, totals_per_gpu
@@ -23,7 +24,6 @@ REFERENCE_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCa
 
 VOCAB_PAD_TOLERANCE = 128
 FIRST_COMPARED_TOKEN_ID = 5
-TOKENS_PER_BLOCK = 32  # KV-cache block size (trtllm-build --tokens_per_block): small blocks reuse more prefix
 
 
 @dataclass(frozen=True)

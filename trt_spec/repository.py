@@ -41,8 +41,8 @@ from . import backend_contract as bc
 from .atomic import replacing_dir
 from .integrity import IntegrityError, rebuild_hint, verify
 from .manifest import BuildManifest, EngineEntry, RepoRecord
-from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, DRAFT_LEN_POLICY, DRAFT_LENGTHS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
-                    POSTPROCESSING as POST, PREPROCESSING as PRE, SEQUENCE_LENGTH, TARGET, TEXT_INPUT, TEXT_OUTPUT,
+from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, DRAFT_LEN_POLICY, DRAFT_LENGTHS, EMBEDDING_BIAS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
+                    POST_OUTPUT_IDS, POSTPROCESSING as POST, PREPROCESSING as PRE, SEQUENCE_LENGTH, TARGET, TEXT_INPUT, TEXT_OUTPUT,
                     TOTAL_STEPS)
 
 if TYPE_CHECKING:
@@ -212,9 +212,11 @@ def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
         inp("STOP_WORDS_DICT", "TYPE_STRING", [-1], optional=True),
         inp("END_ID", "TYPE_INT32", [1], optional=True),
         inp("PAD_ID", "TYPE_INT32", [1], optional=True),
+        *embedding_bias_inputs("EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS"),
     ])
     cfg.output.extend([
         out("INPUT_ID", "TYPE_INT32", [-1]),
+        out("DECODER_INPUT_ID", "TYPE_INT32", [-1]),  # [[pad_id]]: NVIDIA's end_to_end_test.py reads and forwards it
         out("REQUEST_INPUT_LEN", "TYPE_INT32", [1]),
         out("REQUEST_OUTPUT_LEN", "TYPE_INT32", [1]),
         out("BAD_WORDS_IDS", "TYPE_INT32", [2, -1]),
@@ -230,10 +232,17 @@ def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
 def postprocessing_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=POST, backend="python", max_batch_size=s.max_batch_size)
     cfg.input.extend([inp("TOKENS_BATCH", "TYPE_INT32", [-1, -1]), inp("SEQUENCE_LENGTH", "TYPE_INT32", [-1])])
-    cfg.output.extend([out("OUTPUT", "TYPE_STRING", [-1])])
+    # OUTPUT: NVIDIA's (one string per sequence and beam); OUTPUT_IDS: trt-spec's, the token ids cut to their length
+    cfg.output.extend([out("OUTPUT", "TYPE_STRING", [-1]), out(POST_OUTPUT_IDS, "TYPE_INT32", [-1, -1])])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": True})
     return cfg
+
+
+def embedding_bias_inputs(words: str, weights: str) -> list:
+    """NVIDIA's embedding-bias inputs: its speculative_decoding_test.py sends both, empty ([1, 0]), to the ensemble
+    and the BLS on every request. Declared so such requests are served; a non-empty bias is refused with one line."""
+    return [inp(words, "TYPE_STRING", [-1], optional=True), inp(weights, "TYPE_FP32", [-1], optional=True)]
 
 
 def text_inputs(bls: bool) -> list:
@@ -254,6 +263,7 @@ def text_inputs(bls: bool) -> list:
         # NVIDIA's end_to_end_grpc_client always sends beam_width; 1 is the only value served
         inp("beam_width", "TYPE_INT32", [1], optional=True),
         inp("num_return_sequences", "TYPE_INT32", [1], optional=True),
+        *embedding_bias_inputs(*EMBEDDING_BIAS),
     ]
     if bls:
         ins += [inp(NUM_DRAFT_TOKENS, "TYPE_INT32", [1], optional=True),
@@ -266,11 +276,12 @@ def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=ENSEMBLE, platform="ensemble", max_batch_size=s.max_batch_size)
     cfg.input.extend(text_inputs(bls=False))
     cfg.output.extend([out(TEXT_OUTPUT, "TYPE_STRING", [-1]), out(OUTPUT_IDS, "TYPE_INT32", [-1, -1]),
-                       out(SEQUENCE_LENGTH, "TYPE_INT32", [-1])])
+                       *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS)])
     steps = cfg.ensemble_scheduling.step
     pre = steps.add(model_name=PRE, model_version=-1)
     pre.input_map.update({"QUERY": TEXT_INPUT, "REQUEST_OUTPUT_LEN": MAX_TOKENS, "BAD_WORDS_DICT": "bad_words",
-                          "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id"})
+                          "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id",
+                          "EMBEDDING_BIAS_WORDS": EMBEDDING_BIAS[0], "EMBEDDING_BIAS_WEIGHTS": EMBEDDING_BIAS[1]})
     pre.output_map.update({"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
                            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
                            "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID"})
@@ -282,10 +293,13 @@ def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
                           "seed": "seed", "streaming": "stream", "exclude_input_in_output": "exclude_input_in_output",
                           "return_perf_metrics": "return_perf_metrics", "beam_width": "beam_width",
                           "num_return_sequences": "num_return_sequences"})
-    llm.output_map.update({OUTPUT_IDS: OUTPUT_IDS, SEQUENCE_LENGTH: SEQUENCE_LENGTH})
+    # The engine's outputs are internal tensors, never ensemble outputs: Triton core prunes a step once every
+    # ensemble output it produces is unrequested, without asking whether a later step consumes them (ENSEMBLE_PRUNING).
+    llm.output_map.update({OUTPUT_IDS: "_TOKENS_BATCH", SEQUENCE_LENGTH: "_SEQUENCE_LENGTH",
+                           **{name: name for name in bc.PERF_OUTPUTS}})  # with return_perf_metrics, as NVIDIA's
     post = steps.add(model_name=POST, model_version=-1)
-    post.input_map.update({"TOKENS_BATCH": OUTPUT_IDS, "SEQUENCE_LENGTH": SEQUENCE_LENGTH})
-    post.output_map.update({"OUTPUT": TEXT_OUTPUT})
+    post.input_map.update({"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"})
+    post.output_map.update({"OUTPUT": TEXT_OUTPUT, POST_OUTPUT_IDS: OUTPUT_IDS})
     return cfg
 
 
@@ -296,7 +310,7 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
     cfg.output.extend([
         out(TEXT_OUTPUT, "TYPE_STRING", [-1]),
         out(OUTPUT_IDS, "TYPE_INT32", [-1]),
-        *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS),
+        *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.SPEC_PERF_OUTPUTS),
         out(TOTAL_STEPS, "TYPE_INT32", [1]),
         out(ACCEPTED_LENGTH_HISTOGRAM, "TYPE_INT32", [-1]),
         out(DRAFT_LENGTHS, "TYPE_INT32", [-1]),
@@ -398,6 +412,52 @@ def _check_engine_interface(caller: str, engine: mc.ModelConfig) -> None:
             raise RepositoryError(f"{caller} calls {engine.name}, which has no output {t!r}")
 
 
+def pruned_steps(cfg: mc.ModelConfig, requested: set[str]) -> set[int]:
+    """The steps Triton core's ensemble scheduler prunes for a request that asks for `requested` (ENSEMBLE_PRUNING:
+    core src/ensemble_scheduler/ensemble_scheduler.cc, "Prune ensemble first if not all outputs are requested",
+    r24.10 L417-458, the same in r25.12 L536-577). Every unrequested ensemble output is ignored; each ignored tensor
+    decrements its producing step's count, which starts at the step's number of mapped outputs; a step at zero is
+    pruned, and its inputs no remaining step reads are ignored in turn. Nothing asks whether a live step still
+    consumes an ignored ensemble output, so a step whose every output is an ensemble output disappears when a
+    client asks only for what a later step makes of them. (An ensemble input has no producer; the scheduler's
+    `tensor_to_prev_step_[name]` then reads step 0, reproduced here.)"""
+    steps = list(cfg.ensemble_scheduling.step)
+    producer = {t: i for i, st in enumerate(steps) for t in st.output_map.values()}
+    consumers: dict[str, set[int]] = {}
+    for i, st in enumerate(steps):
+        for t in st.input_map.values():
+            consumers.setdefault(t, set()).add(i)
+    ignored = {o.name for o in cfg.output} - set(requested)
+    left: dict[int, int] = {}
+    pruned: set[int] = set()
+    while ignored:
+        newly: set[str] = set()
+        for t in ignored:
+            i = producer.get(t, 0)
+            left[i] = left.get(i, len(steps[i].output_map)) - 1
+            if left[i] == 0:
+                pruned.add(i)
+                for t_in in steps[i].input_map.values():
+                    consumers[t_in].discard(i)
+                    if not consumers[t_in]:
+                        newly.add(t_in)
+        ignored = newly
+    return pruned
+
+
+def _needed_steps(cfg: mc.ModelConfig, output: str) -> set[int]:
+    """The steps an ensemble output is computed through (its producer and, transitively, theirs)."""
+    steps = list(cfg.ensemble_scheduling.step)
+    producer = {t: i for i, st in enumerate(steps) for t in st.output_map.values()}
+    need, todo = set(), [output]
+    while todo:
+        i = producer.get(todo.pop())
+        if i is not None and i not in need:
+            need.add(i)
+            todo += list(steps[i].input_map.values())
+    return need
+
+
 def _check_ensemble(cfg: mc.ModelConfig, models: dict[str, mc.ModelConfig]) -> None:
     available = {i.name for i in cfg.input}
     for step in cfg.ensemble_scheduling.step:
@@ -422,6 +482,14 @@ def _check_ensemble(cfg: mc.ModelConfig, models: dict[str, mc.ModelConfig]) -> N
     for o in cfg.output:
         if o.name not in available:
             raise RepositoryError(f"{cfg.name}: output {o.name!r} is produced by no step")
+    steps = list(cfg.ensemble_scheduling.step)
+    for o in cfg.output:  # a client may ask for any one output alone (NVIDIA's clients ask for text_output only)
+        lost = _needed_steps(cfg, o.name) & pruned_steps(cfg, {o.name})
+        if lost:
+            raise RepositoryError(
+                f"{cfg.name}: a request for {o.name!r} alone loses step {steps[max(lost)].model_name}: Triton's ensemble "
+                "scheduler prunes a step once every ensemble output it maps is unrequested, even when a later step "
+                "reads them; map its outputs to internal tensors (\"_NAME\") instead")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -36,6 +35,7 @@ from .manifest import (BuildManifest, EngineEntry, GpuRecord, LimitsRecord, Runt
                        StepRecord, WorldSize)
 from .procutil import die_with_parent
 from .plan import STEP_STAMP, Plan, Step
+from .trtllm import dist_version, trtllm_mismatch
 
 LOG_TAIL_LINES = 25
 
@@ -215,12 +215,7 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
 
 def tool_versions(plan: Plan) -> dict[str, Optional[str]]:
     """Versions without importing heavy packages (tensorrt_llm is never imported here)."""
-    def v(dist: str) -> Optional[str]:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-    out = {"trt_spec": __version__, "tensorrt_llm": v("tensorrt_llm") or v("tensorrt-llm"), "torch": v("torch")}
+    out = {"trt_spec": __version__, "tensorrt_llm": dist_version("tensorrt_llm"), "torch": dist_version("torch")}
     if plan.engine == "tensorrt":
         out["trtllm_build"] = shutil.which(plan.report.config.toolchain.trtllm_build)
     return out
@@ -288,6 +283,8 @@ def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = 
                 result.steps.append(StepResult(s.name, st))
         return result
 
+    if plan.engine == "tensorrt" and (mismatch := trtllm_mismatch()) is not None:
+        raise BuildError(mismatch)  # before any step: engines built by another TensorRT-LLM do not load
     with _Lock(out):
         for i, step in enumerate(plan.steps, 1):
             _clean_stale(step)

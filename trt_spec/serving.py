@@ -71,10 +71,13 @@ def default_pad_id(tokenizer) -> int:
 
 
 def to_word_list(tokenizer, words: Sequence[str]) -> np.ndarray:
-    """TensorRT-LLM's [2, L] word-list format: row 0 = concatenated token ids, row 1 = end offsets (-1 pad)."""
+    """TensorRT-LLM's [2, L] word-list format: row 0 = concatenated token ids, row 1 = end offsets (-1 pad). No words:
+    [2, 0], as NVIDIA's preprocessing returns (its speculative client compares the rows of STOP_WORDS_IDS with the
+    sequence's tail, so a [[0], [-1]] placeholder would stop it at the first token 0)."""
     from .backend_contract import word_list_array
 
-    return word_list_array([encode(tokenizer, w, add_special_tokens=False) for w in words if w])
+    ids = [encode(tokenizer, w, add_special_tokens=False) for w in words if w]
+    return word_list_array(ids) if any(ids) else np.zeros((2, 0), dtype=np.int32)
 
 
 def requested_only(tensors: Mapping[str, np.ndarray], requested: Iterable[str]) -> dict[str, np.ndarray]:
@@ -87,6 +90,17 @@ def requested_only(tensors: Mapping[str, np.ndarray], requested: Iterable[str]) 
     that name no outputs get all of them: Triton fills the requested set with every output then."""
     wanted = set(requested)
     return {name: value for name, value in tensors.items() if name in wanted}
+
+
+def check_no_embedding_bias(words, weights) -> None:
+    """NVIDIA's clients send the embedding-bias pair empty ([1, 0]) on every request; trt-spec serves no bias. Raises
+    ValueError (a client error line) for a non-empty one."""
+    from .names import EMBEDDING_BIAS
+
+    for name, arr in zip(EMBEDDING_BIAS, (words, weights)):
+        if arr is not None and np.asarray(arr).size:
+            raise ValueError(f"{name} is not supported by this deployment (no embedding bias); send it empty or omit "
+                             "it")
 
 
 def decode_strings(arr) -> list[str]:

@@ -145,9 +145,12 @@ def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logi
         raise RequestError(f"{MAX_TOKENS} must be >= 1, got {max_tokens}")
     if cfg.max_prompt_len is not None:
         check_prompt_len(prompt_len, cfg.max_prompt_len)
-    if prompt_len + max_tokens > cfg.max_seq_len:
-        raise RequestError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len "
-                           f"{cfg.max_seq_len}; lower max_tokens")
+    # The executor lowers request_output_len when prompt + it + the engine's max_draft_len exceeds max_seq_len
+    # (backend_contract.OUTPUT_LEN_CLAMPED): refused here instead of answered short.
+    if prompt_len + max_tokens + cfg.max_draft_len > cfg.max_seq_len:
+        raise RequestError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) + max_draft_len "
+                           f"({cfg.max_draft_len}) exceeds max_seq_len {cfg.max_seq_len}; lower max_tokens to at most "
+                           f"{max(0, cfg.max_seq_len - prompt_len - cfg.max_draft_len)}")
     # Loop modes resend prompt + everything generated so far; the last round's input is prompt + max_tokens - 1.
     longest = prompt_len + max_tokens - 1 if cfg.mode in LOOP_MODES else prompt_len
     if longest > cfg.max_input_len:
@@ -208,6 +211,17 @@ def response_tokens(out: dict[str, np.ndarray]) -> list[int]:
     ids = np.asarray(out["output_ids"]).reshape(-1)
     n = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
     return [int(x) for x in ids[:n]]
+
+
+def round_ended(draft: Sequence[int], new: Sequence[int], out_len: int) -> bool:
+    """Whether the target stopped at the end token in this round. The engine does not output end_id
+    (backend_contract.EOS_EXCLUDED), so the round says it by returning less than a round always returns otherwise:
+    a decode of out_len tokens returns out_len; a verification returns its accepted drafts plus one token of the
+    target's own, which differs from the next draft (or is the bonus after all of them). Only a round that stopped
+    at end_id returns nothing but a prefix of the draft."""
+    if not draft:
+        return len(new) < out_len
+    return len(new) <= len(draft) and list(new) == list(draft[: len(new)])
 
 
 def find_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]], start: int = 0) -> Optional[int]:
@@ -305,8 +319,6 @@ class SpeculativeLoop:
             responses = await self.call(self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS))
             t2 = time.perf_counter()
             new = [t for out in responses for t in response_tokens(out)][:remaining]
-            if not new:
-                break
             acc = 0
             while acc < min(len(draft), len(new)) and new[acc] == draft[acc]:
                 acc += 1
@@ -319,10 +331,8 @@ class SpeculativeLoop:
             m.accepted += acc
             if draft:
                 m.hist[min(acc, r.k)] += 1
-            # stop conditions: EOS (kept, like the engine), stop words (kept), budget
-            if r.end_id in new:
-                new = new[: new.index(r.end_id) + 1]
-                done = True
+            # stop conditions: the engine's end token (not output), stop words (kept), budget
+            done = round_ended(draft, new, out_len)
             start = len(generated)
             generated += new
             cut = find_stop(generated, r.stop_words, start=start)
@@ -353,6 +363,6 @@ class SpeculativeLoop:
                 emit(new)
 
         # The perf outputs must be requested too: Triton returns only requested outputs.
-        await self.call(self.cfg.target, ins, [*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS], on_response)
+        await self.call(self.cfg.target, ins, [*bc.MANDATORY_OUTPUTS, *bc.SPEC_PERF_OUTPUTS], on_response)
         m.steps = max(0, len(generated) - m.accepted)  # each engine step yields its accepted tokens + 1
         return generated, m

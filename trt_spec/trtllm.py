@@ -7,8 +7,35 @@ every shipped config). Source: TensorRT-LLM 1.2 `trtllm-build --help`, `examples
 `examples/models/core/*/convert_checkpoint.py`, `examples/medusa|eagle/convert_checkpoint.py`.
 """
 
+from importlib import metadata
+from typing import Optional
+
 TRTLLM_VERSION = "1.2.1"
-NGC_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+# The first NGC Triton image whose TensorRT-LLM is 1.2.1 with the C++ `tensorrtllm` backend. Sources: Triton's
+# compatibility matrix (triton-inference-server/server r26.04 docs/introduction/compatibility.md: 25.12-26.02 ship
+# TensorRT-LLM 1.1.0, 26.03 ships 1.2.0, 26.04-26.07 ship 1.2.1) and tensorrtllm_backend r26.04
+# dockerfile/Dockerfile.triton.trt_llm_backend (TENSORRTLLM_VER=1.2.1; r25.12 has 1.1.0). The image: Triton 2.68.0,
+# Python 3.12 in the venv /opt/venv-tritonserver (first on PATH), CUDA 13.1, driver >= 590.
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+
+
+def dist_version(dist: str) -> Optional[str]:
+    """An installed distribution's version without importing it (importing tensorrt_llm loads torch and CUDA), or
+    None. Names are normalized by importlib (tensorrt_llm == tensorrt-llm)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def trtllm_mismatch(installed: Optional[str] = None) -> Optional[str]:
+    """One line when the installed TensorRT-LLM is not the version trt-spec targets (None when it is, or when none
+    is installed: a CPU machine). `installed` defaults to what this interpreter sees."""
+    v = installed if installed is not None else dist_version("tensorrt_llm")
+    if v is None or v == TRTLLM_VERSION:
+        return None
+    return (f"TensorRT-LLM {v} is installed, but trt-spec targets {TRTLLM_VERSION} (engines and the tensorrtllm "
+            f"backend must match it); use the image {NGC_IMAGE}")
 
 TRTLLM_BUILD_FLAGS = frozenset("""
 --checkpoint_dir --model_config --build_config --model_cls_file --model_cls_name --output_dir

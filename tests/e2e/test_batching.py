@@ -22,7 +22,7 @@ from trt_spec.repository import write_repository
 from .conftest import _serve, build_deployment
 from .test_reliability import PROMPTS, _tensor, b, i32, raw
 
-GREEDY = {"temperature": 0.0}
+GREEDY: dict = {}
 BATCH_LINE = re.compile(r"tensorrt_llm: batching: (\d+) iterations, sequences per forward max (\d+)")
 MAX_QUEUE = 2
 MAX_BATCH = 4  # build_deployment's limits.max_batch_size

@@ -27,7 +27,7 @@ from trt_spec.server import free_port
 ROOT = Path(__file__).resolve().parents[2]
 STUB = "triton_python_backend_stub"
 PROMPT = "def add(a, b):\n    return"
-GREEDY = {"exclude_input_in_output": True, "temperature": 0.0}
+GREEDY = {"exclude_input_in_output": True}
 IMPORT_LOG_VAR = "PACKAGING_TEST_IMPORT_LOG"
 
 # Imported by the new venv's .pth at every interpreter start (tritonserver's python-backend stubs included): one

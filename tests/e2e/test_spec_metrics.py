@@ -20,7 +20,7 @@ from trt_spec.spec_metrics import LATENCY_BUCKETS, acceptance_summary, histogram
 
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "class Stack:\n    def push(self, x):",
            "The quick brown fox jumps over the lazy dog. The quick brown", "for i in range(10):\n   "]
-GREEDY = {"exclude_input_in_output": True, "temperature": 0.0}
+GREEDY = {"exclude_input_in_output": True}
 MAX_DRAFT_LEN = 4  # conftest.build_deployment's k
 COUNTERS = (n.METRIC_REQUESTS, n.METRIC_DRAFT_TOKENS, n.METRIC_ACCEPTED_TOKENS, n.METRIC_ROUNDS,
             n.METRIC_ROUNDS_NO_SPEC)

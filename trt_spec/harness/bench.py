@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 from ..names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE, DRAFT_LEN_POLICY, DRAFT_LENGTHS, NUM_DRAFT_TOKENS, SPECULATIVE,
                      TOTAL_STEPS)
-from .client import Generation, LLMClient
+from .client import GREEDY, Generation, LLMClient
 from .metrics import (Summary, acceptance_rate, bootstrap_ratio_ci, low_acceptance_advice, mean_acceptance_length,
                       total_throughput, tpot)
 from .prompts import Prompt
@@ -55,8 +55,7 @@ def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int], policy:
     extra = {}
     if model == SPECULATIVE:
         extra = {name: v for name, v in ((NUM_DRAFT_TOKENS, k), (DRAFT_LEN_POLICY, policy)) if v is not None}
-    return client.generate(model, p.text, p.max_tokens, stream=True, exclude_input_in_output=True, temperature=0.0,
-                           **extra)
+    return client.generate(model, p.text, p.max_tokens, stream=True, **GREEDY, **extra)
 
 
 def acceptance_summary(spec: Sequence[Sample]) -> dict:

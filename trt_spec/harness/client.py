@@ -52,6 +52,9 @@ FIELD_TYPES = {
     "stream": np.bool_, "exclude_input_in_output": np.bool_, "return_perf_metrics": np.bool_,
     "use_draft_logits": np.bool_,
 }
+# A greedy request as TensorRT-LLM defines greedy: neither top_k nor top_p, and no temperature. Never temperature 0:
+# the engine scales logits by 1/(T + 1e-6) (backend_contract.FP16_LOGITS), so 0 is a 1e6 scale, not a mode switch.
+GREEDY: dict = {"exclude_input_in_output": True}
 REQUEST_TIMEOUT_S = 600.0  # the longest wait for one response (a 70B engine's first token under load included)
 
 

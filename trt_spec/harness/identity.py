@@ -22,7 +22,7 @@ import numpy as np
 
 from ..defaults import SAMPLING_SAMPLES
 from ..names import BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE, TARGET
-from .client import ClientError, LLMClient
+from .client import GREEDY, ClientError, LLMClient
 from .prompts import Prompt
 
 NEAR_TIE_MARGIN = 0.05  # logits; below this the two best tokens are a coin flip for any kernel change
@@ -105,7 +105,7 @@ def check_greedy(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_toke
                  tokenizer=None, near_tie_margin: float = NEAR_TIE_MARGIN,
                  progress: Optional[Callable[[int], None]] = None) -> CheckReport:
     rep = CheckReport(client.protocol, num_draft_tokens)
-    params = {"exclude_input_in_output": True, "temperature": 0.0}
+    params = dict(GREEDY)
     spec_params = dict(params, return_perf_metrics=True)
     if num_draft_tokens is not None:
         spec_params[NUM_DRAFT_TOKENS] = num_draft_tokens

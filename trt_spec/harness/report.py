@@ -15,13 +15,7 @@ from ..names import BASELINE, SPECULATIVE
 
 
 def environment() -> dict:
-    from importlib import metadata
-
-    def v(d: str) -> Optional[str]:
-        try:
-            return metadata.version(d)
-        except metadata.PackageNotFoundError:
-            return None
+    from ..trtllm import dist_version as v
 
     return {"time": datetime.now(timezone.utc).isoformat(), "python": sys.version.split()[0],
             "platform": platform.platform(), "cpus": os.cpu_count(),

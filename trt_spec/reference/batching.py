@@ -39,9 +39,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..backend_contract import QUEUE_FULL
-from .engine import CacheEntry, CallResult, ReferenceEngine, Sampling, _ends_with_stop
-from .sampling import logits_to_probs, select
-from .speculative import speculative_accept
+from .engine import CacheEntry, CallResult, ReferenceEngine, Sampling, _ends_with_stop, accept_draft, cut_at_end
+from .sampling import select
 
 
 class QueueFullError(RuntimeError):
@@ -61,6 +60,7 @@ class Handle:
         self.future: Future[CallResult] = Future()
         self._scheduler = scheduler
         self.cancel_requested = False
+        self.progress = CallResult()  # the result as it grows (read on the engine thread, e.g. from on_token)
 
     def result(self, timeout: Optional[float] = None) -> CallResult:
         return self.future.result(timeout)
@@ -176,6 +176,7 @@ class BatchScheduler:
                              f"{self.max_num_tokens}; without chunked context a context runs in one iteration")
 
     def _submit(self, seq: _Seq) -> Handle:
+        seq.handle.progress = seq.result
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the batch scheduler is closed")
@@ -234,6 +235,7 @@ class BatchScheduler:
             k = len(seq.draft) if seq.draft is not None else 0
             need = len(seq.input_ids) + (k + 1 if seq.draft is not None else seq.max_new)
             seq.entry = self.engine._acquire(seq.input_ids, need)
+            seq.result.scheduled_ns, seq.result.reused_tokens = time.monotonic_ns(), len(seq.entry.tokens)
             seq.pending = seq.input_ids[len(seq.entry.tokens):] + (seq.draft or [])
             if seq.draft is None:
                 seq.generator = seq.sampling.generator()
@@ -310,15 +312,19 @@ class BatchScheduler:
             self._complete_verify(seq, logits)
             return
         last = logits[-1]
-        tok = int(select(last, seq.sampling.temperature, seq.sampling.top_k, seq.sampling.top_p,
-                         seq.generator)[0])
+        tok = int(select(seq.sampling.logits(last), seq.sampling.temperature, seq.sampling.top_k,
+                         seq.sampling.top_p, seq.generator)[0])
         if seq.return_logits:
             res.logits.append(last.clone())
+        res.token_time()
+        if tok == seq.end_id:  # finished; the end token is not output (backend_contract.EOS_EXCLUDED)
+            self._finish(seq)
+            return
         res.tokens.append(tok)
         if seq.on_token is not None:
             seq.on_token(tok)
         # The order of ReferenceEngine.generate: end_id / stop word, then should_stop, then the length limit.
-        if tok == seq.end_id or _ends_with_stop(res.tokens, seq.stop_words):
+        if _ends_with_stop(res.tokens, seq.stop_words):
             self._finish(seq)
         elif seq.should_stop is not None and seq.should_stop():
             res.cancelled = True
@@ -329,17 +335,12 @@ class BatchScheduler:
             seq.pending = [tok]
 
     def _complete_verify(self, seq: _Seq, logits: torch.Tensor) -> None:
-        s, k = seq.sampling, len(seq.draft)
-        draft_probs = None
-        if seq.draft_logits is not None and s.temperature > 0:
-            draft_probs = logits_to_probs(seq.draft_logits[:k].float(), s.temperature, s.top_k, s.top_p)
-        new, accepted = speculative_accept(torch.tensor(seq.draft, dtype=torch.long), draft_probs, logits,
-                                           s.temperature, s.top_k, s.top_p, s.generator())
+        k = len(seq.draft)
+        new, accepted = accept_draft(seq.draft, seq.draft_logits, logits, seq.sampling)
         # K/V of the rejected drafts stay in the cache beyond the valid length: overwritten later.
         seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]
-        if seq.end_id is not None and seq.end_id in new:
-            new = new[: new.index(seq.end_id) + 1]
-        seq.result.tokens, seq.result.accepted = list(new), min(accepted, len(new))
+        seq.result.tokens, seq.result.accepted = cut_at_end(new, accepted, seq.end_id)
+        seq.result.token_time()
         self._finish(seq)
 
     def _finish(self, seq: _Seq, error: Optional[BaseException] = None) -> None:

@@ -123,10 +123,22 @@ class PrefixCache:
 
 @dataclass
 class Sampling:
-    temperature: float = 0.0
+    temperature: float = 0.0  # of the sampling rule: 0 = argmax (greedy)
     top_k: int = 0
     top_p: float = 1.0
     seed: Optional[int] = None
+    # What TensorRT-LLM's kernels do to the logits first (backend_contract.kernel_logits): the request's temperature
+    # as sent (None: absent) and the engine's logits dtype. The stand-in sets both and samples at temperature 1.
+    kernel_temperature: Optional[float] = None
+    logits_dtype: Optional[str] = None  # None: the logits as the model computed them (library use, tests)
+
+    def logits(self, raw: torch.Tensor) -> torch.Tensor:
+        """The logits tokens are chosen from."""
+        if self.logits_dtype is None:
+            return raw
+        from ..backend_contract import kernel_logits
+
+        return kernel_logits(raw, self.kernel_temperature, self.logits_dtype)
 
     def generator(self) -> Optional[torch.Generator]:
         if self.temperature <= 0:
@@ -143,6 +155,16 @@ class CallResult:
     drafted: int = 0
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits per generated token (if asked)
     cancelled: bool = False  # stopped early by should_stop
+    # What the executor's RequestPerfMetrics report (time.monotonic_ns, a steady clock like theirs); 0 = not yet.
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    reused_tokens: int = 0  # prompt positions whose K/V came from the prefix cache
+
+    def token_time(self) -> None:
+        self.last_token_ns = time.monotonic_ns()
+        self.first_token_ns = self.first_token_ns or self.last_token_ns
 
 
 class ReferenceEngine:
@@ -206,13 +228,15 @@ class ReferenceEngine:
         try:
             while len(res.tokens) < max_new:
                 logits = self._feed(entry, pending, 1)[-1]
-                tok = self._sample(logits, sampling, gen)
+                tok = self._sample(sampling.logits(logits), sampling, gen)
                 if return_logits:
                     res.logits.append(logits)
+                if tok == end_id:  # finished, and the end token is not output (backend_contract.EOS_EXCLUDED)
+                    break
                 res.tokens.append(tok)
                 if on_token is not None:
                     on_token(tok)
-                if tok == end_id or _ends_with_stop(res.tokens, stop_words):
+                if _ends_with_stop(res.tokens, stop_words):
                     break
                 if should_stop is not None and should_stop():
                     res.cancelled = True
@@ -232,18 +256,10 @@ class ReferenceEngine:
         try:
             feed = list(input_ids[len(entry.tokens):]) + list(draft)
             logits = self._feed(entry, feed, k + 1)  # [k + 1, V]: predictions after each of x_last, d1..dk
-            draft_probs = None
-            if draft_logits is not None and sampling.temperature > 0:
-                draft_probs = logits_to_probs(draft_logits[:k].float(), sampling.temperature, sampling.top_k,
-                                              sampling.top_p)
-            new, accepted = speculative_accept(torch.tensor(list(draft), dtype=torch.long), draft_probs, logits,
-                                               sampling.temperature, sampling.top_k, sampling.top_p,
-                                               sampling.generator())
+            new, accepted = accept_draft(draft, draft_logits, logits, sampling)
             # K/V of the rejected drafts stay in the cache beyond the valid length: overwritten later.
             entry.tokens = entry.tokens[: len(entry.tokens) - (k - accepted)]
-            if end_id is not None and end_id in new:
-                new = new[: new.index(end_id) + 1]
-            res.tokens, res.accepted = list(new), min(accepted, len(new))
+            res.tokens, res.accepted = cut_at_end(new, accepted, end_id)
         finally:
             self.prefix_cache.put(entry)
         return res
@@ -257,6 +273,27 @@ class ReferenceEngine:
     @staticmethod
     def _sample(logits: torch.Tensor, s: Sampling, gen: Optional[torch.Generator]) -> int:
         return int(select(logits, s.temperature, s.top_k, s.top_p, gen)[0])
+
+
+def accept_draft(draft: Sequence[int], draft_logits: Optional[torch.Tensor], logits: torch.Tensor,
+                 sampling: Sampling) -> tuple[list[int], int]:
+    """One verification: logits [k + 1, V] of the target after x_last, d1..dk -> (accepted drafts + one target
+    token, number accepted). Both logits go through the kernel's transform first (Sampling.logits)."""
+    k = len(draft)
+    draft_probs = None
+    if draft_logits is not None and sampling.temperature > 0:
+        draft_probs = logits_to_probs(sampling.logits(draft_logits[:k].float()), sampling.temperature,
+                                      sampling.top_k, sampling.top_p)
+    return speculative_accept(torch.tensor(list(draft), dtype=torch.long), draft_probs, sampling.logits(logits),
+                              sampling.temperature, sampling.top_k, sampling.top_p, sampling.generator())
+
+
+def cut_at_end(new: Sequence[int], accepted: int, end_id: Optional[int]) -> tuple[list[int], int]:
+    """A verification's tokens up to, not including, the end token (backend_contract.EOS_EXCLUDED)."""
+    new = list(new)
+    if end_id is not None and end_id in new:
+        new = new[: new.index(end_id)]
+    return new, min(accepted, len(new))
 
 
 def _ends_with_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]]) -> bool:

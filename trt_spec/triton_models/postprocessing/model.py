@@ -1,12 +1,18 @@
-"""postprocessing: token ids -> text (python backend). TOKENS_BATCH [B, beams, T], SEQUENCE_LENGTH [B, beams]."""
+"""postprocessing: token ids -> text (python backend). TOKENS_BATCH [B, beams, T], SEQUENCE_LENGTH [B, beams].
+
+Outputs in NVIDIA's shapes (all_models/inflight_batcher_llm/postprocessing): OUTPUT is one string per sequence and
+beam, flat ([B * beams]), which NVIDIA's clients read as `as_numpy("OUTPUT")[0].decode()`; a [B, beams] array would
+hand them an array where they expect bytes. OUTPUT_IDS (trt-spec's own) is TOKENS_BATCH cut to the longest
+SEQUENCE_LENGTH, the ensemble's `output_ids`.
+"""
 
 import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.names import POSTPROCESSING
-from trt_spec.serving import enable_crash_traces, load_tokenizer, respond_each
+from trt_spec.names import POST_OUTPUT_IDS, POSTPROCESSING
+from trt_spec.serving import enable_crash_traces, load_tokenizer, requested_only, respond_each
 
 
 class TritonPythonModel:
@@ -26,11 +32,12 @@ class TritonPythonModel:
         lengths = lengths.reshape(tokens.shape[0], -1)
         texts = []
         for b in range(tokens.shape[0]):
-            row = []
             for beam in range(tokens.shape[1]):
                 n = int(lengths[b, beam])
-                row.append(self.tokenizer.decode(tokens[b, beam, :n].tolist(),
-                                                 skip_special_tokens=self.skip_special).encode("utf-8"))
-            texts.append(row)
-        out = np.array(texts, dtype=object)
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", out)])
+                texts.append(self.tokenizer.decode(tokens[b, beam, :n].tolist(),
+                                                   skip_special_tokens=self.skip_special).encode("utf-8"))
+        longest = int(lengths.max()) if lengths.size else 0
+        outputs = {"OUTPUT": np.array(texts, dtype=object),
+                   POST_OUTPUT_IDS: np.ascontiguousarray(tokens[:, :, :longest], dtype=np.int32)}
+        return pb_utils.InferenceResponse(output_tensors=[  # the stub drops others without the GIL (requested_only)
+            pb_utils.Tensor(k, v) for k, v in requested_only(outputs, request.requested_output_names()).items()])

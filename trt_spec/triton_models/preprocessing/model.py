@@ -1,7 +1,8 @@
 """preprocessing: text -> token ids in TensorRT-LLM's tensor format (python backend).
 
-Inputs QUERY, REQUEST_OUTPUT_LEN, BAD_WORDS_DICT, STOP_WORDS_DICT, END_ID, PAD_ID -> outputs INPUT_ID,
-REQUEST_INPUT_LEN, REQUEST_OUTPUT_LEN, BAD_WORDS_IDS, STOP_WORDS_IDS, OUT_END_ID, OUT_PAD_ID (NVIDIA's names).
+Inputs QUERY, REQUEST_OUTPUT_LEN, BAD_WORDS_DICT, STOP_WORDS_DICT, END_ID, PAD_ID, EMBEDDING_BIAS_WORDS/WEIGHTS (empty
+only) -> outputs INPUT_ID, REQUEST_INPUT_LEN, REQUEST_OUTPUT_LEN, BAD_WORDS_IDS, STOP_WORDS_IDS, OUT_END_ID, OUT_PAD_ID,
+DECODER_INPUT_ID (NVIDIA's names and shapes; NVIDIA's clients read them).
 """
 
 import json
@@ -10,8 +11,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT
-from trt_spec.serving import (decode_strings, default_end_id, default_pad_id, enable_crash_traces, encode,
-                              load_tokenizer, respond_each, scalar, to_word_list)
+from trt_spec.serving import (check_no_embedding_bias, decode_strings, default_end_id, default_pad_id,
+                              enable_crash_traces, encode, load_tokenizer, respond_each, scalar, to_word_list)
 from trt_spec.speculative_loop import RequestError, check_prompt_len
 
 
@@ -29,6 +30,7 @@ class TritonPythonModel:
         self.add_special = params.get("add_special_tokens", {}).get("string_value", "true") == "true"
 
     def _one(self, request):
+        check_no_embedding_bias(_get(request, "EMBEDDING_BIAS_WORDS"), _get(request, "EMBEDDING_BIAS_WEIGHTS"))
         queries = decode_strings(_get(request, "QUERY"))
         if not queries or any(not q for q in queries):
             raise RequestError(f"{TEXT_INPUT} is empty; send a non-empty prompt")
@@ -56,6 +58,7 @@ class TritonPythonModel:
             pb_utils.Tensor("STOP_WORDS_IDS", tile(stop)),
             pb_utils.Tensor("OUT_END_ID", np.full((batch, 1), end_id, dtype=np.int32)),
             pb_utils.Tensor("OUT_PAD_ID", np.full((batch, 1), pad_id, dtype=np.int32)),
+            pb_utils.Tensor("DECODER_INPUT_ID", np.full((batch, 1), pad_id, dtype=np.int32)),  # decoder-only: unused
         ])
 
     def execute(self, requests):

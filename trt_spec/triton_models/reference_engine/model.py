@@ -25,7 +25,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from trt_spec import backend_contract as bc
-from trt_spec.defaults import PREFIX_CACHE_TOKENS
+from trt_spec.defaults import PREFIX_CACHE_TOKENS, TOKENS_PER_BLOCK
 from trt_spec.integrity import verify_served_engine
 from trt_spec.reference.batching import BatchScheduler, QueueFullError
 from trt_spec.reference.engine import ReferenceEngine, Sampling, kv_bytes_per_position, load_engine
@@ -60,6 +60,7 @@ class TritonPythonModel:
         self.params = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
         bc.check_parameters(self.params)  # raises: the model fails to load, as on a GPU
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
+        self.declared = {o["name"] for o in cfg.get("output", [])}  # what Triton core lets a backend write
         engine_dir = self.params["gpt_model_path"]
         if not os.path.isdir(engine_dir):
             raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY))
@@ -100,10 +101,11 @@ class TritonPythonModel:
                 out[name] = t.as_numpy()
         return out
 
-    def _response(self, req, tokens, res=None):
-        logits = torch.stack(res.logits).float().numpy() if res is not None and res.logits else None
-        tensors = bc.response_tensors(req, tokens, accepted=res.accepted if res else 0,
-                                      drafted=res.drafted if res else 0, logits=logits)
+    def _response(self, req, tokens, progress=None, logits=None):
+        """One response in the backend's outputs for the request's flags; an output the backend would write that this
+        model's config does not declare fails it with Triton core's error (backend_contract.UNDECLARED_OUTPUT)."""
+        tensors = bc.response_tensors(req, tokens, perf=_perf(req, progress), logits=logits, declared=self.declared,
+                                      model=self.name)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
 
     # -- engine thread --------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ class TritonPythonModel:
         """on_token (engine thread): one streaming response per token."""
         with f.lock:
             if not f.final:
-                f.send(self._response(f.req, [token]), 0)
+                f.send(self._response(f.req, [token], f.handle.progress), 0)
 
     def _finished(self, f, future):
         """The request's handle resolved (engine thread, or execute's if it resolved before the callback was
@@ -152,7 +154,8 @@ class TritonPythonModel:
                 elif f.req.streaming and not f.req.draft_tokens:
                     f.send(None, FINAL)
                 else:
-                    f.send(self._response(f.req, res.tokens, res), FINAL)
+                    logits = torch.stack(res.logits).float().numpy() if res.logits else None
+                    f.send(self._response(f.req, res.tokens, res, logits), FINAL)
             except Exception as e:  # noqa: BLE001 - a failed final send: the backend has closed the request anyway
                 f.final.append(True)
                 pb_utils.Logger.log_error(f"{self.name}: the final response failed: {e}")
@@ -187,14 +190,19 @@ class TritonPythonModel:
         when it was answered at once. Raises for a rejected request (its error becomes its final response)."""
         req = bc.parse_request(self._inputs(request), request.requested_output_names(), self.limits, self.params,
                                decoupled=self.decoupled)
+        if req.warning:  # the executor's own warning (a request_output_len lowered to fit max_seq_len)
+            pb_utils.Logger.log_warn(f"{self.name}: {req.warning}")
         if request.is_cancelled():  # cancelled while queued: finish it at once, as the executor does
             send(self._response(req, []), FINAL)
             return None
         if req.bad_words:
             raise bc.ContractError("bad_words is not supported by the reference engine; drop it from the request")
         greedy = req.greedy
-        sampling = Sampling(0.0 if greedy else req.temperature, 0 if greedy else req.top_k,
-                            1.0 if greedy or req.top_p == 0.0 else req.top_p, req.seed)
+        # TensorRT-LLM's kernels scale by the sent temperature and clamp to the logits dtype first (kernel_logits);
+        # the sampling rule then runs at temperature 1 (or argmax when greedy).
+        sampling = Sampling(0.0 if greedy else 1.0, 0 if greedy else req.top_k,
+                            1.0 if greedy or req.top_p == 0.0 else req.top_p, req.seed,
+                            kernel_temperature=req.temperature, logits_dtype=self.limits.logits_dtype)
         f = _InFlight(request, req, send, final)
         if req.draft_tokens:
             dl = torch.from_numpy(req.draft_logits) if req.draft_logits is not None else None
@@ -252,3 +260,18 @@ class TritonPythonModel:
         for f in waiting:  # non-decoupled: the responses must be returned from execute
             f.done.wait()
         return responses
+
+
+def _perf(req, progress):
+    """The executor's RequestPerfMetrics for a response, from the request's progress (a CallResult): KV blocks of
+    TOKENS_PER_BLOCK positions (reused = prompt blocks found in the prefix cache), steady-clock times, and the
+    draft tokens this call verified."""
+    if progress is None:
+        return bc.PerfMetrics()
+    positions = len(req.input_ids) + len(progress.tokens) + len(req.draft_tokens)
+    total = -(-positions // TOKENS_PER_BLOCK)
+    reused = progress.reused_tokens // TOKENS_PER_BLOCK
+    return bc.PerfMetrics(kv_new_blocks=total - reused, kv_reused_blocks=reused, kv_total_blocks=total,
+                          arrival_ns=progress.arrival_ns, first_scheduled_ns=progress.scheduled_ns,
+                          first_token_ns=progress.first_token_ns, last_token_ns=progress.last_token_ns,
+                          accepted=progress.accepted, drafted=progress.drafted)

@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.serving import (IncrementalDetokenizer, decode_strings, default_end_id, default_pad_id,
+from trt_spec.serving import (IncrementalDetokenizer, check_no_embedding_bias, decode_strings, default_end_id, default_pad_id,
                               enable_crash_traces, encode, error_line, load_tokenizer, requested_only, scalar)
 from trt_spec import backend_contract as bc
-from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, MAX_TOKENS,
+from trt_spec.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, EMBEDDING_BIAS, MAX_TOKENS,
                             NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT, TEXT_OUTPUT, TOTAL_STEPS)
 from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                       check_sampling, validate)
@@ -88,6 +88,7 @@ class TritonPythonModel:
 
     # -- parsing / validation -------------------------------------------------------------------------
     def _parse(self, request):
+        check_no_embedding_bias(*(_in(request, name) for name in EMBEDDING_BIAS))
         texts = decode_strings(_in(request, TEXT_INPUT))
         if len(texts) != 1:
             raise RequestError(f"{TEXT_INPUT} must hold exactly one prompt per request (got {len(texts)}); "
@@ -112,6 +113,8 @@ class TritonPythonModel:
         end_id = scalar(_in(request, "end_id"), default_end_id(self.tokenizer), int)
         pad_id = scalar(_in(request, "pad_id"), default_pad_id(self.tokenizer), int)
         check_sampling(**values, end_id=end_id, pad_id=pad_id, vocab_size=len(self.tokenizer))
+        if values["temperature"] == 0.0:  # greedy, said the way the engine means it (backend_contract.FP16_LOGITS)
+            values.update(temperature=None, top_k=1, top_p=None)
         sampling = {engine: np.asarray([[values[client]]], dtype=dtype)
                     for client, (engine, dtype) in SAMPLING_INPUTS.items() if values[client] is not None}
         r = SpecRequest(
@@ -215,8 +218,8 @@ class TritonPythonModel:
     async def _serve(self, request, respond):
         r, exclude_input = self._parse(request)  # malformed values: ValueError/TypeError, a client error line
         detok = IncrementalDetokenizer(self.tokenizer)
-        if r.stream and not exclude_input:
-            respond(self._chunk(r.prompt, self.tokenizer.decode(r.prompt, skip_special_tokens=True)), 0)
+        # Streaming never sends the prompt, whatever exclude_input_in_output says: the engine ignores the flag when
+        # streaming (backend_contract.response_tensors), so the ensemble's chunks concatenate to the completion alone.
         emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
         generated, m = await self.loop.generate(r, emit, lambda: self._checkpoint(request))
         self._checkpoint(request)
@@ -227,10 +230,11 @@ class TritonPythonModel:
             ids = generated if exclude_input else r.prompt + generated
             respond(self._final(ids, self.tokenizer.decode(ids, skip_special_tokens=True), m), FINAL)
 
-    # Outputs carry the batch dimension (max_batch_size > 0): text_output [1, 1], output_ids [1, n], ...
+    # text_output is one string per beam, [1], as NVIDIA's BLS returns it (its clients read
+    # `as_numpy("text_output")[0].decode()`); the rest carry the batch dimension: output_ids [1, n], metrics [1, 1].
     @staticmethod
     def _chunk(ids, text) -> dict:
-        return {TEXT_OUTPUT: np.array([[text.encode("utf-8")]], dtype=object),
+        return {TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object),
                 OUTPUT_IDS: np.asarray([list(ids)], dtype=np.int32)}
 
     def _final(self, ids, text, m) -> dict:
