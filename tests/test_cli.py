@@ -156,3 +156,18 @@ def test_option_defaults_come_from_the_defaults_module():
     assert f"[default: {', '.join(map(str, defaults.TUNE_KS))}]" in tune
     demo = " ".join(run("demo", "--help").output.split())
     assert defaults.DEMO_CONFIG in demo.replace("- ", "-") and f"[default: {defaults.DEMO_OUT}]" in demo
+
+
+def test_doctor_fails_in_one_line_on_another_tensorrt_llm(monkeypatch):
+    """The 25.12 image ships TensorRT-LLM 1.1.0; engines and the tensorrtllm backend must be 1.2.1's."""
+    from trt_spec import trtllm
+
+    monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.1.0" if d == "tensorrt_llm" else None)
+    r = CliRunner().invoke(main, ["doctor"])
+    assert r.exit_code == 2
+    last = r.output.strip().splitlines()[-1]
+    assert last == ("error: TensorRT-LLM 1.1.0 is installed, but trt-spec targets 1.2.1 (engines and the tensorrtllm "
+                    "backend must match it); use the image nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
+    monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.2.1" if d == "tensorrt_llm" else None)
+    r = CliRunner().invoke(main, ["doctor"])
+    assert r.exit_code == 0 and "1.2.1 (trt-spec targets 1.2.1)" in r.output

@@ -61,9 +61,7 @@ def by_kind(objs: list[dict]) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def charts(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("charts")
-    out = {name: write_chart(CONFIGS / f"{name}.yaml", root / name) for name in GPU_CONFIGS}
-    out["lws"] = write_chart(SEED, root / "lws", gpus_per_node=1)
-    return out
+    return {name: write_chart(CONFIGS / f"{name}.yaml", root / name) for name in GPU_CONFIGS}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +74,7 @@ def test_every_gpu_config_is_covered():
     assert gpu == set(GPU_CONFIGS)
 
 
-@pytest.mark.parametrize("name", [*GPU_CONFIGS, "lws"])
+@pytest.mark.parametrize("name", GPU_CONFIGS)
 def test_golden_render(rendered, name):
     got = dump(rendered[name])
     golden = GOLDEN / f"{name}.yaml"
@@ -114,12 +112,11 @@ def validate(obj: dict) -> None:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("name", [*GPU_CONFIGS, "lws"])
+@pytest.mark.parametrize("name", GPU_CONFIGS)
 def test_every_object_validates(rendered, name):
     kinds = sorted(o["kind"] for o in rendered[name])
-    server = "LeaderWorkerSet" if name == "lws" else "Deployment"
     assert kinds == sorted(["ConfigMap", "HorizontalPodAutoscaler", "Job", "PersistentVolumeClaim", "PodDisruptionBudget",
-                            "PodMonitor", "PrometheusRule", "Service", server])
+                            "PodMonitor", "PrometheusRule", "Service", "Deployment"])
     for obj in rendered[name]:
         validate(obj)
 
@@ -136,11 +133,7 @@ def test_validation_can_fail(rendered):
 
 
 def _server_pods(objs):
-    k = by_kind(objs)
-    if "Deployment" in k:
-        return [k["Deployment"]["spec"]["template"]]
-    t = k["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
-    return [t["leaderTemplate"], t["workerTemplate"]]
+    return [by_kind(objs)["Deployment"]["spec"]["template"]]
 
 
 @pytest.mark.parametrize("name", GPU_CONFIGS)
@@ -192,28 +185,6 @@ def test_build_config_loads(rendered, tmp_path):
     assert load_config(tmp_path / "c.yaml").resolved_name(None) == "llama33-70b-fp8-h100-tp2"
 
 
-def test_leaderworkerset_runs_trt_specs_launch(rendered):
-    lws = by_kind(rendered["lws"])["LeaderWorkerSet"]
-    t = lws["spec"]["leaderWorkerTemplate"]
-    assert t["size"] == 2
-    for pod in (t["leaderTemplate"], t["workerTemplate"]):
-        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
-    script = t["leaderTemplate"]["spec"]["containers"][0]["command"][2]
-    launch = script.splitlines()[-1]
-    assert launch.startswith('exec mpirun --allow-run-as-root --host "$hosts" -mca plm_rsh_agent '
-                             '"ssh -o StrictHostKeyChecking=no" -x PYTHONPATH -x TRTLLM_ORCHESTRATOR '
-                             '-x TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES -n 1 /opt/tritonserver/bin/tritonserver '
-                             '--model-repository=/models/repo/llama33-70b-fp8-h100-tp2 ')
-    for arg in ("--cuda-memory-pool-byte-size=0:0", "--cuda-memory-pool-byte-size=1:0", "--http-address=0.0.0.0",
-                "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"):
-        assert f" {arg} " in launch
-    assert 'hosts="${LWS_LEADER_ADDRESS}:1"' in script
-    assert 'until getent hosts "${lead}-${i}.${domain}"' in script
-    assert lws["spec"]["startupPolicy"] == "LeaderCreated"
-    hpa = by_kind(rendered["lws"])["HorizontalPodAutoscaler"]
-    assert hpa["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
-
-
 def test_hpa_metric_is_the_adapter_rule(charts, rendered):
     hpa = by_kind(rendered["llama33-70b-fp8-h200"])["HorizontalPodAutoscaler"]
     (metric,) = hpa["spec"]["metrics"]
@@ -245,9 +216,18 @@ def test_min_acceptance_override(tmp_path):
     assert _threshold(objs) == 0.3
 
 
-def test_template_refuses_a_node_size_that_does_not_divide(charts):
-    with pytest.raises(helm.HelmRenderError, match="not a multiple of gpusPerNode=3"):
-        render(charts["lws"], {"gpusPerNode": 3, "plan": {"ranks": 4}})
+def test_multi_node_is_refused_by_the_command_and_by_the_template(charts, tmp_path):
+    """NVIDIA's multi-node launch (leader mode over kubectl exec, num_nodes with gpu_device_ids, no orchestrator mode)
+    is not what trt-spec can start or test: a plan larger than a node gets one line, from `deploy k8s` and from a
+    chart whose gpusPerNode is lowered at install time, instead of a LeaderWorkerSet that cannot start."""
+    r = run_cli(SEED, "--gpus-per-node", "1", "--out", tmp_path / "c")
+    assert r.exit_code == 2 and not (tmp_path / "c").exists()
+    assert r.output.strip() == ("error: llama33-70b-fp8-h100-tp2: the plan needs 2 GPUs but nodes have 1; trt-spec "
+                                "serves a replica on one node (multi-node launch is not supported): use nodes with >= 2 "
+                                "GPUs, or lower the target's tp x pp")
+    with pytest.raises(helm.HelmRenderError, match="the plan needs 2 GPUs but gpusPerNode is 1: trt-spec serves one "
+                       "replica on one node"):
+        render(charts["llama33-70b-fp8-h100-tp2"], {"gpusPerNode": 1})
 
 
 # -- errors: one line, nothing written ---------------------------------------------------------------------------
@@ -261,9 +241,9 @@ def run_cli(*args):
     ([CONFIGS / "cpu-smollm2-ngram.yaml"], "is the CPU reference deployment; the Kubernetes bundle is for the GPU"),
     (["build/no-such-build"], "no such build directory or config"),
     ([SEED, "--gpu", "h100:3", "--set", "runtime.gpu_device_ids=[0,1]", "--set", "runtime.draft_gpu_device_ids=[2]",
-      "--gpus-per-node", "2"], "the plan needs 3 GPUs, which 2-GPU nodes cannot hold evenly"),
+      "--gpus-per-node", "2"], "the plan needs 3 GPUs but nodes have 2"),
     ([CONFIGS / "llama33-70b-fp8-h200.yaml", "--gpu", "h200:2", "--set", "runtime.draft_gpu_device_ids=[1]",
-      "--gpus-per-node", "1"], "the draft has its own GPU and must share the target's node"),
+      "--gpus-per-node", "1"], "the plan needs 2 GPUs but nodes have 1"),
 ])
 def test_bad_input_one_line(tmp_path, args, expect):
     out = tmp_path / "chart"
@@ -304,7 +284,7 @@ def test_values_every_knob_documented(charts):
 
 
 def test_image_with_trt_spec_installed(charts):
-    objs = render(charts["lws"], {"trtSpec": {"pipInstall": ""}, "image": {"repository": "registry.example/triton-trt-spec",
+    objs = render(charts["llama33-70b-fp8-h100-tp2"], {"trtSpec": {"pipInstall": ""}, "image": {"repository": "registry.example/triton-trt-spec",
                                                                             "tag": "1"}})
     for obj in objs:
         validate(obj)
@@ -320,7 +300,7 @@ def test_draft_with_its_own_gpu_counts(tmp_path):
                         sets=["runtime.draft_gpu_device_ids=[1]"])
     (pod,) = _server_pods(render(chart))
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2  # target GPU 0 + draft GPU 1
-    with pytest.raises(helm.HelmRenderError, match="the draft shares the target's process"):
+    with pytest.raises(helm.HelmRenderError, match="the plan needs 2 GPUs but gpusPerNode is 1"):
         render(chart, {"gpusPerNode": 1})
 
 
@@ -335,7 +315,7 @@ def test_from_a_build_dir_equals_from_its_config(tmp_path, rendered):
 def test_every_top_level_knob_has_a_comment(charts):
     lines = (charts["llama33-70b-fp8-h200"] / "values.yaml").read_text().splitlines()
     keys = [i for i, ln in enumerate(lines) if re.match(r"[A-Za-z]\w*:", ln)]
-    assert len(keys) == 24
+    assert len(keys) == 23
     for i in keys:
         j = i - 1
         while j in keys and ": " in lines[j]:  # one-line knobs sharing the comment above them

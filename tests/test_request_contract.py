@@ -50,6 +50,22 @@ def test_return_perf_metrics_writes_outputs_a_config_must_declare():
     bc.response_tensors(_req(bc.MANDATORY_OUTPUTS, **perf), [8], declared=declared)
 
 
+def test_logits_cross_only_in_the_configs_logits_dtype():
+    """use_draft_logits and return_generation_logits need the engine's logits dtype to be the config's (Triton core's
+    input dtype check, the executor's buffer copy, the backend's TLLM_CHECK): an engine left with ModelOpt's float16
+    logits behind trt-spec's TYPE_FP32 config fails such requests; plain requests still pass."""
+    fp16 = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, max_draft_len=4, vocab_size=100,
+                           logits_dtype=bc.FP16_LOGITS)
+    base = {"input_ids": np.asarray([[5, 6, 7]], dtype=np.int32), "request_output_len": _i32(4)}
+    with_logits = [{"return_generation_logits": np.asarray([[True]])},
+                   {"draft_input_ids": _i32(8, 9), "draft_logits": np.zeros((1, 2, 100), np.float32)}]
+    for extra in with_logits:
+        with pytest.raises(bc.ContractError, match="engine's logits are float16 but the model config declares float32"):
+            bc.parse_request({**base, **extra}, bc.MANDATORY_OUTPUTS, fp16, {}, decoupled=True)
+        bc.parse_request({**base, **extra}, bc.MANDATORY_OUTPUTS, LIMITS, {}, decoupled=True)  # float32: fine
+    bc.parse_request(base, bc.MANDATORY_OUTPUTS, fp16, {}, decoupled=True)
+
+
 def test_an_output_len_past_max_seq_len_is_lowered_like_the_executor():
     """LlmRequest::validate: prompt + request_output_len + the engine's max_draft_len over max_seq_len lowers the
     output length (a warning), it is not an error."""

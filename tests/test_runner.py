@@ -221,3 +221,12 @@ def test_missing_tool_is_one_clear_error(fake_build):
     p = plan_for(fake_build["config"], ["toolchain.trtllm_build=/nonexistent/trtllm-build"])
     with pytest.raises(BuildError, match="cannot start /nonexistent/trtllm-build.*trt-spec doctor"):
         run_plan(p)
+
+
+def test_another_tensorrt_llm_stops_the_build_before_any_step(fake_build, monkeypatch):
+    from trt_spec import trtllm
+
+    monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.1.0" if d == "tensorrt_llm" else None)
+    with pytest.raises(BuildError, match=r"TensorRT-LLM 1.1.0 is installed, but trt-spec targets 1.2.1 .*26.04"):
+        run_plan(plan_for(fake_build["config"]), config_path=fake_build["config"])
+    assert tool_calls(fake_build["log"]) == [] and not (fake_build["out"] / "manifest.json").exists()

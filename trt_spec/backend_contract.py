@@ -152,6 +152,8 @@ class TensorSpec:
 # `logits_datatype:TYPE_FP32`. Why not FP16: see FP16_LOGITS below.
 LOGITS_DTYPE = "float32"
 LOGITS_TYPE = "TYPE_FP32"
+FP16_LOGITS = "float16"  # ModelOpt's export default for bf16 checkpoints
+LOGITS_DTYPES = (LOGITS_DTYPE, FP16_LOGITS)
 # The inputs trt-spec declares (a subset of the template's ~60; the rest stay unused).
 INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("input_ids", "TYPE_INT32", (-1,), ragged=True),
@@ -200,12 +202,22 @@ OUTPUTS: tuple[TensorSpec, ...] = (
 MANDATORY_OUTPUTS = ("output_ids", "sequence_length")
 MISSING_OUTPUT = "Error encountered while populating response: {name} tensor must be present in list of output tensors"
 # An output the backend writes that the model config does not declare: Triton core's Model::GetOutput (core
-# src/model.cc L56-68, r24.10 and r25.12) refuses it ("unexpected inference output"); the backend's getResponseBuffer
+# src/model.cc L56-68, r24.10, r25.12 and r26.04) refuses it ("unexpected inference output"); the backend's getResponseBuffer
 # (utils.h L320-349) throws, and fillTritonResponse answers with one final INTERNAL error (MIS L1318-1323). A python
 # model's undeclared outputs are silently pruned instead (python_backend PruneOutputTensors), so the stand-in checks its
 # own config and fails the way the C++ backend does.
 UNDECLARED_OUTPUT = ("Error encountered while populating response: Could not get response output for output tensor "
                      "{name}: unexpected inference output '{name}' for model '{model}'")
+
+# Logits cross the backend only in the config's logits type (`logits_datatype` in NVIDIA's template; trt-spec: TYPE_FP32):
+# Triton core refuses a draft_logits input of another dtype; the executor copies draft logits into the target's logits
+# buffer only when the dtypes match (runtime BufferManager::copy, "Incompatible data types"), and the backend asserts the
+# engine's logits dtype equals the config's before it writes generation_logits (MIS fillTritonResponse,
+# TLLM_CHECK(...LogitsType == model_state_->getLogitsDataType())). An engine with ModelOpt's float16 logits behind a
+# TYPE_FP32 config fails every use_draft_logits request; trt-spec builds float32 logits so the two always agree.
+LOGITS_DTYPE_MISMATCH = ("Incompatible data types: the engine's logits are {engine} but the model config declares "
+                         "{config} logits; rebuild the engine with --logits_dtype {config} (trt-spec's plan does)")
+TYPE_TO_LOGITS_DTYPE = {"TYPE_FP32": LOGITS_DTYPE, "TYPE_FP16": FP16_LOGITS}
 
 # End of sequence (TensorRT-LLM samplers, e.g. kernels/samplingTopKKernels.cu: "Do not increase seq len when EOS is
 # generated. Seq len should always contain only tokens to be outputted"; trtGptModelInflightBatching.cpp adds tokens
@@ -222,8 +234,6 @@ EOS_EXCLUDED = True
 # tensorrt_llm_utils.py L146, L217); trt-spec builds float32 (LOGITS_DTYPE) and its clients send no temperature for greedy.
 TEMPERATURE_EPS = 1e-6
 HALF_MAX = 65504.0
-FP16_LOGITS = "float16"
-LOGITS_DTYPES = (LOGITS_DTYPE, FP16_LOGITS)
 
 # ---------------------------------------------------------------------------------------------------------
 # Request rules
@@ -415,7 +425,7 @@ def word_list_array(words: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs: Iterable[str], limits: EngineLimits,
-                  params: Mapping[str, str], *, decoupled: bool) -> EngineRequest:
+                  params: Mapping[str, str], *, decoupled: bool, config_logits_dtype: str = LOGITS_DTYPE) -> EngineRequest:
     """Every check the backend (U createRequestsFromInputTensors, MIS fillTritonResponse) and the executor
     (LlmRequest::validate, SamplingConfig) make on the inputs trt-spec uses, in their order. Raises
     ContractError with their message. `inputs`: name -> array with the batch dimension ([1, …])."""
@@ -483,6 +493,9 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
         if name not in requested:
             raise ContractError(MISSING_OUTPUT.format(name=name))
     dl = inputs.get("draft_logits")
+    return_logits = bool(_scalar(inputs, "return_generation_logits") or False)
+    if (dl is not None or return_logits) and limits.logits_dtype != config_logits_dtype:
+        raise ContractError(LOGITS_DTYPE_MISMATCH.format(engine=limits.logits_dtype, config=config_logits_dtype))
     end_id = _scalar(inputs, "end_id")
     seed = _scalar(inputs, "seed")
     if seed is not None and not 0 <= int(seed) < 2**64:
@@ -502,7 +515,7 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
         temperature=None if temperature is None else float(temperature), top_k=k, top_p=p,
         seed=None if seed is None else int(seed),
         stop_words=word_list(inputs.get("stop_words_list")), bad_words=word_list(inputs.get("bad_words_list")),
-        return_generation_logits=bool(_scalar(inputs, "return_generation_logits") or False),
+        return_generation_logits=return_logits,
         return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics") or False),
         requested_outputs=requested, warning=warning)
 

@@ -3,9 +3,8 @@
 `trt-spec deploy k8s BUILD_DIR|CONFIG --out DIR` writes DIR/ as a Helm chart (Chart.yaml, values.yaml, templates/)
 plus DIR/prometheus-adapter-values.yaml, following NVIDIA's guide (triton-inference-server/tutorials,
 Deployment/Kubernetes/TensorRT-LLM_Autoscaling_and_Load_Balancing): the pinned NGC image, a PersistentVolumeClaim
-with a Job that runs `trt-spec build` and `trt-spec repo` into it, one Deployment (or, when the plan needs more
-GPUs than a node has, one LeaderWorkerSet group per replica) serving with trt-spec's own launch, a Service, a
-PodMonitor, an HPA on Triton's queue-to-compute ratio, a PodDisruptionBudget and an alert on speculative acceptance.
+with a Job that runs `trt-spec build` and `trt-spec repo` into it, one Deployment (one pod per replica, on one node)
+serving with trt-spec's own launch, a Service, a PodMonitor, an HPA on Triton's queue-to-compute ratio, a PodDisruptionBudget and an alert on speculative acceptance.
 
 The templates are static package data (trt_spec/k8s_chart/templates); this module writes what the build decides
 (values.yaml: `plan` holds the facts, everything else is a knob) and checks, before writing anything, that the
@@ -52,8 +51,19 @@ class Layout:
 
     ranks: int  # GPUs the plan needs: target TP x PP, plus the draft's own GPUs where it has them
     gpus_per_node: int
-    nodes: int  # pods per serving group (1: a Deployment; > 1: a LeaderWorkerSet group)
-    single_process: bool  # one tritonserver process holds every GPU (no mpirun): all GPUs on one node
+    single_process: bool  # one tritonserver process holds every GPU (no mpirun)
+
+
+# Multi-node serving is refused, not half-supported. NVIDIA's multi-node launch (triton-inference-server/tutorials
+# Deployment/Kubernetes EKS and LeaderWorkerSet guides) runs the tensorrtllm backend in leader mode under
+# `mpirun --host pod0:G,pod1:G -mca plm_rsh_agent kubessh` (kubectl exec: kubectl in the image and pods/exec RBAC; the
+# NGC image has no sshd), sets `num_nodes` whenever `gpu_device_ids` is set (the executor checks deviceIds x numNodes
+# == tp x pp) and cannot use orchestrator mode (`--multi-model`: single node only, tensorrtllm_backend README), which
+# trt-spec needs for a draft beside a multi-GPU target. None of that can be tried here; a chart that cannot start
+# would be worse than this line.
+MULTI_NODE_REFUSED = ("{name}: the plan needs {ranks} GPUs but nodes have {per}; trt-spec serves a replica on one node "
+                      "(multi-node launch is not supported): use nodes with >= {ranks} GPUs, or lower the target's "
+                      "tp x pp")
 
 
 @dataclass(frozen=True)
@@ -103,19 +113,10 @@ def layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> Layout:
     per = gpus_per_node if gpus_per_node is not None else (m.gpu.count if m.gpu else ranks)
     if per < 1:
         raise DeployError(f"--gpus-per-node must be >= 1, got {per}")
+    if ranks > per:
+        raise DeployError(MULTI_NODE_REFUSED.format(name=m.name, ranks=ranks, per=per))
     s = RepoSettings.from_manifest(m)
-    single = mpi_ranks(s) == 1 and not s.orchestrator
-    if ranks <= per:
-        return Layout(ranks, per, 1, single)
-    if single:
-        raise DeployError(f"{m.name}: the target and the draft run in one tritonserver process on {ranks} GPUs (the "
-                          f"draft has its own GPU and must share the target's node), but --gpus-per-node is {per}; "
-                          f"use nodes with >= {ranks} GPUs, or put the draft on the target's GPU "
-                          "(runtime.draft_gpu_device_ids) and rebuild")
-    if ranks % per:
-        raise DeployError(f"{m.name}: the plan needs {ranks} GPUs, which {per}-GPU nodes cannot hold evenly (one "
-                          f"pod per node, every pod the same size); use --gpus-per-node {ranks} or a divisor of {ranks}")
-    return Layout(ranks, per, ranks // per, single)
+    return Layout(ranks, per, mpi_ranks(s) == 1 and not s.orchestrator)
 
 
 def model_sizes(m: BuildManifest) -> tuple[int, Optional[int]]:
@@ -179,32 +180,6 @@ def launch(m: BuildManifest, repository: str, *, admin_key: bool):
     return argv, spec
 
 
-def leader_script(m: BuildManifest, repository: str, *, admin_key: bool) -> tuple[str, dict[str, str]]:
-    """The LeaderWorkerSet leader's bash script: trt-spec's mpirun launch, told the group's hosts (one slot per GPU)
-    and how to start ranks on them. @GPUS_PER_NODE@ and @RSH_AGENT@ are filled in by the template."""
-    argv, spec = launch(m, repository, admin_key=admin_key)
-    if argv[:2] != ["mpirun", "--allow-run-as-root"]:
-        raise AssertionError(f"internal: a multi-node plan without mpirun: {argv[:3]}")
-    exports = [x for name in ["PYTHONPATH", *sorted(spec.env)] for x in ("-x", name)]
-    mpirun = argv[:2] + ["--host", "@HOSTS@", "-mca", "plm_rsh_agent", "@RSH_AGENT@", *exports] + argv[2:]
-    line = shlex.join(mpirun).replace("@HOSTS@", '"$hosts"').replace("@RSH_AGENT@", '"@RSH_AGENT@"')
-    if spec.admin_key:
-        line = line.replace(spec.admin_key, spec.admin_key_shown)
-    script = "\n".join([
-        "set -euo pipefail",
-        "# LWS_LEADER_ADDRESS = <group leader>.<lws>.<namespace>; workers are <group leader>-<i>.<lws>.<namespace>",
-        'lead="${LWS_LEADER_ADDRESS%%.*}"; domain="${LWS_LEADER_ADDRESS#*.}"',
-        'export PYTHONPATH="${PYTHONPATH:-}"  # mpirun -x exports it to every rank',
-        'hosts="${LWS_LEADER_ADDRESS}:@GPUS_PER_NODE@"',
-        'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do',
-        '  until getent hosts "${lead}-${i}.${domain}" >/dev/null; do echo "waiting for worker ${i}"; sleep 5; done',
-        '  hosts="${hosts},${lead}-${i}.${domain}:@GPUS_PER_NODE@"',
-        "done",
-        "exec " + line,
-    ]) + "\n"
-    return script, dict(spec.env)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Files
 
@@ -247,10 +222,6 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
     """values.yaml with every knob documented. `plan` holds the build's facts (regenerate the chart to change them)."""
     paths = pod_paths(m)
     single_argv, spec = launch(m, paths["repository"], admin_key=False)
-    script = key_script = ""
-    if spec.argv[0] == "mpirun":  # what a LeaderWorkerSet leader runs when gpusPerNode splits the plan
-        script, _ = leader_script(m, paths["repository"], admin_key=False)
-        key_script, _ = leader_script(m, paths["repository"], admin_key=True)
     image, tag = NGC_IMAGE.rsplit(":", 1)
     dev = m.runtime
     draft = f", draft on GPU(s) {dev.draft_devices}" if m.draft else ""
@@ -279,8 +250,8 @@ trtSpec:
   pipInstall: {_j(f"--no-deps --no-index --find-links {paths['mountPath']}/wheels trt-spec rich markdown-it-py mdurl")}
   sitePackages: /opt/trt-spec
 
-# -- GPUs per node of the cluster. plan.ranks <= gpusPerNode: one pod per replica (a Deployment). More: a
-# LeaderWorkerSet group of plan.ranks / gpusPerNode pods per replica (plan.ranks must be a multiple).
+# -- GPUs per node of the cluster: one pod per replica holds plan.ranks of them, so plan.ranks <= gpusPerNode
+# (multi-node serving is refused: trt_spec/deploy.py MULTI_NODE_REFUSED).
 gpusPerNode: {lay.gpus_per_node}
 # -- nvidia.com/gpu.product node labels (GPU Feature Discovery) to require, e.g. [NVIDIA-H100-80GB-HBM3]; [] = any GPU node.
 gpuProducts: []
@@ -289,7 +260,7 @@ nodeSelector: {{}}
 # -- Added to the toleration of nvidia.com/gpu:NoSchedule every pod has.
 tolerations: []
 
-# -- CPU and host memory per serving pod (GPUs: plan.ranks, or gpusPerNode per pod of a group). Host memory
+# -- CPU and host memory per serving pod (GPUs: plan.ranks). Host memory
 # holds the engine while it loads and the memory-backed /dev/shm below counts against it.
 resources:
   cpu: "16"
@@ -307,7 +278,7 @@ storage:
   existingClaim: ""     # use this PersistentVolumeClaim instead of creating one
   size: 1Ti             # FP8 70B: ~140 GB checkpoint + ~70 GB checkpoint conversion + ~70 GB engine
   storageClassName: ""  # "" = the cluster's default class
-  accessModes: [ReadWriteMany]  # several replicas (and LeaderWorkerSet pods) on several nodes read it
+  accessModes: [ReadWriteMany]  # several replicas on several nodes read it
 
 # -- The Job that runs `trt-spec build` then `trt-spec repo` into the claim (incremental: rerunning skips what is
 # up to date). Its GPUs: FP8 calibration of the target needs its 16-bit weights in GPU memory.
@@ -318,7 +289,7 @@ build:
   backoffLimit: 0
   activeDeadlineSeconds: 21600
 
-# -- The serving pods (or LeaderWorkerSet groups).
+# -- The serving pods.
 server:
   replicas: 1  # ignored while autoscaling.enabled (the HPA owns it) for a Deployment
   # A Secret holding the admin key (one line, >= 16 characters of A-Z a-z 0-9 . _ ~ + / -) that unlocks Triton's
@@ -346,7 +317,7 @@ probes:
     periodSeconds: 10
     failureThreshold: 6
 
-# -- One Service in front of the serving pods (LeaderWorkerSet: the leaders); ports map to Triton's own
+# -- One Service in front of the serving pods; ports map to Triton's own
 # (plan.ports) by name.
 service:
   type: ClusterIP
@@ -415,13 +386,6 @@ fullnameOverride: ""
 extraLabels: {{}}
 extraEnv: []
 
-# -- For groups of several pods (plan.ranks > gpusPerNode): how the leader's mpirun starts ranks on the workers.
-# The NGC image runs no sshd: give the workers one (a derived image with sshd and a shared key) and keep
-# rshAgent ssh, or use NVIDIA's kubessh (kubectl exec; needs RBAC for pods/exec), as in their multi-node guide.
-multiNode:
-  rshAgent: "ssh -o StrictHostKeyChecking=no"
-  workerCommand: ["bash", "-c", "trap 'exit 0' TERM; sleep infinity & wait"]
-
 # -- The build's facts (do not edit: regenerate with trt-spec deploy k8s).
 plan:
   name: {_j(m.name)}
@@ -446,8 +410,7 @@ plan:
   env: {_j(spec.env) if spec.env else '{}'}
   # A single pod runs `trt-spec serve`, which runs (trt-spec serve --dry-run):
   #   {shlex.join(single_argv).replace(spec.admin_key, spec.admin_key_shown)}
-  buildScript: {_block(build_script(paths), 4)}  buildConfig: {_block(build_config_text(m, paths, gpu), 4)}  leaderScript: {_block(script, 4) if script else '""' + chr(10)}  leaderScriptAdminKey: {_block(key_script, 4) if key_script else '""'}
-"""
+  buildScript: {_block(build_script(paths), 4)}  buildConfig: {_block(build_config_text(m, paths, gpu), 4)}"""
 
 
 def adapter_values_yaml() -> str:

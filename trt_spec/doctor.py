@@ -6,12 +6,12 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .config import Toolchain
 from .hardware import detect_gpus
 from .server import find_tritonserver, python_backend_stub
-from .trtllm import NGC_IMAGE, TRTLLM_VERSION, dist_version, trtllm_mismatch
+from . import trtllm
+from .trtllm import NGC_IMAGE, TRTLLM_VERSION, trtllm_mismatch
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) 
     gpu = detect_gpus()
     checks.append(Check("GPU", gpu is not None, gpu.describe() if gpu else "no nvidia-smi / no GPU",
                         "engine: tensorrt builds and serving (plan still works with --gpu NAME)"))
-    trt = dist_version("tensorrt_llm")
+    trt = trtllm.dist_version("tensorrt_llm")
     mismatch = trtllm_mismatch(trt)
     checks.append(Check("TensorRT-LLM", trt is not None and mismatch is None,
                         mismatch or (f"{trt} (trt-spec targets {TRTLLM_VERSION})" if trt else
@@ -48,12 +48,12 @@ def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) 
     checks.append(Check("python-backend stub", stub is not None,
                         str(stub) if stub else f"no stub for Python {sys.version_info.major}.{sys.version_info.minor}",
                         "python-backend models (preprocessing, BLS, reference engine)"))
-    tcv = dist_version("tritonclient")
+    tcv = trtllm.dist_version("tritonclient")
     checks.append(Check("tritonclient", tcv is not None, tcv or "not installed", "trt-spec check / bench"))
     for dist, blocks in (("torch", "engine: reference (CPU)"), ("transformers", "tokenizers in preprocessing")):
-        v = dist_version(dist)
+        v = trtllm.dist_version(dist)
         checks.append(Check(dist, v is not None, v or "not installed (pip install '.[reference]')", blocks))
-    np_v = dist_version("numpy")
+    np_v = trtllm.dist_version("numpy")
     np_ok = np_v is not None and int(np_v.split(".")[0]) < 2
     checks.append(Check("numpy<2", np_ok, np_v or "not installed", "Triton 2.51 python backend (numpy 2 breaks it)"))
     usage = shutil.disk_usage(disk_path if disk_path.exists() else Path("/"))

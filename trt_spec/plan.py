@@ -305,8 +305,12 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
         lim = cfg.limits
         argv = (py, "-m", "trt_spec.reference.export", "--checkpoint", hf[role], "--output_dir", str(edir),
                 "--weights", report.quant.weights, "--max_batch_size", str(lim.max_batch_size),
-                "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens))
-        if role == "target" and cfg.speculative.mode in ("draft_target", "ngram"):
+                "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
+                "--logits_dtype", LOGITS_DTYPE)
+        # The target's engine limits as trtllm-build bakes them for every speculative mode (max_draft_len also lowers
+        # request_output_len near max_seq_len: backend_contract.OUTPUT_LEN_CLAMPED). In-engine modes (lookahead) run
+        # as plain decoding on CPU, through the same in-engine contract (return_perf_metrics, streamed responses).
+        if role == "target" and cfg.speculative.mode != "none":
             argv += ("--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[cfg.speculative.mode],
                      "--max_draft_len", str(report.max_draft_len))
         steps.append(Step(f"export-{role}", f"export the {role} to a reference engine ({report.quant.weights} "

@@ -415,7 +415,8 @@ def _check_engine_interface(caller: str, engine: mc.ModelConfig) -> None:
 def pruned_steps(cfg: mc.ModelConfig, requested: set[str]) -> set[int]:
     """The steps Triton core's ensemble scheduler prunes for a request that asks for `requested` (ENSEMBLE_PRUNING:
     core src/ensemble_scheduler/ensemble_scheduler.cc, "Prune ensemble first if not all outputs are requested",
-    r24.10 L417-458, the same in r25.12 L536-577). Every unrequested ensemble output is ignored; each ignored tensor
+    r24.10 L417-458 (Triton 2.51, this project's CPU server), the same in r25.12 L536-577 and r26.04 L460-501 (Triton
+    2.68, the pinned image's)). Every unrequested ensemble output is ignored; each ignored tensor
     decrements its producing step's count, which starts at the step's number of mapped outputs; a step at zero is
     pruned, and its inputs no remaining step reads are ignored in turn. Nothing asks whether a live step still
     consumes an ignored ensemble output, so a step whose every output is an ensemble output disappears when a

@@ -190,3 +190,49 @@ def test_nvidia_draft_target_client_calls_engines_with_unary_infer(unary_server)
         c.infer("tensorrt_llm", engine_request(ids, 4, streaming=([[True]], bool)))
     with pytest.raises(ClientError, match="stream=true needs the decoupled deployment"):
         LLMClient(unary_server.grpc_url, "grpc").generate("tensorrt_llm_bls", PROMPT, 8, stream=True, **GREEDY)
+
+
+@pytest.fixture(scope="module")
+def lookahead_repo(tiny_models, tmp_path_factory):
+    """A lookahead deployment: the engine drafts by itself (on CPU the stand-in decodes plainly), so the BLS makes ONE
+    streamed engine call with return_perf_metrics, as for Medusa and EAGLE on a GPU."""
+    root = tmp_path_factory.mktemp("lookahead")
+    return build_deployment(root, "lookahead", None, tiny_models["target"], k=15)  # (N-2)+(W-1+G)(N-1) for 4,3,4
+
+
+def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo, tmp_path):
+    """return_perf_metrics makes the backend write nine perf outputs on every response; the engine config declares
+    them all, so Medusa/EAGLE/lookahead requests through the BLS are answered. The same repository with one of them
+    left out fails every such request with Triton core's refusal, as the C++ backend's response would."""
+    from google.protobuf import text_format
+
+    from trt_spec.repository import parse_config
+
+    server = _serve(lookahead_repo, tmp_path / "ok.log")
+    try:
+        c = LLMClient(server.grpc_url, "grpc")
+        base = c.generate("ensemble", PROMPT, 12, **GREEDY)
+        for stream in (False, True):
+            spec = c.generate("tensorrt_llm_bls", PROMPT, 12, stream=stream, **GREEDY)
+            assert spec.output_ids == base.output_ids and spec.metrics["total_draft_tokens"] == 0
+    finally:
+        server.stop()
+    broken = tmp_path / "repo"
+    import shutil
+
+    shutil.copytree(lookahead_repo, broken)
+    cfg_path = broken / "tensorrt_llm" / "config.pbtxt"
+    cfg = parse_config(cfg_path)
+    keep = [o for o in cfg.output if o.name != "kv_cache_alloc_new_blocks"]
+    del cfg.output[:]
+    cfg.output.extend(keep)
+    cfg_path.write_text(text_format.MessageToString(cfg))
+    server = _serve(broken, tmp_path / "broken.log")
+    try:
+        c = LLMClient(server.grpc_url, "grpc")
+        assert c.generate("ensemble", PROMPT, 12, **GREEDY).output_ids == base.output_ids  # no perf metrics asked
+        with pytest.raises(ClientError, match="Could not get response output for output tensor kv_cache_alloc_new_blocks: "
+                           "unexpected inference output 'kv_cache_alloc_new_blocks' for model 'tensorrt_llm'"):
+            c.generate("tensorrt_llm_bls", PROMPT, 12, **GREEDY)
+    finally:
+        server.stop()

@@ -88,3 +88,22 @@ def test_concurrent_requests_do_not_mix(model):
     for t in threads:
         t.join()
     assert out == expected
+
+
+def test_temperature_zero_on_half_logits_is_not_greedy_and_on_float_logits_it_is(model):
+    """The stand-in decodes through TensorRT-LLM's penalty kernel (backend_contract.kernel_logits): a sent temperature
+    scales the logits by 1/(T + 1e-6) and half logits clamp at +-65504. So a client's temperature 0 (meant as
+    greedy) on an engine with ModelOpt's float16 logits picks among thousands of ties — the output is nonsense,
+    visible here on CPU; on the float32 logits trt-spec builds, and with no temperature at all, it is greedy."""
+    from trt_spec import backend_contract as bc
+
+    eng = ReferenceEngine(model, max_seq_len=256)
+    prompt = [5, 17, 33, 2, 90, 41]
+    ref = greedy(model, prompt, 12)
+    kernel = lambda t, dtype: Sampling(kernel_temperature=t, logits_dtype=dtype)  # noqa: E731
+    assert eng.generate(prompt, 12, kernel(None, bc.FP16_LOGITS)).tokens == ref
+    assert eng.generate(prompt, 12, kernel(0.0, bc.LOGITS_DTYPE)).tokens == ref
+    assert eng.generate(prompt, 12, kernel(0.0, bc.FP16_LOGITS)).tokens != ref
+    # verification goes through the same transform: the right drafts are rejected on half logits at T = 0
+    assert eng.verify(prompt, ref[:4], kernel(0.0, bc.LOGITS_DTYPE)).accepted == 4
+    assert eng.verify(prompt, ref[:4], kernel(0.0, bc.FP16_LOGITS)).accepted < 4

@@ -9,7 +9,6 @@ import platform
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
 
 from ..names import BASELINE, SPECULATIVE
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ..backend_contract import LOGITS_DTYPE, LOGITS_DTYPES
 from ..names import TOKENIZER_FILES
 from .model import ReferenceModel, load_hf_state_dict
 
@@ -190,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max_num_tokens", type=int, required=True)
     ap.add_argument("--speculative_decoding_mode", default=None)
     ap.add_argument("--max_draft_len", type=int, default=0)
+    # trtllm-build's --logits_dtype: the stand-in applies the kernels' temperature rule and clamp in this dtype
+    ap.add_argument("--logits_dtype", default=LOGITS_DTYPE, choices=LOGITS_DTYPES)
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     build_config = {"max_batch_size": a.max_batch_size, "max_seq_len": a.max_seq_len, "max_num_tokens": a.max_num_tokens,
                     "max_beam_width": 1, "speculative_decoding_mode": a.speculative_decoding_mode,
-                    "max_draft_len": a.max_draft_len, "gather_generation_logits": True}
+                    "max_draft_len": a.max_draft_len, "gather_generation_logits": True, "logits_dtype": a.logits_dtype}
     meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check, build_config)
     print(json.dumps({**meta["quantization_report"], "seconds": meta["seconds"]}))
     return 0

@@ -33,26 +33,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Values.storage.existingClaim | default (printf "%s-models" (include "trtspec.fullname" .)) -}}
 {{- end -}}
 
-{{/* Pods per serving group: 1 when the plan's GPUs fit one node, else plan.ranks / gpusPerNode (LeaderWorkerSet). */}}
-{{- define "trtspec.nodes" -}}
+{{/* One pod per replica holds every GPU the plan needs; a plan larger than a node is refused (trt-spec serves on one
+node: see trt_spec/deploy.py MULTI_NODE_REFUSED). Included by every object that places pods. */}}
+{{- define "trtspec.checkFits" -}}
 {{- $ranks := int .Values.plan.ranks -}}
 {{- $per := int .Values.gpusPerNode -}}
 {{- if lt $per 1 -}}
 {{- fail (printf "gpusPerNode must be >= 1, got %d" $per) -}}
 {{- end -}}
-{{- if le $ranks $per -}}
-1
-{{- else if .Values.plan.singleProcess -}}
-{{- fail (printf "the plan needs %d GPUs in one tritonserver process (the draft shares the target's process), but gpusPerNode is %d; use nodes with >= %d GPUs" $ranks $per $ranks) -}}
-{{- else if ne (mod $ranks $per) 0 -}}
-{{- fail (printf "the plan needs %d GPUs, not a multiple of gpusPerNode=%d; set gpusPerNode to a divisor of %d or >= %d" $ranks $per $ranks $ranks) -}}
-{{- else -}}
-{{ div $ranks $per }}
+{{- if gt $ranks $per -}}
+{{- fail (printf "the plan needs %d GPUs but gpusPerNode is %d: trt-spec serves one replica on one node; use nodes with >= %d GPUs, or lower the target's tp x pp" $ranks $per $ranks) -}}
 {{- end -}}
-{{- end -}}
-
-{{- define "trtspec.gpusPerPod" -}}
-{{- if le (int .Values.plan.ranks) (int .Values.gpusPerNode) -}}{{ int .Values.plan.ranks }}{{- else -}}{{ int .Values.gpusPerNode }}{{- end -}}
 {{- end -}}
 
 {{/* Installs trt-spec into an emptyDir on PYTHONPATH: the pinned NGC image stays as NVIDIA ships it. Nothing when
@@ -125,11 +116,11 @@ livenessProbe:
 
 {{- define "trtspec.resources" -}}
 limits:
-  nvidia.com/gpu: {{ include "trtspec.gpusPerPod" . }}
+  nvidia.com/gpu: {{ int .Values.plan.ranks }}
   cpu: {{ .Values.resources.cpu | quote }}
   memory: {{ .Values.resources.memory | quote }}
 requests:
-  nvidia.com/gpu: {{ include "trtspec.gpusPerPod" . }}
+  nvidia.com/gpu: {{ int .Values.plan.ranks }}
   cpu: {{ .Values.resources.cpu | quote }}
   memory: {{ .Values.resources.memory | quote }}
 {{- end -}}

@@ -61,6 +61,9 @@ class TritonPythonModel:
         bc.check_parameters(self.params)  # raises: the model fails to load, as on a GPU
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
         self.declared = {o["name"] for o in cfg.get("output", [])}  # what Triton core lets a backend write
+        logits_type = next((o["data_type"] for o in cfg.get("output", []) if o["name"] == "generation_logits"),
+                           bc.LOGITS_TYPE)
+        self.config_logits_dtype = bc.TYPE_TO_LOGITS_DTYPE.get(logits_type, logits_type)
         engine_dir = self.params["gpt_model_path"]
         if not os.path.isdir(engine_dir):
             raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY))
@@ -189,7 +192,7 @@ class TritonPythonModel:
         """Check one request as the backend does and hand it to the scheduler. Returns its _InFlight, or None
         when it was answered at once. Raises for a rejected request (its error becomes its final response)."""
         req = bc.parse_request(self._inputs(request), request.requested_output_names(), self.limits, self.params,
-                               decoupled=self.decoupled)
+                               decoupled=self.decoupled, config_logits_dtype=self.config_logits_dtype)
         if req.warning:  # the executor's own warning (a request_output_len lowered to fit max_seq_len)
             pb_utils.Logger.log_warn(f"{self.name}: {req.warning}")
         if request.is_cancelled():  # cancelled while queued: finish it at once, as the executor does
