@@ -12,6 +12,7 @@ import yaml
 
 from trt_spec import trtllm as F
 from trt_spec.config import load_config
+from trt_spec.model_info import PreflightError
 from trt_spec.hardware import resolve_gpu
 from trt_spec.plan import make_plan
 from trt_spec.preflight import run_preflight
@@ -65,7 +66,7 @@ def test_plan_follows_trtllm_recipe(path):
                              "--tokens_per_block", "--remove_input_padding", "--kv_cache_type"):
                 assert explicit in argv, explicit
             role = s.name.split("-", 1)[1]
-            model = cfg.target if role == "target" else cfg.draft
+            model = cfg.draft if role == "draft" else cfg.target  # the baseline is the target, built plain
             assert arg(argv, "--workers") == str(model.world_size)
             assert arg(argv, "--max_seq_len") == str(cfg.limits.max_seq_len)
             if role == "target":
@@ -88,7 +89,7 @@ def test_plan_follows_trtllm_recipe(path):
                     F.EAGLE_CONVERT_FLAGS if "eagle" in argv[1] else F.CONVERT_CHECKPOINT_FLAGS)
             assert {a for a in argv if a.startswith("--")} <= allowed
             role = s.name.split("-", 1)[1]
-            model = cfg.target if role == "target" else cfg.draft
+            model = cfg.draft if role == "draft" else cfg.target
             assert arg(argv, "--tp_size") == str(model.tp) and arg(argv, "--pp_size") == str(model.pp)
             if tool == "quantize.py":
                 assert arg(argv, "--qformat") in F.QUANTIZE_QFORMATS
@@ -98,6 +99,19 @@ def test_plan_follows_trtllm_recipe(path):
     assert names.index("checkpoint-target") < names.index("engine-target")
     if cfg.draft is not None:
         assert names == ["checkpoint-target", "checkpoint-draft", "engine-draft", "engine-target"]
+    if cfg.speculative.mode in F.IN_ENGINE_MODES:  # the ensemble's non-speculative engine, from the base checkpoint
+        assert "engine-baseline" in names and set(p.engines) == {"target", "baseline"}
+        base = list(p.step("engine-baseline").argv)
+        assert "--speculative_decoding_mode" not in base and "--max_draft_len" not in base
+        ckpt = arg(base, "--checkpoint_dir")
+        if cfg.speculative.mode in ("medusa", "eagle"):  # their target checkpoint carries the heads
+            plain = p.step("checkpoint-baseline").argv
+            assert ckpt.endswith("checkpoints/baseline")
+            assert not {"--medusa_model_dir", "--eagle_model_dir", "--num_medusa_heads"} & set(plain)
+        else:
+            assert ckpt == arg(list(p.step("engine-target").argv), "--checkpoint_dir")
+    else:
+        assert "baseline" not in p.engines
 
 
 def test_seed_config_is_the_documented_fp8_dtm_recipe():
@@ -155,12 +169,17 @@ def test_gemma_convert_uses_its_own_cli(tmp_path):
 
 def test_lookahead_and_eagle_modes(tmp_path):
     base = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"
-    p = plan_of(base, ["speculative.mode=lookahead", "speculative.max_draft_len=15"])
+    # a 32B target and its baseline engine do not fit one H100: refused with the knob that drops the baseline
+    with pytest.raises(PreflightError, match=r"baseline weights 32.0 .* drop the baseline engine \(speculative."
+                       r"baseline_engine: false; check and bench then have no baseline\)"):
+        plan_of(base, ["speculative.mode=lookahead", "speculative.max_draft_len=15"])
+    p = plan_of(base, ["speculative.mode=lookahead", "speculative.max_draft_len=15", "speculative.baseline_engine=false"])
+    assert set(p.engines) == {"target"}
     t = list(p.step("engine-target").argv)
     assert arg(t, "--speculative_decoding_mode") == "lookahead_decoding" and arg(t, "--max_draft_len") == "15"
     heads = tmp_path / "eagle"
     p = plan_of(base, ["speculative.mode=eagle", "speculative.max_draft_len=63", f"speculative.eagle.heads_dir={heads}",
-                       "quantization.weights=bf16", "limits.max_batch_size=2"])
+                       "quantization.weights=bf16", "limits.max_batch_size=2", "speculative.baseline_engine=false"])
     c = list(p.step("checkpoint-target").argv)
     assert c[1].endswith("eagle/convert_checkpoint.py") and arg(c, "--eagle_model_dir") == str(heads)
     assert arg(list(p.step("engine-target").argv), "--speculative_decoding_mode") == "eagle"

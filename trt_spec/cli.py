@@ -349,6 +349,7 @@ def _client(url: str, protocol: str):
     c = LLMClient(url, protocol)
     try:
         c.check_ready(list(TEXT_MODELS))
+        c.check_baseline()
     except ClientError as e:
         raise UserError(str(e)) from None
     return c

@@ -129,7 +129,19 @@ class Speculative(_Strict):
         "adaptive", description="draft-target / n-gram: adaptive k per round from measured costs and acceptance (k = 0 "
         "included), or fixed k = num_draft_tokens")
     use_draft_logits: bool = Field(False, description="rejection sampling with draft logits (draft gathers generation logits)")
+    baseline_engine: bool = Field(
+        True, description="medusa / eagle / lookahead: build a non-speculative engine of the target for the ensemble "
+        "(the baseline check and bench compare against; it needs the target's weights a second time); false = no "
+        "baseline, and check / bench refuse to compare")
     medusa: Optional[MedusaSpec] = None
+
+    @property
+    def has_baseline_engine(self) -> bool:
+        """Whether the ensemble gets an engine of its own: modes that speculate inside the target engine
+        (trtllm.IN_ENGINE_MODES) unless baseline_engine is false."""
+        from .trtllm import IN_ENGINE_MODES
+
+        return self.mode in IN_ENGINE_MODES and self.baseline_engine
     eagle: Optional[EagleSpec] = None
     lookahead: Optional[LookaheadSpec] = None
 

@@ -23,7 +23,7 @@ CALIBRATION_PEAK_FACTOR = 1.6
 @dataclass(frozen=True)
 class MemoryRow:
     gpu_id: int
-    role: str  # target | draft
+    role: str  # target | draft | baseline
     weights_gib: float
     kv_gib: float
     reserve_gib: float
@@ -60,14 +60,17 @@ def memory_rows(role: str, info: ModelInfo, weights: str, kv_cache: str, tp: int
     return [MemoryRow(d, role, w, kv, cfg.runtime.memory_reserve_gib) for d in devices]
 
 
+SHARING_ROLES = ("draft", "baseline")  # engines whose KV cache is capped so the target can size its own
+
+
 def shared_gpu_kv_fraction(memory: list[MemoryRow], gpu_gib: float) -> float:
     """Target kv_cache_free_gpu_mem_fraction on a GPU shared with the draft: the share of the memory left after
     the target's weights and reserve that still leaves the draft's weights, capped KV cache and reserve free
     (rounded down to 0.05; the executor's default 0.9 at most)."""
     fracs = []
-    for gid in {r.gpu_id for r in memory if r.role == "draft"}:
+    for gid in {r.gpu_id for r in memory if r.role in SHARING_ROLES}:
         t = [r for r in memory if r.gpu_id == gid and r.role == "target"]
-        d = sum(r.total_gib for r in memory if r.gpu_id == gid and r.role == "draft")
+        d = sum(r.total_gib for r in memory if r.gpu_id == gid and r.role in SHARING_ROLES)
         if not t:
             continue
         free = gpu_gib - t[0].weights_gib - t[0].reserve_gib

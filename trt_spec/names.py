@@ -15,6 +15,8 @@ PREPROCESSING = "preprocessing"  # text -> token ids
 POSTPROCESSING = "postprocessing"  # token ids -> text
 TARGET = "tensorrt_llm"  # the target engine
 DRAFT = "tensorrt_llm_draft"  # the draft engine (draft-target mode only)
+BASELINE_ENGINE = "tensorrt_llm_baseline"  # Medusa/EAGLE/lookahead: the target without speculation, for the ensemble
+ENGINE_MODELS = (TARGET, DRAFT, BASELINE_ENGINE)  # the models behind the tensorrtllm backend's contract
 ENSEMBLE = "ensemble"  # preprocessing -> tensorrt_llm -> postprocessing
 BLS = "tensorrt_llm_bls"  # draft -> verify with draft_input_ids, streaming
 # What the harness compares: the non-speculative baseline and the speculative model (text in, text out).

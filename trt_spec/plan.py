@@ -168,8 +168,9 @@ def _check_flags(argv: list[str], allowed: frozenset[str], tool: str) -> None:
 
 
 def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path) -> Step:
-    model = cfg.target if role == "target" else cfg.draft
-    info = report.target if role == "target" else report.draft
+    """role: target | draft | baseline (the target's base checkpoint without Medusa/EAGLE heads)."""
+    model = cfg.draft if role == "draft" else cfg.target
+    info = report.draft if role == "draft" else report.target
     q = report.quant
     tc = cfg.toolchain
     spec = cfg.speculative
@@ -240,7 +241,7 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
 
 
 def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Path, out: Path) -> Step:
-    model = cfg.target if role == "target" else cfg.draft
+    model = cfg.draft if role == "draft" else cfg.target
     lim = cfg.limits
     q = report.quant
     ranks_on_node = min(model.world_size, report.gpu.count if report.gpu else model.world_size)
@@ -300,7 +301,8 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
         else:
             hf["draft"] = cfg.draft.checkpoint
     engines = {}
-    for role in (["draft"] if cfg.draft is not None else []) + ["target"]:
+    hf["baseline"] = hf["target"]
+    for role in sorted(engine_roles(cfg), key=["draft", "target", "baseline"].index):
         edir = out / "engines" / role
         lim = cfg.limits
         argv = (py, "-m", "trt_spec.reference.export", "--checkpoint", hf[role], "--output_dir", str(edir),
@@ -319,6 +321,13 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
     return steps, engines
 
 
+def engine_roles(cfg: BuildConfig) -> list[str]:
+    """The engines a config builds: the target, the draft (draft-target mode) and, for modes that speculate inside
+    the target engine, the non-speculative baseline the ensemble serves (trtllm.IN_ENGINE_MODES)."""
+    return (["target"] + (["draft"] if cfg.draft is not None else [])
+            + (["baseline"] if cfg.speculative.has_baseline_engine else []))
+
+
 def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) -> Plan:
     out = cfg.resolved_output_dir(source)
     name = cfg.resolved_name(source)
@@ -326,10 +335,12 @@ def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) ->
         steps, engines = _reference_steps(cfg, report, out)
         return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines,
                     {s.name.split("-", 1)[1]: s.output for s in steps if s.name.startswith(("import-", "distill-"))})
-    roles = ["target"] + (["draft"] if cfg.draft is not None else [])
+    roles = engine_roles(cfg)
     ckpts = {r: out / "checkpoints" / r for r in roles}
+    if "baseline" in roles and cfg.speculative.mode not in ("medusa", "eagle"):
+        ckpts["baseline"] = ckpts["target"]  # lookahead: the target's checkpoint is the plain base model
     engs = {r: out / "engines" / r for r in roles}
-    steps = [_checkpoint_step(cfg, report, r, ckpts[r]) for r in roles]
+    steps = [_checkpoint_step(cfg, report, r, ckpts[r]) for r in roles if r == "target" or ckpts[r] != ckpts["target"]]
     # Draft engine first: it is small and fails fast if the toolchain is broken.
     steps += [_engine_step(cfg, report, r, ckpts[r], engs[r]) for r in reversed(roles)]
     return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps),

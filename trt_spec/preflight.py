@@ -50,7 +50,9 @@ class PreflightReport:
     draft_devices: list[int]
     kv_cache_free_gpu_mem_fraction: float
     max_draft_len: int
-    draft_kv_tokens: Optional[int] = None  # max_tokens_in_paged_kv_cache for the draft
+    # max_tokens_in_paged_kv_cache of an engine that shares the target's GPUs: the draft, or the baseline of an
+    # in-engine mode (trtllm.IN_ENGINE_MODES), which lives on the target's own GPUs
+    draft_kv_tokens: Optional[int] = None
     memory: list[MemoryRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -66,12 +68,12 @@ class PreflightReport:
         if not self.memory:
             return "memory plan: not applicable (no GPU)"
         cap = self.gpu.memory_gib if self.gpu else float("nan")
-        lines = [f"{'GPU':>3}  {'model':<6}  {'weights':>9}  {'KV cache':>9}  {'reserve':>8}  {'total':>8}"]
+        lines = [f"{'GPU':>3}  {'model':<8}  {'weights':>9}  {'KV cache':>9}  {'reserve':>8}  {'total':>8}"]
         for r in self.memory:
-            lines.append(f"{r.gpu_id:>3}  {r.role:<6}  {r.weights_gib:>7.1f}Gi  {r.kv_gib:>7.1f}Gi  "
+            lines.append(f"{r.gpu_id:>3}  {r.role:<8}  {r.weights_gib:>7.1f}Gi  {r.kv_gib:>7.1f}Gi  "
                          f"{r.reserve_gib:>6.1f}Gi  {r.total_gib:>6.1f}Gi")
         for gid, tot in sorted(self.gpu_totals().items()):
-            lines.append(f"{gid:>3}  {'sum':<6}  {'':>9}  {'':>9}  {'':>8}  {tot:>6.1f}Gi of {cap:.1f}Gi")
+            lines.append(f"{gid:>3}  {'sum':<8}  {'':>9}  {'':>9}  {'':>8}  {tot:>6.1f}Gi of {cap:.1f}Gi")
         return "\n".join(lines)
 
 
@@ -297,8 +299,9 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     # Devices and memory (GPU engines only)
     # The draft never needs more KV cache than max_batch_size full sequences: cap it, or the backend's fraction
     # of free memory lets a 1B draft that loads first take most of the GPU from the target.
+    baseline = cfg.speculative.has_baseline_engine
     draft_kv = (-(-cfg.limits.max_batch_size * cfg.limits.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
-                if draft is not None else None)
+                if draft is not None or baseline else None)
     t_dev = cfg.runtime.gpu_device_ids or list(range(cfg.target.world_size))
     d_dev: list[int] = []
     if cfg.draft is not None:
@@ -320,22 +323,29 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
         memory += memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
         if draft is not None:
             memory += memory_rows("draft", draft, quant.weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
+        if baseline:  # the non-speculative target the ensemble serves: the target's weights again, on its GPUs
+            memory += memory_rows("baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp,
+                                  t_dev, cfg)
+            notes.append(f"{cfg.speculative.mode} speculates inside the target engine, so the baseline (the ensemble's "
+                         f"engine) is a second, non-speculative engine of the target on GPU(s) {t_dev}")
         if kv_frac is None:
             kv_frac = DEFAULT_KV_FRACTION
-            if shares:
+            if shares or baseline:
                 kv_frac = shared_gpu_kv_fraction(memory, gpu.memory_gib)
-                notes.append(f"draft and target share GPU(s) {sorted(set(t_dev) & set(d_dev))}: the draft's KV cache is "
-                             f"capped at {draft_kv:,} tokens (max_tokens_in_paged_kv_cache) and the target takes "
-                             f"{kv_frac} of the memory left free (kv_cache_free_gpu_mem_fraction), so whichever loads "
-                             "first leaves room for the other")
+                who = "draft" if shares else "baseline"
+                where = sorted(set(t_dev) & set(d_dev)) if shares else t_dev
+                notes.append(f"{who} and target share GPU(s) {where}: the {who}'s KV cache is capped at {draft_kv:,} "
+                             f"tokens (max_tokens_in_paged_kv_cache) and the target takes {kv_frac} of the memory left "
+                             "free (kv_cache_free_gpu_mem_fraction), so whichever loads first leaves room for the other")
         for gid, total in sorted(totals_per_gpu(memory).items()):
             if total > gpu.memory_gib:
                 parts = ", ".join(f"{r.role} weights {r.weights_gib:.1f} + KV {r.kv_gib:.1f} + reserve {r.reserve_gib:.1f}"
                                   for r in memory if r.gpu_id == gid)
                 raise PreflightError(
                     f"GPU {gid} ({gpu.name}, {gpu.memory_gib:.1f} GiB) needs {total:.1f} GiB ({parts}); lower "
-                    "limits.max_batch_size or limits.max_seq_len, raise tp, use FP8/INT8 KV cache, or move the draft "
-                    "to another GPU (runtime.draft_gpu_device_ids)"
+                    "limits.max_batch_size or limits.max_seq_len, raise tp, use FP8/INT8 KV cache, or "
+                    + ("drop the baseline engine (speculative.baseline_engine: false; check and bench then have no "
+                       "baseline)" if baseline else "move the draft to another GPU (runtime.draft_gpu_device_ids)")
                 )
         calib_gib = target.num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
         total_gib = gpu.memory_gib * gpu.count

@@ -41,7 +41,8 @@ from . import backend_contract as bc
 from .atomic import replacing_dir
 from .integrity import IntegrityError, rebuild_hint, verify
 from .manifest import BuildManifest, EngineEntry, RepoRecord
-from .names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT, DRAFT_LEN_POLICY, DRAFT_LENGTHS, EMBEDDING_BIAS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
+from .memory import SHARING_ROLES
+from .names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE_ENGINE, BLS, DRAFT, ENGINE_MODELS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, EMBEDDING_BIAS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
                     POST_OUTPUT_IDS, POSTPROCESSING as POST, PREPROCESSING as PRE, SEQUENCE_LENGTH, TARGET, TEXT_INPUT, TEXT_OUTPUT,
                     TOTAL_STEPS)
 
@@ -173,7 +174,7 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
         "enable_chunked_context": False,  # input limit: min(max_seq_len - 1, max_num_tokens), checked upstream
         "exclude_input_in_output": False,
         "kv_cache_free_gpu_mem_fraction": s.kv_fraction,
-        "max_tokens_in_paged_kv_cache": s.draft_kv_tokens if role == "draft" else None,
+        "max_tokens_in_paged_kv_cache": s.draft_kv_tokens if role in SHARING_ROLES else None,
         "gpu_device_ids": ",".join(str(d) for d in e.devices) or None,
         "batch_scheduler_policy": "guaranteed_no_evict",
         # read unguarded by the backend (load fails without them); "" = guided decoding off
@@ -285,7 +286,9 @@ def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
     pre.output_map.update({"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
                            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
                            "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID"})
-    llm = steps.add(model_name=TARGET, model_version=-1)
+    # The baseline decodes without speculation: the target itself, or for Medusa/EAGLE/lookahead (whose target engine
+    # always speculates) the plain engine built beside it (trtllm.IN_ENGINE_MODES).
+    llm = steps.add(model_name=BASELINE_ENGINE if "baseline" in s.engines else TARGET, model_version=-1)
     llm.input_map.update({"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
                           "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_END_ID", "pad_id": "_PAD_ID",
                           "bad_words_list": "_BAD_WORDS_IDS", "stop_words_list": "_STOP_WORDS_IDS",
@@ -347,6 +350,8 @@ def repository_configs(s: RepoSettings) -> dict[str, mc.ModelConfig]:
     models = {PRE: preprocessing_config(s), POST: postprocessing_config(s), TARGET: engine_config(TARGET, "target", s)}
     if "draft" in s.engines:
         models[DRAFT] = engine_config(DRAFT, "draft", s)
+    if "baseline" in s.engines:
+        models[BASELINE_ENGINE] = engine_config(BASELINE_ENGINE, "baseline", s)
     models[ENSEMBLE] = ensemble_config(s)
     models[BLS] = bls_config(s)
     return models
@@ -384,7 +389,7 @@ def validate_repository(repo: Path) -> dict[str, mc.ModelConfig]:
     if not models:
         raise RepositoryError(f"{repo}: no models (no */config.pbtxt); run trt-spec repo")
     for name, cfg in models.items():
-        if name in (TARGET, DRAFT):
+        if name in ENGINE_MODELS:
             try:  # what the tensorrtllm backend checks at load (the CPU stand-in checks the same)
                 bc.check_parameters({k: v.string_value for k, v in cfg.parameters.items()})
             except bc.ContractError as e:
@@ -498,8 +503,8 @@ def _check_ensemble(cfg: mc.ModelConfig, models: dict[str, mc.ModelConfig]) -> N
 
 
 def _python_sources(name: str, engine: str) -> Path:
-    src = {TARGET: "reference_engine", DRAFT: "reference_engine"}.get(name, name)
-    if name in (TARGET, DRAFT) and engine == "tensorrt":
+    src = {n: "reference_engine" for n in ENGINE_MODELS}.get(name, name)
+    if name in ENGINE_MODELS and engine == "tensorrt":
         raise AssertionError("tensorrtllm backend models have no python source")
     return MODEL_REPO_SOURCES / src
 

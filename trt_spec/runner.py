@@ -226,14 +226,14 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
     r = plan.report
     engines = {}
     for role, edir in plan.engines.items():
-        model = cfg.target if role == "target" else cfg.draft
+        model = cfg.draft if role == "draft" else cfg.target  # the baseline is the target, built plain
         step = plan.step(f"engine-{role}" if plan.engine == "tensorrt" else f"export-{role}")
         stamp = read_stamp(Path(step.output)) or {}
         built = stamp.get("fingerprint") == step.fingerprint
         engines[role] = EngineEntry(
             dir=str(Path(edir).resolve()), checkpoint=model.checkpoint,
             tp=model.tp, pp=model.pp, world_size=model.world_size,
-            devices=list(r.target_devices if role == "target" else r.draft_devices),
+            devices=list(r.draft_devices if role == "draft" else r.target_devices),
             weights=r.quant.weights, kv_cache=r.quant.kv_cache, argv=list(step.argv), fingerprint=step.fingerprint,
             max_draft_len=r.max_draft_len if role == "target" else 0,
             gather_generation_logits="--gather_generation_logits" in step.argv, step=step.name,

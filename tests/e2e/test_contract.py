@@ -211,6 +211,9 @@ def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo,
     server = _serve(lookahead_repo, tmp_path / "ok.log")
     try:
         c = LLMClient(server.grpc_url, "grpc")
+        c.check_baseline()  # the ensemble runs the plain engine built beside the lookahead target
+        steps = [st["model_name"] for st in c.model_config("ensemble")["ensemble_scheduling"]["step"]]
+        assert steps == ["preprocessing", "tensorrt_llm_baseline", "postprocessing"]
         base = c.generate("ensemble", PROMPT, 12, **GREEDY)
         for stream in (False, True):
             spec = c.generate("tensorrt_llm_bls", PROMPT, 12, stream=stream, **GREEDY)
@@ -227,12 +230,26 @@ def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo,
     del cfg.output[:]
     cfg.output.extend(keep)
     cfg_path.write_text(text_format.MessageToString(cfg))
+    # ... and its ensemble served by the speculative engine itself (what speculative.baseline_engine: false writes)
+    ens_path = broken / "ensemble" / "config.pbtxt"
+    ens = parse_config(ens_path)
+    keep = [o for o in ens.output if o.name != "kv_cache_alloc_new_blocks"]
+    del ens.output[:]
+    ens.output.extend(keep)
+    llm = next(st for st in ens.ensemble_scheduling.step if st.model_name == "tensorrt_llm_baseline")
+    llm.model_name = "tensorrt_llm"
+    del llm.output_map["kv_cache_alloc_new_blocks"]
+    ens_path.write_text(text_format.MessageToString(ens))
     server = _serve(broken, tmp_path / "broken.log")
     try:
         c = LLMClient(server.grpc_url, "grpc")
         assert c.generate("ensemble", PROMPT, 12, **GREEDY).output_ids == base.output_ids  # no perf metrics asked
-        with pytest.raises(ClientError, match="Could not get response output for output tensor kv_cache_alloc_new_blocks: "
-                           "unexpected inference output 'kv_cache_alloc_new_blocks' for model 'tensorrt_llm'"):
-            c.generate("tensorrt_llm_bls", PROMPT, 12, **GREEDY)
+        for stream in (False, True):  # the engine's final response, or its first streamed one
+            with pytest.raises(ClientError, match="Could not get response output for output tensor "
+                               "kv_cache_alloc_new_blocks: unexpected inference output 'kv_cache_alloc_new_blocks' for "
+                               "model 'tensorrt_llm'"):
+                c.generate("tensorrt_llm_bls", PROMPT, 12, stream=stream, **GREEDY)
+        with pytest.raises(ClientError, match="no baseline: ensemble runs the speculative engine 'tensorrt_llm' itself"):
+            c.check_baseline()  # check / bench / tune refuse with this line
     finally:
         server.stop()

@@ -22,8 +22,8 @@ import numpy as np
 
 from .. import backend_contract as bc
 from ..defaults import PROTOCOLS
-from ..names import (DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
-                     TEXT_INPUT, TEXT_MODELS, TEXT_OUTPUT)
+from ..names import (BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS,
+                     OUTPUT_IDS, SPECULATIVE, TEXT_INPUT, TEXT_MODELS, TEXT_OUTPUT)
 
 
 class ClientError(RuntimeError):
@@ -96,6 +96,28 @@ class LLMClient:
                 if not ok:
                     raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: "
                                       f"{', '.join(TEXT_MODELS)}) or the server log")
+
+    def model_config(self, model: str) -> dict:
+        """A served model's configuration (Triton's JSON form)."""
+        if self.protocol == "http":
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}/config", timeout=30) as r:
+                    return json.loads(r.read())
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                raise ClientError(f"{model}: cannot read its configuration ({e})") from None
+        return self._grpc_client().get_model_config(model, as_json=True)["config"]
+
+    def check_baseline(self) -> None:
+        """One clear error when the baseline is the speculative engine itself: Medusa/EAGLE/lookahead speculate
+        inside the target engine, so an ensemble served by that engine (speculative.baseline_engine: false) would
+        make identity trivially true and the speedup 1x by construction."""
+        bls = self.model_config(SPECULATIVE).get("parameters", {})
+        param = lambda k: bls.get(k, {}).get("string_value", "")  # noqa: E731
+        steps = {s.get("model_name") for s in self.model_config(BASELINE).get("ensemble_scheduling", {}).get("step", [])}
+        if param("speculative_mode") == "engine" and param("tensorrt_llm_model_name") in steps:
+            raise ClientError(f"no baseline: {BASELINE} runs the speculative engine {param('tensorrt_llm_model_name')!r} "
+                              "itself, so identity and speedup would compare it with itself; rebuild with "
+                              "speculative.baseline_engine: true (a non-speculative engine for the ensemble)")
 
     def close(self) -> None:
         if self._grpc is not None:

@@ -137,8 +137,15 @@ class TritonPythonModel:
     def _stream(self, f, token):
         """on_token (engine thread): one streaming response per token."""
         with f.lock:
-            if not f.final:
-                f.send(self._response(f.req, [token], f.handle.progress), 0)
+            if f.final:
+                return
+            try:
+                resp = self._response(f.req, [token], f.handle.progress)
+            except bc.ContractError as e:  # fillTritonResponse: one final error response, the request is over
+                f.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), FINAL)
+                f.handle.cancel()
+                return
+            f.send(resp, 0)
 
     def _finished(self, f, future):
         """The request's handle resolved (engine thread, or execute's if it resolved before the callback was
@@ -147,18 +154,18 @@ class TritonPythonModel:
             try:
                 if f.final:
                     return
-                error = None
+                error, resp = None, None
                 try:
                     res = future.result()
+                    if not (f.req.streaming and not f.req.draft_tokens):  # streaming: the tokens went out already
+                        logits = torch.stack(res.logits).float().numpy() if res.logits else None
+                        resp = self._response(f.req, res.tokens, res, logits)
                 except Exception as e:  # noqa: BLE001 - the request failed alone: its error is its final response
-                    error = error_line(self.name, e, pb_utils.Logger.log_error)
+                    error = error_line(self.name, e, pb_utils.Logger.log_error)  # (an undeclared output included)
                 if error is not None:
                     f.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), FINAL)
-                elif f.req.streaming and not f.req.draft_tokens:
-                    f.send(None, FINAL)
                 else:
-                    logits = torch.stack(res.logits).float().numpy() if res.logits else None
-                    f.send(self._response(f.req, res.tokens, res, logits), FINAL)
+                    f.send(resp, FINAL)
             except Exception as e:  # noqa: BLE001 - a failed final send: the backend has closed the request anyway
                 f.final.append(True)
                 pb_utils.Logger.log_error(f"{self.name}: the final response failed: {e}")
