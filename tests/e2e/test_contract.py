@@ -253,3 +253,29 @@ def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo,
             c.check_baseline()  # check / bench / tune refuse with this line
     finally:
         server.stop()
+
+
+def test_the_end_token_is_not_output_and_ends_both_models(dtm_server):
+    """TensorRT-LLM does not output end_id (backend_contract.EOS_EXCLUDED): with end_id set to the 4th greedy token,
+    the ensemble and the BLS both return the 3 tokens before it and stop."""
+    c = LLMClient(dtm_server.grpc_url, "grpc")
+    greedy = c.generate("ensemble", PROMPT, 12, end_id=-1, **GREEDY).output_ids
+    end = greedy[3]
+    cut = greedy[: greedy.index(end)]
+    for model in ("ensemble", "tensorrt_llm_bls"):
+        for stream in (False, True):
+            assert c.generate(model, PROMPT, 12, end_id=end, stream=stream, **GREEDY).output_ids == cut
+
+
+def test_an_output_past_max_seq_len_is_lowered_not_refused_by_the_engine(dtm_server):
+    """LlmRequest::validate lowers request_output_len to max_seq_len - prompt - max_draft_len (a warning in the log);
+    the ensemble answers short. The BLS refuses such a request up front instead (its loop could not finish it)."""
+    c = LLMClient(dtm_server.grpc_url, "grpc")
+    n = len(prompt_ids(dtm_server))
+    room = 512 - n - 4  # dtm_server: max_seq_len 512, max_draft_len 4
+    got = c.generate("ensemble", PROMPT, room + 5, end_id=-1, **GREEDY).output_ids
+    assert len(got) == room
+    assert "Number of requested output tokens is changed to" in dtm_server.log_tail(400)
+    with pytest.raises(ClientError, match=r"\+ max_draft_len \(4\) exceeds max_seq_len 512; lower max_tokens to at "
+                       rf"most {room}"):
+        c.generate("tensorrt_llm_bls", PROMPT, room + 5, **GREEDY)
