@@ -5,7 +5,8 @@ import math
 import pytest
 
 from trt_spec import draft_policy as dp
-from trt_spec.draft_policy import CostModel, DraftLengthPolicy, expected_tokens
+from trt_spec.draft_policy import CostModel, DraftLengthPolicy
+from trt_spec.speculation import expected_tokens
 
 
 def costs(verify=(0.050, 0.002), run=(0.004, 0.040), draft=None, rounds=20):

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from trt_spec import defaults
 from trt_spec.cli import main
 from trt_spec.deploy import ADAPTER_VALUES, DeployError, write_chart
-from trt_spec.harness.metrics import break_even_acceptance
+from trt_spec.speculation import break_even_acceptance
 from trt_spec.model_info import KNOWN_MODELS
 
 from .conftest import REPO

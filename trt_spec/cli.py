@@ -11,7 +11,7 @@ import click
 from click.core import ParameterSource
 
 from . import defaults
-from .draft_policy import POLICIES
+from .speculation import POLICIES
 from .config import BuildConfig, ConfigError, load_config
 from .harness.prompts import PROMPT_SETS
 from .hardware import HardwareError

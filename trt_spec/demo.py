@@ -16,6 +16,7 @@ from .defaults import PROMPT_SET, REPO_SUBDIR
 from .harness.bench import concurrency_sweep, paired_ab
 from .harness.client import LLMClient
 from .harness.identity import check_greedy
+from .harness.metrics import fmt
 from .harness.prompts import load_prompts, with_chat_template
 from .harness.report import write_reports
 from .manifest import BuildManifest
@@ -99,7 +100,7 @@ def format_sweep(rows: list[dict]) -> list[str]:
         tpot = f"{b['tpot_s']['p50'] * 1e3:.1f}/{s['tpot_s']['p50'] * 1e3:.1f}"
         p99 = f"{b['latency_s']['p99']:.2f}/{s['latency_s']['p99']:.2f}"
         out.append(f"{r['concurrency']:>9}{b['tokens_per_s']:>12.1f}{s['tokens_per_s']:>12.1f}{r['speedup']:>8.2f}x"
-                   f"{r['acceptance']['acceptance_rate']:>8.2f}{r['acceptance']['mean_acceptance_length']:>9.2f}"
+                   f"{fmt(r['acceptance']['acceptance_rate'], '>8.2f')}{fmt(r['acceptance']['mean_acceptance_length'], '>9.2f')}"
                    f"{tpot:>19}{p99:>17}")
     return out
 
@@ -115,8 +116,8 @@ def format_server_metrics(m: dict) -> list[str]:
     return [head,
             f"  requests {m['requests']}, drafted {m['drafted']}, accepted {m['accepted']}, "
             f"acceptance rate {f('acceptance_rate', '.2f')}",
-            f"  rounds {m['rounds']}, without speculation {f('no_speculation_share', '.1%')}, mean accepted per round "
-            f"{f('mean_accepted_per_round', '.2f')} (mean acceptance length {f('mean_acceptance_length', '.2f')})"]
+            f"  rounds {m['rounds']}, without speculation {f('no_speculation_share', '.1%')}, mean acceptance length "
+            f"{f('mean_acceptance_length', '.2f')} (1 + accepted / speculative rounds)"]
 
 
 def format_verdict(rep: dict) -> str:
@@ -130,7 +131,7 @@ def format_verdict(rep: dict) -> str:
     for b in rep["bench"]:
         lines.append(f"{b['protocol']:<9}{b['baseline']['tokens_per_s']:>15.1f}{b['speculative']['tokens_per_s']:>12.1f}"
                      f"{b['speedup']:>8.2f}x{b['speedup_ci95'][0]:>8.2f}-{b['speedup_ci95'][1]:<6.2f}"
-                     f"{b['acceptance']['acceptance_rate']:>8.2f}{b['acceptance']['mean_acceptance_length']:>9.2f}"
+                     f"{fmt(b['acceptance']['acceptance_rate'], '>8.2f')}{fmt(b['acceptance']['mean_acceptance_length'], '>9.2f')}"
                      f"{b['speculative']['ttft_s']['p50'] * 1e3:>9.0f}")
     for b in rep["bench"]:
         if b.get("warning"):

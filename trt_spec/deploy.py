@@ -28,7 +28,7 @@ import yaml
 
 from . import __version__, defaults
 from .atomic import replacing_dir
-from .harness.metrics import break_even_acceptance
+from .speculation import Mode, break_even_acceptance
 from .manifest import BuildManifest, ManifestError
 from .trtllm import NGC_IMAGE
 
@@ -36,9 +36,6 @@ CHART_SOURCES = Path(__file__).parent / "k8s_chart"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
 ADMIN_KEY_FILE = "/var/run/trt-spec/admin/key"
 TRITON_UID = 1000  # user triton-server in NVIDIA's tritonserver images (see values.yaml: podSecurityContext)
-# Modes whose draft is (nearly) free: n-gram and lookahead propose from the tokens themselves; Medusa/EAGLE heads
-# run inside the target's own forward (a few small layers on its last hidden state).
-DRAFT_FREE_MODES = ("ngram", "lookahead", "medusa", "eagle")
 
 
 class DeployError(ValueError):
@@ -136,7 +133,7 @@ def acceptance(m: BuildManifest, min_acceptance: Optional[float] = None) -> Acce
     bandwidth-bound: a step costs what its weights weigh), 0 for draft-free modes."""
     k = m.speculative.num_draft_tokens
     r = defaults.VERIFY_COST_GPU
-    if m.speculative.mode in DRAFT_FREE_MODES:
+    if Mode(m.speculative.mode).draft_free:
         c, why = 0.0, f"{m.speculative.mode}: no draft model (c = 0)"
     else:
         target, draft = model_sizes(m)

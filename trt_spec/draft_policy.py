@@ -36,7 +36,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-POLICIES = ("adaptive", "fixed")
+from .speculation import POLICIES, expected_tokens
+
 DECAY = 0.8  # per-round weight of a request's acceptance history (recent rounds count more)
 PRIOR_ROUNDS = 2.0  # weight of the deployment's acceptance in a request's estimate
 COST_DECAY = 0.95  # per-observation weight of the shared cost measurements
@@ -156,13 +157,6 @@ class CostModel:
         """Draft-free: mean tokens accepted of a d-token proposal, once measured over MIN_SAMPLES rounds."""
         e = self.accepted_by_len.get(d)
         return e.mean if e is not None and e.w >= MIN_SAMPLES else None
-
-
-def expected_tokens(alpha: float, d: int) -> float:
-    """(1 − α^(d+1)) / (1 − α): tokens a round with d drafts yields under i.i.d. acceptance α."""
-    if alpha >= 1.0:
-        return d + 1.0
-    return (1 - alpha ** (d + 1)) / (1 - alpha)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from .defaults import TOKENS_PER_BLOCK
+from .speculation import Mode
 from .config import BuildConfig
 from .hardware import GpuSpec
 from .memory import CALIBRATION_PEAK_FACTOR, GIB, MemoryRow, memory_rows, shared_gpu_kv_fraction, totals_per_gpu
@@ -182,7 +183,7 @@ def effective_max_draft_len(cfg: BuildConfig) -> int:
 
 def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
     s = cfg.speculative
-    if s.mode in ("draft_target", "ngram") and k_max < 1:
+    if Mode(s.mode).loop_in_bls and k_max < 1:
         raise PreflightError(f"speculative.max_draft_len must be >= 1 for mode {s.mode}, got {k_max}; set it to 4-8")
     if s.num_draft_tokens is not None and s.num_draft_tokens > k_max:
         raise PreflightError(

@@ -42,6 +42,7 @@ from .atomic import replacing_dir
 from .integrity import IntegrityError, rebuild_hint, verify
 from .manifest import BuildManifest, EngineEntry, RepoRecord
 from .memory import SHARING_ROLES
+from .speculation import Mode
 from .names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE_ENGINE, BLS, DRAFT, ENGINE_MODELS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, EMBEDDING_BIAS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
                     POST_OUTPUT_IDS, POSTPROCESSING as POST, PREPROCESSING as PRE, SEQUENCE_LENGTH, TARGET, TEXT_INPUT, TEXT_OUTPUT,
                     TOTAL_STEPS)
@@ -319,7 +320,7 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
         out(DRAFT_LENGTHS, "TYPE_INT32", [-1]),
     ])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    mode = s.mode if s.mode in ("draft_target", "ngram") else "engine"  # medusa/eagle/lookahead: the engine drafts
+    mode = Mode(s.mode).bls_mode  # medusa/eagle/lookahead: "engine", the engine drafts
     _params(cfg, {
         "tensorrt_llm_model_name": TARGET,
         "tensorrt_llm_draft_model_name": DRAFT if s.mode == "draft_target" else "",

@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable
 
 from .names import (BLS, METRIC_ACCEPTED_LENGTH, METRIC_ACCEPTED_TOKENS, METRIC_DRAFT_LATENCY, METRIC_DRAFT_LENGTH,
                     METRIC_DRAFT_TOKENS, METRIC_REQUESTS, METRIC_ROUNDS, METRIC_ROUNDS_NO_SPEC, METRIC_VERIFY_LATENCY)
-from .speculative_loop import LOOP_MODES, Metrics
+from .speculation import LOOP_MODES, acceptance_rate, mean_acceptance_length
+from .speculative_loop import Metrics
 
 # Seconds per round: n-gram proposals take ~0.1 ms, a GPU draft or verify call a few ms to tens of ms, the CPU
 # reference engine tens to hundreds of ms. Prometheus adds +Inf.
@@ -176,14 +177,14 @@ def histogram(samples: Iterable[Sample], name: str, **labels: str) -> dict[float
 
 def acceptance_summary(samples: list[Sample], model: str = BLS) -> dict:
     """What the server says about speculation for one model (all its modes): requests, drafted, accepted, acceptance
-    rate, rounds, share of rounds without speculation, mean accepted draft tokens per round and mean acceptance
-    length (1 + accepted / rounds: tokens per target call). A ratio without a denominator is None."""
+    rate, rounds, share of rounds without speculation, and the mean acceptance length (trt_spec.speculation: 1 +
+    accepted / speculative rounds; rounds without speculation counted apart). A ratio without a denominator is None."""
     drafted = value(samples, METRIC_DRAFT_TOKENS, model=model)
     accepted = value(samples, METRIC_ACCEPTED_TOKENS, model=model)
     rounds = value(samples, METRIC_ROUNDS, model=model)
     no_spec = value(samples, METRIC_ROUNDS_NO_SPEC, model=model)
     return {"requests": int(value(samples, METRIC_REQUESTS, model=model)), "drafted": int(drafted),
-            "accepted": int(accepted), "acceptance_rate": accepted / drafted if drafted else None,
-            "rounds": int(rounds), "no_speculation_share": no_spec / rounds if rounds else None,
-            "mean_accepted_per_round": accepted / rounds if rounds else None,
-            "mean_acceptance_length": 1 + accepted / rounds if rounds else None}
+            "accepted": int(accepted), "acceptance_rate": acceptance_rate(accepted, drafted),
+            "rounds": int(rounds), "rounds_without_speculation": int(no_spec),
+            "no_speculation_share": no_spec / rounds if rounds else None,
+            "mean_acceptance_length": mean_acceptance_length(accepted, int(rounds - no_spec))}

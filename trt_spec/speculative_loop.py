@@ -28,18 +28,16 @@ import numpy as np
 
 from . import backend_contract as bc
 from .names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
-from .draft_policy import POLICIES, DraftLengthPolicy
+from .draft_policy import DraftLengthPolicy
 from .reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
+from .speculation import BLS_MODES as MODES, LOOP_MODES, POLICIES, PROPOSERS
 from .suffix import SuffixProposer  # pure Python
 
-PROPOSERS = ("suffix", "prompt_lookup")  # draft-free (ngram mode) proposers
 # The suffix proposer as served: a one-token match may propose, each matched token buys two proposed tokens (chosen by
 # replaying the shipped code-edit, code and chat sets' greedy outputs; the adaptive policy caps the length by cost).
 SUFFIX_MIN_MATCH, SUFFIX_TOKENS_PER_MATCH = 1, 2.0
 
 SEED_STRIDE = 1_000_003  # per-round seed offset: independent random streams across verify calls
-LOOP_MODES = ("draft_target", "ngram")
-MODES = (*LOOP_MODES, "engine")
 
 
 class RequestError(ValueError):

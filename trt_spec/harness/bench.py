@@ -21,8 +21,8 @@ from typing import Callable, Optional, Sequence
 from ..names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE, DRAFT_LEN_POLICY, DRAFT_LENGTHS, NUM_DRAFT_TOKENS, SPECULATIVE,
                      TOTAL_STEPS)
 from .client import GREEDY, Generation, LLMClient
-from .metrics import (Summary, acceptance_rate, bootstrap_ratio_ci, low_acceptance_advice, mean_acceptance_length,
-                      total_throughput, tpot)
+from ..speculation import acceptance_rate, mean_acceptance_length, solve_alpha
+from .metrics import Summary, bootstrap_ratio_ci, low_acceptance_advice, total_throughput, tpot
 from .prompts import Prompt
 
 Progress = Optional[Callable[[int, int], None]]
@@ -125,14 +125,12 @@ def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str]
            "baseline": side(base), "speculative": side(spec), "acceptance": acc,
            "samples": [s.__dict__ for s in samples]}
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
-    out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, 0.0, speedup)
+    out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)  # c is not measured here
     return out
 
 
 def _alpha_from(acc: dict, k: int) -> float:
-    from .inprocess import solve_alpha
-
-    return solve_alpha(acc["mean_acceptance_length"], k)
+    return solve_alpha(acc["mean_acceptance_length"] or 1.0, k)
 
 
 def run_level(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], concurrency: int,

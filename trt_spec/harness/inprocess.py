@@ -22,22 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .metrics import leviathan_bound, low_acceptance_advice
+from ..speculation import leviathan_bound, solve_alpha
+from .metrics import fmt, low_acceptance_advice
 from .prompts import Prompt
-
-
-def solve_alpha(mean_len: float, k: int) -> float:
-    """α with (1 − α^(k+1)) / (1 − α) = mean_len (bisection; 0 when no gain, 1 at the k+1 ceiling)."""
-    if k <= 0 or mean_len <= 1.0:
-        return 0.0
-    if mean_len >= k + 1:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        val = (1 - mid ** (k + 1)) / (1 - mid)
-        lo, hi = (mid, hi) if val < mean_len else (lo, mid)
-    return (lo + hi) / 2
 
 
 @dataclass
@@ -141,7 +128,7 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
         speedup = spec_tok_s / base_tok_s
         decode_speedup = base_dec / spec_dec  # TPOT ratio: the same tokens after the same first token
         mean_len = sm.mean_acceptance_length
-        alpha = solve_alpha(mean_len, k)
+        alpha = solve_alpha(mean_len or 1.0, k)
         target_per_token = bm.time_target_s / max(1, bm.new_tokens)
         draft_per_token = sm.time_draft_s / max(1, sm.drafted)
         c = draft_per_token / target_per_token if target_per_token else 0.0
@@ -159,7 +146,7 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
             "verify_cost": verify_cost, "adjusted_bound": adjusted,
             "adjusted_efficiency": speedup / adjusted if adjusted else 0.0,
             "per_position_acceptance": sm.per_position_acceptance, "accepted_histogram": sm.accepted_histogram,
-            "drafted": sm.drafted, "accepted": sm.accepted, "steps": sm.steps,
+            "drafted": sm.drafted, "accepted": sm.accepted, "steps": sm.steps, "speculative_rounds": sm.speculative_steps,
             "time_draft_s": sm.time_draft_s, "time_target_s": sm.time_target_s,
             "baseline_tokens": base_n, "spec_tokens": spec_n, "samples": samples,
         }
@@ -178,7 +165,7 @@ def format_report(rep: dict) -> str:
     for r in rep["sweep"]:
         lines.append(f"{r['k']:>3} {r['baseline_tok_s']:>10.1f} {r['spec_tok_s']:>10.1f} {r['speedup']:>7.2f}x "
                      f"{r['decode_speedup']:>6.2f}x "
-                     f"{r['token_identity']:>8.0%} {r['acceptance_rate']:>7.2f} {r['mean_acceptance_length']:>8.2f} "
+                     f"{r['token_identity']:>8.0%} {fmt(r['acceptance_rate'], '>7.2f')} {fmt(r['mean_acceptance_length'], '>8.2f')} "
                      f"{r['alpha']:>6.2f} {r['cost_ratio']:>6.3f} {r['leviathan_bound']:>5.2f}x {r['efficiency']:>6.2f} "
                      f"{r['verify_cost']:>5.2f} {r['adjusted_bound']:>6.2f}x {r['adjusted_efficiency']:>5.2f}")
     lines.append(f"best k={rep['k']}: {rep['speedup']:.2f}x end to end ({rep['spec_tok_s']:.1f} vs "

@@ -1,7 +1,7 @@
 """Metric math shared by the in-process and the served benchmarks (pure functions, unit-tested).
 
-Definitions (vLLM's): mean acceptance length = 1 + accepted / steps; draft acceptance rate α =
-accepted / drafted; per-position acceptance; histogram of accepted counts 0..k. TPOT = (end-to-end latency −
+Speculation's own figures (acceptance rate, mean acceptance length, E(k), the Leviathan bound, break-even
+acceptance) are defined once in trt_spec/speculation.py. TPOT = (end-to-end latency −
 TTFT) / (output tokens − 1): time per output token after the first, per request (not the inter-token
 latency between streamed chunks, which is bursty under speculation). Total throughput = generated tokens
 of every request / wall time of the run that served them together (what a server delivers under load; not
@@ -11,49 +11,21 @@ the mean of per-request tokens/s).
 from __future__ import annotations
 
 import math
+import re
 import random
 import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-
-def leviathan_bound(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
-    """Expected speedup of speculative decoding (Leviathan et al. 2023, Thm 3.8):
-    S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)), α = per-token acceptance rate, c = draft/target cost ratio.
-
-    The theorem assumes verifying k + 1 tokens costs one target decode step (true on a GPU at small batch).
-    verify_cost = r, the measured cost of that (k + 1)-token pass in decode steps, replaces the 1:
-    S_r = (1 − α^(k+1)) / ((1 − α)(k·c + r)), the bound for hardware where verification is not free."""
-    if k <= 0:
-        return 1.0
-    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
+from ..speculation import leviathan_bound
 
 
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """(1 − α^(k+1)) / (1 − α): mean tokens emitted per target pass for i.i.d. acceptance."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def break_even_acceptance(k: int, c: float, verify_cost: float = 1.0) -> float:
-    """The acceptance rate (accepted / drafted) under which speculation at draft length k is slower than decoding.
-
-    A round of k drafts costs k·c + r decode steps (c = draft/target cost per token, r = the verification pass in
-    decode steps) and yields 1 + a·k tokens at acceptance rate a; it pays while 1 + a·k > k·c + r, so the break-even
-    is a* = c + (r − 1) / k. No i.i.d. model is needed: it holds for the measured averages when every round drafts
-    k. On a GPU at small batch r ≈ 1 and a* ≈ c; on a CPU r > 1 raises it."""
-    if k <= 0:
-        raise ValueError(f"k must be >= 1 for a break-even acceptance, got {k}")
-    return c + (verify_cost - 1.0) / k
-
-
-def mean_acceptance_length(accepted: int, steps: int) -> float:
-    return 1.0 + accepted / steps if steps else 0.0
-
-
-def acceptance_rate(accepted: int, drafted: int) -> float:
-    return accepted / drafted if drafted else 0.0
+def fmt(x: Optional[float], spec: str) -> str:
+    """format(x, spec), or "n/a" (in the same width) for an undefined figure such as an acceptance rate without
+    drafts (trt_spec.speculation returns None for those, never a made-up 0)."""
+    if x is None:
+        return format("n/a", re.sub(r"(\.\d+)?[a-z%]$", "", spec))
+    return format(x, spec)
 
 
 def total_throughput(tokens: int, wall_s: float) -> float:
@@ -117,15 +89,18 @@ class Summary:
         return Summary(statistics.fmean(v), percentile(v, 0.5), percentile(v, 0.9), len(v), percentile(v, 0.99))
 
 
-def low_acceptance_advice(alpha: float, k: int, c: float, speedup: float) -> Optional[str]:
-    """A plain warning when speculation does not pay (acceptance-rate degradation), else None."""
+def low_acceptance_advice(alpha: float, k: int, c: Optional[float], speedup: float) -> Optional[str]:
+    """A plain warning when speculation does not pay (acceptance-rate degradation), else None. c: the draft/target
+    cost per token as measured, or None where it was not (the served bench): then no bound is claimed."""
     if speedup >= 1.0 and alpha >= 0.3:
         return None
-    bound = leviathan_bound(alpha, k, c)
-    reasons = [f"acceptance α={alpha:.2f} at k={k}, draft/target cost c={c:.2f}, Leviathan bound {bound:.2f}x"]
+    bound = leviathan_bound(alpha, k, c) if c is not None else None
+    cost = (f"draft/target cost c={c:.2f}, Leviathan bound {bound:.2f}x" if bound is not None else
+            "draft/target cost unknown (not measured by the served bench; `bench --in-process` measures it)")
+    reasons = [f"acceptance α={alpha:.2f} at k={k}, {cost}"]
     if speedup < 1.0:
         reasons.insert(0, f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x)")
-    if bound < 1.0:
+    if bound is not None and bound < 1.0:
         reasons.append("even a perfectly efficient implementation cannot beat the baseline at this α and c")
     advice = ([f"lower num_draft_tokens (k={k})"] if k > 1 else []) + [
         "use a draft closer to the target (same family, distilled)",

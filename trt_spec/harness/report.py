@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..names import BASELINE, SPECULATIVE
+from .metrics import fmt
 
 
 def environment() -> dict:
@@ -47,7 +48,7 @@ def markdown(rep: dict) -> str:
                 f"| TPOT p50 (ms) | {b['baseline']['tpot_s']['p50'] * 1e3:.1f} | {b['speculative']['tpot_s']['p50'] * 1e3:.1f} |",
                 f"| latency p50 (s) | {b['baseline']['latency_s']['p50']:.2f} | {b['speculative']['latency_s']['p50']:.2f} |",
                 "", f"**Speedup {b['speedup']:.2f}x** (95% CI {b['speedup_ci95'][0]:.2f}–{b['speedup_ci95'][1]:.2f}), "
-                f"acceptance rate {a['acceptance_rate']:.2f}, mean acceptance length {a['mean_acceptance_length']:.2f}, "
+                f"acceptance rate {fmt(a['acceptance_rate'], '.2f')}, mean acceptance length {fmt(a['mean_acceptance_length'], '.2f')}, "
                 f"histogram {a['histogram']}; k chosen per round {a.get('draft_length_counts', [])} (counts of k = 0, "
                 f"1, …), mean k {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
                 f"{a.get('rounds_without_speculation_share', 0):.0%}.", ""]
@@ -62,7 +63,7 @@ def markdown(rep: dict) -> str:
         for r in t["sweep"]:
             lo, hi = r["speedup_ci95"]
             out.append(f"| {r.get('policy', 'fixed')} | {r['k']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
-                       f"{r['acceptance_rate']:.2f} | {r['mean_acceptance_length']:.2f} | "
+                       f"{fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
                        f"{r.get('mean_draft_length', r['k']):.2f} | {r.get('rounds_without_speculation_share', 0):.0%} |")
         out += ["", f"Recommended num_draft_tokens (fixed): **{t['recommended_k']}** ({t['note']}).", ""]
         a = t.get("adaptive_vs_best_fixed")
@@ -82,7 +83,7 @@ def concurrency_table(rows: list[dict]) -> list[str]:
     for r in rows:
         a = r["acceptance"]
         for model, extra in ((BASELINE, "— | — | —"), (SPECULATIVE, f"**{r['speedup']:.2f}x** | "
-                             f"{a['acceptance_rate']:.2f} | {a['mean_acceptance_length']:.2f}")):
+                             f"{fmt(a['acceptance_rate'], '.2f')} | {fmt(a['mean_acceptance_length'], '.2f')}")):
             m = r[model]
             out.append(f"| {r['concurrency']} | {model} | {m['requests']} | {m['tokens_per_s']:.1f} | "
                        f"{m['tpot_s']['p50'] * 1e3:.1f} | {m['latency_s']['p50']:.2f} | {m['latency_s']['p99']:.2f} | "
@@ -133,7 +134,7 @@ def plots(rep: dict, out_dir: Path) -> list[Path]:
             ax.bar(range(len(hist)), hist, color="#76b900")
             ax.set_xlabel("draft tokens accepted per step")
             ax.set_ylabel("steps")
-            ax.set_title(f"acceptance histogram (rate {b['acceptance']['acceptance_rate']:.2f})")
+            ax.set_title(f"acceptance histogram (rate {fmt(b['acceptance']['acceptance_rate'], '.2f')})")
             save(fig, "acceptance_histogram.png")
     if rep.get("concurrency"):
         rows = rep["concurrency"]

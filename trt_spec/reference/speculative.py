@@ -8,13 +8,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
 from .model import ReferenceModel
 from .ngram import NgramDraft
 from .sampling import logits_to_probs, sample_from, select, validate_sampling
+from ..speculation import acceptance_rate, mean_acceptance_length
 
 FinishReason = Literal["length", "eos", "stop"]
 
@@ -125,13 +126,19 @@ class SpecMetrics:
         return cls(position_drafted=[0] * k, position_accepted=[0] * k, accepted_histogram=[0] * (k + 1))
 
     @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per target step: 1 + accepted / steps (0 when there were no steps)."""
-        return 1.0 + self.accepted / self.steps if self.steps else 0.0
+    def mean_acceptance_length(self) -> Optional[float]:
+        """trt_spec.speculation's: 1 + accepted / speculative rounds (steps that drafted a token; a step with nothing
+        to draft is counted apart, as the served loop's rounds without speculation are)."""
+        return mean_acceptance_length(self.accepted, self.speculative_steps)
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+    def speculative_steps(self) -> int:
+        """Steps that drafted at least one token (a speculative round, vLLM's "draft")."""
+        return self.position_drafted[0] if self.position_drafted else 0
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        return acceptance_rate(self.accepted, self.drafted)
 
     @property
     def per_position_acceptance(self) -> list[float]:
