@@ -18,6 +18,9 @@ def served_num_draft_tokens(default_k: int, max_draft_len: int) -> int:
     return min(default_k, max_draft_len)
 
 
+# -- The served python models ------------------------------------------------------------------------------
+ADD_SPECIAL_TOKENS = True  # preprocessing and the BLS tokenize prompts with the tokenizer's special tokens (BOS)
+
 # -- Serving (trt-spec serve) and the clients that reach it -------------------------------------------------
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # tritonserver's own defaults
 HOST = "127.0.0.1"  # bind to loopback: nothing is open to the network unless asked

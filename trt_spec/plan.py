@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from .defaults import served_num_draft_tokens
 from .hardware import GpuSpec
 from .defaults import TOKENS_PER_BLOCK
 from .preflight import PreflightReport
+from .procutil import shell_line
 from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED, SPEC_MODE_TO_TRTLLM, TRTLLM_ARCHITECTURES
 
 STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
@@ -41,8 +41,7 @@ class Step:
     fingerprint: str = ""
 
     def shell(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return (env + " " if env else "") + shlex.join(self.argv)
+        return shell_line(self.argv, self.env)
 
 
 @dataclass
@@ -55,7 +54,6 @@ class Plan:
     report: PreflightReport
     steps: list[Step]
     engines: dict[str, str]  # role -> engine directory
-    checkpoints: dict[str, str]  # role -> converted checkpoint directory
 
     def step(self, name: str) -> Step:
         for s in self.steps:
@@ -333,15 +331,14 @@ def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) ->
     name = cfg.resolved_name(source)
     if cfg.engine == "reference":
         steps, engines = _reference_steps(cfg, report, out)
-        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines,
-                    {s.name.split("-", 1)[1]: s.output for s in steps if s.name.startswith(("import-", "distill-"))})
+        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines)
     roles = engine_roles(cfg)
     ckpts = {r: out / "checkpoints" / r for r in roles}
-    if "baseline" in roles and cfg.speculative.mode not in ("medusa", "eagle"):
+    if "baseline" in roles and cfg.speculative.mode == "lookahead":
         ckpts["baseline"] = ckpts["target"]  # lookahead: the target's checkpoint is the plain base model
     engs = {r: out / "engines" / r for r in roles}
     steps = [_checkpoint_step(cfg, report, r, ckpts[r]) for r in roles if r == "target" or ckpts[r] != ckpts["target"]]
     # Draft engine first: it is small and fails fast if the toolchain is broken.
     steps += [_engine_step(cfg, report, r, ckpts[r], engs[r]) for r in reversed(roles)]
     return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps),
-                {r: str(p) for r, p in engs.items()}, {r: str(p) for r, p in ckpts.items()})
+                {r: str(p) for r, p in engs.items()})

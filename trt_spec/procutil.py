@@ -7,6 +7,14 @@ import os
 import sys
 from typing import Callable, Optional
 
+def shell_line(argv, env: Optional[dict] = None) -> str:
+    """A command as one pasteable bash line: VAR=value ... argv, every word quoted as the shell needs."""
+    import shlex
+
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
+    return (prefix + " " if prefix else "") + shlex.join(argv)
+
+
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when the thread that created it exits
 
 

@@ -41,6 +41,7 @@ from . import backend_contract as bc
 from .atomic import replacing_dir
 from .integrity import IntegrityError, rebuild_hint, verify
 from .manifest import BuildManifest, EngineEntry, RepoRecord
+from .defaults import ADD_SPECIAL_TOKENS
 from .memory import SHARING_ROLES
 from .speculation import Mode
 from .names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE_ENGINE, BLS, DRAFT, ENGINE_MODELS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, EMBEDDING_BIAS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
@@ -227,7 +228,8 @@ def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
         out("OUT_PAD_ID", "TYPE_INT32", [1]),
     ])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "max_input_len": s.max_input_len})
+    _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "max_input_len": s.max_input_len,
+                  "add_special_tokens": ADD_SPECIAL_TOKENS})
     return cfg
 
 
@@ -334,6 +336,7 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
         "max_num_tokens": s.max_num_tokens,
         "max_input_len": s.max_input_len,
         "tokenizer_dir": s.tokenizer_dir,
+        "add_special_tokens": ADD_SPECIAL_TOKENS,  # tokenized as preprocessing does, or identity compares other prompts
     })
     return cfg
 

@@ -44,7 +44,7 @@ from typing import Optional
 
 from . import defaults
 from .manifest import ManifestError, RepoRecord
-from .procutil import die_with_parent
+from .procutil import die_with_parent, shell_line
 
 SHM_DIR = Path("/dev/shm")
 WORKDIR_PREFIX = "trt-spec-triton-"
@@ -76,8 +76,7 @@ class LaunchSpec:
     notes: list[str] = field(default_factory=list)
 
     def shell(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        text = (env + " " if env else "") + shlex.join(self.argv)
+        text = shell_line(self.argv, self.env)
         return text.replace(self.admin_key, self.admin_key_shown) if self.admin_key else text
 
 
