@@ -1,5 +1,5 @@
 """A strict in-memory double of a `tensorrt_llm` model: every request goes through the same contract checks the
-CPU stand-in runs (trt_spec/backend_contract.py), so the speculative loop is tested against the backend's
+CPU stand-in runs (trt_spec/records/backend_contract.py), so the speculative loop is tested against the backend's
 rules without a server. The "model" is a deterministic next-token function over integer tokens."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from trt_spec import backend_contract as bc
-from trt_spec.speculative_loop import EngineError
+from trt_spec.records import backend_contract as bc
+from trt_spec.served.speculative_loop import EngineError
 
 VOCAB = 50
 END_ID = 2

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trt_spec.atomic import replacing_dir
+from trt_spec.records.atomic import replacing_dir
 
 
 def test_success_replaces_and_failure_leaves_the_old_directory(tmp_path):

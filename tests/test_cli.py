@@ -143,8 +143,7 @@ def test_prompts_option_and_its_old_name(cmd, tmp_path):
 
 
 def test_option_defaults_come_from_the_defaults_module():
-    from trt_spec import defaults
-
+    from trt_spec.records import defaults
     serve = run("serve", "--help").output
     for opt, value in (("--http-port", defaults.HTTP_PORT), ("--grpc-port", defaults.GRPC_PORT),
                        ("--metrics-port", defaults.METRICS_PORT), ("--host", defaults.HOST),
@@ -160,8 +159,7 @@ def test_option_defaults_come_from_the_defaults_module():
 
 def test_doctor_fails_in_one_line_on_another_tensorrt_llm(monkeypatch):
     """The 25.12 image ships TensorRT-LLM 1.1.0; engines and the tensorrtllm backend must be 1.2.1's."""
-    from trt_spec import trtllm
-
+    from trt_spec.build import trtllm
     monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.1.0" if d == "tensorrt_llm" else None)
     r = CliRunner().invoke(main, ["doctor"])
     assert r.exit_code == 2

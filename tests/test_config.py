@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from trt_spec.config import BuildConfig, ConfigError, defaults_table, load_config, markdown_table
+from trt_spec.records.config import BuildConfig, ConfigError, defaults_table, load_config, markdown_table
 
 from .conftest import BUILD_CONFIGS
 
@@ -112,4 +112,4 @@ def test_readme_config_table_matches_schema():
 
     text = (REPO / "README.md").read_text()
     table = text.split("<!-- config-table:begin -->")[1].split("<!-- config-table:end -->")[0]
-    assert table.strip() == markdown_table(), "README drifted: paste the output of `python -m trt_spec.config`"
+    assert table.strip() == markdown_table(), "README drifted: paste the output of `python -m trt_spec.records.config`"

@@ -1,12 +1,12 @@
-"""The draft-length policy (trt_spec/draft_policy.py) on synthetic costs: what it chooses and why."""
+"""The draft-length policy (trt_spec/served/draft_policy.py) on synthetic costs: what it chooses and why."""
 
 import math
 
 import pytest
 
-from trt_spec import draft_policy as dp
-from trt_spec.draft_policy import CostModel, DraftLengthPolicy
-from trt_spec.speculation import expected_tokens
+from trt_spec.served import draft_policy as dp
+from trt_spec.served.draft_policy import CostModel, DraftLengthPolicy
+from trt_spec.records.speculation import expected_tokens
 
 
 def costs(verify=(0.050, 0.002), run=(0.004, 0.040), draft=None, rounds=20):

@@ -1,6 +1,6 @@
 import pytest
 
-from trt_spec.hardware import HardwareError, named_gpu, parse_nvidia_smi, resolve_gpu
+from trt_spec.build.hardware import HardwareError, named_gpu, parse_nvidia_smi, resolve_gpu
 
 
 def test_named_gpus_and_fp8():

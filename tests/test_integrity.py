@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_spec.config import load_config
-from trt_spec.integrity import IntegrityError, file_sums, verify, verify_served_engine
-from trt_spec.manifest import BuildManifest, RepoRecord
-from trt_spec.plan import STEP_STAMP, make_plan
-from trt_spec.preflight import run_preflight
+from trt_spec.records.config import load_config
+from trt_spec.records.integrity import IntegrityError, file_sums, verify, verify_served_engine
+from trt_spec.records.manifest import BuildManifest, RepoRecord
+from trt_spec.build.plan import STEP_STAMP, make_plan
+from trt_spec.build.preflight import run_preflight
 from trt_spec.reference.export import export, save_safetensors
-from trt_spec.repository import RepositoryError, write_repository
-from trt_spec.runner import is_up_to_date, run_plan
+from trt_spec.serve.repository import RepositoryError, write_repository
+from trt_spec.build.runner import is_up_to_date, run_plan
 
 from .tiny import make_model, make_tokenizer
 
@@ -98,7 +98,7 @@ def test_same_size_corruption_is_detected(built, caplog):
     f = built["engine"] / "model.safetensors"
     step = plan_of(built).step("export-target")
     assert is_up_to_date(step)
-    with corrupted(f, "flip"), caplog.at_level(logging.WARNING, logger="trt_spec.runner"):
+    with corrupted(f, "flip"), caplog.at_level(logging.WARNING, logger="trt_spec.build.runner"):
         assert not is_up_to_date(step)
         assert "same size, sha256" in caplog.text and str(f) in caplog.text
         assert [s.status for s in run_plan(plan_of(built), dry_run=True).steps] == ["would-run"]
@@ -130,7 +130,7 @@ def test_cli_repo_shows_the_one_line(built):
 
 
 def test_engine_model_refuses_to_load_a_changed_engine(built):
-    """The check trt_spec/triton_models/reference_engine/model.py runs in initialize() (the model fails to load)."""
+    """The check model_repo/reference_engine/1/model.py runs in initialize() (the model fails to load)."""
     repo = built["root"] / "repo"
     write_repository(BuildManifest.read(built["build"]), repo)
     record = RepoRecord.read(repo)
@@ -151,7 +151,7 @@ def test_engine_model_initialize_runs_the_check(built, monkeypatch):
 
     from google.protobuf.json_format import MessageToDict
 
-    from trt_spec.repository import parse_config
+    from trt_spec.serve.repository import parse_config
 
     repo = built["root"] / "repo-model"
     write_repository(BuildManifest.read(built["build"]), repo)

@@ -16,11 +16,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from trt_spec import defaults
+from trt_spec.records import defaults
 from trt_spec.cli import main
-from trt_spec.deploy import ADAPTER_VALUES, DeployError, write_chart
-from trt_spec.speculation import break_even_acceptance
-from trt_spec.model_info import KNOWN_MODELS
+from trt_spec.deploy.k8s import ADAPTER_VALUES, DeployError, write_chart
+from trt_spec.records.speculation import break_even_acceptance
+from trt_spec.build.model_info import KNOWN_MODELS
 
 from .conftest import REPO
 
@@ -178,7 +178,7 @@ def test_service_and_build_job(rendered):
 
 
 def test_build_config_loads(rendered, tmp_path):
-    from trt_spec.config import load_config
+    from trt_spec.records.config import load_config
 
     text = by_kind(rendered["llama33-70b-fp8-h100-tp2"])["ConfigMap"]["data"]["llama33-70b-fp8-h100-tp2.yaml"]
     (tmp_path / "c.yaml").write_text(text)
@@ -305,7 +305,7 @@ def test_draft_with_its_own_gpu_counts(tmp_path):
 
 
 def test_from_a_build_dir_equals_from_its_config(tmp_path, rendered):
-    from trt_spec.pipeline import manifest_for_config
+    from trt_spec.build.pipeline import manifest_for_config
 
     manifest_for_config(SEED).write(tmp_path / "build")
     objs = render(write_chart(tmp_path / "build", tmp_path / "c"))

@@ -1,4 +1,4 @@
-"""Typed build records (trt_spec/manifest.py): manifest.json and trt_spec_repo.json round trip, keep their
+"""Typed build records (trt_spec/records/manifest.py): manifest.json and trt_spec_repo.json round trip, keep their
 field names, and an old, newer, foreign or damaged file is refused with one line naming the file and the fix."""
 
 import dataclasses
@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from trt_spec.cli import main
-from trt_spec.integrity import IntegrityError, verify_repository_engines, verify_served_engine
-from trt_spec.manifest import (MANIFEST_VERSION_KEY, REPO_VERSION_KEY, SCHEMA_VERSION, BuildManifest, EngineSums,
+from trt_spec.records.integrity import IntegrityError, verify_repository_engines, verify_served_engine
+from trt_spec.records.manifest import (MANIFEST_VERSION_KEY, REPO_VERSION_KEY, SCHEMA_VERSION, BuildManifest, EngineSums,
                                ManifestError, RepoRecord, WorldSize)
-from trt_spec.pipeline import manifest_for_config
-from trt_spec.repository import write_repository
+from trt_spec.build.pipeline import manifest_for_config
+from trt_spec.serve.repository import write_repository
 
 from .conftest import REPO
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_spec import trtllm as F
-from trt_spec.config import load_config
-from trt_spec.model_info import PreflightError
-from trt_spec.hardware import resolve_gpu
-from trt_spec.plan import make_plan
-from trt_spec.preflight import run_preflight
+from trt_spec.build import trtllm as F
+from trt_spec.records.config import load_config
+from trt_spec.build.model_info import PreflightError
+from trt_spec.build.hardware import resolve_gpu
+from trt_spec.build.plan import make_plan
+from trt_spec.build.preflight import run_preflight
 
 from .conftest import BUILD_CONFIGS, REPO, tool_calls, write_fake_tools
 

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_spec.config import ConfigError, load_config
-from trt_spec.hardware import named_gpu
-from trt_spec.memory import kv_cache_gib
-from trt_spec.preflight import PreflightError, run_preflight
+from trt_spec.records.config import ConfigError, load_config
+from trt_spec.build.hardware import named_gpu
+from trt_spec.build.memory import kv_cache_gib
+from trt_spec.build.preflight import PreflightError, run_preflight
 
 from .conftest import make_checkpoint
 
@@ -230,7 +230,7 @@ def test_draft_costs_extra_memory_on_shared_gpu(tmp_path, tiny_pair):
 
 def test_kv_cache_formula():
     # L x kv_heads x head_dim x 2 (K and V) x bytes x batch x seq
-    from trt_spec.model_info import KNOWN_MODELS
+    from trt_spec.build.model_info import KNOWN_MODELS
     m = KNOWN_MODELS["llama-3.3-70b-instruct"]
     assert kv_cache_gib(m, "fp8", 8, 8192) == pytest.approx(80 * 8 * 128 * 2 * 1 * 8 * 8192 / 1024**3)
     assert kv_cache_gib(m, "none", 1, 1024) == pytest.approx(2 * kv_cache_gib(m, "fp8", 1, 1024))

@@ -8,10 +8,10 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trt_spec import backend_contract as bc
-from trt_spec.manifest import RepoRecord, WorldSize
-from trt_spec.pipeline import manifest_for_config
-from trt_spec.repository import RepositoryError, parse_config, validate_repository, write_repository
+from trt_spec.records import backend_contract as bc
+from trt_spec.records.manifest import RepoRecord, WorldSize
+from trt_spec.build.pipeline import manifest_for_config
+from trt_spec.serve.repository import RepositoryError, parse_config, validate_repository, write_repository
 
 from .conftest import REPO
 
@@ -200,7 +200,7 @@ def test_no_ensemble_output_alone_loses_a_step(gpu_repo):
     """Triton core prunes an ensemble step once every ensemble output it maps is unrequested (pruned_steps). The
     engine step maps only internal tensors (_TOKENS_BATCH, _SEQUENCE_LENGTH) and perf outputs, so a client asking for
     text_output alone (NVIDIA's clients) keeps every step."""
-    from trt_spec.repository import pruned_steps
+    from trt_spec.serve.repository import pruned_steps
 
     ens = parse_config(gpu_repo / "ensemble" / "config.pbtxt")
     assert pruned_steps(ens, {"text_output"}) == set()
@@ -212,7 +212,7 @@ def test_no_ensemble_output_alone_loses_a_step(gpu_repo):
 def test_an_ensemble_mapping_engine_outputs_straight_out_is_refused(gpu_repo, tmp_path):
     """The layout that failed on first contact (the engine's output_ids/sequence_length as ensemble outputs, read by
     postprocessing): asked for text_output alone, Triton prunes the engine step, and the validator says so."""
-    from trt_spec.repository import pruned_steps
+    from trt_spec.serve.repository import pruned_steps
 
     repo = tmp_path / "repo"
     shutil.copytree(gpu_repo, repo)

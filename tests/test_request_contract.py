@@ -6,9 +6,9 @@ get one line naming the problem, the backend's own where it has one."""
 import numpy as np
 import pytest
 
-from trt_spec import backend_contract as bc
-from trt_spec.serving import error_line, requested_only
-from trt_spec.speculative_loop import RequestError, check_sampling
+from trt_spec.records import backend_contract as bc
+from trt_spec.served.serving import error_line, requested_only
+from trt_spec.served.speculative_loop import RequestError, check_sampling
 
 LIMITS = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, max_draft_len=4, vocab_size=100)
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from trt_spec.config import load_config
-from trt_spec.hardware import resolve_gpu
-from trt_spec.manifest import BuildManifest, WorldSize
-from trt_spec.plan import make_plan
-from trt_spec.preflight import run_preflight
-from trt_spec.runner import BuildError, BuildLockedError, run_plan
+from trt_spec.records.config import load_config
+from trt_spec.build.hardware import resolve_gpu
+from trt_spec.records.manifest import BuildManifest, WorldSize
+from trt_spec.build.plan import make_plan
+from trt_spec.build.preflight import run_preflight
+from trt_spec.build.runner import BuildError, BuildLockedError, run_plan
 
 from .conftest import tool_calls
 
@@ -203,7 +203,7 @@ def test_ctrl_c_cleans_up(fake_build):
 def test_lock_refuses_concurrent_build(fake_build):
     out = fake_build["out"]
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from trt_spec.runner import _Lock\n"
+        "import sys, time; from pathlib import Path; from trt_spec.build.runner import _Lock\n"
         f"l = _Lock(Path({str(out)!r})); l.__enter__(); print('locked', flush=True); time.sleep(30)")],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -224,8 +224,7 @@ def test_missing_tool_is_one_clear_error(fake_build):
 
 
 def test_another_tensorrt_llm_stops_the_build_before_any_step(fake_build, monkeypatch):
-    from trt_spec import trtllm
-
+    from trt_spec.build import trtllm
     monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.1.0" if d == "tensorrt_llm" else None)
     with pytest.raises(BuildError, match=r"TensorRT-LLM 1.1.0 is installed, but trt-spec targets 1.2.1 .*26.04"):
         run_plan(plan_for(fake_build["config"]), config_path=fake_build["config"])

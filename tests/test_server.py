@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from trt_spec.pipeline import manifest_for_config
-from trt_spec.repository import write_repository
-from trt_spec.server import ServerError, TritonServer, check_port_free, launch_spec
+from trt_spec.build.pipeline import manifest_for_config
+from trt_spec.serve.repository import write_repository
+from trt_spec.serve.server import ServerError, TritonServer, check_port_free, launch_spec
 
 from .conftest import REPO
 
@@ -86,7 +86,7 @@ def test_dry_run_prepares_no_work_dir_and_shows_no_key(tp2_repo, tmp_path):
 
 
 def test_admin_apis_are_restricted_on_the_serving_rank(tp2_repo, tmp_path):
-    from trt_spec.server import RESTRICTED_APIS, launch_spec
+    from trt_spec.serve.server import RESTRICTED_APIS, launch_spec
 
     assert set(RESTRICTED_APIS) == {"shared-memory", "model-repository", "trace", "logging"}
     spec = launch_spec(tp2_repo, workdir=tmp_path)
@@ -105,7 +105,7 @@ def test_two_servers_in_one_process_have_distinct_shared_memory_prefixes(tp2_rep
 
 
 def test_admin_key_file(tmp_path):
-    from trt_spec.server import read_admin_key
+    from trt_spec.serve.server import read_admin_key
 
     f = tmp_path / "admin.key"
     key = read_admin_key(f)  # created, owner-only
@@ -133,7 +133,7 @@ error: creating server: Internal - failed to load all models
 
 
 def test_log_errors_put_the_failed_model_and_its_reason_first():
-    from trt_spec.server import log_errors
+    from trt_spec.serve.server import log_errors
 
     assert log_errors(FAILED_LOAD_LOG) == [
         "failed to load 'tensorrt_llm' version 1: Internal: ContractError: unexpected error when creating "
@@ -149,7 +149,7 @@ def test_log_errors_put_the_failed_model_and_its_reason_first():
 
 
 def test_stub_model_name_from_its_command_line():
-    from trt_spec.server import stub_model
+    from trt_spec.serve.server import stub_model
 
     argv = ["/w/backends/python/triton_python_backend_stub", "/repo/tensorrt_llm_draft/1/model.py",
             "trtspec1_ab_0_c7a3", "1048576", "1048576", "16383", "/w/backends/python", "336",
@@ -159,7 +159,7 @@ def test_stub_model_name_from_its_command_line():
 
 
 def test_serve_help_documents_the_dead_model_exit_code():
-    from trt_spec.server import MODEL_DIED_EXIT
+    from trt_spec.serve.server import MODEL_DIED_EXIT
 
     r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and f"exit code is {MODEL_DIED_EXIT}" in " ".join(r.stdout.split())
@@ -168,7 +168,7 @@ def test_serve_help_documents_the_dead_model_exit_code():
 
 def test_a_started_child_dies_with_its_launcher(tmp_path):
     """PR_SET_PDEATHSIG as TritonServer.start() sets it: kill -9 of the launcher -> SIGTERM to the child."""
-    code = ("import subprocess, sys, time\nfrom trt_spec.procutil import die_with_parent\n"
+    code = ("import subprocess, sys, time\nfrom trt_spec.records.procutil import die_with_parent\n"
             "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent(15), start_new_session=True)\n"
             "print(p.pid, flush=True)\ntime.sleep(60)\n")
     launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

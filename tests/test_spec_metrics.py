@@ -1,4 +1,4 @@
-"""trt_spec.spec_metrics without Triton: what the BLS publishes per finished request (a fake of the python backend's
+"""trt_spec.served.spec_metrics without Triton: what the BLS publishes per finished request (a fake of the python backend's
 MetricFamily records it; tests/e2e/test_spec_metrics.py checks the real one against a real tritonserver), that
 publishing never fails a request, and the Prometheus text parser the demo and the e2e test read it with."""
 
@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from trt_spec import names as n
-from trt_spec.spec_metrics import (LATENCY_BUCKETS, SpecMetrics, acceptance_summary, histogram, parse_metrics,
+from trt_spec.records import names as n
+from trt_spec.served.spec_metrics import (LATENCY_BUCKETS, SpecMetrics, acceptance_summary, histogram, parse_metrics,
                                    value)
-from trt_spec.speculative_loop import Metrics, Round
+from trt_spec.served.speculative_loop import Metrics, Round
 
 
 class FakeMetricFamily:
@@ -160,7 +160,7 @@ def test_parse_the_text_exposition_format():
 
 def test_acceptance_summary():
     s = acceptance_summary(parse_metrics(EXPOSITION))
-    # one definition (trt_spec.speculation): 1 + accepted / speculative rounds, the 5 rounds without speculation apart
+    # one definition (trt_spec.records.speculation): 1 + accepted / speculative rounds, the 5 rounds without speculation apart
     assert s == {"requests": 3, "drafted": 40, "accepted": 10, "acceptance_rate": 0.25, "rounds": 20,
                  "rounds_without_speculation": 5, "no_speculation_share": 0.25,
                  "mean_acceptance_length": pytest.approx(1 + 10 / 15)}

@@ -1,8 +1,8 @@
-"""Speculation's vocabulary and maths, defined once (trt_spec/speculation.py), and the places that must use them."""
+"""Speculation's vocabulary and maths, defined once (trt_spec/records/speculation.py), and the places that must use them."""
 
 import pytest
 
-from trt_spec.speculation import (LOOP_MODES, Mode, acceptance_rate, break_even_acceptance, expected_tokens,
+from trt_spec.records.speculation import (LOOP_MODES, Mode, acceptance_rate, break_even_acceptance, expected_tokens,
                                   leviathan_bound, mean_acceptance_length, solve_alpha)
 
 
@@ -46,7 +46,7 @@ def test_modes_know_what_they_are():
     assert not Mode.DRAFT_TARGET.draft_free and Mode.NGRAM.draft_free and not Mode.NONE.draft_free
     assert Mode.NGRAM.trtllm_name == "draft_tokens_external" and Mode.LOOKAHEAD.trtllm_name == "lookahead_decoding"
     assert Mode.NONE.trtllm_name is None and Mode.MEDUSA.bls_mode == "engine" and Mode.NGRAM.bls_mode == "ngram"
-    from trt_spec.config import SpecMode
+    from trt_spec.records.config import SpecMode
     from typing import get_args
 
     assert set(get_args(SpecMode)) == {m.value for m in Mode}  # the config's choices are the modes
@@ -56,7 +56,7 @@ def test_the_bench_and_the_server_metrics_give_one_mean_acceptance_length():
     """`make demo` printed 3.63 and 2.87 under one name: the bench divided by the rounds that speculated, the
     Prometheus summary by all rounds. Both now call speculation.mean_acceptance_length over speculative rounds."""
     from trt_spec.harness.bench import Sample, acceptance_summary as bench_summary
-    from trt_spec.spec_metrics import acceptance_summary as server_summary, parse_metrics
+    from trt_spec.served.spec_metrics import acceptance_summary as server_summary, parse_metrics
 
     # one request: 4 rounds, one of them without speculation (k = 0), 6 of 9 drafted tokens accepted
     s = Sample("tensorrt_llm_bls", 0, 0, 10, 0.1, 1.0, 0.1, accepted=6, drafted=9, steps=4,

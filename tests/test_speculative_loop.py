@@ -1,4 +1,4 @@
-"""The BLS's speculative loop (trt_spec/speculative_loop.py) against a strict double of the tensorrtllm backend
+"""The BLS's speculative loop (trt_spec/served/speculative_loop.py) against a strict double of the tensorrtllm backend
 contract: every engine request it sends must pass the backend's checks, and the output must be the target's."""
 
 import asyncio
@@ -6,8 +6,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from trt_spec import backend_contract as bc
-from trt_spec.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
+from trt_spec.records import backend_contract as bc
+from trt_spec.served.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                        validate)
 
 from .engine_double import END_ID, ContractEngine, Router, draft_next, target_next

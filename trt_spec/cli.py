@@ -10,12 +10,12 @@ from typing import Optional
 import click
 from click.core import ParameterSource
 
-from . import defaults
-from .speculation import POLICIES
-from .config import BuildConfig, ConfigError, load_config
+from .records import defaults
+from .records.speculation import POLICIES
+from .records.config import BuildConfig, ConfigError, load_config
 from .harness.prompts import PROMPT_SETS
-from .hardware import HardwareError
-from .preflight import PreflightError
+from .build.hardware import HardwareError
+from .build.preflight import PreflightError
 
 USER_ERROR = 2  # bad config / failed preflight (before any expensive work)
 
@@ -49,7 +49,7 @@ def _load(config: str, sets: tuple[str, ...]) -> BuildConfig:
 
 
 def _plan_for(config: str, sets: tuple[str, ...], gpu: Optional[str], require_checkpoints: bool):
-    from .pipeline import plan_for
+    from .build.pipeline import plan_for
 
     cfg = _load(config, sets)
     try:
@@ -156,7 +156,7 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
     """Preflight CONFIG, then quantize/convert and build every engine (incremental, resumable)."""
     from rich.console import Console
 
-    from .runner import BuildError, run_plan
+    from .build.runner import BuildError, run_plan
 
     console = Console(stderr=True)
     p = _plan_for(config, sets, gpu, require_checkpoints=not dry_run)
@@ -218,9 +218,9 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
 def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: int, gpu: Optional[str],
          sets: tuple[str, ...]) -> None:
     """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
-    from .manifest import ManifestError
-    from .pipeline import manifest_from
-    from .repository import RepositoryError, write_repository
+    from .records.manifest import ManifestError
+    from .build.pipeline import manifest_from
+    from .serve.repository import RepositoryError, write_repository
 
     src = Path(source)
     try:
@@ -264,8 +264,8 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
     import signal
     import time
 
-    from .integrity import IntegrityError, verify_repository_engines
-    from .server import MODEL_DIED_EXIT, ServerError, TritonServer, dead_models_message, launch_spec
+    from .records.integrity import IntegrityError, verify_repository_engines
+    from .serve.server import MODEL_DIED_EXIT, ServerError, TritonServer, dead_models_message, launch_spec
 
     if dry_run:
         try:
@@ -333,7 +333,7 @@ def _chat(prompts, tokenizer: Optional[str]):
     if not tokenizer:
         return prompts
     from .harness.prompts import with_chat_template
-    from .serving import load_tokenizer
+    from .served.serving import load_tokenizer
 
     return with_chat_template(prompts, load_tokenizer(tokenizer))
 
@@ -344,7 +344,7 @@ _tokenizer_help = "Wrap prompts in this tokenizer's chat template (as an instruc
 def _client(url: str, protocol: str):
     """A client for the baseline and speculative models at url; one clear error if either is not ready."""
     from .harness.client import ClientError, LLMClient
-    from .names import TEXT_MODELS
+    from .records.names import TEXT_MODELS
 
     c = LLMClient(url, protocol)
     try:
@@ -411,7 +411,7 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
     tok = None
     if tokenizer:
         from .harness.prompts import with_chat_template
-        from .serving import load_tokenizer
+        from .served.serving import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
         if not raw:
@@ -485,7 +485,7 @@ def bench(ctx: click.Context, prompt_set: str, max_tokens: Optional[int], limit:
     prompts = _prompts(prompt_set, max_tokens, limit)
     if config:
         from .harness.inprocess import format_report, load_deployment, run_inprocess, to_json
-        from .runner import BuildError
+        from .build.runner import BuildError
 
         cfg = _load(config, sets)
         if threads:
@@ -587,9 +587,9 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
 def demo(config: str, out_dir: str) -> None:
     from .demo import format_verdict, run_demo
     from .harness.client import ClientError
-    from .manifest import ManifestError
-    from .runner import BuildError
-    from .server import ServerError
+    from .records.manifest import ManifestError
+    from .build.runner import BuildError
+    from .serve.server import ServerError
 
     _sigterm_as_ctrl_c()
     try:
@@ -628,7 +628,7 @@ def k8s(source: str, out_dir: str, gpus_per_node: Optional[int], min_acceptance:
     """Write a Helm chart for BUILD_DIR (its manifest.json) or CONFIG (its plan): pinned NGC image, build Job into a
     PersistentVolumeClaim, Deployment (or LeaderWorkerSet), Service, PodMonitor, HPA, PodDisruptionBudget and an
     acceptance alert."""
-    from .deploy import ADAPTER_VALUES, DeployError, write_chart
+    from .deploy.k8s import ADAPTER_VALUES, DeployError, write_chart
 
     try:
         out = write_chart(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, min_acceptance=min_acceptance,

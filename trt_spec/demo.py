@@ -11,21 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import load_config
-from .defaults import PROMPT_SET, REPO_SUBDIR
+from .records.config import load_config
+from .records.defaults import PROMPT_SET, REPO_SUBDIR
 from .harness.bench import concurrency_sweep, paired_ab
 from .harness.client import LLMClient
 from .harness.identity import check_greedy
 from .harness.metrics import fmt
 from .harness.prompts import load_prompts, with_chat_template
 from .harness.report import write_reports
-from .manifest import BuildManifest
-from .names import BASELINE, SPECULATIVE, TEXT_MODELS
-from .pipeline import plan_for
-from .repository import write_repository
-from .runner import run_plan
-from .server import TritonServer, free_port
-from .spec_metrics import acceptance_summary, scrape
+from .records.manifest import BuildManifest
+from .records.names import BASELINE, SPECULATIVE, TEXT_MODELS
+from .build.pipeline import plan_for
+from .serve.repository import write_repository
+from .build.runner import run_plan
+from .serve.server import TritonServer, free_port
+from .served.spec_metrics import acceptance_summary, scrape
 
 
 @dataclass
@@ -60,7 +60,7 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
     report: dict = {"title": f"demo {cfg.resolved_name(config)}", "check": [], "bench": []}
     with server:
         say(f"      ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
-        from .serving import load_tokenizer
+        from .served.serving import load_tokenizer
 
         tok = load_tokenizer(tokenizer_dir)
         check_prompts = with_chat_template(load_prompts(s.prompt_set, s.check_tokens)[: s.check_prompts], tok)

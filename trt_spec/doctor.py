@@ -7,11 +7,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Toolchain
-from .hardware import detect_gpus
-from .server import find_tritonserver, python_backend_stub
-from . import trtllm
-from .trtllm import NGC_IMAGE, TRTLLM_VERSION, trtllm_mismatch
+from .records.config import Toolchain
+from .build.hardware import detect_gpus
+from .serve.server import find_tritonserver, python_backend_stub
+from .build import trtllm
+from .build.trtllm import NGC_IMAGE, TRTLLM_VERSION, trtllm_mismatch
 
 
 @dataclass(frozen=True)

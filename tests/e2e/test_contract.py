@@ -1,5 +1,5 @@
 """The CPU stand-in served by a real tritonserver enforces the tensorrtllm backend's contract
-(trt_spec/backend_contract.py): it refuses what the backend refuses, with the backend's text, samples like
+(trt_spec/records/backend_contract.py): it refuses what the backend refuses, with the backend's text, samples like
 TensorRT-LLM, and serves NVIDIA's client request shapes (streaming ensemble client, unary draft-target client)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from trt_spec import backend_contract as bc
+from trt_spec.records import backend_contract as bc
 from trt_spec.harness.client import ClientError, LLMClient
-from trt_spec.manifest import BuildManifest
-from trt_spec.repository import write_repository
-from trt_spec.server import ServerError, TritonServer, free_port
+from trt_spec.records.manifest import BuildManifest
+from trt_spec.serve.repository import write_repository
+from trt_spec.serve.server import ServerError, TritonServer, free_port
 
 from .conftest import _serve, build_deployment
 
@@ -62,7 +62,7 @@ def stream_call(url, model, inputs, outputs):
 
 
 def prompt_ids(server):
-    from trt_spec.serving import encode, load_tokenizer
+    from trt_spec.served.serving import encode, load_tokenizer
 
     tok_dir = (server.repo / "preprocessing" / "config.pbtxt").read_text().split('key: "tokenizer_dir"')[1]
     tok = load_tokenizer(tok_dir.split('string_value: "')[1].split('"')[0])
@@ -206,7 +206,7 @@ def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo,
     left out fails every such request with Triton core's refusal, as the C++ backend's response would."""
     from google.protobuf import text_format
 
-    from trt_spec.repository import parse_config
+    from trt_spec.serve.repository import parse_config
 
     server = _serve(lookahead_repo, tmp_path / "ok.log")
     try:

@@ -14,7 +14,7 @@ from trt_spec.harness.bench import paired_ab
 from trt_spec.harness.client import LLMClient
 from trt_spec.harness.identity import check_greedy, check_sampling, first_divergence
 from trt_spec.harness.prompts import Prompt
-from trt_spec.server import TritonServer, free_port
+from trt_spec.serve.server import TritonServer, free_port
 
 PROMPTS = [Prompt("def add(a, b):\n    return", 24), Prompt("The quick brown fox", 24), Prompt("for i in range(10):", 24)]
 
@@ -87,7 +87,7 @@ def broken_server(dtm_server, tmp_path_factory):
 
 
 def test_broken_speculative_model_is_caught_at_the_right_position(broken_server):
-    from trt_spec.serving import load_tokenizer
+    from trt_spec.served.serving import load_tokenizer
 
     client = LLMClient(broken_server.grpc_url, "grpc")
     tok = load_tokenizer(tokenizer_dir(broken_server))

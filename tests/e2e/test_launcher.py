@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from trt_spec.harness.client import LLMClient
-from trt_spec.server import free_port
+from trt_spec.serve.server import free_port
 
 from .conftest import build_deployment
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from trt_spec.harness.client import ClientError, LLMClient
-from trt_spec.server import free_port
+from trt_spec.serve.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STUB = "triton_python_backend_stub"
@@ -137,8 +137,8 @@ def test_wheel_install_writes_and_serves_a_repository(ngram_server, tmp_path):
     assert probe["editable"] == []
     others = [p for p in probe["path"] if p and Path(p) != site and (Path(p) / "trt_spec").exists()]
     assert others == [], f"another trt_spec on the new venv's sys.path: {others}"
-    shipped = site / "trt_spec" / "triton_models"
-    assert sorted(p.parent.name for p in shipped.glob("*/model.py")) == [
+    shipped = site / "trt_spec" / "model_repo"  # the checkout's top-level model_repo/, mapped by pyproject.toml
+    assert sorted(p.parent.parent.name for p in shipped.glob("*/1/model.py")) == [
         "postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]
 
     # the wheel's `trt-spec repo`, run outside the checkout, copies the wheel's model sources
@@ -147,7 +147,7 @@ def test_wheel_install_writes_and_serves_a_repository(ngram_server, tmp_path):
     served = sorted(repo.glob("*/1/model.py"))
     assert {p.parts[-3] for p in served} == {"preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
     for p in served:
-        src = shipped / ("reference_engine" if p.parts[-3] == "tensorrt_llm" else p.parts[-3]) / "model.py"
+        src = shipped / ("reference_engine" if p.parts[-3] == "tensorrt_llm" else p.parts[-3]) / "1" / "model.py"
         assert p.read_bytes() == src.read_bytes(), p
 
     # served by the wheel's `trt-spec serve` with the new venv's interpreter (its bin leads the stubs' PATH)

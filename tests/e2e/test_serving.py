@@ -141,7 +141,7 @@ def test_unknown_model_and_server_down(dtm_server):
 
 
 def test_serve_stop_leaves_nothing_behind(tiny_models, tmp_path):
-    from trt_spec.server import TritonServer, free_port
+    from trt_spec.serve.server import TritonServer, free_port
 
     from .conftest import build_deployment
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trt_spec.speculation import leviathan_bound  # noqa: E402
+from trt_spec.records.speculation import leviathan_bound  # noqa: E402
 
 from ..e2e.conftest import build_deployment  # noqa: E402
 from ..tiny import make_model, make_tokenizer  # noqa: E402
@@ -56,7 +56,7 @@ def test_json_contract_and_a_perfect_draft(configs):
         assert r["acceptance_rate"] == 1.0  # the draft is the target: all accepted
         assert r["alpha"] > 0.85  # from the mean length, which the budget-clamped last step lowers
         # 24 tokens: 1 from prefill, then steps of k + 1 (the last step clamped to the budget)
-        # trt_spec.speculation's definition: the step left with nothing to draft is not averaged in
+        # trt_spec.records.speculation's definition: the step left with nothing to draft is not averaged in
         assert r["mean_acceptance_length"] == pytest.approx(1 + r["accepted"] / r["speculative_rounds"])
         assert 0 < r["speculative_rounds"] <= r["steps"]
         assert r["accepted_histogram"][k] >= r["steps"] - 2

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trt_spec.config import load_config  # noqa: E402
+from trt_spec.records.config import load_config  # noqa: E402
 from trt_spec.harness.inprocess import chat_ids  # noqa: E402
 from trt_spec.harness.prompts import load_prompts  # noqa: E402
 from trt_spec.reference import checkpoints, distill, export  # noqa: E402

@@ -95,8 +95,7 @@ def test_temperature_zero_on_half_logits_is_not_greedy_and_on_float_logits_it_is
     scales the logits by 1/(T + 1e-6) and half logits clamp at +-65504. So a client's temperature 0 (meant as
     greedy) on an engine with ModelOpt's float16 logits picks among thousands of ties — the output is nonsense,
     visible here on CPU; on the float32 logits trt-spec builds, and with no temperature at all, it is greedy."""
-    from trt_spec import backend_contract as bc
-
+    from trt_spec.records import backend_contract as bc
     eng = ReferenceEngine(model, max_seq_len=256)
     prompt = [5, 17, 33, 2, 90, 41]
     ref = greedy(model, prompt, 12)

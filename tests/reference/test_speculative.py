@@ -169,7 +169,7 @@ def test_metrics_merge_and_rates():
     assert m.acceptance_rate == pytest.approx(5 / 6)
     assert m.per_position_acceptance == pytest.approx([1.0, 0.5, 1.0])
     assert m.tokens_per_s == pytest.approx(10 / 3.0)
-    assert SpecMetrics.for_k(4).acceptance_rate is None  # undefined without drafts (trt_spec.speculation)
+    assert SpecMetrics.for_k(4).acceptance_rate is None  # undefined without drafts (trt_spec.records.speculation)
 
 
 def test_invalid_arguments_are_clear_errors(target, checkpoints):

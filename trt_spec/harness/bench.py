@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from ..names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE, DRAFT_LEN_POLICY, DRAFT_LENGTHS, NUM_DRAFT_TOKENS, SPECULATIVE,
+from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE, DRAFT_LEN_POLICY, DRAFT_LENGTHS, NUM_DRAFT_TOKENS, SPECULATIVE,
                      TOTAL_STEPS)
 from .client import GREEDY, Generation, LLMClient
-from ..speculation import acceptance_rate, mean_acceptance_length, solve_alpha
+from ..records.speculation import acceptance_rate, mean_acceptance_length, solve_alpha
 from .metrics import Summary, bootstrap_ratio_ci, low_acceptance_advice, total_throughput, tpot
 from .prompts import Prompt
 

@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .. import backend_contract as bc
-from ..defaults import PROTOCOLS
-from ..names import (BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS,
+from ..records import backend_contract as bc
+from ..records.defaults import PROTOCOLS
+from ..records.names import (BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS,
                      OUTPUT_IDS, SPECULATIVE, TEXT_INPUT, TEXT_MODELS, TEXT_OUTPUT)
 
 

@@ -20,8 +20,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..defaults import SAMPLING_SAMPLES
-from ..names import BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE, TARGET
+from ..records.defaults import SAMPLING_SAMPLES
+from ..records.names import BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE, TARGET
 from .client import GREEDY, ClientError, LLMClient
 from .prompts import Prompt
 

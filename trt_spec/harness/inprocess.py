@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ..speculation import leviathan_bound, solve_alpha
+from ..records.speculation import leviathan_bound, solve_alpha
 from .metrics import fmt, low_acceptance_advice
 from .prompts import Prompt
 
@@ -41,7 +41,7 @@ class Loaded:
 def load_deployment(build_dir: Path) -> Loaded:
     from transformers import AutoTokenizer
 
-    from ..manifest import BuildManifest
+    from ..records.manifest import BuildManifest
     from ..reference.engine import load_engine
     from ..reference.ngram import NgramDraft
 

@@ -1,7 +1,7 @@
 """Metric math shared by the in-process and the served benchmarks (pure functions, unit-tested).
 
 Speculation's own figures (acceptance rate, mean acceptance length, E(k), the Leviathan bound, break-even
-acceptance) are defined once in trt_spec/speculation.py. TPOT = (end-to-end latency −
+acceptance) are defined once in trt_spec/records/speculation.py. TPOT = (end-to-end latency −
 TTFT) / (output tokens − 1): time per output token after the first, per request (not the inter-token
 latency between streamed chunks, which is bursty under speculation). Total throughput = generated tokens
 of every request / wall time of the run that served them together (what a server delivers under load; not
@@ -17,12 +17,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..speculation import leviathan_bound
+from ..records.speculation import leviathan_bound
 
 
 def fmt(x: Optional[float], spec: str) -> str:
     """format(x, spec), or "n/a" (in the same width) for an undefined figure such as an acceptance rate without
-    drafts (trt_spec.speculation returns None for those, never a made-up 0)."""
+    drafts (trt_spec.records.speculation returns None for those, never a made-up 0)."""
     if x is None:
         return format("n/a", re.sub(r"(\.\d+)?[a-z%]$", "", spec))
     return format(x, spec)

@@ -10,12 +10,12 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..names import BASELINE, SPECULATIVE
+from ..records.names import BASELINE, SPECULATIVE
 from .metrics import fmt
 
 
 def environment() -> dict:
-    from ..trtllm import dist_version as v
+    from ..build.trtllm import dist_version as v
 
     return {"time": datetime.now(timezone.utc).isoformat(), "python": sys.version.split()[0],
             "platform": platform.platform(), "cpus": os.cpu_count(),

@@ -38,7 +38,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..backend_contract import QUEUE_FULL
+from ..records.backend_contract import QUEUE_FULL
 from .engine import CacheEntry, CallResult, ReferenceEngine, Sampling, _ends_with_stop, accept_draft, cut_at_end
 from .sampling import select
 

@@ -91,7 +91,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from ..names import TOKENIZER_FILES
+from ..records.names import TOKENIZER_FILES
 
 REPORT_NAME = "trt_spec_distill.json"
 CHAT_FORMAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"

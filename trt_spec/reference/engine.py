@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..defaults import PREFIX_CACHE_BYTES
+from ..records.defaults import PREFIX_CACHE_BYTES
 from .model import KVCache, ReferenceModel
 from .sampling import logits_to_probs, select
 from .speculative import speculative_accept
@@ -136,7 +136,7 @@ class Sampling:
         """The logits tokens are chosen from."""
         if self.logits_dtype is None:
             return raw
-        from ..backend_contract import kernel_logits
+        from ..records.backend_contract import kernel_logits
 
         return kernel_logits(raw, self.kernel_temperature, self.logits_dtype)
 

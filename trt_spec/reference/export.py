@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from ..backend_contract import LOGITS_DTYPE, LOGITS_DTYPES
-from ..names import TOKENIZER_FILES
+from ..records.backend_contract import LOGITS_DTYPE, LOGITS_DTYPES
+from ..records.names import TOKENIZER_FILES
 from .model import ReferenceModel, load_hf_state_dict
 
 ENGINE_FORMAT = "trt-spec-reference"

@@ -15,7 +15,7 @@ import torch
 from .model import ReferenceModel
 from .ngram import NgramDraft
 from .sampling import logits_to_probs, sample_from, select, validate_sampling
-from ..speculation import acceptance_rate, mean_acceptance_length
+from ..records.speculation import acceptance_rate, mean_acceptance_length
 
 FinishReason = Literal["length", "eos", "stop"]
 
@@ -127,7 +127,7 @@ class SpecMetrics:
 
     @property
     def mean_acceptance_length(self) -> Optional[float]:
-        """trt_spec.speculation's: 1 + accepted / speculative rounds (steps that drafted a token; a step with nothing
+        """trt_spec.records.speculation's: 1 + accepted / speculative rounds (steps that drafted a token; a step with nothing
         to draft is counted apart, as the served loop's rounds without speculation are)."""
         return mean_acceptance_length(self.accepted, self.speculative_steps)
 

@@ -1,0 +1,73 @@
+"""The package tree is the architecture: stages are folders of trt_spec/, and data flows one way. No module imports
+(at module level or lazily inside a function) from a later stage, and the top-level model_repo/ ships the python
+models."""
+
+import ast
+from pathlib import Path
+
+from .conftest import REPO
+
+PKG = REPO / "trt_spec"
+# Earlier stages never import later ones. records: what every stage reads; reference: the CPU engine (a library the
+# build exports with and the stand-in serves); then build -> what runs inside tritonserver -> repository and launcher
+# -> the client harness -> deploy -> the CLI shell on top.
+ORDER = ["records", "reference", "build", "served", "serve", "harness", "deploy", "cli"]
+TOP = {"cli", "demo", "doctor"}  # the CLI and the commands it composes
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:  # trt_spec itself (__version__)
+        return "records"
+    return "cli" if parts[1] in TOP else parts[1]
+
+
+def imports(path: Path, module: str) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: -node.level] if path.name != "__init__.py" else \
+                    module.split(".")[: len(module.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                names = [target] if node.module else [f"{target}.{a.name}" for a in node.names]
+                out.update(names)
+            elif node.module and node.module.startswith("trt_spec"):
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("trt_spec"))
+    return out
+
+
+def modules():
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(REPO).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield p, ".".join(parts)
+
+
+def test_stages_are_folders():
+    flat = sorted(p.name for p in PKG.glob("*.py"))
+    assert flat == ["__init__.py", "cli.py", "demo.py", "doctor.py"]
+    assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__" and not p.is_symlink()} == \
+        set(ORDER) - {"cli"}
+
+
+def test_no_module_imports_a_later_stage():
+    upward = []
+    for path, module in modules():
+        here = ORDER.index(stage_of(module))
+        for target in imports(path, module):
+            if not target.startswith("trt_spec"):
+                continue
+            there = stage_of(target)
+            if there in ORDER and ORDER.index(there) > here:
+                upward.append(f"{module} imports {target}")
+    assert upward == []
+
+
+def test_model_repo_holds_the_python_models_nvidia_style():
+    models = sorted(p.parent.parent.name for p in (REPO / "model_repo").glob("*/1/model.py"))
+    assert models == ["postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]

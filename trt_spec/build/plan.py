@@ -1,0 +1,344 @@
+"""Plan: a build config + preflight report -> an ordered list of Steps (argv, env, inputs, output, fingerprint).
+
+The plan is pure: it runs nothing. `trt-spec plan` prints it (text, json, or a runnable bash script);
+`trt-spec build` hands it to the runner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import trtllm
+from ..records.backend_contract import LOGITS_DTYPE
+from ..records.config import BuildConfig
+from ..records.defaults import served_num_draft_tokens
+from .hardware import GpuSpec
+from ..records.defaults import TOKENS_PER_BLOCK
+from .preflight import PreflightReport
+from ..records.procutil import shell_line
+from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED, SPEC_MODE_TO_TRTLLM, TRTLLM_ARCHITECTURES
+
+STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
+
+
+class PlanError(RuntimeError):
+    """The planner produced something the target tool would reject (a trt-spec bug, not a user error)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    description: str
+    argv: tuple[str, ...]
+    output: str
+    inputs: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    fingerprint: str = ""
+
+    def shell(self) -> str:
+        return shell_line(self.argv, self.env)
+
+
+@dataclass
+class Plan:
+    name: str
+    config_hash: str
+    engine: str
+    output_dir: str
+    gpu: Optional[GpuSpec]
+    report: PreflightReport
+    steps: list[Step]
+    engines: dict[str, str]  # role -> engine directory
+
+    def step(self, name: str) -> Step:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def to_json(self) -> dict:
+        r = self.report
+        return {
+            "name": self.name,
+            "config_hash": self.config_hash,
+            "engine": self.engine,
+            "output_dir": self.output_dir,
+            "gpu": None if self.gpu is None else {
+                "name": self.gpu.name, "compute_capability": list(self.gpu.compute_capability),
+                "memory_gib": self.gpu.memory_gib, "count": self.gpu.count, "source": self.gpu.source},
+            "quantization": {"weights": r.quant.weights, "kv_cache": r.quant.kv_cache, "fell_back": r.quant.fell_back},
+            "speculative": {"mode": r.config.speculative.mode, "max_draft_len": r.max_draft_len,
+                            "num_draft_tokens": served_num_draft_tokens(r.config.speculative.default_k, r.max_draft_len)},
+            "devices": {"target": r.target_devices, "draft": r.draft_devices},
+            "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
+            "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
+            "fp8_context_fmha": r.quant.fp8_context_fmha,
+            "memory": [dict(asdict(m), total_gib=m.total_gib) for m in r.memory],
+            "warnings": r.warnings,
+            "notes": r.notes,
+            "engines": self.engines,
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+    def to_text(self) -> str:
+        r = self.report
+        lines = [f"plan {self.name} (config {self.config_hash}, engine {self.engine}) -> {self.output_dir}"]
+        if self.gpu:
+            lines.append(f"gpu: {self.gpu.describe()}")
+        lines.append(f"quantization: weights {r.quant.weights}, KV cache {r.quant.kv_cache}"
+                     + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else "")
+                     + (", FP8 context FMHA (TensorRT-LLM enables it with FP8 weights + FP8 KV)"
+                        if self.engine == "tensorrt" and r.quant.fp8_context_fmha else ""))
+        lines.append(f"speculative: {r.config.speculative.mode}, max_draft_len {r.max_draft_len}")
+        if r.memory:
+            lines.append("memory plan per GPU:")
+            lines += ["  " + ln for ln in r.memory_table().splitlines()]
+        lines += [f"note: {n}" for n in r.notes]
+        lines += [f"warning: {w}" for w in r.warnings]
+        for i, s in enumerate(self.steps, 1):
+            lines.append(f"[{i}/{len(self.steps)}] {s.name}: {s.description}")
+            lines.append(f"    {s.shell()}")
+        return "\n".join(lines)
+
+    def to_sh(self) -> str:
+        out = [
+            "#!/usr/bin/env bash",
+            f"# trt-spec plan {self.name} (config {self.config_hash}); generated, do not edit.",
+            f"# GPU: {self.gpu.describe() if self.gpu else 'n/a'}",
+            "# Runs every build step in order. `trt-spec build` runs the same commands incrementally and atomically.",
+            "set -euo pipefail",
+        ]
+        for i, s in enumerate(self.steps, 1):
+            out.append(f"\n# [{i}/{len(self.steps)}] {s.name}: {s.description}")
+            out.append(s.shell())
+        return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fingerprints
+
+
+def path_identity(path: str) -> str:
+    """Cheap identity of an input directory/file: config.json digest + (name, size, mtime) of its files."""
+    p = Path(path)
+    if not p.exists():
+        return f"missing:{path}"
+    h = hashlib.sha256(str(p.resolve()).encode())
+    files = [p] if p.is_file() else sorted(q for q in p.iterdir() if q.is_file())
+    for q in files:
+        st = q.stat()
+        h.update(f"{q.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        if q.name == "config.json":
+            h.update(q.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _fingerprint(argv: tuple[str, ...], env: dict[str, str], input_ids: list[str]) -> str:
+    payload = json.dumps({"argv": argv, "env": env, "inputs": input_ids}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _finish(steps: list[Step]) -> list[Step]:
+    """Fill fingerprints in order: an input produced by an earlier step contributes that step's fingerprint."""
+    produced: dict[str, str] = {}
+    out = []
+    for s in steps:
+        ids = [produced.get(i) or path_identity(i) for i in s.inputs]
+        fp = _fingerprint(s.argv, s.env, ids)
+        produced[s.output] = fp
+        out.append(Step(s.name, s.description, s.argv, s.output, s.inputs, s.env, fp))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TensorRT-LLM steps
+
+
+def _check_flags(argv: list[str], allowed: frozenset[str], tool: str) -> None:
+    for a in argv:
+        if a.startswith("--") and a not in allowed:
+            raise PlanError(f"internal: {tool} in TensorRT-LLM {trtllm.TRTLLM_VERSION} has no flag {a}")
+
+
+def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path) -> Step:
+    """role: target | draft | baseline (the target's base checkpoint without Medusa/EAGLE heads)."""
+    model = cfg.draft if role == "draft" else cfg.target
+    info = report.draft if role == "draft" else report.target
+    q = report.quant
+    tc = cfg.toolchain
+    spec = cfg.speculative
+    ex = Path(tc.examples_dir)
+    inputs = [model.checkpoint]
+    is_medusa = role == "target" and spec.mode == "medusa"
+    is_eagle = role == "target" and spec.mode == "eagle"
+    if is_eagle:
+        argv = [tc.python, str(ex / "eagle" / "convert_checkpoint.py"),
+                "--model_dir", model.checkpoint, "--eagle_model_dir", spec.eagle.heads_dir,
+                "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
+                "--tp_size", str(model.tp), "--pp_size", str(model.pp),
+                "--max_draft_len", str(report.max_draft_len), "--num_eagle_layers", str(spec.eagle.num_layers),
+                "--max_non_leaves_per_layer", str(spec.eagle.max_non_leaves_per_layer)]
+        _check_flags(argv, trtllm.EAGLE_CONVERT_FLAGS, "eagle/convert_checkpoint.py")
+        inputs.append(spec.eagle.heads_dir)
+        return Step(f"checkpoint-{role}", f"convert {role} + EAGLE heads ({q.weights}, tp{model.tp} pp{model.pp})",
+                    tuple(argv), str(out), tuple(inputs))
+    if q.weights in DTYPE_FOR_FORMAT and is_medusa:
+        argv = [tc.python, str(ex / "medusa" / "convert_checkpoint.py"),
+                "--model_dir", model.checkpoint, "--medusa_model_dir", spec.medusa.heads_dir,
+                "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
+                "--tp_size", str(model.tp), "--pp_size", str(model.pp),
+                "--num_medusa_heads", str(spec.medusa.num_heads), "--max_medusa_token_len", str(report.max_draft_len)]
+        _check_flags(argv, trtllm.MEDUSA_CONVERT_FLAGS, "medusa/convert_checkpoint.py")
+        inputs.append(spec.medusa.heads_dir)
+        return Step(f"checkpoint-{role}", f"convert {role} + Medusa heads ({q.weights}, tp{model.tp} pp{model.pp})",
+                    tuple(argv), str(out), tuple(inputs))
+    if q.weights in DTYPE_FOR_FORMAT:
+        family = TRTLLM_ARCHITECTURES[info.architecture]
+        script = str(ex / "models" / "core" / family / "convert_checkpoint.py")
+        if family == "gemma":  # its own CLI: dashes, --ckpt-type, tensor parallelism only (--world-size)
+            argv = [tc.python, script, "--ckpt-type", "hf", "--model-dir", model.checkpoint,
+                    "--output-model-dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
+                    "--world-size", str(model.tp)]
+            _check_flags(argv, trtllm.GEMMA_CONVERT_FLAGS, "gemma/convert_checkpoint.py")
+        else:
+            argv = [tc.python, script, "--model_dir", model.checkpoint, "--output_dir", str(out),
+                    "--dtype", DTYPE_FOR_FORMAT[q.weights], "--tp_size", str(model.tp), "--pp_size", str(model.pp)]
+            _check_flags(argv, trtllm.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
+        return Step(f"checkpoint-{role}", f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, "
+                    f"tp{model.tp} pp{model.pp})", tuple(argv), str(out), tuple(inputs))
+
+    # ModelOpt post-training quantization
+    argv = [tc.python, str(ex / "quantization" / "quantize.py"),
+            "--model_dir", model.checkpoint, "--dtype", model.dtype, "--qformat", q.weights]
+    if q.kv_cache != "none":
+        argv += ["--kv_cache_dtype", q.kv_cache]
+    if q.weights in QUANTIZE_CALIBRATED or q.kv_cache != "none":
+        cq = cfg.quantization
+        if cq.calib_dataset:
+            argv += ["--calib_dataset", cq.calib_dataset]
+            inputs.append(cq.calib_dataset)
+        argv += ["--calib_size", str(cq.calib_size), "--calib_max_seq_length", str(cq.calib_max_seq_length),
+                 "--batch_size", "1"]
+    argv += ["--tp_size", str(model.tp), "--pp_size", str(model.pp)]
+    if is_medusa:
+        argv += ["--medusa_model_dir", spec.medusa.heads_dir, "--num_medusa_heads", str(spec.medusa.num_heads),
+                 "--max_draft_len", str(report.max_draft_len)]
+        inputs.append(spec.medusa.heads_dir)
+    argv += ["--output_dir", str(out)]
+    _check_flags(argv, trtllm.QUANTIZE_FLAGS, "quantize.py")
+    if q.weights not in trtllm.QUANTIZE_QFORMATS:
+        raise PlanError(f"internal: quantize.py has no --qformat {q.weights}")
+    kv = f" + {q.kv_cache.upper()} KV cache" if q.kv_cache != "none" else ""
+    return Step(f"checkpoint-{role}", f"ModelOpt {q.weights.upper()} quantization of the {role}{kv} "
+                f"(tp{model.tp} pp{model.pp})", tuple(argv), str(out), tuple(inputs))
+
+
+def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Path, out: Path) -> Step:
+    model = cfg.draft if role == "draft" else cfg.target
+    lim = cfg.limits
+    q = report.quant
+    ranks_on_node = min(model.world_size, report.gpu.count if report.gpu else model.world_size)
+    argv = [cfg.toolchain.trtllm_build,
+            "--checkpoint_dir", str(ckpt), "--output_dir", str(out),
+            "--max_batch_size", str(lim.max_batch_size), "--max_input_len", str(lim.max_input_len),
+            "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
+            "--max_beam_width", "1",
+            "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto",
+            "--remove_input_padding", "enable", "--context_fmha", "enable",
+            "--kv_cache_type", "paged", "--tokens_per_block", str(TOKENS_PER_BLOCK),
+            "--use_paged_context_fmha", "enable",
+            # what builder.py decides anyway (FP8 weights + FP8 KV + paged context FMHA on SM >= 89), made explicit
+            "--use_fp8_context_fmha", "enable" if q.fp8_context_fmha else "disable",
+            # FP32 logits (backend_contract.LOGITS_DTYPE): ModelOpt's export leaves float16, which the penalty kernel
+            # clamps at +-65504 after scaling by 1/(T + 1e-6): greedy and draft verification then pick among ties
+            "--logits_dtype", LOGITS_DTYPE]
+    mode = cfg.speculative.mode
+    what = "engine"
+    if role == "target" and mode != "none":
+        argv += ["--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[mode], "--max_draft_len", str(report.max_draft_len)]
+        what = f"{SPEC_MODE_TO_TRTLLM[mode]} engine, max_draft_len {report.max_draft_len}"
+    if role == "draft" and cfg.speculative.use_draft_logits:
+        argv += ["--gather_generation_logits"]
+        what = "engine with generation logits (rejection sampling)"
+    argv += ["--workers", str(ranks_on_node)]
+    _check_flags(argv, trtllm.TRTLLM_BUILD_FLAGS, "trtllm-build")
+    if "--gather_context_logits" in argv and report.max_draft_len > 0:
+        raise PlanError("internal: --gather_context_logits with max_draft_len > 0 is rejected by trtllm-build")
+    return Step(f"engine-{role}", f"trtllm-build {role} {what} ({model.world_size} rank(s))",
+                tuple(argv), str(out), (str(ckpt),))
+
+
+def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tuple[list[Step], dict[str, str]]:
+    """import (GGUF -> HF dir) -> distill-draft (optional) -> export-draft -> export-target."""
+    py = sys.executable
+    steps: list[Step] = []
+    hf: dict[str, str] = {}
+    target_src = cfg.target.checkpoint
+    if target_src.startswith("pkg:") or target_src.endswith(".gguf"):
+        hf["target"] = str(out / "hf" / "target")
+        steps.append(Step("import-target", f"convert {target_src} to a Hugging Face directory (dequantized fp32)",
+                          (py, "-m", "trt_spec.reference.checkpoints", "--source", target_src,
+                           "--output_dir", hf["target"]), hf["target"], (target_src,)))
+    else:
+        hf["target"] = target_src
+    if cfg.draft is not None:
+        d = cfg.draft.distill
+        if d is not None:
+            hf["draft"] = str(out / "hf" / "draft")
+            steps.append(Step("distill-draft", f"distill a {d.num_layers}-layer, {d.hidden_size}-wide draft from the "
+                              f"target ({d.steps} steps, seed {d.seed})",
+                              (py, "-m", "trt_spec.reference.distill", "--teacher", hf["target"],
+                               "--output_dir", hf["draft"], "--hidden", str(d.hidden_size), "--layers",
+                               str(d.num_layers), "--steps", str(d.steps), "--seed", str(d.seed)),
+                              hf["draft"], (hf["target"],)))
+        else:
+            hf["draft"] = cfg.draft.checkpoint
+    engines = {}
+    hf["baseline"] = hf["target"]
+    for role in sorted(engine_roles(cfg), key=["draft", "target", "baseline"].index):
+        edir = out / "engines" / role
+        lim = cfg.limits
+        argv = (py, "-m", "trt_spec.reference.export", "--checkpoint", hf[role], "--output_dir", str(edir),
+                "--weights", report.quant.weights, "--max_batch_size", str(lim.max_batch_size),
+                "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
+                "--logits_dtype", LOGITS_DTYPE)
+        # The target's engine limits as trtllm-build bakes them for every speculative mode (max_draft_len also lowers
+        # request_output_len near max_seq_len: backend_contract.OUTPUT_LEN_CLAMPED). In-engine modes (lookahead) run
+        # as plain decoding on CPU, through the same in-engine contract (return_perf_metrics, streamed responses).
+        if role == "target" and cfg.speculative.mode != "none":
+            argv += ("--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[cfg.speculative.mode],
+                     "--max_draft_len", str(report.max_draft_len))
+        steps.append(Step(f"export-{role}", f"export the {role} to a reference engine ({report.quant.weights} "
+                          "weights, safetensors)", argv, str(edir), (hf[role],)))
+        engines[role] = str(edir)
+    return steps, engines
+
+
+def engine_roles(cfg: BuildConfig) -> list[str]:
+    """The engines a config builds: the target, the draft (draft-target mode) and, for modes that speculate inside
+    the target engine, the non-speculative baseline the ensemble serves (trtllm.IN_ENGINE_MODES)."""
+    return (["target"] + (["draft"] if cfg.draft is not None else [])
+            + (["baseline"] if cfg.speculative.has_baseline_engine else []))
+
+
+def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) -> Plan:
+    out = cfg.resolved_output_dir(source)
+    name = cfg.resolved_name(source)
+    if cfg.engine == "reference":
+        steps, engines = _reference_steps(cfg, report, out)
+        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines)
+    roles = engine_roles(cfg)
+    ckpts = {r: out / "checkpoints" / r for r in roles}
+    if "baseline" in roles and cfg.speculative.mode == "lookahead":
+        ckpts["baseline"] = ckpts["target"]  # lookahead: the target's checkpoint is the plain base model
+    engs = {r: out / "engines" / r for r in roles}
+    steps = [_checkpoint_step(cfg, report, r, ckpts[r]) for r in roles if r == "target" or ckpts[r] != ckpts["target"]]
+    # Draft engine first: it is small and fails fast if the toolchain is broken.
+    steps += [_engine_step(cfg, report, r, ckpts[r], engs[r]) for r in reversed(roles)]
+    return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps),
+                {r: str(p) for r, p in engs.items()})

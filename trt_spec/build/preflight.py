@@ -1,0 +1,362 @@
+"""Preflight: every check that can fail a build, before any expensive step.
+
+Each failure raises PreflightError with one line naming the problem and the fix. Checks that read
+checkpoints work offline from config.json / tokenizer files only (no torch, no transformers). Model facts
+come from trt_spec.build.model_info, the memory plan from trt_spec.build.memory, TensorRT-LLM's own limits from
+trt_spec.build.trtllm; the rules that combine them with the config live here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..records.defaults import TOKENS_PER_BLOCK
+from ..records.speculation import Mode
+from ..records.config import BuildConfig
+from .hardware import GpuSpec
+from .memory import CALIBRATION_PEAK_FACTOR, GIB, MemoryRow, memory_rows, shared_gpu_kv_fraction, totals_per_gpu
+from .model_info import ModelInfo, PreflightError, model_info_for, read_vocab
+from .trtllm import DEFAULT_KV_FRACTION, EXTERNAL_DRAFT_MODES, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
+
+# The CPU reference engine implements the Llama-style decoder (Llama, SmolLM2, Qwen2).
+REFERENCE_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+
+VOCAB_PAD_TOLERANCE = 128
+FIRST_COMPARED_TOKEN_ID = 5
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    weights: str  # one of memory.BYTES_PER_WEIGHT
+    kv_cache: str  # fp8 | int8 | none
+    fell_back: bool = False
+
+    @property
+    def fp8_context_fmha(self) -> bool:
+        """What tensorrt_llm/builder.py build() decides by itself (1.2): FP8 context FMHA is on with FP8 weights, an
+        FP8 KV cache and paged context FMHA on SM >= 89 (an explicit `disable` is overridden), off otherwise."""
+        return self.weights == "fp8" and self.kv_cache == "fp8"
+
+
+@dataclass
+class PreflightReport:
+    config: BuildConfig
+    gpu: Optional[GpuSpec]
+    target: ModelInfo
+    draft: Optional[ModelInfo]
+    quant: QuantChoice
+    target_devices: list[int]
+    draft_devices: list[int]
+    kv_cache_free_gpu_mem_fraction: float
+    max_draft_len: int
+    # max_tokens_in_paged_kv_cache of an engine that shares the target's GPUs: the draft, or the baseline of an
+    # in-engine mode (trtllm.IN_ENGINE_MODES), which lives on the target's own GPUs
+    draft_kv_tokens: Optional[int] = None
+    memory: list[MemoryRow] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shares_gpu(self) -> bool:
+        return bool(set(self.target_devices) & set(self.draft_devices))
+
+    def gpu_totals(self) -> dict[int, float]:
+        return totals_per_gpu(self.memory)
+
+    def memory_table(self) -> str:
+        if not self.memory:
+            return "memory plan: not applicable (no GPU)"
+        cap = self.gpu.memory_gib if self.gpu else float("nan")
+        lines = [f"{'GPU':>3}  {'model':<8}  {'weights':>9}  {'KV cache':>9}  {'reserve':>8}  {'total':>8}"]
+        for r in self.memory:
+            lines.append(f"{r.gpu_id:>3}  {r.role:<8}  {r.weights_gib:>7.1f}Gi  {r.kv_gib:>7.1f}Gi  "
+                         f"{r.reserve_gib:>6.1f}Gi  {r.total_gib:>6.1f}Gi")
+        for gid, tot in sorted(self.gpu_totals().items()):
+            lines.append(f"{gid:>3}  {'sum':<8}  {'':>9}  {'':>9}  {'':>8}  {tot:>6.1f}Gi of {cap:.1f}Gi")
+        return "\n".join(lines)
+
+
+def check_tokenizers(target_dir: Path, draft_dir: Path, target: ModelInfo, draft: ModelInfo) -> list[str]:
+    """Draft/target must share a vocabulary. Returns notes; raises PreflightError on incompatibility."""
+    notes = []
+    diff = abs(target.vocab_size - draft.vocab_size)
+    if diff > VOCAB_PAD_TOLERANCE:
+        raise PreflightError(
+            f"vocab sizes differ by {diff} (target {target.vocab_size}, draft {draft.vocab_size}), more than the "
+            f"{VOCAB_PAD_TOLERANCE} rows of padding allowed; pick a draft of the same family (same tokenizer)"
+        )
+    if diff:
+        notes.append(f"vocab padding: target {target.vocab_size} vs draft {draft.vocab_size} rows "
+                     f"({diff} padded embedding rows; token ids beyond the tokenizer are never produced)")
+    tv, dv = read_vocab(target_dir), read_vocab(draft_dir)
+    shared = sorted(set(tv) & set(dv))
+    for i in shared:
+        if i >= FIRST_COMPARED_TOKEN_ID and tv[i] != dv[i]:
+            raise PreflightError(
+                f"tokenizers differ at token id {i}: target {tv[i]!r} vs draft {dv[i]!r}; the draft must use the "
+                "target's tokenizer (same family and version)"
+            )
+    if len(tv) != len(dv):
+        notes.append(f"tokenizer sizes differ (target {len(tv)}, draft {len(dv)}); the {len(shared)} shared ids match")
+    if target.bos_token_id != draft.bos_token_id:
+        raise PreflightError(f"BOS token differs (target {target.bos_token_id}, draft {draft.bos_token_id}); "
+                             "use a draft with the target's tokenizer and special tokens")
+    if set(target.eos_token_ids) != set(draft.eos_token_ids):
+        raise PreflightError(f"EOS tokens differ (target {list(target.eos_token_ids)}, draft {list(draft.eos_token_ids)}); "
+                             "use a draft with the target's tokenizer and special tokens")
+    return notes
+
+
+def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[QuantChoice, list[str]]:
+    """Effective weight / KV formats for this GPU, applying the configured fallback without FP8."""
+    q = cfg.quantization
+    warnings: list[str] = []
+    if cfg.engine == "reference":
+        w = "fp8" if q.weights == "auto" else q.weights
+        if w not in ("fp8", "bf16", "fp16", "fp32"):
+            raise PreflightError(f"quantization.weights {w}: the reference engine exports fp8, bf16, fp16 or fp32; "
+                                 "set quantization.weights: fp8")
+        return QuantChoice(weights=w, kv_cache="none"), warnings
+
+    has_fp8 = gpu.has_fp8 if gpu else True
+    gname = gpu.name if gpu else "the GPU"
+    cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu else "?"
+    weights, fell_back = q.weights, False
+    if weights == "auto":
+        weights = "fp8" if has_fp8 else (q.fallback or "bf16")
+        fell_back = not has_fp8
+    elif weights == "fp8" and not has_fp8:
+        if q.fallback is None:
+            raise PreflightError(
+                f"quantization.weights fp8 needs compute capability >= 8.9, but {gname} is SM {cc}; set "
+                "quantization.fallback: int8_sq (NVIDIA's first choice without FP8) or quantization.weights: bf16"
+            )
+        weights, fell_back = q.fallback, True
+        warnings.append(f"{gname} (SM {cc}) has no FP8: using the configured fallback {weights} instead of fp8")
+
+    external = cfg.speculative.mode in EXTERNAL_DRAFT_MODES
+    kv = q.kv_cache
+    if kv == "auto":
+        kv = {"fp8": "fp8", "int8_sq": "int8"}.get(weights, "none")
+        if external and kv == "int8":
+            kv = "none"
+            warnings.append(f"KV cache kept 16-bit with {weights} weights: an INT8 KV cache turns off paged context "
+                            f"FMHA and with it the KV-cache block reuse a {cfg.speculative.mode} target needs")
+    elif kv == "fp8" and not has_fp8:
+        if fell_back or q.fallback is not None:
+            kv = "none" if external else "int8"
+            warnings.append(f"{gname} has no FP8: KV cache falls back to {'16-bit' if external else 'int8'}")
+        else:
+            raise PreflightError(f"quantization.kv_cache fp8 needs compute capability >= 8.9, but {gname} is SM {cc}; "
+                                 "set quantization.kv_cache: auto")
+    if external and kv == "int8":
+        raise PreflightError(
+            f"quantization.kv_cache int8 cannot serve speculative mode {cfg.speculative.mode}: TensorRT-LLM turns paged "
+            "context FMHA off with an INT8 KV cache, so KV-cache block reuse is off and the executor refuses the "
+            "target ('KV cache block reuse must be enabled for speculative decoding target model'); set "
+            "quantization.kv_cache: auto (16-bit KV cache)")
+    if external and kv == "fp8" and weights != "fp8":
+        raise PreflightError(
+            f"quantization.kv_cache fp8 with {weights} weights cannot serve speculative mode {cfg.speculative.mode}: "
+            "TensorRT-LLM turns paged context FMHA off for an FP8 KV cache without FP8 weights, so the target "
+            "cannot reuse KV-cache blocks and fails to load; set quantization.kv_cache: auto")
+    return QuantChoice(weights=weights, kv_cache=kv, fell_back=fell_back), warnings
+
+
+def effective_max_draft_len(cfg: BuildConfig) -> int:
+    s = cfg.speculative
+    if s.mode == "none":
+        return 0
+    if s.mode == "lookahead":
+        need = s.lookahead.max_draft_len()
+        if "max_draft_len" in s.model_fields_set and s.max_draft_len != need:
+            w, n, g = s.lookahead.window_size, s.lookahead.ngram_size, s.lookahead.verification_set_size
+            raise PreflightError(
+                f"speculative.max_draft_len {s.max_draft_len} does not match lookahead (W={w}, N={n}, G={g}), which needs "
+                f"(N-2)+(W-1+G)*(N-1) = {need}; remove max_draft_len or set it to {need}"
+            )
+        return need
+    return s.max_draft_len
+
+
+def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
+    s = cfg.speculative
+    if Mode(s.mode).loop_in_bls and k_max < 1:
+        raise PreflightError(f"speculative.max_draft_len must be >= 1 for mode {s.mode}, got {k_max}; set it to 4-8")
+    if s.num_draft_tokens is not None and s.num_draft_tokens > k_max:
+        raise PreflightError(
+            f"speculative.num_draft_tokens {s.num_draft_tokens} > max_draft_len {k_max}: the engine would reject "
+            "every request; raise speculative.max_draft_len or lower num_draft_tokens"
+        )
+    if s.use_draft_logits and s.mode != "draft_target":
+        raise PreflightError("speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)")
+    lim = cfg.limits
+    if s.mode in EXTERNAL_DRAFT_MODES and lim.max_num_tokens < lim.max_seq_len - 1:
+        raise PreflightError(
+            f"limits.max_num_tokens {lim.max_num_tokens} < max_seq_len - 1 ({lim.max_seq_len - 1}): without chunked "
+            f"context the engine takes at most min(max_seq_len - 1, max_num_tokens) input tokens, and the {s.mode} "
+            "loop resends the whole sequence every round, so requests would fail mid-generation; set "
+            f"limits.max_num_tokens: {lim.max_seq_len} or lower limits.max_seq_len")
+    if s.mode in ("medusa", "eagle"):
+        spec = s.medusa if s.mode == "medusa" else s.eagle
+        nodes = len(spec.choices) if spec.choices else MEDUSA_DEFAULT_TREE_NODES
+        if k_max < nodes:
+            raise PreflightError(
+                f"speculative.max_draft_len {k_max} < {nodes} nodes of the {s.mode} tree; set max_draft_len: {nodes} "
+                f"or give a smaller speculative.{s.mode}.choices"
+            )
+
+
+def _check_parallel(role: str, tp: int, pp: int, info: ModelInfo) -> None:
+    if pp > 1 and TRTLLM_ARCHITECTURES.get(info.architecture) == "gemma":
+        raise PreflightError(f"{role}.pp {pp}: Gemma's convert_checkpoint.py supports tensor parallelism only "
+                             "(--world-size = tp); set pp: 1")
+    if info.num_kv_heads % tp:
+        raise PreflightError(
+            f"{role}.tp {tp} does not divide the {info.num_kv_heads} KV heads of {role}; use tp in "
+            f"{[d for d in range(1, info.num_kv_heads + 1) if info.num_kv_heads % d == 0]}"
+        )
+    if info.num_heads % tp:
+        raise PreflightError(f"{role}.tp {tp} does not divide the {info.num_heads} attention heads of {role}")
+    if pp > info.num_layers:
+        raise PreflightError(f"{role}.pp {pp} exceeds the {info.num_layers} layers of {role}")
+
+
+def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoints: bool) -> PreflightReport:
+    """All checks, cheapest first. `require_checkpoints=False` (plan) tolerates absent checkpoints."""
+    warnings: list[str] = []
+    notes: list[str] = []
+    if cfg.engine == "tensorrt" and gpu is None:
+        raise PreflightError("no GPU found (nvidia-smi absent); pass --gpu NAME (e.g. h100, h200, a100-80gb) or set gpu: in the config")
+
+    k_max = effective_max_draft_len(cfg)
+    _check_speculative(cfg, k_max)
+    quant, qwarn = resolve_quantization(cfg, gpu)
+    warnings += qwarn
+    if cfg.speculative.mode == "eagle" and quant.weights not in ("bf16", "fp16"):
+        raise PreflightError(f"EAGLE engines are FP16/BF16 only in TensorRT-LLM 1.2 (got {quant.weights}); "
+                             "set quantization.weights: bf16")
+    if cfg.speculative.mode == "medusa" and cfg.speculative.use_draft_logits:
+        raise PreflightError("Medusa is greedy-only in TensorRT-LLM; remove use_draft_logits")
+
+    target = model_info_for(cfg.target.checkpoint, "target", require_checkpoints)
+    draft = None
+    if cfg.draft is not None and cfg.draft.distill is not None:
+        d = cfg.draft.distill
+        draft = ModelInfo(**{**target.__dict__, "num_layers": d.num_layers, "hidden_size": d.hidden_size,
+                             "num_heads": max(1, d.hidden_size // 64), "num_kv_heads": max(1, d.hidden_size // 64),
+                             "intermediate_size": d.hidden_size * 4, "tie_word_embeddings": True,
+                             "source": "distilled from the target at build time (same tokenizer by construction)"})
+    elif cfg.draft is not None:
+        draft = model_info_for(cfg.draft.checkpoint, "draft", require_checkpoints)
+    for role, info in (("target", target), ("draft", draft)):
+        if info is None:
+            continue
+        if info.source != "checkpoint":
+            notes.append(f"{role}: {info.source}")
+        allowed = REFERENCE_ARCHITECTURES if cfg.engine == "reference" else set(TRTLLM_ARCHITECTURES)
+        if info.architecture not in allowed:
+            what = "the reference engine" if cfg.engine == "reference" else "TensorRT-LLM 1.2's engine flow"
+            raise PreflightError(f"{role}: architecture {info.architecture} is not one {what} builds; supported: "
+                                 f"{', '.join(sorted(allowed))}")
+        if info.max_position_embeddings and cfg.limits.max_seq_len > info.max_position_embeddings:
+            raise PreflightError(
+                f"limits.max_seq_len {cfg.limits.max_seq_len} exceeds {role}'s max_position_embeddings "
+                f"{info.max_position_embeddings}; lower limits.max_seq_len"
+            )
+    if cfg.engine == "tensorrt":
+        _check_parallel("target", cfg.target.tp, cfg.target.pp, target)
+        if draft is not None:
+            _check_parallel("draft", cfg.draft.tp, cfg.draft.pp, draft)
+    elif cfg.target.world_size > 1 or (cfg.draft and cfg.draft.world_size > 1):
+        raise PreflightError("the reference engine runs on one CPU process; set target.tp/pp and draft.tp/pp to 1")
+
+    if draft is not None and cfg.speculative.use_draft_logits and draft.vocab_size != target.vocab_size:
+        raise PreflightError(
+            f"speculative.use_draft_logits with different vocab sizes (target {target.vocab_size}, draft "
+            f"{draft.vocab_size}): the draft's logits would be {draft.vocab_size} wide where the target expects "
+            f"{target.vocab_size}; set use_draft_logits: false (greedy and token-matching acceptance need no logits)")
+    if draft is not None and cfg.draft.checkpoint is not None:
+        tdir, ddir = Path(cfg.target.checkpoint), Path(cfg.draft.checkpoint)
+        if tdir.is_dir() and ddir.is_dir():
+            notes += check_tokenizers(tdir, ddir, target, draft)
+        else:
+            if target.vocab_size != draft.vocab_size:
+                notes.append(f"vocab padding: target {target.vocab_size} vs draft {draft.vocab_size} rows")
+            warnings.append("tokenizer compatibility not checked: checkpoints not on this machine (checked by build)")
+
+    if require_checkpoints:
+        for spec_name in ("medusa", "eagle"):
+            spec = getattr(cfg.speculative, spec_name)
+            if cfg.speculative.mode == spec_name and not (Path(spec.heads_dir) / "config.json").is_file():
+                raise PreflightError(f"speculative.{spec_name}.heads_dir {spec.heads_dir}: no config.json; point it at "
+                                     f"the {spec_name} heads checkpoint")
+        if cfg.quantization.calib_dataset and not Path(cfg.quantization.calib_dataset).is_dir():
+            raise PreflightError(f"quantization.calib_dataset {cfg.quantization.calib_dataset}: directory not found; "
+                                 "point it at a local dataset directory or remove it")
+
+    # Devices and memory (GPU engines only)
+    # The draft never needs more KV cache than max_batch_size full sequences: cap it, or the backend's fraction
+    # of free memory lets a 1B draft that loads first take most of the GPU from the target.
+    baseline = cfg.speculative.has_baseline_engine
+    draft_kv = (-(-cfg.limits.max_batch_size * cfg.limits.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
+                if draft is not None or baseline else None)
+    t_dev = cfg.runtime.gpu_device_ids or list(range(cfg.target.world_size))
+    d_dev: list[int] = []
+    if cfg.draft is not None:
+        d_dev = cfg.runtime.draft_gpu_device_ids or t_dev[: cfg.draft.world_size]
+    memory: list[MemoryRow] = []
+    kv_frac = cfg.runtime.kv_cache_free_gpu_mem_fraction
+    if cfg.engine == "tensorrt":
+        if len(t_dev) != cfg.target.world_size:
+            raise PreflightError(f"runtime.gpu_device_ids has {len(t_dev)} ids but the target needs tp*pp = "
+                                 f"{cfg.target.world_size}; list exactly {cfg.target.world_size} ids")
+        if cfg.draft is not None and len(d_dev) != cfg.draft.world_size:
+            raise PreflightError(f"runtime.draft_gpu_device_ids has {len(d_dev)} ids but the draft needs tp*pp = "
+                                 f"{cfg.draft.world_size}; list exactly {cfg.draft.world_size} ids")
+        used = sorted(set(t_dev) | set(d_dev))
+        if used and max(used) >= gpu.count:
+            raise PreflightError(f"GPU ids {used} need {max(used) + 1} GPUs but {gpu.describe()}; lower tp or use a "
+                                 "bigger node (--gpu NAME:COUNT)")
+        shares = bool(set(t_dev) & set(d_dev))
+        memory += memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
+        if draft is not None:
+            memory += memory_rows("draft", draft, quant.weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
+        if baseline:  # the non-speculative target the ensemble serves: the target's weights again, on its GPUs
+            memory += memory_rows("baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp,
+                                  t_dev, cfg)
+            notes.append(f"{cfg.speculative.mode} speculates inside the target engine, so the baseline (the ensemble's "
+                         f"engine) is a second, non-speculative engine of the target on GPU(s) {t_dev}")
+        if kv_frac is None:
+            kv_frac = DEFAULT_KV_FRACTION
+            if shares or baseline:
+                kv_frac = shared_gpu_kv_fraction(memory, gpu.memory_gib)
+                who = "draft" if shares else "baseline"
+                where = sorted(set(t_dev) & set(d_dev)) if shares else t_dev
+                notes.append(f"{who} and target share GPU(s) {where}: the {who}'s KV cache is capped at {draft_kv:,} "
+                             f"tokens (max_tokens_in_paged_kv_cache) and the target takes {kv_frac} of the memory left "
+                             "free (kv_cache_free_gpu_mem_fraction), so whichever loads first leaves room for the other")
+        for gid, total in sorted(totals_per_gpu(memory).items()):
+            if total > gpu.memory_gib:
+                parts = ", ".join(f"{r.role} weights {r.weights_gib:.1f} + KV {r.kv_gib:.1f} + reserve {r.reserve_gib:.1f}"
+                                  for r in memory if r.gpu_id == gid)
+                raise PreflightError(
+                    f"GPU {gid} ({gpu.name}, {gpu.memory_gib:.1f} GiB) needs {total:.1f} GiB ({parts}); lower "
+                    "limits.max_batch_size or limits.max_seq_len, raise tp, use FP8/INT8 KV cache, or "
+                    + ("drop the baseline engine (speculative.baseline_engine: false; check and bench then have no "
+                       "baseline)" if baseline else "move the draft to another GPU (runtime.draft_gpu_device_ids)")
+                )
+        calib_gib = target.num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
+        total_gib = gpu.memory_gib * gpu.count
+        if quant.weights not in ("bf16", "fp16") and calib_gib > total_gib:
+            warnings.append(f"calibrating the target loads ~{calib_gib:.0f} GiB of 16-bit weights, more than this "
+                            f"node's {total_gib:.0f} GiB: run the quantize step on a bigger node (e.g. 4x80 GB for 70B)")
+        if cfg.speculative.mode == "medusa":
+            notes.append("Medusa decoding is greedy only (temperature is ignored by the engine)")
+    else:
+        kv_frac = kv_frac or DEFAULT_KV_FRACTION
+
+    return PreflightReport(cfg, gpu, target, draft, quant, t_dev, d_dev, kv_frac, k_max, draft_kv, memory, warnings,
+                           notes)

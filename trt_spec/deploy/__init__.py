@@ -1,0 +1,1 @@
+"""Stage 5, deploy: the Kubernetes Helm chart (trt-spec deploy k8s)."""

@@ -1,0 +1,569 @@
+"""The contract of NVIDIA's `tensorrtllm` Triton backend, for the parameters and tensors trt-spec uses.
+
+One data module, read by the repository writer (what a `tensorrt_llm` config must carry), by the CPU stand-in
+`model_repo/reference_engine` (what it must refuse, with the backend's own error text) and by the tests, so
+the GPU repository and the stand-in cannot drift apart. The stand-in is at least as strict as the backend.
+
+Sources (each rule below names its file and function):
+- BACKEND = triton-inference-server/tensorrtllm_backend at c2e65b8 (2025-05-13, the last commit with
+  `inflight_batcher_llm/src/`; the same code lives on in NVIDIA/TensorRT-LLM `triton_backend/`, where the
+  parameter reads, mandatory outputs and request checks quoted here are unchanged). Files:
+  `model_state.cc` (MS), `model_instance_state.cc` (MIS), `utils.cc` (U), `all_models/.../tensorrt_llm/config.pbtxt`.
+- EXECUTOR = TensorRT-LLM 1.2 `cpp/tensorrt_llm/batch_manager/llmRequest.cpp` (LlmRequest::validate),
+  `trtGptModelInflightBatching.cpp` (maxInputLen), `executor/samplingConfig.cpp`, and the top-k/top-p
+  sampling-layer setup kernels (`kernels/samplingTopKKernels.cu`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+BACKEND = "tensorrtllm_backend@c2e65b8 inflight_batcher_llm/src"
+
+# ---------------------------------------------------------------------------------------------------------
+# Parameters (config.pbtxt `parameters { key: … value { string_value: … } }`)
+
+# Read with no try/catch: a missing key fails the model load (MS GetParameter<std::string>: "Cannot find
+# parameter with name: X", wrapped by MIS ModelInstanceState::Create).
+REQUIRED_PARAMETERS: dict[str, str] = {
+    "gpt_model_type": "MIS getBatchingTypeFromParams (L62)",
+    "tokenizer_dir": "MIS getGuidedDecodingConfigFromParams (L413)",
+    "xgrammar_tokenizer_info_path": "MIS getGuidedDecodingConfigFromParams (L414)",
+    "guided_decoding_backend": "MIS getGuidedDecodingConfigFromParams (L415)",
+}
+LOAD_ERROR = "unexpected error when creating modelInstanceState: {msg}"  # MIS ModelInstanceState::Create (L52)
+MISSING_PARAMETER = "Cannot find parameter with name: {name}"  # MS GetParameter (L249-269)
+GPT_MODEL_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")  # MIS getBatchingTypeFromParams
+INVALID_MODEL_TYPE = "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."
+# Guided decoding is off when the backend or the tokenizer-info path is "" (or its unfilled placeholder);
+# "none"/"off" are NOT off (MIS getGuidedDecodingConfigFromParams L417-427). trt-spec writes "" for both.
+GUIDED_DECODING_OFF = ""
+# Read only when decoding_mode == lookahead, then mandatory (MIS getExecutorConfigFromParams L627-647).
+LOOKAHEAD_PARAMETERS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+LOOKAHEAD_MISSING = ("Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
+                     "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size.")
+DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
+# Parameters read inside try/catch: missing, empty or unparsable -> this default (MIS, MS LoadParameters).
+PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
+    "max_beam_width": ("1", "MIS getExecutorConfigFromParams L459-468"),
+    "enable_kv_cache_reuse": ("true", "MIS getKvCacheConfigFromParams L167-176"),
+    "exclude_input_in_output": ("false", "MIS constructor L797-807 (a request input overrides it, U L915-927)"),
+    "enable_chunked_context": ("false", "MIS getExecutorConfigFromParams L518-533"),
+    "batch_scheduler_policy": ("guaranteed_no_evict", "MIS getSchedulerConfigFromParams L356-381"),
+    "cancellation_check_period_ms": ("100", "MIS constructor L809-819"),
+    "kv_cache_free_gpu_mem_fraction": (None, "MIS getKvCacheConfigFromParams L96-107 (executor default 0.9)"),
+    "max_tokens_in_paged_kv_cache": (None, "MIS getKvCacheConfigFromParams L83-94 (min with the fraction)"),
+    "decoding_mode": (None, "MIS L545-592 (unset: top_k_top_p with beam width 1)"),
+    "gpu_device_ids": (None, "MS LoadParameters L95-120 ('0,1;2,3': per-instance device groups)"),
+    "gpt_model_path": ("", "MIS constructor L743-755 (missing/nonexistent -> '', then 'Both encoder and decoder "
+                           "model paths are empty')"),
+    "executor_worker_path": ("/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+                             "MS GetExecutorWorkerPath L180-188 (orchestrator mode only)"),
+}
+MODEL_PATHS_EMPTY = "Both encoder and decoder model paths are empty"  # MIS constructor L771-772
+
+# Batching limits. The executor is built with maxBatchSize and maxNumTokens left unset (MIS
+# getExecutorConfigFromParams L694-696: `/*maxBatchSize*/ std::nullopt, /*maxNumTokens*/ std::nullopt`), so both
+# come from the engine's build config (trt-spec writes the model config's max_batch_size from the same value).
+# `enable_chunked_context` is a parameter (default above). The queue bound is NOT a parameter: MIS L659-680 reads
+# the model config's `dynamic_batching { default_queue_policy { max_queue_size: N } }` (a failed read only logs a
+# warning); absent -> std::nullopt. The executor (TensorRT-LLM cpp/tensorrt_llm/executor/executorImpl.cpp,
+# Executor::Impl::enqueueRequests) refuses a request when `maxQueueSize > 0 && queued + new > maxQueueSize`:
+# unset or 0 = unbounded (NVIDIA's tools/fill_template.py default: 0). The refusal is a TLLM_THROW with QUEUE_FULL;
+# the backend's enqueue() catches it and answers the request with one final error response carrying e.what()
+# (MIS ModelInstanceState::enqueue -> sendEnqueueResponse, TRITONSERVER_ERROR_INTERNAL). e.what() of a
+# TllmException also carries the throw site and a stack trace after the message; the stand-in sends the message.
+QUEUE_FULL = "Maximum queue size of {max} has been reached, please try again later"
+
+
+class ContractError(ValueError):
+    """What the backend would refuse, with its own message."""
+
+
+def check_parameters(params: Mapping[str, str]) -> None:
+    """Load-time checks of a `tensorrt_llm` model's parameters, in the backend's order. Raises ContractError
+    with the load error the backend reports."""
+    if "gpt_model_type" not in params:
+        raise ContractError(LOAD_ERROR.format(msg=MISSING_PARAMETER.format(name="gpt_model_type")))
+    if params["gpt_model_type"] not in GPT_MODEL_TYPES:
+        raise ContractError(LOAD_ERROR.format(msg=INVALID_MODEL_TYPE))
+    if params.get("decoding_mode") == "lookahead" and not all(_is_int(params.get(k)) for k in LOOKAHEAD_PARAMETERS):
+        raise ContractError(LOAD_ERROR.format(msg=LOOKAHEAD_MISSING))
+    for name in ("tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend"):
+        if name not in params:
+            raise ContractError(LOAD_ERROR.format(msg=MISSING_PARAMETER.format(name=name)))
+    if not params.get("gpt_model_path"):
+        raise ContractError(LOAD_ERROR.format(msg=MODEL_PATHS_EMPTY))
+
+
+def max_queue_size(model_config: Mapping) -> Optional[int]:
+    """The executor's queue bound from a model config (JSON form, as Triton hands it to a backend): None when
+    unset or 0 (unbounded), else the bound. See QUEUE_FULL for the source."""
+    policy = model_config.get("dynamic_batching", {}).get("default_queue_policy", {})
+    try:
+        n = int(policy.get("max_queue_size", 0))  # int64 fields arrive as JSON strings
+    except (TypeError, ValueError):
+        return None  # the backend logs a warning and leaves it unset
+    return n if n > 0 else None
+
+
+def _is_int(v: Optional[str]) -> bool:
+    try:
+        return v is not None and int(v) >= 0
+    except ValueError:
+        return False
+
+
+def parameter(params: Mapping[str, str], name: str) -> Optional[str]:
+    """A parameter's value, or the backend's default when absent or empty."""
+    v = params.get(name)
+    return v if v not in (None, "") else PARAMETER_DEFAULTS.get(name, (None, ""))[0]
+
+
+def parse_bool(v: Optional[str], name: str) -> bool:
+    """MS GetParameter<bool> (L310-326): True/true/TRUE/1, False/false/FALSE/0; anything else is an error."""
+    if v in ("True", "true", "TRUE", "1"):
+        return True
+    if v in ("False", "false", "FALSE", "0"):
+        return False
+    raise ContractError(f"Cannot convert {v} to a boolean. (parameter {name})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tensors (all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt; dims without the batch dimension)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # Triton TYPE_* name
+    dims: tuple[int, ...]
+    optional: bool = True
+    scalar: bool = False  # dims [1] with reshape: { shape: [] }
+    ragged: bool = False
+
+
+# Logits are FP32 end to end: every engine is built with `trtllm-build --logits_dtype float32` and the model configs
+# declare the logits tensors (generation_logits, draft_logits) TYPE_FP32, as NVIDIA's DTM guide fills
+# `logits_datatype:TYPE_FP32`. Why not FP16: see FP16_LOGITS below.
+LOGITS_DTYPE = "float32"
+LOGITS_TYPE = "TYPE_FP32"
+FP16_LOGITS = "float16"  # ModelOpt's export default for bf16 checkpoints
+LOGITS_DTYPES = (LOGITS_DTYPE, FP16_LOGITS)
+# The inputs trt-spec declares (a subset of the template's ~60; the rest stay unused).
+INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("input_ids", "TYPE_INT32", (-1,), ragged=True),
+    TensorSpec("input_lengths", "TYPE_INT32", (1,), optional=False, scalar=True),
+    TensorSpec("request_output_len", "TYPE_INT32", (1,), optional=False, scalar=True),
+    TensorSpec("num_return_sequences", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("draft_input_ids", "TYPE_INT32", (-1,), ragged=True),
+    # Encoder-decoder models only; a decoder-only engine ignores it. NVIDIA's end_to_end_test.py sends it on every
+    # request (preprocessing's DECODER_INPUT_ID = [[pad_id]]), so the config must declare it.
+    TensorSpec("decoder_input_ids", "TYPE_INT32", (-1,), ragged=True),
+    TensorSpec("draft_logits", LOGITS_TYPE, (-1, -1), ragged=True),
+    TensorSpec("draft_acceptance_threshold", "TYPE_FP32", (1,), scalar=True),
+    TensorSpec("end_id", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("pad_id", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), ragged=True),
+    TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), ragged=True),
+    TensorSpec("beam_width", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("temperature", "TYPE_FP32", (1,), scalar=True),
+    TensorSpec("runtime_top_k", "TYPE_INT32", (1,), scalar=True),
+    TensorSpec("runtime_top_p", "TYPE_FP32", (1,), scalar=True),
+    TensorSpec("seed", "TYPE_UINT64", (1,), scalar=True),
+    TensorSpec("streaming", "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), scalar=True),
+)
+# fillTritonResponse (MIS L1255-1306, the same in TensorRT-LLM 1.x triton_backend): with return_perf_metrics the backend
+# writes these nine [1, 1] outputs on EVERY response (streaming ones too), without looking at the requested outputs.
+PERF_OUTPUT_TYPES: dict[str, str] = {
+    "kv_cache_alloc_new_blocks": "TYPE_INT32", "kv_cache_reused_blocks": "TYPE_INT32",
+    "kv_cache_alloc_total_blocks": "TYPE_INT32",
+    "arrival_time_ns": "TYPE_INT64", "first_scheduled_time_ns": "TYPE_INT64",  # steady_clock ns, not Unix time
+    "first_token_time_ns": "TYPE_INT64", "last_token_time_ns": "TYPE_INT64",
+    "acceptance_rate": "TYPE_FP32", "total_accepted_draft_tokens": "TYPE_INT32", "total_draft_tokens": "TYPE_INT32",
+}
+PERF_OUTPUTS = tuple(PERF_OUTPUT_TYPES)
+SPEC_PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")  # what speculation reads
+OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("output_ids", "TYPE_INT32", (-1, -1)),  # sent as [1, beams, T], -1 padded (MIS fillTritonResponse L1081)
+    TensorSpec("sequence_length", "TYPE_INT32", (-1,)),  # sent as [1, beams]: tokens in THIS response (L1094)
+    TensorSpec("generation_logits", LOGITS_TYPE, (-1, -1, -1)),  # [1, beams, T, V]; needs return_generation_logits
+    *(TensorSpec(name, dtype, (1,)) for name, dtype in PERF_OUTPUT_TYPES.items()),
+)
+# fillTritonResponse (MIS L1079-1103) throws unless the request asked for both; the error comes back as one
+# final error response: "Error encountered while populating response: <name> tensor must be present ...".
+MANDATORY_OUTPUTS = ("output_ids", "sequence_length")
+MISSING_OUTPUT = "Error encountered while populating response: {name} tensor must be present in list of output tensors"
+# An output the backend writes that the model config does not declare: Triton core's Model::GetOutput (core
+# src/model.cc L56-68, r24.10, r25.12 and r26.04) refuses it ("unexpected inference output"); the backend's getResponseBuffer
+# (utils.h L320-349) throws, and fillTritonResponse answers with one final INTERNAL error (MIS L1318-1323). A python
+# model's undeclared outputs are silently pruned instead (python_backend PruneOutputTensors), so the stand-in checks its
+# own config and fails the way the C++ backend does.
+UNDECLARED_OUTPUT = ("Error encountered while populating response: Could not get response output for output tensor "
+                     "{name}: unexpected inference output '{name}' for model '{model}'")
+
+# Logits cross the backend only in the config's logits type (`logits_datatype` in NVIDIA's template; trt-spec: TYPE_FP32):
+# Triton core refuses a draft_logits input of another dtype; the executor copies draft logits into the target's logits
+# buffer only when the dtypes match (runtime BufferManager::copy, "Incompatible data types"), and the backend asserts the
+# engine's logits dtype equals the config's before it writes generation_logits (MIS fillTritonResponse,
+# TLLM_CHECK(...LogitsType == model_state_->getLogitsDataType())). An engine with ModelOpt's float16 logits behind a
+# TYPE_FP32 config fails every use_draft_logits request; trt-spec builds float32 logits so the two always agree.
+LOGITS_DTYPE_MISMATCH = ("Incompatible data types: the engine's logits are {engine} but the model config declares "
+                         "{config} logits; rebuild the engine with --logits_dtype {config} (trt-spec's plan does)")
+TYPE_TO_LOGITS_DTYPE = {"TYPE_FP32": LOGITS_DTYPE, "TYPE_FP16": FP16_LOGITS}
+
+# End of sequence (TensorRT-LLM samplers, e.g. kernels/samplingTopKKernels.cu: "Do not increase seq len when EOS is
+# generated. Seq len should always contain only tokens to be outputted"; trtGptModelInflightBatching.cpp adds tokens
+# only up to the decoder's sequence length): a request that samples end_id finishes, and end_id is NOT in output_ids
+# nor counted in sequence_length. Stop words are kept. A verification that accepts up to end_id returns the tokens
+# before it: fewer than a round without an end returns (speculative_loop.round_ended).
+EOS_EXCLUDED = True
+
+# Numerics (TensorRT-LLM cpp/tensorrt_llm/kernels/penaltyKernels.cu batchApplyPenalty; common/reduceKernelUtils.cuh):
+# a request's temperature T scales the logits by 1 / (T + 1e-6) (computed in float), then every logit is clamped to
+# +-HALF_FLT_MAX (65504) for half logits (+-FLT_MAX for float). Temperature 0 is therefore a 1e6 scale, not greedy: on
+# FP16 logits everything above ~0.066 clamps to 65504 and greedy picks the lowest id among the ties (tensorrtllm_backend
+# #158). ModelOpt's export writes logits_dtype float16 for bf16 checkpoints (modelopt torch/export/
+# tensorrt_llm_utils.py L146, L217); trt-spec builds float32 (LOGITS_DTYPE) and its clients send no temperature for greedy.
+TEMPERATURE_EPS = 1e-6
+HALF_MAX = 65504.0
+
+# ---------------------------------------------------------------------------------------------------------
+# Request rules
+
+STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."  # U L905-908
+BATCH_NEEDS_DECOUPLED = ("Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction "
+                         "policy")  # U L900-903
+NO_OUTPUT_LEN = "request_output_len is not present in the request"  # U L946-950
+NO_INPUT_IDS = "input_ids or encoder_input_features is not present in the request."  # U L938-945
+INVALID_SIZE = "Invalid size for tensor {name}"
+EMPTY_INPUT = "input_ids is empty; send at least one token"  # trt-spec's own (stricter) check  # utils.h extractSingleton (L241)
+EXECUTOR_ERROR = "Encountered an error when fetching new request: {msg}"  # executorImpl fetchNewRequests
+PROMPT_TOO_LONG = ("Prompt length ({n}) exceeds maximum input length ({max}). Set log level to info and check "
+                   "TRTGptModel logs for how maximum input length is set")  # llmRequest.cpp LlmRequest::validate
+DRAFT_TOO_LONG = "Draft tokens length ({n}) exceeds maximum draft tokens length ({max})."  # LlmRequest::validate
+BEAM_WIDTH = "Assertion failed: beamWidth ({n}) exceeds max_beam_width ({max})"  # SamplingConfig::checkBeamWidth
+TEMPERATURE_NEGATIVE = "Assertion failed: temperature.value() >= 0.f"  # SamplingConfig::checkTemperature
+# LlmRequest::validate: prompt + request_output_len + draftLenPerEngineStep (the engine's max_draft_len) over
+# max_seq_len is not an error: the executor logs this warning and generates fewer tokens.
+OUTPUT_LEN_CLAMPED = ("Prompt length + number of requested output tokens + draft tokens per step ({p} + {n} + {d}) "
+                      "exceeds maximum sequence length ({max}). Number of requested output tokens is changed to ({new}).")
+TOP_P_RANGE = "Assertion failed: topP.value() <= 1.f"  # SamplingConfig::checkTopP
+TOP_K_NEGATIVE = "Assertion failed: topK.value() >= 0"  # SamplingConfig::checkTopK
+# U convertWordList (L416-449): the [2, L] stop/bad word list, flattened, is checked before the request is made.
+WORD_LIST_ODD = "Sparse list must not have odd length: {list}"
+WORD_LIST_EXTRA_END = "Sparse list must not have additional -1s: {list}"
+WORD_LIST_OUT_OF_BOUND = "Sparse list must not have out-of-bound offsets: {list}"
+WORD_LIST_NOT_INCREASING = "Sparse list must not have non-increasing offsets: {list}"
+# trt-spec's stand-in is stricter than the backend where the backend silently does something a caller did not
+# mean (it ignores input_lengths at batch size 1, U splitBatchInputsTensors) or fails deep inside a kernel.
+INPUT_LENGTHS_MISMATCH = ("input_lengths {n} does not match input_ids ({m} tokens); send input_lengths = the "
+                          "number of tokens in input_ids")
+OUTPUT_LEN_INVALID = "request_output_len must be >= 1, got {n}"
+TEMPERATURE_NOT_FINITE = "temperature must be a finite number >= 0, got {t}"
+TOKEN_OUT_OF_VOCAB = ("{name} holds token id {t} outside the vocabulary [0, {v}); send ids the model's tokenizer "
+                      "produced")
+END_ID_OUT_OF_VOCAB = "end_id {t} is outside [-1, {v}) (the vocabulary); send the tokenizer's EOS id or -1"
+SEED_RANGE = "seed {s} is outside 0..2^64-1 (the backend's UINT64 seed)"
+# Stricter than the backend (it would fan a request out into N child requests): trt-spec never asks for more.
+RETURN_SEQUENCES = ("num_return_sequences {n} is not supported by trt-spec's deployment (beam width 1, one "
+                    "sequence per request); send 1 or omit it")
+
+
+def max_input_len(max_seq_len: int, max_num_tokens: int, chunked_context: bool = False) -> int:
+    """The longest prompt the executor takes (trtGptModelInflightBatching.cpp, 'TRTGptModel maxInputLen'):
+    with context FMHA and packed input (trt-spec always builds with both) it is min(max_seq_len - 1,
+    max_num_tokens), or max_seq_len - 1 with chunked context. trtllm-build's --max_input_len does not raise it."""
+    return max_seq_len - 1 if chunked_context else min(max_seq_len - 1, max_num_tokens)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What a built engine fixes (TRT-LLM: the engine's config.json build_config; the reference engine: its
+    trt_spec_engine.json build_config, written from the same config keys)."""
+
+    max_batch_size: int
+    max_seq_len: int
+    max_num_tokens: int
+    max_draft_len: int = 0
+    max_beam_width: int = 1
+    speculative_decoding_mode: Optional[str] = None
+    gather_generation_logits: bool = False
+    vocab_size: Optional[int] = None  # when known, token ids are range-checked (the stand-in's stricter check)
+    logits_dtype: str = LOGITS_DTYPE  # the engine's logits (TensorRT-LLM's checkpoint default: float32)
+
+    @classmethod
+    def from_build_config(cls, bc: Mapping, vocab_size: Optional[int] = None) -> "EngineLimits":
+        return cls(int(bc["max_batch_size"]), int(bc["max_seq_len"]), int(bc["max_num_tokens"]),
+                   int(bc.get("max_draft_len", 0)), int(bc.get("max_beam_width", 1)),
+                   bc.get("speculative_decoding_mode"), bool(bc.get("gather_generation_logits", False)), vocab_size,
+                   bc.get("logits_dtype", LOGITS_DTYPE))
+
+    def input_limit(self, chunked_context: bool = False) -> int:
+        return max_input_len(self.max_seq_len, self.max_num_tokens, chunked_context)
+
+    def output_limit(self, prompt_len: int) -> int:
+        """The most new tokens a request of prompt_len gets: LlmRequest::validate lowers request_output_len to
+        max_seq_len - prompt - draftLenPerEngineStep (the engine's max_draft_len) with OUTPUT_LEN_CLAMPED."""
+        return self.max_seq_len - prompt_len - self.max_draft_len
+
+
+def kernel_logits(logits, temperature: Optional[float], logits_dtype: str):
+    """The logits TensorRT-LLM samples from (FP16_LOGITS): `logits` [..., V] (torch, float) held in the engine's
+    logits dtype, scaled by 1 / (T + 1e-6) when the request sent a temperature other than 1 (hasTemperature), then
+    clamped to the dtype's range. Returns float32."""
+    import torch
+
+    half = logits_dtype == FP16_LOGITS
+    x = logits.to(torch.float16).float() if half else logits.float()
+    if temperature is not None and abs(temperature - 1.0) > 1e-9:
+        x = x * (1.0 / (float(temperature) + TEMPERATURE_EPS))
+    if half:
+        x = x.clamp(-HALF_MAX, HALF_MAX).to(torch.float16).float()
+    return x
+
+
+def effective_top_k_top_p(top_k: Optional[int], top_p: Optional[float]) -> tuple[int, float]:
+    """TensorRT-LLM's sampling-layer setup: absent top_k is 0, absent (or <= 0, U L558-563) top_p is 0; and
+    `k == 0 && p == 0.0f` -> k = 1 (samplingTopKKernels.cu setup): with neither set, decoding is GREEDY at any
+    temperature. top_p == 1.0 with k == 0 samples from the full distribution."""
+    k = int(top_k or 0)
+    p = float(top_p) if top_p is not None and top_p > 0 else 0.0
+    if k == 0 and p == 0.0:
+        k = 1
+    return k, p
+
+
+@dataclass
+class EngineRequest:
+    """One request as the executor sees it, after the backend's and the executor's checks."""
+
+    input_ids: list[int]
+    output_len: int
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_logits: Optional[np.ndarray] = None  # [k, V]
+    end_id: Optional[int] = None  # absent: -1, never stops on EOS
+    streaming: bool = False
+    exclude_input: bool = False
+    temperature: Optional[float] = None  # as sent; None = absent (the kernel then leaves the logits unscaled)
+    top_k: int = 1  # effective (see effective_top_k_top_p); 1 = greedy
+    top_p: float = 0.0
+    seed: Optional[int] = None
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    return_generation_logits: bool = False
+    return_perf_metrics: bool = False
+    requested_outputs: tuple[str, ...] = ()
+    warning: Optional[str] = None  # what the executor logs for this request (OUTPUT_LEN_CLAMPED)
+
+    @property
+    def greedy(self) -> bool:
+        """Top-k 1 (neither top_k nor top_p sent): the argmax of kernel_logits at any temperature; on FP16 logits a
+        temperature of 0 makes that argmax a tie among clamped logits (FP16_LOGITS)."""
+        return self.top_k == 1
+
+
+def _scalar(inputs: Mapping[str, Optional[np.ndarray]], name: str):
+    a = inputs.get(name)
+    if a is None:
+        return None
+    flat = np.asarray(a).reshape(-1)
+    if flat.size != 1:
+        raise ContractError(INVALID_SIZE.format(name=name))
+    v = flat[0]
+    return v.item() if hasattr(v, "item") else v
+
+
+def word_list(arr: Optional[np.ndarray]) -> list[list[int]]:
+    """TensorRT-LLM's [2, L] word list (row 0 ids, row 1 end offsets, -1 padded) -> token sequences, with the
+    backend's checks (U convertWordList): even length, offsets increasing and <= L, -1 only as trailing pad."""
+    if arr is None:
+        return []
+    flat = [int(x) for x in np.asarray(arr).reshape(-1)]
+    shown = " ".join(str(x) for x in flat)
+    if len(flat) % 2:
+        raise ContractError(WORD_LIST_ODD.format(list=shown))
+    n = len(flat) // 2
+    ids, offsets = flat[:n], flat[n:]
+    words, start = [], 0
+    for i, end in enumerate(offsets):
+        if end == -1:
+            if any(o != -1 for o in offsets[i + 1:]):
+                raise ContractError(WORD_LIST_EXTRA_END.format(list=shown))
+            break
+        if end > n:
+            raise ContractError(WORD_LIST_OUT_OF_BOUND.format(list=shown))
+        if i > 0 and end <= offsets[i - 1]:
+            raise ContractError(WORD_LIST_NOT_INCREASING.format(list=shown))
+        words.append(ids[start:end])
+        start = max(start, end)
+    return [w for w in words if w]
+
+
+def word_list_array(words: Sequence[Sequence[int]]) -> np.ndarray:
+    """Token sequences -> TensorRT-LLM's [2, L] word list (inverse of word_list)."""
+    ids: list[int] = []
+    offsets: list[int] = []
+    for w in words:
+        if len(w):
+            ids += [int(t) for t in w]
+            offsets.append(len(ids))
+    out = np.full((2, max(1, len(ids))), -1, dtype=np.int32)
+    if ids:
+        out[0, : len(ids)] = ids
+        out[1, : len(offsets)] = offsets
+    else:
+        out[0, 0] = 0
+    return out
+
+
+def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs: Iterable[str], limits: EngineLimits,
+                  params: Mapping[str, str], *, decoupled: bool, config_logits_dtype: str = LOGITS_DTYPE) -> EngineRequest:
+    """Every check the backend (U createRequestsFromInputTensors, MIS fillTritonResponse) and the executor
+    (LlmRequest::validate, SamplingConfig) make on the inputs trt-spec uses, in their order. Raises
+    ContractError with their message. `inputs`: name -> array with the batch dimension ([1, …])."""
+    ids = inputs.get("input_ids")
+    if ids is None:
+        raise ContractError(NO_INPUT_IDS)
+    ids = np.asarray(ids)
+    if ids.ndim >= 2 and ids.shape[0] > 1 and not decoupled:
+        raise ContractError(BATCH_NEEDS_DECOUPLED)
+    if ids.ndim >= 2 and ids.shape[0] > 1:
+        raise ContractError(f"batch of {ids.shape[0]} sequences in one request: trt-spec's engines take one "
+                            "sequence per request; send one request per prompt")
+    streaming = bool(_scalar(inputs, "streaming") or False)
+    if streaming and not decoupled:
+        raise ContractError(STREAMING_NEEDS_DECOUPLED)
+    input_ids = [int(x) for x in ids.reshape(-1)]
+    if not input_ids:
+        raise ContractError(EMPTY_INPUT)
+    n_in = _scalar(inputs, "input_lengths")
+    if n_in is not None and int(n_in) != len(input_ids):
+        raise ContractError(INPUT_LENGTHS_MISMATCH.format(n=int(n_in), m=len(input_ids)))
+    out_len = _scalar(inputs, "request_output_len")
+    if out_len is None:
+        raise ContractError(NO_OUTPUT_LEN)
+    if int(out_len) < 1:
+        raise ContractError(OUTPUT_LEN_INVALID.format(n=int(out_len)))
+    num_seq = _scalar(inputs, "num_return_sequences")
+    if num_seq is not None and int(num_seq) != 1:
+        raise ContractError(RETURN_SEQUENCES.format(n=int(num_seq)))
+    beam = _scalar(inputs, "beam_width")
+    if beam is not None and not 0 < int(beam) <= limits.max_beam_width:
+        raise ContractError(EXECUTOR_ERROR.format(msg=BEAM_WIDTH.format(n=int(beam), max=limits.max_beam_width)))
+    temperature = _scalar(inputs, "temperature")
+    top_p = _scalar(inputs, "runtime_top_p")
+    if temperature is not None and not float(temperature) >= 0:  # NaN fails too
+        raise ContractError(TEMPERATURE_NEGATIVE)
+    if temperature is not None and not math.isfinite(float(temperature)):
+        raise ContractError(TEMPERATURE_NOT_FINITE.format(t=float(temperature)))
+    if top_p is not None and (not math.isfinite(float(top_p)) or float(top_p) > 1):
+        raise ContractError(TOP_P_RANGE)
+    top_k = _scalar(inputs, "runtime_top_k")
+    if top_k is not None and int(top_k) < 0:
+        raise ContractError(TOP_K_NEGATIVE)
+    k, p = effective_top_k_top_p(top_k, top_p)
+    exclude = _scalar(inputs, "exclude_input_in_output")
+    if exclude is None:
+        exclude = parse_bool(parameter(params, "exclude_input_in_output"), "exclude_input_in_output")
+    draft = inputs.get("draft_input_ids")
+    draft_tokens = [int(x) for x in np.asarray(draft).reshape(-1)] if draft is not None else []
+    # LlmRequest::validate (executor): prompt length, then draft length.
+    if len(input_ids) > limits.input_limit():
+        raise ContractError(EXECUTOR_ERROR.format(msg=PROMPT_TOO_LONG.format(n=len(input_ids), max=limits.input_limit())))
+    warning = None
+    if int(out_len) > limits.output_limit(len(input_ids)):
+        room = limits.output_limit(len(input_ids))
+        warning = OUTPUT_LEN_CLAMPED.format(p=len(input_ids), n=int(out_len), d=limits.max_draft_len,
+                                            max=limits.max_seq_len, new=room)
+        if room < 1:  # trt-spec's own (stricter) refusal: the executor would go on with no room to generate
+            raise ContractError(EXECUTOR_ERROR.format(msg=warning.replace("is changed to", "would be")))
+        out_len = room
+    if draft_tokens and len(draft_tokens) > limits.max_draft_len:
+        raise ContractError(EXECUTOR_ERROR.format(msg=DRAFT_TOO_LONG.format(n=len(draft_tokens), max=limits.max_draft_len)))
+    requested = tuple(requested_outputs)
+    for name in MANDATORY_OUTPUTS:  # fillTritonResponse, at the first response
+        if name not in requested:
+            raise ContractError(MISSING_OUTPUT.format(name=name))
+    dl = inputs.get("draft_logits")
+    return_logits = bool(_scalar(inputs, "return_generation_logits") or False)
+    if (dl is not None or return_logits) and limits.logits_dtype != config_logits_dtype:
+        raise ContractError(LOGITS_DTYPE_MISMATCH.format(engine=limits.logits_dtype, config=config_logits_dtype))
+    end_id = _scalar(inputs, "end_id")
+    seed = _scalar(inputs, "seed")
+    if seed is not None and not 0 <= int(seed) < 2**64:
+        raise ContractError(SEED_RANGE.format(s=int(seed)))
+    v = limits.vocab_size
+    if v is not None:
+        for name, toks in (("input_ids", input_ids), ("draft_input_ids", draft_tokens)):
+            bad = next((t for t in toks if not 0 <= t < v), None)
+            if bad is not None:
+                raise ContractError(TOKEN_OUT_OF_VOCAB.format(name=name, t=bad, v=v))
+        if end_id is not None and not -1 <= int(end_id) < v:
+            raise ContractError(END_ID_OUT_OF_VOCAB.format(t=int(end_id), v=v))
+    return EngineRequest(
+        input_ids=input_ids, output_len=int(out_len), draft_tokens=draft_tokens,
+        draft_logits=None if dl is None else np.asarray(dl).reshape(-1, np.asarray(dl).shape[-1]),
+        end_id=None if end_id is None else int(end_id), streaming=streaming, exclude_input=bool(exclude),
+        temperature=None if temperature is None else float(temperature), top_k=k, top_p=p,
+        seed=None if seed is None else int(seed),
+        stop_words=word_list(inputs.get("stop_words_list")), bad_words=word_list(inputs.get("bad_words_list")),
+        return_generation_logits=return_logits,
+        return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics") or False),
+        requested_outputs=requested, warning=warning)
+
+
+@dataclass(frozen=True)
+class PerfMetrics:
+    """The executor's RequestPerfMetrics for one response, as the backend writes them (PERF_OUTPUT_TYPES)."""
+
+    kv_new_blocks: int = 0
+    kv_reused_blocks: int = 0
+    kv_total_blocks: int = 0
+    arrival_ns: int = 0
+    first_scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    accepted: int = 0
+    drafted: int = 0
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        values = (self.kv_new_blocks, self.kv_reused_blocks, self.kv_total_blocks, self.arrival_ns,
+                  self.first_scheduled_ns, self.first_token_ns, self.last_token_ns,
+                  self.accepted / self.drafted if self.drafted else 0.0, self.accepted, self.drafted)
+        np_types = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}
+        return {name: np.asarray([[v]], dtype=np_types[t]) for (name, t), v in zip(PERF_OUTPUT_TYPES.items(), values)}
+
+
+def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfMetrics = PerfMetrics(),
+                     logits: Optional[np.ndarray] = None, declared: Optional[Iterable[str]] = None,
+                     model: str = "tensorrt_llm") -> dict[str, np.ndarray]:
+    """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]
+    (non-streaming: prompt + generated unless exclude_input_in_output; streaming: only this chunk's new
+    tokens, never the prompt), sequence_length [1, 1] = tokens in this response, generation_logits when asked
+    for, and the nine perf outputs on EVERY response when return_perf_metrics is set.
+
+    What the backend writes is checked against `declared` (the model config's outputs), as Triton core checks it
+    (UNDECLARED_OUTPUT): one undeclared output fails the response. Then only the requested outputs are returned:
+    Triton returns requested outputs only, and a python stand-in must not even send the others
+    (trt_spec.served.serving.requested_only)."""
+    ids = list(tokens) if (req.streaming or req.exclude_input) else list(req.input_ids) + list(tokens)
+    out = {"output_ids": np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
+           "sequence_length": np.asarray([[len(ids)]], dtype=np.int32)}
+    if logits is not None and req.return_generation_logits and "generation_logits" in req.requested_outputs:
+        out["generation_logits"] = np.asarray(logits, dtype=np.float32)[None, None]
+    if req.return_perf_metrics:
+        out.update(perf.tensors())
+    if declared is not None:
+        have = set(declared)
+        missing = next((name for name in out if name not in have), None)
+        if missing is not None:
+            raise ContractError(UNDECLARED_OUTPUT.format(name=missing, model=model))
+    return {name: value for name, value in out.items() if name in req.requested_outputs}

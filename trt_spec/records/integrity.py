@@ -1,0 +1,109 @@
+"""Checksums of built outputs: what a step wrote (size + sha256 per file), verified before it is trusted.
+
+Recorded by the runner in each step's stamp and, per engine, in manifest.json; the repository writer copies
+the engines' sums into trt_spec_repo.json (both typed in trt_spec/records/manifest.py), and the reference engine model
+verifies its engine at load. Standard library only: the Triton python models import this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .manifest import ManifestError, RepoRecord
+
+CHUNK = 8 << 20  # bytes read per hash update
+
+Sums = dict[str, dict]  # relative posix path -> {"size": int, "sha256": hex}
+
+
+class IntegrityError(ValueError):
+    """A built file differs from what the build recorded (one line: the file, how it differs, the fix)."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def _files(root: Path, skip: Iterable[str]) -> list[str]:
+    skip = set(skip)
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in files:
+            rel = Path(d, name).relative_to(root).as_posix()
+            if rel not in skip:
+                out.append(rel)
+    return sorted(out)
+
+
+def file_sums(root: Path, skip: Iterable[str] = ()) -> Sums:
+    """Size and sha256 of every file under root (recursive), by relative path; `skip`: relative paths to leave out."""
+    root = Path(root)
+    return {rel: {"size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)} for rel in _files(root, skip)}
+
+
+def mismatch(root: Path, expected: Sums) -> Optional[tuple[Path, str]]:
+    """The first recorded file that differs, and how: sizes of every file first (cheap), then hashes."""
+    root = Path(root)
+    for rel, want in sorted(expected.items()):
+        try:
+            size = (root / rel).stat().st_size
+        except OSError:
+            return root / rel, "missing"
+        if size != want["size"]:
+            return root / rel, f"size {size} != {want['size']} at build time"
+    for rel, want in sorted(expected.items()):
+        got = sha256_file(root / rel)
+        if got != want["sha256"]:
+            return root / rel, f"same size, sha256 {got[:12]}... != {want['sha256'][:12]}... at build time"
+    return None
+
+
+def verify(root: Path, expected: Sums, fix_hint: str, kind: str = "engine file") -> None:
+    """Raise IntegrityError (one line) if a file recorded in `expected` is missing or differs under root."""
+    bad = mismatch(root, expected)
+    if bad is not None:
+        path, how = bad
+        raise IntegrityError(f"{kind} {path} does not match the build ({how}); {fix_hint}")
+
+
+def rebuild_hint(config_path: Optional[str], step: str) -> str:
+    return f"rebuild it: trt-spec build {shlex.quote(config_path) if config_path else 'CONFIG'} --force --only {step}"
+
+
+def _repo_record(repository: Path) -> Optional[RepoRecord]:
+    try:
+        return RepoRecord.read(Path(repository))
+    except ManifestError as e:  # old, foreign or damaged: the same one line, as what the caller handles
+        raise IntegrityError(str(e)) from None
+
+
+def verify_served_engine(repository: Path, engine_dir: str) -> None:
+    """At model load: check `engine_dir` (gpt_model_path) against the sums the repository writer stored in
+    <repository>/trt_spec_repo.json. Engines without recorded sums (a repository written from a config before
+    the build) are not checked; a record from another trt-spec version is refused."""
+    record = _repo_record(repository)
+    entry = record.engines.get(engine_dir) if record else None
+    if entry and entry.files:
+        verify(Path(engine_dir), entry.files, rebuild_hint(entry.config_path, entry.step or "STEP")
+               + ", then rerun trt-spec repo")
+
+
+def verify_repository_engines(repository: Path) -> int:
+    """Before serving (the GPU path: the tensorrtllm C++ backend loads engines without looking at sums): every
+    engine recorded in <repository>/trt_spec_repo.json against its sums. Returns the number checked."""
+    record = _repo_record(repository)
+    engines = record.engines if record else {}
+    for engine_dir in sorted(engines):
+        verify_served_engine(repository, engine_dir)
+    return len(engines)

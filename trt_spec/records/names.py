@@ -1,0 +1,58 @@
+"""The names a trt-spec deployment answers to: its Triton models and the tensors of their text interface.
+
+A client written against these names (the harness, NVIDIA's end_to_end clients) breaks if one changes, so each is
+written once, here, and read by the repository writer, the python models, the harness and the CLI. The
+`tensorrt_llm` engine's own tensors (input_ids, draft_input_ids, output_ids, the perf outputs, ...) are the
+backend's contract and live in trt_spec/records/backend_contract.py; the text models reuse some of them by name.
+"""
+
+from __future__ import annotations
+
+from . import backend_contract as bc
+
+# -- Triton models (NVIDIA's names, so clients written for tensorrtllm_backend work unchanged) ----------------
+PREPROCESSING = "preprocessing"  # text -> token ids
+POSTPROCESSING = "postprocessing"  # token ids -> text
+TARGET = "tensorrt_llm"  # the target engine
+DRAFT = "tensorrt_llm_draft"  # the draft engine (draft-target mode only)
+BASELINE_ENGINE = "tensorrt_llm_baseline"  # Medusa/EAGLE/lookahead: the target without speculation, for the ensemble
+ENGINE_MODELS = (TARGET, DRAFT, BASELINE_ENGINE)  # the models behind the tensorrtllm backend's contract
+ENSEMBLE = "ensemble"  # preprocessing -> tensorrt_llm -> postprocessing
+BLS = "tensorrt_llm_bls"  # draft -> verify with draft_input_ids, streaming
+# What the harness compares: the non-speculative baseline and the speculative model (text in, text out).
+BASELINE, SPECULATIVE = ENSEMBLE, BLS
+TEXT_MODELS = (BASELINE, SPECULATIVE)
+
+# -- Tensors of the text models (ensemble and tensorrt_llm_bls) --------------------------------------------
+TEXT_INPUT = "text_input"
+MAX_TOKENS = "max_tokens"
+NUM_DRAFT_TOKENS = "num_draft_tokens"  # BLS only: k for this request (the cap, with the adaptive policy)
+DRAFT_LEN_POLICY = "draft_len_policy"  # BLS only: adaptive | fixed for this request
+TEXT_OUTPUT = "text_output"
+EMBEDDING_BIAS = ("embedding_bias_words", "embedding_bias_weights")  # declared for NVIDIA's clients; must be empty
+OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS  # the engine's outputs (the text models return output_ids)
+POST_OUTPUT_IDS = "OUTPUT_IDS"  # postprocessing's token ids (cut to SEQUENCE_LENGTH): the ensemble's output_ids
+# The BLS's whole-request metrics: the engine's perf outputs plus its own steps and accepted-length histogram.
+TOTAL_STEPS = "total_steps"
+ACCEPTED_LENGTH_HISTOGRAM = "accepted_length_histogram"
+DRAFT_LENGTHS = "draft_lengths"  # the draft length k the policy chose per round; 0 = a round without speculation
+LIST_METRICS = (ACCEPTED_LENGTH_HISTOGRAM, DRAFT_LENGTHS)  # metric outputs that are lists, not one number
+METRIC_OUTPUTS = (*bc.SPEC_PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
+
+# -- Files ------------------------------------------------------------------------------------------------
+# A tokenizer's files, copied next to every engine (and distilled draft) that serves with it.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "generation_config.json", "chat_template.jinja", "tokenizer.model")
+
+# -- Prometheus metrics the BLS publishes (Triton's metrics port, /metrics) ---------------------------------
+# A Kubernetes alert rule and autoscaler read these names; labels: model (the BLS as served), mode (the loop's
+# mode: draft_target | ngram | engine). trt_spec/served/spec_metrics.py publishes and reads them.
+METRIC_REQUESTS = "trt_spec_requests_total"  # counter: finished requests
+METRIC_DRAFT_TOKENS = "trt_spec_draft_tokens_total"  # counter: drafted tokens
+METRIC_ACCEPTED_TOKENS = "trt_spec_accepted_draft_tokens_total"  # counter: accepted draft tokens
+METRIC_ROUNDS = "trt_spec_rounds_total"  # counter: target calls of the speculative loop
+METRIC_ROUNDS_NO_SPEC = "trt_spec_rounds_without_speculation_total"  # counter: rounds whose chosen k was 0
+METRIC_ACCEPTED_LENGTH = "trt_spec_accepted_length"  # histogram: accepted draft tokens per round
+METRIC_DRAFT_LENGTH = "trt_spec_draft_length"  # histogram: the draft length k chosen per round
+METRIC_DRAFT_LATENCY = "trt_spec_draft_latency_seconds"  # histogram: seconds proposing, per round
+METRIC_VERIFY_LATENCY = "trt_spec_verify_latency_seconds"  # histogram: seconds of the target call, per round

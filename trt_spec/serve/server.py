@@ -1,0 +1,592 @@
+"""Server launcher: `tritonserver --model-repository …` (one process per rank under mpirun when TP/PP > 1).
+
+Finds tritonserver: /opt/tritonserver/bin/tritonserver (NGC image), else the binary bundled in the PyPI wheel
+nvidia-pytriton, prepared per ../shared/TRITON_ON_CPU.md (backends copied into a private work dir with the
+python-backend stub of this interpreter, LD_LIBRARY_PATH = this interpreter's libpython + nvidia_pytriton.libs,
+PATH led by this interpreter's bin). Binds 127.0.0.1 unless told otherwise and waits for readiness (an error names
+the failing models from the log, which stays on disk).
+
+What a started server guarantees:
+- it dies with its launcher: tritonserver (or mpirun) gets SIGTERM when the launcher exits for any reason,
+  kill -9 included (PR_SET_PDEATHSIG), and its python-backend stubs exit with it;
+- stop() ends the whole process group and removes the work dir and the python-backend shared-memory regions;
+- the admin APIs (shared-memory, model-repository, trace, logging) answer only requests carrying the header
+  ADMIN_HEADER (gRPC: GRPC_ADMIN_HEADER) with the admin key; health, metadata, model config, statistics and
+  inference stay open;
+- the python backend's shared-memory regions (prompt text passes through them) are made owner-only as they
+  appear (Triton 2.51 creates them 0644 whatever the umask; a process that opened one in that first ~0.1 s
+  keeps its access);
+- dead_models() notices a python-backend stub that died (Triton 2.51 never restarts them: every request to that
+  model fails while /v2/health/ready still answers 200).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..records import defaults
+from ..records.manifest import ManifestError, RepoRecord
+from ..records.procutil import die_with_parent, shell_line
+
+SHM_DIR = Path("/dev/shm")
+WORKDIR_PREFIX = "trt-spec-triton-"
+STUB_NAME = "triton_python_backend_stub"
+NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+NGC_PYTHON_STUB = Path("/opt/tritonserver/backends/python") / STUB_NAME
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # picks nvidia-pytriton's stub
+# Admin APIs, restricted on both protocols (tritonserver --http-restricted-api / --grpc-restricted-protocol).
+RESTRICTED_APIS = ("shared-memory", "model-repository", "trace", "logging")
+ADMIN_HEADER = "triton-admin-key"
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # Triton prefixes the key of a restricted gRPC protocol
+ADMIN_KEY_RE = re.compile(r"[A-Za-z0-9._~+/-]{16,}")
+MODEL_DIED_EXIT = 3  # `trt-spec serve` exit code when a model's python-backend process died
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    shm_prefix: str = ""
+    plain: str = ""  # the plain `tritonserver --model-repository …` a user can run directly
+    workdir: Optional[Path] = None  # the backends copy to prepare before starting (nvidia-pytriton only)
+    admin_key: str = ""  # header value that unlocks RESTRICTED_APIS; never printed
+    admin_key_shown: str = ""  # what shell() prints in its place
+    notes: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        text = shell_line(self.argv, self.env)
+        return text.replace(self.admin_key, self.admin_key_shown) if self.admin_key else text
+
+
+def repo_info(repo: Path) -> tuple[int, bool, list[int]]:
+    """(tritonserver processes under mpirun, orchestrator mode, GPU ids) from the repository's trt_spec_repo.json;
+    (1, False, [0]) for a repository trt-spec did not write. An old or foreign record is refused with one line."""
+    if not Path(repo).is_dir():
+        raise ServerError(f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out {repo}`")
+    try:
+        record = RepoRecord.read(Path(repo))
+    except ManifestError as e:
+        raise ServerError(str(e)) from None
+    if record is None:
+        return 1, False, [0]
+    return record.mpi_ranks, record.orchestrator, list(record.gpu_ids or [0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Finding tritonserver and the python-backend stub (also what `trt-spec doctor` reports)
+
+
+def pytriton_dir() -> Optional[Path]:
+    """The `pytriton/tritonserver` directory of nvidia-pytriton, found without importing pytriton."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    return d if d.is_dir() else None
+
+
+def find_tritonserver() -> Optional[Path]:
+    """NGC image binary first, then the one bundled in nvidia-pytriton, then PATH."""
+    if NGC_TRITONSERVER.is_file():
+        return NGC_TRITONSERVER
+    d = pytriton_dir()
+    if d is not None and (d / "bin" / "tritonserver").is_file():
+        return d / "bin" / "tritonserver"
+    which = shutil.which("tritonserver")
+    return Path(which) if which else None
+
+
+def _pytriton_stub(d: Path) -> Path:
+    """nvidia-pytriton's python-backend stub for this interpreter (d: pytriton_dir()); it may be absent."""
+    return d / "python_backend_stubs" / PYTHON_VERSION / STUB_NAME
+
+
+def python_backend_stub() -> Optional[Path]:
+    """The NGC image's stub first, then nvidia-pytriton's for this interpreter; None when neither is there."""
+    if NGC_PYTHON_STUB.is_file():
+        return NGC_PYTHON_STUB
+    d = pytriton_dir()
+    if d is not None and _pytriton_stub(d).is_file():
+        return _pytriton_stub(d)
+    return None
+
+
+def _pytriton_layout(workdir: Path) -> tuple[Path, Path, dict[str, str]]:
+    """(stub to copy, backend dir in workdir, env) for the binary bundled in nvidia-pytriton; copies nothing."""
+    d = pytriton_dir()
+    if d is None:
+        raise ServerError("no tritonserver: not in the NGC image and nvidia-pytriton is not installed; "
+                          "pip install 'trt-spec[serve]' (or run `make setup`)")
+    stub = _pytriton_stub(d)
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no python-backend stub for Python {PYTHON_VERSION}; "
+                          "use Python 3.8-3.13")
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    libs = d.parent.parent / "nvidia_pytriton.libs"
+    env = {
+        "LD_LIBRARY_PATH": os.pathsep.join(p for p in (libdir, str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+    return stub, workdir / "backends", env
+
+
+def prepare_pytriton_backends(workdir: Path) -> tuple[Path, dict[str, str]]:
+    """Copy pytriton's backends + this interpreter's stub into workdir; return (backend dir, env)."""
+    stub, backends, env = _pytriton_layout(workdir)
+    if not backends.exists():
+        shutil.copytree(pytriton_dir() / "backends", backends)
+        shutil.copy2(stub, backends / "python" / STUB_NAME)
+    return backends, env
+
+
+def read_admin_key(path: Path) -> str:
+    """The admin key stored in path; a missing file is created with a random key, readable by its owner only."""
+    path = Path(path)
+    try:
+        if not path.exists():
+            key = secrets.token_urlsafe(32)
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                f.write(key + "\n")
+            return key
+        key = path.read_text().strip()
+    except OSError as e:
+        raise ServerError(f"admin key file {path}: {e.strerror}") from None
+    if not ADMIN_KEY_RE.fullmatch(key):
+        raise ServerError(f"admin key file {path}: the key must be one line of at least 16 characters from "
+                          f"A-Z a-z 0-9 . _ ~ + / -; make one with: python -c 'import secrets; "
+                          f"print(secrets.token_urlsafe(32))' > {shlex.quote(str(path))}")
+    return key
+
+
+def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: int = defaults.GRPC_PORT,
+                metrics_port: int = defaults.METRICS_PORT, host: str = defaults.HOST,
+                workdir: Optional[Path] = None, binary: Optional[Path] = None, verbose: bool = False, prepare: bool = True,
+                admin_key: Optional[str] = None, admin_key_file: Optional[Path] = None) -> LaunchSpec:
+    """The exact command line(s); world size and orchestrator mode come from the repository's manifest.
+
+    With nvidia-pytriton's binary the backends are copied into workdir (prepare=False: later, by the caller); without
+    a workdir the command names a placeholder WORKDIR and copies nothing. admin_key unlocks the restricted APIs
+    (default: a random key nobody is told; admin_key_file only changes how shell() shows it).
+    """
+    repo = Path(repo).resolve()
+    world, orchestrator, gpu_ids = repo_info(repo)
+    binary = binary or find_tritonserver()
+    if binary is None:
+        raise ServerError("tritonserver not found; use the NGC image or `pip install 'trt-spec[serve]'`")
+    env: dict[str, str] = {}
+    backend_args: list[str] = []
+    notes: list[str] = []
+    spec_workdir: Optional[Path] = None
+    if binary != NGC_TRITONSERVER and pytriton_dir() is not None and str(binary).startswith(str(pytriton_dir())):
+        if workdir is None:
+            _, backends, env = _pytriton_layout(Path("WORKDIR"))
+            notes.append("WORKDIR: trt-spec serve copies nvidia-pytriton's backends and this interpreter's "
+                         "python-backend stub into a private temporary directory and removes it on stop")
+        elif prepare:
+            backends, env = prepare_pytriton_backends(Path(workdir))
+        else:
+            _, backends, env = _pytriton_layout(Path(workdir))
+            spec_workdir = Path(workdir)
+        backend_args = [f"--backend-directory={backends}"]
+    if orchestrator:
+        # Two TRT-LLM models with TP/PP > 1: orchestrator mode, as NVIDIA's scripts/launch_triton_server.py
+        # --multi-model runs it: one tritonserver under `mpirun -n 1`, the backend spawns the ranks, and the
+        # server keeps no pinned/CUDA memory pools or peer access of its own (they collide with the workers').
+        env["TRTLLM_ORCHESTRATOR"] = "1"
+        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
+    prefix = f"trtspec{os.getpid()}_{secrets.token_hex(3)}_"  # unique per server, also within one process
+    if admin_key is not None and not ADMIN_KEY_RE.fullmatch(admin_key):
+        raise ServerError("the admin key must be at least 16 characters from A-Z a-z 0-9 . _ ~ + / -")
+    key = admin_key or secrets.token_urlsafe(32)
+    shown = (f'"$(cat {shlex.quote(str(admin_key_file))})"' if admin_key_file else
+             "\"$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')\"")
+    restricted = ",".join(RESTRICTED_APIS) + f":{ADMIN_HEADER}={key}"
+
+    def rank_args(rank: int) -> list[str]:
+        a = [str(binary), f"--model-repository={repo}", *backend_args, "--disable-auto-complete-config",
+             f"--backend-config=python,shm-region-prefix-name={prefix}{rank}_", "--exit-timeout-secs=10"]
+        if orchestrator:
+            a += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
+            a += [f"--cuda-memory-pool-byte-size={g}:0" for g in gpu_ids]
+        if rank == 0:
+            a += [f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
+                  f"--http-address={host}", f"--grpc-address={host}", f"--metrics-address={host}",
+                  f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
+            if verbose:
+                a.append("--log-verbose=1")
+        else:  # worker ranks load only the engine and expose no endpoints
+            a += ["--model-control-mode=explicit", "--load-model=tensorrt_llm",
+                  "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+        return a
+
+    plain = shlex.join([str(binary), f"--model-repository={repo}"])
+    common = dict(shm_prefix=prefix, plain=plain, workdir=spec_workdir, admin_key=key, admin_key_shown=shown,
+                  notes=notes)
+    if orchestrator:
+        return LaunchSpec(["mpirun", "--allow-run-as-root", "-n", "1", *rank_args(0)], env, **common)
+    if world == 1:
+        return LaunchSpec(rank_args(0), env, **common)
+    argv = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world):
+        argv += ["-n", "1", *rank_args(rank)] + ([":"] if rank < world - 1 else [])
+    return LaunchSpec(argv, env, **common)
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise ServerError(f"{what} port {port} on {host} is already in use; pass --{what}-port with a free port "
+                              "or stop the other server") from None
+
+
+def free_port(host: str = defaults.HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def default_log_path(repo: Path) -> Path:
+    """Next to the repository, so it outlives the server's temporary work dir: REPO/../REPO_NAME.tritonserver.log."""
+    repo = Path(repo).resolve()
+    return repo.parent / f"{repo.name}.tritonserver.log"
+
+
+# --- the Triton log: the lines that say why the server stopped -----------------------------------------------------
+
+_LOG_LINE = re.compile(r"^([EWIF])\d{4} [\d:.]+\s+\d+ [^\]]*\] (.*)$")
+_GPU_ABSENT = re.compile(r"CudaDriverHelper|CUDA driver|NVML|DCGM", re.I)  # expected on a machine without a GPU
+
+
+def _log_message(raw: str) -> str:
+    """One-line form of a log record: the first line, plus the innermost frame of a Python backend's `At:` block."""
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raw = raw[1:-1].replace("\\n", "\n")
+    lines = [ln.strip() for ln in raw.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    first = lines[0]
+    if "At:" in lines[1:]:
+        frames = lines[lines.index("At:") + 1:]
+        if frames:
+            first += f" (at {frames[0]})"
+    return first
+
+
+def log_errors(text: str, limit: int = 8) -> list[str]:
+    """The error lines of a Triton log, cause first: each model's `failed to load …` (else every E-level record,
+    those a machine without a GPU always logs last), the last line of each Python traceback, and tritonserver's
+    final `error: …`."""
+    records: list[str] = []
+    tracebacks: list[str] = []
+    final: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _LOG_LINE.match(line)
+        if m and m.group(1) in "EF":
+            records.append(_log_message(m.group(2)))
+        elif line.startswith("error: "):
+            final.append(line.strip())
+        elif line.startswith("Traceback (most recent call last):"):
+            for nxt in lines[i + 1:]:
+                if nxt and not nxt[0].isspace():
+                    tracebacks.append(nxt.strip())
+                    break
+    loads = [r for r in records if r.startswith("failed to load")]
+    others = [r for r in records if r and r not in loads]
+    quiet = [r for r in others if _GPU_ABSENT.search(r)]
+    causes = loads or [r for r in others if r not in quiet] + quiet  # a failed load says it all
+    picked = causes + tracebacks + final
+    out: list[str] = []
+    for r in picked:
+        r = r if len(r) <= 500 else r[:497] + "..."
+        if r not in out:
+            out.append(r)
+    return out[:limit]
+
+
+# --- processes ----------------------------------------------------------------------------------------------------
+
+def _proc_stat(pid: int) -> Optional[tuple[str, int, int]]:
+    """(state, ppid, start time) of a live process, or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # comm may hold spaces and parentheses
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+    except OSError:
+        return []
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, zombies included (children, grandchildren: tritonserver under mpirun, its stubs)."""
+    children: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            st = _proc_stat(int(p.name))
+            if st is not None:
+                children.setdefault(st[1], []).append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def stub_model(argv: list[str]) -> str:
+    """The model a python-backend stub serves. Its argv (Triton 2.51):
+    stub REPO/MODEL/VERSION/model.py SHM_REGION SHM_SIZE SHM_GROWTH PARENT_PID STUB_DIR IPC_SIZE INSTANCE RUNTIME;
+    the model is the directory two levels above the model file, else the instance name without `_GROUP_INDEX`."""
+    if len(argv) > 1 and argv[1].endswith(".py") and len(Path(argv[1]).parts) >= 4:
+        return Path(argv[1]).parent.parent.name
+    for a in reversed(argv[1:]):
+        m = re.fullmatch(r"(.+)_\d+_\d+", a)
+        if m:
+            return m.group(1)
+    return "?"
+
+
+def _remove_stale_workdirs() -> None:
+    """Work dirs left by launchers killed with -9: this user's, whose launcher pid is gone and that no live process
+    names on its command line (an orphaned server still shutting down keeps its own)."""
+    stale = []
+    for d in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
+        m = re.match(rf"{WORKDIR_PREFIX}(\d+)-", d.name)
+        try:
+            if m and d.stat().st_uid == os.getuid():
+                os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            stale.append(d)
+        except OSError:
+            pass
+    if stale:
+        used = "\0".join("\0".join(_cmdline(int(p.name))) for p in Path("/proc").iterdir() if p.name.isdigit())
+        for d in stale:
+            if str(d) not in used:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class DeadModel:
+    model: str
+    pid: int
+
+
+def dead_models_message(dead: list[DeadModel], restart: str) -> str:
+    """One line for `trt-spec serve` to print when a model's python-backend process died."""
+    names = ", ".join(sorted({d.model for d in dead}))
+    pids = ", ".join(str(d.pid) for d in dead)
+    what = f"model {names} stopped (its python-backend process {pids} died)" if len(dead) == 1 else \
+        f"models {names} stopped (their python-backend processes {pids} died)"
+    return f"error: {what}; stopping the server — restart it with: {restart}"
+
+
+class TritonServer:
+    """A running tritonserver: start() -> wait_ready() -> stop(). Also a context manager.
+
+    The server gets SIGTERM when the thread that called start() exits: start it from a thread that outlives it.
+    """
+
+    def __init__(self, repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: int = defaults.GRPC_PORT,
+                 metrics_port: int = defaults.METRICS_PORT, host: str = defaults.HOST,
+                 log_path: Optional[Path] = None, verbose: bool = False, admin_key_file: Optional[Path] = None):
+        self.repo = Path(repo)
+        self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
+        # created by start(), removed by stop(); the pid in the name lets a later launcher remove it after a kill -9
+        self.workdir = Path(tempfile.gettempdir()) / f"{WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        self.log_path = Path(log_path) if log_path else default_log_path(self.repo)
+        repo_info(self.repo)  # a missing repository is the error, before the key file is touched
+        key = read_admin_key(Path(admin_key_file)) if admin_key_file else None  # else random: admin APIs off
+        self.spec = launch_spec(self.repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                                host=host, workdir=self.workdir, prepare=False, verbose=verbose, admin_key=key,
+                                admin_key_file=admin_key_file)
+        self.proc: Optional[subprocess.Popen] = None
+        self._log = None
+        self._seen: dict[int, tuple[str, int]] = {}  # stub pid -> (model, start time)
+        self._stubs: Optional[dict[int, tuple[str, int]]] = None  # the watched ones
+
+    @property
+    def http_url(self) -> str:
+        return f"{self._client_host()}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._client_host()}:{self.grpc_port}"
+
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    def start(self) -> "TritonServer":
+        for what, port in (("http", self.http_port), ("grpc", self.grpc_port), ("metrics", self.metrics_port)):
+            check_port_free(self.host if self.host != "0.0.0.0" else "", port, what)
+        try:
+            self._log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
+        except OSError as e:
+            raise ServerError(f"cannot write the server log {self.log_path}: {e.strerror}; pass --log PATH") from None
+        try:
+            _remove_stale_workdirs()
+            if self.spec.workdir is not None:
+                self.workdir.mkdir(mode=0o700)
+                prepare_pytriton_backends(self.workdir)
+            # umask: files tritonserver creates are its owner's only (the python backend's /dev/shm regions are
+            # not: boost sets them 0644 explicitly, so wait_ready() narrows them).
+            self.proc = subprocess.Popen(self.spec.argv, env={**os.environ, **self.spec.env}, stdout=self._log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         umask=0o077, preexec_fn=die_with_parent(signal.SIGTERM))
+        except BaseException:
+            self._cleanup()
+            raise
+        return self
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def failure(self, headline: str) -> str:
+        """headline + the error lines of the log (cause first) + where the full log is; the tail if no error line."""
+        try:
+            errors = log_errors(self.log_path.read_text(errors="replace"))
+        except OSError:
+            errors = []
+        body = "\n".join(f"  {e}" for e in errors) if errors else f"log tail:\n{self.log_tail()}"
+        return f"{headline}:\n{body}\nfull log: {self.log_path}"
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def protect_shm(self) -> None:
+        """Owner-only python-backend shared-memory regions (requests and responses, prompt text included, pass
+        through them; Triton 2.51 creates them 0644 whatever the umask)."""
+        for f in SHM_DIR.glob(f"{self.spec.shm_prefix}*"):
+            try:
+                f.chmod(0o600)
+            except OSError:
+                pass
+
+    def wait_ready(self, timeout: float = defaults.READY_TIMEOUT_S) -> "TritonServer":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.protect_shm()
+            self._scan_stubs()
+            if self.proc is not None and self.proc.poll() is not None:
+                msg = self.failure(f"tritonserver exited with code {self.proc.returncode} before becoming ready")
+                self._cleanup()
+                raise ServerError(msg)
+            if self.is_ready():
+                self.protect_shm()
+                self.watch()
+                return self
+            time.sleep(0.1)
+        msg = self.failure(f"tritonserver not ready after {timeout:.0f}s")
+        self.stop()
+        raise ServerError(msg)
+
+    def stubs(self) -> dict[int, str]:
+        """pid -> model of every running python-backend stub below the server (under mpirun one level lower)."""
+        if self.proc is None:
+            return {}
+        out = {}
+        for pid in descendants(self.proc.pid):
+            argv = _cmdline(pid)  # empty for a zombie
+            if argv and argv[0].endswith(STUB_NAME):
+                out[pid] = stub_model(argv)
+        return out
+
+    def _stub_alive(self, pid: int, started: int) -> bool:
+        st = _proc_stat(pid)
+        return st is not None and st[0] not in "ZX" and st[2] == started
+
+    def _scan_stubs(self) -> None:
+        """Remember each stub seen (while loading too: one that dies before watch() is a zombie without argv)."""
+        for pid, model in self.stubs().items():
+            st = _proc_stat(pid)
+            if st is not None and model != "?":  # a stub not (yet) showing a model's argv serves no model to watch
+                self._seen[pid] = (model, st[2])
+
+    def watch(self) -> None:
+        """Watch the stubs seen so far: the live ones, and dead ones whose model has no live stub now."""
+        self._scan_stubs()
+        live = {pid for pid, (_, started) in self._seen.items() if self._stub_alive(pid, started)}
+        served = {self._seen[pid][0] for pid in live}
+        self._stubs = {pid: v for pid, v in self._seen.items() if pid in live or v[0] not in served}
+
+    def dead_models(self) -> list[DeadModel]:
+        """Watched stubs that exited or are zombies (Triton 2.51 does not restart them: their model is dead)."""
+        if self._stubs is None:
+            self.watch()
+        return [DeadModel(model, pid) for pid, (model, started) in (self._stubs or {}).items()
+                if not self._stub_alive(pid, started)]
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self.proc is not None:
+            try:  # stray children of the group (python-backend stubs)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for f in SHM_DIR.glob(f"{self.spec.shm_prefix}*"):
+            try:
+                f.unlink()
+            except OSError:
+                pass
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "TritonServer":
+        return self.start().wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

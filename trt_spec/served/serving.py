@@ -1,0 +1,148 @@
+"""Helpers shared by the python-backend models in model_repo/ (tokenization, word lists, request parsing).
+
+Kept here, not in model_repo/, so the logic is unit-tested without a server and identical in every model:
+the ensemble's preprocessing and the speculative BLS must tokenize exactly alike, or the identity check
+compares different prompts. Imports only numpy at module level (the Triton python-backend environment).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import traceback
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+# What a request can get wrong: its own values (RequestError, the contract's ContractError) or its tensors'
+# shapes and types (ValueError, TypeError from numpy). Anything else is a fault of ours.
+CLIENT_ERRORS = (ValueError, TypeError)
+
+
+def error_line(model: str, exc: BaseException, log: Callable[[str], None]) -> str:
+    """The one line a client gets for `exc`: a client mistake says what is wrong and how to fix it; an internal
+    fault is logged in full (traceback to the server log) and the client gets no trace and no path."""
+    if isinstance(exc, CLIENT_ERRORS):
+        return str(exc)
+    log(f"{model}: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    return f"{model}: internal error ({type(exc).__name__}); the server log has the details"
+
+
+def enable_crash_traces(model: str) -> None:
+    """On a fatal signal (SIGSEGV, SIGABRT from a heap check, ...) print every thread's Python stack to the stub's
+    stderr, which is the tritonserver log: a crashed stub is then named by its model and the line it was on,
+    instead of one anonymous glibc line. Called first thing in every model's initialize()."""
+    print(f"trt-spec: {model} stub pid {os.getpid()} (crash traces on)", file=sys.stderr, flush=True)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
+    """A plain (non-decoupled) python model's execute(): one response per request, `one(request)` or, whatever it
+    raised, that request's error line (error_line: client mistakes in a line, internal faults logged in full)."""
+    responses = []
+    for request in requests:
+        try:
+            responses.append(one(request))
+        except Exception as e:  # noqa: BLE001 - every request gets an answer
+            responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                error_line(model, e, pb_utils.Logger.log_error))))
+    return responses
+
+
+def load_tokenizer(tokenizer_dir: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    return tok
+
+
+def encode(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def default_end_id(tokenizer) -> int:
+    return int(tokenizer.eos_token_id)
+
+
+def default_pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else tokenizer.eos_token_id)
+
+
+def to_word_list(tokenizer, words: Sequence[str]) -> np.ndarray:
+    """TensorRT-LLM's [2, L] word-list format: row 0 = concatenated token ids, row 1 = end offsets (-1 pad). No words:
+    [2, 0], as NVIDIA's preprocessing returns (its speculative client compares the rows of STOP_WORDS_IDS with the
+    sequence's tail, so a [[0], [-1]] placeholder would stop it at the first token 0)."""
+    from ..records.backend_contract import word_list_array
+
+    ids = [encode(tokenizer, w, add_special_tokens=False) for w in words if w]
+    return word_list_array(ids) if any(ids) else np.zeros((2, 0), dtype=np.int32)
+
+
+def requested_only(tensors: Mapping[str, np.ndarray], requested: Iterable[str]) -> dict[str, np.ndarray]:
+    """The tensors the request asked for, and no others.
+
+    A decoupled python model must never send an output its caller did not request: Triton 2.51's python
+    backend drops such outputs in ResponseSender::Send with the GIL released (InferResponse::
+    PruneOutputTensors), so the last reference to their numpy arrays dies without the GIL, which corrupts
+    the stub's heap (python_backend #390, "Hold GIL when deleting numpy array", fixed after 24.12). Callers
+    that name no outputs get all of them: Triton fills the requested set with every output then."""
+    wanted = set(requested)
+    return {name: value for name, value in tensors.items() if name in wanted}
+
+
+def check_no_embedding_bias(words, weights) -> None:
+    """NVIDIA's clients send the embedding-bias pair empty ([1, 0]) on every request; trt-spec serves no bias. Raises
+    ValueError (a client error line) for a non-empty one."""
+    from ..records.names import EMBEDDING_BIAS
+
+    for name, arr in zip(EMBEDDING_BIAS, (words, weights)):
+        if arr is not None and np.asarray(arr).size:
+            raise ValueError(f"{name} is not supported by this deployment (no embedding bias); send it empty or omit "
+                             "it")
+
+
+def decode_strings(arr) -> list[str]:
+    """A Triton BYTES tensor (any shape) -> flat list of str."""
+    if arr is None:
+        return []
+    return [x.decode("utf-8", errors="replace") if isinstance(x, (bytes, bytearray)) else str(x)
+            for x in np.asarray(arr, dtype=object).reshape(-1)]
+
+
+def scalar(arr, default, kind=None):
+    """First element of an optional tensor, or the default."""
+    if arr is None:
+        return default
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size == 0:
+        return default
+    v = flat[0]
+    return kind(v) if kind else v.item() if hasattr(v, "item") else v
+
+
+class IncrementalDetokenizer:
+    """Streams text for a growing token list without splitting multi-byte characters."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tok = tokenizer
+        self.skip = skip_special_tokens
+        self.tokens: list[int] = []
+        self.emitted = ""
+
+    def add(self, new_tokens: Sequence[int]) -> str:
+        self.tokens.extend(int(t) for t in new_tokens)
+        text = self.tok.decode(self.tokens, skip_special_tokens=self.skip)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next tokens
+            return ""
+        delta = text[len(self.emitted):] if text.startswith(self.emitted) else text
+        self.emitted = text
+        return delta
+
+    def flush(self) -> str:
+        text = self.tok.decode(self.tokens, skip_special_tokens=self.skip)
+        delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        return delta
+

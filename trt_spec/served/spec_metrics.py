@@ -1,0 +1,190 @@
+"""Speculation metrics in Prometheus: what the BLS publishes, and reading them back from Triton's /metrics.
+
+The BLS publishes through the python backend's custom metrics API (Triton serves them on its metrics port with its
+own). Triton 2.51 / python backend 24.10 has counters, gauges and histograms (HISTOGRAM since r24.08,
+python_backend #374), so the histograms are real Prometheus histograms: `NAME_bucket{le=…}`, `NAME_sum`,
+`NAME_count`. Every update is one synchronous message from the stub to the server process, so a request is
+published once, when it has finished: one increment per counter and one observation per round per histogram
+(≈20 µs each here: ≈3 ms for a 33-round request). They run on one thread of their own, awaited by the request:
+the stub releases the GIL while it waits, so the event loop serves other requests meanwhile, and one thread
+because a 24.10 Metric is not thread-safe (it keeps the value and its shared-memory handle in the object, outside
+any lock: two threads updating one metric can send one value twice and lose the other).
+The accepted-length histogram counts the rounds that speculated (k > 0, as the response's
+accepted_length_histogram does): its _count + trt_spec_rounds_without_speculation_total = trt_spec_rounds_total.
+Labels: model (the BLS as served), mode (draft_target | ngram | engine). In engine mode (Medusa, EAGLE,
+lookahead: the engine drafts by itself) there are no rounds: only requests, drafted and accepted tokens.
+
+No module-level import of triton_python_backend_utils (it exists only inside a Triton stub): the BLS passes it in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from ..records.names import (BLS, METRIC_ACCEPTED_LENGTH, METRIC_ACCEPTED_TOKENS, METRIC_DRAFT_LATENCY, METRIC_DRAFT_LENGTH,
+                    METRIC_DRAFT_TOKENS, METRIC_REQUESTS, METRIC_ROUNDS, METRIC_ROUNDS_NO_SPEC, METRIC_VERIFY_LATENCY)
+from ..records.speculation import LOOP_MODES, acceptance_rate, mean_acceptance_length
+from .speculative_loop import Metrics
+
+# Seconds per round: n-gram proposals take ~0.1 ms, a GPU draft or verify call a few ms to tens of ms, the CPU
+# reference engine tens to hundreds of ms. Prometheus adds +Inf.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def length_buckets(max_draft_len: int) -> list[float]:
+    """Integer histograms (accepted length, k chosen): one bucket per value 0..max_draft_len."""
+    return [float(i) for i in range(max_draft_len + 1)]
+
+
+class SpecMetrics:
+    """The BLS's Prometheus metrics for one model; `await publish(m)` (or `observe(m)`, blocking) once per
+    finished request, `close()` at finalize.
+
+    Publishing never fails a request or the model's load: a failure is logged (log_error) and the metric is
+    skipped."""
+
+    def __init__(self, pb_utils: Any, model: str, mode: str, max_draft_len: int,
+                 log_error: Callable[[str], None] = print):
+        self.log_error = log_error
+        self.rounds = mode in LOOP_MODES
+        self._families: list = []
+        self._m: dict[str, Any] = {}  # name -> Metric (the only references: close() deletes them first)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="spec-metrics")  # every update: see the module doc
+        labels = {"model": model, "mode": mode}
+        counter, histogram = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.HISTOGRAM
+        lengths = length_buckets(max_draft_len)
+        published = [
+            (METRIC_REQUESTS, "Finished requests of the speculative model", counter, None),
+            (METRIC_DRAFT_TOKENS, "Draft tokens proposed", counter, None),
+            (METRIC_ACCEPTED_TOKENS, "Draft tokens accepted by the target", counter, None)]
+        if self.rounds:
+            published += [
+                (METRIC_ROUNDS, "Target calls of the speculative loop (rounds)", counter, None),
+                (METRIC_ROUNDS_NO_SPEC, "Rounds whose chosen draft length k was 0", counter, None),
+                (METRIC_ACCEPTED_LENGTH, "Accepted draft tokens per round with a draft (k > 0)", histogram, lengths),
+                (METRIC_DRAFT_LENGTH, "Draft length k chosen per round", histogram, lengths),
+                (METRIC_DRAFT_LATENCY, "Seconds proposing the draft, per round", histogram, list(LATENCY_BUCKETS)),
+                (METRIC_VERIFY_LATENCY, "Seconds of the target call, per round", histogram, list(LATENCY_BUCKETS))]
+        for name, description, kind, buckets in published:
+            try:
+                family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+                self._families.append(family)
+                self._m[name] = (family.Metric(labels=labels) if buckets is None else
+                                 family.Metric(labels=labels, buckets=buckets))
+            except Exception as e:  # noqa: BLE001 - e.g. a server without metrics: serve anyway
+                log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
+
+    async def publish(self, m: Metrics) -> None:
+        """observe(m) on the metrics thread; returns when the server has the figures (never raises)."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self.observe, m)
+        except RuntimeError as e:  # closed (the model is being unloaded)
+            self.log_error(f"speculation metrics not published for a request: {e}")
+
+    def observe(self, m: Metrics) -> None:
+        """Publish one finished request (never raises). Call from one thread at a time."""
+        try:
+            self._inc(METRIC_REQUESTS, 1)
+            self._inc(METRIC_DRAFT_TOKENS, m.drafted)
+            self._inc(METRIC_ACCEPTED_TOKENS, m.accepted)
+            if not self.rounds:
+                return
+            self._inc(METRIC_ROUNDS, len(m.rounds))
+            self._inc(METRIC_ROUNDS_NO_SPEC, sum(1 for r in m.rounds if r.k == 0))
+            for r in m.rounds:
+                if r.k > 0:  # as the response's accepted_length_histogram: rounds that speculated
+                    self._observe(METRIC_ACCEPTED_LENGTH, r.accepted)
+                self._observe(METRIC_DRAFT_LENGTH, r.k)
+                self._observe(METRIC_DRAFT_LATENCY, r.draft_s)
+                self._observe(METRIC_VERIFY_LATENCY, r.target_s)
+        except Exception as e:  # noqa: BLE001 - metrics must not cost a client its answer
+            self.log_error(f"speculation metrics not published for a request: {type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        """Delete the metrics, then their families: the python backend needs that order, and left to the garbage
+        collector at the stub's exit they crashed it (Triton 2.51: "Fatal Python error: Segmentation fault ...
+        Garbage-collecting" in the server log). Call from the model's finalize()."""
+        self._thread.shutdown(wait=True)  # updates under way finish first
+        self._m.clear()
+        self._families.clear()
+
+    def _inc(self, name: str, value: float) -> None:
+        metric = self._m.get(name)
+        if metric is not None and value:  # a zero increment would be a message for nothing
+            metric.increment(float(value))
+
+    def _observe(self, name: str, value: float) -> None:
+        metric = self._m.get(name)
+        if metric is not None:
+            metric.observe(float(value))
+
+
+# -- reading them back: Prometheus text exposition format -------------------------------------------------------
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?\s*')
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|Inf|NaN)")
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def parse_metrics(text: str) -> list[Sample]:
+    """Samples of a Prometheus text exposition (comments and blank lines skipped)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None or not _NUMBER.fullmatch(match.group(3)):
+            raise ValueError(f"not a Prometheus sample line: {line!r}")
+        name, labels, number = match.groups()
+        out.append(Sample(name, {k: re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group()], v)
+                                 for k, v in _LABEL.findall(labels or "")}, float(number)))
+    return out
+
+
+def scrape(url: str, timeout_s: float = 10.0) -> list[Sample]:
+    """GET url (http://HOST:METRICS_PORT/metrics) and parse it."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return parse_metrics(r.read().decode("utf-8"))
+
+
+def value(samples: Iterable[Sample], name: str, **labels: str) -> float:
+    """Sum of the samples called `name` whose labels include `labels` (0 when there is none)."""
+    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def histogram(samples: Iterable[Sample], name: str, **labels: str) -> dict[float, float]:
+    """Cumulative bucket counts {le: count} of histogram `name` (le = float("inf") for +Inf)."""
+    out: dict[float, float] = {}
+    for s in samples:
+        if s.name == f"{name}_bucket" and all(s.labels.get(k) == v for k, v in labels.items()):
+            le = float(s.labels["le"])  # "+Inf" parses as inf
+            out[le] = out.get(le, 0.0) + s.value
+    return dict(sorted(out.items()))
+
+
+def acceptance_summary(samples: list[Sample], model: str = BLS) -> dict:
+    """What the server says about speculation for one model (all its modes): requests, drafted, accepted, acceptance
+    rate, rounds, share of rounds without speculation, and the mean acceptance length (trt_spec.records.speculation: 1 +
+    accepted / speculative rounds; rounds without speculation counted apart). A ratio without a denominator is None."""
+    drafted = value(samples, METRIC_DRAFT_TOKENS, model=model)
+    accepted = value(samples, METRIC_ACCEPTED_TOKENS, model=model)
+    rounds = value(samples, METRIC_ROUNDS, model=model)
+    no_spec = value(samples, METRIC_ROUNDS_NO_SPEC, model=model)
+    return {"requests": int(value(samples, METRIC_REQUESTS, model=model)), "drafted": int(drafted),
+            "accepted": int(accepted), "acceptance_rate": acceptance_rate(accepted, drafted),
+            "rounds": int(rounds), "rounds_without_speculation": int(no_spec),
+            "no_speculation_share": no_spec / rounds if rounds else None,
+            "mean_acceptance_length": mean_acceptance_length(accepted, int(rounds - no_spec))}
