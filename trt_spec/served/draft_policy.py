@@ -33,7 +33,7 @@ Adaptive (`draft_len_policy: adaptive`, the default) maximises the request's exp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..records.speculation import POLICIES, expected_tokens
@@ -159,6 +159,34 @@ class CostModel:
         return e.mean if e is not None and e.w >= MIN_SAMPLES else None
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What the policy chose for one round, and why. `decide` and `confirm` only read the policy; everything a
+    decision changes in it (the probe used up, the run length reset or doubled) happens in `observe`."""
+
+    k: int  # the draft length chosen (draft-free: the most the proposer may offer); 0 = no speculation this round
+    run_len: int  # tokens the target decodes in one call if the round does not speculate
+    speculate: bool  # verify drafts this round (draft-free: confirmed after the proposer answered)
+    pays: bool = True  # the estimate said speculation beats decoding (True while nothing is measured)
+    probe: bool = False  # speculating although it does not pay: re-measuring acceptance after a run
+    evaluated: bool = False  # the adaptive policy weighed speculation against decoding (observe settles the probe)
+    doubling: bool = False  # run_len is the request's doubling run (observe doubles it after a run)
+    load: int = 1  # requests in the loop when decided: the round's costs are observed at this load
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one round did: drafts verified and accepted, tokens it added, seconds proposing and in the target call;
+    `empty`: a draft-free proposer proposed nothing."""
+
+    drafted: int
+    accepted: int
+    tokens: int
+    draft_s: float
+    target_s: float
+    empty: bool = False
+
+
 @dataclass
 class RequestPolicy:
     """One request's side of the policy: its acceptance history and its run length."""
@@ -171,9 +199,8 @@ class RequestPolicy:
     consulted: float = 0.0  # ... out of all consultations
     own_accepted: float = 0.0  # draft-free: recency-weighted tokens accepted ...
     own_expected: float = 0.0  # ... and what the deployment's acceptance by length expected of the same proposals
-    run: int = MIN_RUN
-    probe: bool = False  # the next round speculates whatever the estimate says (after a run)
-    load: int = 1  # requests in the loop at the last decision (its costs are measured at that load)
+    run: int = MIN_RUN  # tokens of the next doubling run
+    probe: bool = False  # the next evaluated round speculates whatever the estimate says (after a run)
 
     @property
     def adaptive(self) -> bool:
@@ -212,7 +239,6 @@ class RequestPolicy:
 
     def best_k(self, cap: int, active: int, proposer_s: Optional[float] = None) -> tuple[int, bool]:
         """(k, pays): the best draft length in 1..cap and whether it beats decoding without speculation."""
-        self.load = active
         if cap <= 0:
             return 0, False
         gains = self.speedups(range(1, cap + 1), active, proposer_s)
@@ -221,40 +247,40 @@ class RequestPolicy:
         gain, k = max(zip(gains, range(1, cap + 1)), key=lambda t: (t[0], -t[1]))  # a tie goes to the shorter draft
         return k, gain > 1.0
 
-    def choose_k(self, cap: int, active: int) -> int:
-        """The draft length for the next round (before drafting); 0 = a run without speculation."""
-        self.load = active
+    def decide(self, cap: int, active: int, remaining: int, *, draft_free: bool, first: bool = False) -> Decision:
+        """The next round, before anything is proposed. cap: the most drafts this round may have (the request's k,
+        within its remaining budget); active: requests in the loop; first: the request's first round (it decodes
+        one token when it does not speculate, so the first token never waits for a run).
+
+        Draft-target: k* = the best draft length, speculating when it pays or as the probe after a run. Draft-free:
+        the proposer is free to consult, so the decision is how much to ask for (alone in the loop its own
+        confidence sets the length; with others in flight, the length that maximises the net rate), and `confirm`
+        decides on what it proposed."""
+        run_len, doubling = self._run_len(remaining, active, draft_free, first)
+        base = Decision(k=max(cap, 0), run_len=run_len, speculate=cap > 0, doubling=doubling, load=active)
         if not self.adaptive or cap <= 0:
-            return max(cap, 0)
+            return base
+        if draft_free:
+            return replace(base, k=cap if active <= 1 else self.best_k(cap, active, 0.0)[0])
         k, pays = self.best_k(cap, active)
-        return k if self._speculate(pays) else 0
+        speculate = pays or self.probe
+        if pays and doubling:  # speculation pays: the doubling run starts over (should the draft come back empty)
+            base = replace(base, run_len=max(1, min(MIN_RUN, remaining)))
+        return replace(base, k=k if speculate else 0, speculate=speculate, pays=pays, probe=speculate and not pays,
+                       evaluated=True)
 
-    def proposal_cap(self, cap: int, active: int) -> int:
-        """Draft-free: the most tokens to ask the proposer for. Alone in the loop, the proposer's own confidence sets
-        the length; with others in flight, the length that maximises the net rate (extra tokens slow the others)."""
-        self.load = active
-        if not self.adaptive or active <= 1 or cap <= 0:
-            return max(cap, 0)
-        return self.best_k(cap, active, 0.0)[0]
-
-    def keep_proposal(self, drafted: int, active: int, proposer_s: float) -> bool:
-        """Draft-free: verify these `drafted` proposed tokens, or run without speculation instead."""
-        self.load = active
+    def confirm(self, decision: Decision, drafted: int, proposer_s: float) -> Decision:
+        """Draft-free: verify the `drafted` proposed tokens, or run without speculation instead."""
         if not self.adaptive or drafted == 0:
-            return drafted > 0
-        gains = self.speedups([drafted], active, proposer_s)
-        return self._speculate(gains is None or gains[0] > 1.0)
+            return replace(decision, speculate=drafted > 0)
+        gains = self.speedups([drafted], decision.load, proposer_s)
+        pays = gains is None or gains[0] > 1.0
+        speculate = pays or self.probe
+        return replace(decision, speculate=speculate, pays=pays, probe=speculate and not pays, evaluated=True)
 
-    def _speculate(self, pays: bool) -> bool:
-        """Speculate this round? Yes when it pays (the run length falls back to MIN_RUN), or as the probe after a
-        run the policy chose (speculation lost: re-measure the acceptance)."""
-        probe, self.probe = self.probe, False
-        if pays:
-            self.run = MIN_RUN
-        return pays or probe
-
-    def run_len(self, remaining: int, draft_free: bool = False) -> int:
-        """Tokens to decode in a round without speculation (fixed policy: 1, the target's verification of nothing).
+    def _run_len(self, remaining: int, active: int, draft_free: bool, first: bool) -> tuple[int, bool]:
+        """(tokens to decode in a round without speculation, whether that is the doubling run). Fixed policy, and
+        the first round: 1 (the target's verification of nothing).
 
         Draft-free: a run of m tokens saves (m − 1) call overheads O against m one-token rounds but consults the
         proposer m − 1 times less, each consultation useful with probability q (measured) and then worth G seconds
@@ -262,22 +288,26 @@ class RequestPolicy:
         batch sizing): short runs where matches come back often or calls are cheap, long ones in free text.
         Draft-target (and before O, q, G are measured): the run doubles with every round in a row without
         speculation and falls back to MIN_RUN when speculation pays."""
-        if not self.adaptive:
-            return 1
-        t = self.costs.at(self.load)
+        if first or not self.adaptive:
+            return 1, False
+        t = self.costs.at(active)
         o, g = t.call_overhead_s(), t.gain.mean
         if draft_free and o is not None and g is not None and g > 0:
             q = (self.useful + PRIOR_ROUNDS * (self.costs.useful.mean or 0.0)) / (self.consulted + PRIOR_ROUNDS)
             n = MAX_RUN if q <= 0 else round(math.sqrt(2 * o / (q * g)))
-            return max(1, min(n, MAX_RUN, remaining))
-        n = self.run
-        self.run = min(MAX_RUN, self.run * 2)
-        return max(1, min(n, remaining))
+            return max(1, min(n, MAX_RUN, remaining)), False
+        return max(1, min(self.run, remaining)), True
 
-    def observe(self, k: int, drafted: int, accepted: int, tokens: int, draft_s: float, target_s: float, *,
-                draft_free: bool, empty: bool = False) -> None:
-        """Account one round: k chosen (0 = a run), what it drafted and accepted, what it cost; `empty`: a run
-        because a draft-free proposer proposed nothing."""
+    def observe(self, decision: Decision, outcome: Outcome, *, draft_free: bool) -> None:
+        """Learn from one round: settle what the decision owed (a probe used up; the run length reset when
+        speculation paid, doubled after a doubling run), then account acceptance and costs at the decision's load."""
+        if decision.evaluated:
+            self.probe = False
+            if decision.pays:
+                self.run = MIN_RUN
+        if not outcome.drafted and decision.doubling:  # a round without speculation decoded the doubling run
+            self.run = min(MAX_RUN, self.run * 2)
+        drafted, accepted = outcome.drafted, outcome.accepted
         if draft_free and drafted:
             acc = self.costs.accepted_s(drafted)
             self.own_accepted = self.own_accepted * DECAY + accepted
@@ -288,23 +318,23 @@ class RequestPolicy:
             self.useful = self.useful * DECAY + hit
             self.consulted = self.consulted * DECAY + 1.0
             self.costs.useful.add(hit)
-            t_dec = self.costs.at(self.load).decode_s()
+            t_dec = self.costs.at(decision.load).decode_s()
             if accepted and t_dec is not None:
-                self.costs.level(self.load).gain.add(tokens * t_dec - target_s - draft_s)
+                self.costs.level(decision.load).gain.add(outcome.tokens * t_dec - outcome.target_s - outcome.draft_s)
         if drafted:
             fail = 1.0 if accepted < drafted else 0.0
             self.successes = self.successes * DECAY + accepted
             self.failures = self.failures * DECAY + fail
             self.costs.acceptance.add(accepted / (accepted + fail) if accepted + fail else 1.0)
-            t = self.costs.level(self.load)
-            t.target.setdefault(drafted + 1, _EW()).add(target_s)
-            t.draft.setdefault(0 if draft_free else drafted, _EW()).add(draft_s)
+            t = self.costs.level(decision.load)
+            t.target.setdefault(drafted + 1, _EW()).add(outcome.target_s)
+            t.draft.setdefault(0 if draft_free else drafted, _EW()).add(outcome.draft_s)
         elif not self.adaptive:  # the fixed policy's one-token verification of nothing
-            self.costs.level(self.load).target.setdefault(1, _EW()).add(target_s)
+            self.costs.level(decision.load).target.setdefault(1, _EW()).add(outcome.target_s)
         else:
-            if tokens > 0:
-                self.costs.level(self.load).runs.setdefault(tokens, _EW()).add(target_s)
-            self.probe = not empty  # a run the policy chose: the next round probes
+            if outcome.tokens > 0:
+                self.costs.level(decision.load).runs.setdefault(outcome.tokens, _EW()).add(outcome.target_s)
+            self.probe = not outcome.empty  # a run the policy chose: the next evaluated round probes
 
 
 class DraftLengthPolicy:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..records import backend_contract as bc
 from ..records.names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
-from .draft_policy import DraftLengthPolicy
+from .draft_policy import DraftLengthPolicy, Outcome
 from ..reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
 from ..records.speculation import BLS_MODES as MODES, LOOP_MODES, POLICIES, PROPOSERS
 from .suffix import SuffixProposer  # pure Python
@@ -298,17 +298,18 @@ class SpeculativeLoop:
                 raise Cancelled(f"request cancelled after {len(generated)} tokens")
             remaining = r.max_tokens - len(generated)
             cap = min(r.k, remaining - 1)
-            active = self.policy.active
-            # Draft-free proposers cost nothing to consult: propose up to the best k, then decide whether to verify.
-            k = policy.proposal_cap(cap, active) if draft_free else policy.choose_k(cap, active)
+            # The policy decides in the open: a Decision record now, learning only from the round's Outcome.
+            decision = policy.decide(cap, self.policy.active, remaining, draft_free=draft_free, first=not generated)
             t0 = time.perf_counter()
-            draft, logits = await self._draft(r, tokens, k, m.steps, proposer)
+            draft, logits = await self._draft(r, tokens, decision.k if decision.speculate else 0, m.steps, proposer)
             t1 = time.perf_counter()
             empty = draft_free and not draft
-            if draft_free and draft and not policy.keep_proposal(len(draft), active, t1 - t0):
-                draft = []
-            # a run without speculation: one target call, one chunk to a streaming client, so the first token alone
-            out_len = len(draft) + 1 if draft else (policy.run_len(remaining, draft_free) if generated else 1)
+            if draft_free:  # the proposer was free to consult: now decide on what it proposed
+                decision = policy.confirm(decision, len(draft), t1 - t0)
+                if not decision.speculate:
+                    draft = []
+            # a run without speculation: one target call, one chunk to a streaming client
+            out_len = len(draft) + 1 if draft else decision.run_len
             ins = engine_inputs(r, tokens, out_len, SEED_STRIDE * m.steps)
             if draft:
                 ins["draft_input_ids"] = np.asarray([draft], dtype=np.int32)
@@ -320,8 +321,9 @@ class SpeculativeLoop:
             acc = 0
             while acc < min(len(draft), len(new)) and new[acc] == draft[acc]:
                 acc += 1
-            k_used = k if draft else 0
-            policy.observe(k_used, len(draft), acc, len(new), t1 - t0, t2 - t1, draft_free=draft_free, empty=empty)
+            k_used = decision.k if draft else 0
+            policy.observe(decision, Outcome(len(draft), acc, len(new), t1 - t0, t2 - t1, empty=empty),
+                           draft_free=draft_free)
             m.rounds.append(Round(k=k_used, drafted=len(draft), accepted=acc, tokens=len(new),
                                   draft_s=t1 - t0, target_s=t2 - t1))
             m.steps += 1
