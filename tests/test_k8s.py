@@ -321,3 +321,17 @@ def test_every_top_level_knob_has_a_comment(charts):
         while j in keys and ": " in lines[j]:  # one-line knobs sharing the comment above them
             j -= 1
         assert lines[j].startswith("#"), f"values.yaml: {lines[i]!r} has no comment above it"
+
+
+def test_the_launch_line_is_a_pure_function_of_the_repository_record(monkeypatch):
+    """No repository is written (or read) to compute the pod's launch line: it comes from the record `trt-spec repo`
+    will write, computed from the manifest."""
+    from trt_spec.deploy import k8s
+    from trt_spec.serve import repository
+
+    monkeypatch.setattr(repository, "write_repository", lambda *a, **k: pytest.fail("the chart wrote a repository"))
+    argv, spec = k8s.launch(k8s.load_manifest(SEED), "/models/repo/seed", admin_key=False)
+    assert argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"]  # the TP2 target + draft: orchestrator mode
+    assert "--model-repository=/models/repo/seed" in argv
+    assert "--backend-config=python,shm-region-prefix-name=trtspec_0_" in argv
+    assert spec.env == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}

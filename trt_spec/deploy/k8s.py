@@ -14,12 +14,11 @@ object against the Kubernetes and CRD schemas.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shlex
 import shutil
-import tempfile
+from string import Template
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
@@ -161,21 +160,15 @@ def pod_paths(m: BuildManifest) -> dict[str, str]:
 
 
 def launch(m: BuildManifest, repository: str, *, admin_key: bool):
-    """trt-spec's launch command for this deployment, with the repository at its path in the pod: world size and
-    orchestrator mode come from the repository record, as on a GPU host (the repository is written to a temporary
-    directory to read them; engines are not hashed here)."""
-    from ..serve.repository import write_repository
+    """trt-spec's launch command for this deployment, with the repository at its path in the pod: a pure function of
+    the repository's record (what `trt-spec repo` will write there: world size, orchestrator mode, GPU ids), computed
+    from the manifest; nothing is written or read to compute it."""
+    from ..serve.repository import repo_record
     from ..serve.server import NGC_TRITONSERVER, launch_spec
 
-    unsummed = dataclasses.replace(m, engines={r: dataclasses.replace(e, files=None) for r, e in m.engines.items()})
-    with tempfile.TemporaryDirectory(prefix="trt-spec-k8s-") as tmp:
-        repo = Path(tmp) / "repo"
-        write_repository(unsummed, repo)
-        spec = launch_spec(repo, binary=NGC_TRITONSERVER, host="0.0.0.0", admin_key_file=Path(ADMIN_KEY_FILE)
-                           if admin_key else None)
-        where = str(repo.resolve())
-    argv = [a.replace(where, repository).replace(spec.shm_prefix, "trtspec_") for a in spec.argv]
-    return argv, spec
+    spec = launch_spec(Path(repository), record=repo_record(m), binary=NGC_TRITONSERVER, host="0.0.0.0",
+                       admin_key_file=Path(ADMIN_KEY_FILE) if admin_key else None, shm_prefix="trtspec_")
+    return list(spec.argv), spec
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -207,208 +200,58 @@ def build_script(paths: dict[str, str]) -> str:
     ]) + "\n"
 
 
-def _block(text: str, indent: int) -> str:
-    pad = " " * indent
-    return "|\n" + "".join(pad + ln + "\n" if ln else "\n" for ln in text.splitlines())
-
-
 def _j(v) -> str:
     return json.dumps(v)
 
 
-def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *, gpu: Optional[str]) -> str:
-    """values.yaml with every knob documented. `plan` holds the build's facts (regenerate the chart to change them)."""
+VALUES_TEMPLATE = Path(__file__).parent / "values.yaml.in"  # every knob, documented; ${...} filled from the build
+
+
+class _PlanDumper(yaml.SafeDumper):
+    """Multi-line strings (the build script and config) as literal blocks: readable in values.yaml and in diffs."""
+
+
+_PlanDumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v,
+                                                                 style="|" if "\n" in v else None))
+
+
+def plan_values(m: BuildManifest, lay: Layout, acc: Acceptance, *, gpu: Optional[str], env: dict) -> dict:
+    """values.yaml's `plan` block: the build's facts the templates read (regenerate the chart to change them); env:
+    the environment of the pod's launch line."""
     paths = pod_paths(m)
-    single_argv, spec = launch(m, paths["repository"], admin_key=False)
+    return {"name": m.name, "configHash": m.config_hash, "ranks": lay.ranks, "singleProcess": lay.single_process,
+            "speculativeMode": m.speculative.mode, "numDraftTokens": acc.k,
+            "queueComputeMetric": defaults.QUEUE_COMPUTE_METRIC, "adminKeyFile": ADMIN_KEY_FILE,
+            "ports": {"http": defaults.HTTP_PORT, "grpc": defaults.GRPC_PORT, "metrics": defaults.METRICS_PORT},
+            "paths": dict(paths), "env": dict(env),
+            "buildScript": build_script(paths), "buildConfig": build_config_text(m, paths, gpu)}
+
+
+def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *, gpu: Optional[str]) -> str:
+    """values.yaml: the shipped, documented knobs (values.yaml.in, a few filled from the build) and the `plan` block
+    dumped from plan_values, under comments that say where its GPUs are and what the pod runs."""
+    paths = pod_paths(m)
+    argv, spec = launch(m, paths["repository"], admin_key=False)
     image, tag = NGC_IMAGE.rsplit(":", 1)
+    checkpoints = [m.config.target.checkpoint] + ([m.config.draft.checkpoint] if m.config.draft and
+                                                  m.config.draft.checkpoint else [])
+    knobs = Template(VALUES_TEMPLATE.read_text()).substitute(
+        name=m.name, version=__version__, source=source, trtllm_version=m.tool_versions.get("tensorrt_llm") or "1.2.1",
+        image=image, tag=_j(tag), mount_path=paths["mountPath"],
+        pip_install=_j(f"--no-deps --no-index --find-links {paths['mountPath']}/wheels trt-spec rich markdown-it-py mdurl"),
+        gpus_per_node=lay.gpus_per_node, shm_size=defaults.K8S_SHM_SIZE, checkpoints=", ".join(checkpoints),
+        build_gpus=min(lay.ranks, lay.gpus_per_node), startup_s=defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES,
+        startup_period_s=defaults.K8S_STARTUP_PERIOD_S, startup_failures=defaults.K8S_STARTUP_FAILURES,
+        http_port=defaults.HTTP_PORT, grpc_port=defaults.GRPC_PORT, metrics_port=defaults.METRICS_PORT, uid=TRITON_UID,
+        k=acc.k, r=acc.r, why=acc.why, min_acceptance=repr(acc.threshold))
     dev = m.runtime
     draft = f", draft on GPU(s) {dev.draft_devices}" if m.draft else ""
-    startup_s = defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES
-    return f"""\
-# values.yaml of the {m.name} deployment, generated by trt-spec {__version__} (`trt-spec deploy k8s {source}`).
-# Every key is a knob except `plan`, the build's own facts: regenerate the chart to change those.
-
-# -- The pinned NGC image (trt_spec/build/trtllm.py NGC_IMAGE): Triton + TensorRT-LLM {m.tool_versions.get('tensorrt_llm') or '1.2.1'}.
-image:
-  repository: {image}
-  tag: {_j(tag)}
-  pullPolicy: IfNotPresent
-  # e.g. [{{name: ngc-secret}}]: a docker-registry Secret with an NGC API key, when nodes cannot pull nvcr.io anonymously
-  pullSecrets: []
-
-# -- How trt-spec gets into the pods (the python models import it): an init container runs
-# `pip install --target trtSpec.sitePackages <pipInstall>` into an emptyDir on PYTHONPATH, so the image stays
-# NVIDIA's. --no-deps: click, pydantic, PyYAML, numpy<2 and tritonclient come from the image (TensorRT-LLM and
-# NVIDIA's in-container clients need them; an assumption to confirm once with `pip list` in the image). Default: a
-# wheelhouse you copy to the claim first:
-#   pip wheel --no-deps -w wheels . && pip download --no-deps -d wheels rich markdown-it-py mdurl
-#   then copy wheels/ to {paths['mountPath']}/wheels (e.g. kubectl cp into any pod that mounts the claim)
-# "" = no install step: use an image with trt-spec installed (FROM the pinned image + `make gpu-setup`).
-trtSpec:
-  pipInstall: {_j(f"--no-deps --no-index --find-links {paths['mountPath']}/wheels trt-spec rich markdown-it-py mdurl")}
-  sitePackages: /opt/trt-spec
-
-# -- GPUs per node of the cluster: one pod per replica holds plan.ranks of them, so plan.ranks <= gpusPerNode
-# (multi-node serving is refused: trt_spec/deploy/k8s.py MULTI_NODE_REFUSED).
-gpusPerNode: {lay.gpus_per_node}
-# -- nvidia.com/gpu.product node labels (GPU Feature Discovery) to require, e.g. [NVIDIA-H100-80GB-HBM3]; [] = any GPU node.
-gpuProducts: []
-# -- Node labels every pod requires (e.g. a GPU node pool).
-nodeSelector: {{}}
-# -- Added to the toleration of nvidia.com/gpu:NoSchedule every pod has.
-tolerations: []
-
-# -- CPU and host memory per serving pod (GPUs: plan.ranks). Host memory
-# holds the engine while it loads and the memory-backed /dev/shm below counts against it.
-resources:
-  cpu: "16"
-  memory: 128Gi
-
-# -- /dev/shm: memory-backed emptyDir. Triton's python backend (preprocessing, postprocessing, the speculative
-# BLS) passes every request's tensors through shared memory, and NCCL uses it between ranks; the container
-# runtime's default (64 MiB) is too small. A limit, not a reservation.
-shm:
-  sizeLimit: {defaults.K8S_SHM_SIZE}
-
-# -- The claim holding checkpoints, builds and model repositories, mounted at plan.paths.mountPath. Put the
-# checkpoints where the build config names them ({m.config.target.checkpoint}{', ' + m.config.draft.checkpoint if m.config.draft and m.config.draft.checkpoint else ''}).
-storage:
-  existingClaim: ""     # use this PersistentVolumeClaim instead of creating one
-  size: 1Ti             # FP8 70B: ~140 GB checkpoint + ~70 GB checkpoint conversion + ~70 GB engine
-  storageClassName: ""  # "" = the cluster's default class
-  accessModes: [ReadWriteMany]  # several replicas on several nodes read it
-
-# -- The Job that runs `trt-spec build` then `trt-spec repo` into the claim (incremental: rerunning skips what is
-# up to date). Its GPUs: FP8 calibration of the target needs its 16-bit weights in GPU memory.
-build:
-  enabled: true
-  gpus: {min(lay.ranks, lay.gpus_per_node)}
-  memory: 256Gi
-  backoffLimit: 0
-  activeDeadlineSeconds: 21600
-
-# -- The serving pods.
-server:
-  replicas: 1  # ignored while autoscaling.enabled (the HPA owns it) for a Deployment
-  # A Secret holding the admin key (one line, >= 16 characters of A-Z a-z 0-9 . _ ~ + / -) that unlocks Triton's
-  # admin APIs (trt-spec serve --admin-key-file); "" = a random key nobody is told (admin APIs refused).
-  adminKeySecret: ""
-  adminKeySecretKey: key
-  terminationGracePeriodSeconds: 60
-  # GPU nodes rarely have a spare GPU for a surge pod: replace one pod at a time.
-  strategy:
-    type: RollingUpdate
-    rollingUpdate:
-      maxSurge: 0
-      maxUnavailable: 1
-
-# -- Probes on Triton's HTTP port. startup: periodSeconds x failureThreshold = {startup_s} s for the engines to be
-# verified (sha256 of every byte) and loaded; a 70B FP8 engine is ~70 GB (trt-spec serve also waits that long).
-probes:
-  startup:
-    periodSeconds: {defaults.K8S_STARTUP_PERIOD_S}
-    failureThreshold: {defaults.K8S_STARTUP_FAILURES}
-  readiness:
-    periodSeconds: 5
-    failureThreshold: 3
-  liveness:
-    periodSeconds: 10
-    failureThreshold: 6
-
-# -- One Service in front of the serving pods; ports map to Triton's own
-# (plan.ports) by name.
-service:
-  type: ClusterIP
-  ports:
-    http: {defaults.HTTP_PORT}
-    grpc: {defaults.GRPC_PORT}
-    metrics: {defaults.METRICS_PORT}
-
-# -- Non-root: NVIDIA's tritonserver images create user triton-server with uid/gid {TRITON_UID} (their build.py
-# asserts `id -u triton-server` == {TRITON_UID}; not checked on this exact image: `docker run --rm IMAGE id triton-server`).
-# trt-spec passes mpirun --allow-run-as-root, harmless as non-root. The claim must be writable by fsGroup.
-podSecurityContext:
-  runAsNonRoot: true
-  runAsUser: {TRITON_UID}
-  runAsGroup: {TRITON_UID}
-  fsGroup: {TRITON_UID}
-# -- Every container: no privilege escalation, no Linux capabilities.
-securityContext:
-  allowPrivilegeEscalation: false
-  capabilities:
-    drop: [ALL]
-
-# -- HPA on Triton's queue-to-compute ratio (rate of nv_inference_queue_duration_us over rate of
-# nv_inference_compute_infer_duration_us): 1 = requests wait as long as they compute. The custom metric
-# plan.queueComputeMetric comes from prometheus-adapter with the rule in prometheus-adapter-values.yaml.
-autoscaling:
-  enabled: true
-  minReplicas: 1
-  maxReplicas: 4
-  targetQueueComputeRatio: 1000m
-  behavior:
-    scaleDown:
-      stabilizationWindowSeconds: 600  # a new replica costs minutes of engine loading: do not flap
-
-# -- Voluntary evictions (node drains, upgrades) take at most this many serving pods at once.
-podDisruptionBudget:
-  enabled: true
-  maxUnavailable: 1
-
-# -- Prometheus operator objects: a PodMonitor scraping Triton's metrics port (Triton's nv_* metrics and the
-# BLS's trt_spec_* speculation counters) and a PrometheusRule with the acceptance alert.
-monitoring:
-  # Labels the Prometheus operator selects PodMonitors and PrometheusRules by (kube-prometheus-stack: release).
-  labels:
-    release: prometheus
-  podMonitor:
-    enabled: true
-    interval: 6s
-  # Alert when speculative acceptance (accepted / drafted draft tokens, counters published by the speculative
-  # BLS, labels model and mode) stays under break-even: a* = c + (r - 1) / k
-  # (trt_spec.harness.metrics.break_even_acceptance). Here k = {acc.k} (the served default draft length),
-  # r = {acc.r} (a GPU at small batch verifies k+1 tokens in about one decode step), {acc.why}.
-  # Draft-free modes (n-gram, lookahead; Medusa/EAGLE heads are near free) have c = 0, so a* = 0 at r = 1: the
-  # alert then never fires unless you set minAcceptance (e.g. from a measured r: trt-spec bench on the GPU).
-  acceptanceAlert:
-    enabled: true
-    minAcceptance: {acc.threshold!r}
-    window: 10m
-    for: 15m
-    severity: warning
-
-# -- Object names: RELEASE-CHART unless the release name already holds the chart name; fullnameOverride wins.
-nameOverride: ""
-fullnameOverride: ""
-# -- Labels added to every object, and environment variables added to every trt-spec container.
-extraLabels: {{}}
-extraEnv: []
-
-# -- The build's facts (do not edit: regenerate with trt-spec deploy k8s).
-plan:
-  name: {_j(m.name)}
-  configHash: {_j(m.config_hash)}
-  # GPUs: target TP{m.target.tp} x PP{m.target.pp} on GPU(s) {dev.target_devices}{draft}
-  ranks: {lay.ranks}
-  singleProcess: {_j(lay.single_process)}
-  speculativeMode: {_j(m.speculative.mode)}
-  numDraftTokens: {acc.k}
-  queueComputeMetric: {_j(defaults.QUEUE_COMPUTE_METRIC)}
-  adminKeyFile: {ADMIN_KEY_FILE}
-  ports:
-    http: {defaults.HTTP_PORT}
-    grpc: {defaults.GRPC_PORT}
-    metrics: {defaults.METRICS_PORT}
-  paths:
-    mountPath: {paths['mountPath']}
-    buildDir: {_j(paths['buildDir'])}
-    repository: {_j(paths['repository'])}
-    config: {_j(paths['config'])}
-  # Environment of trt-spec's launch (orchestrator mode for a draft with a multi-GPU target).
-  env: {_j(spec.env) if spec.env else '{}'}
-  # A single pod runs `trt-spec serve`, which runs (trt-spec serve --dry-run):
-  #   {shlex.join(single_argv).replace(spec.admin_key, spec.admin_key_shown)}
-  buildScript: {_block(build_script(paths), 4)}  buildConfig: {_block(build_config_text(m, paths, gpu), 4)}"""
+    shown = shlex.join(argv).replace(spec.admin_key, spec.admin_key_shown)
+    plan = yaml.dump({"plan": plan_values(m, lay, acc, gpu=gpu, env=spec.env)}, Dumper=_PlanDumper, sort_keys=False,
+                     width=1000)
+    return (f"{knobs}\n# -- The build's facts (do not edit: regenerate with trt-spec deploy k8s).\n"
+            f"# GPUs: target TP{m.target.tp} x PP{m.target.pp} on GPU(s) {dev.target_devices}{draft}. A pod runs "
+            f"`trt-spec serve`, which runs (trt-spec serve --dry-run):\n#   {shown}\n{plan}")
 
 
 def adapter_values_yaml() -> str:

@@ -550,11 +550,21 @@ def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = T
                 src = _python_sources(name, settings.engine)
                 for f in src.glob("*.py"):
                     shutil.copy2(f, mdir / "1" / f.name)
-        RepoRecord(name=manifest.name, config_hash=manifest.config_hash, engine=manifest.engine,
-                   world_size=manifest.world_size, orchestrator=settings.orchestrator, mpi_ranks=mpi_ranks(settings),
-                   models=sorted(configs), decoupled=decoupled,
-                   gpu_ids=sorted({d for e in settings.engines.values() for d in e.devices}),
-                   engines=manifest.engine_sums()).write(tmp)
+        repo_record(manifest, decoupled, settings, configs).write(tmp)
         validate_repository(tmp)
     return configs
+
+
+def repo_record(manifest: BuildManifest, decoupled: bool = True, settings: Optional[RepoSettings] = None,
+                configs: Optional[dict[str, mc.ModelConfig]] = None) -> RepoRecord:
+    """What `trt-spec repo` records next to the models (trt_spec_repo.json): how to launch the repository (processes
+    under mpirun, orchestrator mode, GPU ids), its models and the engines' sums. Pure: the launch line of a
+    repository that is not written yet (the Kubernetes chart's) is computed from it."""
+    settings = settings or RepoSettings.from_manifest(manifest, decoupled)
+    configs = configs if configs is not None else repository_configs(settings)
+    return RepoRecord(name=manifest.name, config_hash=manifest.config_hash, engine=manifest.engine,
+                      world_size=manifest.world_size, orchestrator=settings.orchestrator, mpi_ranks=mpi_ranks(settings),
+                      models=sorted(configs), decoupled=decoupled,
+                      gpu_ids=sorted({d for e in settings.engines.values() for d in e.devices}),
+                      engines=manifest.engine_sums())
 

@@ -80,15 +80,18 @@ class LaunchSpec:
         return text.replace(self.admin_key, self.admin_key_shown) if self.admin_key else text
 
 
-def repo_info(repo: Path) -> tuple[int, bool, list[int]]:
-    """(tritonserver processes under mpirun, orchestrator mode, GPU ids) from the repository's trt_spec_repo.json;
-    (1, False, [0]) for a repository trt-spec did not write. An old or foreign record is refused with one line."""
-    if not Path(repo).is_dir():
-        raise ServerError(f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out {repo}`")
-    try:
-        record = RepoRecord.read(Path(repo))
-    except ManifestError as e:
-        raise ServerError(str(e)) from None
+def repo_info(repo: Path, record: Optional[RepoRecord] = None) -> tuple[int, bool, list[int]]:
+    """(tritonserver processes under mpirun, orchestrator mode, GPU ids) from the repository's record: the one given,
+    else its trt_spec_repo.json; (1, False, [0]) for a repository trt-spec did not write. An old or foreign record
+    is refused with one line."""
+    if record is None:
+        if not Path(repo).is_dir():
+            raise ServerError(f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out "
+                              f"{repo}`")
+        try:
+            record = RepoRecord.read(Path(repo))
+        except ManifestError as e:
+            raise ServerError(str(e)) from None
     if record is None:
         return 1, False, [0]
     return record.mpi_ranks, record.orchestrator, list(record.gpu_ids or [0])
@@ -183,15 +186,17 @@ def read_admin_key(path: Path) -> str:
 def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: int = defaults.GRPC_PORT,
                 metrics_port: int = defaults.METRICS_PORT, host: str = defaults.HOST,
                 workdir: Optional[Path] = None, binary: Optional[Path] = None, verbose: bool = False, prepare: bool = True,
-                admin_key: Optional[str] = None, admin_key_file: Optional[Path] = None) -> LaunchSpec:
-    """The exact command line(s); world size and orchestrator mode come from the repository's manifest.
+                admin_key: Optional[str] = None, admin_key_file: Optional[Path] = None,
+                record: Optional[RepoRecord] = None, shm_prefix: Optional[str] = None) -> LaunchSpec:
+    """The exact command line(s); world size and orchestrator mode come from the repository's record (`record`: the
+    record of a repository that need not exist here, e.g. a pod's; computed, nothing read or written).
 
     With nvidia-pytriton's binary the backends are copied into workdir (prepare=False: later, by the caller); without
     a workdir the command names a placeholder WORKDIR and copies nothing. admin_key unlocks the restricted APIs
     (default: a random key nobody is told; admin_key_file only changes how shell() shows it).
     """
     repo = Path(repo).resolve()
-    world, orchestrator, gpu_ids = repo_info(repo)
+    world, orchestrator, gpu_ids = repo_info(repo, record)
     binary = binary or find_tritonserver()
     if binary is None:
         raise ServerError("tritonserver not found; use the NGC image or `pip install 'trt-spec[serve]'`")
@@ -216,7 +221,8 @@ def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: i
         # server keeps no pinned/CUDA memory pools or peer access of its own (they collide with the workers').
         env["TRTLLM_ORCHESTRATOR"] = "1"
         env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
-    prefix = f"trtspec{os.getpid()}_{secrets.token_hex(3)}_"  # unique per server, also within one process
+    # unique per server, also within one process; a fixed one for a pod (its own /dev/shm)
+    prefix = shm_prefix or f"trtspec{os.getpid()}_{secrets.token_hex(3)}_"
     if admin_key is not None and not ADMIN_KEY_RE.fullmatch(admin_key):
         raise ServerError("the admin key must be at least 16 characters from A-Z a-z 0-9 . _ ~ + / -")
     key = admin_key or secrets.token_urlsafe(32)
