@@ -28,14 +28,14 @@ def test_engine_response_holds_only_requested_outputs():
     assert set(full) == set(bc.MANDATORY_OUTPUTS) | set(bc.PERF_OUTPUTS)
     assert float(full["acceptance_rate"][0, 0]) == 0.5
     assert full["output_ids"].tolist() == [[[5, 6, 7, 8, 9]]]
-    # the nine perf outputs in the backend's dtypes and [1, 1] shape (NVIDIA's clients read them as x[0][0])
+    # the ten perf outputs in the backend's dtypes and [1, 1] shape (NVIDIA's clients read them as x[0][0])
     assert {k: (v.dtype.name, v.shape) for k, v in full.items() if k in bc.PERF_OUTPUTS} == {
         k: ({"TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_FP32": "float32"}[t], (1, 1))
         for k, t in bc.PERF_OUTPUT_TYPES.items()}
 
 
 def test_return_perf_metrics_writes_outputs_a_config_must_declare():
-    """fillTritonResponse writes the nine perf outputs whether or not they were requested; Triton core refuses an
+    """fillTritonResponse writes the ten perf outputs whether or not they were requested; Triton core refuses an
     undeclared one, and the whole response fails (what Medusa/EAGLE/lookahead requests through the BLS hit)."""
     perf = {"return_perf_metrics": np.asarray([[True]])}
     three = ["output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]

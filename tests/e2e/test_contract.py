@@ -201,7 +201,7 @@ def lookahead_repo(tiny_models, tmp_path_factory):
 
 
 def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo, tmp_path):
-    """return_perf_metrics makes the backend write nine perf outputs on every response; the engine config declares
+    """return_perf_metrics makes the backend write ten perf outputs on every response; the engine config declares
     them all, so Medusa/EAGLE/lookahead requests through the BLS are answered. The same repository with one of them
     left out fails every such request with Triton core's refusal, as the C++ backend's response would."""
     from google.protobuf import text_format

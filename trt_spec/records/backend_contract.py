@@ -181,7 +181,7 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), scalar=True),
 )
 # fillTritonResponse (MIS L1255-1306, the same in TensorRT-LLM 1.x triton_backend): with return_perf_metrics the backend
-# writes these nine [1, 1] outputs on EVERY response (streaming ones too), without looking at the requested outputs.
+# writes these ten [1, 1] outputs on EVERY response (streaming ones too), without looking at the requested outputs.
 PERF_OUTPUT_TYPES: dict[str, str] = {
     "kv_cache_alloc_new_blocks": "TYPE_INT32", "kv_cache_reused_blocks": "TYPE_INT32",
     "kv_cache_alloc_total_blocks": "TYPE_INT32",
@@ -548,7 +548,7 @@ def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfMet
     """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]
     (non-streaming: prompt + generated unless exclude_input_in_output; streaming: only this chunk's new
     tokens, never the prompt), sequence_length [1, 1] = tokens in this response, generation_logits when asked
-    for, and the nine perf outputs on EVERY response when return_perf_metrics is set.
+    for, and the ten perf outputs on EVERY response when return_perf_metrics is set.
 
     What the backend writes is checked against `declared` (the model config's outputs), as Triton core checks it
     (UNDECLARED_OUTPUT): one undeclared output fails the response. Then only the requested outputs are returned:
