@@ -12,6 +12,7 @@ import yaml
 
 from trt_spec.build import trtllm as F
 from trt_spec.records.config import load_config
+from trt_spec.records.speculation import Mode
 from trt_spec.build.model_info import PreflightError
 from trt_spec.build.hardware import resolve_gpu
 from trt_spec.build.plan import make_plan
@@ -99,7 +100,7 @@ def test_plan_follows_trtllm_recipe(path):
     assert names.index("checkpoint-target") < names.index("engine-target")
     if cfg.draft is not None:
         assert names == ["checkpoint-target", "checkpoint-draft", "engine-draft", "engine-target"]
-    if cfg.speculative.mode in F.IN_ENGINE_MODES:  # the ensemble's non-speculative engine, from the base checkpoint
+    if Mode(cfg.speculative.mode).in_engine:  # the ensemble's non-speculative engine, from the base checkpoint
         assert "engine-baseline" in names and set(p.engines) == {"target", "baseline"}
         base = list(p.step("engine-baseline").argv)
         assert "--speculative_decoding_mode" not in base and "--max_draft_len" not in base

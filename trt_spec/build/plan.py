@@ -321,7 +321,7 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
 
 def engine_roles(cfg: BuildConfig) -> list[str]:
     """The engines a config builds: the target, the draft (draft-target mode) and, for modes that speculate inside
-    the target engine, the non-speculative baseline the ensemble serves (trtllm.IN_ENGINE_MODES)."""
+    the target engine, the non-speculative baseline the ensemble serves (speculation.Mode.in_engine)."""
     return (["target"] + (["draft"] if cfg.draft is not None else [])
             + (["baseline"] if cfg.speculative.has_baseline_engine else []))
 

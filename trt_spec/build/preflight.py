@@ -18,7 +18,7 @@ from ..records.config import BuildConfig
 from .hardware import GpuSpec
 from .memory import CALIBRATION_PEAK_FACTOR, GIB, MemoryRow, memory_rows, shared_gpu_kv_fraction, totals_per_gpu
 from .model_info import ModelInfo, PreflightError, model_info_for, read_vocab
-from .trtllm import DEFAULT_KV_FRACTION, EXTERNAL_DRAFT_MODES, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
+from .trtllm import DEFAULT_KV_FRACTION, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
 
 # The CPU reference engine implements the Llama-style decoder (Llama, SmolLM2, Qwen2).
 REFERENCE_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
@@ -52,7 +52,7 @@ class PreflightReport:
     kv_cache_free_gpu_mem_fraction: float
     max_draft_len: int
     # max_tokens_in_paged_kv_cache of an engine that shares the target's GPUs: the draft, or the baseline of an
-    # in-engine mode (trtllm.IN_ENGINE_MODES), which lives on the target's own GPUs
+    # in-engine mode (speculation.Mode.in_engine), which lives on the target's own GPUs
     draft_kv_tokens: Optional[int] = None
     memory: list[MemoryRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -136,7 +136,7 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
         weights, fell_back = q.fallback, True
         warnings.append(f"{gname} (SM {cc}) has no FP8: using the configured fallback {weights} instead of fp8")
 
-    external = cfg.speculative.mode in EXTERNAL_DRAFT_MODES
+    external = Mode(cfg.speculative.mode).loop_in_bls  # a draft_tokens_external target
     kv = q.kv_cache
     if kv == "auto":
         kv = {"fp8": "fp8", "int8_sq": "int8"}.get(weights, "none")
@@ -193,7 +193,7 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
     if s.use_draft_logits and s.mode != "draft_target":
         raise PreflightError("speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)")
     lim = cfg.limits
-    if s.mode in EXTERNAL_DRAFT_MODES and lim.max_num_tokens < lim.max_seq_len - 1:
+    if Mode(s.mode).loop_in_bls and lim.max_num_tokens < lim.max_seq_len - 1:
         raise PreflightError(
             f"limits.max_num_tokens {lim.max_num_tokens} < max_seq_len - 1 ({lim.max_seq_len - 1}): without chunked "
             f"context the engine takes at most min(max_seq_len - 1, max_num_tokens) input tokens, and the {s.mode} "

@@ -85,14 +85,12 @@ SPECULATIVE_DECODING_MODES = frozenset(
 
 # trt-spec speculative.mode -> the engine's --speculative_decoding_mode (one table, in speculation's vocabulary).
 SPEC_MODE_TO_TRTLLM = TRTLLM_SPECULATIVE_MODES
-# Modes whose target is built with draft_tokens_external: the executor refuses such a target without KV-cache
-# block reuse (trtGptModelInflightBatching.cpp), and reuse needs paged context FMHA, which tensorrt_llm/builder.py
-# turns off with an INT8 KV cache, and with an FP8 KV cache unless the weights are FP8 on SM >= 89.
-EXTERNAL_DRAFT_MODES = tuple(m for m, t in SPEC_MODE_TO_TRTLLM.items() if t == "draft_tokens_external")
-# Modes whose target engine speculates inside every request (Medusa/EAGLE heads, lookahead): no per-request switch turns
-# it off (the decoding mode is the executor's), so the non-speculative baseline is an engine of its own, built from the
-# same base checkpoint without speculative decoding ("baseline": served as names.BASELINE_ENGINE behind the ensemble).
-IN_ENGINE_MODES = tuple(m for m, t in SPEC_MODE_TO_TRTLLM.items() if t != "draft_tokens_external")
+# Which modes build a draft_tokens_external target (speculation.Mode.loop_in_bls) and which speculate inside the target
+# engine (Mode.in_engine) is speculation's vocabulary, defined once there. A draft_tokens_external target: the executor
+# refuses it without KV-cache block reuse (trtGptModelInflightBatching.cpp), and reuse needs paged context FMHA, which
+# tensorrt_llm/builder.py turns off with an INT8 KV cache, and with an FP8 KV cache unless the weights are FP8 on
+# SM >= 89. An in-engine mode has no per-request switch to turn speculation off (the decoding mode is the executor's),
+# so its non-speculative baseline is an engine of its own (names.BASELINE_ENGINE behind the ensemble).
 MEDUSA_DEFAULT_TREE_NODES = 63  # TRT-LLM's default tree (mc_sim_7b_63) has 63 nodes
 
 # Architectures the TensorRT-LLM 1.2 engine flow (convert_checkpoint.py / quantize.py + trtllm-build) builds,

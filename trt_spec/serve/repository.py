@@ -296,7 +296,7 @@ def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
                            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
                            "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID"})
     # The baseline decodes without speculation: the target itself, or for Medusa/EAGLE/lookahead (whose target engine
-    # always speculates) the plain engine built beside it (trtllm.IN_ENGINE_MODES).
+    # always speculates) the plain engine built beside it (speculation.Mode.in_engine).
     llm = steps.add(model_name=BASELINE_ENGINE if "baseline" in s.engines else TARGET, model_version=-1)
     llm.input_map.update({"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
                           "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_END_ID", "pad_id": "_PAD_ID",

@@ -275,10 +275,11 @@ class TritonPythonModel:
 def _perf(req, progress):
     """The executor's RequestPerfMetrics for a response, from the request's progress (a CallResult): KV blocks of
     TOKENS_PER_BLOCK positions (reused = prompt blocks found in the prefix cache), steady-clock times, and the
-    draft tokens this call verified."""
+    draft tokens this call verified. A verification fills the prompt's and the drafts' positions; a decode, the
+    prompt's and the generated tokens'."""
     if progress is None:
         return bc.PerfMetrics()
-    positions = len(req.input_ids) + len(progress.tokens) + len(req.draft_tokens)
+    positions = len(req.input_ids) + (len(req.draft_tokens) if req.draft_tokens else len(progress.tokens))
     total = -(-positions // TOKENS_PER_BLOCK)
     reused = progress.reused_tokens // TOKENS_PER_BLOCK
     return bc.PerfMetrics(kv_new_blocks=total - reused, kv_reused_blocks=reused, kv_total_blocks=total,
