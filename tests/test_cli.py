@@ -112,8 +112,8 @@ def _section(help_text: str, heading: str) -> set[str]:
 def test_bench_help_groups_options_by_mode():
     out = run("bench", "--help").output
     assert _section(out, "Options (every mode):") == {"--prompts", "--max-tokens", "--limit", "--k", "--repeats",
-                                                      "--format", "-h"}
-    assert _section(out, "With --url HOST:PORT") == {"--url", "--protocol", "--policy", "--concurrency", "--tokenizer",
+                                                      "--format", "--policy", "-h"}
+    assert _section(out, "With --url HOST:PORT") == {"--url", "--protocol", "--concurrency", "--tokenizer",
                                                           "--out"}
     assert _section(out, "With --in-process CONFIG") == {"--in-process", "--ignore-eos", "--threads", "--compare-hf",
                                                          "--set"}

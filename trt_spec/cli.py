@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -447,15 +448,15 @@ def _in_process(*names, **kw):
 @main.command(cls=_ModeCommand, modes=_BENCH_MODES)
 @_with(_prompt_options)
 @click.option("--k", "ks", multiple=True, type=int,
-              help="Draft tokens per step; repeat to sweep (default: served, the deployment's num_draft_tokens; "
-                   "in-process, the build's max_draft_len).")
+              help="Draft tokens per step (the cap under the adaptive policy); repeat to sweep (default: the "
+                   "deployment's num_draft_tokens).")
 @click.option("--repeats", type=int, default=1,
               help="Repetitions of the prompt set (the concurrency sweep sends prompts × repeats per level).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_served("--url", default=None, metavar="HOST:PORT", help=_url_help)
 @_protocol_opt(cls=_Option, mode="served")
-@_served("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
-         help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the deployment's).")
+@click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
+              help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the deployment's).")
 @_served("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
          help="Also sweep these numbers of requests in flight (repeatable), at the first --k and --policy.")
 @_served("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help)
@@ -467,43 +468,72 @@ def _in_process(*names, **kw):
 @_in_process("--compare-hf", is_flag=True, help="Also time target-only greedy against HF generate.")
 @_set_opt(cls=_Option, mode="in-process")
 @click.pass_context
-def bench(ctx: click.Context, prompt_set: str, max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...],
-          repeats: int, fmt: str, url: Optional[str], protocol: str, policies: tuple[str, ...], levels: tuple[int, ...],
-          tokenizer: Optional[str],
-          out_dir: Optional[str], config: Optional[str], ignore_eos: bool, threads: Optional[int], compare_hf: bool,
-          sets: tuple[str, ...]) -> None:
+def bench(ctx: click.Context, **options) -> None:
     """Benchmark the speculative model against the baseline, paired (same prompts, alternating), in one of two modes.
 
     Served (--url): speedup with a 95% interval, acceptance, TTFT/TPOT, optionally a concurrency sweep and report
-    files. In-process (--in-process CONFIG): the reference engine's own ceiling: speedup, decode speedup, token
-    identity, acceptance, draft/target cost ratio and the Leviathan bound.
+    files. In-process (--in-process CONFIG): the same speculative loop and policy over the reference engines in this
+    process, no server: speedup, decode speedup, token identity, acceptance, the policy's per-round k counts, the
+    draft/target cost ratio and the Leviathan bound.
     """
-    if bool(config) == bool(url):
+    o = BenchOptions(**options)
+    if bool(o.config) == bool(o.url):
         raise UserError("choose one: --url HOST:PORT (a served deployment) or --in-process CONFIG (its reference "
                         "engine, no server)")
-    ctx.command.check_mode(ctx, "in-process" if config else "served")
-    prompts = _prompts(prompt_set, max_tokens, limit)
-    if config:
-        from .harness.inprocess import format_report, load_deployment, run_inprocess, to_json
-        from .build.runner import BuildError
+    ctx.command.check_mode(ctx, "in-process" if o.config else "served")
+    (_bench_in_process if o.config else _bench_served)(o, _prompts(o.prompt_set, o.max_tokens, o.limit))
 
-        cfg = _load(config, sets)
-        if threads:
-            import torch
 
-            torch.set_num_threads(threads)
-        try:
-            dep = load_deployment(cfg.resolved_output_dir(Path(config)))
-            rep = run_inprocess(dep, prompts, list(ks) or [dep.max_draft_len], repeats=repeats, ignore_eos=ignore_eos,
-                                progress=lambda s: click.echo(s, err=True) if fmt == "text" else None)
-            if compare_hf:
-                from .harness.inprocess import compare_hf as _compare_hf
+@dataclass(frozen=True)
+class BenchOptions:
+    """`trt-spec bench`'s options, as click parses them (the names of bench's parameters)."""
 
-                rep["lean_vs_hf"] = _compare_hf(dep, prompts)
-        except (ValueError, BuildError) as e:
-            raise UserError(str(e)) from None
-        click.echo(to_json(rep) if fmt == "json" else format_report(rep))
-        return
+    prompt_set: str
+    max_tokens: Optional[int]
+    limit: Optional[int]
+    ks: tuple[int, ...]
+    repeats: int
+    fmt: str
+    policies: tuple[str, ...]
+    url: Optional[str] = None  # served
+    protocol: str = defaults.PROTOCOL
+    levels: tuple[int, ...] = ()
+    tokenizer: Optional[str] = None
+    out_dir: Optional[str] = None
+    config: Optional[str] = None  # in-process
+    ignore_eos: bool = False
+    threads: Optional[int] = None
+    compare_hf: bool = False
+    sets: tuple[str, ...] = ()
+
+
+def _bench_in_process(o: BenchOptions, prompts: list) -> None:
+    from .build.runner import BuildError
+    from .harness.inprocess import compare_hf, format_report, load_deployment, run_inprocess, to_json
+
+    cfg = _load(o.config, o.sets)
+    if o.threads:
+        import torch
+
+        torch.set_num_threads(o.threads)
+    try:
+        dep = load_deployment(cfg.resolved_output_dir(Path(o.config)))
+    except (ValueError, BuildError) as e:
+        raise UserError(str(e)) from None
+    try:
+        rep = run_inprocess(dep, prompts, list(o.ks) or [dep.default_k], repeats=o.repeats,
+                            policies=list(o.policies) or [None], ignore_eos=o.ignore_eos,
+                            progress=lambda s: click.echo(s, err=True) if o.fmt == "text" else None)
+        if o.compare_hf:
+            rep["lean_vs_hf"] = compare_hf(dep, prompts)
+    except ValueError as e:  # the loop's request checks (RequestError), an engine's refusal (EngineError is not one)
+        raise UserError(str(e)) from None
+    finally:
+        dep.close()
+    click.echo(to_json(rep) if o.fmt == "json" else format_report(rep))
+
+
+def _bench_served(o: BenchOptions, prompts: list) -> None:
     from rich.console import Console
 
     from .harness.bench import concurrency_sweep, paired_ab
@@ -511,31 +541,31 @@ def bench(ctx: click.Context, prompt_set: str, max_tokens: Optional[int], limit:
     from .harness.report import write_reports
 
     console = Console(stderr=True)
-    client = _client(url, protocol)
-    prompts = _chat(prompts, tokenizer)
+    client = _client(o.url, o.protocol)
+    prompts = _chat(prompts, o.tokenizer)
     runs = []
     try:
-        for policy in (list(policies) or [None]):
-            for k in (list(ks) or [None]):
+        for policy in (list(o.policies) or [None]):
+            for k in (list(o.ks) or [None]):
                 what = f"A/B k={k if k is not None else 'default'}" + (f" {policy}" if policy else "")
-                prog, cb = _progress(console, len(prompts) * repeats, what)
+                prog, cb = _progress(console, len(prompts) * o.repeats, what)
                 with prog:
-                    res = paired_ab(client, prompts, k=k, repeats=repeats, progress=cb, policy=policy)
-                runs.append({"protocol": protocol, **res})
+                    res = paired_ab(client, prompts, k=k, repeats=o.repeats, progress=cb, policy=policy)
+                runs.append({"protocol": o.protocol, **res})
         conc = []
-        if levels:
-            prog, cb = _progress(console, 2 * len(levels), "concurrency sweep")
+        if o.levels:
+            prog, cb = _progress(console, 2 * len(o.levels), "concurrency sweep")
             with prog:
-                conc = concurrency_sweep(lambda: LLMClient(url, protocol), prompts, levels, k=ks[0] if ks else None,
-                                         requests_per_level=len(prompts) * repeats, progress=cb,
-                                         policy=policies[0] if policies else None)
+                conc = concurrency_sweep(lambda: LLMClient(o.url, o.protocol), prompts, o.levels,
+                                         k=o.ks[0] if o.ks else None, requests_per_level=len(prompts) * o.repeats,
+                                         progress=cb, policy=o.policies[0] if o.policies else None)
     except ClientError as e:
         raise UserError(str(e)) from None
-    rep = {"title": f"bench {url} ({protocol})", "bench": runs, "concurrency": conc}
-    if out_dir:
-        for f in write_reports(rep, Path(out_dir)):
+    rep = {"title": f"bench {o.url} ({o.protocol})", "bench": runs, "concurrency": conc}
+    if o.out_dir:
+        for f in write_reports(rep, Path(o.out_dir)):
             console.print(f"wrote {f}")
-    if fmt == "json":
+    if o.fmt == "json":
         click.echo(json.dumps(rep, indent=2, default=float))
     else:
         from .harness.report import markdown, environment

@@ -109,6 +109,22 @@ def test_broken_speculative_model_is_caught_at_the_right_position(broken_server)
     assert r.returncode == 1 and "DIVERGED at token" in r.stdout and "verdict: FAIL" in r.stdout
 
 
+def test_in_process_bench_runs_the_served_loop_round_for_round(dtm_server):
+    """`bench --in-process` drives the BLS's own loop over in-process engines: with the fixed policy (deterministic:
+    no timing in its choices) and greedy decoding, it drafts, accepts and chooses k per round exactly as the served
+    BLS did for the same prompts, and reports them in the same summary."""
+    args = ("--prompts", "code", "--limit", "2", "--max-tokens", "16", "--k", "3", "--policy", "fixed",
+            "--format", "json")
+    served = cli("bench", "--url", dtm_server.grpc_url, *args)
+    assert served.returncode == 0, served.stderr
+    inproc = cli("bench", "--in-process", str(dtm_server.repo.parent / "draft_target.yaml"), *args, timeout=600)
+    assert inproc.returncode == 0, inproc.stderr
+    s = json.loads(served.stdout)["bench"][0]["acceptance"]
+    i = json.loads(inproc.stdout)["sweep"][0]["acceptance"]
+    assert s["drafted"] > 0
+    assert i == s
+
+
 def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
     reps = {}
     for proto, url in (("grpc", dtm_server.grpc_url), ("http", dtm_server.http_url)):

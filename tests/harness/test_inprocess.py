@@ -1,4 +1,6 @@
-"""`trt-spec bench --in-process CONFIG --format json`: the contract, on tiny reference builds (through the CLI)."""
+"""`trt-spec bench --in-process CONFIG --format json`: the served speculative loop over in-process engines, on tiny
+reference builds (through the CLI). That it reports what the served bench reports, round for round, is
+tests/e2e/test_harness.py's."""
 
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def bench(config, *args):
 
 
 def test_json_contract_and_a_perfect_draft(configs):
-    rep = bench(configs["copy"], "--k", "1", "--k", "4")
+    rep = bench(configs["copy"], "--k", "1", "--k", "4", "--policy", "fixed")
     for key in CONTRACT + ("verify_cost", "adjusted_bound", "adjusted_efficiency", "alpha", "k", "sweep"):
         assert key in rep, key
     assert [r["k"] for r in rep["sweep"]] == [1, 4]
@@ -66,10 +68,25 @@ def test_json_contract_and_a_perfect_draft(configs):
         # timings of a tiny model on a shared CPU are noisy: only the order of magnitude is asserted
         assert 0.3 < r["verify_cost"] < 10 and 0.3 < r["cost_ratio"] < 10  # the draft costs what the target does
         assert r["baseline_tokens"] == r["spec_tokens"] == 2 * 24
+        # the policy's per-round k, summarized as the served bench does: fixed k, clamped only by the budget
+        a = r["acceptance"]
+        assert r["draft_len_policy"] == "fixed" and a["rounds_without_speculation_share"] == 0.0
+        assert sum(a["draft_length_counts"]) == r["steps"] and a["draft_length_counts"][k] >= r["steps"] - 2
+
+
+def test_the_adaptive_policy_is_the_one_served(configs):
+    """No --policy: the deployment's (adaptive), deciding per round as the BLS does; on a draft that is always right
+    it speculates, and every round's choice is counted."""
+    rep = bench(configs["copy"], "--k", "4")
+    r = rep["sweep"][0]
+    a = r["acceptance"]
+    assert r["draft_len_policy"] == "adaptive" and r["token_identity"] == 1.0
+    assert sum(a["draft_length_counts"]) == r["steps"] == len([x for s in r["samples"] for x in s["draft_lengths"]])
+    assert a["drafted"] > 0 and r["acceptance_rate"] == 1.0
 
 
 def test_a_wrong_draft_is_reported_as_slower(configs):
-    rep = bench(configs["other"], "--k", "4")
+    rep = bench(configs["other"], "--k", "4", "--policy", "fixed")
     assert rep["token_identity"] == 1.0  # output is still the target's
     assert rep["acceptance_rate"] < 0.3
     assert rep["leviathan_bound"] < 1.0  # an equally expensive, mostly wrong draft cannot pay

@@ -1,5 +1,5 @@
 """In-flight batching: the packed forward against solo forwards, and the scheduler's requests against the same
-requests run alone through ReferenceEngine (token-identical greedy output, same sampling, same verify rule)."""
+requests run alone, one at a time (token-identical greedy output, same sampling, same verify rule)."""
 
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def model(sharp_model):
 
 
 def alone(model, kind, *args, **kw):
-    """The request run alone through a fresh ReferenceEngine (no prefix cache from other requests)."""
-    eng = ReferenceEngine(model, MAX_SEQ)
-    return getattr(eng, kind)(*args, **kw)
+    """The request run alone: a one-request batch on a fresh ReferenceEngine (no prefix cache from other requests)."""
+    with BatchScheduler(ReferenceEngine(model, MAX_SEQ), max_batch_size=1) as solo:
+        return getattr(solo, f"submit_{kind}")(*args, **kw).result(120)
 
 
 def assert_same_tokens(model, prompt, got, want, label):

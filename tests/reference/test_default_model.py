@@ -20,9 +20,10 @@ from trt_spec.harness.prompts import load_prompts  # noqa: E402
 from trt_spec.reference import checkpoints, distill, export  # noqa: E402
 from trt_spec.reference.engine import load_engine  # noqa: E402
 from trt_spec.reference.model import ReferenceModel  # noqa: E402
-from trt_spec.reference.speculative import generate  # noqa: E402
 
+from .oracle import plain_greedy  # noqa: E402
 from .test_distill import REPO  # noqa: E402
+from .test_speculative import Served  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,41 +45,48 @@ def built(tmp_path_factory):
 
 
 def test_greedy_with_the_distilled_draft_is_the_targets_greedy(built):
+    """The served loop over the FP8 engines, in process: the distilled draft's proposals verified by the target."""
     target, draft, tok, _, report = built
     assert draft.config.vocab_size == target.config.vocab_size == len(tok)
     assert report["params"] < 10_000_000  # the draft is tiny next to the 135M target
     prompt = load_prompts("code-edit")[0]
     ids = chat_ids(tok, prompt.text)
-    eos = (tok.eos_token_id,)
-    base = generate(target, [ids], 48, eos_token_ids=eos)
-    for k in (1, 4):
-        spec = generate(target, [ids], 48, draft=draft, k=k, eos_token_ids=eos)
-        assert spec.tokens == base.tokens, f"k={k}: speculative output differs from target-only greedy"
-        m = spec.metrics
-        assert m.drafted > 0 and 0 < m.accepted <= m.drafted, f"k={k}: drafted {m.drafted}, accepted {m.accepted}"
-        assert m.steps < len(spec.tokens[0])  # accepted draft tokens saved target steps
-        assert m.new_tokens == len(spec.tokens[0])
-        assert m.time_draft_s > 0 and m.time_target_s > 0
-    text = tok.decode(base.tokens[0], skip_special_tokens=True)
+    base = plain_greedy(target, ids, 48, end_id=tok.eos_token_id)
+    served = Served(target, draft, k=4)
+    try:
+        for k in (1, 4):
+            tokens, m = served.run(ids, 48, k, end_id=tok.eos_token_id)
+            assert tokens == base, f"k={k}: speculative output differs from target-only greedy"
+            assert m.drafted > 0 and 0 < m.accepted <= m.drafted, f"k={k}: drafted {m.drafted}, accepted {m.accepted}"
+            assert m.steps < len(tokens)  # accepted draft tokens saved target calls
+            assert all(rd.draft_s > 0 and rd.target_s > 0 for rd in m.rounds if rd.drafted)
+    finally:
+        served.close()
+    text = tok.decode(base, skip_special_tokens=True)
     assert len(text.strip()) > 20  # a real answer, not an empty or degenerate one
-    assert len(set(base.tokens[0])) > 10
+    assert len(set(base)) > 10
 
 
 def test_sampling_with_the_distilled_draft_runs_and_is_seeded(built):
     target, draft, tok, _, _ = built
     ids = chat_ids(tok, load_prompts("chat")[0].text)
-    kw = dict(draft=draft, k=3, temperature=0.8, top_p=0.95, seed=7, eos_token_ids=(tok.eos_token_id,))
-    a, b = generate(target, [ids], 24, **kw), generate(target, [ids], 24, **kw)
-    assert a.tokens == b.tokens
-    assert a.metrics.drafted > 0
+    served = Served(target, draft, k=3)
+    try:
+        kw = dict(end_id=tok.eos_token_id, sampling={"temperature": 0.8, "runtime_top_p": 0.95}, seed=7,
+                  use_logits=True)
+        (a, m), (b, _) = served.run(ids, 24, 3, **kw), served.run(ids, 24, 3, **kw)
+    finally:
+        served.close()
+    assert a == b
+    assert m.drafted > 0
 
 
 def test_lean_runtime_greedy_matches_hf_generate_on_the_default_model(built):
     _, _, tok, hf_target, _ = built
     ids = chat_ids(tok, load_prompts("code")[0].text)
-    ours = generate(ReferenceModel.from_pretrained(hf_target), [ids], 24)
+    ours = plain_greedy(ReferenceModel.from_pretrained(hf_target), ids, 24)
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_target, dtype=torch.float32)
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                           pad_token_id=tok.eos_token_id)
-    assert ours.tokens[0] == out[0, len(ids):].tolist()
+    assert ours == out[0, len(ids):].tolist()

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from trt_spec.reference.sampling import logits_to_probs, select  # noqa: E402
-from trt_spec.reference.speculative import speculative_accept, speculative_accept_batch  # noqa: E402
+from trt_spec.reference.accept import speculative_accept, speculative_accept_batch  # noqa: E402
 
 # Chi-square critical values at significance 0.001 by degrees of freedom (scipy.stats.chi2.ppf(0.999, df)).
 CHI2_CRIT = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322}

@@ -22,8 +22,9 @@ import numpy as np
 
 from ..records import backend_contract as bc
 from ..records.defaults import PROTOCOLS
-from ..records.names import (BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS, NUM_DRAFT_TOKENS,
-                     OUTPUT_IDS, SPECULATIVE, TEXT_INPUT, TEXT_MODELS, TEXT_OUTPUT)
+from ..records.names import (BAD_WORDS, BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS,
+                             NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE, STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS,
+                             TEXT_OUTPUT, TOP_K, TOP_P, USE_DRAFT_LOGITS)
 
 
 class ClientError(RuntimeError):
@@ -39,18 +40,19 @@ class Generation:
     chunks: int
     chunk_times_s: list[float] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    tokens: Optional[int] = None  # the server's count where it returns no ids (the OpenAI API's usage)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.output_ids)
+        return self.tokens if self.tokens is not None else len(self.output_ids)
 
 
 # Request fields: JSON names == tensor names; numpy dtypes for gRPC.
 FIELD_TYPES = {
-    MAX_TOKENS: np.int32, "top_k": np.int32, NUM_DRAFT_TOKENS: np.int32, "end_id": np.int32, "pad_id": np.int32,
-    "temperature": np.float32, "top_p": np.float32, "seed": np.uint64,
-    "stream": np.bool_, "exclude_input_in_output": np.bool_, "return_perf_metrics": np.bool_,
-    "use_draft_logits": np.bool_,
+    MAX_TOKENS: np.int32, TOP_K: np.int32, NUM_DRAFT_TOKENS: np.int32, bc.END_ID: np.int32, bc.PAD_ID: np.int32,
+    bc.TEMPERATURE: np.float32, TOP_P: np.float32, bc.SEED: np.uint64,
+    STREAM: np.bool_, bc.EXCLUDE_INPUT_IN_OUTPUT: np.bool_, bc.RETURN_PERF_METRICS: np.bool_,
+    USE_DRAFT_LOGITS: np.bool_,
 }
 # A greedy request as TensorRT-LLM defines greedy: neither top_k nor top_p, and no temperature. Never temperature 0:
 # the engine scales logits by 1/(T + 1e-6) (backend_contract.FP16_LOGITS), so 0 is a 1e6 scale, not a mode switch.
@@ -126,7 +128,7 @@ class LLMClient:
 
     # -- generation -----------------------------------------------------------------------------------------
     def generate(self, model: str, prompt: str, max_tokens: int, *, stream: bool = False, **params) -> Generation:
-        fields = {TEXT_INPUT: prompt, MAX_TOKENS: int(max_tokens), "stream": bool(stream), **params}
+        fields = {TEXT_INPUT: prompt, MAX_TOKENS: int(max_tokens), STREAM: bool(stream), **params}
         if self.protocol == "http":
             return self._http(model, fields, stream)
         return self._grpc_generate(model, fields)
@@ -134,21 +136,21 @@ class LLMClient:
     def engine_logits(self, model: str, input_ids: list[int]) -> Optional[np.ndarray]:
         """Next-token logits [V] from an engine model (core interface, return_generation_logits); None when
         the engine returns none (a TensorRT-LLM engine built without --gather_generation_logits)."""
-        fields = {"input_ids": [input_ids], "input_lengths": [[len(input_ids)]], "request_output_len": [[1]],
-                  "return_generation_logits": [[True]], "exclude_input_in_output": [[True]], "streaming": [[False]]}
+        fields = {bc.INPUT_IDS: [input_ids], bc.INPUT_LENGTHS: [[len(input_ids)]], bc.REQUEST_OUTPUT_LEN: [[1]],
+                  bc.RETURN_GENERATION_LOGITS: [[True]], bc.EXCLUDE_INPUT_IN_OUTPUT: [[True]], bc.STREAMING: [[False]]}
         if self.protocol == "http":
-            body = json.dumps({k: v[0] if k == "input_ids" else v[0][0] for k, v in fields.items()}).encode()
+            body = json.dumps({k: v[0] if k == bc.INPUT_IDS else v[0][0] for k, v in fields.items()}).encode()
             req = urllib.request.Request(f"http://{self.url}/v2/models/{model}/generate", data=body,
                                          headers={"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    out = json.loads(resp.read()).get("generation_logits")
+                    out = json.loads(resp.read()).get(bc.GENERATION_LOGITS)
             except (urllib.error.URLError, OSError) as e:
                 raise ClientError(f"{model}: logits request failed ({e})") from None
             return None if out is None else np.asarray(out, dtype=np.float32).reshape(-1)
         import tritonclient.grpc as grpcclient
 
-        dtypes = {"input_ids": np.int32, "input_lengths": np.int32, "request_output_len": np.int32}
+        dtypes = {bc.INPUT_IDS: np.int32, bc.INPUT_LENGTHS: np.int32, bc.REQUEST_OUTPUT_LEN: np.int32}
         inputs = []
         for name, value in fields.items():
             arr = np.asarray(value, dtype=dtypes.get(name, np.bool_))
@@ -156,8 +158,8 @@ class LLMClient:
             t.set_data_from_numpy(arr)
             inputs.append(t)
         # the backend refuses a request that does not ask for both mandatory outputs (backend_contract)
-        parts = self._grpc_stream(model, inputs, [*bc.MANDATORY_OUTPUTS, "generation_logits"])
-        arrs = [o["generation_logits"] for o in parts if "generation_logits" in o]
+        parts = self._grpc_stream(model, inputs, [*bc.MANDATORY_OUTPUTS, bc.GENERATION_LOGITS])
+        arrs = [o[bc.GENERATION_LOGITS] for o in parts if bc.GENERATION_LOGITS in o]
         return arrs[0].reshape(-1) if arrs else None
 
     def _http(self, model: str, fields: dict, stream: bool) -> Generation:
@@ -206,7 +208,7 @@ class LLMClient:
 
         inputs = []
         for name, value in fields.items():
-            if name in (TEXT_INPUT, "stop_words", "bad_words", DRAFT_LEN_POLICY):
+            if name in (TEXT_INPUT, STOP_WORDS, BAD_WORDS, DRAFT_LEN_POLICY):
                 vals = value if isinstance(value, list) else [value]
                 arr = np.array([[v.encode("utf-8") for v in vals]], dtype=object)
                 t = grpcclient.InferInput(name, list(arr.shape), "BYTES")

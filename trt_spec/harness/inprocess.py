@@ -1,64 +1,141 @@
-"""In-process benchmark of the reference engine: baseline (target-only greedy) vs speculative, alternating
-per prompt in one run, with a k sweep. No server: this is the engine's own ceiling, which the served
-benchmark is compared against.
+"""In-process benchmark of a CPU deployment: the served speculative loop over in-process engine calls, no server.
 
-Reported per k: baseline and speculative tokens/s, speedup (end to end, prefill included), decode speedup
-(TPOT ratio: time after the first token, which speculation accelerates), token identity (fraction of prompts whose
-tokens are identical), acceptance rate (vLLM: accepted / drafted), mean acceptance length (1 + accepted /
-steps), the per-token acceptance α that explains that length under Leviathan et al.'s i.i.d. model
-((1 − α^(k+1)) / (1 − α) = mean acceptance length), the draft/target cost ratio c (draft time per drafted
-token / target time per baseline token), the Leviathan bound S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) and
-efficiency = speedup / bound. The theorem takes a (k + 1)-token verification pass to cost one decode step; on a
-CPU it costs more (measured r, in decode steps, from the same run: target time per verification step / per
-baseline step, prefills excluded), so the report adds the bound with r in place of 1 and the efficiency against
-it: what separates the implementation's overhead from the hardware's verification cost.
+The deployment is the one `trt-spec repo` writes for the build (serve.repository's model configs): every engine model
+becomes a reference.standin.StandIn loaded from its own config, and the speculative side is the BLS's
+`SpeculativeLoop` (served/speculative_loop.py) built from the BLS's own parameters, with the same draft-length
+policy and proposers. Every engine call goes through the backend contract (the stand-in's request checks and
+outputs) and the engine's in-flight batching scheduler, as in Triton; only Triton itself, the tokenizer in the
+loop and the network are left out. So this is the served path's ceiling, and the one place trt-spec measures the
+draft/target cost ratio.
+
+Baseline (the ensemble's engine call: target only, greedy) and speculative (the loop) alternate per prompt in one
+run, with a k sweep (k is the cap under the adaptive policy). Reported per k: baseline and speculative tokens/s,
+speedup (end to end), decode speedup (time after the first token: the baseline's from the engine's perf outputs,
+the loop's from its first emitted chunk), token identity (fraction of prompts whose tokens are identical), the
+acceptance summary exactly as the served bench reports it (harness.bench.acceptance_summary: acceptance rate, mean
+acceptance length, per-position acceptance, the policy's per-round k counts and its rounds without speculation),
+the per-token acceptance α that explains the mean acceptance length at k under Leviathan et al.'s i.i.d. model,
+the draft/target cost ratio c (draft seconds per drafted token / baseline decode seconds per token), the Leviathan
+bound S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) and efficiency = speedup / bound. The theorem takes a verification
+to cost one decode step; on a CPU it costs more (r, in decode steps, measured in the same run: mean target seconds
+of a speculative round / baseline decode seconds per token), so the report adds the bound with r in place of 1 and
+the efficiency against it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
+from ..records import backend_contract as bc
+from ..records.names import BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
 from ..records.speculation import leviathan_bound, solve_alpha
-from .metrics import fmt, low_acceptance_advice
+from ..served.speculative_loop import EngineError, LoopConfig, SpecRequest, SpeculativeLoop, engine_inputs, \
+    response_tokens, validate
+from .bench import Sample, acceptance_summary
+from .metrics import fmt, low_acceptance_advice, tpot
 from .prompts import Prompt
+
+NS = 1e-9
+
+
+class InProcessEngines:
+    """The served loop's EngineCall over in-process stand-ins: model name -> StandIn. What Triton core would refuse
+    before a backend sees it (an unknown model or input) is refused here too; the backend's and the executor's
+    refusals (bc.ContractError, a full queue) become EngineError "<model>: <message>", as the BLS adapter reports an
+    engine's error response."""
+
+    def __init__(self, standins: dict):
+        self.standins = standins
+
+    async def __call__(self, model, inputs, outputs, on_response=None):
+        from ..reference.batching import QueueFullError
+        from ..reference.standin import INPUT_NAMES
+
+        s = self.standins.get(model)
+        if s is None:
+            raise EngineError(f"Request for unknown model: '{model}' is not found")
+        unknown = sorted(set(inputs) - set(INPUT_NAMES))
+        if unknown:
+            raise EngineError(f"{model}: unexpected inference input '{unknown[0]}' for model '{model}'")
+        try:
+            req = s.parse(inputs, outputs)
+            res = await asyncio.wrap_future(s.submit(req).future)
+            out = s.final(req, res)
+        except (bc.ContractError, QueueFullError, ValueError) as e:
+            raise EngineError(f"{model}: {e}") from None
+        if out is None:  # a streamed decode: the configs are written non-decoupled, which refuses streaming
+            raise EngineError(f"{model}: streaming is not served in process")
+        if on_response is not None:
+            on_response(out)
+        return [out]
+
+    def close(self) -> None:
+        for s in self.standins.values():
+            s.close(timeout=5.0)
 
 
 @dataclass
 class Loaded:
-    target: object
-    draft: object  # ReferenceModel | NgramDraft | None
+    engines: InProcessEngines
+    loop_config: LoopConfig  # the BLS's, from its own parameters
+    baseline_model: str  # the engine model the ensemble calls
+    default_k: int  # the BLS's num_draft_tokens
     tokenizer: object
-    mode: str
-    eos: tuple[int, ...]
-    max_draft_len: int
+    end_id: int
+    pad_id: int
     target_dir: str  # the target's engine directory
+
+    @property
+    def mode(self) -> str:
+        return self.loop_config.mode
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.loop_config.max_draft_len
+
+    def close(self) -> None:
+        self.engines.close()
 
 
 def load_deployment(build_dir: Path) -> Loaded:
+    """The deployment `trt-spec repo` would write for this build, loaded in process (written non-decoupled: the loop's
+    engine calls are all unary)."""
+    from google.protobuf import json_format
     from transformers import AutoTokenizer
 
     from ..records.manifest import BuildManifest
-    from ..reference.engine import load_engine
-    from ..reference.ngram import NgramDraft
+    from ..reference.standin import StandIn, model_parameters
+    from ..serve.repository import RepoSettings, repository_configs
+    from ..served.serving import default_end_id, default_pad_id
 
     m = BuildManifest.read(build_dir)
     if m.engine != "reference":
         raise ValueError(f"{build_dir}: --in-process runs the CPU reference engine; this build is {m.engine}. "
                          "Benchmark a GPU deployment through Triton with `trt-spec bench --url`")
-    mode, k = m.speculative.mode, m.speculative.max_draft_len
-    target = load_engine(m.target.dir)
-    draft = None
-    if mode == "draft_target":
-        draft = load_engine(m.draft.dir)
-    elif mode == "ngram":
-        draft = NgramDraft(max_ngram=m.speculative.ngram_size, k=k)
+    configs = {name: json_format.MessageToDict(cfg, preserving_proto_field_name=True)
+               for name, cfg in repository_configs(RepoSettings.from_manifest(m, decoupled=False)).items()}
+    standins = {}
+    try:
+        for name in ENGINE_MODELS:
+            if name in configs:
+                standins[name] = StandIn.load(configs[name], name)
+    except Exception:
+        for s in standins.values():
+            s.close()
+        raise
+    bls = model_parameters(configs[BLS])
+    baseline = next(s["model_name"] for s in configs[ENSEMBLE]["ensemble_scheduling"]["step"]
+                    if s["model_name"] in ENGINE_MODELS)
     tok = AutoTokenizer.from_pretrained(m.target.dir)
-    eos = (int(tok.eos_token_id),) if tok.eos_token_id is not None else ()
-    return Loaded(target, draft, tok, mode, eos, k, m.target.dir)
+    return Loaded(InProcessEngines(standins), LoopConfig.from_parameters(bls), baseline, int(bls["num_draft_tokens"]),
+                  tok, default_end_id(tok), default_pad_id(tok), m.target.dir)
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
@@ -66,116 +143,165 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True)
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        return list(out[bc.INPUT_IDS] if isinstance(out, dict) or hasattr(out, "keys") else out)
     return list(tokenizer.encode(text))
 
 
-def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, repeats: int = 1,
-                  warmup: bool = True, ignore_eos: bool = False,
-                  progress: Optional[Callable[[str], None]] = None) -> dict:
-    import torch
+@dataclass(frozen=True)
+class BaselineRun:
+    tokens: list[int]
+    wall_s: float
+    decode_s: float  # after the first token (the engine's first/last token times)
 
-    from ..reference.speculative import SpecMetrics, generate
+
+@dataclass(frozen=True)
+class SpecRun:
+    tokens: list[int]
+    wall_s: float
+    decode_s: float  # after the first emitted chunk
+    metrics: object  # speculative_loop.Metrics
+
+
+async def baseline_call(d: Loaded, prompt: list[int], max_tokens: int, end_id: int) -> BaselineRun:
+    """The ensemble's engine call: the target alone, greedy, with its perf outputs for the first/last token times."""
+    r = SpecRequest(prompt, max_tokens, 0, end_id, d.pad_id)
+    ins = engine_inputs(r, prompt, max_tokens, 0)
+    ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
+    t0 = time.perf_counter()
+    out, = await d.engines(d.baseline_model, ins, [*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS])
+    wall = time.perf_counter() - t0
+    first, last = (int(np.asarray(out[n]).reshape(-1)[0]) for n in ("first_token_time_ns", "last_token_time_ns"))
+    return BaselineRun(response_tokens(out), wall, (last - first) * NS)
+
+
+async def speculative_call(d: Loaded, loop: SpeculativeLoop, prompt: list[int], max_tokens: int, k: int,
+                           end_id: int, policy: Optional[str]) -> SpecRun:
+    """One request through the served loop, as the BLS runs it for a greedy client."""
+    first: list[float] = []
+    r = SpecRequest(prompt, max_tokens, k, end_id, d.pad_id, draft_len_policy=policy)
+    t0 = time.perf_counter()
+    tokens, m = await loop.generate(r, lambda new: first or first.append(time.perf_counter()))
+    t1 = time.perf_counter()
+    return SpecRun(tokens, t1 - t0, t1 - (first[0] if first else t1), m)
+
+
+def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, repeats: int = 1,
+                  policies: Sequence[Optional[str]] = (None,), warmup: bool = True, ignore_eos: bool = False,
+                  progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Paired baseline/speculative runs per (policy, k), alternating per prompt. policy None: the deployment's."""
+    import torch
 
     say = progress or (lambda s: None)
     ids = [chat_ids(d.tokenizer, p.text) for p in prompts]
-    if warmup:
-        generate(d.target, [ids[0]], 4, eos_token_ids=d.eos)
-        if d.draft is not None:
-            generate(d.target, [ids[0]], 4, draft=d.draft, k=min(ks), eos_token_ids=d.eos)
-    # Time to first token (prefill + one step) per prompt: identical for both, so decode time = total - TTFT.
-    ttft = []
-    for x in ids:
-        t0 = time.perf_counter()
-        generate(d.target, [x], 1, eos_token_ids=d.eos)
-        ttft.append(time.perf_counter() - t0)
-    prefills = sum(ttft) * repeats  # the prefill time in each side's totals, per k
-    results = []
-    for k in ks:
-        if d.draft is not None and k > d.max_draft_len:
-            raise ValueError(f"k {k} > max_draft_len {d.max_draft_len} of this build; pick k <= {d.max_draft_len}")
-        base_t = spec_t = base_dec = spec_dec = 0.0
-        base_n = spec_n = 0
-        identical = 0
-        spec_metrics, base_metrics = [], []
-        samples = []
-        for r in range(repeats):
-            for i, (p, x) in enumerate(zip(prompts, ids)):
-                say(f"k={k} rep {r + 1}/{repeats} prompt {i + 1}/{len(prompts)}")
-                runs = {}
-                order = ("base", "spec") if (i + r) % 2 == 0 else ("spec", "base")  # alternate: no drift bias
-                for which in order:
-                    t0 = time.perf_counter()
-                    res = generate(d.target, [x], p.max_tokens, draft=d.draft if which == "spec" else None, k=k,
-                                   eos_token_ids=d.eos, ignore_eos=ignore_eos)
-                    runs[which] = (res, time.perf_counter() - t0)
-                (b, bt), (s, st) = runs["base"], runs["spec"]
-                base_t, spec_t = base_t + bt, spec_t + st
-                base_dec += max(bt - ttft[i], 1e-9)
-                spec_dec += max(st - ttft[i], 1e-9)
-                base_n, spec_n = base_n + len(b.tokens[0]), spec_n + len(s.tokens[0])
-                same = b.tokens[0] == s.tokens[0]
-                identical += same
-                spec_metrics.append(s.metrics)
-                base_metrics.append(b.metrics)
-                samples.append({"prompt": p.id or i, "k": k, "repeat": r, "baseline_s": bt, "spec_s": st,
-                                "tokens": len(b.tokens[0]), "identical": same,
-                                "accepted": s.metrics.accepted, "drafted": s.metrics.drafted,
-                                "steps": s.metrics.steps})
-        sm, bm = SpecMetrics.merge(spec_metrics), SpecMetrics.merge(base_metrics)
-        base_tok_s = base_n / base_t
-        spec_tok_s = spec_n / spec_t
-        speedup = spec_tok_s / base_tok_s
-        decode_speedup = base_dec / spec_dec  # TPOT ratio: the same tokens after the same first token
-        mean_len = sm.mean_acceptance_length
-        alpha = solve_alpha(mean_len or 1.0, k)
-        target_per_token = bm.time_target_s / max(1, bm.new_tokens)
-        draft_per_token = sm.time_draft_s / max(1, sm.drafted)
-        c = draft_per_token / target_per_token if target_per_token else 0.0
-        bound = leviathan_bound(alpha, k, c)
-        # r: one verification pass (k + 1 tokens) in baseline decode steps, both without the prefills.
-        base_step = (bm.time_target_s - prefills) / max(1, bm.steps)
-        verify_cost = (sm.time_target_s - prefills) / max(1, sm.steps) / base_step if base_step > 0 else 1.0
-        adjusted = leviathan_bound(alpha, k, c, verify_cost=verify_cost)
-        row = {
-            "k": k, "baseline_tok_s": base_tok_s, "spec_tok_s": spec_tok_s, "speedup": speedup,
-            "decode_speedup": decode_speedup, "prefill_share": prefills / base_t,
-            "token_identity": identical / (len(prompts) * repeats),
-            "acceptance_rate": sm.acceptance_rate, "mean_acceptance_length": mean_len, "alpha": alpha,
-            "cost_ratio": c, "leviathan_bound": bound, "efficiency": speedup / bound if bound else 0.0,
-            "verify_cost": verify_cost, "adjusted_bound": adjusted,
-            "adjusted_efficiency": speedup / adjusted if adjusted else 0.0,
-            "per_position_acceptance": sm.per_position_acceptance, "accepted_histogram": sm.accepted_histogram,
-            "drafted": sm.drafted, "accepted": sm.accepted, "steps": sm.steps, "speculative_rounds": sm.speculative_steps,
-            "time_draft_s": sm.time_draft_s, "time_target_s": sm.time_target_s,
-            "baseline_tokens": base_n, "spec_tokens": spec_n, "samples": samples,
-        }
-        row["warning"] = low_acceptance_advice(alpha, k, c, speedup)
-        results.append(row)
-    best = max(results, key=lambda r: r["speedup"])
+    end_id = -1 if ignore_eos else d.end_id  # -1: the engine never stops on EOS (backend_contract)
+    for policy in policies:
+        for k in ks:
+            for p, x in zip(prompts, ids):  # the BLS's request checks: one line (RequestError), before any work
+                validate(d.loop_config, len(x), p.max_tokens, k, False, policy)
+
+    async def run() -> list[dict]:
+        rows = []
+        for policy in policies:
+            for k in ks:
+                loop = SpeculativeLoop(d.loop_config, d.engines)  # fresh policy state per row, warmed like a server
+                if warmup:
+                    await baseline_call(d, ids[0], 4, end_id)
+                    await speculative_call(d, loop, ids[0], min(8, prompts[0].max_tokens), k, end_id, policy)
+                pairs = []
+                for r in range(repeats):
+                    for i, (p, x) in enumerate(zip(prompts, ids)):
+                        say(f"k={k}{' ' + policy if policy else ''} rep {r + 1}/{repeats} prompt {i + 1}/{len(prompts)}")
+                        runs = {}
+                        for which in (("base", "spec") if (i + r) % 2 == 0 else ("spec", "base")):  # no drift bias
+                            runs[which] = (await baseline_call(d, x, p.max_tokens, end_id) if which == "base" else
+                                           await speculative_call(d, loop, x, p.max_tokens, k, end_id, policy))
+                        pairs.append((p.id or i, r, runs["base"], runs["spec"]))
+                rows.append(_row(k, policy or d.loop_config.draft_len_policy, pairs))
+        return rows
+
+    results = asyncio.run(run())
+    best = max(results, key=lambda row: row["speedup"])
     return {"mode": d.mode, "prompts": len(prompts), "repeats": repeats, "ignore_eos": ignore_eos,
-            "threads": torch.get_num_threads(), "sweep": results, **{k: v for k, v in best.items() if k != "samples"}}
+            "threads": torch.get_num_threads(), "sweep": results,
+            **{key: v for key, v in best.items() if key != "samples"}}
+
+
+def _row(k: int, policy: str, pairs: list) -> dict:
+    """One (policy, k): the paired runs summed, the acceptance as the served bench summarizes it, and the model."""
+    base = [b for _, _, b, _ in pairs]
+    spec = [s for _, _, _, s in pairs]
+    base_t, spec_t = sum(b.wall_s for b in base), sum(s.wall_s for s in spec)
+    base_n, spec_n = sum(len(b.tokens) for b in base), sum(len(s.tokens) for s in spec)
+    base_dec, spec_dec = sum(b.decode_s for b in base), sum(s.decode_s for s in spec)
+    samples = [Sample(SPECULATIVE, i, r, len(s.tokens), s.wall_s - s.decode_s, s.wall_s,
+                      tpot(s.wall_s, s.wall_s - s.decode_s, len(s.tokens)), s.metrics.accepted, s.metrics.drafted,
+                      s.metrics.steps, list(s.metrics.hist), s.metrics.draft_lengths) for i, r, _, s in pairs]
+    acc = acceptance_summary(samples)
+    rounds = [rd for s in spec for rd in s.metrics.rounds]
+    verifications = [rd for rd in rounds if rd.drafted]
+    draft_s = sum(rd.draft_s for rd in rounds)
+    drafted = sum(rd.drafted for rd in rounds)
+    # one baseline decode step: the target's seconds per token after the first
+    base_step = base_dec / max(1, sum(max(0, len(b.tokens) - 1) for b in base))
+    c = (draft_s / drafted) / base_step if drafted and base_step > 0 else 0.0
+    verify_cost = (sum(rd.target_s for rd in verifications) / len(verifications) / base_step
+                   if verifications and base_step > 0 else 1.0)
+    mean_len = acc["mean_acceptance_length"]
+    alpha = solve_alpha(mean_len or 1.0, k)
+    speedup = (spec_n / spec_t) / (base_n / base_t)
+    bound = leviathan_bound(alpha, k, c)
+    adjusted = leviathan_bound(alpha, k, c, verify_cost=verify_cost)
+    row = {
+        "k": k, "draft_len_policy": policy, "baseline_tok_s": base_n / base_t, "spec_tok_s": spec_n / spec_t,
+        "speedup": speedup, "decode_speedup": base_dec / spec_dec if spec_dec > 0 else float("nan"),
+        "ttft_share": (base_t - base_dec) / base_t,
+        "token_identity": sum(b.tokens == s.tokens for b, s in zip(base, spec)) / len(pairs),
+        "acceptance_rate": acc["acceptance_rate"], "mean_acceptance_length": mean_len, "alpha": alpha,
+        "cost_ratio": c, "leviathan_bound": bound, "efficiency": speedup / bound if bound else 0.0,
+        "verify_cost": verify_cost, "adjusted_bound": adjusted,
+        "adjusted_efficiency": speedup / adjusted if adjusted else 0.0,
+        "per_position_acceptance": acc["per_position_acceptance"], "accepted_histogram": acc["histogram"],
+        "drafted": acc["drafted"], "accepted": acc["accepted"], "steps": acc["steps"],
+        "speculative_rounds": acc["speculative_rounds"], "acceptance": acc,
+        "time_draft_s": draft_s, "time_target_s": sum(rd.target_s for rd in rounds),
+        "baseline_tokens": base_n, "spec_tokens": spec_n,
+        "samples": [{"prompt": i, "k": k, "repeat": r, "baseline_s": b.wall_s, "spec_s": s.wall_s,
+                     "tokens": len(b.tokens), "identical": b.tokens == s.tokens, "accepted": s.metrics.accepted,
+                     "drafted": s.metrics.drafted, "steps": s.metrics.steps, "draft_lengths": s.metrics.draft_lengths}
+                    for i, r, b, s in pairs],
+    }
+    row["warning"] = low_acceptance_advice(alpha, k, c, speedup)
+    return row
 
 
 def format_report(rep: dict) -> str:
-    lines = [f"in-process benchmark: mode {rep['mode']}, {rep['prompts']} prompts x {rep['repeats']}, "
-             f"{rep['threads']} torch threads, greedy"]
-    lines.append(f"{'k':>3} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'decode':>7} {'identity':>8} {'accept':>7} "
-                 f"{'mean len':>8} {'alpha':>6} {'c':>6} {'bound':>6} {'effic.':>6} {'r':>5} {'bound_r':>7} {'eff_r':>5}")
+    lines = [f"in-process benchmark (the served loop, no server): mode {rep['mode']}, {rep['prompts']} prompts x "
+             f"{rep['repeats']}, {rep['threads']} torch threads, greedy"]
+    lines.append(f"{'k':>3} {'policy':>8} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'decode':>7} "
+                 f"{'identity':>8} {'accept':>7} {'mean len':>8} {'alpha':>6} {'c':>6} {'bound':>6} {'effic.':>6} "
+                 f"{'r':>5} {'bound_r':>7} {'eff_r':>5}")
     for r in rep["sweep"]:
-        lines.append(f"{r['k']:>3} {r['baseline_tok_s']:>10.1f} {r['spec_tok_s']:>10.1f} {r['speedup']:>7.2f}x "
-                     f"{r['decode_speedup']:>6.2f}x "
-                     f"{r['token_identity']:>8.0%} {fmt(r['acceptance_rate'], '>7.2f')} {fmt(r['mean_acceptance_length'], '>8.2f')} "
+        lines.append(f"{r['k']:>3} {r['draft_len_policy']:>8} {r['baseline_tok_s']:>10.1f} {r['spec_tok_s']:>10.1f} "
+                     f"{r['speedup']:>7.2f}x {r['decode_speedup']:>6.2f}x "
+                     f"{r['token_identity']:>8.0%} {fmt(r['acceptance_rate'], '>7.2f')} "
+                     f"{fmt(r['mean_acceptance_length'], '>8.2f')} "
                      f"{r['alpha']:>6.2f} {r['cost_ratio']:>6.3f} {r['leviathan_bound']:>5.2f}x {r['efficiency']:>6.2f} "
                      f"{r['verify_cost']:>5.2f} {r['adjusted_bound']:>6.2f}x {r['adjusted_efficiency']:>5.2f}")
-    lines.append(f"best k={rep['k']}: {rep['speedup']:.2f}x end to end ({rep['spec_tok_s']:.1f} vs "
-                 f"{rep['baseline_tok_s']:.1f} tok/s), {rep['decode_speedup']:.2f}x in decode (TPOT; prefill is "
-                 f"{rep['prefill_share']:.0%} of the baseline's time and identical in both)")
-    lines.append("bound = Leviathan et al. (verification costs one decode step); r = measured cost of one "
-                 "verification pass in decode steps; bound_r = the bound with that cost; eff_r = speedup / bound_r")
+    lines.append("draft lengths chosen per round (k: rounds; 0 = a round without speculation):")
+    for r in rep["sweep"]:
+        a = r["acceptance"]
+        counts = ", ".join(f"{i}: {n}" for i, n in enumerate(a["draft_length_counts"]) if n)
+        lines.append(f"  k={r['k']} {r['draft_len_policy']}: {counts or 'none'}; mean k when speculating "
+                     f"{a['mean_draft_length']:.2f}, rounds without speculation "
+                     f"{a['rounds_without_speculation_share']:.0%}")
+    lines.append(f"best k={rep['k']} ({rep['draft_len_policy']}): {rep['speedup']:.2f}x end to end "
+                 f"({rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} tok/s), {rep['decode_speedup']:.2f}x in "
+                 f"decode (after the first token; the first token is {rep['ttft_share']:.0%} of the baseline's time)")
+    lines.append("bound = Leviathan et al. at the cap k (verification costs one decode step); r = measured cost of one "
+                 "verification in decode steps; bound_r = the bound with that cost; eff_r = speedup / bound_r")
     for r in rep["sweep"]:
         if r.get("warning"):
-            lines.append(f"WARNING (k={r['k']}): {r['warning']}")
+            lines.append(f"WARNING (k={r['k']} {r['draft_len_policy']}): {r['warning']}")
     if "lean_vs_hf" in rep:
         c = rep["lean_vs_hf"]
         lines.append(f"target-only greedy, {c['prompts']} prompts x {c['max_tokens']} tokens: lean runtime "
@@ -189,13 +315,12 @@ def to_json(rep: dict) -> str:
 
 
 def compare_hf(d: Loaded, prompts: Sequence[Prompt], *, max_tokens: int = 64) -> dict:
-    """Target-only greedy: the lean runtime vs HF transformers `generate` on the same (dequantized) weights and
-    prompts, alternating per prompt. Returns tokens/s of both and their ratio."""
+    """Target-only greedy: the engine call (the ensemble's) vs HF transformers `generate` on the same (dequantized)
+    weights and prompts, alternating per prompt. Returns tokens/s of both and their ratio."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..reference.export import load_engine_state_dict
-    from ..reference.speculative import generate
 
     engine_dir = Path(d.target_dir)
     cfg = AutoConfig.for_model(**{k: v for k, v in json.loads((engine_dir / "config.json").read_text()).items()
@@ -204,20 +329,24 @@ def compare_hf(d: Loaded, prompts: Sequence[Prompt], *, max_tokens: int = 64) ->
     hf.load_state_dict(load_engine_state_dict(engine_dir), strict=False)
     hf.eval()
     ids = [chat_ids(d.tokenizer, p.text) for p in prompts]
-    lean_t = hf_t = 0.0
-    lean_n = hf_n = same = 0
-    with torch.inference_mode():
-        hf.generate(torch.tensor([ids[0]]), max_new_tokens=2, do_sample=False)  # warm-up
-        generate(d.target, [ids[0]], 2)
-        for x in ids:
-            t0 = time.perf_counter()
-            out = hf.generate(torch.tensor([x]), max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
-            hf_t += time.perf_counter() - t0
-            h = out[0, len(x):].tolist()
-            t0 = time.perf_counter()
-            lean = generate(d.target, [x], max_tokens, ignore_eos=True).tokens[0]
-            lean_t += time.perf_counter() - t0
-            hf_n, lean_n = hf_n + len(h), lean_n + len(lean)
-            same += h == lean
-    return {"hf_tok_s": hf_n / hf_t, "lean_tok_s": lean_n / lean_t, "ratio": (lean_n / lean_t) / (hf_n / hf_t),
-            "identical_prompts": same, "prompts": len(ids), "max_tokens": max_tokens}
+
+    async def run() -> dict:
+        lean_t = hf_t = 0.0
+        lean_n = hf_n = same = 0
+        with torch.inference_mode():
+            hf.generate(torch.tensor([ids[0]]), max_new_tokens=2, do_sample=False)  # warm-up
+            await baseline_call(d, ids[0], 2, -1)
+            for x in ids:
+                t0 = time.perf_counter()
+                out = hf.generate(torch.tensor([x]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                  do_sample=False)
+                hf_t += time.perf_counter() - t0
+                h = out[0, len(x):].tolist()
+                lean = await baseline_call(d, x, max_tokens, -1)
+                lean_t += lean.wall_s
+                hf_n, lean_n = hf_n + len(h), lean_n + len(lean.tokens)
+                same += h == lean.tokens
+        return {"hf_tok_s": hf_n / hf_t, "lean_tok_s": lean_n / lean_t, "ratio": (lean_n / lean_t) / (hf_n / hf_t),
+                "identical_prompts": same, "prompts": len(ids), "max_tokens": max_tokens}
+
+    return asyncio.run(run())

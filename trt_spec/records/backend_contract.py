@@ -154,31 +154,54 @@ LOGITS_DTYPE = "float32"
 LOGITS_TYPE = "TYPE_FP32"
 FP16_LOGITS = "float16"  # ModelOpt's export default for bf16 checkpoints
 LOGITS_DTYPES = (LOGITS_DTYPE, FP16_LOGITS)
+# The engine's tensor names (NVIDIA's tensorrt_llm config.pbtxt template spells them so), written once: every
+# module that builds or reads an engine request uses these.
+INPUT_IDS = "input_ids"
+INPUT_LENGTHS = "input_lengths"
+REQUEST_OUTPUT_LEN = "request_output_len"
+DRAFT_INPUT_IDS = "draft_input_ids"
+DRAFT_LOGITS = "draft_logits"
+END_ID = "end_id"
+PAD_ID = "pad_id"
+STOP_WORDS_LIST = "stop_words_list"
+BAD_WORDS_LIST = "bad_words_list"
+TEMPERATURE = "temperature"
+RUNTIME_TOP_K = "runtime_top_k"
+RUNTIME_TOP_P = "runtime_top_p"
+SEED = "seed"
+STREAMING = "streaming"
+EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"
+RETURN_GENERATION_LOGITS = "return_generation_logits"
+RETURN_PERF_METRICS = "return_perf_metrics"
+OUTPUT_IDS = "output_ids"
+SEQUENCE_LENGTH = "sequence_length"
+GENERATION_LOGITS = "generation_logits"
+
 # The inputs trt-spec declares (a subset of the template's ~60; the rest stay unused).
 INPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec("input_ids", "TYPE_INT32", (-1,), ragged=True),
-    TensorSpec("input_lengths", "TYPE_INT32", (1,), optional=False, scalar=True),
-    TensorSpec("request_output_len", "TYPE_INT32", (1,), optional=False, scalar=True),
+    TensorSpec(INPUT_IDS, "TYPE_INT32", (-1,), ragged=True),
+    TensorSpec(INPUT_LENGTHS, "TYPE_INT32", (1,), optional=False, scalar=True),
+    TensorSpec(REQUEST_OUTPUT_LEN, "TYPE_INT32", (1,), optional=False, scalar=True),
     TensorSpec("num_return_sequences", "TYPE_INT32", (1,), scalar=True),
-    TensorSpec("draft_input_ids", "TYPE_INT32", (-1,), ragged=True),
+    TensorSpec(DRAFT_INPUT_IDS, "TYPE_INT32", (-1,), ragged=True),
     # Encoder-decoder models only; a decoder-only engine ignores it. NVIDIA's end_to_end_test.py sends it on every
     # request (preprocessing's DECODER_INPUT_ID = [[pad_id]]), so the config must declare it.
     TensorSpec("decoder_input_ids", "TYPE_INT32", (-1,), ragged=True),
-    TensorSpec("draft_logits", LOGITS_TYPE, (-1, -1), ragged=True),
+    TensorSpec(DRAFT_LOGITS, LOGITS_TYPE, (-1, -1), ragged=True),
     TensorSpec("draft_acceptance_threshold", "TYPE_FP32", (1,), scalar=True),
-    TensorSpec("end_id", "TYPE_INT32", (1,), scalar=True),
-    TensorSpec("pad_id", "TYPE_INT32", (1,), scalar=True),
-    TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), ragged=True),
-    TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), ragged=True),
+    TensorSpec(END_ID, "TYPE_INT32", (1,), scalar=True),
+    TensorSpec(PAD_ID, "TYPE_INT32", (1,), scalar=True),
+    TensorSpec(STOP_WORDS_LIST, "TYPE_INT32", (2, -1), ragged=True),
+    TensorSpec(BAD_WORDS_LIST, "TYPE_INT32", (2, -1), ragged=True),
     TensorSpec("beam_width", "TYPE_INT32", (1,), scalar=True),
-    TensorSpec("temperature", "TYPE_FP32", (1,), scalar=True),
-    TensorSpec("runtime_top_k", "TYPE_INT32", (1,), scalar=True),
-    TensorSpec("runtime_top_p", "TYPE_FP32", (1,), scalar=True),
-    TensorSpec("seed", "TYPE_UINT64", (1,), scalar=True),
-    TensorSpec("streaming", "TYPE_BOOL", (1,), scalar=True),
-    TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), scalar=True),
-    TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), scalar=True),
-    TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec(TEMPERATURE, "TYPE_FP32", (1,), scalar=True),
+    TensorSpec(RUNTIME_TOP_K, "TYPE_INT32", (1,), scalar=True),
+    TensorSpec(RUNTIME_TOP_P, "TYPE_FP32", (1,), scalar=True),
+    TensorSpec(SEED, "TYPE_UINT64", (1,), scalar=True),
+    TensorSpec(STREAMING, "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec(EXCLUDE_INPUT_IN_OUTPUT, "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec(RETURN_GENERATION_LOGITS, "TYPE_BOOL", (1,), scalar=True),
+    TensorSpec(RETURN_PERF_METRICS, "TYPE_BOOL", (1,), scalar=True),
 )
 # fillTritonResponse (MIS L1255-1306, the same in TensorRT-LLM 1.x triton_backend): with return_perf_metrics the backend
 # writes these ten [1, 1] outputs on EVERY response (streaming ones too), without looking at the requested outputs.
@@ -192,14 +215,14 @@ PERF_OUTPUT_TYPES: dict[str, str] = {
 PERF_OUTPUTS = tuple(PERF_OUTPUT_TYPES)
 SPEC_PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")  # what speculation reads
 OUTPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec("output_ids", "TYPE_INT32", (-1, -1)),  # sent as [1, beams, T], -1 padded (MIS fillTritonResponse L1081)
-    TensorSpec("sequence_length", "TYPE_INT32", (-1,)),  # sent as [1, beams]: tokens in THIS response (L1094)
-    TensorSpec("generation_logits", LOGITS_TYPE, (-1, -1, -1)),  # [1, beams, T, V]; needs return_generation_logits
+    TensorSpec(OUTPUT_IDS, "TYPE_INT32", (-1, -1)),  # sent as [1, beams, T], -1 padded (MIS fillTritonResponse L1081)
+    TensorSpec(SEQUENCE_LENGTH, "TYPE_INT32", (-1,)),  # sent as [1, beams]: tokens in THIS response (L1094)
+    TensorSpec(GENERATION_LOGITS, LOGITS_TYPE, (-1, -1, -1)),  # [1, beams, T, V]; needs return_generation_logits
     *(TensorSpec(name, dtype, (1,)) for name, dtype in PERF_OUTPUT_TYPES.items()),
 )
 # fillTritonResponse (MIS L1079-1103) throws unless the request asked for both; the error comes back as one
 # final error response: "Error encountered while populating response: <name> tensor must be present ...".
-MANDATORY_OUTPUTS = ("output_ids", "sequence_length")
+MANDATORY_OUTPUTS = (OUTPUT_IDS, SEQUENCE_LENGTH)
 MISSING_OUTPUT = "Error encountered while populating response: {name} tensor must be present in list of output tensors"
 # An output the backend writes that the model config does not declare: Triton core's Model::GetOutput (core
 # src/model.cc L56-68, r24.10, r25.12 and r26.04) refuses it ("unexpected inference output"); the backend's getResponseBuffer
@@ -429,7 +452,7 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     """Every check the backend (U createRequestsFromInputTensors, MIS fillTritonResponse) and the executor
     (LlmRequest::validate, SamplingConfig) make on the inputs trt-spec uses, in their order. Raises
     ContractError with their message. `inputs`: name -> array with the batch dimension ([1, …])."""
-    ids = inputs.get("input_ids")
+    ids = inputs.get(INPUT_IDS)
     if ids is None:
         raise ContractError(NO_INPUT_IDS)
     ids = np.asarray(ids)
@@ -438,16 +461,16 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     if ids.ndim >= 2 and ids.shape[0] > 1:
         raise ContractError(f"batch of {ids.shape[0]} sequences in one request: trt-spec's engines take one "
                             "sequence per request; send one request per prompt")
-    streaming = bool(_scalar(inputs, "streaming") or False)
+    streaming = bool(_scalar(inputs, STREAMING) or False)
     if streaming and not decoupled:
         raise ContractError(STREAMING_NEEDS_DECOUPLED)
     input_ids = [int(x) for x in ids.reshape(-1)]
     if not input_ids:
         raise ContractError(EMPTY_INPUT)
-    n_in = _scalar(inputs, "input_lengths")
+    n_in = _scalar(inputs, INPUT_LENGTHS)
     if n_in is not None and int(n_in) != len(input_ids):
         raise ContractError(INPUT_LENGTHS_MISMATCH.format(n=int(n_in), m=len(input_ids)))
-    out_len = _scalar(inputs, "request_output_len")
+    out_len = _scalar(inputs, REQUEST_OUTPUT_LEN)
     if out_len is None:
         raise ContractError(NO_OUTPUT_LEN)
     if int(out_len) < 1:
@@ -458,22 +481,22 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     beam = _scalar(inputs, "beam_width")
     if beam is not None and not 0 < int(beam) <= limits.max_beam_width:
         raise ContractError(EXECUTOR_ERROR.format(msg=BEAM_WIDTH.format(n=int(beam), max=limits.max_beam_width)))
-    temperature = _scalar(inputs, "temperature")
-    top_p = _scalar(inputs, "runtime_top_p")
+    temperature = _scalar(inputs, TEMPERATURE)
+    top_p = _scalar(inputs, RUNTIME_TOP_P)
     if temperature is not None and not float(temperature) >= 0:  # NaN fails too
         raise ContractError(TEMPERATURE_NEGATIVE)
     if temperature is not None and not math.isfinite(float(temperature)):
         raise ContractError(TEMPERATURE_NOT_FINITE.format(t=float(temperature)))
     if top_p is not None and (not math.isfinite(float(top_p)) or float(top_p) > 1):
         raise ContractError(TOP_P_RANGE)
-    top_k = _scalar(inputs, "runtime_top_k")
+    top_k = _scalar(inputs, RUNTIME_TOP_K)
     if top_k is not None and int(top_k) < 0:
         raise ContractError(TOP_K_NEGATIVE)
     k, p = effective_top_k_top_p(top_k, top_p)
-    exclude = _scalar(inputs, "exclude_input_in_output")
+    exclude = _scalar(inputs, EXCLUDE_INPUT_IN_OUTPUT)
     if exclude is None:
-        exclude = parse_bool(parameter(params, "exclude_input_in_output"), "exclude_input_in_output")
-    draft = inputs.get("draft_input_ids")
+        exclude = parse_bool(parameter(params, EXCLUDE_INPUT_IN_OUTPUT), EXCLUDE_INPUT_IN_OUTPUT)
+    draft = inputs.get(DRAFT_INPUT_IDS)
     draft_tokens = [int(x) for x in np.asarray(draft).reshape(-1)] if draft is not None else []
     # LlmRequest::validate (executor): prompt length, then draft length.
     if len(input_ids) > limits.input_limit():
@@ -492,17 +515,17 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     for name in MANDATORY_OUTPUTS:  # fillTritonResponse, at the first response
         if name not in requested:
             raise ContractError(MISSING_OUTPUT.format(name=name))
-    dl = inputs.get("draft_logits")
-    return_logits = bool(_scalar(inputs, "return_generation_logits") or False)
+    dl = inputs.get(DRAFT_LOGITS)
+    return_logits = bool(_scalar(inputs, RETURN_GENERATION_LOGITS) or False)
     if (dl is not None or return_logits) and limits.logits_dtype != config_logits_dtype:
         raise ContractError(LOGITS_DTYPE_MISMATCH.format(engine=limits.logits_dtype, config=config_logits_dtype))
-    end_id = _scalar(inputs, "end_id")
-    seed = _scalar(inputs, "seed")
+    end_id = _scalar(inputs, END_ID)
+    seed = _scalar(inputs, SEED)
     if seed is not None and not 0 <= int(seed) < 2**64:
         raise ContractError(SEED_RANGE.format(s=int(seed)))
     v = limits.vocab_size
     if v is not None:
-        for name, toks in (("input_ids", input_ids), ("draft_input_ids", draft_tokens)):
+        for name, toks in ((INPUT_IDS, input_ids), (DRAFT_INPUT_IDS, draft_tokens)):
             bad = next((t for t in toks if not 0 <= t < v), None)
             if bad is not None:
                 raise ContractError(TOKEN_OUT_OF_VOCAB.format(name=name, t=bad, v=v))
@@ -514,9 +537,9 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
         end_id=None if end_id is None else int(end_id), streaming=streaming, exclude_input=bool(exclude),
         temperature=None if temperature is None else float(temperature), top_k=k, top_p=p,
         seed=None if seed is None else int(seed),
-        stop_words=word_list(inputs.get("stop_words_list")), bad_words=word_list(inputs.get("bad_words_list")),
+        stop_words=word_list(inputs.get(STOP_WORDS_LIST)), bad_words=word_list(inputs.get(BAD_WORDS_LIST)),
         return_generation_logits=return_logits,
-        return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics") or False),
+        return_perf_metrics=bool(_scalar(inputs, RETURN_PERF_METRICS) or False),
         requested_outputs=requested, warning=warning)
 
 
@@ -555,10 +578,10 @@ def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfMet
     Triton returns requested outputs only, and a python stand-in must not even send the others
     (trt_spec.served.serving.requested_only)."""
     ids = list(tokens) if (req.streaming or req.exclude_input) else list(req.input_ids) + list(tokens)
-    out = {"output_ids": np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
-           "sequence_length": np.asarray([[len(ids)]], dtype=np.int32)}
-    if logits is not None and req.return_generation_logits and "generation_logits" in req.requested_outputs:
-        out["generation_logits"] = np.asarray(logits, dtype=np.float32)[None, None]
+    out = {OUTPUT_IDS: np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
+           SEQUENCE_LENGTH: np.asarray([[len(ids)]], dtype=np.int32)}
+    if logits is not None and req.return_generation_logits and GENERATION_LOGITS in req.requested_outputs:
+        out[GENERATION_LOGITS] = np.asarray(logits, dtype=np.float32)[None, None]
     if req.return_perf_metrics:
         out.update(perf.tensors())
     if declared is not None:

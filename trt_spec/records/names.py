@@ -30,8 +30,35 @@ NUM_DRAFT_TOKENS = "num_draft_tokens"  # BLS only: k for this request (the cap, 
 DRAFT_LEN_POLICY = "draft_len_policy"  # BLS only: adaptive | fixed for this request
 TEXT_OUTPUT = "text_output"
 EMBEDDING_BIAS = ("embedding_bias_words", "embedding_bias_weights")  # declared for NVIDIA's clients; must be empty
+BAD_WORDS, STOP_WORDS = "bad_words", "stop_words"  # strings; the engine gets them as word lists
+TOP_K, TOP_P = "top_k", "top_p"  # the engine's runtime_top_k / runtime_top_p
+STREAM = "stream"  # the engine's streaming
+BEAM_WIDTH, NUM_RETURN_SEQUENCES = "beam_width", "num_return_sequences"  # NVIDIA's clients send them; 1 is served
+USE_DRAFT_LOGITS = "use_draft_logits"  # BLS only: rejection sampling against the draft's logits
+# The text models' inputs named as the engine's (bc.END_ID, bc.PAD_ID, bc.TEMPERATURE, bc.SEED,
+# bc.EXCLUDE_INPUT_IN_OUTPUT, bc.RETURN_PERF_METRICS) are those constants.
 OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS  # the engine's outputs (the text models return output_ids)
-POST_OUTPUT_IDS = "OUTPUT_IDS"  # postprocessing's token ids (cut to SEQUENCE_LENGTH): the ensemble's output_ids
+
+
+class Pre:
+    """preprocessing's tensors (NVIDIA's all_models/inflight_batcher_llm/preprocessing names)."""
+
+    QUERY, REQUEST_OUTPUT_LEN, END_ID, PAD_ID = "QUERY", "REQUEST_OUTPUT_LEN", "END_ID", "PAD_ID"
+    BAD_WORDS, STOP_WORDS = "BAD_WORDS_DICT", "STOP_WORDS_DICT"
+    EMBEDDING_BIAS = ("EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS")
+    INPUT_ID, DECODER_INPUT_ID, REQUEST_INPUT_LEN = "INPUT_ID", "DECODER_INPUT_ID", "REQUEST_INPUT_LEN"
+    BAD_WORDS_IDS, STOP_WORDS_IDS, OUT_END_ID, OUT_PAD_ID = "BAD_WORDS_IDS", "STOP_WORDS_IDS", "OUT_END_ID", "OUT_PAD_ID"
+
+
+class Post:
+    """postprocessing's tensors (NVIDIA's names, and trt-spec's OUTPUT_IDS)."""
+
+    TOKENS_BATCH, SEQUENCE_LENGTH = "TOKENS_BATCH", "SEQUENCE_LENGTH"
+    OUTPUT = "OUTPUT"  # one string per sequence and beam
+    OUTPUT_IDS = "OUTPUT_IDS"  # the token ids cut to SEQUENCE_LENGTH: the ensemble's output_ids
+
+
+POST_OUTPUT_IDS = Post.OUTPUT_IDS
 # The BLS's whole-request metrics: the engine's perf outputs plus its own steps and accepted-length histogram.
 TOTAL_STEPS = "total_steps"
 ACCEPTED_LENGTH_HISTOGRAM = "accepted_length_histogram"

@@ -5,8 +5,8 @@ One engine thread runs iterations; `submit_generate` / `submit_verify` only queu
 
 1. finish sequences whose handle was cancelled (a slot frees at once; the others are not touched);
 2. admit queued requests first come, first served while the slot pool (`max_batch_size`) has room. Admission
-   takes the sequence's best prefix entry out of the engine's PrefixCache (exclusive, as
-   `ReferenceEngine._acquire` does for a solo call), so only the tokens after the cached prefix are pending;
+   takes the sequence's best prefix entry out of the engine's PrefixCache (exclusive: `ReferenceEngine._acquire`),
+   so only the tokens after the cached prefix are pending;
 3. schedule up to `max_num_tokens` new tokens: sequences in their generation phase first (pending tokens ==
    the tokens whose logits are needed: 1 for a decode step, k + 1 for a verification), then context work in
    admission order. Token budget policy: with `chunked_context` (default) a context that does not fit gets
@@ -20,10 +20,11 @@ One engine thread runs iterations; `submit_generate` / `submit_verify` only queu
    resolves its handle; a sequence whose callback raises fails alone; a failed forward fails the sequences in
    it (their entries stay valid: a cache entry's `tokens` only grow after a forward succeeded).
 
-Semantics per request are those of `ReferenceEngine.generate` / `verify`. Numerics: prefill and verification
-rows are bit-identical to a solo run; a decode row that the solo run computed as a one-row matmul (MKL gemv)
-is computed with the batch by oneDNN here, ~1e-6 relative difference, which can flip a greedy argmax only on
-a near-tie (see tests/reference/test_batching.py, which reports the margin when it happens).
+This is the only way the engine runs a call: a solo call is a one-request batch. Numerics: prefill and
+verification rows are bit-identical to the sequence's own forward; a decode row that a one-row forward computes
+as a one-row matmul (MKL gemv) is computed with the batch by oneDNN here, ~1e-6 relative difference, which can
+flip a greedy argmax only on a near-tie (see tests/reference/test_batching.py, which reports the margin when it
+happens).
 """
 
 from __future__ import annotations
@@ -143,7 +144,9 @@ class BatchScheduler:
                         end_id: Optional[int] = None, stop_words: Sequence[Sequence[int]] = (),
                         return_logits: bool = False, on_token: Optional[Callable[[int], None]] = None,
                         should_stop: Optional[Callable[[], bool]] = None) -> Handle:
-        """ReferenceEngine.generate, batched. on_token / should_stop run on the engine thread."""
+        """Decode up to max_new tokens (greedy or sampled), stopping at end_id (not output, backend_contract.
+        EOS_EXCLUDED) or after a stop word (kept); should_stop() ends it early with the tokens so far (a cancelled
+        request, as the executor finishes one). on_token / should_stop run on the engine thread."""
         self._check(input_ids, max_new, 0)
         return self._submit(_Seq(Handle(self), list(input_ids), sampling, 0, max_new=max_new, end_id=end_id,
                                  stop_words=[list(w) for w in stop_words], return_logits=return_logits,
@@ -151,7 +154,7 @@ class BatchScheduler:
 
     def submit_verify(self, input_ids: Sequence[int], draft: Sequence[int], sampling: Sampling, *,
                       draft_logits: Optional[torch.Tensor] = None, end_id: Optional[int] = None) -> Handle:
-        """ReferenceEngine.verify, batched: accepted prefix of `draft` + one target token."""
+        """One target forward over the draft: its accepted prefix + one target token (accept.py's rule)."""
         self._check(input_ids, len(draft) + 1, len(draft))
         return self._submit(_Seq(Handle(self), list(input_ids), sampling, 0, draft=list(draft),
                                  draft_logits=draft_logits, end_id=end_id, need=len(draft) + 1))
@@ -228,7 +231,7 @@ class BatchScheduler:
             seq.result.cancelled = True
             self._release(seq)
             return
-        if seq.draft is None and seq.max_new < 1:  # nothing to compute (ReferenceEngine.generate: no forward)
+        if seq.draft is None and seq.max_new < 1:  # nothing to compute (no forward)
             self._release(seq)
             return
         try:
@@ -323,7 +326,7 @@ class BatchScheduler:
         res.tokens.append(tok)
         if seq.on_token is not None:
             seq.on_token(tok)
-        # The order of ReferenceEngine.generate: end_id / stop word, then should_stop, then the length limit.
+        # The order: end_id / stop word, then should_stop, then the length limit.
         if _ends_with_stop(res.tokens, seq.stop_words):
             self._finish(seq)
         elif seq.should_stop is not None and seq.should_stop():

@@ -1,6 +1,7 @@
 """The reference engine behind Triton's core `tensorrt_llm` tensor interface (CPU, PyTorch).
 
-Semantics mirror the TensorRT-LLM backend as the BLS uses it:
+Semantics mirror the TensorRT-LLM backend as the BLS uses it (the calls themselves run on batching.BatchScheduler,
+the stand-in's in-flight batching; standin.StandIn puts the backend's contract in front of it):
 - no draft tokens: generate up to `request_output_len` tokens (greedy or sampled), stopping after `end_id`
   or a stop word (both kept); streaming yields each token as it is produced;
 - `draft_input_ids` d1..dk: one target forward over [last input token, d1..dk] verifies them; the output is
@@ -29,8 +30,8 @@ import torch
 
 from ..records.defaults import PREFIX_CACHE_BYTES
 from .model import KVCache, ReferenceModel
-from .sampling import logits_to_probs, select
-from .speculative import speculative_accept
+from .sampling import logits_to_probs
+from .accept import speculative_accept
 
 CAPACITY_STEP = 256  # KV-cache capacity grows in multiples of this many positions
 DIVERGE_SLACK = 16  # default: a request may diverge this close to the end of a cached sequence and take it over
@@ -168,7 +169,8 @@ class CallResult:
 
 
 class ReferenceEngine:
-    """One loaded model + its prefix cache; thread-safe for concurrent calls (one forward at a time)."""
+    """One loaded model + its prefix cache. Calls run on a batching.BatchScheduler over it (a solo call is a
+    one-request batch); `_compute` serializes forwards."""
 
     def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
                  diverge_slack: int = DIVERGE_SLACK):
@@ -202,77 +204,11 @@ class ReferenceEngine:
         entry.tokens = list(tokens[:n])
         return entry
 
-    def _feed(self, entry: CacheEntry, new: Sequence[int], last_n: int) -> torch.Tensor:
-        """Append `new` tokens at their positions; logits [last_n, V] for the last `last_n` of them."""
-        start = len(entry.tokens)
-        t = torch.tensor([list(new)], dtype=torch.long)
-        pos = torch.arange(start, start + len(new))[None]
-        at = torch.arange(len(new) - last_n, len(new))[None]
-        with self._compute:
-            logits = self.model.forward(t, pos, entry.cache, logits_at=at)[0]
-        entry.tokens.extend(int(x) for x in new)
-        return logits
-
-    # -- the two call kinds ---------------------------------------------------------------------------
-    def generate(self, input_ids: Sequence[int], max_new: int, sampling: Sampling, *, end_id: Optional[int] = None,
-                 stop_words: Sequence[Sequence[int]] = (), return_logits: bool = False,
-                 on_token: Optional[Callable[[int], None]] = None,
-                 should_stop: Optional[Callable[[], bool]] = None) -> CallResult:
-        """Plain decoding of up to max_new tokens; `should_stop()` (checked between tokens) ends it early with
-        the tokens so far (a cancelled request, as the executor finishes a cancelled request)."""
-        self._check_len(input_ids, max_new)
-        entry = self._acquire(input_ids, len(input_ids) + max_new)
-        gen = sampling.generator()
-        res = CallResult()
-        pending = list(input_ids[len(entry.tokens):])
-        try:
-            while len(res.tokens) < max_new:
-                logits = self._feed(entry, pending, 1)[-1]
-                tok = self._sample(sampling.logits(logits), sampling, gen)
-                if return_logits:
-                    res.logits.append(logits)
-                if tok == end_id:  # finished, and the end token is not output (backend_contract.EOS_EXCLUDED)
-                    break
-                res.tokens.append(tok)
-                if on_token is not None:
-                    on_token(tok)
-                if _ends_with_stop(res.tokens, stop_words):
-                    break
-                if should_stop is not None and should_stop():
-                    res.cancelled = True
-                    break
-                pending = [tok]
-        finally:
-            self.prefix_cache.put(entry)
-        return res
-
-    def verify(self, input_ids: Sequence[int], draft: Sequence[int], sampling: Sampling, *,
-               draft_logits: Optional[torch.Tensor] = None, end_id: Optional[int] = None) -> CallResult:
-        """One target forward over the draft; accepted prefix + one target token."""
-        k = len(draft)
-        self._check_len(input_ids, k + 1)
-        entry = self._acquire(input_ids, len(input_ids) + k + 1)
-        res = CallResult(drafted=k)
-        try:
-            feed = list(input_ids[len(entry.tokens):]) + list(draft)
-            logits = self._feed(entry, feed, k + 1)  # [k + 1, V]: predictions after each of x_last, d1..dk
-            new, accepted = accept_draft(draft, draft_logits, logits, sampling)
-            # K/V of the rejected drafts stay in the cache beyond the valid length: overwritten later.
-            entry.tokens = entry.tokens[: len(entry.tokens) - (k - accepted)]
-            res.tokens, res.accepted = cut_at_end(new, accepted, end_id)
-        finally:
-            self.prefix_cache.put(entry)
-        return res
-
     def _check_len(self, input_ids: Sequence[int], new: int) -> None:
         if not input_ids:
             raise ValueError("input_ids is empty")
         if len(input_ids) + new > self.max_seq_len:
             raise ValueError(f"input ({len(input_ids)} tokens) + output ({new}) exceeds max_seq_len {self.max_seq_len}")
-
-    @staticmethod
-    def _sample(logits: torch.Tensor, s: Sampling, gen: Optional[torch.Generator]) -> int:
-        return int(select(logits, s.temperature, s.top_k, s.top_p, gen)[0])
 
 
 def accept_draft(draft: Sequence[int], draft_logits: Optional[torch.Tensor], logits: torch.Tensor,

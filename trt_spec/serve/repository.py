@@ -44,9 +44,11 @@ from ..records.manifest import BuildManifest, EngineEntry, RepoRecord
 from ..records.defaults import ADD_SPECIAL_TOKENS
 from ..build.memory import SHARING_ROLES
 from ..records.speculation import Mode
-from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE_ENGINE, BLS, DRAFT, ENGINE_MODELS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, EMBEDDING_BIAS, ENSEMBLE, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS,
-                    POST_OUTPUT_IDS, POSTPROCESSING as POST, PREPROCESSING as PRE, SEQUENCE_LENGTH, TARGET, TEXT_INPUT, TEXT_OUTPUT,
-                    TOTAL_STEPS)
+from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BASELINE_ENGINE, BEAM_WIDTH, BLS, DRAFT,
+                             DRAFT_LENGTHS, DRAFT_LEN_POLICY, EMBEDDING_BIAS, ENGINE_MODELS, ENSEMBLE, MAX_TOKENS,
+                             NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, POSTPROCESSING as POST,
+                             POST_OUTPUT_IDS, PREPROCESSING as PRE, Post, Pre, SEQUENCE_LENGTH, STOP_WORDS, STREAM,
+                             TARGET, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
 
 if TYPE_CHECKING:
     from ..records.config import LookaheadSpec
@@ -180,7 +182,7 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
         "max_beam_width": 1,
         "enable_kv_cache_reuse": True,  # draft_tokens_external targets refuse to load without it
         "enable_chunked_context": False,  # input limit: min(max_seq_len - 1, max_num_tokens), checked upstream
-        "exclude_input_in_output": False,
+        bc.EXCLUDE_INPUT_IN_OUTPUT: False,
         "kv_cache_free_gpu_mem_fraction": s.kv_fraction,
         "max_tokens_in_paged_kv_cache": s.draft_kv_tokens if role in SHARING_ROLES else None,
         "gpu_device_ids": ",".join(str(d) for d in e.devices) or None,
@@ -215,23 +217,23 @@ def _choices(choices: Optional[list]) -> Optional[str]:
 def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=PRE, backend="python", max_batch_size=s.max_batch_size)
     cfg.input.extend([
-        inp("QUERY", "TYPE_STRING", [1]),
-        inp("REQUEST_OUTPUT_LEN", "TYPE_INT32", [1]),
-        inp("BAD_WORDS_DICT", "TYPE_STRING", [-1], optional=True),
-        inp("STOP_WORDS_DICT", "TYPE_STRING", [-1], optional=True),
-        inp("END_ID", "TYPE_INT32", [1], optional=True),
-        inp("PAD_ID", "TYPE_INT32", [1], optional=True),
-        *embedding_bias_inputs("EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS"),
+        inp(Pre.QUERY, "TYPE_STRING", [1]),
+        inp(Pre.REQUEST_OUTPUT_LEN, "TYPE_INT32", [1]),
+        inp(Pre.BAD_WORDS, "TYPE_STRING", [-1], optional=True),
+        inp(Pre.STOP_WORDS, "TYPE_STRING", [-1], optional=True),
+        inp(Pre.END_ID, "TYPE_INT32", [1], optional=True),
+        inp(Pre.PAD_ID, "TYPE_INT32", [1], optional=True),
+        *embedding_bias_inputs(Pre.EMBEDDING_BIAS[0], Pre.EMBEDDING_BIAS[1]),
     ])
     cfg.output.extend([
-        out("INPUT_ID", "TYPE_INT32", [-1]),
-        out("DECODER_INPUT_ID", "TYPE_INT32", [-1]),  # [[pad_id]]: NVIDIA's end_to_end_test.py reads and forwards it
-        out("REQUEST_INPUT_LEN", "TYPE_INT32", [1]),
-        out("REQUEST_OUTPUT_LEN", "TYPE_INT32", [1]),
-        out("BAD_WORDS_IDS", "TYPE_INT32", [2, -1]),
-        out("STOP_WORDS_IDS", "TYPE_INT32", [2, -1]),
-        out("OUT_END_ID", "TYPE_INT32", [1]),
-        out("OUT_PAD_ID", "TYPE_INT32", [1]),
+        out(Pre.INPUT_ID, "TYPE_INT32", [-1]),
+        out(Pre.DECODER_INPUT_ID, "TYPE_INT32", [-1]),  # [[pad_id]]: NVIDIA's end_to_end_test.py reads and forwards it
+        out(Pre.REQUEST_INPUT_LEN, "TYPE_INT32", [1]),
+        out(Pre.REQUEST_OUTPUT_LEN, "TYPE_INT32", [1]),
+        out(Pre.BAD_WORDS_IDS, "TYPE_INT32", [2, -1]),
+        out(Pre.STOP_WORDS_IDS, "TYPE_INT32", [2, -1]),
+        out(Pre.OUT_END_ID, "TYPE_INT32", [1]),
+        out(Pre.OUT_PAD_ID, "TYPE_INT32", [1]),
     ])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "max_input_len": s.max_input_len,
@@ -241,9 +243,9 @@ def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
 
 def postprocessing_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=POST, backend="python", max_batch_size=s.max_batch_size)
-    cfg.input.extend([inp("TOKENS_BATCH", "TYPE_INT32", [-1, -1]), inp("SEQUENCE_LENGTH", "TYPE_INT32", [-1])])
+    cfg.input.extend([inp(Post.TOKENS_BATCH, "TYPE_INT32", [-1, -1]), inp(Post.SEQUENCE_LENGTH, "TYPE_INT32", [-1])])
     # OUTPUT: NVIDIA's (one string per sequence and beam); OUTPUT_IDS: trt-spec's, the token ids cut to their length
-    cfg.output.extend([out("OUTPUT", "TYPE_STRING", [-1]), out(POST_OUTPUT_IDS, "TYPE_INT32", [-1, -1])])
+    cfg.output.extend([out(Post.OUTPUT, "TYPE_STRING", [-1]), out(POST_OUTPUT_IDS, "TYPE_INT32", [-1, -1])])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": True})
     return cfg
@@ -259,25 +261,25 @@ def text_inputs(bls: bool) -> list:
     ins = [
         inp(TEXT_INPUT, "TYPE_STRING", [1]),
         inp(MAX_TOKENS, "TYPE_INT32", [1]),
-        inp("bad_words", "TYPE_STRING", [-1], optional=True),
-        inp("stop_words", "TYPE_STRING", [-1], optional=True),
-        inp("end_id", "TYPE_INT32", [1], optional=True),
-        inp("pad_id", "TYPE_INT32", [1], optional=True),
-        inp("top_k", "TYPE_INT32", [1], optional=True),
-        inp("top_p", "TYPE_FP32", [1], optional=True),
-        inp("temperature", "TYPE_FP32", [1], optional=True),
-        inp("seed", "TYPE_UINT64", [1], optional=True),
-        inp("stream", "TYPE_BOOL", [1], optional=True),
-        inp("exclude_input_in_output", "TYPE_BOOL", [1], optional=True),
-        inp("return_perf_metrics", "TYPE_BOOL", [1], optional=True),
+        inp(BAD_WORDS, "TYPE_STRING", [-1], optional=True),
+        inp(STOP_WORDS, "TYPE_STRING", [-1], optional=True),
+        inp(bc.END_ID, "TYPE_INT32", [1], optional=True),
+        inp(bc.PAD_ID, "TYPE_INT32", [1], optional=True),
+        inp(TOP_K, "TYPE_INT32", [1], optional=True),
+        inp(TOP_P, "TYPE_FP32", [1], optional=True),
+        inp(bc.TEMPERATURE, "TYPE_FP32", [1], optional=True),
+        inp(bc.SEED, "TYPE_UINT64", [1], optional=True),
+        inp(STREAM, "TYPE_BOOL", [1], optional=True),
+        inp(bc.EXCLUDE_INPUT_IN_OUTPUT, "TYPE_BOOL", [1], optional=True),
+        inp(bc.RETURN_PERF_METRICS, "TYPE_BOOL", [1], optional=True),
         # NVIDIA's end_to_end_grpc_client always sends beam_width; 1 is the only value served
-        inp("beam_width", "TYPE_INT32", [1], optional=True),
-        inp("num_return_sequences", "TYPE_INT32", [1], optional=True),
+        inp(BEAM_WIDTH, "TYPE_INT32", [1], optional=True),
+        inp(NUM_RETURN_SEQUENCES, "TYPE_INT32", [1], optional=True),
         *embedding_bias_inputs(*EMBEDDING_BIAS),
     ]
     if bls:
         ins += [inp(NUM_DRAFT_TOKENS, "TYPE_INT32", [1], optional=True),
-                inp("use_draft_logits", "TYPE_BOOL", [1], optional=True),
+                inp(USE_DRAFT_LOGITS, "TYPE_BOOL", [1], optional=True),
                 inp(DRAFT_LEN_POLICY, "TYPE_STRING", [1], optional=True)]
     return ins
 
@@ -289,29 +291,29 @@ def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
                        *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS)])
     steps = cfg.ensemble_scheduling.step
     pre = steps.add(model_name=PRE, model_version=-1)
-    pre.input_map.update({"QUERY": TEXT_INPUT, "REQUEST_OUTPUT_LEN": MAX_TOKENS, "BAD_WORDS_DICT": "bad_words",
-                          "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id",
-                          "EMBEDDING_BIAS_WORDS": EMBEDDING_BIAS[0], "EMBEDDING_BIAS_WEIGHTS": EMBEDDING_BIAS[1]})
-    pre.output_map.update({"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
-                           "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
-                           "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID"})
+    pre.input_map.update({Pre.QUERY: TEXT_INPUT, Pre.REQUEST_OUTPUT_LEN: MAX_TOKENS, Pre.BAD_WORDS: BAD_WORDS,
+                          Pre.STOP_WORDS: STOP_WORDS, Pre.END_ID: bc.END_ID, Pre.PAD_ID: bc.PAD_ID,
+                          Pre.EMBEDDING_BIAS[0]: EMBEDDING_BIAS[0], Pre.EMBEDDING_BIAS[1]: EMBEDDING_BIAS[1]})
+    pre.output_map.update({Pre.INPUT_ID: "_INPUT_ID", Pre.REQUEST_INPUT_LEN: "_REQUEST_INPUT_LEN",
+                           Pre.REQUEST_OUTPUT_LEN: "_REQUEST_OUTPUT_LEN", Pre.BAD_WORDS_IDS: "_BAD_WORDS_IDS",
+                           Pre.STOP_WORDS_IDS: "_STOP_WORDS_IDS", Pre.OUT_END_ID: "_END_ID", Pre.OUT_PAD_ID: "_PAD_ID"})
     # The baseline decodes without speculation: the target itself, or for Medusa/EAGLE/lookahead (whose target engine
     # always speculates) the plain engine built beside it (speculation.Mode.in_engine).
     llm = steps.add(model_name=BASELINE_ENGINE if "baseline" in s.engines else TARGET, model_version=-1)
-    llm.input_map.update({"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
-                          "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_END_ID", "pad_id": "_PAD_ID",
-                          "bad_words_list": "_BAD_WORDS_IDS", "stop_words_list": "_STOP_WORDS_IDS",
-                          "runtime_top_k": "top_k", "runtime_top_p": "top_p", "temperature": "temperature",
-                          "seed": "seed", "streaming": "stream", "exclude_input_in_output": "exclude_input_in_output",
-                          "return_perf_metrics": "return_perf_metrics", "beam_width": "beam_width",
-                          "num_return_sequences": "num_return_sequences"})
+    llm.input_map.update({bc.INPUT_IDS: "_INPUT_ID", bc.INPUT_LENGTHS: "_REQUEST_INPUT_LEN",
+                          bc.REQUEST_OUTPUT_LEN: "_REQUEST_OUTPUT_LEN", bc.END_ID: "_END_ID", bc.PAD_ID: "_PAD_ID",
+                          bc.BAD_WORDS_LIST: "_BAD_WORDS_IDS", bc.STOP_WORDS_LIST: "_STOP_WORDS_IDS",
+                          bc.RUNTIME_TOP_K: TOP_K, bc.RUNTIME_TOP_P: TOP_P, bc.TEMPERATURE: bc.TEMPERATURE,
+                          bc.SEED: bc.SEED, bc.STREAMING: STREAM, bc.EXCLUDE_INPUT_IN_OUTPUT: bc.EXCLUDE_INPUT_IN_OUTPUT,
+                          bc.RETURN_PERF_METRICS: bc.RETURN_PERF_METRICS, BEAM_WIDTH: BEAM_WIDTH,
+                          NUM_RETURN_SEQUENCES: NUM_RETURN_SEQUENCES})
     # The engine's outputs are internal tensors, never ensemble outputs: Triton core prunes a step once every
     # ensemble output it produces is unrequested, without asking whether a later step consumes them (ENSEMBLE_PRUNING).
     llm.output_map.update({OUTPUT_IDS: "_TOKENS_BATCH", SEQUENCE_LENGTH: "_SEQUENCE_LENGTH",
                            **{name: name for name in bc.PERF_OUTPUTS}})  # with return_perf_metrics, as NVIDIA's
     post = steps.add(model_name=POST, model_version=-1)
-    post.input_map.update({"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"})
-    post.output_map.update({"OUTPUT": TEXT_OUTPUT, POST_OUTPUT_IDS: OUTPUT_IDS})
+    post.input_map.update({Post.TOKENS_BATCH: "_TOKENS_BATCH", Post.SEQUENCE_LENGTH: "_SEQUENCE_LENGTH"})
+    post.output_map.update({Post.OUTPUT: TEXT_OUTPUT, POST_OUTPUT_IDS: OUTPUT_IDS})
     return cfg
 
 
@@ -419,7 +421,7 @@ def validate_repository(repo: Path) -> dict[str, mc.ModelConfig]:
 def _check_engine_interface(caller: str, engine: mc.ModelConfig) -> None:
     have_in = {i.name for i in engine.input}
     have_out = {o.name for o in engine.output}
-    for t in ("input_ids", "input_lengths", "request_output_len", "draft_input_ids"):
+    for t in (bc.INPUT_IDS, bc.INPUT_LENGTHS, bc.REQUEST_OUTPUT_LEN, bc.DRAFT_INPUT_IDS):
         if t not in have_in:
             raise RepositoryError(f"{caller} calls {engine.name}, which has no input {t!r}")
     for t in bc.MANDATORY_OUTPUTS:

@@ -72,6 +72,17 @@ class LoopConfig:
     draft_len_policy: str = "adaptive"  # adaptive | fixed (trt_spec/served/draft_policy.py)
     proposer: str = "suffix"  # ngram mode: suffix | prompt_lookup
 
+    @staticmethod
+    def from_parameters(p: dict[str, str]) -> "LoopConfig":
+        """The loop of a `tensorrt_llm_bls` model config's parameters (serve.repository.bls_config writes them): the
+        one reading of them, by the BLS in Triton and by `bench --in-process` alike."""
+        return LoopConfig(
+            target=p["tensorrt_llm_model_name"], draft=p.get("tensorrt_llm_draft_model_name") or None,
+            mode=p["speculative_mode"], max_draft_len=int(p["max_draft_len"]), ngram_size=int(p["ngram_size"]),
+            max_seq_len=int(p["max_seq_len"]), max_prompt_len=int(p["max_input_len"]),
+            max_input_len=bc.max_input_len(int(p["max_seq_len"]), int(p["max_num_tokens"])),
+            draft_len_policy=p["draft_len_policy"], proposer=p["proposer"])
+
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"speculative_mode {self.mode!r}: use one of {', '.join(MODES)}")
@@ -188,26 +199,26 @@ def engine_inputs(r: SpecRequest, tokens: Sequence[int], out_len: int, seed_offs
                   streaming: bool = False) -> dict[str, np.ndarray]:
     """One engine request in the backend's tensor format ([1, …]: batch dimension first)."""
     ins = {
-        "input_ids": np.asarray([list(tokens)], dtype=np.int32),
-        "input_lengths": np.asarray([[len(tokens)]], dtype=np.int32),
-        "request_output_len": np.asarray([[out_len]], dtype=np.int32),
-        "end_id": np.asarray([[r.end_id]], dtype=np.int32),
-        "pad_id": np.asarray([[r.pad_id]], dtype=np.int32),
-        "streaming": np.asarray([[streaming]], dtype=bool),
-        "exclude_input_in_output": np.asarray([[True]], dtype=bool),
+        bc.INPUT_IDS: np.asarray([list(tokens)], dtype=np.int32),
+        bc.INPUT_LENGTHS: np.asarray([[len(tokens)]], dtype=np.int32),
+        bc.REQUEST_OUTPUT_LEN: np.asarray([[out_len]], dtype=np.int32),
+        bc.END_ID: np.asarray([[r.end_id]], dtype=np.int32),
+        bc.PAD_ID: np.asarray([[r.pad_id]], dtype=np.int32),
+        bc.STREAMING: np.asarray([[streaming]], dtype=bool),
+        bc.EXCLUDE_INPUT_IN_OUTPUT: np.asarray([[True]], dtype=bool),
         **r.sampling,
     }
     if r.seed is not None:
-        ins["seed"] = np.asarray([[(r.seed + seed_offset) % 2**63]], dtype=np.uint64)
+        ins[bc.SEED] = np.asarray([[(r.seed + seed_offset) % 2**63]], dtype=np.uint64)
     if r.bad_words:
-        ins["bad_words_list"] = bc.word_list_array(r.bad_words)[None]
+        ins[bc.BAD_WORDS_LIST] = bc.word_list_array(r.bad_words)[None]
     return ins
 
 
 def response_tokens(out: dict[str, np.ndarray]) -> list[int]:
     """New tokens of one response: output_ids [1, 1, T] cut to sequence_length [1, 1]."""
-    ids = np.asarray(out["output_ids"]).reshape(-1)
-    n = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
+    ids = np.asarray(out[bc.OUTPUT_IDS]).reshape(-1)
+    n = int(np.asarray(out[bc.SEQUENCE_LENGTH]).reshape(-1)[0])
     return [int(x) for x in ids[:n]]
 
 
@@ -265,11 +276,11 @@ class SpeculativeLoop:
         ins = engine_inputs(r, tokens, k, SEED_STRIDE * step + 1)
         outs = list(bc.MANDATORY_OUTPUTS)
         if r.use_logits:
-            ins["return_generation_logits"] = np.asarray([[True]], dtype=bool)
-            outs.append("generation_logits")
+            ins[bc.RETURN_GENERATION_LOGITS] = np.asarray([[True]], dtype=bool)
+            outs.append(bc.GENERATION_LOGITS)
         responses = await self.call(self.cfg.draft, ins, outs)
         draft = [t for out in responses for t in response_tokens(out)][:k]
-        logits = next((o["generation_logits"] for o in responses if "generation_logits" in o), None)
+        logits = next((o[bc.GENERATION_LOGITS] for o in responses if bc.GENERATION_LOGITS in o), None)
         if logits is not None:
             logits = np.asarray(logits, dtype=np.float32)
             logits = logits.reshape(-1, logits.shape[-1])[: len(draft)]
@@ -312,9 +323,9 @@ class SpeculativeLoop:
             out_len = len(draft) + 1 if draft else decision.run_len
             ins = engine_inputs(r, tokens, out_len, SEED_STRIDE * m.steps)
             if draft:
-                ins["draft_input_ids"] = np.asarray([draft], dtype=np.int32)
+                ins[bc.DRAFT_INPUT_IDS] = np.asarray([draft], dtype=np.int32)
                 if logits is not None:
-                    ins["draft_logits"] = logits[None]
+                    ins[bc.DRAFT_LOGITS] = logits[None]
             responses = await self.call(self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS))
             t2 = time.perf_counter()
             new = [t for out in responses for t in response_tokens(out)][:remaining]
@@ -347,9 +358,9 @@ class SpeculativeLoop:
 
     async def _in_engine(self, r: SpecRequest, emit) -> tuple[list[int], Metrics]:
         ins = engine_inputs(r, r.prompt, r.max_tokens, 0, streaming=r.stream)
-        ins["return_perf_metrics"] = np.asarray([[True]], dtype=bool)
+        ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
         if r.stop_words:
-            ins["stop_words_list"] = bc.word_list_array(r.stop_words)[None]
+            ins[bc.STOP_WORDS_LIST] = bc.word_list_array(r.stop_words)[None]
         generated: list[int] = []
         m = Metrics()
 

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.records.names import POST_OUTPUT_IDS, POSTPROCESSING
+from trt_spec.records.names import POST_OUTPUT_IDS, POSTPROCESSING, Post
 from trt_spec.served.serving import enable_crash_traces, load_tokenizer, requested_only, respond_each
 
 
@@ -26,8 +26,8 @@ class TritonPythonModel:
         return respond_each(requests, self._one, POSTPROCESSING, pb_utils)
 
     def _one(self, request):
-        tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
-        lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+        tokens = pb_utils.get_input_tensor_by_name(request, Post.TOKENS_BATCH).as_numpy()
+        lengths = pb_utils.get_input_tensor_by_name(request, Post.SEQUENCE_LENGTH).as_numpy()
         tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
         lengths = lengths.reshape(tokens.shape[0], -1)
         texts = []
@@ -37,7 +37,7 @@ class TritonPythonModel:
                 texts.append(self.tokenizer.decode(tokens[b, beam, :n].tolist(),
                                                    skip_special_tokens=self.skip_special).encode("utf-8"))
         longest = int(lengths.max()) if lengths.size else 0
-        outputs = {"OUTPUT": np.array(texts, dtype=object),
+        outputs = {Post.OUTPUT: np.array(texts, dtype=object),
                    POST_OUTPUT_IDS: np.ascontiguousarray(tokens[:, :, :longest], dtype=np.int32)}
         return pb_utils.InferenceResponse(output_tensors=[  # the stub drops others without the GIL (requested_only)
             pb_utils.Tensor(k, v) for k, v in requested_only(outputs, request.requested_output_names()).items()])

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.records.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT
+from trt_spec.records.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT, Pre
 from trt_spec.served.serving import (check_no_embedding_bias, decode_strings, default_end_id, default_pad_id,
                               enable_crash_traces, encode, load_tokenizer, respond_each, scalar, to_word_list)
 from trt_spec.served.speculative_loop import RequestError, check_prompt_len
@@ -30,35 +30,35 @@ class TritonPythonModel:
         self.add_special = params.get("add_special_tokens", {}).get("string_value", "true") == "true"
 
     def _one(self, request):
-        check_no_embedding_bias(_get(request, "EMBEDDING_BIAS_WORDS"), _get(request, "EMBEDDING_BIAS_WEIGHTS"))
-        queries = decode_strings(_get(request, "QUERY"))
+        check_no_embedding_bias(_get(request, Pre.EMBEDDING_BIAS[0]), _get(request, Pre.EMBEDDING_BIAS[1]))
+        queries = decode_strings(_get(request, Pre.QUERY))
         if not queries or any(not q for q in queries):
             raise RequestError(f"{TEXT_INPUT} is empty; send a non-empty prompt")
-        out_len = np.asarray(_get(request, "REQUEST_OUTPUT_LEN")).reshape(-1, 1).astype(np.int32)
+        out_len = np.asarray(_get(request, Pre.REQUEST_OUTPUT_LEN)).reshape(-1, 1).astype(np.int32)
         if int(out_len.min()) <= 0:
             raise RequestError(f"{MAX_TOKENS} must be >= 1, got {int(out_len.min())}")
         ids = [encode(self.tokenizer, q, self.add_special) for q in queries]
         longest = max(len(i) for i in ids)
         check_prompt_len(longest, self.max_input_len)
-        end_id = scalar(_get(request, "END_ID"), default_end_id(self.tokenizer), int)
-        pad_id = scalar(_get(request, "PAD_ID"), default_pad_id(self.tokenizer), int)
+        end_id = scalar(_get(request, Pre.END_ID), default_end_id(self.tokenizer), int)
+        pad_id = scalar(_get(request, Pre.PAD_ID), default_pad_id(self.tokenizer), int)
         batch = len(ids)
         input_id = np.full((batch, longest), pad_id, dtype=np.int32)
         for b, seq in enumerate(ids):
             input_id[b, : len(seq)] = seq
         lengths = np.array([[len(s)] for s in ids], dtype=np.int32)
-        bad = to_word_list(self.tokenizer, decode_strings(_get(request, "BAD_WORDS_DICT")))
-        stop = to_word_list(self.tokenizer, decode_strings(_get(request, "STOP_WORDS_DICT")))
+        bad = to_word_list(self.tokenizer, decode_strings(_get(request, Pre.BAD_WORDS)))
+        stop = to_word_list(self.tokenizer, decode_strings(_get(request, Pre.STOP_WORDS)))
         tile = lambda a: np.repeat(a[None], batch, axis=0)  # noqa: E731
         return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("INPUT_ID", input_id),
-            pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
-            pb_utils.Tensor("REQUEST_OUTPUT_LEN", out_len),
-            pb_utils.Tensor("BAD_WORDS_IDS", tile(bad)),
-            pb_utils.Tensor("STOP_WORDS_IDS", tile(stop)),
-            pb_utils.Tensor("OUT_END_ID", np.full((batch, 1), end_id, dtype=np.int32)),
-            pb_utils.Tensor("OUT_PAD_ID", np.full((batch, 1), pad_id, dtype=np.int32)),
-            pb_utils.Tensor("DECODER_INPUT_ID", np.full((batch, 1), pad_id, dtype=np.int32)),  # decoder-only: unused
+            pb_utils.Tensor(Pre.INPUT_ID, input_id),
+            pb_utils.Tensor(Pre.REQUEST_INPUT_LEN, lengths),
+            pb_utils.Tensor(Pre.REQUEST_OUTPUT_LEN, out_len),
+            pb_utils.Tensor(Pre.BAD_WORDS_IDS, tile(bad)),
+            pb_utils.Tensor(Pre.STOP_WORDS_IDS, tile(stop)),
+            pb_utils.Tensor(Pre.OUT_END_ID, np.full((batch, 1), end_id, dtype=np.int32)),
+            pb_utils.Tensor(Pre.OUT_PAD_ID, np.full((batch, 1), pad_id, dtype=np.int32)),
+            pb_utils.Tensor(Pre.DECODER_INPUT_ID, np.full((batch, 1), pad_id, dtype=np.int32)),  # decoder-only: unused
         ])
 
     def execute(self, requests):

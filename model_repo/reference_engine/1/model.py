@@ -24,19 +24,13 @@ import time
 import torch
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.records import backend_contract as bc
-from trt_spec.records.defaults import PREFIX_CACHE_TOKENS, TOKENS_PER_BLOCK
 from trt_spec.records.integrity import verify_served_engine
-from trt_spec.reference.batching import BatchScheduler, QueueFullError
-from trt_spec.reference.engine import ReferenceEngine, Sampling, kv_bytes_per_position, load_engine
-from trt_spec.reference.export import read_engine_meta
+from trt_spec.reference.batching import QueueFullError
+from trt_spec.records.backend_contract import ContractError
+from trt_spec.reference.standin import INPUT_NAMES, StandIn, model_parameters
 from trt_spec.served.serving import enable_crash_traces, error_line
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
-# The executor refuses a speculative target without KV-cache block reuse (draft tokens are verified against
-# the reused prefix): TensorRT-LLM 1.2 trtGptModelInflightBatching.cpp.
-REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding target model"
 REPORT_PERIOD_S = 30.0  # batching summary lines of single-sequence forwards, at most this often
 
 
@@ -57,44 +51,23 @@ class TritonPythonModel:
         enable_crash_traces(args["model_name"])
         cfg = json.loads(args["model_config"])
         self.name = args["model_name"]
-        self.params = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
-        bc.check_parameters(self.params)  # raises: the model fails to load, as on a GPU
-        self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
-        self.declared = {o["name"] for o in cfg.get("output", [])}  # what Triton core lets a backend write
-        logits_type = next((o["data_type"] for o in cfg.get("output", []) if o["name"] == "generation_logits"),
-                           bc.LOGITS_TYPE)
-        self.config_logits_dtype = bc.TYPE_TO_LOGITS_DTYPE.get(logits_type, logits_type)
-        engine_dir = self.params["gpt_model_path"]
-        if not os.path.isdir(engine_dir):
-            raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY))
-        # the engine must match the build's checksums (stored in trt_spec_repo.json at the repository root)
-        verify_served_engine(os.path.dirname(os.path.abspath(args["model_repository"])), engine_dir)
-        model = load_engine(engine_dir)
-        self.limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"],
-                                                        vocab_size=model.config.vocab_size)
-        # Cancelled requests stop between iterations, checked at most this often (the backend polls the same way).
-        self.cancel_period_s = int(bc.parameter(self.params, "cancellation_check_period_ms")) / 1000.0
-        reuse = bc.parse_bool(bc.parameter(self.params, "enable_kv_cache_reuse"), "enable_kv_cache_reuse")
-        if self.limits.speculative_decoding_mode == "draft_tokens_external" and not reuse:
-            raise bc.ContractError(bc.LOAD_ERROR.format(msg=REUSE_REQUIRED))
-        chunked = bc.parse_bool(bc.parameter(self.params, "enable_chunked_context"), "enable_chunked_context")
+        engine_dir = model_parameters(cfg).get("gpt_model_path", "")
+        if os.path.isdir(engine_dir):  # the engine must match the build's checksums (trt_spec_repo.json at the root)
+            verify_served_engine(os.path.dirname(os.path.abspath(args["model_repository"])), engine_dir)
         threads = int(os.environ.get("TRT_SPEC_TORCH_THREADS", "0")) or torch.get_num_threads()
         torch.set_num_threads(threads)
-        tokens = bc.parameter(self.params, "max_tokens_in_paged_kv_cache")
-        budget = (int(tokens) if tokens else PREFIX_CACHE_TOKENS) * kv_bytes_per_position(model) if reuse else 0
-        self.engine = ReferenceEngine(model, self.limits.max_seq_len, budget,
-                                      diverge_slack=self.limits.max_draft_len + 1)
+        # raises the backend's load error for a config a GPU would not load either: the model fails to load
+        self.standin = StandIn.load(cfg, self.name, on_iteration=self._poll_cancelled)
+        self.scheduler = self.standin.scheduler
+        self.cancel_period_s = self.standin.cancel_period_s
         self._inflight: set = set()  # _InFlight; the set itself guarded by _registry
         self._registry = threading.Lock()
         self._last_poll = float("-inf")
         self._unreported: list = []  # IterationStats not yet in a log line (engine thread)
         self._last_report = time.monotonic()
-        self.scheduler = BatchScheduler(
-            self.engine, max_batch_size=self.limits.max_batch_size, max_num_tokens=self.limits.max_num_tokens,
-            max_queue_size=bc.max_queue_size(cfg), chunked_context=chunked, on_iteration=self._poll_cancelled)
 
     def finalize(self):
-        self.scheduler.close(timeout=5.0)  # unfinished requests resolve with an error: each still gets a final
+        self.standin.close(timeout=5.0)  # unfinished requests resolve with an error: each still gets a final
 
     def _inputs(self, request):
         out = {}
@@ -104,12 +77,8 @@ class TritonPythonModel:
                 out[name] = t.as_numpy()
         return out
 
-    def _response(self, req, tokens, progress=None, logits=None):
-        """One response in the backend's outputs for the request's flags; an output the backend would write that this
-        model's config does not declare fails it with Triton core's error (backend_contract.UNDECLARED_OUTPUT)."""
-        tensors = bc.response_tensors(req, tokens, perf=_perf(req, progress), logits=logits, declared=self.declared,
-                                      model=self.name)
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+    def _response(self, req, tokens, progress=None):
+        return _triton(self.standin.response(req, tokens, progress))
 
     # -- engine thread --------------------------------------------------------------------------------
     def _poll_cancelled(self):
@@ -141,7 +110,7 @@ class TritonPythonModel:
                 return
             try:
                 resp = self._response(f.req, [token], f.handle.progress)
-            except bc.ContractError as e:  # fillTritonResponse: one final error response, the request is over
+            except ContractError as e:  # fillTritonResponse: one final error response, the request is over
                 f.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), FINAL)
                 f.handle.cancel()
                 return
@@ -157,9 +126,8 @@ class TritonPythonModel:
                 error, resp = None, None
                 try:
                     res = future.result()
-                    if not (f.req.streaming and not f.req.draft_tokens):  # streaming: the tokens went out already
-                        logits = torch.stack(res.logits).float().numpy() if res.logits else None
-                        resp = self._response(f.req, res.tokens, res, logits)
+                    final = self.standin.final(f.req, res)  # None: a streamed decode, its tokens went out already
+                    resp = _triton(final) if final is not None else None
                 except Exception as e:  # noqa: BLE001 - the request failed alone: its error is its final response
                     error = error_line(self.name, e, pb_utils.Logger.log_error)  # (an undeclared output included)
                 if error is not None:
@@ -198,31 +166,15 @@ class TritonPythonModel:
     def _submit(self, request, send, final):
         """Check one request as the backend does and hand it to the scheduler. Returns its _InFlight, or None
         when it was answered at once. Raises for a rejected request (its error becomes its final response)."""
-        req = bc.parse_request(self._inputs(request), request.requested_output_names(), self.limits, self.params,
-                               decoupled=self.decoupled, config_logits_dtype=self.config_logits_dtype)
+        req = self.standin.parse(self._inputs(request), request.requested_output_names())
         if req.warning:  # the executor's own warning (a request_output_len lowered to fit max_seq_len)
             pb_utils.Logger.log_warn(f"{self.name}: {req.warning}")
         if request.is_cancelled():  # cancelled while queued: finish it at once, as the executor does
             send(self._response(req, []), FINAL)
             return None
-        if req.bad_words:
-            raise bc.ContractError("bad_words is not supported by the reference engine; drop it from the request")
-        greedy = req.greedy
-        # TensorRT-LLM's kernels scale by the sent temperature and clamp to the logits dtype first (kernel_logits);
-        # the sampling rule then runs at temperature 1 (or argmax when greedy).
-        sampling = Sampling(0.0 if greedy else 1.0, 0 if greedy else req.top_k,
-                            1.0 if greedy or req.top_p == 0.0 else req.top_p, req.seed,
-                            kernel_temperature=req.temperature, logits_dtype=self.limits.logits_dtype)
         f = _InFlight(request, req, send, final)
-        if req.draft_tokens:
-            dl = torch.from_numpy(req.draft_logits) if req.draft_logits is not None else None
-            draft = req.draft_tokens[: req.output_len - 1] if req.output_len > 1 else []
-            handle = self.scheduler.submit_verify(req.input_ids, draft, sampling, draft_logits=dl, end_id=req.end_id)
-        else:
-            on_token = (lambda t: self._stream(f, t)) if req.streaming else None
-            handle = self.scheduler.submit_generate(
-                req.input_ids, req.output_len, sampling, end_id=req.end_id, stop_words=req.stop_words,
-                return_logits=req.return_generation_logits, on_token=on_token)
+        on_token = (lambda t: self._stream(f, t)) if req.streaming and not req.draft_tokens else None
+        handle = self.standin.submit(req, on_token)
         with f.lock:  # the callbacks wait until the handle is recorded
             f.handle = handle
             with self._registry:
@@ -236,7 +188,7 @@ class TritonPythonModel:
         for i, request in enumerate(requests):
             final = []  # set once the request's final response is out
 
-            if self.decoupled:
+            if self.standin.decoupled:
                 sender = request.get_response_sender()
 
                 def send(r, flags, s=sender, final=final):
@@ -265,24 +217,13 @@ class TritonPythonModel:
                 send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), FINAL)
             except Exception as e:  # noqa: BLE001 - never let one request's failure fail the batch
                 pb_utils.Logger.log_error(f"{self.name}: the final error response failed: {e}")
-        if self.decoupled:
+        if self.standin.decoupled:
             return None
         for f in waiting:  # non-decoupled: the responses must be returned from execute
             f.done.wait()
         return responses
 
 
-def _perf(req, progress):
-    """The executor's RequestPerfMetrics for a response, from the request's progress (a CallResult): KV blocks of
-    TOKENS_PER_BLOCK positions (reused = prompt blocks found in the prefix cache), steady-clock times, and the
-    draft tokens this call verified. A verification fills the prompt's and the drafts' positions; a decode, the
-    prompt's and the generated tokens'."""
-    if progress is None:
-        return bc.PerfMetrics()
-    positions = len(req.input_ids) + (len(req.draft_tokens) if req.draft_tokens else len(progress.tokens))
-    total = -(-positions // TOKENS_PER_BLOCK)
-    reused = progress.reused_tokens // TOKENS_PER_BLOCK
-    return bc.PerfMetrics(kv_new_blocks=total - reused, kv_reused_blocks=reused, kv_total_blocks=total,
-                          arrival_ns=progress.arrival_ns, first_scheduled_ns=progress.scheduled_ns,
-                          first_token_ns=progress.first_token_ns, last_token_ns=progress.last_token_ns,
-                          accepted=progress.accepted, drafted=progress.drafted)
+
+def _triton(tensors):
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])

@@ -21,16 +21,17 @@ import triton_python_backend_utils as pb_utils
 from trt_spec.served.serving import (IncrementalDetokenizer, check_no_embedding_bias, decode_strings, default_end_id, default_pad_id,
                               enable_crash_traces, encode, error_line, load_tokenizer, requested_only, scalar)
 from trt_spec.records import backend_contract as bc
-from trt_spec.records.names import (ACCEPTED_LENGTH_HISTOGRAM, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS, EMBEDDING_BIAS, MAX_TOKENS,
-                            NUM_DRAFT_TOKENS, OUTPUT_IDS, TEXT_INPUT, TEXT_OUTPUT, TOTAL_STEPS)
+from trt_spec.records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BEAM_WIDTH, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS,
+                                    EMBEDDING_BIAS, MAX_TOKENS, NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, STOP_WORDS,
+                                    STREAM, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
 from trt_spec.served.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
                                       check_sampling, validate)
 from trt_spec.served.spec_metrics import SpecMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Client tensor -> engine tensor; forwarded only when the client sent it (TensorRT-LLM: absent top_k/top_p = greedy).
-SAMPLING_INPUTS = {"temperature": ("temperature", np.float32), "top_k": ("runtime_top_k", np.int32),
-                   "top_p": ("runtime_top_p", np.float32)}
+SAMPLING_INPUTS = {bc.TEMPERATURE: (bc.TEMPERATURE, np.float32), TOP_K: (bc.RUNTIME_TOP_K, np.int32),
+                   TOP_P: (bc.RUNTIME_TOP_P, np.float32)}
 
 
 def _in(request, name):
@@ -65,12 +66,7 @@ class TritonPythonModel:
         cfg = json.loads(args["model_config"])
         p = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
-        self.loop = SpeculativeLoop(LoopConfig(
-            target=p["tensorrt_llm_model_name"], draft=p.get("tensorrt_llm_draft_model_name") or None,
-            mode=p["speculative_mode"], max_draft_len=int(p["max_draft_len"]), ngram_size=int(p["ngram_size"]),
-            max_seq_len=int(p["max_seq_len"]), max_prompt_len=int(p["max_input_len"]),
-            max_input_len=bc.max_input_len(int(p["max_seq_len"]), int(p["max_num_tokens"])),
-            draft_len_policy=p["draft_len_policy"], proposer=p["proposer"]), self._call)
+        self.loop = SpeculativeLoop(LoopConfig.from_parameters(p), self._call)
         self.default_k = int(p["num_draft_tokens"])
         self.tokenizer = load_tokenizer(p["tokenizer_dir"])
         self._held: list = []  # finished engine response iterators, kept until a _checkpoint says they are safe
@@ -93,36 +89,36 @@ class TritonPythonModel:
         if len(texts) != 1:
             raise RequestError(f"{TEXT_INPUT} must hold exactly one prompt per request (got {len(texts)}); "
                                "send one request per prompt")
-        for name in ("beam_width", "num_return_sequences"):
+        for name in (BEAM_WIDTH, NUM_RETURN_SEQUENCES):
             v = scalar(_in(request, name), 1, int)
             if v != 1:
                 raise RequestError(f"{name} {v} is not supported: speculative decoding returns one greedy or sampled "
                                    f"sequence (beam width 1); send {name}=1 or omit it")
-        stream = bool(scalar(_in(request, "stream"), False))
+        stream = bool(scalar(_in(request, STREAM), False))
         if stream and not self.decoupled:
             raise RequestError("stream=true needs the decoupled deployment; write the repository with "
                                "`trt-spec repo --decoupled` or send stream=false")
         max_tokens = scalar(_in(request, MAX_TOKENS), 0, int)
         prompt = encode(self.tokenizer, texts[0], self.add_special) if texts[0] else []
         k = scalar(_in(request, NUM_DRAFT_TOKENS), self.default_k, int)
-        use_logits = bool(scalar(_in(request, "use_draft_logits"), False))
+        use_logits = bool(scalar(_in(request, USE_DRAFT_LOGITS), False))
         policy = next(iter(decode_strings(_in(request, DRAFT_LEN_POLICY))), None)
         validate(self.loop.cfg, len(prompt), max_tokens, k, use_logits, policy)
         values = {client: scalar(_in(request, client), None, kind) for client, kind in
-                  (("temperature", float), ("top_k", int), ("top_p", float), ("seed", int))}
-        end_id = scalar(_in(request, "end_id"), default_end_id(self.tokenizer), int)
-        pad_id = scalar(_in(request, "pad_id"), default_pad_id(self.tokenizer), int)
+                  ((bc.TEMPERATURE, float), (TOP_K, int), (TOP_P, float), (bc.SEED, int))}
+        end_id = scalar(_in(request, bc.END_ID), default_end_id(self.tokenizer), int)
+        pad_id = scalar(_in(request, bc.PAD_ID), default_pad_id(self.tokenizer), int)
         check_sampling(**values, end_id=end_id, pad_id=pad_id, vocab_size=len(self.tokenizer))
-        if values["temperature"] == 0.0:  # greedy, said the way the engine means it (backend_contract.FP16_LOGITS)
+        if values[bc.TEMPERATURE] == 0.0:  # greedy, said the way the engine means it (backend_contract.FP16_LOGITS)
             values.update(temperature=None, top_k=1, top_p=None)
         sampling = {engine: np.asarray([[values[client]]], dtype=dtype)
                     for client, (engine, dtype) in SAMPLING_INPUTS.items() if values[client] is not None}
         r = SpecRequest(
             prompt=prompt, max_tokens=max_tokens, k=k, use_logits=use_logits, draft_len_policy=policy, stream=stream,
-            sampling=sampling, seed=values["seed"], end_id=end_id, pad_id=pad_id,
-            stop_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, "stop_words")) if w],
-            bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, "bad_words")) if w])
-        return r, bool(scalar(_in(request, "exclude_input_in_output"), False))
+            sampling=sampling, seed=values[bc.SEED], end_id=end_id, pad_id=pad_id,
+            stop_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, STOP_WORDS)) if w],
+            bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, BAD_WORDS)) if w])
+        return r, bool(scalar(_in(request, bc.EXCLUDE_INPUT_IN_OUTPUT), False))
 
     # -- engine calls: dicts of arrays <-> BLS requests -----------------------------------------------
     async def _call(self, model, inputs, outputs, on_response=None):

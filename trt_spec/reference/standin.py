@@ -1,0 +1,145 @@
+"""The reference engine behind the `tensorrtllm` backend's contract, free of Triton.
+
+`StandIn` is what a `tensorrt_llm` model of a CPU deployment is: loaded from the model config Triton hands the
+backend (JSON, `parameters` as strings), it checks the parameters as the backend does at load, checks each request as
+the backend and the executor do (trt_spec/records/backend_contract.py), runs it on the model's one BatchScheduler and
+writes the backend's outputs for the request's flags. Two adapters use it and nothing else:
+- model_repo/reference_engine/1/model.py, the python model Triton loads (responses, cancellation, logs);
+- trt_spec/harness/inprocess.py, `bench --in-process`: the served speculative loop over in-process engine calls.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from ..records import backend_contract as bc
+from ..records.defaults import PREFIX_CACHE_TOKENS, TOKENS_PER_BLOCK
+from .batching import BatchScheduler, Handle
+from .engine import CallResult, ReferenceEngine, Sampling, kv_bytes_per_position, load_engine
+from .export import read_engine_meta
+from .model import ReferenceModel
+
+INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
+# The executor refuses a speculative target without KV-cache block reuse (draft tokens are verified against
+# the reused prefix): TensorRT-LLM 1.2 trtGptModelInflightBatching.cpp.
+REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding target model"
+
+
+def model_parameters(model_config: Mapping) -> dict[str, str]:
+    """A model config's parameters as the backend reads them: name -> string value."""
+    return {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
+
+
+class StandIn:
+    """One `tensorrt_llm` model on the reference engine: `StandIn.load(model_config, name)` as Triton loads it, or
+    built from a model in memory (tests)."""
+
+    def __init__(self, name: str, model: ReferenceModel, limits: bc.EngineLimits, params: Mapping[str, str], *,
+                 decoupled: bool = False, declared: Optional[Iterable[str]] = None,
+                 config_logits_dtype: str = bc.LOGITS_DTYPE, max_queue_size: Optional[int] = None,
+                 on_iteration: Optional[Callable[[], None]] = None):
+        """Raises bc.ContractError (the backend's load error) for parameters a GPU would not load either."""
+        self.name, self.limits, self.params = name, limits, dict(params)
+        bc.check_parameters(self.params)
+        self.decoupled = decoupled
+        self.declared = set(declared) if declared is not None else {t.name for t in bc.OUTPUTS}
+        self.config_logits_dtype = config_logits_dtype
+        # Cancelled requests stop between iterations, checked at most this often (the backend polls the same way).
+        self.cancel_period_s = int(bc.parameter(self.params, "cancellation_check_period_ms")) / 1000.0
+        reuse = bc.parse_bool(bc.parameter(self.params, "enable_kv_cache_reuse"), "enable_kv_cache_reuse")
+        if limits.speculative_decoding_mode == "draft_tokens_external" and not reuse:
+            raise bc.ContractError(bc.LOAD_ERROR.format(msg=REUSE_REQUIRED))
+        chunked = bc.parse_bool(bc.parameter(self.params, "enable_chunked_context"), "enable_chunked_context")
+        tokens = bc.parameter(self.params, "max_tokens_in_paged_kv_cache")
+        budget = (int(tokens) if tokens else PREFIX_CACHE_TOKENS) * kv_bytes_per_position(model) if reuse else 0
+        self.engine = ReferenceEngine(model, limits.max_seq_len, budget, diverge_slack=limits.max_draft_len + 1)
+        self.scheduler = BatchScheduler(
+            self.engine, max_batch_size=limits.max_batch_size, max_num_tokens=limits.max_num_tokens,
+            max_queue_size=max_queue_size, chunked_context=chunked, on_iteration=on_iteration)
+
+    @classmethod
+    def load(cls, model_config: Mapping, name: str, *,
+             on_iteration: Optional[Callable[[], None]] = None) -> "StandIn":
+        """From the model config Triton hands the backend (JSON): its parameters, outputs, transaction policy and
+        queue policy, and the engine directory its gpt_model_path names."""
+        params = model_parameters(model_config)
+        bc.check_parameters(params)  # before touching the disk, in the backend's order
+        outputs = model_config.get("output", [])
+        logits_type = next((o["data_type"] for o in outputs if o["name"] == bc.GENERATION_LOGITS), bc.LOGITS_TYPE)
+        engine_dir = params["gpt_model_path"]
+        if not os.path.isdir(engine_dir):
+            raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY))
+        model = load_engine(engine_dir)
+        limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"],
+                                                   vocab_size=model.config.vocab_size)
+        return cls(name, model, limits, params,
+                   decoupled=bool(model_config.get("model_transaction_policy", {}).get("decoupled", False)),
+                   declared={o["name"] for o in outputs},  # what Triton core lets a backend write
+                   config_logits_dtype=bc.TYPE_TO_LOGITS_DTYPE.get(logits_type, logits_type),
+                   max_queue_size=bc.max_queue_size(model_config), on_iteration=on_iteration)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        self.scheduler.close(timeout)
+
+    def parse(self, inputs: Mapping[str, Optional[np.ndarray]], requested: Iterable[str]) -> bc.EngineRequest:
+        """The backend's and the executor's checks of one request (raises bc.ContractError with their text)."""
+        return bc.parse_request({n: inputs[n] for n in INPUT_NAMES if inputs.get(n) is not None}, requested,
+                                self.limits, self.params, decoupled=self.decoupled,
+                                config_logits_dtype=self.config_logits_dtype)
+
+    def sampling(self, req: bc.EngineRequest) -> Sampling:
+        """TensorRT-LLM's kernels scale by the sent temperature and clamp to the logits dtype first (kernel_logits);
+        the sampling rule then runs at temperature 1 (or argmax when greedy)."""
+        greedy = req.greedy
+        return Sampling(0.0 if greedy else 1.0, 0 if greedy else req.top_k,
+                        1.0 if greedy or req.top_p == 0.0 else req.top_p, req.seed,
+                        kernel_temperature=req.temperature, logits_dtype=self.limits.logits_dtype)
+
+    def submit(self, req: bc.EngineRequest, on_token: Optional[Callable[[int], None]] = None) -> Handle:
+        """Hand a checked request to the scheduler: a verification when it carries draft tokens, else a decode.
+        Raises reference.batching.QueueFullError (the executor's refusal) or bc.ContractError."""
+        if req.bad_words:
+            raise bc.ContractError("bad_words is not supported by the reference engine; drop it from the request")
+        sampling = self.sampling(req)
+        if req.draft_tokens:
+            dl = torch.from_numpy(req.draft_logits) if req.draft_logits is not None else None
+            draft = req.draft_tokens[: req.output_len - 1] if req.output_len > 1 else []
+            return self.scheduler.submit_verify(req.input_ids, draft, sampling, draft_logits=dl, end_id=req.end_id)
+        return self.scheduler.submit_generate(req.input_ids, req.output_len, sampling, end_id=req.end_id,
+                                              stop_words=req.stop_words, return_logits=req.return_generation_logits,
+                                              on_token=on_token)
+
+    def response(self, req: bc.EngineRequest, tokens: list[int], progress: Optional[CallResult] = None,
+                 logits: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+        """One response in the backend's outputs for the request's flags; an output the backend would write that the
+        config does not declare fails it with Triton core's error (backend_contract.UNDECLARED_OUTPUT)."""
+        return bc.response_tensors(req, tokens, perf=perf_metrics(req, progress), logits=logits,
+                                   declared=self.declared, model=self.name)
+
+    def final(self, req: bc.EngineRequest, res: CallResult) -> Optional[dict[str, np.ndarray]]:
+        """The final response of a finished call; None for a streamed decode (its tokens went out one by one)."""
+        if req.streaming and not req.draft_tokens:
+            return None
+        logits = torch.stack(res.logits).float().numpy() if res.logits else None
+        return self.response(req, res.tokens, res, logits)
+
+
+def perf_metrics(req: bc.EngineRequest, progress: Optional[CallResult]) -> bc.PerfMetrics:
+    """The executor's RequestPerfMetrics for a response, from the request's progress: KV blocks of TOKENS_PER_BLOCK
+    positions (reused = prompt blocks found in the prefix cache), steady-clock times, and the draft tokens this call
+    verified. A verification fills the prompt's and the drafts' positions; a decode, the prompt's and the generated
+    tokens'."""
+    if progress is None:
+        return bc.PerfMetrics()
+    positions = len(req.input_ids) + (len(req.draft_tokens) if req.draft_tokens else len(progress.tokens))
+    total = -(-positions // TOKENS_PER_BLOCK)
+    reused = progress.reused_tokens // TOKENS_PER_BLOCK
+    return bc.PerfMetrics(kv_new_blocks=total - reused, kv_reused_blocks=reused, kv_total_blocks=total,
+                          arrival_ns=progress.arrival_ns, first_scheduled_ns=progress.scheduled_ns,
+                          first_token_ns=progress.first_token_ns, last_token_ns=progress.last_token_ns,
+                          accepted=progress.accepted, drafted=progress.drafted)
