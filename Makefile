@@ -37,7 +37,7 @@ plan: setup
 # numpy; then `trt-spec doctor` fails with one line if the image's TensorRT-LLM is not the one trt-spec targets.
 gpu-setup:
 	$(PY) -m pip freeze --exclude-editable | grep -E '^[A-Za-z0-9_.-]+==' > .image-constraints.txt
-	$(PY) -m pip install -c .image-constraints.txt -e . "tritonclient[http,grpc]>=2.51"
+	$(PY) -m pip install -c .image-constraints.txt -e . "tritonclient[http,grpc]>=2.51" fastapi uvicorn prometheus-client openai
 	$(PY) -m trt_spec.cli doctor
 
 engines:

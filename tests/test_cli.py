@@ -113,8 +113,10 @@ def test_bench_help_groups_options_by_mode():
     out = run("bench", "--help").output
     assert _section(out, "Options (every mode):") == {"--prompts", "--max-tokens", "--limit", "--k", "--repeats",
                                                       "--format", "--policy", "-h"}
-    assert _section(out, "With --url HOST:PORT") == {"--url", "--protocol", "--concurrency", "--tokenizer",
-                                                          "--out"}
+    assert _section(out, "With --url HOST:PORT or --openai URL:") == {
+        "--concurrency", "--request-rate", "--num-requests", "--slo-ttft-ms", "--slo-tpot-ms", "--tokenizer", "--out"}
+    assert _section(out, "With --url HOST:PORT (") == {"--url", "--protocol"}
+    assert _section(out, "With --openai URL (") == {"--openai", "--model", "--api", "--api-key"}
     assert _section(out, "With --in-process CONFIG") == {"--in-process", "--ignore-eos", "--threads", "--compare-hf",
                                                          "--set"}
     assert "--prompt-set" not in out  # the old name still works, but is not advertised
@@ -127,6 +129,12 @@ def test_bench_help_groups_options_by_mode():
     (("--url", "h:1", "--set", "a=1"), "error: --set goes with --in-process CONFIG"),
     (("--in-process", "c.yaml", "--concurrency", "2"), "error: --concurrency goes with --url HOST:PORT"),
     (("--in-process", "c.yaml", "--protocol", "http"), "error: --protocol goes with --url HOST:PORT"),
+    (("--url", "h:1", "--openai", "http://h:2"), "error: choose one: --url HOST:PORT"),
+    (("--openai", "http://h:2", "--protocol", "http"), "error: --protocol goes with --url HOST:PORT, not with --openai"),
+    (("--url", "h:1", "--model", "a"), "error: --model goes with --openai URL, not with --url HOST:PORT"),
+    (("--in-process", "c.yaml", "--request-rate", "2"),
+     "error: --request-rate goes with --url HOST:PORT or --openai URL, not with --in-process CONFIG"),
+    (("--openai", "a", "--openai", "b", "--openai", "c"), "error: --openai takes one URL"),
 ])
 def test_bench_mode_errors_are_one_line_exit_2(args, expect):
     r = run("bench", *args)

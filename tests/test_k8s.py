@@ -115,8 +115,8 @@ def validate(obj: dict) -> None:
 @pytest.mark.parametrize("name", GPU_CONFIGS)
 def test_every_object_validates(rendered, name):
     kinds = sorted(o["kind"] for o in rendered[name])
-    assert kinds == sorted(["ConfigMap", "HorizontalPodAutoscaler", "Job", "PersistentVolumeClaim", "PodDisruptionBudget",
-                            "PodMonitor", "PrometheusRule", "Service", "Deployment"])
+    assert kinds == sorted(["ConfigMap", "ConfigMap", "HorizontalPodAutoscaler", "Job", "PersistentVolumeClaim",
+                            "PodDisruptionBudget", "PodMonitor", "PrometheusRule", "Service", "Deployment"])
     for obj in rendered[name]:
         validate(obj)
 
@@ -150,7 +150,9 @@ def test_server_pod(rendered):
     assert c["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
     assert c["command"][:5] == ["python3", "-m", "trt_spec.cli", "serve", "/models/repo/llama33-70b-fp8-h100-tp2"]
     assert "--host=0.0.0.0" in c["command"] and "--timeout=3600" in c["command"]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002,
+                                                                   "openai": 9000}
+    assert "--openai-port=9000" in c["command"]
     assert c["startupProbe"] == {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 10,
                                  "failureThreshold": 360}
     assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
@@ -168,36 +170,51 @@ def test_server_pod(rendered):
 def test_service_and_build_job(rendered):
     k = by_kind(rendered["llama33-70b-fp8-h100-tp2"])
     assert [(p["name"], p["port"], p["targetPort"]) for p in k["Service"]["spec"]["ports"]] == \
-        [("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "metrics")]
+        [("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "metrics"), ("openai", 9000, "openai")]
     script = k["Job"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert "python3 -m trt_spec.cli build /etc/trt-spec/llama33-70b-fp8-h100-tp2.yaml\n" in script
     assert "python3 -m trt_spec.cli repo /models/build/llama33-70b-fp8-h100-tp2 --out " \
            "/models/repo/llama33-70b-fp8-h100-tp2" in script
-    cfg = yaml.safe_load(k["ConfigMap"]["data"]["llama33-70b-fp8-h100-tp2.yaml"])
+    cfg = yaml.safe_load(_config_map(rendered["llama33-70b-fp8-h100-tp2"])["data"]["llama33-70b-fp8-h100-tp2.yaml"])
     assert cfg["output_dir"] == "/models/build/llama33-70b-fp8-h100-tp2" and cfg["target"]["tp"] == 2
 
 
 def test_build_config_loads(rendered, tmp_path):
     from trt_spec.records.config import load_config
 
-    text = by_kind(rendered["llama33-70b-fp8-h100-tp2"])["ConfigMap"]["data"]["llama33-70b-fp8-h100-tp2.yaml"]
+    text = _config_map(rendered["llama33-70b-fp8-h100-tp2"])["data"]["llama33-70b-fp8-h100-tp2.yaml"]
     (tmp_path / "c.yaml").write_text(text)
     assert load_config(tmp_path / "c.yaml").resolved_name(None) == "llama33-70b-fp8-h100-tp2"
 
 
-def test_hpa_metric_is_the_adapter_rule(charts, rendered):
-    hpa = by_kind(rendered["llama33-70b-fp8-h200"])["HorizontalPodAutoscaler"]
+def _config_map(objs, suffix="-config"):
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith(suffix)]
+    return cm
+
+
+def test_hpa_metric_is_nvidias_recorded_ratio_served_by_the_adapter(charts, rendered):
+    """Spelled as NVIDIA's Triton autoscaling tutorial spells it: a recording rule triton:queue_compute:ratio =
+    rate(nv_inference_queue_duration_us[1m]) / clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1), which
+    prometheus-adapter serves to the HPA under the same name."""
+    objs = rendered["llama33-70b-fp8-h200"]
+    hpa = by_kind(objs)["HorizontalPodAutoscaler"]
     (metric,) = hpa["spec"]["metrics"]
     rule = yaml.safe_load((charts["llama33-70b-fp8-h200"] / ADAPTER_VALUES).read_text())["rules"]["custom"][0]
-    assert metric["pods"]["metric"]["name"] == rule["name"]["as"] == defaults.QUEUE_COMPUTE_METRIC
-    assert "nv_inference_queue_duration_us" in rule["metricsQuery"]
-    assert "nv_inference_compute_infer_duration_us" in rule["metricsQuery"]
+    assert metric["pods"]["metric"]["name"] == rule["name"]["as"] == defaults.QUEUE_COMPUTE_METRIC \
+        == "triton:queue_compute:ratio"
+    assert rule["seriesQuery"].startswith("triton:queue_compute:ratio{")
+    (group,) = [g for g in by_kind(objs)["PrometheusRule"]["spec"]["groups"] if g["name"] == "trt-spec-autoscaling"]
+    (recorded,) = group["rules"]
+    assert recorded == {"record": "triton:queue_compute:ratio",
+                        "expr": "rate(nv_inference_queue_duration_us[1m]) / "
+                                "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)"}
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": "rel-llama33-70b-fp8-h200"}
 
 
 def _threshold(objs) -> float:
-    (rule,) = by_kind(objs)["PrometheusRule"]["spec"]["groups"][0]["rules"]
+    (group,) = [g for g in by_kind(objs)["PrometheusRule"]["spec"]["groups"] if g["name"] == "trt-spec-speculation"]
+    (rule,) = group["rules"]
     m = re.fullmatch(r"sum by \(model\) \(rate\(trt_spec_accepted_draft_tokens_total\[10m\]\)\) / sum by \(model\) "
                      r"\(rate\(trt_spec_draft_tokens_total\[10m\]\)\) < (\S+)", rule["expr"])
     assert m, rule["expr"]
@@ -269,7 +286,8 @@ def test_cli_writes_and_rewrites(tmp_path):
     for _ in range(2):  # a rerun replaces the chart
         r = run_cli(CONFIGS / "llama33-70b-fp8-h200.yaml", "--out", out)
         assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["Chart.yaml", ADAPTER_VALUES, "templates", "values.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == ["Chart.yaml", "dashboards", ADAPTER_VALUES, "templates",
+                                                     "values.yaml"]
     assert [p.name for p in tmp_path.iterdir()] == ["chart"]
     with pytest.raises(DeployError):
         write_chart(CONFIGS / "llama33-70b-fp8-h200.yaml", tmp_path / "chart" / "templates")  # not a chart dir
@@ -279,7 +297,7 @@ def test_values_every_knob_documented(charts):
     values = yaml.safe_load((charts["llama33-70b-fp8-h200"] / "values.yaml").read_text())
     assert values["gpusPerNode"] == 1 and values["plan"]["ranks"] == 1
     assert values["service"]["ports"] == {"http": defaults.HTTP_PORT, "grpc": defaults.GRPC_PORT,
-                                          "metrics": defaults.METRICS_PORT}
+                                          "metrics": defaults.METRICS_PORT, "openai": defaults.OPENAI_PORT}
     assert helm.lint(str(charts["llama33-70b-fp8-h200"]))["errors"] == []
 
 
@@ -335,3 +353,29 @@ def test_the_launch_line_is_a_pure_function_of_the_repository_record(monkeypatch
     assert "--model-repository=/models/repo/seed" in argv
     assert "--backend-config=python,shm-region-prefix-name=trtspec_0_" in argv
     assert spec.env == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+
+
+def test_grafana_dashboard_ships_with_the_chart_and_reads_published_metrics(rendered):
+    """The dashboard ConfigMap carries the shipped JSON; every metric its panels query is one trt-spec publishes (the
+    BLS's and the frontend's names, Triton's own, the recorded HPA ratio); tests/e2e/test_openai.py scrapes them."""
+    from trt_spec.records import names as n
+    from trt_spec.serve.openai_frontend import FRONTEND_METRICS
+
+    cm = _config_map(rendered["llama33-70b-fp8-h200"], "-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["trt-spec.json"])
+    assert dash["uid"] == "trt-spec-speculation"
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    titles = {p["title"] for p in dash["panels"]}
+    assert {"Draft acceptance rate", "Mean acceptance length", "Acceptance per draft position",
+            "Rounds without speculation", "Time to first token", "Inter-token latency", "Queue / compute"} <= titles
+    published = {getattr(n, k) for k in dir(n) if k.startswith(("METRIC_", "VLLM_")) and isinstance(getattr(n, k), str)}
+    published |= set(FRONTEND_METRICS) | {defaults.QUEUE_COMPUTE_METRIC}
+    for expr in exprs:
+        used = set(re.findall(r"(?<![\w:$])([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+|trt_spec_[a-z_]+)", expr))
+        for name in used:
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            assert name in published or base in published, (name, expr)
+    # the mean acceptance length is the one definition: 1 + accepted / speculative rounds (vLLM's drafts)
+    (mal,) = [p for p in dash["panels"] if p["title"] == "Mean acceptance length"]
+    assert mal["targets"][0]["expr"].startswith("1 + ") and n.VLLM_NUM_DRAFTS in mal["targets"][0]["expr"]

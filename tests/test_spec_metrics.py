@@ -76,9 +76,12 @@ def test_loop_mode_publishes_every_metric_with_model_and_mode_labels():
     assert kinds == {n.METRIC_REQUESTS: "counter", n.METRIC_DRAFT_TOKENS: "counter", n.METRIC_ACCEPTED_TOKENS: "counter",
                      n.METRIC_ROUNDS: "counter", n.METRIC_ROUNDS_NO_SPEC: "counter",
                      n.METRIC_ACCEPTED_LENGTH: "histogram", n.METRIC_DRAFT_LENGTH: "histogram",
-                     n.METRIC_DRAFT_LATENCY: "histogram", n.METRIC_VERIFY_LATENCY: "histogram"}
+                     n.METRIC_DRAFT_LATENCY: "histogram", n.METRIC_VERIFY_LATENCY: "histogram",
+                     n.VLLM_NUM_DRAFTS: "counter", n.VLLM_NUM_DRAFT_TOKENS: "counter",
+                     n.VLLM_NUM_ACCEPTED_TOKENS: "counter", n.VLLM_NUM_ACCEPTED_PER_POS: "counter"}
     assert all(m.labels == {"model": "tensorrt_llm_bls", "mode": "ngram"}
-               for f in FakeMetricFamily.created for m in f.metrics)
+               for f in FakeMetricFamily.created if not f.name.startswith("vllm:") for m in f.metrics)
+    assert metric(n.VLLM_NUM_DRAFTS).labels == {"model_name": "tensorrt_llm_bls", "engine": "0"}  # vLLM's labels
     assert metric(n.METRIC_ACCEPTED_LENGTH).buckets == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert metric(n.METRIC_DRAFT_LENGTH).buckets == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert metric(n.METRIC_VERIFY_LATENCY).buckets == list(LATENCY_BUCKETS)
@@ -94,12 +97,20 @@ def test_loop_mode_publishes_every_metric_with_model_and_mode_labels():
     assert metric(n.METRIC_DRAFT_LENGTH).observed == [4, 0, 4] * 2
     assert metric(n.METRIC_DRAFT_LATENCY).observed == [0.001, 0.0, 0.002] * 2
     assert metric(n.METRIC_VERIFY_LATENCY).observed == [0.02, 0.01, 0.03] * 2
+    # vLLM's names: a draft is a speculative round; per position, the rounds that accepted that position's token
+    assert metric(n.VLLM_NUM_DRAFTS).total == 4
+    assert (metric(n.VLLM_NUM_DRAFT_TOKENS).total, metric(n.VLLM_NUM_ACCEPTED_TOKENS).total) == (14, 10)
+    (per_pos,) = [f for f in FakeMetricFamily.created if f.name == n.VLLM_NUM_ACCEPTED_PER_POS]
+    assert {m.labels["position"]: m.total for m in per_pos.metrics} == {"0": 4, "1": 4, "2": 2, "3": 0}
+    # vLLM's mean acceptance length, 1 + accepted / drafts, is the one definition's (records/speculation.py)
+    assert 1 + metric(n.VLLM_NUM_ACCEPTED_TOKENS).total / metric(n.VLLM_NUM_DRAFTS).total == 3.5
 
 
 def test_engine_mode_has_no_rounds():
     sm = SpecMetrics(FakePbUtils, "tensorrt_llm_bls", "engine", 63)
     assert {f.name for f in FakeMetricFamily.created} == {n.METRIC_REQUESTS, n.METRIC_DRAFT_TOKENS,
-                                                         n.METRIC_ACCEPTED_TOKENS}
+                                                         n.METRIC_ACCEPTED_TOKENS, n.VLLM_NUM_DRAFT_TOKENS,
+                                                         n.VLLM_NUM_ACCEPTED_TOKENS}
     sm.observe(Metrics(drafted=40, accepted=25, steps=15))
     assert (metric(n.METRIC_REQUESTS).total, metric(n.METRIC_DRAFT_TOKENS).total,
             metric(n.METRIC_ACCEPTED_TOKENS).total) == (1, 40, 25)

@@ -63,9 +63,9 @@ class _Option(click.Option):
     """An option that may belong to one mode of a _ModeCommand, and whose extra names (old spellings that still
     work) may be kept out of --help."""
 
-    def __init__(self, *args, mode: Optional[str] = None, hidden_aliases: bool = False, **kw):
+    def __init__(self, *args, mode: Optional[str | tuple[str, ...]] = None, hidden_aliases: bool = False, **kw):
         super().__init__(*args, **kw)
-        self.mode = mode
+        self.mode = mode  # a mode, or a tuple of the modes it belongs to
         self.hidden_aliases = hidden_aliases
 
     def get_help_record(self, ctx: click.Context):
@@ -89,6 +89,10 @@ class _ModeCommand(click.Command):
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         params = self.get_params(ctx)
         headings = {None: "Options (every mode)"}
+        for p in params:  # options of several modes, under one heading naming them
+            m = getattr(p, "mode", None)
+            if isinstance(m, tuple):
+                headings[m] = "With " + " or ".join(self.modes[x][0] for x in m)
         headings.update({m: f"With {sel} ({what})" for m, (sel, what) in self.modes.items()})
         for mode, heading in headings.items():
             rows = [r for p in params if getattr(p, "mode", None) == mode for r in [p.get_help_record(ctx)] if r]
@@ -99,9 +103,11 @@ class _ModeCommand(click.Command):
     def check_mode(self, ctx: click.Context, mode: str) -> None:
         for p in self.get_params(ctx):
             other = getattr(p, "mode", None)
-            if other not in (None, mode) and ctx.get_parameter_source(p.name) not in (None, ParameterSource.DEFAULT):
-                raise UserError(f"{p.opts[0]} goes with {self.modes[other][0]}, not with {self.modes[mode][0]}; "
-                                "drop it")
+            belongs = (other,) if not isinstance(other, tuple) else other
+            if other is not None and mode not in belongs and \
+                    ctx.get_parameter_source(p.name) not in (None, ParameterSource.DEFAULT):
+                where = " or ".join(self.modes[x][0] for x in belongs)
+                raise UserError(f"{p.opts[0]} goes with {where}, not with {self.modes[mode][0]}; drop it")
 
 
 def _set_opt(**kw):
@@ -251,10 +257,15 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
               help="Unlock the admin APIs (shared-memory, model-repository, trace, logging) for requests whose header "
                    "triton-admin-key (gRPC: triton-grpc-protocol-triton-admin-key) holds the key in this file; a "
                    "missing file is created with a random key, mode 0600. Without it they are refused.")
+@click.option("--openai-port", type=click.IntRange(1, 65535), default=None,
+              help="Also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics) on this "
+                   "port, in front of the server's gRPC port; models: ensemble (baseline), tensorrt_llm_bls "
+                   "(speculative).")
 @click.option("--dry-run", is_flag=True, help="Print the exact command line(s) and exit.")
 @click.option("--verbose", is_flag=True, help="tritonserver --log-verbose=1.")
 def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, host: str, timeout: float,
-          log_path: Optional[str], admin_key_file: Optional[str], dry_run: bool, verbose: bool) -> None:
+          log_path: Optional[str], admin_key_file: Optional[str], openai_port: Optional[int], dry_run: bool,
+          verbose: bool) -> None:
     """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until Ctrl-C/SIGTERM/SIGHUP.
 
     The server stops with this command, however it ends (kill -9 included). If a model's python-backend process
@@ -278,14 +289,34 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
         for note in spec.notes:
             click.echo(f"# {note}")
         click.echo(f"# plain: {spec.plain}")
+        if openai_port is not None:
+            from .records.procutil import shell_line
+            from .serve.openai_frontend import frontend_argv
+
+            click.echo(f"# then, once it is ready: {shell_line(frontend_argv(Path(repository), f'{_loopback(host)}:{grpc_port}', openai_port, host))}")
         return
     _sigterm_as_ctrl_c()
     signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # terminal closed: stop cleanly as well
-    server = None
+    server = frontend = None
     try:  # the engines are the ones the build made (the tensorrtllm backend itself does not check)
         verify_repository_engines(Path(repository))
     except IntegrityError as e:
         raise UserError(str(e)) from None
+    if openai_port is not None:
+        from .serve.openai_frontend import FrontendProcess
+        from .serve.repository import RepositoryError
+
+        try:  # before the server starts: a busy port or a repository it cannot serve is one line, at once
+            frontend = FrontendProcess(Path(repository), f"{_loopback(host)}:{grpc_port}", openai_port, host,
+                                       Path(f"{str(repository).rstrip('/')}.openai.log"))
+        except (RepositoryError, ServerError) as e:
+            raise UserError(str(e)) from None
+
+    def stop_all() -> None:
+        if frontend is not None:
+            frontend.stop()
+        if server is not None:
+            server.stop()
     try:
         server = TritonServer(Path(repository), http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                               host=host, verbose=verbose, log_path=log_path, admin_key_file=admin_key_file)
@@ -294,30 +325,44 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
     except ServerError as e:
         raise UserError(str(e)) from None
     except KeyboardInterrupt:
-        if server is not None:
-            server.stop()
+        stop_all()
         _err("stopped")
         return
     try:
         server.wait_ready(timeout)
-        click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  (log {server.log_path}); Ctrl-C stops")
+        ready = f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}"
+        if frontend is not None:
+            frontend.start().wait_ready()
+            ready += f"  OpenAI {frontend.url}/v1"
+        click.echo(f"{ready}  (log {server.log_path}); Ctrl-C stops")
         while True:
             if server.proc.poll() is not None:
                 _err(f"error: {server.failure(f'tritonserver exited with code {server.proc.returncode}')}")
-                server.stop()
+                stop_all()
+                sys.exit(1)
+            if frontend is not None and frontend.proc.poll() is not None:
+                _err(f"error: the OpenAI frontend exited with code {frontend.proc.returncode} "
+                     f"({frontend.log_tail()}); its log: {frontend.log_path}")
+                stop_all()
                 sys.exit(1)
             dead = server.dead_models()
             if dead:
                 _err(dead_models_message(dead, "trt-spec " + shlex.join(sys.argv[1:])))
-                server.stop()
+                stop_all()
                 sys.exit(MODEL_DIED_EXIT)
             time.sleep(1.0)
-    except ServerError as e:
+    except (ServerError, RuntimeError) as e:
         _err(f"error: {e}")
+        stop_all()
         sys.exit(1)
     except KeyboardInterrupt:
-        server.stop()
+        stop_all()
         _err("stopped")
+
+
+def _loopback(host: str) -> str:
+    """Where a process on this machine reaches a server bound to `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
 def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int]):
@@ -367,8 +412,8 @@ def _progress(console, total: int, label: str):
 
 _prompt_options = [  # --prompt-set: bench's old name, still accepted
     click.option("--prompts", "--prompt-set", "prompt_set", cls=_Option, hidden_aliases=True, metavar="SET|FILE",
-                 default=defaults.PROMPT_SET, help=f"Prompt set ({', '.join(PROMPT_SETS)}) or a JSONL file, one "
-                 "{\"prompt\": ..., \"max_tokens\": ...} per line."),
+                 default=defaults.PROMPT_SET, help=f"Prompt set ({', '.join(PROMPT_SETS)}), a JSONL file (one "
+                 "{\"prompt\": ..., \"max_tokens\": ...} per line) or a ShareGPT-style JSON file."),
     click.option("--max-tokens", type=int, default=None, help="Override every prompt's max_tokens."),
     click.option("--limit", type=int, default=None, help="Use only the first N prompts."),
 ]
@@ -434,11 +479,22 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
 
 
 _BENCH_MODES = {"served": ("--url HOST:PORT", "a deployment served by Triton"),
+                "openai": ("--openai URL", "any OpenAI-compatible server: trt-spec serve --openai-port, vLLM, SGLang, "
+                                           "trtllm-serve, llama-server"),
                 "in-process": ("--in-process CONFIG", "CONFIG's built reference engine, in this process, no server")}
+_REMOTE = ("served", "openai")
 
 
 def _served(*names, **kw):
     return click.option(*names, cls=_Option, mode="served", **kw)
+
+
+def _remote(*names, **kw):
+    return click.option(*names, cls=_Option, mode=_REMOTE, **kw)
+
+
+def _openai(*names, **kw):
+    return click.option(*names, cls=_Option, mode="openai", **kw)
 
 
 def _in_process(*names, **kw):
@@ -457,10 +513,26 @@ def _in_process(*names, **kw):
 @_protocol_opt(cls=_Option, mode="served")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
               help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the deployment's).")
-@_served("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
+@_remote("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
          help="Also sweep these numbers of requests in flight (repeatable), at the first --k and --policy.")
-@_served("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help)
-@_served("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
+@_remote("--request-rate", "rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RPS",
+         help="Also an open-loop run: requests at Poisson arrivals of RPS/s (seeded), to each model, with goodput.")
+@_remote("--num-requests", type=click.IntRange(min=1), default=None,
+         help="Requests per model of the --request-rate run (default: prompts x repeats).")
+@_remote("--slo-ttft-ms", type=click.FloatRange(min=0), default=None, help="Goodput: a request meets the SLO only "
+         "with TTFT at most this.")
+@_remote("--slo-tpot-ms", type=click.FloatRange(min=0), default=None, help="Goodput: … and TPOT at most this.")
+@_remote("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help)
+@_remote("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
+@_openai("--openai", "openai_urls", multiple=True, metavar="URL",
+         help="http://HOST:PORT[/v1]; once (both models on it) or twice (the baseline's server, then the "
+              "speculative one's).")
+@_openai("--model", "models", multiple=True, help="Twice: the baseline's model name, then the speculative one's "
+         "(default: trt-spec's, ensemble and tensorrt_llm_bls).")
+@_openai("--api", type=click.Choice(["chat", "completions"]), default="chat",
+         help="/v1/chat/completions (the server applies the chat template) or /v1/completions (raw prompts).")
+@_openai("--api-key", default="none", envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer token, if the server "
+         "wants one.")
 @_in_process("--in-process", "config", type=click.Path(dir_okay=False), default=None, metavar="CONFIG",
              help="The build config (built with `trt-spec build CONFIG`).")
 @_in_process("--ignore-eos", is_flag=True, help="Generate exactly max_tokens (fixed-length benchmark).")
@@ -469,18 +541,19 @@ def _in_process(*names, **kw):
 @_set_opt(cls=_Option, mode="in-process")
 @click.pass_context
 def bench(ctx: click.Context, **options) -> None:
-    """Benchmark the speculative model against the baseline, paired (same prompts, alternating), in one of two modes.
+    """Benchmark the speculative model against the baseline, paired (same prompts, alternating), in one of three modes.
 
-    Served (--url): speedup with a 95% interval, acceptance, TTFT/TPOT, optionally a concurrency sweep and report
-    files. In-process (--in-process CONFIG): the same speculative loop and policy over the reference engines in this
+    Served (--url): speedup with a 95% interval, acceptance, TTFT/TPOT, optionally a concurrency sweep, a request-rate
+    run with goodput and report files. OpenAI (--openai): the same against any OpenAI-compatible server(s). In-process (--in-process CONFIG): the same speculative loop and policy over the reference engines in this
     process, no server: speedup, decode speedup, token identity, acceptance, the policy's per-round k counts, the
     draft/target cost ratio and the Leviathan bound.
     """
     o = BenchOptions(**options)
-    if bool(o.config) == bool(o.url):
-        raise UserError("choose one: --url HOST:PORT (a served deployment) or --in-process CONFIG (its reference "
-                        "engine, no server)")
-    ctx.command.check_mode(ctx, "in-process" if o.config else "served")
+    chosen = [m for m, on in (("served", o.url), ("openai", o.openai_urls), ("in-process", o.config)) if on]
+    if len(chosen) != 1:
+        raise UserError("choose one: --url HOST:PORT (a Triton deployment), --openai URL (an OpenAI-compatible "
+                        "server) or --in-process CONFIG (its reference engine, no server)")
+    ctx.command.check_mode(ctx, chosen[0])
     (_bench_in_process if o.config else _bench_served)(o, _prompts(o.prompt_set, o.max_tokens, o.limit))
 
 
@@ -498,8 +571,16 @@ class BenchOptions:
     url: Optional[str] = None  # served
     protocol: str = defaults.PROTOCOL
     levels: tuple[int, ...] = ()
+    rate: Optional[float] = None
+    num_requests: Optional[int] = None
+    slo_ttft_ms: Optional[float] = None
+    slo_tpot_ms: Optional[float] = None
     tokenizer: Optional[str] = None
     out_dir: Optional[str] = None
+    openai_urls: tuple[str, ...] = ()  # openai
+    models: tuple[str, ...] = ()
+    api: str = "chat"
+    api_key: str = "none"
     config: Optional[str] = None  # in-process
     ignore_eos: bool = False
     threads: Optional[int] = None
@@ -534,15 +615,35 @@ def _bench_in_process(o: BenchOptions, prompts: list) -> None:
 
 
 def _bench_served(o: BenchOptions, prompts: list) -> None:
+    """Against a Triton deployment (--url) or OpenAI-compatible server(s) (--openai): the same runs and report."""
     from rich.console import Console
 
-    from .harness.bench import concurrency_sweep, paired_ab
+    from .harness.bench import SLO, concurrency_sweep, paired_ab, request_rate_run
     from .harness.client import ClientError, LLMClient
     from .harness.report import write_reports
 
     console = Console(stderr=True)
-    client = _client(o.url, o.protocol)
-    prompts = _chat(prompts, o.tokenizer)
+    if o.openai_urls:
+        from .harness.openai_client import client_factory, endpoints
+
+        try:
+            roles = endpoints(o.openai_urls, o.models)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        new_client = client_factory(roles, o.api, o.api_key)
+        client, protocol = new_client(), f"openai {o.api}"
+        try:
+            client.check_ready(list(roles))
+        except ClientError as e:
+            raise UserError(str(e)) from None
+        title = " vs ".join(f"{e.model} at {e.base_url}" for e in roles.values())
+        if o.api == "completions":  # raw prompts: the chat template is the client's to apply (--tokenizer)
+            prompts = _chat(prompts, o.tokenizer)
+    else:
+        client, protocol = _client(o.url, o.protocol), o.protocol
+        new_client = lambda: LLMClient(o.url, o.protocol)  # noqa: E731
+        title = f"{o.url} ({o.protocol})"
+        prompts = _chat(prompts, o.tokenizer)
     runs = []
     try:
         for policy in (list(o.policies) or [None]):
@@ -551,17 +652,26 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
                 prog, cb = _progress(console, len(prompts) * o.repeats, what)
                 with prog:
                     res = paired_ab(client, prompts, k=k, repeats=o.repeats, progress=cb, policy=policy)
-                runs.append({"protocol": o.protocol, **res})
+                runs.append({"protocol": protocol, **res})
         conc = []
         if o.levels:
             prog, cb = _progress(console, 2 * len(o.levels), "concurrency sweep")
             with prog:
-                conc = concurrency_sweep(lambda: LLMClient(o.url, o.protocol), prompts, o.levels,
+                conc = concurrency_sweep(new_client, prompts, o.levels,
                                          k=o.ks[0] if o.ks else None, requests_per_level=len(prompts) * o.repeats,
                                          progress=cb, policy=o.policies[0] if o.policies else None)
+        rate = None
+        if o.rate is not None:
+            slo = SLO(o.slo_ttft_ms / 1e3 if o.slo_ttft_ms is not None else None,
+                      o.slo_tpot_ms / 1e3 if o.slo_tpot_ms is not None else None)
+            prog, cb = _progress(console, 2, f"request rate {o.rate:g}/s")
+            with prog:
+                rate = request_rate_run(new_client, prompts, o.rate, o.num_requests or len(prompts) * o.repeats,
+                                        k=o.ks[0] if o.ks else None, policy=o.policies[0] if o.policies else None,
+                                        slo=slo, progress=cb)
     except ClientError as e:
         raise UserError(str(e)) from None
-    rep = {"title": f"bench {o.url} ({o.protocol})", "bench": runs, "concurrency": conc}
+    rep = {"title": f"bench {title}", "bench": runs, "concurrency": conc, **({"rate": rate} if rate else {})}
     if o.out_dir:
         for f in write_reports(rep, Path(o.out_dir)):
             console.print(f"wrote {f}")

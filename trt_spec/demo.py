@@ -1,7 +1,8 @@
 """`trt-spec demo` (what `make demo` runs): the whole product end to end on one machine.
 
-build the config -> write the Triton repository -> start tritonserver -> identity check over HTTP and gRPC
--> paired A/B benchmark over HTTP and gRPC -> concurrency sweep -> reports -> stop the server.
+build the config -> write the Triton repository -> start tritonserver (and the OpenAI frontend) -> identity check
+over HTTP and gRPC -> paired A/B benchmark over HTTP and gRPC -> concurrency sweep -> one OpenAI chat call -> reports
+-> stop the server.
 Returns a verdict dict; the caller prints it and exits non-zero when identity fails.
 """
 
@@ -38,6 +39,7 @@ class DemoSettings:
     concurrency: tuple[int, ...] = (1, 2, 4, 8)  # requests in flight
     concurrency_requests: int = 8  # per level and model (rounded up to a multiple of the level)
     concurrency_tokens: int = 24
+    openai_tokens: int = 32
 
 
 def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
@@ -84,10 +86,42 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
             report["server_metrics"] = {"url": url, **acceptance_summary(scrape(url), SPECULATIVE)}
         except (OSError, ValueError) as e:  # the benchmark stands without them
             report["server_metrics"] = {"url": url, "error": str(e)}
+        report["openai"] = openai_call(repo, server, out, s, say)
     files = write_reports(report, out)
     report["files"] = [str(f) for f in files]
     report["passed"] = all(c["passed"] for c in report["check"])
     return report
+
+
+def openai_call(repo: Path, server: TritonServer, out: Path, s: DemoSettings, say: Callable[[str], None]) -> dict:
+    """The OpenAI frontend in front of the demo's server (what `trt-spec serve --openai-port` starts), and one chat
+    completion through the official `openai` SDK, streamed, with its usage."""
+    import openai
+
+    from .serve.openai_frontend import FrontendProcess
+
+    fe = FrontendProcess(repo, server.grpc_url, free_port(), "127.0.0.1", out / "openai.log").start()
+    try:
+        fe.wait_ready()
+        say(f"      OpenAI API at {fe.url}/v1: one chat completion ({SPECULATIVE}, streamed)")
+        client = openai.OpenAI(base_url=f"{fe.url}/v1", api_key="none", max_retries=0, timeout=300)
+        question = load_prompts("chat", s.openai_tokens)[0].text
+        text, usage = [], None
+        for c in client.chat.completions.create(model=SPECULATIVE, messages=[{"role": "user", "content": question}],
+                                                max_tokens=s.openai_tokens, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}):
+            usage = c.usage or usage
+            if c.choices and c.choices[0].delta.content:
+                text.append(c.choices[0].delta.content)
+        return {"url": f"{fe.url}/v1", "question": question, "answer": "".join(text),
+                "usage": usage.model_dump() if usage else None,
+                "curl": f"curl -s {fe.url}/v1/chat/completions -H 'Content-Type: application/json' -d "
+                        f"'{{\"model\": \"{SPECULATIVE}\", \"messages\": [{{\"role\": \"user\", \"content\": "
+                        f"\"Hello\"}}], \"max_tokens\": 32}}'"}
+    except (openai.APIError, RuntimeError) as e:  # the demo's verdict stands without it
+        return {"url": f"{fe.url}/v1", "error": str(e)}
+    finally:
+        fe.stop()
 
 
 def format_sweep(rows: list[dict]) -> list[str]:
@@ -140,6 +174,16 @@ def format_verdict(rep: dict) -> str:
         lines += ["", *format_sweep(rep["concurrency"])]
     if rep.get("server_metrics"):
         lines += ["", *format_server_metrics(rep["server_metrics"])]
+    o = rep.get("openai")
+    if o:
+        lines += ["", f"OpenAI API ({o['url']}, trt-spec serve --openai-port):"]
+        if "error" in o:
+            lines.append(f"  not available: {o['error']}")
+        else:
+            u = o["usage"] or {}
+            lines += [f"  chat {SPECULATIVE}: {o['question'][:60]!r} -> {o['answer'][:100]!r}",
+                      f"  usage: {u.get('prompt_tokens')} prompt + {u.get('completion_tokens')} completion tokens",
+                      f"  try: {o['curl']}"]
     lines.append("")
     lines.append(f"verdict: {'PASS' if rep['passed'] else 'FAIL'} — reports: " + ", ".join(rep.get("files", [])))
     lines.append("=" * 72)

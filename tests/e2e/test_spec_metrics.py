@@ -101,6 +101,16 @@ def test_prometheus_metrics_equal_the_responses_own(request, fixture, mode):
     assert 0 < delta(f"{n.METRIC_VERIFY_LATENCY}_sum") < 120
     summary = acceptance_summary(after)
     assert summary["drafted"] == value(after, n.METRIC_DRAFT_TOKENS, model=n.BLS)
+    # the same counts under vLLM's names and labels (Triton serves the colon names as they are)
+    vllm = {"model_name": n.BLS, "engine": "0"}
+
+    def vdelta(name: str, **extra) -> float:
+        return value(after, name, **vllm, **extra) - value(before, name, **vllm, **extra)
+
+    assert vdelta(n.VLLM_NUM_DRAFT_TOKENS) == drafted and vdelta(n.VLLM_NUM_ACCEPTED_TOKENS) == accepted
+    assert vdelta(n.VLLM_NUM_DRAFTS) == rounds - ks[0]  # a draft = a speculative round
+    per_pos = [vdelta(n.VLLM_NUM_ACCEPTED_PER_POS, position=str(i)) for i in range(MAX_DRAFT_LEN)]
+    assert per_pos == [sum(accepted_hist[i + 1:]) for i in range(MAX_DRAFT_LEN)] and sum(per_pos) == accepted
 
 
 def test_metric_names_and_types_as_published(ngram_server):
@@ -109,6 +119,9 @@ def test_metric_names_and_types_as_published(ngram_server):
         text = r.read().decode()
     types = dict(re.findall(r"^# TYPE (trt_spec_\S+) (\S+)$", text, re.M))
     assert types == {**{c: "counter" for c in COUNTERS}, **{h: "histogram" for h in HISTOGRAMS}}
+    vllm = dict(re.findall(r"^# TYPE (vllm:\S+) (\S+)$", text, re.M))
+    assert vllm == {name: "counter" for name in (n.VLLM_NUM_DRAFTS, n.VLLM_NUM_DRAFT_TOKENS, n.VLLM_NUM_ACCEPTED_TOKENS,
+                                                 n.VLLM_NUM_ACCEPTED_PER_POS)}
     samples = parse_metrics(text)
     assert {s.labels["mode"] for s in samples if s.name.startswith("trt_spec_")} == {"ngram"}
     assert {s.labels["model"] for s in samples if s.name.startswith("trt_spec_")} == {n.BLS}

@@ -85,9 +85,20 @@ def test_prompt_sets_and_jsonl(tmp_path):
     f.write_text(json.dumps({"prompt": "hi", "max_tokens": 5}) + "\n\n" + json.dumps({"prompt": "yo"}) + "\n")
     ps = load_prompts(str(f))
     assert [(p.text, p.max_tokens) for p in ps] == [("hi", 5), ("yo", 128)]
-    f.write_text('{"text": "x"}\n')
+    f.write_text('{"text": "x", "output_length": 3}\n')  # AIPerf's single_turn fields
+    assert [(p.text, p.max_tokens) for p in load_prompts(str(f))] == [("x", 3)]
+    f.write_text('{"query": "x"}\n')
     with pytest.raises(ValueError, match=r"p.jsonl:1: expected a JSON object with a \"prompt\" key"):
         load_prompts(str(f))
+    g = tmp_path / "sharegpt.json"  # ShareGPT: the first human turn, max_tokens from the answer's length
+    g.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "Write a poem."},
+                                                           {"from": "gpt", "value": "x" * 80}]},
+                             {"conversations": [{"from": "system", "value": "be brief"},
+                                                {"from": "human", "value": "Hi"}]}]))
+    assert [(p.text, p.max_tokens, p.id) for p in load_prompts(str(g))] == [("Write a poem.", 20, "a"), ("Hi", 128, "1")]
+    g.write_text('[{"turns": []}]')
+    with pytest.raises(ValueError, match="entry 0 has no \"conversations\" list"):
+        load_prompts(str(g))
     with pytest.raises(ValueError, match="not one of code-edit"):
         load_prompts("nope")
     assert all(p.max_tokens == 7 for p in load_prompts("chat", 7))

@@ -221,8 +221,10 @@ def plan_values(m: BuildManifest, lay: Layout, acc: Acceptance, *, gpu: Optional
     paths = pod_paths(m)
     return {"name": m.name, "configHash": m.config_hash, "ranks": lay.ranks, "singleProcess": lay.single_process,
             "speculativeMode": m.speculative.mode, "numDraftTokens": acc.k,
-            "queueComputeMetric": defaults.QUEUE_COMPUTE_METRIC, "adminKeyFile": ADMIN_KEY_FILE,
-            "ports": {"http": defaults.HTTP_PORT, "grpc": defaults.GRPC_PORT, "metrics": defaults.METRICS_PORT},
+            "queueComputeMetric": defaults.QUEUE_COMPUTE_METRIC, "queueComputeRule": QUEUE_COMPUTE_RULE,
+            "adminKeyFile": ADMIN_KEY_FILE,
+            "ports": {"http": defaults.HTTP_PORT, "grpc": defaults.GRPC_PORT, "metrics": defaults.METRICS_PORT,
+                      "openai": defaults.OPENAI_PORT},
             "paths": dict(paths), "env": dict(env),
             "buildScript": build_script(paths), "buildConfig": build_config_text(m, paths, gpu)}
 
@@ -242,7 +244,8 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
         gpus_per_node=lay.gpus_per_node, shm_size=defaults.K8S_SHM_SIZE, checkpoints=", ".join(checkpoints),
         build_gpus=min(lay.ranks, lay.gpus_per_node), startup_s=defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES,
         startup_period_s=defaults.K8S_STARTUP_PERIOD_S, startup_failures=defaults.K8S_STARTUP_FAILURES,
-        http_port=defaults.HTTP_PORT, grpc_port=defaults.GRPC_PORT, metrics_port=defaults.METRICS_PORT, uid=TRITON_UID,
+        http_port=defaults.HTTP_PORT, grpc_port=defaults.GRPC_PORT, metrics_port=defaults.METRICS_PORT,
+        openai_port=defaults.OPENAI_PORT, uid=TRITON_UID,
         k=acc.k, r=acc.r, why=acc.why, min_acceptance=repr(acc.threshold))
     dev = m.runtime
     draft = f", draft on GPU(s) {dev.draft_devices}" if m.draft else ""
@@ -254,29 +257,34 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
             f"`trt-spec serve`, which runs (trt-spec serve --dry-run):\n#   {shown}\n{plan}")
 
 
+# NVIDIA's recording rule (their autoscaling tutorial's triton-metrics_prometheus-rule.yaml): time requests spent
+# queued over time they spent computing, per series, over 1 minute. The chart's PrometheusRule records it.
+QUEUE_COMPUTE_RULE = ("rate(nv_inference_queue_duration_us[1m]) / "
+                      "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)")
+
+
 def adapter_values_yaml() -> str:
-    """prometheus-adapter values (rules.custom) that define the HPA's metric from Triton's own counters."""
+    """prometheus-adapter values (rules.custom) that serve the recorded ratio to the HPA under its own name."""
     name = defaults.QUEUE_COMPUTE_METRIC
-    query = ("sum by (<<.GroupBy>>) (rate(nv_inference_queue_duration_us{<<.LabelMatchers>>}[1m])) / "
-             "clamp_min(sum by (<<.GroupBy>>) (rate(nv_inference_compute_infer_duration_us{<<.LabelMatchers>>}[1m])), 1)")
+    query = "sum by (<<.GroupBy>>) (<<.Series>>{<<.LabelMatchers>>})"
     return f"""\
-# prometheus-adapter values: the custom metric {name} the chart's HPA scales on.
+# prometheus-adapter values: the custom metric {name} the chart's HPA scales on, as NVIDIA's Triton autoscaling
+# tutorial names it. The chart's PrometheusRule records it from Triton's counters:
+#   {name} = {QUEUE_COMPUTE_RULE}
 #   helm upgrade --install -n monitoring prometheus-adapter prometheus-community/prometheus-adapter \\
 #     --set prometheus.url=http://prometheus-kube-prometheus-prometheus -f {ADAPTER_VALUES}
 # Check: kubectl get --raw "/apis/custom.metrics.k8s.io/v1beta1/namespaces/NAMESPACE/pods/*/{name}"
-# The ratio is NVIDIA's (their recording rule triton:queue_compute:ratio): time requests spent queued over time
-# they spent computing, per pod, over 1 minute.
 metricsRelistInterval: 6s
 rules:
   default: false
   custom:
-    - seriesQuery: 'nv_inference_queue_duration_us{{namespace!="",pod!=""}}'
+    - seriesQuery: {_j(name + '{namespace!="",pod!=""}')}
       resources:
         overrides:
           namespace: {{resource: namespace}}
           pod: {{resource: pod}}
       name:
-        matches: "^nv_inference_queue_duration_us$"
+        matches: {_j("^" + name + "$")}
         as: {_j(name)}
       metricsQuery: {_j(query)}
 """

@@ -13,6 +13,7 @@ the level's wall time, per-request TTFT/TPOT/latency percentiles and the raw sam
 from __future__ import annotations
 
 import math
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -125,7 +126,11 @@ def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str]
            "baseline": side(base), "speculative": side(spec), "acceptance": acc,
            "samples": [s.__dict__ for s in samples]}
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
-    out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)  # c is not measured here
+    if acc["drafted"] or not spec or any(x.drafted or x.draft_lengths for x in spec):
+        out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)  # c is not measured here
+    else:  # the server reports no speculation figures per request (the OpenAI API): no acceptance is claimed
+        out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x); this server "
+                          "reports no acceptance per request (read it from its /metrics)" if speedup < 1.0 else None)
     return out
 
 
@@ -195,6 +200,81 @@ def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence
                 progress(2 * li + j + 1, 2 * len(levels))
         rows.append(sweep_row(c, *runs[BASELINE], *runs[SPECULATIVE]))
     return rows
+
+
+@dataclass(frozen=True)
+class SLO:
+    """A latency target per request (None: no limit on that figure), for goodput."""
+
+    ttft_s: Optional[float] = None
+    tpot_s: Optional[float] = None
+
+    def met(self, s: Sample) -> bool:
+        return ((self.ttft_s is None or s.ttft_s <= self.ttft_s)
+                and (self.tpot_s is None or s.tpot_s is None or s.tpot_s <= self.tpot_s))
+
+
+def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
+    """n arrival times (seconds from the start) of a Poisson process at `rate` requests/s, seeded."""
+    if rate <= 0:
+        raise ValueError(f"the request rate must be > 0 requests/s, got {rate}")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def run_rate(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], arrivals: Sequence[float],
+             k: Optional[int], policy: Optional[str] = None) -> tuple[list[Sample], float]:
+    """One request per arrival time (prompts cycled), each sent at its time whatever is still in flight (an open
+    loop, as users arrive): the samples and the wall time from the first arrival to the last answer."""
+    def one(i: int) -> Sample:
+        delay = t0 + arrivals[i] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        p, r = i % len(prompts), i // len(prompts)
+        cl = client_factory()
+        try:
+            return Sample.of(model, p, r, _request(cl, model, prompts[p], k, policy))
+        finally:
+            cl.close()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(arrivals)) as pool:
+        samples = list(pool.map(one, range(len(arrivals))))
+    return samples, time.perf_counter() - t0 - arrivals[0]
+
+
+def rate_row(rate: float, base: Sequence[Sample], base_wall_s: float, spec: Sequence[Sample], spec_wall_s: float,
+             slo: SLO) -> dict:
+    """Both sides at one request rate, with goodput: requests/s that met the SLO (vLLM bench's definition)."""
+    row = sweep_row(0, base, base_wall_s, spec, spec_wall_s)
+    del row["concurrency"]
+    for model, samples, wall in ((BASELINE, base, base_wall_s), (SPECULATIVE, spec, spec_wall_s)):
+        met = sum(slo.met(x) for x in samples)
+        row[model].update(slo_met=met, goodput_rps=met / wall, request_rps=len(samples) / wall)
+    g = row[BASELINE]["goodput_rps"]
+    row.update(request_rate=rate, slo={"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+               goodput_ratio=row[SPECULATIVE]["goodput_rps"] / g if g else math.nan)
+    return row
+
+
+def request_rate_run(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], rate: float, n: int, *,
+                     k: Optional[int] = None, policy: Optional[str] = None, slo: SLO = SLO(), seed: int = 0,
+                     progress: Progress = None) -> dict:
+    """n requests at Poisson arrivals of `rate` requests/s to the baseline, then the same arrivals to the speculative
+    model: throughput, per-request latency and goodput under the SLO, side by side."""
+    if n < 1:
+        raise ValueError(f"the request-rate run needs at least one request, got {n}")
+    arrivals = poisson_arrivals(rate, n, seed)
+    runs = {}
+    for j, model in enumerate((BASELINE, SPECULATIVE)):
+        runs[model] = run_rate(client_factory, model, prompts, arrivals, k, policy)
+        if progress:
+            progress(j + 1, 2)
+    return rate_row(rate, *runs[BASELINE], *runs[SPECULATIVE], slo)
 
 
 def tune_k(client: LLMClient, prompts: Sequence[Prompt], ks: Sequence[int], *, repeats: int = 1,

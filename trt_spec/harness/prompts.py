@@ -2,7 +2,8 @@
 
 Sets: `code-edit` (agentic code loop: the answer copies most of the prompt — where n-gram drafting shines),
 `code` (plain code generation), `chat`, `summarization`. A JSONL file holds one object per line:
-{"prompt": "...", "max_tokens": 128} (max_tokens optional).
+{"prompt": "...", "max_tokens": 128} (max_tokens optional; AIPerf's "text"/"output_length" read too); a ShareGPT-style
+JSON file is read as its first human turns (load_prompts).
 """
 
 from __future__ import annotations
@@ -149,32 +150,76 @@ PROMPT_SETS: dict[str, list[Prompt]] = {
 }
 
 
+# JSONL field names the common tools write: trt-spec's and vLLM bench's "prompt", AIPerf's single_turn "text";
+# the output length as "max_tokens" (trt-spec), "output_length" (AIPerf) or "output_tokens".
+PROMPT_KEYS = ("prompt", "text")
+LENGTH_KEYS = ("max_tokens", "output_length", "output_tokens")
+SHAREGPT_HUMAN = ("human", "user")
+SHAREGPT_ANSWER = ("gpt", "assistant", "chatgpt")
+CHARS_PER_TOKEN = 4  # a ShareGPT answer's length in tokens, when no tokenizer is at hand: OpenAI's rule of thumb
+
+
 def load_prompts(name_or_path: str, max_tokens: int | None = None) -> list[Prompt]:
-    """A shipped set by name, or a JSONL file ({"prompt": ..., "max_tokens": ...} per line)."""
+    """A shipped set by name, a JSONL file (one object per line: {"prompt"|"text": ..., "max_tokens"|
+    "output_length"|"output_tokens": ...}), or a ShareGPT-style JSON file (a list of {"conversations": [{"from":
+    "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}: the first human turn is the prompt, the answer
+    after it sets max_tokens at len(answer) / CHARS_PER_TOKEN). Nothing is downloaded: a path on disk."""
     if name_or_path in PROMPT_SETS:
         prompts = PROMPT_SETS[name_or_path]
     else:
         p = Path(name_or_path)
         if not p.is_file():
             raise ValueError(f"prompt set {name_or_path!r}: not one of {', '.join(PROMPT_SETS)} and not a file")
-        prompts = []
-        for i, line in enumerate(p.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                text = obj["prompt"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{p}:{i}: expected a JSON object with a \"prompt\" key") from None
-            if not isinstance(text, str) or not text:
-                raise ValueError(f"{p}:{i}: \"prompt\" must be a non-empty string")
-            mt = obj.get("max_tokens", DEFAULT_MAX_TOKENS)
-            if not isinstance(mt, int) or mt < 1:
-                raise ValueError(f"{p}:{i}: \"max_tokens\" must be a positive integer")
-            prompts.append(Prompt(text, mt, str(obj.get("id", i))))
+        text = p.read_text()
+        prompts = _sharegpt(p, text) if text.lstrip().startswith("[") else _jsonl(p, text)
+        if not prompts:
+            raise ValueError(f"{p}: no prompts in it")
     if max_tokens is not None:
         prompts = [Prompt(p.text, max_tokens, p.id) for p in prompts]
     return list(prompts)
+
+
+def _jsonl(p: Path, text: str) -> list[Prompt]:
+    prompts = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            key = next(k for k in PROMPT_KEYS if k in obj)
+            prompt = obj[key]
+        except (json.JSONDecodeError, StopIteration, TypeError):
+            raise ValueError(f"{p}:{i}: expected a JSON object with a \"prompt\" key (or \"text\")") from None
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"{p}:{i}: \"{key}\" must be a non-empty string")
+        mt = next((obj[k] for k in LENGTH_KEYS if k in obj), DEFAULT_MAX_TOKENS)
+        if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
+            raise ValueError(f"{p}:{i}: the output length must be a positive integer, got {mt!r}")
+        prompts.append(Prompt(prompt, mt, str(obj.get("id", i))))
+    return prompts
+
+
+def _sharegpt(p: Path, text: str) -> list[Prompt]:
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); a ShareGPT file is one JSON list") from None
+    if not isinstance(rows, list):
+        raise ValueError(f"{p}: a ShareGPT file is a JSON list of {{\"conversations\": [...]}}")
+    prompts = []
+    for i, row in enumerate(rows):
+        turns = row.get("conversations") if isinstance(row, dict) else None
+        if not isinstance(turns, list):
+            raise ValueError(f"{p}: entry {i} has no \"conversations\" list")
+        for j, t in enumerate(turns):
+            if (isinstance(t, dict) and t.get("from") in SHAREGPT_HUMAN and isinstance(t.get("value"), str)
+                    and t["value"]):
+                answer = turns[j + 1] if j + 1 < len(turns) else {}
+                length = len(answer.get("value", "")) if answer.get("from") in SHAREGPT_ANSWER else 0
+                prompts.append(Prompt(t["value"], max(1, length // CHARS_PER_TOKEN) if length else DEFAULT_MAX_TOKENS,
+                                      str(row.get("id", i))))
+                break  # the first human turn of each conversation
+    return prompts
 
 
 def with_chat_template(prompts: list[Prompt], tokenizer) -> list[Prompt]:

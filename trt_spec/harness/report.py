@@ -56,6 +56,8 @@ def markdown(rep: dict) -> str:
             out += [f"> WARNING: {b['warning']}", ""]
     if rep.get("concurrency"):
         out += concurrency_table(rep["concurrency"])
+    if rep.get("rate"):
+        out += rate_table(rep["rate"])
     if rep.get("tune"):
         t = rep["tune"]
         out += ["## k sweep", "", "| policy | k (cap) | speedup | 95% CI | acceptance | mean length | mean k | "
@@ -91,6 +93,22 @@ def concurrency_table(rows: list[dict]) -> list[str]:
     out += ["", "Total tok/s: every generated token of the level over its wall time (all requests in flight "
             "together). TPOT, latency and TTFT: per request. Speedup: speculative / baseline total tok/s. "
             "Acceptance: summed over the level's speculative requests. Raw samples: report.json.", ""]
+    return out
+
+
+def rate_table(r: dict) -> list[str]:
+    """Markdown lines of a request-rate run: per model, throughput, latency and goodput under the SLO."""
+    slo = ", ".join(f"{k.split('_')[0].upper()} <= {v * 1e3:.0f} ms" for k, v in r["slo"].items() if v is not None)
+    out = [f"## Request rate {r['request_rate']:g}/s (Poisson arrivals, {r['requests']} requests per model)", "",
+           "| model | requests/s | total tok/s | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | latency p99 (s) | "
+           "met SLO | goodput (req/s) |", "|---|---|---|---|---|---|---|---|---|"]
+    for model in (BASELINE, SPECULATIVE):
+        m = r[model]
+        out.append(f"| {model} | {m['request_rps']:.2f} | {m['tokens_per_s']:.1f} | {m['ttft_s']['p50'] * 1e3:.0f} | "
+                   f"{m['ttft_s']['p99'] * 1e3:.0f} | {m['tpot_s']['p50'] * 1e3:.1f} | {m['latency_s']['p99']:.2f} | "
+                   f"{m['slo_met']}/{m['requests']} | {m['goodput_rps']:.2f} |")
+    out += ["", f"Speedup (total tok/s) **{r['speedup']:.2f}x**, goodput ratio {r['goodput_ratio']:.2f} "
+            f"(SLO: {slo or 'none: every request counts'}).", ""]
     return out
 
 

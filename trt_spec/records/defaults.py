@@ -35,7 +35,10 @@ K8S_MOUNT_PATH = "/models"  # where the PersistentVolumeClaim (checkpoints, buil
 # loaded; on network storage at ~200 MB/s that alone is ~6 min per pass. 60 min covers it with room.
 K8S_STARTUP_PERIOD_S, K8S_STARTUP_FAILURES = 10, 360
 K8S_SHM_SIZE = "16Gi"  # memory-backed /dev/shm: python-backend tensors of every in-flight request + NCCL buffers
-QUEUE_COMPUTE_METRIC = "triton_queue_compute_ratio"  # custom metric: the adapter rule defines it, the HPA reads it
+# The HPA's custom metric, spelled as NVIDIA's Triton autoscaling tutorial spells it (tutorials, Deployment/Kubernetes/
+# TensorRT-LLM_Autoscaling_and_Load_Balancing: a PrometheusRule records it, prometheus-adapter serves it by that name).
+QUEUE_COMPUTE_METRIC = "triton:queue_compute:ratio"
+OPENAI_PORT = 9000  # the chart's OpenAI endpoint (trt-spec serve --openai-port; Triton's own frontend's default too)
 VERIFY_COST_GPU = 1.0  # r: a GPU at small batch verifies k+1 tokens in about one decode step (memory-bound)
 
 # -- Reference engine: the prefix cache (KV of earlier requests, reused by a request sharing their prefix) ----

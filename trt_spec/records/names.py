@@ -83,3 +83,21 @@ METRIC_ACCEPTED_LENGTH = "trt_spec_accepted_length"  # histogram: accepted draft
 METRIC_DRAFT_LENGTH = "trt_spec_draft_length"  # histogram: the draft length k chosen per round
 METRIC_DRAFT_LATENCY = "trt_spec_draft_latency_seconds"  # histogram: seconds proposing, per round
 METRIC_VERIFY_LATENCY = "trt_spec_verify_latency_seconds"  # histogram: seconds of the target call, per round
+# The same counts under vLLM's names and labels (vllm/v1/spec_decode/metrics.py, SpecDecodingProm: Counters
+# labelled model_name and engine, exposed with prometheus_client's _total suffix; the per-position one adds
+# `position`, 0..k-1), which llama.cpp and trtllm-serve adopted: a dashboard written for vLLM reads trt-spec.
+# A draft (vLLM) is a speculative round here: mean acceptance length = 1 + accepted / drafts.
+VLLM_LABELS = ("model_name", "engine")
+VLLM_NUM_DRAFTS = "vllm:spec_decode_num_drafts_total"
+VLLM_NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+VLLM_NUM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+VLLM_NUM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"  # label position: rounds accepting it
+# The OpenAI frontend's own (its /metrics), in vLLM's names and labels (vllm/v1/metrics/loggers.py): latency as the
+# client sees it, per model (ensemble = baseline, tensorrt_llm_bls = speculative).
+VLLM_TTFT = "vllm:time_to_first_token_seconds"  # histogram
+VLLM_ITL = "vllm:inter_token_latency_seconds"  # histogram: per token (a chunk of n tokens: n gaps of its time / n)
+VLLM_E2E = "vllm:e2e_request_latency_seconds"  # histogram
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"  # counter
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter
+VLLM_REQUEST_SUCCESS = "vllm:request_success_total"  # counter
+VLLM_RUNNING = "vllm:num_requests_running"  # gauge

@@ -26,8 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..records.names import (BLS, METRIC_ACCEPTED_LENGTH, METRIC_ACCEPTED_TOKENS, METRIC_DRAFT_LATENCY, METRIC_DRAFT_LENGTH,
-                    METRIC_DRAFT_TOKENS, METRIC_REQUESTS, METRIC_ROUNDS, METRIC_ROUNDS_NO_SPEC, METRIC_VERIFY_LATENCY)
+from ..records.names import (BLS, METRIC_ACCEPTED_LENGTH, METRIC_ACCEPTED_TOKENS, METRIC_DRAFT_LATENCY,
+                             METRIC_DRAFT_LENGTH, METRIC_DRAFT_TOKENS, METRIC_REQUESTS, METRIC_ROUNDS,
+                             METRIC_ROUNDS_NO_SPEC, METRIC_VERIFY_LATENCY, VLLM_NUM_ACCEPTED_PER_POS,
+                             VLLM_NUM_ACCEPTED_TOKENS, VLLM_NUM_DRAFT_TOKENS, VLLM_NUM_DRAFTS)
 from ..records.speculation import LOOP_MODES, acceptance_rate, mean_acceptance_length
 from .speculative_loop import Metrics
 
@@ -78,6 +80,24 @@ class SpecMetrics:
                                  family.Metric(labels=labels, buckets=buckets))
             except Exception as e:  # noqa: BLE001 - e.g. a server without metrics: serve anyway
                 log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
+        # vLLM's names (records/names.py): the same counts, for dashboards written for vLLM
+        vllm = {"model_name": model, "engine": "0"}
+        self.positions = max_draft_len if self.rounds else 0
+        vllm_published = [(VLLM_NUM_DRAFT_TOKENS, "Draft tokens proposed", [None]),
+                          (VLLM_NUM_ACCEPTED_TOKENS, "Draft tokens accepted", [None])]
+        if self.rounds:
+            vllm_published += [(VLLM_NUM_DRAFTS, "Speculative rounds (drafts)", [None]),
+                               (VLLM_NUM_ACCEPTED_PER_POS, "Speculative rounds that accepted the draft token at each "
+                                                           "position", list(range(self.positions)))]
+        for name, description, positions in vllm_published:
+            try:
+                family = pb_utils.MetricFamily(name=name, description=description, kind=counter)
+                self._families.append(family)
+                for pos in positions:
+                    key = name if pos is None else f"{name}/{pos}"
+                    self._m[key] = family.Metric(labels=vllm if pos is None else {**vllm, "position": str(pos)})
+            except Exception as e:  # noqa: BLE001
+                log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
 
     async def publish(self, m: Metrics) -> None:
         """observe(m) on the metrics thread; returns when the server has the figures (never raises)."""
@@ -92,8 +112,14 @@ class SpecMetrics:
             self._inc(METRIC_REQUESTS, 1)
             self._inc(METRIC_DRAFT_TOKENS, m.drafted)
             self._inc(METRIC_ACCEPTED_TOKENS, m.accepted)
+            self._inc(VLLM_NUM_DRAFT_TOKENS, m.drafted)
+            self._inc(VLLM_NUM_ACCEPTED_TOKENS, m.accepted)
             if not self.rounds:
                 return
+            speculative = [r for r in m.rounds if r.drafted]  # a draft, as vLLM counts them
+            self._inc(VLLM_NUM_DRAFTS, len(speculative))
+            for pos in range(self.positions):
+                self._inc(f"{VLLM_NUM_ACCEPTED_PER_POS}/{pos}", sum(1 for r in speculative if r.accepted > pos))
             self._inc(METRIC_ROUNDS, len(m.rounds))
             self._inc(METRIC_ROUNDS_NO_SPEC, sum(1 for r in m.rounds if r.k == 0))
             for r in m.rounds:

@@ -91,6 +91,10 @@ trtSpec.pipInstall is "" (an image with trt-spec installed). */}}
   containerPort: {{ .Values.plan.ports.grpc }}
 - name: metrics
   containerPort: {{ .Values.plan.ports.metrics }}
+{{- if .Values.server.openai }}
+- name: openai
+  containerPort: {{ .Values.plan.ports.openai }}
+{{- end }}
 {{- end -}}
 
 {{- define "trtspec.probes" -}}

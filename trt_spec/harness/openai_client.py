@@ -1,0 +1,132 @@
+"""The harness's client for any OpenAI-compatible server (`trt-spec bench --openai URL`): trt-spec's own
+frontend (`trt-spec serve --openai-port`), vLLM, SGLang, `trtllm-serve`, llama.cpp's `llama-server`.
+
+It answers the harness's calls as LLMClient does (`generate(model, prompt, max_tokens, stream=…, **params) ->
+Generation`), with the two roles the bench compares, BASELINE and SPECULATIVE, mapped to an endpoint each: two
+models on one server, or one model on each of two servers. So the paired A/B, the concurrency sweep and the
+request-rate mode run unchanged, with the same report. Requests go through the official `openai` SDK, streaming with
+`stream_options.include_usage`: TTFT is the first content chunk, the token count is the server's usage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..records.names import BASELINE, DRAFT_LEN_POLICY, NUM_DRAFT_TOKENS, SPECULATIVE, TEXT_MODELS
+from .client import ClientError, Generation
+
+APIS = ("chat", "completions")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str  # …/v1
+    model: str
+
+
+def base_url(url: str) -> str:
+    """http://HOST:PORT[/v1] -> http://HOST:PORT/v1 (a bare HOST:PORT gets http://)."""
+    url = url.rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def endpoints(urls: tuple[str, ...], models: tuple[str, ...]) -> dict[str, Endpoint]:
+    """The bench's two roles from --openai URL [URL] and --model BASELINE SPECULATIVE (default: trt-spec's names)."""
+    if not 1 <= len(urls) <= 2:
+        raise ValueError(f"--openai takes one URL (both models on it) or two (baseline, speculative), got {len(urls)}")
+    names = tuple(models) or TEXT_MODELS
+    if len(names) != 2:
+        raise ValueError(f"--model takes two names, the baseline's then the speculative one's, got {len(names)}")
+    a, b = (urls[0], urls[0]) if len(urls) == 1 else urls
+    return {BASELINE: Endpoint(base_url(a), names[0]), SPECULATIVE: Endpoint(base_url(b), names[1])}
+
+
+class OpenAIClient:
+    """LLMClient's interface over the OpenAI API. `generate` takes the role (BASELINE / SPECULATIVE) as `model`."""
+
+    def __init__(self, roles: dict[str, Endpoint], *, api: str = "chat", api_key: str = "none",
+                 timeout_s: float = 600.0):
+        import openai
+
+        if api not in APIS:
+            raise ValueError(f"api {api!r}: use one of {', '.join(APIS)}")
+        self.roles, self.api = roles, api
+        self._clients = {role: openai.OpenAI(base_url=e.base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
+                         for role, e in roles.items()}
+        self.url = " / ".join(sorted({e.base_url for e in roles.values()}))
+
+    def check_ready(self, models: list[str]) -> None:
+        import openai
+
+        for role in models:
+            e = self.roles[role]
+            try:
+                served = {m.id for m in self._clients[role].models.list().data}
+            except openai.APIError as err:
+                raise ClientError(f"no OpenAI-compatible server answers at {e.base_url} ({_message(err)}); start one "
+                                  "(trt-spec serve REPO --openai-port PORT)") from None
+            if e.model not in served:
+                raise ClientError(f"model {e.model!r} is not served at {e.base_url} (it has: {', '.join(sorted(served))});"
+                                  " pass --model BASELINE --model SPECULATIVE")
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+
+    def generate(self, model: str, prompt: str, max_tokens: int, *, stream: bool = True, **params) -> Generation:
+        import openai
+
+        e = self.roles[model]
+        body = {"temperature": float(params.pop("temperature", 0.0)), "max_tokens": int(max_tokens)}
+        for name in ("top_p", "seed"):
+            if name in params:
+                body[name] = params.pop(name)
+        extra = {k: params.pop(k) for k in (NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY) if k in params}
+        params.pop("exclude_input_in_output", None)  # the OpenAI API never echoes the prompt by default
+        if params:
+            raise ValueError(f"not expressible in the OpenAI API: {', '.join(sorted(params))}")
+        client = self._clients[model]
+        t0 = time.perf_counter()
+        chunks: list[tuple[str, float]] = []
+        tokens = None
+        try:
+            if self.api == "chat":
+                it = client.chat.completions.create(model=e.model, messages=[{"role": "user", "content": prompt}],
+                                                    stream=True, stream_options={"include_usage": True},
+                                                    extra_body=extra or None, **body)
+            else:
+                it = client.completions.create(model=e.model, prompt=prompt, stream=True,
+                                               stream_options={"include_usage": True}, extra_body=extra or None,
+                                               **body)
+            for c in it:
+                if c.usage is not None:
+                    tokens = c.usage.completion_tokens
+                if c.choices:
+                    text = c.choices[0].delta.content if self.api == "chat" else c.choices[0].text
+                    if text:
+                        chunks.append((text, time.perf_counter() - t0))
+        except openai.APIStatusError as err:
+            raise ClientError(f"{e.model} at {e.base_url}: HTTP {err.status_code}: {_message(err)}") from None
+        except openai.APIError as err:
+            raise ClientError(f"{e.model} at {e.base_url}: {_message(err)}") from None
+        latency = time.perf_counter() - t0
+        times = [t for _, t in chunks]
+        return Generation(text="".join(x for x, _ in chunks), output_ids=[], ttft_s=times[0] if times else latency,
+                          latency_s=latency, chunks=len(chunks), chunk_times_s=times,
+                          tokens=tokens if tokens is not None else len(chunks))
+
+
+def _message(err) -> str:
+    body = getattr(err, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return body["message"]
+    return str(getattr(err, "message", err))
+
+
+def client_factory(roles: dict[str, Endpoint], api: str, api_key: str):
+    return lambda: OpenAIClient(roles, api=api, api_key=api_key)
+
+
