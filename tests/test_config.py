@@ -92,7 +92,7 @@ def test_set_and_env_overrides(tmp_path):
     assert cfg.target.checkpoint == "/other"  # --set beats env
     assert cfg.draft.checkpoint == "/env/draft"
     assert cfg.speculative.max_draft_len == 7
-    assert cfg.runtime.gpu_device_ids == [2, 3]
+    assert cfg.serving.gpu_device_ids == [2, 3]  # `runtime:` as a section: the old name of `serving:`
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(p, ["target.checkpoint"])
     with pytest.raises(ConfigError, match=r"target\.nope: unknown key"):

@@ -33,6 +33,9 @@ CRDS = {(d["apiVersion"], d["kind"]): d for d in
 GPU_CONFIGS = {  # shipped GPU configs -> GPUs the plan needs (target TP x PP, plus the draft's own GPUs)
     "llama33-70b-fp8-h100-tp2": 2, "llama33-70b-fp8-h200": 1, "qwen25-coder-32b-fp8-h100": 1,
     "llama31-8b-a100": 1, "qwen25-coder-32b-ngram-h100": 1, "vicuna-7b-medusa-fp8-h100": 1,
+    # runtime llmapi: the LLM API loads the EAGLE-3 head or MTP layers on the target's GPUs
+    "llama33-70b-eagle3-h200": 1, "llama33-70b-eagle3-h100-tp2": 2, "llama31-8b-eagle3-a100": 1,
+    "deepseek-v3-mtp-h200": 8, "llama31-8b-ngram-llmapi-h100": 1,
 }
 SEED = CONFIGS / "llama33-70b-fp8-h100-tp2.yaml"
 

@@ -238,6 +238,10 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
     except (ConfigError, PreflightError, HardwareError, ManifestError, RepositoryError) as e:
         raise UserError(str(e)) from None
     click.echo(f"wrote {dest} ({', '.join(sorted(configs))})")
+    from .serve.llmapi_repository import missing_sources
+
+    for line in missing_sources(dest):  # runtime llmapi written where the image's model source is not
+        click.echo(f"note: {line}")
     click.echo(f"serve it: trt-spec serve {dest}   (or: tritonserver --model-repository={dest.resolve()})")
 
 

@@ -48,8 +48,10 @@ def _weights_gib(info: ModelInfo, weights: str) -> float:
 
 
 def kv_cache_gib(info: ModelInfo, kv: str, batch: int, seq: int) -> float:
-    """layers x kv_heads x head_dim x 2 (K and V) x bytes x max_batch_size x max_seq_len."""
-    return info.num_layers * info.num_kv_heads * info.head_dim * 2 * BYTES_PER_KV[kv] * batch * seq / GIB
+    """layers x kv_heads x head_dim x 2 (K and V) x bytes x max_batch_size x max_seq_len; with multi-head latent
+    attention, layers x the latent (K and V in one) instead."""
+    per_layer = info.kv_latent_dim or info.num_kv_heads * info.head_dim * 2
+    return info.num_layers * per_layer * BYTES_PER_KV[kv] * batch * seq / GIB
 
 
 def memory_rows(role: str, info: ModelInfo, weights: str, kv_cache: str, tp: int, pp: int, devices: list[int],
@@ -57,7 +59,7 @@ def memory_rows(role: str, info: ModelInfo, weights: str, kv_cache: str, tp: int
     """One row per GPU of the role: its shard of the weights and KV cache (max_batch_size full sequences)."""
     w = _weights_gib(info, weights) / (tp * pp)
     kv = kv_cache_gib(info, kv_cache, cfg.limits.max_batch_size, cfg.limits.max_seq_len) / (tp * pp)
-    return [MemoryRow(d, role, w, kv, cfg.runtime.memory_reserve_gib) for d in devices]
+    return [MemoryRow(d, role, w, kv, cfg.serving.memory_reserve_gib) for d in devices]
 
 
 SHARING_ROLES = ("draft", "baseline")  # engines whose KV cache is capped so the target can size its own

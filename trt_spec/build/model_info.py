@@ -33,6 +33,7 @@ class ModelInfo:
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple[int, ...] = ()
     source: str = "checkpoint"
+    kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek): cached elements per token and layer, K and V in one
 
     def param_counts(self) -> tuple[int, int]:
         """(parameters in quantizable linear layers, parameters in embedding + LM head)."""
@@ -55,6 +56,9 @@ class ModelInfo:
 KNOWN_MODELS: dict[str, ModelInfo] = {
     "llama-3.3-70b-instruct": ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
                                         bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    # NVIDIA's pre-quantized FP8 checkpoint (runtime llmapi): the same dimensions
+    "llama-3.3-70b-instruct-fp8": ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
+                                            bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
     "llama-3.1-8b-instruct": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072,
                                        bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
     "llama-3.2-1b-instruct": ModelInfo("LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072,
@@ -65,6 +69,10 @@ KNOWN_MODELS: dict[str, ModelInfo] = {
                                              bos_token_id=151643, eos_token_ids=(151645,)),
     "smollm2-135m-instruct": ModelInfo("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192,
                                        bos_token_id=1, eos_token_ids=(2,)),
+    # MoE with multi-head latent attention: 256 routed experts + 1 shared of moe_intermediate_size 2048 (the 3 dense
+    # layers are counted as MoE ones: within 2%), KV cache = kv_lora_rank 512 + qk_rope_head_dim 64 per token and layer.
+    "deepseek-v3": ModelInfo("DeepseekV3ForCausalLM", 61, 7168, 128, 128, 128, 2048, 129280, False, 163840,
+                             num_experts=257, bos_token_id=0, eos_token_ids=(1,), kv_latent_dim=576),
     "vicuna-7b-v1.3": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048,
                                 bos_token_id=1, eos_token_ids=(2,)),
 }
@@ -108,6 +116,8 @@ def read_model_info(checkpoint: Path, role: str) -> ModelInfo:
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             max_position_embeddings=int(_first(c, "max_position_embeddings", default=0)),
             num_experts=int(_first(c, "num_local_experts", default=1)),
+            kv_latent_dim=int(c.get("kv_lora_rank") or 0) + int(c.get("qk_rope_head_dim") or 0) if c.get("kv_lora_rank")
+            else 0,
             bos_token_id=c.get("bos_token_id"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
         )

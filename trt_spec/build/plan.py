@@ -93,8 +93,12 @@ class Plan:
         lines.append(f"quantization: weights {r.quant.weights}, KV cache {r.quant.kv_cache}"
                      + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else "")
                      + (", FP8 context FMHA (TensorRT-LLM enables it with FP8 weights + FP8 KV)"
-                        if self.engine == "tensorrt" and r.quant.fp8_context_fmha else ""))
+                        if self.engine == "tensorrt" and r.config.runtime == "engine" and r.quant.fp8_context_fmha
+                        else ""))
         lines.append(f"speculative: {r.config.speculative.mode}, max_draft_len {r.max_draft_len}")
+        if r.config.runtime == "llmapi":
+            lines.append("runtime: llmapi (TensorRT-LLM's LLM API, PyTorch): nothing to build; build checks the "
+                         "checkpoints and writes the manifest, repo writes model.yaml")
         if r.memory:
             lines.append("memory plan per GPU:")
             lines += ["  " + ln for ln in r.memory_table().splitlines()]
@@ -326,9 +330,22 @@ def engine_roles(cfg: BuildConfig) -> list[str]:
             + (["baseline"] if cfg.speculative.has_baseline_engine else []))
 
 
+def llmapi_models(cfg: BuildConfig) -> dict[str, str]:
+    """runtime: llmapi serves checkpoints as they are (no build step): role -> directory. The target, and the draft
+    model (draft-target) or the EAGLE-3 head (its speculative_model_dir)."""
+    out = {"target": cfg.target.checkpoint}
+    if cfg.draft is not None:
+        out["draft"] = cfg.draft.checkpoint
+    elif cfg.speculative.mode == "eagle3":
+        out["draft"] = cfg.speculative.eagle3.heads_dir
+    return out
+
+
 def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) -> Plan:
     out = cfg.resolved_output_dir(source)
     name = cfg.resolved_name(source)
+    if cfg.runtime == "llmapi":  # nothing to build: preflight checked the checkpoints; build writes the manifest
+        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, [], llmapi_models(cfg))
     if cfg.engine == "reference":
         steps, engines = _reference_steps(cfg, report, out)
         return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines)

@@ -8,11 +8,13 @@ trt_spec.build.trtllm; the rules that combine them with the config live here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
 from ..records.defaults import TOKENS_PER_BLOCK
+from ..records.llmapi_contract import EAGLE3_SUPPORT, MTP_ARCHITECTURES
 from ..records.speculation import Mode
 from ..records.config import BuildConfig
 from .hardware import GpuSpec
@@ -123,6 +125,8 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
     has_fp8 = gpu.has_fp8 if gpu else True
     gname = gpu.name if gpu else "the GPU"
     cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu else "?"
+    if cfg.runtime == "llmapi":
+        return _llmapi_quantization(cfg, has_fp8, gname, cc)
     weights, fell_back = q.weights, False
     if weights == "auto":
         weights = "fp8" if has_fp8 else (q.fallback or "bf16")
@@ -165,10 +169,106 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
     return QuantChoice(weights=weights, kv_cache=kv, fell_back=fell_back), warnings
 
 
+def checkpoint_quant_method(checkpoint: str) -> Optional[str]:
+    """config.json's quantization_config.quant_method (e.g. "fp8"), None when unquantized or not on this machine."""
+    f = Path(checkpoint) / "config.json"
+    if not f.is_file():
+        return None
+    try:
+        q = json.loads(f.read_text()).get("quantization_config") or {}
+    except (OSError, ValueError):
+        return None
+    return str(q.get("quant_method") or q.get("quant_algo") or "").lower() or None
+
+
+def _llmapi_quantization(cfg: BuildConfig, has_fp8: bool, gname: str, cc: str) -> tuple[QuantChoice, list[str]]:
+    """runtime: llmapi. The LLM API's PyTorch path has no quantization pass (TorchLlmArgs has no quant_config,
+    llmapi_contract): FP8 weights are a pre-quantized checkpoint's (config.json quantization_config), the FP8 KV cache
+    is kv_cache_config.dtype fp8. Both need FP8 hardware (SM >= 8.9)."""
+    q, warnings = cfg.quantization, []
+    method = checkpoint_quant_method(cfg.target.checkpoint)
+    present = (Path(cfg.target.checkpoint) / "config.json").is_file()
+    weights = q.weights
+    if weights == "auto":
+        weights = "fp8" if method == "fp8" else "bf16"
+    if weights == "fp8":
+        if not has_fp8:
+            raise PreflightError(f"FP8 weights need compute capability >= 8.9, but {gname} is SM {cc}; use a BF16 "
+                                 "checkpoint and quantization.weights: bf16 (the LLM API quantizes nothing itself)")
+        if present and method != "fp8":
+            raise PreflightError(f"quantization.weights fp8 on runtime llmapi needs a pre-quantized FP8 checkpoint, but "
+                                 f"{cfg.target.checkpoint}/config.json has no FP8 quantization_config; point "
+                                 "target.checkpoint at an FP8 checkpoint (e.g. nvidia/Llama-3.3-70B-Instruct-FP8) or set "
+                                 "quantization.weights: bf16")
+        if not present:
+            warnings.append("runtime llmapi: the target must be a pre-quantized FP8 checkpoint (checked by build)")
+    elif weights not in ("bf16", "fp16"):
+        raise PreflightError(f"quantization.weights {weights}: runtime llmapi serves a checkpoint as it is (fp8 "
+                             "pre-quantized, bf16 or fp16); set quantization.weights: fp8, bf16 or auto")
+    kv = q.kv_cache
+    if kv == "auto":
+        kv = "fp8" if has_fp8 and weights == "fp8" else "none"
+    elif kv == "fp8" and not has_fp8:
+        raise PreflightError(f"quantization.kv_cache fp8 needs compute capability >= 8.9, but {gname} is SM {cc}; set "
+                             "quantization.kv_cache: auto")
+    elif kv == "int8":
+        raise PreflightError("quantization.kv_cache int8: runtime llmapi's KV cache is fp8 or the model's dtype; set "
+                             "quantization.kv_cache: auto or fp8")
+    return QuantChoice(weights=weights, kv_cache=kv), warnings
+
+
+def _llmapi_checks(cfg: BuildConfig, target: ModelInfo, require: bool) -> tuple[Optional[ModelInfo], list[str]]:
+    """runtime: llmapi, before any work: the EAGLE-3 head matches the target and the target's architecture serves
+    the chosen one- or two-model form; MTP needs a model with MTP layers. Returns the head's model facts (for the
+    memory plan) and notes."""
+    s, notes = cfg.speculative, []
+    head = None
+    if s.mode == "eagle3":
+        one, two = EAGLE3_SUPPORT.get(target.architecture, (False, False))
+        form = "one-model" if s.eagle3.one_model else "two-model"
+        if not (one if s.eagle3.one_model else two):
+            supported = ", ".join(a for a, (o, t) in EAGLE3_SUPPORT.items() if (o if s.eagle3.one_model else t))
+            raise PreflightError(f"EAGLE-3 {form} is not served for {target.architecture} by TensorRT-LLM 1.2's LLM API "
+                                 f"(architectures: {supported}); pick another speculative.mode (draft_target, ngram)")
+        cfg_file = Path(s.eagle3.heads_dir) / "config.json"
+        if cfg_file.is_file():
+            hc = json.loads(cfg_file.read_text())
+            arch = " ".join(hc.get("architectures") or [])
+            if "eagle3" not in arch.lower() and "eagle_config" not in hc:
+                raise PreflightError(f"speculative.eagle3.heads_dir {s.eagle3.heads_dir}: config.json is not an EAGLE-3 "
+                                     f"head (architectures {arch or 'none'}); point it at an EAGLE-3 head for the target")
+            for key, want in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
+                if hc.get(key) != want:
+                    raise PreflightError(f"speculative.eagle3.heads_dir: the head's {key} {hc.get(key)} differs from the "
+                                         f"target's {want}: it was trained for another model; use the target's EAGLE-3 head")
+            head = replace(target, num_layers=int(hc.get("num_hidden_layers", 1)),
+                           vocab_size=int(hc.get("draft_vocab_size") or hc.get("vocab_size")), source="checkpoint")
+        elif require:
+            raise PreflightError(f"speculative.eagle3.heads_dir {s.eagle3.heads_dir}: no config.json; point it at the "
+                                 "EAGLE-3 head checkpoint")
+        else:
+            head = replace(target, num_layers=1, source="estimated: one decoder layer + the head's LM head")
+            notes.append("EAGLE-3 head not on this machine: its memory estimated as one decoder layer of the target")
+        notes.append(f"EAGLE-3 {form}: the head runs beside the target on its GPUs (LLM API, decoding_type Eagle)")
+    if s.mode == "mtp":
+        if target.architecture not in MTP_ARCHITECTURES:
+            raise PreflightError(f"speculative.mode mtp needs a model with MTP layers (DeepSeek-V3 family: "
+                                 f"{', '.join(MTP_ARCHITECTURES)}); {target.architecture} has none; use eagle3 or ngram")
+        f = Path(cfg.target.checkpoint) / "config.json"
+        if f.is_file():
+            layers = int(json.loads(f.read_text()).get("num_nextn_predict_layers") or 0)
+            if layers < 1:
+                raise PreflightError(f"speculative.mode mtp: {cfg.target.checkpoint}/config.json has no "
+                                     "num_nextn_predict_layers; the checkpoint carries no MTP layers")
+    return head, notes
+
+
 def effective_max_draft_len(cfg: BuildConfig) -> int:
     s = cfg.speculative
     if s.mode == "none":
         return 0
+    if s.mode == "mtp":  # MTPDecodingConfig.from_dict: max_draft_len = num_nextn_predict_layers
+        return s.mtp.num_nextn_predict_layers
     if s.mode == "lookahead":
         need = s.lookahead.max_draft_len()
         if "max_draft_len" in s.model_fields_set and s.max_draft_len != need:
@@ -183,7 +283,7 @@ def effective_max_draft_len(cfg: BuildConfig) -> int:
 
 def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
     s = cfg.speculative
-    if Mode(s.mode).loop_in_bls and k_max < 1:
+    if (Mode(s.mode).loop_in_bls or cfg.runtime == "llmapi") and s.mode != "none" and k_max < 1:
         raise PreflightError(f"speculative.max_draft_len must be >= 1 for mode {s.mode}, got {k_max}; set it to 4-8")
     if s.num_draft_tokens is not None and s.num_draft_tokens > k_max:
         raise PreflightError(
@@ -193,7 +293,7 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
     if s.use_draft_logits and s.mode != "draft_target":
         raise PreflightError("speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)")
     lim = cfg.limits
-    if Mode(s.mode).loop_in_bls and lim.max_num_tokens < lim.max_seq_len - 1:
+    if Mode(s.mode).loop_in_bls and cfg.runtime == "engine" and lim.max_num_tokens < lim.max_seq_len - 1:
         raise PreflightError(
             f"limits.max_num_tokens {lim.max_num_tokens} < max_seq_len - 1 ({lim.max_seq_len - 1}): without chunked "
             f"context the engine takes at most min(max_seq_len - 1, max_num_tokens) input tokens, and the {s.mode} "
@@ -257,6 +357,8 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
         if info.source != "checkpoint":
             notes.append(f"{role}: {info.source}")
         allowed = REFERENCE_ARCHITECTURES if cfg.engine == "reference" else set(TRTLLM_ARCHITECTURES)
+        if cfg.runtime == "llmapi" and cfg.engine == "tensorrt":
+            allowed = allowed | set(EAGLE3_SUPPORT) | set(MTP_ARCHITECTURES)  # the PyTorch path serves these too
         if info.architecture not in allowed:
             what = "the reference engine" if cfg.engine == "reference" else "TensorRT-LLM 1.2's engine flow"
             raise PreflightError(f"{role}: architecture {info.architecture} is not one {what} builds; supported: "
@@ -266,6 +368,13 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                 f"limits.max_seq_len {cfg.limits.max_seq_len} exceeds {role}'s max_position_embeddings "
                 f"{info.max_position_embeddings}; lower limits.max_seq_len"
             )
+    head = None
+    if cfg.runtime == "llmapi":
+        if cfg.engine == "reference":
+            raise PreflightError("runtime llmapi runs on a GPU host (TensorRT-LLM's LLM API); the CPU stand-in for it is "
+                                 "not built yet: use engine: tensorrt (plan, repo and deploy work without a GPU)")
+        head, lnotes = _llmapi_checks(cfg, target, require_checkpoints)
+        notes += lnotes
     if cfg.engine == "tensorrt":
         _check_parallel("target", cfg.target.tp, cfg.target.pp, target)
         if draft is not None:
@@ -303,12 +412,14 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     baseline = cfg.speculative.has_baseline_engine
     draft_kv = (-(-cfg.limits.max_batch_size * cfg.limits.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
                 if draft is not None or baseline else None)
-    t_dev = cfg.runtime.gpu_device_ids or list(range(cfg.target.world_size))
+    t_dev = cfg.serving.gpu_device_ids or list(range(cfg.target.world_size))
     d_dev: list[int] = []
     if cfg.draft is not None:
-        d_dev = cfg.runtime.draft_gpu_device_ids or t_dev[: cfg.draft.world_size]
+        d_dev = cfg.serving.draft_gpu_device_ids or t_dev[: cfg.draft.world_size]
+    if cfg.runtime == "llmapi" and (cfg.draft is not None or head is not None):
+        d_dev = list(t_dev)  # the LLM API loads the draft or the head in the target's process, on its GPUs
     memory: list[MemoryRow] = []
-    kv_frac = cfg.runtime.kv_cache_free_gpu_mem_fraction
+    kv_frac = cfg.serving.kv_cache_free_gpu_mem_fraction
     if cfg.engine == "tensorrt":
         if len(t_dev) != cfg.target.world_size:
             raise PreflightError(f"runtime.gpu_device_ids has {len(t_dev)} ids but the target needs tp*pp = "
@@ -324,6 +435,8 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
         memory += memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
         if draft is not None:
             memory += memory_rows("draft", draft, quant.weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
+        if head is not None:  # the EAGLE-3 head: its weights and its own KV cache, on the target's GPUs
+            memory += memory_rows("draft", head, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, d_dev, cfg)
         if baseline:  # the non-speculative target the ensemble serves: the target's weights again, on its GPUs
             memory += memory_rows("baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp,
                                   t_dev, cfg)
@@ -331,7 +444,8 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                          f"engine) is a second, non-speculative engine of the target on GPU(s) {t_dev}")
         if kv_frac is None:
             kv_frac = DEFAULT_KV_FRACTION
-            if shares or baseline:
+            # runtime llmapi: one process loads the target and the draft or head, then sizes one KV cache pool
+            if (shares or baseline) and cfg.runtime == "engine":
                 kv_frac = shared_gpu_kv_fraction(memory, gpu.memory_gib)
                 who = "draft" if shares else "baseline"
                 where = sorted(set(t_dev) & set(d_dev)) if shares else t_dev
@@ -350,7 +464,7 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                 )
         calib_gib = target.num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
         total_gib = gpu.memory_gib * gpu.count
-        if quant.weights not in ("bf16", "fp16") and calib_gib > total_gib:
+        if cfg.runtime == "engine" and quant.weights not in ("bf16", "fp16") and calib_gib > total_gib:
             warnings.append(f"calibrating the target loads ~{calib_gib:.0f} GiB of 16-bit weights, more than this "
                             f"node's {total_gib:.0f} GiB: run the quantize step on a bigger node (e.g. 4x80 GB for 70B)")
         if cfg.speculative.mode == "medusa":

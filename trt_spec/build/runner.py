@@ -227,6 +227,14 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
     engines = {}
     for role, edir in plan.engines.items():
         model = cfg.draft if role == "draft" else cfg.target  # the baseline is the target, built plain
+        if cfg.runtime == "llmapi":  # a checkpoint served as it is: nothing built, no build sums
+            spec = model or cfg.target  # the EAGLE-3 head: the target's parallelism
+            engines[role] = EngineEntry(
+                dir=str(Path(edir).resolve()), checkpoint=edir, tp=spec.tp, pp=spec.pp, world_size=spec.world_size,
+                devices=list(r.draft_devices if role == "draft" else r.target_devices), weights=r.quant.weights,
+                kv_cache=r.quant.kv_cache, argv=[], fingerprint="", max_draft_len=r.max_draft_len if role == "target"
+                else 0, gather_generation_logits=False, step="", files=None)
+            continue
         step = plan.step(f"engine-{role}" if plan.engine == "tensorrt" else f"export-{role}")
         stamp = read_stamp(Path(step.output)) or {}
         built = stamp.get("fingerprint") == step.fingerprint

@@ -245,7 +245,8 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
         build_gpus=min(lay.ranks, lay.gpus_per_node), startup_s=defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES,
         startup_period_s=defaults.K8S_STARTUP_PERIOD_S, startup_failures=defaults.K8S_STARTUP_FAILURES,
         http_port=defaults.HTTP_PORT, grpc_port=defaults.GRPC_PORT, metrics_port=defaults.METRICS_PORT,
-        openai_port=defaults.OPENAI_PORT, uid=TRITON_UID,
+        openai_port=defaults.OPENAI_PORT, openai_enabled="true" if m.config.runtime == "engine" else "false",
+        uid=TRITON_UID,
         k=acc.k, r=acc.r, why=acc.why, min_acceptance=repr(acc.threshold))
     dev = m.runtime
     draft = f", draft on GPU(s) {dev.draft_devices}" if m.draft else ""

@@ -25,8 +25,9 @@ ENV_PREFIX = "TRT_SPEC__"
 
 WeightFormat = Literal["fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo", "bf16", "fp16", "fp32", "auto"]
 KvCacheFormat = Literal["fp8", "int8", "auto"]
-SpecMode = Literal["draft_target", "ngram", "medusa", "eagle", "lookahead", "none"]
+SpecMode = Literal["draft_target", "ngram", "medusa", "eagle", "lookahead", "eagle3", "mtp", "none"]
 Engine = Literal["tensorrt", "reference"]
+RuntimeKind = Literal["engine", "llmapi"]
 CheckpointDtype = Literal["auto", "float16", "bfloat16", "float32"]
 
 
@@ -106,6 +107,20 @@ class EagleSpec(_Strict):
     choices: Optional[list[list[int]]] = Field(None, description="EAGLE-1 tree (null = TRT-LLM's default)")
 
 
+class Eagle3Spec(_Strict):
+    """runtime: llmapi. An EAGLE-3 draft head for the target (e.g. yuhuili/EAGLE3-LLaMA3.3-Instruct-70B, downloaded)."""
+
+    heads_dir: str = Field(description="EAGLE-3 head checkpoint directory (config.json: LlamaForCausalLMEagle3)")
+    one_model: bool = Field(True, description="TensorRT-LLM's eagle3_one_model: head and target in one model "
+                                              "(false: two models, the head as a separate draft)")
+
+
+class MtpSpec(_Strict):
+    """runtime: llmapi. Multi-token prediction with the target's own MTP layers (DeepSeek-V3 family)."""
+
+    num_nextn_predict_layers: int = Field(1, ge=1, description="draft tokens per step (MTPDecodingConfig)")
+
+
 class LookaheadSpec(_Strict):
     window_size: int = Field(4, ge=1, description="W")
     ngram_size: int = Field(3, ge=1, description="N")
@@ -139,10 +154,13 @@ class Speculative(_Strict):
     @property
     def has_baseline_engine(self) -> bool:
         """Whether the ensemble gets an engine of its own: modes that speculate inside the target engine
-        (speculation.Mode.in_engine) unless baseline_engine is false."""
-        return Mode(self.mode).in_engine and self.baseline_engine
+        (speculation.Mode.in_engine) unless baseline_engine is false. (runtime: llmapi builds nothing: its baseline
+        is a second model name over the same checkpoint.)"""
+        return Mode(self.mode).in_engine and not Mode(self.mode).llmapi_only and self.baseline_engine
     eagle: Optional[EagleSpec] = None
     lookahead: Optional[LookaheadSpec] = None
+    eagle3: Optional[Eagle3Spec] = None
+    mtp: Optional[MtpSpec] = None
 
     @property
     def default_k(self) -> int:
@@ -165,7 +183,7 @@ class Limits(_Strict):
         return self
 
 
-class Runtime(_Strict):
+class Serving(_Strict):
     kv_cache_free_gpu_mem_fraction: Optional[float] = Field(
         None, gt=0, le=1, description="KV-cache share of free GPU memory (null = 0.9, or what leaves room for a draft sharing the GPU)"
     )
@@ -182,20 +200,37 @@ class Toolchain(_Strict):
     python: str = Field("python3", description="interpreter that runs the TensorRT-LLM example scripts")
     examples_dir: str = Field("/app/examples", description="TensorRT-LLM examples directory (NGC image: /app/examples)")
     trtllm_build: str = Field("trtllm-build", description="trtllm-build executable")
+    llmapi_model_dir: str = Field("", description="runtime llmapi: NVIDIA's LLM-API Triton model source (its "
+                                  "model.py) in the image; \"\" = look in the NGC image's known places")
 
 
 class BuildConfig(_Strict):
     name: Optional[str] = Field(None, description="deployment name (null = config file stem)")
     engine: Engine = Field("tensorrt", description="tensorrt (GPU, TensorRT-LLM 1.2) or reference (CPU, PyTorch)")
+    runtime: RuntimeKind = Field("engine", description="engine (trtllm-build engines, the tensorrtllm backend, the "
+                                 "speculative BLS) or llmapi (TensorRT-LLM's LLM API on PyTorch: no build step, "
+                                 "speculation inside the model; EAGLE-3, MTP)")
     gpu: str = Field("auto", description="auto (nvidia-smi) or a named GPU such as h100, h200, a100-80gb, l40s; NAME:COUNT")
     target: ModelSpec
     draft: Optional[DraftSpec] = None
     quantization: Quantization = Field(default_factory=Quantization)
     speculative: Speculative = Field(default_factory=Speculative)
     limits: Limits = Field(default_factory=Limits)
-    runtime: Runtime = Field(default_factory=Runtime)
+    serving: Serving = Field(default_factory=Serving)
     toolchain: Toolchain = Field(default_factory=Toolchain)
     output_dir: Optional[str] = Field(None, description=f"build output directory (null = {BUILD_ROOT}/<name>)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _serving_section(cls, data):
+        """`runtime:` names the runtime now; its old section (KV-cache fraction, device ids) is `serving:` and a
+        config written before still loads."""
+        if isinstance(data, dict) and isinstance(data.get("runtime"), dict):
+            old = data["runtime"]
+            serving = data.get("serving")
+            data = {**data, "serving": {**serving, **old} if isinstance(serving, dict) else old}
+            del data["runtime"]  # (--set runtime.X=... on a config with `serving:` lands here too: merged, X wins)
+        return data
 
     @field_validator("gpu")
     @classmethod
@@ -217,6 +252,17 @@ class BuildConfig(_Strict):
             raise ValueError("draft.distill is for engine: reference; give draft.checkpoint for engine: tensorrt")
         if s.mode == "lookahead" and s.lookahead is None:
             s.lookahead = LookaheadSpec()
+        if self.runtime == "engine" and Mode(s.mode).llmapi_only:
+            raise ValueError(f"speculative.mode {s.mode} runs on TensorRT-LLM's LLM API only; set runtime: llmapi")
+        if self.runtime == "llmapi" and Mode(s.mode).engine_only:
+            raise ValueError(f"speculative.mode {s.mode} is an engine-runtime mode (trtllm-build); set runtime: engine, "
+                             "or use eagle3 / mtp / draft_target / ngram on the LLM API")
+        if s.mode == "eagle3" and s.eagle3 is None:
+            raise ValueError("speculative.mode eagle3 needs speculative.eagle3.heads_dir (an EAGLE-3 head for the target)")
+        if s.mode == "mtp" and s.mtp is None:
+            s.mtp = MtpSpec()
+        if self.runtime == "llmapi" and self.draft is not None and self.draft.distill is not None:
+            raise ValueError("draft.distill builds a reference-engine draft; give draft.checkpoint for runtime: llmapi")
         return self
 
     # -- derived ------------------------------------------------------------------------------------------

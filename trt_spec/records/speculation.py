@@ -27,6 +27,8 @@ class Mode(str, Enum):
     MEDUSA = "medusa"
     EAGLE = "eagle"
     LOOKAHEAD = "lookahead"
+    EAGLE3 = "eagle3"  # runtime: llmapi only (TensorRT-LLM's LLM API: an EAGLE-3 head, one- or two-model)
+    MTP = "mtp"  # runtime: llmapi only (the target's own multi-token-prediction layers)
     NONE = "none"
 
     @property
@@ -37,18 +39,28 @@ class Mode(str, Enum):
     @property
     def in_engine(self) -> bool:
         """The target engine speculates by itself in every request (Medusa/EAGLE heads, lookahead)."""
-        return self in (Mode.MEDUSA, Mode.EAGLE, Mode.LOOKAHEAD)
+        return self in (Mode.MEDUSA, Mode.EAGLE, Mode.LOOKAHEAD, Mode.EAGLE3, Mode.MTP)
 
     @property
     def draft_free(self) -> bool:
         """Proposals cost (nearly) nothing: n-gram and lookahead propose from the tokens themselves; Medusa/EAGLE heads
         are a few small layers on the target's own forward."""
-        return self in (Mode.NGRAM, Mode.MEDUSA, Mode.EAGLE, Mode.LOOKAHEAD)
+        return self in (Mode.NGRAM, Mode.MEDUSA, Mode.EAGLE, Mode.LOOKAHEAD, Mode.EAGLE3, Mode.MTP)
 
     @property
     def trtllm_name(self) -> Optional[str]:
         """trtllm-build's --speculative_decoding_mode (None: no speculation)."""
         return TRTLLM_SPECULATIVE_MODES.get(self.value)
+
+    @property
+    def llmapi_only(self) -> bool:
+        """Served by TensorRT-LLM's LLM API only (runtime: llmapi); trtllm-build has no such mode."""
+        return self in (Mode.EAGLE3, Mode.MTP)
+
+    @property
+    def engine_only(self) -> bool:
+        """trtllm-build engine modes (runtime: engine) the LLM API does not serve."""
+        return self in (Mode.MEDUSA, Mode.EAGLE, Mode.LOOKAHEAD)
 
     @property
     def bls_mode(self) -> str:

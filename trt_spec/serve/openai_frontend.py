@@ -83,8 +83,9 @@ class FrontendSettings:
 
         path = Path(repo) / SPECULATIVE / "config.pbtxt"
         if not path.is_file():
-            raise RepositoryError(f"{repo}: no {SPECULATIVE}/config.pbtxt; point --openai at a repository written by "
-                                  "`trt-spec repo`")
+            raise RepositoryError(f"{repo}: no {SPECULATIVE}/config.pbtxt: the OpenAI frontend serves the engine "
+                                  "runtime's repository (ensemble and the speculative BLS), which `trt-spec repo` "
+                                  "writes; a runtime llmapi repository is not served by it")
         p = {k: v.string_value for k, v in parse_config(path).parameters.items()}
         return FrontendSettings(triton_url, p["tokenizer_dir"], int(p["max_seq_len"]), int(p["max_draft_len"]),
                                 p.get("add_special_tokens", "true") == "true")

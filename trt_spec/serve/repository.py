@@ -387,21 +387,32 @@ def parse_config(path: Path) -> mc.ModelConfig:
         raise RepositoryError(f"{path}: not a valid Triton ModelConfig ({e}); regenerate with trt-spec repo") from None
 
 
-def validate_repository(repo: Path) -> dict[str, mc.ModelConfig]:
-    """Parse every config.pbtxt back and check cross-model references. Raises RepositoryError."""
+def validate_repository(repo: Path, *, require_sources: bool = True) -> dict[str, mc.ModelConfig]:
+    """Parse every config.pbtxt back and check cross-model references. Raises RepositoryError. require_sources=False:
+    an LLM-API model may lack NVIDIA's model.py (written on a machine without the image; serve refuses it)."""
+    from .llmapi_repository import LlmapiRepositoryError, validate as validate_llmapi
+
     repo = Path(repo)
     models: dict[str, mc.ModelConfig] = {}
+    llmapi_names: set[str] = set()  # TensorRT-LLM's LLM-API models: checked against their own contract
     for cfg_path in sorted(repo.glob("*/config.pbtxt")):
         cfg = parse_config(cfg_path)
         if cfg.name != cfg_path.parent.name:
             raise RepositoryError(f"{cfg_path}: name {cfg.name!r} differs from its directory {cfg_path.parent.name!r}")
-        if cfg.backend == "python" and not (cfg_path.parent / "1" / "model.py").is_file():
+        llmapi = (cfg_path.parent / "1" / "model.yaml").is_file()
+        if cfg.backend == "python" and not llmapi and not (cfg_path.parent / "1" / "model.py").is_file():
             raise RepositoryError(f"{cfg.name}: python backend model without 1/model.py")
         models[cfg.name] = cfg
+        if llmapi:
+            llmapi_names.add(cfg.name)
     if not models:
         raise RepositoryError(f"{repo}: no models (no */config.pbtxt); run trt-spec repo")
+    try:
+        validate_llmapi(repo, models, require_source=require_sources)
+    except LlmapiRepositoryError as e:
+        raise RepositoryError(str(e)) from None
     for name, cfg in models.items():
-        if name in ENGINE_MODELS:
+        if name in ENGINE_MODELS and name not in llmapi_names:
             try:  # what the tensorrtllm backend checks at load (the CPU stand-in checks the same)
                 bc.check_parameters({k: v.string_value for k, v in cfg.parameters.items()})
             except bc.ContractError as e:
@@ -538,6 +549,8 @@ def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = T
     Engines are verified against the manifest's checksums first (hashing reads every engine file once)."""
     if max_queue_size < 0:
         raise RepositoryError(f"max_queue_size must be >= 0 (0 = unbounded), got {max_queue_size}")
+    if manifest.config.runtime == "llmapi":
+        return _write_llmapi(manifest, Path(dest), decoupled)
     verify_engines(manifest)
     settings = RepoSettings.from_manifest(manifest, decoupled, max_queue_size)
     configs = repository_configs(settings)
@@ -554,6 +567,20 @@ def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = T
                     shutil.copy2(f, mdir / "1" / f.name)
         repo_record(manifest, decoupled, settings, configs).write(tmp)
         validate_repository(tmp)
+    return configs
+
+
+def _write_llmapi(manifest: BuildManifest, dest: Path, decoupled: bool) -> dict[str, mc.ModelConfig]:
+    """runtime: llmapi — TensorRT-LLM's LLM-API model, speculative and baseline (serve/llmapi_repository.py)."""
+    from . import llmapi_repository as lr
+
+    with replacing_dir(dest) as tmp:
+        tmp.mkdir()
+        configs, _ = lr.write_models(manifest, tmp, decoupled)
+        RepoRecord(name=manifest.name, config_hash=manifest.config_hash, engine=manifest.engine,
+                   world_size=manifest.world_size, orchestrator=False, mpi_ranks=1, models=sorted(configs),
+                   decoupled=decoupled, gpu_ids=sorted(set(manifest.runtime.target_devices)), engines={}).write(tmp)
+        validate_repository(tmp, require_sources=False)
     return configs
 
 

@@ -88,6 +88,11 @@ def repo_info(repo: Path, record: Optional[RepoRecord] = None) -> tuple[int, boo
         if not Path(repo).is_dir():
             raise ServerError(f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out "
                               f"{repo}`")
+        from .llmapi_repository import missing_sources
+
+        missing = missing_sources(Path(repo))
+        if missing:
+            raise ServerError(missing[0])
         try:
             record = RepoRecord.read(Path(repo))
         except ManifestError as e:

@@ -1,0 +1,118 @@
+"""The LLM-API (PyTorch) runtime's Triton model, as trt-spec relies on it: one place for every name, with its source.
+
+TensorRT-LLM's Triton model for the LLM API is `triton_backend/all_models/llmapi/tensorrt_llm/` (`config.pbtxt`,
+`1/model.py`, `1/model.yaml`): a python model that builds `tensorrt_llm.LLM(**model.yaml minus triton_config)` and
+serves text in, text out. Sources read (NVIDIA/TensorRT-LLM; the v1.2.1 tag itself could not be fetched here, so the
+nearest stored commits of the 1.2 line were read — `trt-spec doctor` on the image and README's first-run checklist
+confirm them on the pinned image):
+- CFG   = triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @ c8c6df08
+- MODEL = .../tensorrt_llm/1/model.py @ b35ac1b6 (version.py there: 1.2.0rc2); helpers.py get_sampling_params_from_request
+- YAML  = .../tensorrt_llm/1/model.yaml @ c8c6df08
+- ARGS  = tensorrt_llm/llmapi/llm_args.py of the 1.2 line: DecodingBaseConfig.from_dict, EagleDecodingConfig,
+          NGramDecodingConfig, DraftTargetDecodingConfig, MTPDecodingConfig, KvCacheConfig, CudaGraphConfig,
+          TorchLlmArgs. The later `Eagle3DecodingConfig` (decoding_type "Eagle3") is NOT in this line: EAGLE-3 is
+          `decoding_type: Eagle` with `eagle3_one_model` (True = one model, False = two models).
+- SUPPORT = tensorrt_llm/llmapi/model_support_matrix.py @ 11d64858 and docs/source/features/speculative-decoding.md
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODEL_NAME = "tensorrt_llm"  # CFG L27: the model's name in NVIDIA's repository (its documented curl uses it)
+BASELINE_MODEL = "tensorrt_llm_baseline"  # trt-spec's: the same target without speculative_config (identity, speedup)
+BACKEND = "python"  # CFG L28
+YAML_FILE = "model.yaml"  # MODEL get_model_config: os.environ.get("LLM_CONFIG_PATH", "model.yaml") in the model dir
+TRITON_KEY = "triton_config"  # MODEL: popped from model.yaml; the rest goes to LLM(**kwargs)
+TRITON_KEYS = ("max_batch_size", "decoupled", "cancellation_check_period_ms")  # MODEL auto_complete_config/initialize
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    optional: bool = True
+
+
+# CFG inputs: every one optional but text_input. No end_id / pad_id / stop-word-id inputs: the LLM API tokenizes and
+# stops by itself (sampling_param_stop are strings).
+INPUTS: tuple[Tensor, ...] = (
+    Tensor("text_input", "TYPE_STRING", (-1,), optional=False),
+    Tensor("streaming", "TYPE_BOOL", (1,)),
+    Tensor("sampling_param_best_of", "TYPE_INT32", (1,)),
+    Tensor("sampling_param_temperature", "TYPE_FP32", (1,)),
+    Tensor("sampling_param_top_k", "TYPE_INT32", (1,)),
+    Tensor("sampling_param_top_p", "TYPE_FP32", (1,)),
+    Tensor("sampling_param_frequency_penalty", "TYPE_FP32", (1,)),
+    Tensor("sampling_param_presence_penalty", "TYPE_FP32", (1,)),
+    Tensor("sampling_param_max_tokens", "TYPE_INT32", (1,)),
+    Tensor("sampling_param_stop", "TYPE_STRING", (-1,)),
+    Tensor("sampling_param_seed", "TYPE_UINT64", (1,)),
+    Tensor("sampling_param_exclude_input_from_output", "TYPE_BOOL", (1,)),
+    Tensor("sampling_param_return_perf_metrics", "TYPE_BOOL", (1,)),
+    Tensor("return_finish_reason", "TYPE_BOOL", (1,)),
+    Tensor("return_stop_reason", "TYPE_BOOL", (1,)),
+    Tensor("return_cumulative_logprob", "TYPE_BOOL", (1,)),
+    Tensor("stop", "TYPE_BOOL", (1,)),  # MODEL handle_stop_request: abort every request of this request id
+)
+# CFG outputs. The perf outputs are declared numeric but MODEL _create_response encodes them as strings (JSON shows
+# "0.0"): a client must parse them.
+PERF_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("kv_cache_reused_block", "TYPE_INT32", (-1,)),
+    Tensor("kv_cache_hit_rate", "TYPE_FP32", (-1,)),
+    Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (-1,)),
+    Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (-1,)),
+    Tensor("kv_cache_missed_block", "TYPE_INT32", (-1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", "TYPE_STRING", (-1,)),
+    Tensor("finish_reason", "TYPE_STRING", (-1,)),
+    Tensor("stop_reason", "TYPE_STRING", (-1,)),
+    Tensor("cumulative_logprob", "TYPE_FP32", (-1,)),
+    *PERF_OUTPUTS,
+)
+TEXT_INPUT, TEXT_OUTPUT, STREAMING = "text_input", "text_output", "streaming"
+MAX_TOKENS = "sampling_param_max_tokens"
+EXCLUDE_INPUT = "sampling_param_exclude_input_from_output"  # MODEL default False: text_output includes the prompt
+RETURN_PERF = "sampling_param_return_perf_metrics"  # MODEL default False
+SAMPLING_PREFIX = "sampling_param_"  # MODEL: sampling_param_X -> SamplingParams(X=...)
+
+# MODEL's errors, its own words
+STREAMING_NEEDS_DECOUPLED = "Streaming is only supported in decoupled mode."
+NO_TEXT_INPUT = "text_input is missing from the request"
+GENERATION_ERROR = "Error generating request: {msg}"  # every other failure; text_output ["N/A"] with it
+CANCELLED = "Request cancelled by client"  # cancellation_loop, TritonError CANCELLED
+
+# ARGS: speculative_config's decoding_type per trt-spec mode (DecodingBaseConfig.from_dict's keys in the 1.2 line).
+DECODING_TYPES = {"draft_target": "DraftTarget", "ngram": "NGram", "eagle3": "Eagle", "mtp": "MTP"}
+# ARGS field names trt-spec writes
+SPEC_MODEL_DIR = "speculative_model_dir"  # DecodingBaseConfig (DraftTarget, Eagle)
+EAGLE3_ONE_MODEL = "eagle3_one_model"  # EagleDecodingConfig, default True
+NUM_NEXTN = "num_nextn_predict_layers"  # MTPDecodingConfig (max_draft_len = it, from_dict)
+NGRAM_MATCH = "max_matching_ngram_size"  # NGramDecodingConfig
+LLM_KEYS = ("model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_seq_len",
+            "max_num_tokens", "kv_cache_config", "cuda_graph_config", "speculative_config", "return_perf_metrics")
+KV_CACHE_KEYS = ("free_gpu_memory_fraction", "enable_block_reuse", "dtype")  # KvCacheConfig
+CUDA_GRAPH_KEYS = ("max_batch_size", "enable_padding")  # CudaGraphConfig
+# TorchLlmArgs has no quant_config field (TrtLlmArgs only): FP8 weights come from a pre-quantized checkpoint (its
+# config.json quantization_config), FP8 KV cache from kv_cache_config.dtype "fp8".
+
+# SUPPORT: EAGLE-3 one-model / two-model and MTP per architecture (config.json `architectures[0]`). Llama 3.x is in
+# the speculative-decoding docs' two-model table and in TensorRT-LLM's own test of Llama-3.3-70B-Instruct with
+# EAGLE3-LLaMA3.3-Instruct-70B (eagle3_one_model True and False). MTP is DeepSeek-V3's family only.
+EAGLE3_SUPPORT: dict[str, tuple[bool, bool]] = {  # architecture -> (one-model, two-model)
+    "LlamaForCausalLM": (True, True),
+    "Llama4ForConditionalGeneration": (True, True),
+    "Qwen3ForCausalLM": (True, True),
+    "Qwen3MoeForCausalLM": (True, True),
+    "GptOssForCausalLM": (True, True),
+}
+MTP_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")
