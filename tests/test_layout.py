@@ -70,4 +70,4 @@ def test_no_module_imports_a_later_stage():
 
 def test_model_repo_holds_the_python_models_nvidia_style():
     models = sorted(p.parent.parent.name for p in (REPO / "model_repo").glob("*/1/model.py"))
-    assert models == ["postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]
+    assert models == ["llmapi", "postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from trt_spec.records.names import BASELINE, SPECULATIVE
-from trt_spec.serve.openai_frontend import FrontendSettings, OpenAIError, StopCutter, parse_request, request_tensors
+from trt_spec.serve.openai_frontend import FrontendSettings, OpenAIError, parse_request, request_tensors
+from trt_spec.served.serving import StopCutter
 
 S = FrontendSettings("127.0.0.1:8001", "tok", max_seq_len=64, max_draft_len=4)
 

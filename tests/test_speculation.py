@@ -42,7 +42,10 @@ def test_break_even_acceptance_is_where_speculation_stops_paying():
 
 def test_modes_know_what_they_are():
     assert LOOP_MODES == ("draft_target", "ngram")
-    assert [m.value for m in Mode if m.in_engine] == ["medusa", "eagle", "lookahead"]
+    assert [m.value for m in Mode if m.in_engine] == ["medusa", "eagle", "lookahead", "eagle3", "mtp"]
+    assert [m.value for m in Mode if m.llmapi_only] == ["eagle3", "mtp"]  # runtime: llmapi only
+    assert [m.value for m in Mode if m.engine_only] == ["medusa", "eagle", "lookahead"]  # trtllm-build only
+    assert Mode.EAGLE3.trtllm_name is None and Mode.MTP.draft_free
     assert not Mode.DRAFT_TARGET.draft_free and Mode.NGRAM.draft_free and not Mode.NONE.draft_free
     assert Mode.NGRAM.trtllm_name == "draft_tokens_external" and Mode.LOOKAHEAD.trtllm_name == "lookahead_decoding"
     assert Mode.NONE.trtllm_name is None and Mode.MEDUSA.bls_mode == "engine" and Mode.NGRAM.bls_mode == "ngram"

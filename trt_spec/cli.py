@@ -464,6 +464,7 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
         from .served.serving import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
+        client.use_tokenizer(tok)  # an LLM-API model returns text only: its tokens are this tokenizer's
         if not raw:
             prompts = with_chat_template(prompts, tok)
     console = Console(stderr=True)
@@ -623,7 +624,7 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
     from rich.console import Console
 
     from .harness.bench import SLO, concurrency_sweep, paired_ab, request_rate_run
-    from .harness.client import ClientError, LLMClient
+    from .harness.client import ClientError
     from .harness.report import write_reports
 
     console = Console(stderr=True)
@@ -645,7 +646,11 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
             prompts = _chat(prompts, o.tokenizer)
     else:
         client, protocol = _client(o.url, o.protocol), o.protocol
-        new_client = lambda: LLMClient(o.url, o.protocol)  # noqa: E731
+        if o.tokenizer:
+            from .served.serving import load_tokenizer
+
+            client.use_tokenizer(load_tokenizer(o.tokenizer))
+        new_client = client.clone
         title = f"{o.url} ({o.protocol})"
         prompts = _chat(prompts, o.tokenizer)
     runs = []

@@ -139,7 +139,7 @@ def test_wheel_install_writes_and_serves_a_repository(ngram_server, tmp_path):
     assert others == [], f"another trt_spec on the new venv's sys.path: {others}"
     shipped = site / "trt_spec" / "model_repo"  # the checkout's top-level model_repo/, mapped by pyproject.toml
     assert sorted(p.parent.parent.name for p in shipped.glob("*/1/model.py")) == [
-        "postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]
+        "llmapi", "postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]
 
     # the wheel's `trt-spec repo`, run outside the checkout, copies the wheel's model sources
     repo = work / "repo"

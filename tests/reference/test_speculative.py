@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from trt_spec.harness.inprocess import InProcessEngines  # noqa: E402
+from trt_spec.served.local_engines import LocalEngines  # noqa: E402
 from trt_spec.records import backend_contract as bc  # noqa: E402
 from trt_spec.records.names import DRAFT, TARGET  # noqa: E402
 from trt_spec.reference.model import ReferenceModel  # noqa: E402
@@ -42,7 +42,7 @@ class Served:
         standins = {TARGET: standin(TARGET, target, k)}
         if draft is not None:
             standins[DRAFT] = standin(DRAFT, draft, 0)
-        self.engines = InProcessEngines(standins)
+        self.engines = LocalEngines(standins)
         self.loop = SpeculativeLoop(LoopConfig(TARGET, DRAFT if draft is not None else None, mode, k, 3, MAX_SEQ_LEN,
                                                bc.max_input_len(MAX_SEQ_LEN, MAX_SEQ_LEN), draft_len_policy=policy,
                                                proposer=proposer), self.engines)

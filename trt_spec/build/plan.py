@@ -344,7 +344,7 @@ def llmapi_models(cfg: BuildConfig) -> dict[str, str]:
 def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) -> Plan:
     out = cfg.resolved_output_dir(source)
     name = cfg.resolved_name(source)
-    if cfg.runtime == "llmapi":  # nothing to build: preflight checked the checkpoints; build writes the manifest
+    if cfg.runtime == "llmapi" and cfg.engine == "tensorrt":  # nothing to build: the checkpoints are served as they are
         return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, [], llmapi_models(cfg))
     if cfg.engine == "reference":
         steps, engines = _reference_steps(cfg, report, out)

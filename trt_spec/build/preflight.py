@@ -370,11 +370,13 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
             )
     head = None
     if cfg.runtime == "llmapi":
-        if cfg.engine == "reference":
-            raise PreflightError("runtime llmapi runs on a GPU host (TensorRT-LLM's LLM API); the CPU stand-in for it is "
-                                 "not built yet: use engine: tensorrt (plan, repo and deploy work without a GPU)")
-        head, lnotes = _llmapi_checks(cfg, target, require_checkpoints)
-        notes += lnotes
+        if cfg.engine == "reference" and Mode(cfg.speculative.mode).llmapi_only:
+            raise PreflightError(f"speculative.mode {cfg.speculative.mode} on the CPU stand-in of the LLM API: the "
+                                 "reference engine has no EAGLE-3 head or MTP layers; use ngram or draft_target here, "
+                                 "or engine: tensorrt")
+        if cfg.engine == "tensorrt":
+            head, lnotes = _llmapi_checks(cfg, target, require_checkpoints)
+            notes += lnotes
     if cfg.engine == "tensorrt":
         _check_parallel("target", cfg.target.tp, cfg.target.pp, target)
         if draft is not None:

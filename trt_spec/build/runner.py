@@ -227,7 +227,7 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
     engines = {}
     for role, edir in plan.engines.items():
         model = cfg.draft if role == "draft" else cfg.target  # the baseline is the target, built plain
-        if cfg.runtime == "llmapi":  # a checkpoint served as it is: nothing built, no build sums
+        if cfg.runtime == "llmapi" and plan.engine == "tensorrt":  # a checkpoint served as it is: no build sums
             spec = model or cfg.target  # the EAGLE-3 head: the target's parallelism
             engines[role] = EngineEntry(
                 dir=str(Path(edir).resolve()), checkpoint=edir, tp=spec.tp, pp=spec.pp, world_size=spec.world_size,

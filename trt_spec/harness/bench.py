@@ -126,11 +126,13 @@ def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str]
            "baseline": side(base), "speculative": side(spec), "acceptance": acc,
            "samples": [s.__dict__ for s in samples]}
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
-    if acc["drafted"] or not spec or any(x.drafted or x.draft_lengths for x in spec):
+    if acc["mean_acceptance_length"] is not None or any(x.draft_lengths for x in spec):
         out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)  # c is not measured here
-    else:  # the server reports no speculation figures per request (the OpenAI API): no acceptance is claimed
-        out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x); this server "
-                          "reports no acceptance per request (read it from its /metrics)" if speedup < 1.0 else None)
+    else:  # no per-round figures (the OpenAI API; an LLM-API model's perf outputs): no α is claimed
+        out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x); the model reports "
+                          "no per-round acceptance (acceptance rate: "
+                          f"{'n/a' if acc['acceptance_rate'] is None else format(acc['acceptance_rate'], '.2f')})"
+                          if speedup < 1.0 else None)
     return out
 
 

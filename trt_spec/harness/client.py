@@ -21,6 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..records import backend_contract as bc
+from ..records import llmapi_contract as lc
 from ..records.defaults import PROTOCOLS
 from ..records.names import (BAD_WORDS, BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS,
                              NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE, STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS,
@@ -54,6 +55,8 @@ FIELD_TYPES = {
     STREAM: np.bool_, bc.EXCLUDE_INPUT_IN_OUTPUT: np.bool_, bc.RETURN_PERF_METRICS: np.bool_,
     USE_DRAFT_LOGITS: np.bool_,
 }
+LLMAPI_TYPES = {t.name: {"TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32,
+                         "TYPE_UINT64": np.uint64}.get(t.dtype, np.int32) for t in lc.INPUTS}
 # A greedy request as TensorRT-LLM defines greedy: neither top_k nor top_p, and no temperature. Never temperature 0:
 # the engine scales logits by 1/(T + 1e-6) (backend_contract.FP16_LOGITS), so 0 is a 1e6 scale, not a mode switch.
 GREEDY: dict = {"exclude_input_in_output": True}
@@ -70,10 +73,29 @@ class LLMClient:
         self.protocol = protocol
         self.timeout = timeout_s if timeout_s is not None else REQUEST_TIMEOUT_S
         self._grpc = None
+        # runtime llmapi (records/llmapi_contract.py): the roles are two LLM-API models, text in and text out
+        self.llmapi = False
+        self.names = {BASELINE: BASELINE, SPECULATIVE: SPECULATIVE}  # role -> served model
+        self.tokenizer = None  # the target's: counts and compares an LLM-API model's tokens (it returns text only)
+
+    def use_tokenizer(self, tokenizer) -> "LLMClient":
+        self.tokenizer = tokenizer
+        return self
+
+    def clone(self) -> "LLMClient":
+        """A new client (its own connection) to the same models, as this one resolved them."""
+        c = LLMClient(self.url, self.protocol, self.timeout)
+        c.llmapi, c.names, c.tokenizer = self.llmapi, dict(self.names), self.tokenizer
+        return c
 
     # -- health -----------------------------------------------------------------------------------------
     def check_ready(self, models: list[str]) -> None:
-        """One clear error if the server is down or a model is missing/not ready."""
+        """One clear error if the server is down or a model is missing/not ready. A runtime llmapi repository (no
+        ensemble; tensorrt_llm and tensorrt_llm_baseline are LLM-API models) maps the roles onto its two models."""
+        if not self.llmapi and set(models) <= set(TEXT_MODELS) and self._is_llmapi():
+            self.llmapi = True
+            self.names = {BASELINE: lc.BASELINE_MODEL, SPECULATIVE: lc.MODEL_NAME}
+        models = [self.names.get(m, m) for m in models]
         if self.protocol == "http":
             base = f"http://{self.url}"
             if not _http_ok(f"{base}/v2/health/ready"):
@@ -109,10 +131,19 @@ class LLMClient:
                 raise ClientError(f"{model}: cannot read its configuration ({e})") from None
         return self._grpc_client().get_model_config(model, as_json=True)["config"]
 
+    def _is_llmapi(self) -> bool:
+        try:
+            cfg = self.model_config(lc.MODEL_NAME)
+        except Exception:  # noqa: BLE001 - not there, or no server: the text models' check says which
+            return False
+        return lc.MAX_TOKENS in {i.get("name") for i in cfg.get("input", [])}
+
     def check_baseline(self) -> None:
         """One clear error when the baseline is the speculative engine itself: Medusa/EAGLE/lookahead speculate
         inside the target engine, so an ensemble served by that engine (speculative.baseline_engine: false) would
         make identity trivially true and the speedup 1x by construction."""
+        if self.llmapi:  # the baseline is its own model over the same checkpoint, with no speculative_config
+            return
         bls = self.model_config(SPECULATIVE).get("parameters", {})
         param = lambda k: bls.get(k, {}).get("string_value", "")  # noqa: E731
         steps = {s.get("model_name") for s in self.model_config(BASELINE).get("ensemble_scheduling", {}).get("step", [])}
@@ -128,10 +159,62 @@ class LLMClient:
 
     # -- generation -----------------------------------------------------------------------------------------
     def generate(self, model: str, prompt: str, max_tokens: int, *, stream: bool = False, **params) -> Generation:
+        if self.llmapi:
+            return self._llmapi_generate(self.names.get(model, model), prompt, max_tokens, stream, params)
         fields = {TEXT_INPUT: prompt, MAX_TOKENS: int(max_tokens), STREAM: bool(stream), **params}
         if self.protocol == "http":
             return self._http(model, fields, stream)
         return self._grpc_generate(model, fields)
+
+    def _llmapi_generate(self, model: str, prompt: str, max_tokens: int, stream: bool, params: dict) -> Generation:
+        """One request to an LLM-API model (its tensors: sampling_param_*, streaming; no batch dimension). It returns
+        text only, so the tokens are the target tokenizer's of that text (check and bench need --tokenizer)."""
+        if self.tokenizer is None:
+            raise ClientError(f"{model} is TensorRT-LLM's LLM-API model, which returns text only: pass --tokenizer DIR "
+                              "(the target's) so its tokens can be counted and compared")
+        for name in (NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY, USE_DRAFT_LOGITS):
+            if name in params:
+                raise ClientError(f"{name}: the LLM-API model takes no per-request speculation settings (its "
+                                  "speculative_config is in model.yaml)")
+        fields = {lc.TEXT_INPUT: prompt, lc.MAX_TOKENS: int(max_tokens), lc.STREAMING: bool(stream),
+                  lc.EXCLUDE_INPUT: bool(params.pop(bc.EXCLUDE_INPUT_IN_OUTPUT, False)), lc.RETURN_PERF: True}
+        params.pop(bc.RETURN_PERF_METRICS, None)
+        for name in (bc.TEMPERATURE, TOP_K, TOP_P, bc.SEED):
+            if name in params:
+                fields[lc.SAMPLING_PREFIX + name] = params.pop(name)
+        if STOP_WORDS in params:
+            fields[lc.SAMPLING_PREFIX + "stop"] = params.pop(STOP_WORDS)
+        if params:
+            raise ClientError(f"{model}: not an input of the LLM-API model: {', '.join(sorted(params))}")
+        if self.protocol == "http":
+            g = self._http(model, fields, stream)
+        else:
+            import tritonclient.grpc as grpcclient
+
+            inputs = []
+            for name, value in fields.items():
+                if isinstance(value, str) or isinstance(value, list):
+                    vals = value if isinstance(value, list) else [value]
+                    arr, dtype = np.array([v.encode("utf-8") for v in vals], dtype=object), "BYTES"
+                else:
+                    arr = np.array([value], dtype=LLMAPI_TYPES.get(name, np.int32))
+                    dtype = _triton_dtype(arr.dtype)
+                t = grpcclient.InferInput(name, list(arr.shape), dtype)
+                t.set_data_from_numpy(arr)
+                inputs.append(t)
+            wanted = [lc.TEXT_OUTPUT, *(t.name for t in lc.PERF_OUTPUTS)]
+            t0 = time.perf_counter()
+            timed = self._grpc_stream(model, inputs, wanted, t0)
+            g = _assemble([(_np_outputs(o), t) for o, t in timed], time.perf_counter() - t0)
+        # the perf outputs arrive as strings (NVIDIA's model encodes them so); the loop's names for the harness
+        def number(v):
+            v = v.decode() if isinstance(v, bytes) else str(v)
+            return float(v) if any(c in v for c in ".eEn") else int(v)
+
+        g.metrics = {k: number(v) for k, v in g.metrics.items()}
+        ids = list(self.tokenizer.encode(g.text, add_special_tokens=False))
+        g.output_ids, g.tokens = ids, len(ids)
+        return g
 
     def engine_logits(self, model: str, input_ids: list[int]) -> Optional[np.ndarray]:
         """Next-token logits [V] from an engine model (core interface, return_generation_logits); None when

@@ -36,8 +36,8 @@ import numpy as np
 from ..records import backend_contract as bc
 from ..records.names import BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
 from ..records.speculation import leviathan_bound, solve_alpha
-from ..served.speculative_loop import EngineError, LoopConfig, SpecRequest, SpeculativeLoop, engine_inputs, \
-    response_tokens, validate
+from ..served.local_engines import LocalEngines
+from ..served.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop, engine_inputs, response_tokens, validate
 from .bench import Sample, acceptance_summary
 from .metrics import fmt, low_acceptance_advice, tpot
 from .prompts import Prompt
@@ -45,45 +45,9 @@ from .prompts import Prompt
 NS = 1e-9
 
 
-class InProcessEngines:
-    """The served loop's EngineCall over in-process stand-ins: model name -> StandIn. What Triton core would refuse
-    before a backend sees it (an unknown model or input) is refused here too; the backend's and the executor's
-    refusals (bc.ContractError, a full queue) become EngineError "<model>: <message>", as the BLS adapter reports an
-    engine's error response."""
-
-    def __init__(self, standins: dict):
-        self.standins = standins
-
-    async def __call__(self, model, inputs, outputs, on_response=None):
-        from ..reference.batching import QueueFullError
-        from ..reference.standin import INPUT_NAMES
-
-        s = self.standins.get(model)
-        if s is None:
-            raise EngineError(f"Request for unknown model: '{model}' is not found")
-        unknown = sorted(set(inputs) - set(INPUT_NAMES))
-        if unknown:
-            raise EngineError(f"{model}: unexpected inference input '{unknown[0]}' for model '{model}'")
-        try:
-            req = s.parse(inputs, outputs)
-            res = await asyncio.wrap_future(s.submit(req).future)
-            out = s.final(req, res)
-        except (bc.ContractError, QueueFullError, ValueError) as e:
-            raise EngineError(f"{model}: {e}") from None
-        if out is None:  # a streamed decode: the configs are written non-decoupled, which refuses streaming
-            raise EngineError(f"{model}: streaming is not served in process")
-        if on_response is not None:
-            on_response(out)
-        return [out]
-
-    def close(self) -> None:
-        for s in self.standins.values():
-            s.close(timeout=5.0)
-
-
 @dataclass
 class Loaded:
-    engines: InProcessEngines
+    engines: LocalEngines
     loop_config: LoopConfig  # the BLS's, from its own parameters
     baseline_model: str  # the engine model the ensemble calls
     default_k: int  # the BLS's num_draft_tokens
@@ -134,7 +98,7 @@ def load_deployment(build_dir: Path) -> Loaded:
     baseline = next(s["model_name"] for s in configs[ENSEMBLE]["ensemble_scheduling"]["step"]
                     if s["model_name"] in ENGINE_MODELS)
     tok = AutoTokenizer.from_pretrained(m.target.dir)
-    return Loaded(InProcessEngines(standins), LoopConfig.from_parameters(bls), baseline, int(bls["num_draft_tokens"]),
+    return Loaded(LocalEngines(standins), LoopConfig.from_parameters(bls), baseline, int(bls["num_draft_tokens"]),
                   tok, default_end_id(tok), default_pad_id(tok), m.target.dir)
 
 

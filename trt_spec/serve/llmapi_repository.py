@@ -94,6 +94,13 @@ def model_config(name: str, decoupled: bool) -> mc.ModelConfig:
     return cfg
 
 
+def model_repo_llmapi() -> Path:
+    """The CPU stand-in of the LLM-API model (model_repo/llmapi/1: model.py over served/llmapi_standin.py)."""
+    from .repository import model_repo_sources
+
+    return model_repo_sources() / "llmapi" / "1"
+
+
 def llmapi_source(configured: str) -> Optional[Path]:
     """NVIDIA's LLM-API model directory (its model.py) on this machine, or None."""
     for d in ([configured] if configured else LLMAPI_SOURCE_CANDIDATES):
@@ -114,7 +121,8 @@ def write_models(m: BuildManifest, root: Path, decoupled: bool) -> tuple[dict[st
     directory NVIDIA's model.py was copied from (None: not on this machine, not copied)."""
     from google.protobuf import text_format
 
-    source = llmapi_source(m.config.toolchain.llmapi_model_dir)
+    # the reference engine: trt-spec's own stand-in (model_repo/llmapi); a GPU: NVIDIA's, from the image
+    source = (model_repo_llmapi() if m.engine == "reference" else llmapi_source(m.config.toolchain.llmapi_model_dir))
     configs = {}
     for name, (cfg, y) in llmapi_models(m, decoupled).items():
         d = root / name

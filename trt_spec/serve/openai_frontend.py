@@ -39,6 +39,7 @@ from ..records.defaults import ADD_SPECIAL_TOKENS
 from ..records.names import (BASELINE, DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE,
                              STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS, TOP_P)
 from ..records.speculation import POLICIES
+from ..served.serving import StopCutter
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 # Request fields accepted and ignored (no effect on the output)
@@ -242,37 +243,6 @@ def request_tensors(r: GenRequest) -> dict[str, np.ndarray]:
     if r.draft_len_policy is not None:
         t[DRAFT_LEN_POLICY] = np.array([[r.draft_len_policy.encode("utf-8")]], dtype=object)
     return t
-
-
-class StopCutter:
-    """Text deltas with the stop strings cut out: holds back what could still become a stop string, and says when
-    one was seen (the text before it is all that is returned)."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = stops
-        self.hold = max((len(x) for x in stops), default=1) - 1
-        self.text = ""  # everything received
-        self.sent = 0  # characters of it handed out
-        self.stopped = False
-
-    def add(self, delta: str) -> str:
-        if self.stopped:
-            return ""
-        self.text += delta
-        hits = [i for i in (self.text.find(x) for x in self.stops) if i >= 0]
-        if hits:
-            self.stopped = True
-            out, self.sent = self.text[self.sent:min(hits)], min(hits)
-            return out
-        upto = max(self.sent, len(self.text) - self.hold)
-        out, self.sent = self.text[self.sent:upto], upto
-        return out
-
-    def flush(self) -> str:
-        if self.stopped:
-            return ""
-        out, self.sent = self.text[self.sent:], len(self.text)
-        return out
 
 
 class TritonCallError(Exception):

@@ -146,3 +146,33 @@ class IncrementalDetokenizer:
         self.emitted = text
         return delta
 
+
+class StopCutter:
+    """Text deltas with the stop strings cut out: holds back what could still become a stop string, and says when
+    one was seen (the text before it is all that is returned)."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.hold = max((len(x) for x in stops), default=1) - 1
+        self.text = ""  # everything received
+        self.sent = 0  # characters of it handed out
+        self.stopped = False
+
+    def add(self, delta: str) -> str:
+        if self.stopped:
+            return ""
+        self.text += delta
+        hits = [i for i in (self.text.find(x) for x in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self.sent = self.text[self.sent:min(hits)], min(hits)
+            return out
+        upto = max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent:upto], upto
+        return out
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        out, self.sent = self.text[self.sent:], len(self.text)
+        return out

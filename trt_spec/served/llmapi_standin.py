@@ -1,0 +1,199 @@
+"""The CPU stand-in of TensorRT-LLM's LLM-API Triton model (records/llmapi_contract.py), free of Triton.
+
+It takes the same model.yaml (`model`: the exported reference engine; `speculative_config` with NGram or DraftTarget)
+and the same request tensors, refuses what NVIDIA's model.py refuses with its words, and speculates inside the model
+as the LLM API does: the one speculative loop (speculative_loop.py, fixed k = max_draft_len every step, as the LLM
+API drafts) over the reference engines' stand-ins (local_engines.py), with no BLS. Without speculative_config it is the
+baseline: one decode of the target. `model_repo/llmapi/1/model.py` is the thin Triton adapter over it.
+
+What is the LLM API's and what is the stand-in's:
+- text in, text out; the tokenizer is the engine directory's; `sampling_param_exclude_input_from_output` defaults to
+  False (text_output = prompt + completion), as MODEL's helpers; streaming sends each chunk's text;
+- sampling: absent temperature/top_k/top_p = greedy (SamplingParams' defaults); `sampling_param_max_tokens` defaults
+  to SamplingParams' 32; `sampling_param_stop` strings end the generation and are not in the text
+  (include_stop_str_in_output defaults to False);
+- the perf outputs (with sampling_param_return_perf_metrics) are strings, as MODEL encodes them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..records import backend_contract as bc
+from ..records import llmapi_contract as lc
+from .local_engines import LocalEngines
+from .serving import IncrementalDetokenizer, StopCutter, decode_strings, encode, load_tokenizer, scalar
+from .speculative_loop import (EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop, check_sampling,
+                               engine_inputs, response_tokens, validate)
+
+DEFAULT_MAX_TOKENS = 32  # tensorrt_llm SamplingParams.max_tokens default
+TARGET, DRAFT = "target", "draft"
+MODES = {"NGram": "ngram", "DraftTarget": "draft_target"}  # what the CPU stand-in serves of DECODING_TYPES
+
+
+class LlmapiError(ValueError):
+    """What the LLM-API model answers a request with (its own words)."""
+
+
+@dataclass
+class LlmRequest:
+    text: str
+    prompt: list[int]
+    max_tokens: int
+    streaming: bool = False
+    exclude_input: bool = False
+    return_perf: bool = False
+    return_finish_reason: bool = False
+    sampling: dict[str, np.ndarray] = field(default_factory=dict)  # engine tensors
+    seed: Optional[int] = None
+    stop: list[str] = field(default_factory=list)
+
+
+def _engine(name: str, engine_dir: str, decoupled: bool):
+    from ..reference.engine import load_engine
+    from ..reference.export import read_engine_meta
+    from ..reference.standin import StandIn
+
+    model = load_engine(engine_dir)
+    limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"],
+                                               vocab_size=model.config.vocab_size)
+    params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": engine_dir,
+              "enable_kv_cache_reuse": "true", "enable_chunked_context": "false", "tokenizer_dir": engine_dir,
+              "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
+    return StandIn(name, model, limits, params, decoupled=decoupled)
+
+
+class LlmapiStandIn:
+    def __init__(self, y: dict, *, decoupled: bool, name: str = lc.MODEL_NAME):
+        self.name, self.decoupled = name, decoupled
+        spec = y.get("speculative_config")
+        self.mode = None
+        if spec is not None:
+            self.mode = MODES.get(spec.get("decoding_type"))
+            if self.mode is None:
+                raise LlmapiError(f"speculative_config decoding_type {spec.get('decoding_type')!r} is not served by the "
+                                  f"CPU stand-in ({', '.join(MODES)}); EAGLE-3 and MTP need TensorRT-LLM on a GPU")
+        standins = {TARGET: _engine(TARGET, y["model"], True)}
+        if self.mode == "draft_target":
+            standins[DRAFT] = _engine(DRAFT, spec[lc.SPEC_MODEL_DIR], True)
+        self.engines = LocalEngines(standins)
+        lim = standins[TARGET].limits
+        k = int(spec.get("max_draft_len", 0)) if spec else 0
+        self.k = k
+        self.loop = SpeculativeLoop(LoopConfig(
+            TARGET, DRAFT if self.mode == "draft_target" else None, self.mode or "ngram", max(k, 1),
+            int((spec or {}).get(lc.NGRAM_MATCH, 3)), lim.max_seq_len, bc.max_input_len(lim.max_seq_len,
+                                                                                        lim.max_num_tokens),
+            draft_len_policy="fixed", proposer="prompt_lookup"), self.engines)
+        self.tokenizer = load_tokenizer(y["model"])
+
+    def close(self) -> None:
+        self.engines.close()
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def parse(self, inputs: dict[str, Optional[np.ndarray]]) -> LlmRequest:
+        """The request tensors (no batch dimension: max_batch_size 0), checked as MODEL checks them."""
+        if inputs.get(lc.TEXT_INPUT) is None:
+            raise LlmapiError(lc.NO_TEXT_INPUT)
+        streaming = bool(scalar(inputs.get(lc.STREAMING), False))
+        if streaming and not self.decoupled:
+            raise LlmapiError(lc.STREAMING_NEEDS_DECOUPLED)
+        text = (decode_strings(inputs[lc.TEXT_INPUT]) or [""])[0]
+
+        def param(name, kind):
+            return scalar(inputs.get(lc.SAMPLING_PREFIX + name), None, kind)
+
+        temperature, top_k, top_p, seed = param("temperature", float), param("top_k", int), param("top_p", float), \
+            param("seed", int)
+        max_tokens = param("max_tokens", int)
+        r = LlmRequest(text, encode(self.tokenizer, text) if text else [],
+                       DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, streaming,
+                       bool(param("exclude_input_from_output", bool) or False),
+                       bool(param("return_perf_metrics", bool) or False),
+                       bool(scalar(inputs.get("return_finish_reason"), False)), seed=seed,
+                       stop=[s for s in decode_strings(inputs.get(lc.SAMPLING_PREFIX + "stop")) if s])
+        try:
+            check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, end_id=self.end_id, pad_id=0,
+                           vocab_size=len(self.tokenizer))
+            validate(self.loop.cfg, len(r.prompt), r.max_tokens, self.k, False)
+        except RequestError as e:
+            raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
+        for value, engine_name, dtype in ((temperature, bc.TEMPERATURE, np.float32), (top_k, bc.RUNTIME_TOP_K, np.int32),
+                                          (top_p, bc.RUNTIME_TOP_P, np.float32)):
+            if value is not None:
+                r.sampling[engine_name] = np.asarray([[value]], dtype=dtype)
+        return r
+
+    @property
+    def end_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    async def generate(self, r: LlmRequest, emit: Callable[[dict], None],
+                       cancelled: Callable[[], bool] = lambda: False) -> dict:
+        """Streamed chunks go to emit (streaming requests); returns the final response's tensors."""
+        detok = IncrementalDetokenizer(self.tokenizer)
+        cut = StopCutter(r.stop)
+        arrival = time.monotonic_ns()
+        times: list[int] = []
+        chunks: list[str] = []
+
+        def on_tokens(new: list[int]) -> None:
+            times.append(time.monotonic_ns())
+            delta = "" if cut.stopped else cut.add(detok.add(new))
+            chunks.append(delta)
+            if r.streaming and delta:
+                emit({lc.TEXT_OUTPUT: np.array([delta.encode("utf-8")], dtype=object)})
+
+        stop_ids = [encode(self.tokenizer, s, add_special_tokens=False) for s in r.stop]
+        try:
+            if self.mode is None:
+                tokens, drafted, accepted = await self._decode(r, stop_ids, on_tokens), 0, 0
+            else:
+                spec = SpecRequest(r.prompt, r.max_tokens, self.k, self.end_id, 0, sampling=r.sampling, seed=r.seed,
+                                   stop_words=stop_ids)
+                tokens, m = await self.loop.generate(spec, on_tokens, cancelled)
+                drafted, accepted = m.drafted, m.accepted
+        except (EngineError, RequestError) as e:
+            raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
+        tail = "" if cut.stopped else cut.add(detok.flush()) + cut.flush()
+        chunks.append(tail)
+        if r.streaming:
+            out = {lc.TEXT_OUTPUT: np.array([tail.encode("utf-8")], dtype=object)}
+        else:
+            text = "".join(chunks)
+            out = {lc.TEXT_OUTPUT: np.array([(text if r.exclude_input else r.text + text).encode("utf-8")],
+                                            dtype=object)}
+        if r.return_finish_reason:
+            reason = "length" if len(tokens) >= r.max_tokens and not cut.stopped else "stop"
+            out["finish_reason"] = np.array([reason.encode()], dtype=object)
+        if r.return_perf:  # MODEL _create_response: every value as a string
+            perf = {"arrival_time_ns": arrival, "first_scheduled_time_ns": arrival,
+                    "first_token_time_ns": times[0] if times else 0, "last_token_time_ns": times[-1] if times else 0,
+                    "acceptance_rate": accepted / drafted if drafted else 0.0,
+                    "total_accepted_draft_tokens": accepted, "total_draft_tokens": drafted,
+                    "kv_cache_reused_block": 0, "kv_cache_hit_rate": 0.0, "kv_cache_alloc_new_blocks": 0,
+                    "kv_cache_alloc_total_blocks": 0, "kv_cache_missed_block": 0}
+            out.update({k: np.array([str(v).encode()], dtype=object) for k, v in perf.items()})
+        return out
+
+    async def _decode(self, r: LlmRequest, stop_ids, on_tokens) -> list[int]:
+        """The baseline: one decode of the target, streamed token by token."""
+        spec = SpecRequest(r.prompt, r.max_tokens, 0, self.end_id, 0, sampling=r.sampling, seed=r.seed,
+                           stop_words=stop_ids)
+        ins = engine_inputs(spec, r.prompt, r.max_tokens, 0, streaming=True)
+        if stop_ids:
+            ins[bc.STOP_WORDS_LIST] = bc.word_list_array(stop_ids)[None]
+        tokens: list[int] = []
+
+        def on_response(out):
+            new = response_tokens(out)
+            if new:
+                tokens.extend(new)
+                on_tokens(new)
+
+        await self.engines(TARGET, ins, list(bc.MANDATORY_OUTPUTS), on_response)
+        return tokens
