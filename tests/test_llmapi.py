@@ -180,3 +180,28 @@ def test_the_image_source_is_copied_and_a_tampered_model_is_refused(tmp_path):
     pb.write_text(pb.read_text().replace('name: "sampling_param_max_tokens"', 'name: "max_tokens"'))
     with pytest.raises(RepositoryError, match="input sampling_param_max_tokens is not the LLM-API model's"):
         validate_repository(tmp_path / "r")
+
+
+def test_build_checks_the_checkpoints_and_writes_the_manifest_only(tmp_path):
+    """runtime llmapi: `trt-spec build` runs no step (nothing to build), writes the manifest naming the checkpoints, and
+    the repository is written from that build directory."""
+    from click.testing import CliRunner
+
+    from trt_spec.cli import main
+    from trt_spec.records.manifest import BuildManifest
+
+    t = checkpoint(tmp_path / "target", **LLAMA)
+    p = llmapi(tmp_path, "  mode: ngram\n  max_draft_len: 4", target=t, extra=f"output_dir: {tmp_path / 'out'}\n")
+    r = CliRunner().invoke(main, ["build", str(p)])
+    assert r.exit_code == 0, r.output
+    assert "0 step(s) ran" in r.output
+    assert sorted(x.name for x in (tmp_path / "out").iterdir() if not x.name.startswith(".")) == ["manifest.json"]
+    m = BuildManifest.read(tmp_path / "out")
+    assert m.target.dir == t and m.target.files is None and m.steps == []
+    r = CliRunner().invoke(main, ["repo", str(tmp_path / "out"), "--out", str(tmp_path / "repo")])
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load((tmp_path / "repo" / lc.MODEL_NAME / "1" / "model.yaml").read_text())["model"] == t
+    # a missing checkpoint is one line at build time, before anything is written
+    gone = llmapi(tmp_path, "  mode: ngram", target=str(tmp_path / "nope"), extra=f"output_dir: {tmp_path / 'o2'}\n")
+    r = CliRunner().invoke(main, ["build", str(gone)])
+    assert r.exit_code == 2 and "directory not found" in r.output and not (tmp_path / "o2").exists()

@@ -139,3 +139,9 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     res = paired_ab(c, [Prompt(PROMPT, 24)], warmup=0)
     assert res["speedup"] > 0 and res["speculative"]["tokens"] == res["baseline"]["tokens"] > 0
     assert res["acceptance"]["drafted"] > 0  # the model's own perf outputs, parsed from their strings
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--url", llmapi_server.grpc_url, "--tokenizer",
+                        tok_dir, "--prompts", "code-edit", "--limit", "1", "--max-tokens", "16", "--format", "json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (ab,) = json.loads(r.stdout)["bench"]
+    assert ab["speedup"] > 0 and ab["speculative"]["tokens"] == ab["baseline"]["tokens"] > 0
