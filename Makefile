@@ -8,7 +8,7 @@ GPU_ARG := $(if $(GPU),--gpu $(GPU),)
 # torch from PyPI is a multi-GB CUDA build; the CPU wheel (2.13.0+cpu) is what the reference engine needs.
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup gpu-setup plan engines demo test soak test-all clean help
+.PHONY: setup gpu-setup plan engines demo test slow soak test-all clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
@@ -16,6 +16,7 @@ help:
 	@echo "make gpu-setup              GPU host (NGC image): install trt-spec into the image's python3 (no venv, no torch)"
 	@echo "make engines CONFIG=...     GPU host: run the build (quantize + trtllm-build) with the image's python3"
 	@echo "make test                   the test suite (offline, CPU)"
+	@echo "make slow                   the heaviest end-to-end proofs: real SmolLM2 + draft, AIPerf, wheel (CI runs it)"
 	@echo "make soak                   the long concurrency soak (CI runs it)"
 
 $(BIN)/trt-spec: pyproject.toml
@@ -44,7 +45,12 @@ engines:
 	$(PY) -m trt_spec.cli build $(CONFIG) $(GPU_ARG)
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not soak"
+	$(BIN)/python -m pytest -q -m "not soak and not slow" --durations=10
+
+# The heaviest end-to-end proofs (minutes each): the real default model with a distilled draft, AIPerf against the
+# OpenAI endpoint, bench --openai, the wheel installed into a fresh venv. CI runs them after make test.
+slow: setup
+	$(BIN)/python -m pytest -q -m slow --durations=10
 
 # The long concurrency soak (96 streams x 8 rounds on the tiny deployment); CI runs it after make test.
 soak: setup

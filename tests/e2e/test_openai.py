@@ -190,6 +190,7 @@ def test_a_cancelled_stream_stops_its_work(openai_server):
     assert f'vllm:num_requests_running{{engine="0",model_name="{SPECULATIVE}"}} 0.0' in metrics
 
 
+@pytest.mark.slow
 def test_aiperf_profiles_the_chat_endpoint_without_errors(openai_server, tmp_path):
     s = openai_server
     aiperf = shutil.which("aiperf") or str(Path(sys.executable).with_name("aiperf"))
@@ -214,6 +215,7 @@ def cli(*args, timeout=600):
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_bench_openai_paired_request_rate_and_a_sharegpt_file(openai_server, tmp_path):
     """`bench --openai URL`: the paired A/B and the Poisson request-rate run with goodput, on prompts from a
     ShareGPT-style file, with the served bench's report; two servers given as two URLs work the same."""

@@ -114,6 +114,7 @@ def _trt_spec_modules(model_py: Path) -> set[str]:
     return {m for m in mods if m == "trt_spec" or m.startswith("trt_spec.")}
 
 
+@pytest.mark.slow
 def test_wheel_install_writes_and_serves_a_repository(ngram_server, tmp_path):
     work = tmp_path.resolve()
     assert not work.is_relative_to(ROOT)

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # GGUF import + distillation + FP8 export of SmolLM2: ~2 min (make slow; CI runs it)
 
 from trt_spec.records.config import load_config  # noqa: E402
 from trt_spec.harness.inprocess import chat_ids  # noqa: E402
