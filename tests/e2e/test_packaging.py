@@ -21,6 +21,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+import pytest
+
 from trt_spec.harness.client import ClientError, LLMClient
 from trt_spec.serve.server import free_port
 
