@@ -140,20 +140,23 @@ def _alpha_from(acc: dict, k: int) -> float:
     return solve_alpha(acc["mean_acceptance_length"] or 1.0, k)
 
 
+def _nth_sample(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], i: int,
+                k: Optional[int], policy: Optional[str]) -> Sample:
+    """Request i of a run (prompts cycled: prompt i mod n, repeat i div n) on a client of its own."""
+    p, r = i % len(prompts), i // len(prompts)
+    cl = client_factory()
+    try:
+        return Sample.of(model, p, r, _request(cl, model, prompts[p], k, policy))
+    finally:
+        cl.close()
+
+
 def run_level(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], concurrency: int,
               n: int, k: Optional[int], policy: Optional[str] = None) -> tuple[list[Sample], float]:
     """n requests (prompts cycled) to one model with `concurrency` in flight: the samples and the wall time."""
-    def one(i: int) -> Sample:
-        p, r = i % len(prompts), i // len(prompts)
-        cl = client_factory()
-        try:
-            return Sample.of(model, p, r, _request(cl, model, prompts[p], k, policy))
-        finally:
-            cl.close()
-
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        samples = list(pool.map(one, range(n)))
+        samples = list(pool.map(lambda i: _nth_sample(client_factory, model, prompts, i, k, policy), range(n)))
     return samples, time.perf_counter() - t0
 
 
@@ -236,12 +239,7 @@ def run_rate(client_factory: Callable[[], LLMClient], model: str, prompts: Seque
         delay = t0 + arrivals[i] - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        p, r = i % len(prompts), i // len(prompts)
-        cl = client_factory()
-        try:
-            return Sample.of(model, p, r, _request(cl, model, prompts[p], k, policy))
-        finally:
-            cl.close()
+        return _nth_sample(client_factory, model, prompts, i, k, policy)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(arrivals)) as pool:

@@ -23,7 +23,7 @@ import numpy as np
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
 from ..records.defaults import PROTOCOLS
-from ..records.names import (BAD_WORDS, BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS,
+from ..records.names import (BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS,
                              NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE, STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS,
                              TEXT_OUTPUT, TOP_K, TOP_P, USE_DRAFT_LOGITS)
 
@@ -189,19 +189,7 @@ class LLMClient:
         if self.protocol == "http":
             g = self._http(model, fields, stream)
         else:
-            import tritonclient.grpc as grpcclient
-
-            inputs = []
-            for name, value in fields.items():
-                if isinstance(value, str) or isinstance(value, list):
-                    vals = value if isinstance(value, list) else [value]
-                    arr, dtype = np.array([v.encode("utf-8") for v in vals], dtype=object), "BYTES"
-                else:
-                    arr = np.array([value], dtype=LLMAPI_TYPES.get(name, np.int32))
-                    dtype = _triton_dtype(arr.dtype)
-                t = grpcclient.InferInput(name, list(arr.shape), dtype)
-                t.set_data_from_numpy(arr)
-                inputs.append(t)
+            inputs = _grpc_inputs(fields, LLMAPI_TYPES, batch=False)  # max_batch_size 0: no batch dimension
             wanted = [lc.TEXT_OUTPUT, *(t.name for t in lc.PERF_OUTPUTS)]
             t0 = time.perf_counter()
             timed = self._grpc_stream(model, inputs, wanted, t0)
@@ -287,19 +275,7 @@ class LLMClient:
         return self._grpc
 
     def _grpc_generate(self, model: str, fields: dict) -> Generation:
-        import tritonclient.grpc as grpcclient
-
-        inputs = []
-        for name, value in fields.items():
-            if name in (TEXT_INPUT, STOP_WORDS, BAD_WORDS, DRAFT_LEN_POLICY):
-                vals = value if isinstance(value, list) else [value]
-                arr = np.array([[v.encode("utf-8") for v in vals]], dtype=object)
-                t = grpcclient.InferInput(name, list(arr.shape), "BYTES")
-            else:
-                arr = np.array([[value]], dtype=FIELD_TYPES.get(name, np.int32))
-                t = grpcclient.InferInput(name, list(arr.shape), _triton_dtype(arr.dtype))
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
+        inputs = _grpc_inputs(fields, FIELD_TYPES, batch=True)
         wanted = [TEXT_OUTPUT, OUTPUT_IDS] + ([] if model == ENSEMBLE else list(METRIC_OUTPUTS))
         t0 = time.perf_counter()
         timed = self._grpc_stream(model, inputs, wanted, t0)
@@ -346,6 +322,25 @@ class LLMClient:
             finally:
                 client.close()
         return parts
+
+
+def _grpc_inputs(fields: dict, types: dict, *, batch: bool) -> list:
+    """gRPC inputs of a text-model request: strings (and lists of them) as BYTES, the rest as `types` says (INT32
+    when unnamed); batch=True adds the batch dimension ([1, …])."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, value in fields.items():
+        if isinstance(value, (str, list)):
+            arr = np.array([v.encode("utf-8") for v in (value if isinstance(value, list) else [value])], dtype=object)
+        else:
+            arr = np.array([value], dtype=types.get(name, np.int32))
+        if batch:
+            arr = arr[None]
+        t = grpcclient.InferInput(name, list(arr.shape), "BYTES" if arr.dtype == object else _triton_dtype(arr.dtype))
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    return inputs
 
 
 def _grpc_message(e) -> str:

@@ -71,17 +71,23 @@ class StandIn:
         bc.check_parameters(params)  # before touching the disk, in the backend's order
         outputs = model_config.get("output", [])
         logits_type = next((o["data_type"] for o in outputs if o["name"] == bc.GENERATION_LOGITS), bc.LOGITS_TYPE)
-        engine_dir = params["gpt_model_path"]
-        if not os.path.isdir(engine_dir):
+        if not os.path.isdir(params["gpt_model_path"]):
             raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY))
+        return cls.from_engine_dir(
+            name, params, decoupled=bool(model_config.get("model_transaction_policy", {}).get("decoupled", False)),
+            declared={o["name"] for o in outputs},  # what Triton core lets a backend write
+            config_logits_dtype=bc.TYPE_TO_LOGITS_DTYPE.get(logits_type, logits_type),
+            max_queue_size=bc.max_queue_size(model_config), on_iteration=on_iteration)
+
+    @classmethod
+    def from_engine_dir(cls, name: str, params: Mapping[str, str], **kw) -> "StandIn":
+        """The engine that params' gpt_model_path names (an exported reference engine), its limits from the build
+        config it was exported with."""
+        engine_dir = params["gpt_model_path"]
         model = load_engine(engine_dir)
         limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"],
                                                    vocab_size=model.config.vocab_size)
-        return cls(name, model, limits, params,
-                   decoupled=bool(model_config.get("model_transaction_policy", {}).get("decoupled", False)),
-                   declared={o["name"] for o in outputs},  # what Triton core lets a backend write
-                   config_logits_dtype=bc.TYPE_TO_LOGITS_DTYPE.get(logits_type, logits_type),
-                   max_queue_size=bc.max_queue_size(model_config), on_iteration=on_iteration)
+        return cls(name, model, limits, params, **kw)
 
     def close(self, timeout: Optional[float] = None) -> None:
         self.scheduler.close(timeout)

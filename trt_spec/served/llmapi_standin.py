@@ -54,17 +54,12 @@ class LlmRequest:
 
 
 def _engine(name: str, engine_dir: str, decoupled: bool):
-    from ..reference.engine import load_engine
-    from ..reference.export import read_engine_meta
     from ..reference.standin import StandIn
 
-    model = load_engine(engine_dir)
-    limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"],
-                                               vocab_size=model.config.vocab_size)
     params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": engine_dir,
               "enable_kv_cache_reuse": "true", "enable_chunked_context": "false", "tokenizer_dir": engine_dir,
               "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
-    return StandIn(name, model, limits, params, decoupled=decoupled)
+    return StandIn.from_engine_dir(name, params, decoupled=decoupled)
 
 
 class LlmapiStandIn:

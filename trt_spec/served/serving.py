@@ -50,6 +50,16 @@ def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
     return responses
 
 
+def request_inputs(pb_utils, request, names: Iterable[str]) -> dict:
+    """A python model's request: name -> numpy array of each of `names` the request carries."""
+    out = {}
+    for name in names:
+        t = pb_utils.get_input_tensor_by_name(request, name)
+        if t is not None:
+            out[name] = t.as_numpy()
+    return out
+
+
 def load_tokenizer(tokenizer_dir: str):
     from transformers import AutoTokenizer
 

@@ -13,7 +13,7 @@ import yaml
 
 from trt_spec.records import llmapi_contract as lc
 from trt_spec.served.llmapi_standin import LlmapiError, LlmapiStandIn
-from trt_spec.served.serving import enable_crash_traces, error_line
+from trt_spec.served.serving import enable_crash_traces, error_line, request_inputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INPUT_NAMES = tuple(t.name for t in lc.INPUTS)
@@ -45,12 +45,7 @@ class TritonPythonModel:
         self.model.close()
 
     def _inputs(self, request):
-        out = {}
-        for name in INPUT_NAMES:
-            t = pb_utils.get_input_tensor_by_name(request, name)
-            if t is not None:
-                out[name] = t.as_numpy()
-        return out
+        return request_inputs(pb_utils, request, INPUT_NAMES)
 
     async def _one(self, request, send):
         try:

@@ -28,7 +28,7 @@ from trt_spec.records.integrity import verify_served_engine
 from trt_spec.reference.batching import QueueFullError
 from trt_spec.records.backend_contract import ContractError
 from trt_spec.reference.standin import INPUT_NAMES, StandIn, model_parameters
-from trt_spec.served.serving import enable_crash_traces, error_line
+from trt_spec.served.serving import enable_crash_traces, error_line, request_inputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 REPORT_PERIOD_S = 30.0  # batching summary lines of single-sequence forwards, at most this often
@@ -70,12 +70,7 @@ class TritonPythonModel:
         self.standin.close(timeout=5.0)  # unfinished requests resolve with an error: each still gets a final
 
     def _inputs(self, request):
-        out = {}
-        for name in INPUT_NAMES:
-            t = pb_utils.get_input_tensor_by_name(request, name)
-            if t is not None:
-                out[name] = t.as_numpy()
-        return out
+        return request_inputs(pb_utils, request, INPUT_NAMES)
 
     def _response(self, req, tokens, progress=None):
         return _triton(self.standin.response(req, tokens, progress))
