@@ -271,3 +271,27 @@ def test_eagle_refuses_fp8(tmp_path, tiny_pair):
                 speculative={"mode": "eagle", "max_draft_len": 63, "eagle": {"heads_dir": str(heads)}})
     with pytest.raises(PreflightError, match="EAGLE engines are FP16/BF16 only"):
         preflight(c)
+
+
+def test_eagle_on_the_reference_engine_trains_or_takes_an_eagle3_head(tmp_path, tiny_pair):
+    heads = make_checkpoint(tmp_path / "eh")  # a plain Llama directory, not an EAGLE-3 head
+    data = {"engine": "reference", "target": {"checkpoint": str(tiny_pair[0])},
+            "speculative": {"mode": "eagle", "max_draft_len": 4, "eagle": {"heads_dir": str(heads)}},
+            "quantization": {"weights": "fp32"},
+            "limits": {"max_batch_size": 2, "max_input_len": 256, "max_seq_len": 512}}
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(PreflightError, match="is not an EAGLE-3 head"):
+        run_preflight(load_config(p), None, require_checkpoints=True)
+    data["speculative"]["eagle"] = {"train": {"steps": 5}}
+    p.write_text(yaml.safe_dump(data))
+    run_preflight(load_config(p), None, require_checkpoints=True)  # fp32 and a chain: no tree/dtype rule applies
+    data["engine"], data["gpu"] = "tensorrt", "h100:1"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="speculative.eagle.train is for engine: reference"):
+        load_config(p)
+    data["engine"] = "reference"
+    data["speculative"]["eagle"] = {}
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="exactly one of speculative.eagle.heads_dir"):
+        load_config(p)

@@ -20,10 +20,12 @@ from trt_spec.serve.server import TritonServer, free_port
 from ..tiny import make_model, make_tokenizer
 
 
-def build_deployment(root: Path, mode: str, draft_dir: Path | None, target_dir: Path, k: int = 4) -> Path:
+def build_deployment(root: Path, mode: str, draft_dir: Path | None, target_dir: Path, k: int = 4,
+                     speculative: dict | None = None) -> Path:
     cfg = {"engine": "reference", "target": {"checkpoint": str(target_dir)},
            "quantization": {"weights": "fp32"},
-           "speculative": {"mode": mode, "max_draft_len": k, "ngram_size": 3},
+           "speculative": {"mode": mode, "max_draft_len": k, **({"ngram_size": 3} if mode == "ngram" else {}),
+                           **(speculative or {})},
            "limits": {"max_batch_size": 4, "max_input_len": 384, "max_seq_len": 512, "max_num_tokens": 512},
            "output_dir": str(root / "build")}
     if draft_dir is not None:
@@ -91,6 +93,18 @@ def dtm_server(tiny_models, tmp_path_factory):
 def ngram_server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("ngram")
     repo = build_deployment(root, "ngram", None, tiny_models["target"])
+    server = _serve(repo, root / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def eagle_server(tiny_models, tmp_path_factory):
+    """EAGLE in the engine: a head trained at build time (a short run on the tiny target) inside the target engine,
+    and the baseline engine beside it."""
+    root = tmp_path_factory.mktemp("eagle")
+    repo = build_deployment(root, "eagle", None, tiny_models["target"],
+                            speculative={"eagle": {"train": {"steps": 40, "prompts": 32, "draft_vocab": 256}}})
     server = _serve(repo, root / "server.log")
     yield server
     server.stop()

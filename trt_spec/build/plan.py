@@ -278,7 +278,8 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
 
 
 def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tuple[list[Step], dict[str, str]]:
-    """import (GGUF -> HF dir) -> distill-draft (optional) -> export-draft -> export-target."""
+    """import (GGUF -> HF dir) -> distill-draft or train-eagle (optional) -> export-draft -> export-target (with the
+    EAGLE-3 head in eagle mode) -> export-baseline (in-engine modes)."""
     py = sys.executable
     steps: list[Step] = []
     hf: dict[str, str] = {}
@@ -302,6 +303,18 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
                               hf["draft"], (hf["target"],)))
         else:
             hf["draft"] = cfg.draft.checkpoint
+    head_dir = None
+    eg = cfg.speculative.eagle if cfg.speculative.mode == "eagle" else None
+    if eg is not None and eg.train is not None:
+        t = eg.train
+        head_dir = str(out / "heads" / "eagle3")
+        argv = (py, "-m", "trt_spec.reference.train_eagle", "--target", hf["target"], "--output_dir", head_dir,
+                "--weights", report.quant.weights, "--draft_vocab", str(t.draft_vocab), "--steps", str(t.steps),
+                "--seed", str(t.seed)) + (("--prompts", str(t.prompts)) if t.prompts else ())
+        steps.append(Step("train-eagle", f"train an EAGLE-3 head for the target by self-distillation ({t.steps} steps, "
+                          f"seed {t.seed})", argv, head_dir, (hf["target"],)))
+    elif eg is not None:
+        head_dir = eg.heads_dir
     engines = {}
     hf["baseline"] = hf["target"]
     for role in sorted(engine_roles(cfg), key=["draft", "target", "baseline"].index):
@@ -317,8 +330,14 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
         if role == "target" and cfg.speculative.mode != "none":
             argv += ("--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[cfg.speculative.mode],
                      "--max_draft_len", str(report.max_draft_len))
+        inputs: tuple[str, ...] = (hf[role],)
+        if role == "target" and head_dir is not None:
+            policy = "confidence" if cfg.speculative.draft_len_policy == "adaptive" else "fixed"
+            argv += ("--eagle_head", head_dir, "--eagle_draft_policy", policy)
+            inputs += (head_dir,)
         steps.append(Step(f"export-{role}", f"export the {role} to a reference engine ({report.quant.weights} "
-                          "weights, safetensors)", argv, str(edir), (hf[role],)))
+                          "weights, safetensors" + (", with its EAGLE-3 head" if role == "target" and head_dir else "")
+                          + ")", argv, str(edir), inputs))
         engines[role] = str(edir)
     return steps, engines
 

@@ -299,7 +299,7 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
             f"context the engine takes at most min(max_seq_len - 1, max_num_tokens) input tokens, and the {s.mode} "
             "loop resends the whole sequence every round, so requests would fail mid-generation; set "
             f"limits.max_num_tokens: {lim.max_seq_len} or lower limits.max_seq_len")
-    if s.mode in ("medusa", "eagle"):
+    if s.mode in ("medusa", "eagle") and cfg.engine == "tensorrt":  # (the reference engine drafts a chain: no tree)
         spec = s.medusa if s.mode == "medusa" else s.eagle
         nodes = len(spec.choices) if spec.choices else MEDUSA_DEFAULT_TREE_NODES
         if k_max < nodes:
@@ -335,7 +335,7 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     _check_speculative(cfg, k_max)
     quant, qwarn = resolve_quantization(cfg, gpu)
     warnings += qwarn
-    if cfg.speculative.mode == "eagle" and quant.weights not in ("bf16", "fp16"):
+    if cfg.speculative.mode == "eagle" and cfg.engine == "tensorrt" and quant.weights not in ("bf16", "fp16"):
         raise PreflightError(f"EAGLE engines are FP16/BF16 only in TensorRT-LLM 1.2 (got {quant.weights}); "
                              "set quantization.weights: bf16")
     if cfg.speculative.mode == "medusa" and cfg.speculative.use_draft_logits:
@@ -401,9 +401,16 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     if require_checkpoints:
         for spec_name in ("medusa", "eagle"):
             spec = getattr(cfg.speculative, spec_name)
-            if cfg.speculative.mode == spec_name and not (Path(spec.heads_dir) / "config.json").is_file():
+            if cfg.speculative.mode == spec_name and spec.heads_dir and not (Path(spec.heads_dir) / "config.json").is_file():
                 raise PreflightError(f"speculative.{spec_name}.heads_dir {spec.heads_dir}: no config.json; point it at "
                                      f"the {spec_name} heads checkpoint")
+        eg = cfg.speculative.eagle
+        if cfg.engine == "reference" and cfg.speculative.mode == "eagle" and eg.heads_dir:
+            arch = json.loads((Path(eg.heads_dir) / "config.json").read_text()).get("architectures") or []
+            if "LlamaForCausalLMEagle3" not in arch:
+                raise PreflightError(f"speculative.eagle.heads_dir {eg.heads_dir}: architectures {arch} is not an "
+                                     "EAGLE-3 head (LlamaForCausalLMEagle3), which the reference engine drafts with; "
+                                     "point it at one, or use speculative.eagle.train to train one at build time")
         if cfg.quantization.calib_dataset and not Path(cfg.quantization.calib_dataset).is_dir():
             raise PreflightError(f"quantization.calib_dataset {cfg.quantization.calib_dataset}: directory not found; "
                                  "point it at a local dataset directory or remove it")

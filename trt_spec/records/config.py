@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .defaults import BUILD_ROOT
+from .defaults import BUILD_ROOT, EAGLE_DRAFT_VOCAB, EAGLE_TRAIN_STEPS
 from .speculation import Mode
 
 ENV_PREFIX = "TRT_SPEC__"
@@ -100,8 +100,21 @@ class MedusaSpec(_Strict):
     choices: Optional[list[list[int]]] = Field(None, description="Medusa tree (null = TRT-LLM's mc_sim_7b_63)")
 
 
+class EagleTrain(_Strict):
+    """engine: reference. Train an EAGLE-3 head for the target at build time (trt_spec/reference/train_eagle.py)."""
+
+    draft_vocab: int = Field(EAGLE_DRAFT_VOCAB, ge=16, description="draft vocabulary: the most frequent target tokens "
+                             "in the data")
+    steps: int = Field(EAGLE_TRAIN_STEPS, ge=1, description="optimizer steps")
+    seed: int = Field(0, description="seed (data order, initialisation): the same seed gives the same head")
+    prompts: Optional[int] = Field(None, ge=1, description="bundled training prompts to use (null = all)")
+
+
 class EagleSpec(_Strict):
-    heads_dir: str = Field(description="EAGLE draft-head checkpoint directory")
+    heads_dir: Optional[str] = Field(None, description="EAGLE draft-head checkpoint directory (engine: tensorrt: "
+                                     "EAGLE-1/2 heads for eagle/convert_checkpoint.py; engine: reference: an EAGLE-3 head)")
+    train: Optional[EagleTrain] = Field(None, description="engine: reference: train an EAGLE-3 head at build time "
+                                        "instead of heads_dir")
     num_layers: int = Field(4, ge=1, description="EAGLE tree depth (--num_eagle_layers)")
     max_non_leaves_per_layer: int = Field(10, ge=1, description="--max_non_leaves_per_layer")
     choices: Optional[list[list[int]]] = Field(None, description="EAGLE-1 tree (null = TRT-LLM's default)")
@@ -246,8 +259,13 @@ class BuildConfig(_Strict):
             raise ValueError(f"speculative.mode {s.mode} uses no draft model; remove `draft:` or set mode draft_target")
         if s.mode == "medusa" and s.medusa is None:
             raise ValueError("speculative.mode medusa needs speculative.medusa.heads_dir")
-        if s.mode == "eagle" and s.eagle is None:
-            raise ValueError("speculative.mode eagle needs speculative.eagle.heads_dir")
+        if s.mode == "eagle" and (s.eagle is None or (s.eagle.heads_dir is None) == (s.eagle.train is None)):
+            raise ValueError("speculative.mode eagle needs exactly one of speculative.eagle.heads_dir (a head) or "
+                             "speculative.eagle.train (engine: reference: train an EAGLE-3 head at build time)")
+        if s.eagle is not None and s.eagle.train is not None and self.engine != "reference":
+            raise ValueError("speculative.eagle.train is for engine: reference; trtllm-build's eagle mode loads "
+                             "EAGLE-1/2 heads (give speculative.eagle.heads_dir), and a trained EAGLE-3 head is served "
+                             "by runtime: llmapi mode eagle3 (speculative.eagle3.heads_dir)")
         if self.draft is not None and self.draft.distill is not None and self.engine != "reference":
             raise ValueError("draft.distill is for engine: reference; give draft.checkpoint for engine: tensorrt")
         if s.mode == "lookahead" and s.lookahead is None:

@@ -47,6 +47,10 @@ PREFIX_CACHE_BYTES = 512 * 2**20  # ReferenceEngine's budget when its caller giv
 # backend would take 0.9 of free memory).
 PREFIX_CACHE_TOKENS = 16384
 
+# -- Reference engine: EAGLE-3 head training (speculative.eagle.train, trt_spec/reference/train_eagle.py) ----------
+EAGLE_DRAFT_VOCAB = 4096  # draft vocabulary: the commonest target tokens of the training data (EAGLE-3's d2t)
+EAGLE_TRAIN_STEPS = 300  # optimizer steps (4 rows of 192 positions x 3 unrolled drafting steps each)
+
 # -- Harness (check / bench / tune / demo) -------------------------------------------------------------------
 PROMPT_SET = "code-edit"
 TUNE_KS = (1, 2, 4)  # tune's k sweep

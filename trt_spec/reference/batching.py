@@ -87,6 +87,7 @@ class _Seq:
     stop_words: Sequence[Sequence[int]] = ()
     return_logits: bool = False
     on_token: Optional[Callable[[int], None]] = None
+    on_tokens: Optional[Callable[[list[int]], None]] = None  # streaming: every step's new tokens at once
     should_stop: Optional[Callable[[], bool]] = None
     # engine-thread state
     entry: Optional[CacheEntry] = None
@@ -95,6 +96,12 @@ class _Seq:
     rows: list[torch.Tensor] = field(default_factory=list)  # logits collected for the current step
     generator: Optional[torch.Generator] = None
     result: CallResult = field(default_factory=CallResult)
+    # an EAGLE engine's decode (ReferenceEngine.head): the features of the tokens fed since the last step, the first
+    # one's position, and the drafts (with their target-vocabulary logits when sampling) in flight
+    feats: list[torch.Tensor] = field(default_factory=list)
+    feat_pos: int = 0
+    spec_draft: list[int] = field(default_factory=list)
+    spec_logits: Optional[torch.Tensor] = None
 
     @property
     def in_context(self) -> bool:
@@ -143,14 +150,17 @@ class BatchScheduler:
     def submit_generate(self, input_ids: Sequence[int], max_new: int, sampling: Sampling, *,
                         end_id: Optional[int] = None, stop_words: Sequence[Sequence[int]] = (),
                         return_logits: bool = False, on_token: Optional[Callable[[int], None]] = None,
-                        should_stop: Optional[Callable[[], bool]] = None) -> Handle:
+                        should_stop: Optional[Callable[[], bool]] = None,
+                        on_tokens: Optional[Callable[[list[int]], None]] = None) -> Handle:
         """Decode up to max_new tokens (greedy or sampled), stopping at end_id (not output, backend_contract.
         EOS_EXCLUDED) or after a stop word (kept); should_stop() ends it early with the tokens so far (a cancelled
-        request, as the executor finishes one). on_token / should_stop run on the engine thread."""
+        request, as the executor finishes one). On an EAGLE engine every step drafts with the head and verifies in
+        the next forward, yielding 1..k + 1 tokens. on_token (per token) / on_tokens (per step) / should_stop run
+        on the engine thread."""
         self._check(input_ids, max_new, 0)
         return self._submit(_Seq(Handle(self), list(input_ids), sampling, 0, max_new=max_new, end_id=end_id,
                                  stop_words=[list(w) for w in stop_words], return_logits=return_logits,
-                                 on_token=on_token, should_stop=should_stop))
+                                 on_token=on_token, on_tokens=on_tokens, should_stop=should_stop))
 
     def submit_verify(self, input_ids: Sequence[int], draft: Sequence[int], sampling: Sampling, *,
                       draft_logits: Optional[torch.Tensor] = None, end_id: Optional[int] = None) -> Handle:
@@ -235,9 +245,10 @@ class BatchScheduler:
             self._release(seq)
             return
         try:
-            k = len(seq.draft) if seq.draft is not None else 0
-            need = len(seq.input_ids) + (k + 1 if seq.draft is not None else seq.max_new)
+            k = len(seq.draft) if seq.draft is not None else self.engine.max_draft_len
+            need = len(seq.input_ids) + (k + 1 if seq.draft is not None else seq.max_new + k)
             seq.entry = self.engine._acquire(seq.input_ids, need)
+            seq.feat_pos = len(seq.entry.tokens)
             seq.result.scheduled_ns, seq.result.reused_tokens = time.monotonic_ns(), len(seq.entry.tokens)
             seq.pending = seq.input_ids[len(seq.entry.tokens):] + (seq.draft or [])
             if seq.draft is None:
@@ -268,24 +279,31 @@ class BatchScheduler:
             positions += range(start, start + n)
             segments.append((seq.entry.cache, n))
         t0 = time.perf_counter()
+        head = self.engine.head
         try:
             with self.engine._compute:
-                logits = self.engine.model.forward_packed(
-                    torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long), segments,
-                    torch.tensor(logits_at, dtype=torch.long))
+                args = (torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long), segments,
+                        torch.tensor(logits_at, dtype=torch.long))
+                if head is None:
+                    logits = self.engine.model.forward_packed(*args)
+                else:  # the head reads the target's features at its aux layers, for every fed token
+                    logits, feats = self.engine.model.forward_packed(*args, aux_layers=head.cfg.aux_layers)
         except Exception as e:  # noqa: BLE001 - fail the sequences in this forward, keep serving the rest
             for seq, _ in plan:
                 self._finish(seq, error=e)
             return
         self.stats.append(IterationStats(len(plan), len(tokens), len(self._active), waiting,
                                          time.perf_counter() - t0))
-        row = 0
+        row = fed = 0
         for seq, n in plan:
             first_needed = len(seq.pending) - seq.need
             m = n - max(first_needed, 0)  # logits rows of this sequence in this forward
             if m > 0:
                 seq.rows.append(logits[row : row + m])
                 row += m
+            if head is not None:
+                seq.feats.append(feats[fed : fed + n])
+            fed += n
             seq.entry.tokens.extend(seq.pending[:n])
             del seq.pending[:n]
             if not seq.pending:
@@ -314,6 +332,9 @@ class BatchScheduler:
         if seq.draft is not None:
             self._complete_verify(seq, logits)
             return
+        if self.engine.head is not None:
+            self._complete_eagle(seq, logits)
+            return
         last = logits[-1]
         tok = int(select(seq.sampling.logits(last), seq.sampling.temperature, seq.sampling.top_k,
                          seq.sampling.top_p, seq.generator)[0])
@@ -326,6 +347,8 @@ class BatchScheduler:
         res.tokens.append(tok)
         if seq.on_token is not None:
             seq.on_token(tok)
+        if seq.on_tokens is not None:
+            seq.on_tokens([tok])
         # The order: end_id / stop word, then should_stop, then the length limit.
         if _ends_with_stop(res.tokens, seq.stop_words):
             self._finish(seq)
@@ -336,6 +359,94 @@ class BatchScheduler:
             self._finish(seq)
         else:
             seq.pending = [tok]
+
+    def _complete_eagle(self, seq: _Seq, logits: torch.Tensor) -> None:
+        """One step of in-engine speculation: accept the drafts in flight (none after the context) against the
+        target's logits, output the new tokens (end token, stop words, budget, should_stop checked per token), then
+        write the head's slots for the accepted positions and draft the next chain (eagle.py)."""
+        res, sampling = seq.result, seq.sampling
+        k = len(seq.spec_draft)
+        if k:
+            new, accepted = accept_draft(seq.spec_draft, seq.spec_logits, logits, sampling)
+            seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]
+            res.drafted += k
+            res.accepted += accepted
+            res.rounds.append((k, accepted))
+        else:
+            new = [int(select(sampling.logits(logits[-1]), sampling.temperature, sampling.top_k, sampling.top_p,
+                              seq.generator)[0])]
+        res.token_time()
+        out: list[int] = []
+        done = False
+        for i, tok in enumerate(new):
+            if tok == seq.end_id:
+                done = True
+                break
+            out.append(tok)
+            res.tokens.append(tok)
+            if seq.return_logits:
+                res.logits.append(logits[i if k else -1].clone())
+            if _ends_with_stop(res.tokens, seq.stop_words) or len(res.tokens) >= seq.max_new:
+                done = True
+                break
+        if out and seq.on_token is not None:
+            for tok in out:
+                seq.on_token(tok)
+        if out and seq.on_tokens is not None:
+            seq.on_tokens(out)
+        if not done and seq.should_stop is not None and seq.should_stop():
+            res.cancelled = done = True
+        if done:
+            self._finish(seq)
+            return
+        self._draft_next(seq)
+
+    def _draft_next(self, seq: _Seq) -> None:
+        """The head's slots for the positions accepted since the last step, then a chain of drafts from them."""
+        from .eagle import head_step
+
+        head, entry, res = self.engine.head, seq.entry, seq.result
+        full = seq.input_ids + res.tokens  # the last token (the newest) is fed next
+        start, end = seq.feat_pos, len(entry.tokens)  # slots start..end-1 get (features, next token)
+        room = min(entry.capacity, entry.head.capacity) - len(full) - 1  # positions the verification may fill
+        k = max(0, min(self.engine.max_draft_len, seq.max_new - len(res.tokens) - 1, room))
+        drafts: list[int] = []
+        rows: list[torch.Tensor] = []
+        feats = torch.cat(seq.feats)[: end - start]  # (rows past `end` were rejected drafts')
+        seq.feats = [feats]
+        if k:  # (without drafts the features wait for the next step's slots)
+            seq.feats = []
+            seq.feat_pos = end
+            conf: list[float] = []  # the head's probability of each draft (its own estimate of acceptance)
+            with torch.inference_mode():
+                embed = self.engine.model.embed
+                h = head_step(head, entry.head, start, head.fc(feats), embed[torch.tensor(full[start + 1 : end + 1])])
+                entry.head.tokens = list(full)
+                g = h[-1:]
+                for i in range(k):
+                    dl = head.logits(g[0])  # [draft vocab]
+                    if seq.sampling.temperature > 0:
+                        full_logits = head.to_target(dl)
+                        d = int(select(seq.sampling.logits(full_logits), seq.sampling.temperature, seq.sampling.top_k,
+                                       seq.sampling.top_p, seq.generator)[0])
+                        rows.append(full_logits)
+                    else:
+                        d = int(head.target_ids[int(dl.argmax())])
+                    drafts.append(d)
+                    if self.engine.costs is not None:
+                        conf.append(float(torch.softmax(dl.float(), -1)[head.draft_index(d)]))
+                    else:
+                        conf.append(1.0)
+                    if i + 1 < k and not self.engine.stop_drafting(conf):
+                        g = head_step(head, entry.head, end + i, g, embed[torch.tensor([d])])
+                    else:
+                        break
+            n = self.engine.draft_count(conf)
+            drafts, rows = drafts[:n], rows[:n]
+        seq.spec_draft = drafts
+        seq.spec_logits = torch.stack(rows) if rows else None
+        seq.pending = [full[-1], *drafts]
+        seq.need = len(drafts) + 1
 
     def _complete_verify(self, seq: _Seq, logits: torch.Tensor) -> None:
         k = len(seq.draft)

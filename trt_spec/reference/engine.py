@@ -29,12 +29,27 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..records.defaults import PREFIX_CACHE_BYTES
+from .eagle import Eagle3Head, HeadState
 from .model import KVCache, ReferenceModel
 from .sampling import logits_to_probs
 from .accept import speculative_accept
 
 CAPACITY_STEP = 256  # KV-cache capacity grows in multiples of this many positions
 DIVERGE_SLACK = 16  # default: a request may diverge this close to the end of a cached sequence and take it over
+
+
+def load_head(engine_dir: str | Path, model: ReferenceModel) -> Optional[Eagle3Head]:
+    """The EAGLE-3 head an engine directory carries (export --eagle_head), or None."""
+    from .eagle import HEAD_DIR
+
+    d = Path(engine_dir) / HEAD_DIR
+    if not d.is_dir():
+        return None
+    head = Eagle3Head.load(d, model.config.num_layers)
+    if head.cfg.hidden_size != model.config.hidden_size or head.cfg.vocab_size != model.config.vocab_size:
+        raise ValueError(f"{d}: the EAGLE-3 head (hidden {head.cfg.hidden_size}, vocab {head.cfg.vocab_size}) does not "
+                         f"fit the target (hidden {model.config.hidden_size}, vocab {model.config.vocab_size})")
+    return head
 
 
 def load_engine(engine_dir: str | Path) -> ReferenceModel:
@@ -59,6 +74,7 @@ def kv_bytes_per_position(model: ReferenceModel) -> int:
 class CacheEntry:
     tokens: list[int]  # tokens whose K/V are valid at positions 0..len-1
     cache: KVCache
+    head: Optional[HeadState] = None  # an EAGLE engine's head K/V for the same sequence (eagle.HeadState)
 
     @property
     def capacity(self) -> int:
@@ -162,6 +178,8 @@ class CallResult:
     first_token_ns: int = 0
     last_token_ns: int = 0
     reused_tokens: int = 0  # prompt positions whose K/V came from the prefix cache
+    # an EAGLE engine's speculative steps, (drafted, accepted) each (in process only: the backend reports totals)
+    rounds: list[tuple[int, int]] = field(default_factory=list)
 
     def token_time(self) -> None:
         self.last_token_ns = time.monotonic_ns()
@@ -173,10 +191,21 @@ class ReferenceEngine:
     one-request batch); `_compute` serializes forwards."""
 
     def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
-                 diverge_slack: int = DIVERGE_SLACK):
+                 diverge_slack: int = DIVERGE_SLACK, head: Optional[Eagle3Head] = None, max_draft_len: int = 0,
+                 draft_policy: str = "confidence"):
         """diverge_slack: set to the deployment's max draft length + 1 (how far a request's own rejected
-        drafts can reach back)."""
+        drafts can reach back). head: an EAGLE-3 head (eagle.py): every decode then speculates in the engine,
+        max_draft_len tokens per step (a chain), as a TensorRT-LLM engine built with speculative_decoding_mode eagle.
+        draft_policy: "fixed" verifies every chain of max_draft_len drafts; "confidence" (EAGLE-2's signal: the head's
+        own probabilities estimate acceptance) verifies the prefix with the best expected tokens per unit of cost
+        (DraftCosts, measured at load), none when a plain decode step is the better buy."""
         self.model = model
+        self.head = head
+        self.max_draft_len = max_draft_len if head is not None else 0
+        self.draft_policy = draft_policy
+        # EAGLE draft length by confidence: forward cost by tokens fed and the head step's, in decode steps
+        self.costs: Optional[DraftCosts] = (measure_draft_costs(model, head, self.max_draft_len)
+                                            if head is not None and draft_policy == "confidence" else None)
         self.slack = diverge_slack
         self.max_seq_len = max_seq_len
         self.prefix_cache = PrefixCache(prefix_cache_bytes, kv_bytes_per_position(model))
@@ -189,7 +218,8 @@ class ReferenceEngine:
         for src, dst in ((entry.cache.k, fresh.k), (entry.cache.v, fresh.v)):
             for s, d in zip(src, dst):
                 d[:, :, :n] = s[:, :, :n]
-        return CacheEntry(list(entry.tokens[:n]), fresh)
+        head = entry.head.copy(max(n - 1, 0), max(capacity, n + 1)) if entry.head is not None else None
+        return CacheEntry(list(entry.tokens[:n]), fresh, head)
 
     def _acquire(self, tokens: Sequence[int], need: int) -> CacheEntry:
         """An entry valid for a prefix of `tokens` (never all of it: the last token is always re-fed) with
@@ -198,17 +228,95 @@ class ReferenceEngine:
         entry, n = self.prefix_cache.take(tokens, lambda e, m: self._copy_prefix(e, m, cap), self.slack)
         n = min(n, len(tokens) - 1)
         if entry is None:
-            return CacheEntry([], self.model.new_cache(1, cap))
-        if entry.capacity < need:  # grow: copy the valid prefix into a bigger cache
+            entry, n = CacheEntry([], self.model.new_cache(1, cap)), 0
+        elif entry.capacity < need:  # grow: copy the valid prefix into a bigger cache
             entry = self._copy_prefix(entry, n, max(cap, need))
+        if self.head is not None:  # the head's slots must cover the reused prefix: re-feed from its first stale slot
+            valid = entry.head.valid_slots(tokens) if entry.head is not None else 0
+            n = min(n, valid)
+            if entry.head is None:
+                entry.head = HeadState.new(self.head, max(cap, need))
+            elif entry.head.capacity < need:
+                entry.head = entry.head.copy(n, max(cap, need))
         entry.tokens = list(tokens[:n])
         return entry
+
+    def stop_drafting(self, conf: Sequence[float]) -> bool:
+        """Whether a chain is long enough: its next draft would be accepted with probability < STOP_CONFIDENCE."""
+        if self.costs is None:
+            return False
+        p = 1.0
+        for c in conf:
+            p *= c
+        return p < STOP_CONFIDENCE
+
+    def draft_count(self, conf: Sequence[float]) -> int:
+        """How many drafts of a chain to verify: all (fixed), else the n maximising expected tokens per cost, where
+        draft i is accepted (given the ones before) with the head's probability conf[i]."""
+        if self.costs is None:
+            return len(conf)
+        best, best_rate, expected, p = 0, 1.0 / (1.0 + self.costs.head), 1.0, 1.0
+        for n, c in enumerate(conf, 1):
+            p *= c
+            expected += p
+            rate = expected / (self.costs.verify(n) + n * self.costs.head)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
 
     def _check_len(self, input_ids: Sequence[int], new: int) -> None:
         if not input_ids:
             raise ValueError("input_ids is empty")
         if len(input_ids) + new > self.max_seq_len:
             raise ValueError(f"input ({len(input_ids)} tokens) + output ({new}) exceeds max_seq_len {self.max_seq_len}")
+
+
+STOP_CONFIDENCE = 0.05  # a chain stops growing when its next draft's estimated acceptance falls below this
+
+
+@dataclass(frozen=True)
+class DraftCosts:
+    """An EAGLE engine's costs in decode steps: verify(n) = a forward over n drafts + 1 / a one-token forward, head =
+    one head step / a one-token forward. On a GPU at small batch verify(n) ~ 1; on a CPU it is well above 1."""
+
+    verify_by_n: tuple[float, ...]  # index n - 1
+
+    head: float
+
+    def verify(self, n: int) -> float:
+        return self.verify_by_n[min(n, len(self.verify_by_n)) - 1]
+
+
+def measure_draft_costs(model: ReferenceModel, head: Eagle3Head, k: int, repeats: int = 3) -> DraftCosts:
+    """Time one-token and (n + 1)-token forwards (n = 1..k) on a scratch cache, and head steps (median of repeats)."""
+    from .eagle import HeadState, head_step
+
+    def median(f) -> float:
+        ts = []
+        for _ in range(repeats + 1):  # the first run warms up
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts[1:])[len(ts[1:]) // 2]
+
+    ctx = 64
+    cache = model.new_cache(1, ctx + k + 2)
+    aux = head.cfg.aux_layers
+
+    def fwd(n: int) -> None:
+        model.forward_packed(torch.zeros(n, dtype=torch.long), torch.arange(ctx, ctx + n), [(cache, n)],
+                             torch.arange(n), aux_layers=aux)
+
+    with torch.inference_mode():
+        model.forward_packed(torch.zeros(ctx, dtype=torch.long), torch.arange(ctx), [(cache, ctx)],
+                             torch.tensor([ctx - 1]))
+        one = median(lambda: fwd(1))
+        verify = tuple(median(lambda n=n: fwd(n + 1)) / one for n in range(1, k + 1))
+        state = HeadState.new(head, ctx + k + 2)
+        g = torch.zeros(1, head.cfg.hidden_size)
+        e = model.embed[:1]
+        step = median(lambda: head.logits(head_step(head, state, ctx, g, e)[0]))
+    return DraftCosts(verify, step / one)
 
 
 def accept_draft(draft: Sequence[int], draft_logits: Optional[torch.Tensor], logits: torch.Tensor,

@@ -17,7 +17,7 @@ stable across rebuilds.
 
 Run as a build step: python -m trt_spec.reference.export --checkpoint DIR --output_dir DIR --weights fp8
     --max_batch_size B --max_seq_len S --max_num_tokens N [--speculative_decoding_mode draft_tokens_external
-    --max_draft_len K]
+    --max_draft_len K] [--eagle_head DIR: an EAGLE-3 head, copied to eagle3/ in the engine (mode eagle)]
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
 
 
 def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = True,
-           build_config: dict | None = None) -> dict:
+           build_config: dict | None = None, eagle_head: Path | None = None) -> dict:
     if weights not in ("fp8", *STORE_DTYPES):
         raise ValueError(f"weights {weights!r}: the reference engine exports fp8, bf16, fp16 or fp32")
     t0 = time.monotonic()
@@ -169,6 +169,12 @@ def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = Tr
     for name in TOKENIZER_FILES:
         if (checkpoint / name).is_file():
             shutil.copy2(checkpoint / name, out / name)
+    if eagle_head is not None:  # the head rides in the engine (fp32: small next to the target, read every step)
+        from .eagle import HEAD_DIR
+
+        (out / HEAD_DIR).mkdir(exist_ok=True)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy2(eagle_head / name, out / HEAD_DIR / name)
     report = {"weights": weights, **stats}
     if check_agreement and (checkpoint / "tokenizer.json").is_file():
         report.update(top1_agreement(config, {k: v.float() for k, v in sd.items()}, load_engine_state_dict(out), checkpoint))
@@ -191,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max_num_tokens", type=int, required=True)
     ap.add_argument("--speculative_decoding_mode", default=None)
     ap.add_argument("--max_draft_len", type=int, default=0)
+    ap.add_argument("--eagle_head", default=None, help="an EAGLE-3 head directory to carry (speculative mode eagle)")
+    ap.add_argument("--eagle_draft_policy", default="confidence", choices=["confidence", "fixed"],
+                    help="mode eagle: verify the chain's best prefix by the head's confidence, or always all of it")
     # trtllm-build's --logits_dtype: the stand-in applies the kernels' temperature rule and clamp in this dtype
     ap.add_argument("--logits_dtype", default=LOGITS_DTYPE, choices=LOGITS_DTYPES)
     a = ap.parse_args(argv)
@@ -198,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     build_config = {"max_batch_size": a.max_batch_size, "max_seq_len": a.max_seq_len, "max_num_tokens": a.max_num_tokens,
                     "max_beam_width": 1, "speculative_decoding_mode": a.speculative_decoding_mode,
                     "max_draft_len": a.max_draft_len, "gather_generation_logits": True, "logits_dtype": a.logits_dtype}
-    meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check, build_config)
+    if a.eagle_head:
+        build_config["eagle_draft_policy"] = a.eagle_draft_policy
+    meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check, build_config,
+                  Path(a.eagle_head) if a.eagle_head else None)
     print(json.dumps({**meta["quantization_report"], "seconds": meta["seconds"]}))
     return 0
 

@@ -352,12 +352,14 @@ class ReferenceModel:
         input_pos: torch.Tensor,
         segments: Sequence[tuple[KVCache, int]],
         logits_at: torch.Tensor,
-    ) -> torch.Tensor:
+        aux_layers: Sequence[int] = (),
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Ragged batch of sequences, each with its own batch-1 cache: one pass over all new tokens.
 
         tokens, input_pos: [T] int64, the new tokens of every sequence concatenated; segments: (cache, n) per
         sequence in that order, its n tokens at contiguous positions; logits_at: [N] indices into T.
-        Returns logits [N, V]. The linear layers (the weight reads) run once over all T rows; attention runs
+        Returns logits [N, V]; with aux_layers, also the inputs of those layers at every token, concatenated in that
+        order ([T, len(aux_layers) * H]: the features an EAGLE-3 head reads, eagle.py). The linear layers (the weight reads) run once over all T rows; attention runs
         per sequence against its own cache, exactly as `forward` runs it for that sequence alone. Row results
         of the oneDNN linear do not depend on the row count, so a sequence's logits equal its solo `forward`
         bit for bit except where the solo call had one row (decode: MKL gemv; ~1e-6 relative difference).
@@ -399,7 +401,10 @@ class ReferenceModel:
         x = F.embedding(tokens[None], self.embed)  # [1, T, H]
         nq, nk, D = c.num_heads, c.num_kv_heads, c.head_dim
         row0 = torch.zeros(1, 1, dtype=torch.long)
+        aux = {li: None for li in aux_layers}
         for li, layer in enumerate(self.layers):
+            if li in aux:
+                aux[li] = x[0]
             h = F.rms_norm(x, (c.hidden_size,), layer.attn_norm, c.rms_norm_eps)
             qkv = _rows(layer.qkv, h)  # [1, T, (nq + 2 nk) * D]
             qk = qkv[..., : (nq + nk) * D].view(1, T, nq + nk, D)
@@ -421,7 +426,10 @@ class ReferenceModel:
             x = x + _rows(layer.down, F.silu(gate) * up)
 
         x = F.rms_norm(x[:, logits_at], (c.hidden_size,), self.norm, c.rms_norm_eps)  # [1, N, H]
-        return _rows(self.lm_head, x)[0]
+        logits = _rows(self.lm_head, x)[0]
+        if aux_layers:
+            return logits, torch.cat([aux[li] for li in aux_layers], -1)
+        return logits
 
 
 def _expected_keys(config: ModelConfig, sd: Mapping[str, torch.Tensor]) -> dict[str, bool]:

@@ -20,14 +20,19 @@ import torch
 from ..records import backend_contract as bc
 from ..records.defaults import PREFIX_CACHE_TOKENS, TOKENS_PER_BLOCK
 from .batching import BatchScheduler, Handle
-from .engine import CallResult, ReferenceEngine, Sampling, kv_bytes_per_position, load_engine
+from .engine import CallResult, ReferenceEngine, Sampling, kv_bytes_per_position, load_engine, load_head
 from .export import read_engine_meta
+from .eagle import Eagle3Head
 from .model import ReferenceModel
 
 INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
 # The executor refuses a speculative target without KV-cache block reuse (draft tokens are verified against
 # the reused prefix): TensorRT-LLM 1.2 trtGptModelInflightBatching.cpp.
 REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding target model"
+# The reference engine's own load error for an eagle engine exported without its head (not a TensorRT-LLM message:
+# trtllm-build bakes the heads into the engine, so a TensorRT-LLM eagle engine cannot lack them).
+EAGLE_HEAD_MISSING = ("the engine was built with speculative_decoding_mode eagle but carries no EAGLE-3 head "
+                      "(eagle3/ in the engine directory); rebuild it with `trt-spec build CONFIG`")
 
 
 def model_parameters(model_config: Mapping) -> dict[str, str]:
@@ -42,8 +47,10 @@ class StandIn:
     def __init__(self, name: str, model: ReferenceModel, limits: bc.EngineLimits, params: Mapping[str, str], *,
                  decoupled: bool = False, declared: Optional[Iterable[str]] = None,
                  config_logits_dtype: str = bc.LOGITS_DTYPE, max_queue_size: Optional[int] = None,
-                 on_iteration: Optional[Callable[[], None]] = None):
-        """Raises bc.ContractError (the backend's load error) for parameters a GPU would not load either."""
+                 on_iteration: Optional[Callable[[], None]] = None, head: Optional[Eagle3Head] = None,
+                 draft_policy: str = "confidence"):
+        """Raises bc.ContractError (the backend's load error) for parameters a GPU would not load either. head: the
+        EAGLE-3 head of an engine built with speculative_decoding_mode eagle (it speculates in every decode)."""
         self.name, self.limits, self.params = name, limits, dict(params)
         bc.check_parameters(self.params)
         self.decoupled = decoupled
@@ -57,7 +64,11 @@ class StandIn:
         chunked = bc.parse_bool(bc.parameter(self.params, "enable_chunked_context"), "enable_chunked_context")
         tokens = bc.parameter(self.params, "max_tokens_in_paged_kv_cache")
         budget = (int(tokens) if tokens else PREFIX_CACHE_TOKENS) * kv_bytes_per_position(model) if reuse else 0
-        self.engine = ReferenceEngine(model, limits.max_seq_len, budget, diverge_slack=limits.max_draft_len + 1)
+        if limits.speculative_decoding_mode == "eagle" and head is None:
+            raise bc.ContractError(bc.LOAD_ERROR.format(msg=EAGLE_HEAD_MISSING))
+        self.engine = ReferenceEngine(model, limits.max_seq_len, budget, diverge_slack=limits.max_draft_len + 1,
+                                      head=head if limits.speculative_decoding_mode == "eagle" else None,
+                                      max_draft_len=limits.max_draft_len, draft_policy=draft_policy)
         self.scheduler = BatchScheduler(
             self.engine, max_batch_size=limits.max_batch_size, max_num_tokens=limits.max_num_tokens,
             max_queue_size=max_queue_size, chunked_context=chunked, on_iteration=on_iteration)
@@ -85,9 +96,10 @@ class StandIn:
         config it was exported with."""
         engine_dir = params["gpt_model_path"]
         model = load_engine(engine_dir)
-        limits = bc.EngineLimits.from_build_config(read_engine_meta(engine_dir)["build_config"],
-                                                   vocab_size=model.config.vocab_size)
-        return cls(name, model, limits, params, **kw)
+        build = read_engine_meta(engine_dir)["build_config"]
+        limits = bc.EngineLimits.from_build_config(build, vocab_size=model.config.vocab_size)
+        return cls(name, model, limits, params, head=load_head(engine_dir, model),
+                   draft_policy=build.get("eagle_draft_policy", "confidence"), **kw)
 
     def close(self, timeout: Optional[float] = None) -> None:
         self.scheduler.close(timeout)
@@ -106,8 +118,9 @@ class StandIn:
                         1.0 if greedy or req.top_p == 0.0 else req.top_p, req.seed,
                         kernel_temperature=req.temperature, logits_dtype=self.limits.logits_dtype)
 
-    def submit(self, req: bc.EngineRequest, on_token: Optional[Callable[[int], None]] = None) -> Handle:
-        """Hand a checked request to the scheduler: a verification when it carries draft tokens, else a decode.
+    def submit(self, req: bc.EngineRequest, on_tokens: Optional[Callable[[list[int]], None]] = None) -> Handle:
+        """Hand a checked request to the scheduler: a verification when it carries draft tokens, else a decode
+        (on_tokens gets each step's new tokens: one, or on an EAGLE engine the accepted drafts + one).
         Raises reference.batching.QueueFullError (the executor's refusal) or bc.ContractError."""
         if req.bad_words:
             raise bc.ContractError("bad_words is not supported by the reference engine; drop it from the request")
@@ -118,7 +131,7 @@ class StandIn:
             return self.scheduler.submit_verify(req.input_ids, draft, sampling, draft_logits=dl, end_id=req.end_id)
         return self.scheduler.submit_generate(req.input_ids, req.output_len, sampling, end_id=req.end_id,
                                               stop_words=req.stop_words, return_logits=req.return_generation_logits,
-                                              on_token=on_token)
+                                              on_tokens=on_tokens)
 
     def response(self, req: bc.EngineRequest, tokens: list[int], progress: Optional[CallResult] = None,
                  logits: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:

@@ -35,10 +35,15 @@ class LocalEngines:
         responses = []
         try:
             req = s.parse(inputs, outputs)
-            # a streamed decode: the engine thread hands a response per token to the event loop
-            on_token = ((lambda token: loop.call_soon_threadsafe(streamed.put_nowait, s.response(req, [token], None)))
-                        if req.streaming and not req.draft_tokens else None)
-            handle = s.submit(req, on_token)
+            # a streamed decode: the engine thread hands a response per engine step to the event loop
+            held: list = []
+
+            def on_tokens(tokens: list[int]) -> None:
+                progress = held[0].progress if held else None
+                loop.call_soon_threadsafe(streamed.put_nowait, s.response(req, tokens, progress))
+
+            handle = s.submit(req, on_tokens if req.streaming and not req.draft_tokens else None)
+            held.append(handle)
             done = asyncio.wrap_future(handle.future)
             while True:
                 getter = asyncio.ensure_future(streamed.get())

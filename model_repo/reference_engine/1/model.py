@@ -98,13 +98,14 @@ class TritonPythonModel:
             if cancelled:
                 f.handle.cancel()
 
-    def _stream(self, f, token):
-        """on_token (engine thread): one streaming response per token."""
+    def _stream(self, f, tokens):
+        """on_tokens (engine thread): one streaming response per engine step (one token, or an EAGLE step's accepted
+        drafts + one, as the backend streams a speculative step)."""
         with f.lock:
             if f.final:
                 return
             try:
-                resp = self._response(f.req, [token], f.handle.progress)
+                resp = self._response(f.req, tokens, f.handle.progress)
             except ContractError as e:  # fillTritonResponse: one final error response, the request is over
                 f.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), FINAL)
                 f.handle.cancel()
@@ -168,8 +169,8 @@ class TritonPythonModel:
             send(self._response(req, []), FINAL)
             return None
         f = _InFlight(request, req, send, final)
-        on_token = (lambda t: self._stream(f, t)) if req.streaming and not req.draft_tokens else None
-        handle = self.standin.submit(req, on_token)
+        on_tokens = (lambda t: self._stream(f, t)) if req.streaming and not req.draft_tokens else None
+        handle = self.standin.submit(req, on_tokens)
         with f.lock:  # the callbacks wait until the handle is recorded
             f.handle = handle
             with self._registry:

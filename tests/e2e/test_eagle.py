@@ -1,0 +1,70 @@
+"""EAGLE in the engine on a real tritonserver: the target engine drafts with its trained EAGLE-3 head and verifies in
+its own forward. The ensemble and the BLS (engine mode) answer exactly what the baseline engine answers, streamed and
+unary, over both protocols; the BLS reports the engine's own draft counts; the engine streams whole steps."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from trt_spec.harness.client import LLMClient
+from trt_spec.records import backend_contract as bc
+from trt_spec.records.names import BASELINE_ENGINE, TARGET
+
+from .test_harness import cli, tokenizer_dir
+
+
+def test_check_passes_and_bench_reports_in_engine_acceptance(eagle_server):
+    for proto, url in (("grpc", eagle_server.grpc_url), ("http", eagle_server.http_url)):
+        r = cli("check", "--url", url, "--protocol", proto, "--prompts", "code", "--max-tokens", "24", "--limit", "3",
+                "--tokenizer", tokenizer_dir(eagle_server), "--format", "json")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(r.stdout)
+        assert rep["passed"] and rep["match_rate"] == 1.0
+    from trt_spec.harness.bench import paired_ab
+    from trt_spec.harness.prompts import Prompt
+
+    prompts = [Prompt("def add(a, b):\n    return", 24), Prompt("The quick brown fox", 24)]
+    for proto, url in (("grpc", eagle_server.grpc_url), ("http", eagle_server.http_url)):
+        rep = paired_ab(LLMClient(url, proto), prompts, k=4, warmup=0)
+        acc = rep["acceptance"]
+        assert acc["drafted"] > 0 and 0 < acc["accepted"] <= acc["drafted"]
+        assert rep["speedup"] > 0
+
+
+def test_the_engine_streams_whole_steps_with_its_draft_counts(eagle_server):
+    """One streamed request straight to the eagle engine: each response carries a step's tokens (some more than one),
+    the perf outputs count the drafts; the tokens equal the baseline engine's."""
+    import tritonclient.grpc as grpcclient
+
+    prompt = [5, 17, 99, 3, 42, 8, 8, 61, 12, 40]
+
+    def run(model, stream):
+        c = grpcclient.InferenceServerClient(eagle_server.grpc_url.split("://")[-1])
+        ins = []
+        for name, arr in ((bc.INPUT_IDS, np.asarray([prompt], np.int32)),
+                          (bc.INPUT_LENGTHS, np.asarray([[len(prompt)]], np.int32)),
+                          (bc.REQUEST_OUTPUT_LEN, np.asarray([[32]], np.int32)),
+                          (bc.STREAMING, np.asarray([[stream]], bool)),
+                          (bc.RETURN_PERF_METRICS, np.asarray([[True]], bool))):
+            t = grpcclient.InferInput(name, list(arr.shape), "BOOL" if arr.dtype == bool else "INT32")
+            t.set_data_from_numpy(arr)
+            ins.append(t)
+        outs = [grpcclient.InferRequestedOutput(n) for n in (*bc.MANDATORY_OUTPUTS, *bc.SPEC_PERF_OUTPUTS)]
+        got = []
+        c.start_stream(callback=lambda result, error: got.append(error or result))
+        c.async_stream_infer(model, ins, outputs=outs)
+        c.stop_stream()  # waits for the final response
+        c.close()
+        errors = [g for g in got if isinstance(g, Exception)]
+        assert not errors, errors
+        return [g.as_numpy(bc.OUTPUT_IDS).reshape(-1).tolist() for g in got], got
+
+    steps, got = run(TARGET, True)
+    base, _ = run(BASELINE_ENGINE, True)
+    flat = [t for s in steps for t in s]
+    assert flat == [t for s in base for t in s] and len(flat) == 32
+    assert max(len(s) for s in steps) > 1
+    drafted = int(got[-1].as_numpy("total_draft_tokens").reshape(-1)[0])
+    assert drafted > 0

@@ -1,0 +1,291 @@
+"""EAGLE-3 draft head: the module (trained by train_eagle.py), its checkpoint layout, and in-engine drafting.
+
+The head reads the target's own hidden states. Per position t it takes the target's features at three layers
+(f_t: the inputs of layers `aux_layers`, concatenated [3H]) and the embedding of the next token x_{t+1}, and predicts
+x_{t+2}. Architecture (EAGLE-3, Li et al. 2025; one decoder layer whose attention reads [embedding ; hidden], 2H wide):
+
+    g = fc(f_t)                                  # 3H -> H (drafting steps after the first feed back the head's own
+                                                 #         pre-norm output instead, H wide: no fc)
+    a = attn(cat(input_layernorm(e(x_{t+1})), hidden_norm(g)))   # q/k/v read 2H
+    r = g + o_proj(a);  h = r + mlp(post_attention_layernorm(r))  # h: the pre-norm output, fed back
+    logits = lm_head(norm(h))                    # over the draft vocabulary; target id = draft id + d2t[draft id]
+
+Checkpoint layout (what TensorRT-LLM's LLM API, vLLM and SGLang load; see EAGLE3_LAYOUT_SOURCES): config.json with
+architectures ["LlamaForCausalLMEagle3"], num_hidden_layers 1, draft_vocab_size, the target's hidden size, and
+eagle_config.eagle_aux_hidden_state_layer_ids; model.safetensors with `fc.weight`, `midlayer.*` (input_layernorm,
+hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj), `norm.weight`,
+`lm_head.weight`, `d2t` (int64 [draft_vocab]) and `t2d` (bool [vocab]). The embedding is the target's (not stored).
+
+Drafting (a chain of k tokens, as the engine verifies it: one target forward over [x_n, d1..dk]): the head keeps its
+own K/V per sequence (`HeadState`, slot t = (f_t, x_{t+1}) at rope position t); after each verification the accepted
+positions' slots are written in one multi-row pass whose last output drafts d1, then k - 1 single-row steps feed
+back the head's own output (slots after the context are scratch, overwritten next round).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+HEAD_DIR = "eagle3"  # an engine directory's head (a target engine exported with --eagle_head)
+REPORT_NAME = "trt_spec_eagle.json"
+# The default target layers whose inputs feed the head: vLLM's and TensorRT-LLM's default
+# (2, num_layers // 2, num_layers - 3) when the head's config names none.
+EAGLE3_LAYOUT_SOURCES = (
+    "vllm-project/vllm vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM.load_weights, LlamaModel.fc)",
+    "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_speculative.py (Eagle3ForCausalLM, Eagle3DecoderLayer)",
+)
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """(2, L // 2, L - 3), each kept inside 0..L - 1 (tiny test models have fewer than 5 layers)."""
+    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    aux_layers: tuple[int, ...]
+
+    def to_hf(self, target_cfg: dict) -> dict:
+        """config.json of the head (EAGLE-3 layout)."""
+        return {
+            "architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
+            "hidden_size": self.hidden_size, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size, "hidden_act": "silu", "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+            "max_position_embeddings": target_cfg.get("max_position_embeddings", 2048),
+            "bos_token_id": target_cfg.get("bos_token_id"), "eos_token_id": target_cfg.get("eos_token_id"),
+            "tie_word_embeddings": False, "torch_dtype": "float32", "target_hidden_size": self.hidden_size,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True,
+                             "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True},
+        }
+
+    @classmethod
+    def from_hf(cls, cfg: dict, target_num_layers: Optional[int] = None) -> "HeadConfig":
+        if ARCHITECTURE not in (cfg.get("architectures") or []):
+            raise ValueError(f"not an EAGLE-3 head: architectures {cfg.get('architectures')}, expected [{ARCHITECTURE!r}]")
+        ec = cfg.get("eagle_config") or {}
+        aux = ec.get("eagle_aux_hidden_state_layer_ids")
+        if aux is None:
+            if target_num_layers is None:
+                raise ValueError("the head's config names no eagle_aux_hidden_state_layer_ids")
+            aux = default_aux_layers(target_num_layers)
+        heads = cfg["num_attention_heads"]
+        return cls(cfg["hidden_size"], heads, cfg.get("num_key_value_heads") or heads,
+                   cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"], cfg["vocab_size"],
+                   cfg.get("draft_vocab_size") or cfg["vocab_size"], float(cfg.get("rms_norm_eps", 1e-6)),
+                   float(cfg.get("rope_theta", 10000.0)), tuple(int(i) for i in aux))
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x [..., S, D] rotated at positions pos [S] (or broadcastable [..., S])."""
+    f = pos[..., None].float() * inv_freq  # [..., S, D/2]
+    cos, sin = torch.cat((f, f), -1).cos(), torch.cat((f, f), -1).sin()
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat((-x2, x1), -1) * sin
+
+
+class Eagle3Head(nn.Module):
+    """The head's weights under the checkpoint's names (state_dict() is the layout); `train_forward` is training-time
+    test (TTT) over whole sequences; `HeadState` drafts with it at serving time."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, D = cfg.hidden_size, cfg.head_dim
+        self.fc = nn.Linear(len(cfg.aux_layers) * H, H, bias=False)
+        self.midlayer = nn.Module()
+        m = self.midlayer
+        m.input_layernorm = _RMSNorm(H, cfg.rms_norm_eps)
+        m.hidden_norm = _RMSNorm(H, cfg.rms_norm_eps)
+        m.self_attn = nn.Module()
+        m.self_attn.q_proj = nn.Linear(2 * H, cfg.num_heads * D, bias=False)
+        m.self_attn.k_proj = nn.Linear(2 * H, cfg.num_kv_heads * D, bias=False)
+        m.self_attn.v_proj = nn.Linear(2 * H, cfg.num_kv_heads * D, bias=False)
+        m.self_attn.o_proj = nn.Linear(cfg.num_heads * D, H, bias=False)
+        m.post_attention_layernorm = _RMSNorm(H, cfg.rms_norm_eps)
+        m.mlp = nn.Module()
+        m.mlp.gate_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
+        m.mlp.up_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
+        m.mlp.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False)
+        self.norm = _RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.register_buffer("inv_freq", 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2).float() / D)),
+                             persistent=False)
+
+    # -- pieces shared by training and drafting -----------------------------------------------------------------
+    def qkv(self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor):
+        """q [.., nh, S, D], k/v [.., nkv, S, D] (rotated) for embeddings and hidden inputs [.., S, H]."""
+        m, c = self.midlayer, self.cfg
+        x = torch.cat((m.input_layernorm(emb), m.hidden_norm(g)), -1)
+        S = x.shape[-2]
+        q = m.self_attn.q_proj(x).unflatten(-1, (c.num_heads, c.head_dim)).transpose(-3, -2)
+        k = m.self_attn.k_proj(x).unflatten(-1, (c.num_kv_heads, c.head_dim)).transpose(-3, -2)
+        v = m.self_attn.v_proj(x).unflatten(-1, (c.num_kv_heads, c.head_dim)).transpose(-3, -2)
+        assert q.shape[-2] == S
+        return _rope(q, pos, self.inv_freq), _rope(k, pos, self.inv_freq), v
+
+    def finish(self, g: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The pre-norm output h [.., S, H] from the hidden input g and the attention output [.., nh, S, D]."""
+        m = self.midlayer
+        r = g + m.self_attn.o_proj(attn.transpose(-3, -2).flatten(-2))
+        y = m.post_attention_layernorm(r)
+        return r + m.mlp.down_proj(F.silu(m.mlp.gate_proj(y)) * m.mlp.up_proj(y))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of pre-norm outputs."""
+        return self.lm_head(self.norm(h))
+
+    def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [.., Vd] -> the target's vocabulary [.., V] (-inf outside the draft vocabulary)."""
+        out = draft_logits.new_full((*draft_logits.shape[:-1], self.cfg.vocab_size), float("-inf"))
+        out[..., self.target_ids] = draft_logits
+        return out
+
+    @property
+    def target_ids(self) -> torch.Tensor:
+        return torch.arange(self.cfg.draft_vocab_size) + self.d2t
+
+    def draft_index(self, token: int) -> int:
+        """The draft-vocabulary index of a target token id (it must be in the draft vocabulary)."""
+        return int(torch.searchsorted(self.target_ids, token))
+
+    # -- training-time test ---------------------------------------------------------------------------------------
+    def train_forward(self, feats: torch.Tensor, emb_steps: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """feats [B, T, 3H]; emb_steps[j] [B, T, H]: the token embeddings step j reads at each position (step j at
+        position t reads x_{t+1+j}). Returns the draft logits of every step [B, T, Vd].
+
+        Step j at position t attends to step 0's keys at positions <= t and to steps 1..j's keys at position t only,
+        exactly what drafting j tokens past position t sees (its own earlier drafts, then the context)."""
+        c = self.cfg
+        B, T, _ = feats.shape
+        G = c.num_heads // c.num_kv_heads
+        scale = 1.0 / math.sqrt(c.head_dim)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        g = self.fc(feats)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        out = []
+        base = torch.arange(T)
+        for j, emb in enumerate(emb_steps):
+            q, k, v = self.qkv(emb, g, base + j)
+            keys.append(k.repeat_interleave(G, 1))
+            values.append(v.repeat_interleave(G, 1))
+            s0 = (q @ keys[0].transpose(-1, -2)) * scale  # [B, nh, T, T]
+            s0 = s0.masked_fill(~causal, float("-inf"))
+            diag = [(q * keys[i]).sum(-1, keepdim=True) * scale for i in range(1, j + 1)]  # [B, nh, T, 1] each
+            p = torch.softmax(torch.cat([s0, *diag], -1), -1)
+            attn = p[..., :T] @ values[0]
+            for i in range(1, j + 1):
+                attn = attn + p[..., T + i - 1 : T + i] * values[i]
+            g = self.finish(g, attn)
+            out.append(self.logits(g))
+        return out
+
+    # -- checkpoint -----------------------------------------------------------------------------------------------
+    def save(self, out_dir: Path, target_cfg: dict) -> None:
+        from safetensors.torch import save_file
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sd = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        save_file(dict(sorted(sd.items())), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        (out_dir / "config.json").write_text(json.dumps(self.cfg.to_hf(target_cfg), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, head_dir: str | Path, target_num_layers: Optional[int] = None) -> "Eagle3Head":
+        from safetensors.torch import load_file
+
+        d = Path(head_dir)
+        cfg = HeadConfig.from_hf(json.loads((d / "config.json").read_text()), target_num_layers)
+        head = cls(cfg)
+        sd = load_file(str(d / "model.safetensors"))
+        sd = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items() if not k.startswith("embed_tokens")}
+        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()})
+        head.eval()
+        return head
+
+
+@dataclass
+class HeadState:
+    """One sequence's head K/V (slot t holds (f_t, x_{t+1}) at rope position t) and the tokens they are valid for:
+    slots 0..len(tokens) - 2 (slot t needs x_{t+1})."""
+
+    k: torch.Tensor  # [nkv, capacity, D]
+    v: torch.Tensor
+    tokens: list[int] = field(default_factory=list)
+
+    @classmethod
+    def new(cls, head: Eagle3Head, capacity: int) -> "HeadState":
+        c = head.cfg
+        return cls(torch.zeros(c.num_kv_heads, capacity, c.head_dim), torch.zeros(c.num_kv_heads, capacity, c.head_dim))
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1]
+
+    def valid_slots(self, tokens: Sequence[int]) -> int:
+        """Slots valid for a sequence starting with `tokens`."""
+        n = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            n += 1
+        return max(n - 1, 0)
+
+    def copy(self, slots: int, capacity: int) -> "HeadState":
+        k = torch.zeros(self.k.shape[0], capacity, self.k.shape[2])
+        v = torch.zeros_like(k)
+        n = min(slots, capacity, self.capacity)
+        k[:, :n], v[:, :n] = self.k[:, :n], self.v[:, :n]
+        return HeadState(k, v, list(self.tokens[: n + 1]))
+
+
+@torch.inference_mode()
+def head_step(head: Eagle3Head, state: HeadState, start: int, g: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    """Write slots start..start+S-1 from hidden inputs g [S, H] (fc already applied to target features) and next-token
+    embeddings emb [S, H]; return the pre-norm outputs h [S, H]. Each slot attends to slots <= itself."""
+    c = head.cfg
+    S = g.shape[0]
+    if start + S > state.capacity:
+        grown = state.copy(start, max(2 * state.capacity, start + S + 64))
+        state.k, state.v = grown.k, grown.v
+    pos = torch.arange(start, start + S)
+    q, k, v = head.qkv(emb, g, pos)  # q [nh, S, D], k/v [nkv, S, D]
+    state.k[:, start : start + S], state.v[:, start : start + S] = k, v
+    G = c.num_heads // c.num_kv_heads
+    kv = start + S
+    K = state.k[:, :kv].repeat_interleave(G, 0)
+    V = state.v[:, :kv].repeat_interleave(G, 0)
+    mask = torch.arange(kv)[None, :] <= pos[:, None]  # [S, kv]
+    attn = F.scaled_dot_product_attention(q[None], K[None], V[None], attn_mask=mask)[0]
+    return head.finish(g, attn)
