@@ -62,5 +62,6 @@ test-all: setup
 clean:
 	rm -rf build .pytest_cache
 
+# make demo DEMO=build_configs/cpu-smollm2-eagle.yaml: the same run on another CPU config (default: trt-spec's)
 demo: setup
-	$(BIN)/trt-spec demo
+	$(BIN)/trt-spec demo $(DEMO)

@@ -1,14 +1,14 @@
 """EAGLE vs n-gram vs the distilled draft model on the CPU deployment, on the same prompts, in one run.
 
-For each config (default: build_configs/cpu-smollm2-{eagle,ngram,draft}.yaml): build it (resumable: a built config is
-reused), write its Triton repository, serve it on a real tritonserver, and for each prompt set run the paired A/B the
+For each config (default: build_configs/cpu-smollm2-{eagle,ngram,draft}.yaml; `trt-spec build` each first, or pass
+--build): write its Triton repository, serve it on a real tritonserver, and for each prompt set run the paired A/B the
 `bench` command runs (baseline `ensemble` vs speculative `tensorrt_llm_bls`, alternating, streamed, greedy, the target's
 chat template applied) at 1 in flight, then the concurrency sweep on the first set. Then, in process, over the same
 prompts on the served engines (the same StandIn the python model wraps): per-position acceptance and mean acceptance
 length (speculation.py's one definition: 1 + accepted / speculative rounds), the cost c of a draft step relative to a
 target decode step, the verification cost r, and the Leviathan bound for the measured α and c.
 
-    python benchmarks/compare_modes.py [--limit 8] [--max-tokens 96] [--sweep 1 2 4 8] [--out build/compare]
+    python benchmarks/compare_modes.py [--limit 8] [--max-tokens 96] [--sweep 1 2 4 8] [--out build/compare] [--build]
 
 Prints one Markdown report (ratios measured in this run) and writes compare.json. Needs a quiet machine: a busy one
 skews every ratio.
@@ -33,20 +33,22 @@ def log(msg: str) -> None:
     print(f"[compare] {msg}", file=sys.stderr, flush=True)
 
 
-def build_and_repo(config: Path) -> tuple[Path, object]:
-    from trt_spec.build.plan import make_plan
-    from trt_spec.build.preflight import run_preflight
+def build_and_repo(config: Path, build: bool) -> tuple[Path, object]:
+    """The config's build (run first with --build: resumable, but a build made by another interpreter path reruns),
+    and a Triton repository written from it."""
+    from trt_spec.build.pipeline import plan_for
     from trt_spec.build.runner import run_plan
     from trt_spec.records.config import load_config
     from trt_spec.records.manifest import BuildManifest
     from trt_spec.serve.repository import write_repository
 
-    cfg = load_config(config)
-    t0 = time.monotonic()
-    run_plan(make_plan(cfg, run_preflight(cfg, None, require_checkpoints=True), config), config_path=config)
-    log(f"{config.name}: built ({time.monotonic() - t0:.0f} s)")
-    manifest = BuildManifest.read(Path(cfg.output_dir))
-    repo = Path(cfg.output_dir) / "compare_repo"
+    plan = plan_for(load_config(config), config)
+    if build:
+        t0 = time.monotonic()
+        run_plan(plan, config_path=config)
+        log(f"{config.name}: built ({time.monotonic() - t0:.0f} s)")
+    manifest = BuildManifest.read(Path(plan.output_dir))
+    repo = Path(plan.output_dir) / "compare_repo"
     write_repository(manifest, repo)
     return repo, manifest
 
@@ -70,8 +72,9 @@ def costs_and_rounds(manifest, k: int, prompts, tokenizer) -> dict:
     from trt_spec.reference.engine import Sampling, measure_draft_costs
     from trt_spec.reference.standin import StandIn
 
-    params = {"gpt_model_path": manifest.engines["target"], "enable_kv_cache_reuse": "true",
-              "gpt_model_type": "inflight_fused_batching"}
+    params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": manifest.engines["target"].dir,
+              "enable_kv_cache_reuse": "true", "enable_chunked_context": "false", "tokenizer_dir": "",
+              "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
     target = StandIn.from_engine_dir("tensorrt_llm", params)
     eng, out = target.engine, {}
     try:
@@ -103,7 +106,7 @@ def costs_and_rounds(manifest, k: int, prompts, tokenizer) -> dict:
             out["c"] = 0.0
             if "draft" in manifest.engines:
                 d = StandIn.from_engine_dir("tensorrt_llm_draft", {**params,
-                                                                   "gpt_model_path": manifest.engines["draft"]})
+                                                                   "gpt_model_path": manifest.engines["draft"].dir})
                 try:
                     dm = d.engine.model
                     dc = dm.new_cache(1, 256)
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--sweep", type=int, nargs="*", default=[1, 2, 4, 8], help="concurrency levels (first set)")
     ap.add_argument("--out", default="build/compare")
+    ap.add_argument("--build", action="store_true", help="build the configs first (default: `trt-spec build` them)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from trt_spec.harness.bench import concurrency_sweep, paired_ab
@@ -145,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     for config in a.config or CONFIGS:
         config = ROOT / config
         k = load_config(config).speculative.max_draft_len
-        repo, manifest = build_and_repo(config)
-        tok = load_tokenizer(manifest.engines["target"])
+        repo, manifest = build_and_repo(config, a.build)
+        tok = load_tokenizer(manifest.engines["target"].dir)
         server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                               log_path=out / f"{config.stem}.log")
         res: dict = {"config": str(config.relative_to(ROOT)), "k": k, "sets": {}}
