@@ -40,6 +40,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..records.backend_contract import QUEUE_FULL
+from .eagle import head_step
 from .engine import CacheEntry, CallResult, ReferenceEngine, Sampling, _ends_with_stop, accept_draft, cut_at_end
 from .sampling import select
 
@@ -403,8 +404,6 @@ class BatchScheduler:
 
     def _draft_next(self, seq: _Seq) -> None:
         """The head's slots for the positions accepted since the last step, then a chain of drafts from them."""
-        from .eagle import head_step
-
         head, entry, res = self.engine.head, seq.entry, seq.result
         full = seq.input_ids + res.tokens  # the last token (the newest) is fed next
         start, end = seq.feat_pos, len(entry.tokens)  # slots start..end-1 get (features, next token)

@@ -148,11 +148,9 @@ class Eagle3Head(nn.Module):
         """q [.., nh, S, D], k/v [.., nkv, S, D] (rotated) for embeddings and hidden inputs [.., S, H]."""
         m, c = self.midlayer, self.cfg
         x = torch.cat((m.input_layernorm(emb), m.hidden_norm(g)), -1)
-        S = x.shape[-2]
         q = m.self_attn.q_proj(x).unflatten(-1, (c.num_heads, c.head_dim)).transpose(-3, -2)
         k = m.self_attn.k_proj(x).unflatten(-1, (c.num_kv_heads, c.head_dim)).transpose(-3, -2)
         v = m.self_attn.v_proj(x).unflatten(-1, (c.num_kv_heads, c.head_dim)).transpose(-3, -2)
-        assert q.shape[-2] == S
         return _rope(q, pos, self.inv_freq), _rope(k, pos, self.inv_freq), v
 
     def finish(self, g: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -382,8 +383,6 @@ def run(cfg: TrainConfig, log: Optional[Callable[[str], None]] = None) -> dict:
     log(f"held-out agreement per step: {', '.join(f'{a:.3f}' for a in acc)}")
     tmp = cfg.out_dir.with_name(cfg.out_dir.name + ".tmp")
     if tmp.exists():
-        import shutil
-
         shutil.rmtree(tmp)
     head.save(tmp, tcfg)
     params = sum(p.numel() for p in head.parameters())
@@ -401,8 +400,6 @@ def run(cfg: TrainConfig, log: Optional[Callable[[str], None]] = None) -> dict:
     }
     (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     if cfg.out_dir.exists():
-        import shutil
-
         shutil.rmtree(cfg.out_dir)
     tmp.rename(cfg.out_dir)
     return report
