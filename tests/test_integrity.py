@@ -157,7 +157,8 @@ def test_engine_model_initialize_runs_the_check(built, monkeypatch):
     write_repository(BuildManifest.read(built["build"]), repo)
     mdir = repo / "tensorrt_llm"
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils",
-                        types.SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=1))
+                        types.SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=1,
+                                              Logger=types.SimpleNamespace(log_error=print, log_info=print)))
     spec = importlib.util.spec_from_file_location("reference_engine_model", mdir / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -168,6 +168,11 @@ def test_server_pod(rendered):
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
     assert {e["name"]: e["value"] for e in c["env"]}["TRTLLM_ORCHESTRATOR"] == "1"  # draft + TP2: orchestrator mode
     assert [i["name"] for i in spec["initContainers"]] == ["install-trt-spec", "wait-for-repository"]
+    # SIGTERM: preStop sleeps, then serve drains for --drain-timeout; the grace period covers both and the stop
+    sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+    drain = float(next(a for a in c["command"] if a.startswith("--drain-timeout=")).split("=")[1])
+    assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep" and sleep >= 1 and drain == defaults.DRAIN_TIMEOUT_S
+    assert spec["terminationGracePeriodSeconds"] >= sleep + drain + defaults.DRAIN_CUT_GRACE_S + defaults.EXIT_TIMEOUT_S
 
 
 def test_service_and_build_job(rendered):

@@ -39,9 +39,13 @@ class FakeMetric:
     def __init__(self, kind, labels, buckets):
         self.kind, self.labels, self.buckets, self.total, self.observed = kind, labels, buckets, 0.0, []
 
-    def increment(self, v):
-        assert self.kind == "counter" and v >= 0
+    def increment(self, v):  # a counter only goes up; a gauge either way (python backend 24.10 Metric.increment)
+        assert self.kind == "gauge" or (self.kind == "counter" and v >= 0)
         self.total += v
+
+    def set(self, v):
+        assert self.kind == "gauge"
+        self.total = v
 
     def observe(self, v):
         assert self.kind == "histogram"
@@ -77,7 +81,7 @@ def test_loop_mode_publishes_every_metric_with_model_and_mode_labels():
                      n.METRIC_ROUNDS: "counter", n.METRIC_ROUNDS_NO_SPEC: "counter",
                      n.METRIC_ACCEPTED_LENGTH: "histogram", n.METRIC_DRAFT_LENGTH: "histogram",
                      n.METRIC_DRAFT_LATENCY: "histogram", n.METRIC_VERIFY_LATENCY: "histogram",
-                     n.VLLM_NUM_DRAFTS: "counter", n.VLLM_NUM_DRAFT_TOKENS: "counter",
+                     n.METRIC_IN_FLIGHT: "gauge", n.VLLM_NUM_DRAFTS: "counter", n.VLLM_NUM_DRAFT_TOKENS: "counter",
                      n.VLLM_NUM_ACCEPTED_TOKENS: "counter", n.VLLM_NUM_ACCEPTED_PER_POS: "counter"}
     assert all(m.labels == {"model": "tensorrt_llm_bls", "mode": "ngram"}
                for f in FakeMetricFamily.created if not f.name.startswith("vllm:") for m in f.metrics)
@@ -104,13 +108,16 @@ def test_loop_mode_publishes_every_metric_with_model_and_mode_labels():
     assert {m.labels["position"]: m.total for m in per_pos.metrics} == {"0": 4, "1": 4, "2": 2, "3": 0}
     # vLLM's mean acceptance length, 1 + accepted / drafts, is the one definition's (records/speculation.py)
     assert 1 + metric(n.VLLM_NUM_ACCEPTED_TOKENS).total / metric(n.VLLM_NUM_DRAFTS).total == 3.5
+    sm.in_flight(+1), sm.in_flight(+1), sm.in_flight(-1)  # the drain's gauge, in order on the metrics thread
+    sm.close()
+    assert metric(n.METRIC_IN_FLIGHT).total == 1
 
 
 def test_engine_mode_has_no_rounds():
     sm = SpecMetrics(FakePbUtils, "tensorrt_llm_bls", "engine", 63)
     assert {f.name for f in FakeMetricFamily.created} == {n.METRIC_REQUESTS, n.METRIC_DRAFT_TOKENS,
-                                                         n.METRIC_ACCEPTED_TOKENS, n.VLLM_NUM_DRAFT_TOKENS,
-                                                         n.VLLM_NUM_ACCEPTED_TOKENS}
+                                                         n.METRIC_ACCEPTED_TOKENS, n.METRIC_IN_FLIGHT,
+                                                         n.VLLM_NUM_DRAFT_TOKENS, n.VLLM_NUM_ACCEPTED_TOKENS}
     sm.observe(Metrics(drafted=40, accepted=25, steps=15))
     assert (metric(n.METRIC_REQUESTS).total, metric(n.METRIC_DRAFT_TOKENS).total,
             metric(n.METRIC_ACCEPTED_TOKENS).total) == (1, 40, 25)
@@ -177,3 +184,24 @@ def test_acceptance_summary():
                  "mean_acceptance_length": pytest.approx(1 + 10 / 15)}
     empty = acceptance_summary([])
     assert empty["requests"] == 0 and empty["acceptance_rate"] is None and empty["no_speculation_share"] is None
+
+
+def test_engine_request_metrics_are_the_backends_gauges():
+    """nv_trt_llm_request_metrics as the tensorrtllm backend publishes them: one gauge per request_type labelled
+    with model and version, set from the engine's counts (waiting = active - scheduled)."""
+    from trt_spec.records import backend_contract as bc
+    from trt_spec.reference.batching import RequestCounts
+    from trt_spec.served.engine_metrics import EngineMetrics
+
+    now = [RequestCounts(active=3, max=8, scheduled=2, context=1)]
+    em = EngineMetrics(FakePbUtils, "tensorrt_llm", "1", lambda: now[0], period_s=3600)
+    em.update()
+    (family,) = FakeMetricFamily.created
+    assert (family.name, family.kind) == (bc.REQUEST_METRICS, "gauge")
+    got = lambda: {m.labels["request_type"]: m.total for m in family.metrics}  # noqa: E731
+    assert {m.labels["model"] for m in family.metrics} == {"tensorrt_llm"} and got() == {
+        "active": 3, "max": 8, "scheduled": 2, "context": 1, "waiting": 1}
+    now[0] = RequestCounts(active=0, max=8, scheduled=0, context=0)
+    em.update()
+    assert got()["active"] == 0 and got()["waiting"] == 0
+    em.close()

@@ -188,6 +188,16 @@ def test_a_cancelled_request_stops_between_rounds():
     assert len(chunks) == rounds_before_cancel
 
 
+def test_a_cancelled_in_engine_stream_stops_at_the_next_response():
+    """In-engine modes make one streamed call: the cancellation is checked at each streamed response and raises
+    there (the BLS then cancels the engine call where the python backend can), so nothing more is emitted."""
+    loop, target, _ = setup("engine", k_max=63, in_engine_accept=2)
+    chunks = []
+    with pytest.raises(Cancelled, match="cancelled after"):
+        asyncio.run(loop.generate(req(PROMPTS[2], 30, 0, stream=True), chunks.append, lambda: len(chunks) >= 2))
+    assert len(chunks) == 2 and len(target.requests) == 1
+
+
 def test_prompt_over_the_deployments_max_input_len_is_refused():
     cfg = LoopConfig(target="t", draft=None, mode="ngram", max_draft_len=4, ngram_size=3, max_seq_len=256,
                      max_input_len=255, max_prompt_len=100)

@@ -265,20 +265,25 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
               help="Also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics) on this "
                    "port, in front of the server's gRPC port; models: ensemble (baseline), tensorrt_llm_bls "
                    "(speculative).")
+@click.option("--drain-timeout", default=defaults.DRAIN_TIMEOUT_S, type=click.FloatRange(0, None), show_default=True,
+              help="On SIGTERM/Ctrl-C: seconds the requests in flight get to finish (no new ones are admitted and "
+                   "/v2/health/ready turns false meanwhile); then those left end with a clear error.")
 @click.option("--dry-run", is_flag=True, help="Print the exact command line(s) and exit.")
 @click.option("--verbose", is_flag=True, help="tritonserver --log-verbose=1.")
 def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, host: str, timeout: float,
-          log_path: Optional[str], admin_key_file: Optional[str], openai_port: Optional[int], dry_run: bool,
-          verbose: bool) -> None:
-    """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until Ctrl-C/SIGTERM/SIGHUP.
+          log_path: Optional[str], admin_key_file: Optional[str], openai_port: Optional[int], drain_timeout: float,
+          dry_run: bool, verbose: bool) -> None:
+    """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until SIGTERM/Ctrl-C/SIGHUP.
 
-    The server stops with this command, however it ends (kill -9 included). If a model's python-backend process
-    dies, the model can no longer answer: the server is stopped and the exit code is 3. Other exit codes: 0 stopped
-    by a signal, 1 the server failed or exited, 2 a bad argument or a busy port.
+    A signal drains: new requests are refused with a "shutting down" line and readiness turns false, the requests
+    in flight finish (up to --drain-timeout, then they end with a clear error), then the server stops and the exit
+    code is 0. A second signal stops at once. The server stops with this command, however it ends (kill -9
+    included). If a model's python-backend process dies, the model can no longer answer: the server is stopped and
+    the exit code is 3. Other exit codes: 1 the server failed or exited, 2 a bad argument or a busy port.
     """
     import shlex
     import signal
-    import time
+    import threading
 
     from .records.integrity import IntegrityError, verify_repository_engines
     from .serve.server import MODEL_DIED_EXIT, ServerError, TritonServer, dead_models_message, launch_spec
@@ -299,8 +304,14 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
 
             click.echo(f"# then, once it is ready: {shell_line(frontend_argv(Path(repository), f'{_loopback(host)}:{grpc_port}', openai_port, host))}")
         return
-    _sigterm_as_ctrl_c()
-    signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # terminal closed: stop cleanly as well
+    drain = threading.Event()  # the first signal once serving: drain; any other signal: stop at once
+
+    def on_signal(*_):
+        if drain.is_set() or server is None or not server.is_serving:
+            raise KeyboardInterrupt
+        drain.set()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
+        signal.signal(sig, on_signal)
     server = frontend = None
     try:  # the engines are the ones the build made (the tensorrtllm backend itself does not check)
         verify_repository_engines(Path(repository))
@@ -338,8 +349,9 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
         if frontend is not None:
             frontend.start().wait_ready()
             ready += f"  OpenAI {frontend.url}/v1"
-        click.echo(f"{ready}  (log {server.log_path}); Ctrl-C stops")
-        while True:
+        click.echo(f"{ready}  (log {server.log_path}); Ctrl-C or SIGTERM drains and stops")
+        server.is_serving = True
+        while not drain.wait(1.0):
             if server.proc.poll() is not None:
                 _err(f"error: {server.failure(f'tritonserver exited with code {server.proc.returncode}')}")
                 stop_all()
@@ -354,7 +366,9 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
                 _err(dead_models_message(dead, "trt-spec " + shlex.join(sys.argv[1:])))
                 stop_all()
                 sys.exit(MODEL_DIED_EXIT)
-            time.sleep(1.0)
+        _drain(server, drain_timeout)
+        stop_all()
+        _err("stopped")
     except (ServerError, RuntimeError) as e:
         _err(f"error: {e}")
         stop_all()
@@ -362,6 +376,35 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
     except KeyboardInterrupt:
         stop_all()
         _err("stopped")
+
+
+def _drain(server, drain_timeout: float) -> None:
+    """Refuse new requests, let those in flight finish (up to drain_timeout), then end the rest with a clear error."""
+    import time
+
+    def idle_within(seconds: float) -> bool:
+        deadline, zeros = time.monotonic() + seconds, 0
+        while zeros < 2:  # two zero reads in a row: nothing between two steps of a request either
+            if server.proc.poll() is not None:
+                return True
+            n = server.in_flight()
+            zeros = zeros + 1 if n == 0 else 0
+            if zeros < 2:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(defaults.DRAIN_POLL_S)
+        return True
+
+    t0 = time.monotonic()
+    _err(f"draining: new requests are refused; the {max(server.in_flight(), 0)} in flight get up to "
+         f"{drain_timeout:.0f}s (a second signal stops at once)")
+    server.drain()
+    if idle_within(drain_timeout):
+        _err(f"drained in {time.monotonic() - t0:.1f}s")
+        return
+    _err(f"drain timeout ({drain_timeout:.0f}s): ending the {max(server.in_flight(), 0)} request(s) still running")
+    server.cancel_in_flight()
+    idle_within(defaults.DRAIN_CUT_GRACE_S)
 
 
 def _loopback(host: str) -> str:

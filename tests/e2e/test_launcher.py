@@ -1,17 +1,20 @@
 """`trt-spec serve` run as a user runs it (a subprocess) on a tiny deployment: the server dies with the launcher,
 SIGHUP stops it cleanly, no work dir stays behind, the python backend's shared memory is owner-only, the admin
-APIs need the admin key, a dead model stops serve, and a model that fails to load is named with its reason."""
+APIs need the admin key, a dead model stops serve, a model that fails to load is named with its reason, and SIGTERM
+drains the requests in flight."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -273,3 +276,91 @@ def test_a_model_that_fails_to_load_is_named_with_its_reason(serve, built_repo, 
     log = Path(re.search(r"full log: (\S+)", err).group(1))
     assert log.is_file() and "tokenizer_dir" in log.read_text() and s.tmpdir not in log.parents
     assert _workdirs(s) == [] and s.wait_gone(10) == {}
+
+
+class _Stream(threading.Thread):
+    """One streaming request over its own gRPC stream: tokens received, its error (None: finished whole)."""
+
+    def __init__(self, url: str, model: str, max_tokens: int):
+        super().__init__(daemon=True)
+        self.url, self.model, self.max_tokens = url, model, max_tokens
+        self.tokens, self.error, self.first = 0, None, threading.Event()
+
+    def run(self):
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        def tensor(name, arr, dtype):
+            t = grpcclient.InferInput(name, list(arr.shape), dtype)
+            t.set_data_from_numpy(arr)
+            return t
+        q: queue.Queue = queue.Queue()
+        c = grpcclient.InferenceServerClient(self.url)
+        c.start_stream(callback=lambda result, error: q.put((result, error)))
+        c.async_stream_infer(self.model, [
+            tensor("text_input", np.array([[b"Once upon a time"]], dtype=object), "BYTES"),
+            tensor("max_tokens", np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
+            tensor("end_id", np.array([[-1]], dtype=np.int32), "INT32"),
+            tensor("stream", np.array([[True]]), "BOOL")], enable_empty_final_response=True)
+        try:
+            while True:
+                result, error = q.get(timeout=120)
+                if error is not None:
+                    self.error = str(error)
+                    return
+                resp = result.get_response()
+                if resp.outputs:
+                    self.tokens += result.as_numpy("output_ids").size
+                    self.first.set()
+                if resp.parameters["triton_final_response"].bool_param:
+                    return
+        finally:
+            self.first.set()
+            c.stop_stream()
+            c.close()
+
+
+def test_sigterm_drains_the_streams_in_flight_then_exits_0(serve):
+    """SIGTERM with 16 streams of 48 tokens in flight (8 speculative, 8 ensemble): readiness turns false, a new
+    request gets the "shutting down" line, all 16 finish whole, and serve exits 0. (Triton's own SIGTERM would cut
+    them: once it stops, every model refuses the next engine call or postprocessing step they need.)"""
+    s = serve().wait_ready()
+    url = f"127.0.0.1:{s.grpc}"
+    streams = [_Stream(url, ("tensorrt_llm_bls", "ensemble")[i % 2], 48) for i in range(16)]
+    for st in streams:
+        st.start()
+    for st in streams:
+        assert st.first.wait(120)
+    s.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while _http(s, "GET", "/v2/health/ready") == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _http(s, "GET", "/v2/health/ready") != 200, "still ready while draining"
+    assert _http(s, "GET", "/v2/health/live") == 200
+    for model in ("tensorrt_llm_bls", "ensemble"):
+        late = _Stream(url, model, 4)
+        late.run()
+        assert late.error and "shutting down" in late.error, late.error
+    for st in streams:
+        st.join(120)
+    assert [(st.error, st.tokens) for st in streams] == [(None, 48)] * 16
+    assert s.proc.wait(60) == 0, s.stderr()
+    assert "drained in" in s.stderr() and s.wait_gone(10) == {}
+
+
+def test_the_drain_timeout_ends_what_is_left_with_a_clear_error(serve):
+    """--drain-timeout 1 with long speculative streams in flight: they end with the "shutting down" line (not a
+    dropped connection), and serve still exits 0."""
+    s = serve("--drain-timeout", "1").wait_ready()
+    streams = [_Stream(f"127.0.0.1:{s.grpc}", "tensorrt_llm_bls", 400) for _ in range(4)]
+    for st in streams:
+        st.start()
+    for st in streams:
+        assert st.first.wait(120)
+    s.proc.send_signal(signal.SIGTERM)
+    for st in streams:
+        st.join(60)
+    assert all(st.error and "drain timeout" in st.error and st.tokens < 400 for st in streams), \
+        [(st.error, st.tokens) for st in streams]
+    assert s.proc.wait(60) == 0, s.stderr()
+    assert "drain timeout (1s): ending" in s.stderr()

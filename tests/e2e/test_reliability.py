@@ -6,9 +6,12 @@ as before. The long soak (`make soak`) runs the same checks with more streams an
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
+import socket
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +20,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from trt_spec.harness.client import LLMClient
+from trt_spec.records import backend_contract as bc
+from trt_spec.served.spec_metrics import scrape, value
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "import numpy as np\n", "Once upon a time"]
 GREEDY: dict = {}
@@ -261,3 +266,46 @@ def test_cancelled_streams_stop_using_the_engine(dtm_server, model):
     # time); cancelled, only the tokens produced before the cancellation arrived remain. Generous for a busy CI
     # machine, and still fails without cancellation. (The ratio after/idle is measured in README.)
     assert after < max(3 * idle, 0.5 * 16 * one_long), (idle, one_long, after)
+
+
+# --- clients that go away -----------------------------------------------------------------------------------------
+
+def engine_active(server) -> float:
+    """Requests holding a slot in the deployment's engines, as the backend publishes it (nv_trt_llm_request_metrics,
+    request_type="active", refreshed every stats_check_period_ms)."""
+    samples = scrape(f"http://127.0.0.1:{server.metrics_port}/metrics")
+    return value(samples, bc.REQUEST_METRICS, request_type="active")
+
+
+def _reset_after_first_chunk(url, model, max_tokens):
+    """POST /generate_stream over a raw socket, read until the first server-sent event, then reset the connection
+    (SO_LINGER 0: an RST, what a client killed by its own timeout leaves behind)."""
+    host, port = url.split(":")
+    body = json.dumps({"text_input": PROMPTS[3], "max_tokens": max_tokens, "end_id": -1, "stream": True}).encode()
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sk:
+        sk.sendall(f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        data = b""
+        while b"data:" not in data:
+            chunk = sk.recv(4096)
+            assert chunk, data
+            data += chunk
+        sk.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+@pytest.mark.parametrize("fixture", ["dtm_server", "ngram_server"])
+def test_reset_http_streams_leave_the_engine_idle(fixture, request):
+    """32 HTTP /generate_stream clients of the speculative model reset their connection after the first chunk:
+    Triton cancels each request when its next chunk fails to go out, the BLS stops at its next round, and the
+    engines hold no request 2 s after the last reset (each would otherwise run 400 tokens)."""
+    server = request.getfixturevalue(fixture)
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(lambda _: _reset_after_first_chunk(server.http_url, BLS, 400), range(32)))
+    t0 = time.perf_counter()
+    while (busy := engine_active(server)) > 0 and time.perf_counter() - t0 < 10:
+        time.sleep(0.05)
+    idle_after = time.perf_counter() - t0
+    print(f"{fixture}: engines idle {idle_after:.2f}s after 32 reset streams")
+    assert busy == 0 and idle_after < 2.0, (busy, idle_after)
+    c = LLMClient(server.grpc_url, "grpc")
+    assert c.generate(BLS, PROMPTS[0], 8, **GREEDY).output_ids  # and it still serves

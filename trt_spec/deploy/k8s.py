@@ -246,6 +246,8 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
         startup_period_s=defaults.K8S_STARTUP_PERIOD_S, startup_failures=defaults.K8S_STARTUP_FAILURES,
         http_port=defaults.HTTP_PORT, grpc_port=defaults.GRPC_PORT, metrics_port=defaults.METRICS_PORT,
         openai_port=defaults.OPENAI_PORT, openai_enabled="true" if m.config.runtime == "engine" else "false",
+        drain_timeout_s=int(defaults.DRAIN_TIMEOUT_S),
+        stop_margin_s=int(defaults.DRAIN_CUT_GRACE_S + defaults.EXIT_TIMEOUT_S + 5),
         uid=TRITON_UID,
         k=acc.k, r=acc.r, why=acc.why, min_acceptance=repr(acc.threshold))
     dev = m.runtime

@@ -55,6 +55,7 @@ PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
     "enable_chunked_context": ("false", "MIS getExecutorConfigFromParams L518-533"),
     "batch_scheduler_policy": ("guaranteed_no_evict", "MIS getSchedulerConfigFromParams L356-381"),
     "cancellation_check_period_ms": ("100", "MIS constructor L809-819"),
+    "stats_check_period_ms": ("100", "MIS constructor L821-831"),
     "kv_cache_free_gpu_mem_fraction": (None, "MIS getKvCacheConfigFromParams L96-107 (executor default 0.9)"),
     "max_tokens_in_paged_kv_cache": (None, "MIS getKvCacheConfigFromParams L83-94 (min with the fraction)"),
     "decoding_mode": (None, "MIS L545-592 (unset: top_k_top_p with beam width 1)"),
@@ -65,6 +66,15 @@ PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
                              "MS GetExecutorWorkerPath L180-188 (orchestrator mode only)"),
 }
 MODEL_PATHS_EMPTY = "Both encoder and decoder model paths are empty"  # MIS constructor L771-772
+
+# Request metrics on Triton's metrics port: a gauge family, one gauge per request_type, labelled with the model and
+# its version (custom_metrics_reporter.cc: request_keys_/request_labels_ L38-41, CreateGroup L95-140), set from the
+# executor's iteration stats every stats_check_period_ms (MIS WaitForStats L1416-1512): active = the executor's
+# numActiveRequests, max = maxNumActiveRequests, scheduled/context = the last iteration's, waiting = active -
+# scheduled. Requests still in the executor's queue are in none of them. "Engine idle" = active 0.
+REQUEST_METRICS = "nv_trt_llm_request_metrics"
+REQUEST_METRICS_HELP = "TRT LLM request metrics"
+REQUEST_TYPES = ("active", "max", "scheduled", "context", "waiting")
 
 # Batching limits. The executor is built with maxBatchSize and maxNumTokens left unset (MIS
 # getExecutorConfigFromParams L694-696: `/*maxBatchSize*/ std::nullopt, /*maxNumTokens*/ std::nullopt`), so both

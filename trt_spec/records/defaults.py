@@ -25,6 +25,12 @@ ADD_SPECIAL_TOKENS = True  # preprocessing and the BLS tokenize prompts with the
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # tritonserver's own defaults
 HOST = "127.0.0.1"  # bind to loopback: nothing is open to the network unless asked
 READY_TIMEOUT_S = 180.0  # the longest wait for every model to load
+# SIGTERM: serve stops admitting and lets requests in flight finish for at most this long, then ends the rest with a
+# clear error and stops. 60 s: a 2k-token answer at the slow end of a loaded replica.
+DRAIN_TIMEOUT_S = 60.0
+DRAIN_CUT_GRACE_S = 5.0  # after the drain timeout: this long for the cut requests' error lines to go out
+DRAIN_POLL_S = 0.25  # how often the drain reads the server's in-flight count (done = two zero reads in a row)
+EXIT_TIMEOUT_S = 10  # tritonserver --exit-timeout-secs: its own wait once serve stops it (nothing is left by then)
 PROTOCOLS = ("grpc", "http")  # what the harness client speaks
 PROTOCOL = "grpc"  # check / bench / tune
 URL = f"{HOST}:{GRPC_PORT}"  # check / bench / tune --url: a server started with the defaults, over PROTOCOL

@@ -83,6 +83,7 @@ METRIC_ACCEPTED_LENGTH = "trt_spec_accepted_length"  # histogram: accepted draft
 METRIC_DRAFT_LENGTH = "trt_spec_draft_length"  # histogram: the draft length k chosen per round
 METRIC_DRAFT_LATENCY = "trt_spec_draft_latency_seconds"  # histogram: seconds proposing, per round
 METRIC_VERIFY_LATENCY = "trt_spec_verify_latency_seconds"  # histogram: seconds of the target call, per round
+METRIC_IN_FLIGHT = "trt_spec_requests_in_flight"  # gauge: requests the speculative model holds now (serve's drain)
 # The same counts under vLLM's names and labels (vllm/v1/spec_decode/metrics.py, SpecDecodingProm: Counters
 # labelled model_name and engine, exposed with prometheus_client's _total suffix; the per-position one adds
 # `position`, 0..k-1), which llama.cpp and trtllm-serve adopted: a dashboard written for vLLM reads trt-spec.

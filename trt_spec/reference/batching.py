@@ -118,6 +118,24 @@ class IterationStats:
     seconds: float  # forward time
 
 
+@dataclass(frozen=True)
+class RequestCounts:
+    """The executor's request counts as the backend publishes them (backend_contract.REQUEST_METRICS): requests
+    holding a slot, the slots, those in the last forward (in their context phase), and active - scheduled."""
+    active: int
+    max: int
+    scheduled: int
+    context: int
+
+    @property
+    def waiting(self) -> int:
+        return self.active - self.scheduled
+
+    def as_labels(self) -> dict[str, int]:
+        return {"active": self.active, "max": self.max, "scheduled": self.scheduled, "context": self.context,
+                "waiting": self.waiting}
+
+
 class BatchScheduler:
     """In-flight batching over a ReferenceEngine (its model and PrefixCache); see the module docstring."""
 
@@ -141,6 +159,7 @@ class BatchScheduler:
         self.stats: deque[IterationStats] = deque(maxlen=stats_window)
         self._waiting: deque[_Seq] = deque()
         self._active: list[_Seq] = []
+        self._last_plan = (0, 0)  # (sequences, of them in context) of the last forward
         self._order = itertools.count()
         self._cv = threading.Condition()
         self._closed = False
@@ -200,6 +219,13 @@ class BatchScheduler:
             self._waiting.append(seq)
             self._cv.notify_all()
         return seq.handle
+
+    def request_counts(self) -> RequestCounts:
+        """Now (any thread): what the backend's stats thread reads from the executor's iteration stats."""
+        with self._cv:
+            active = len(self._active)
+            scheduled, context = self._last_plan if active else (0, 0)
+        return RequestCounts(active, self.max_batch_size, min(scheduled, active), min(context, active))
 
     def _wake(self) -> None:
         with self._cv:
@@ -266,6 +292,7 @@ class BatchScheduler:
             seq.result.cancelled = True
             self._finish(seq)
         plan = self._schedule()
+        self._last_plan = (len(plan), sum(1 for seq, _ in plan if seq.in_context))
         if not plan:
             return
         tokens: list[int] = []

@@ -22,6 +22,7 @@ What a started server guarantees:
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -45,6 +46,7 @@ from typing import Optional
 from ..records import defaults
 from ..records.manifest import ManifestError, RepoRecord
 from ..records.procutil import die_with_parent, shell_line
+from ..served.serving import CANCELLING, DRAIN_FILE_ENV, DRAINING
 
 SHM_DIR = Path("/dev/shm")
 WORKDIR_PREFIX = "trt-spec-triton-"
@@ -62,6 +64,16 @@ MODEL_DIED_EXIT = 3  # `trt-spec serve` exit code when a model's python-backend 
 
 class ServerError(RuntimeError):
     pass
+
+
+# The model `drain()` asks the server to load: it refuses to, so the server reports not ready while it drains.
+DRAIN_MODEL = "trt_spec_draining"
+DRAIN_MODEL_CONFIG = {"name": DRAIN_MODEL, "backend": "python", "max_batch_size": 0,
+                      "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
+                      "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}]}
+DRAIN_MODEL_PY = ("class TritonPythonModel:\n"
+                  "    def initialize(self, args):\n"
+                  "        raise RuntimeError('trt-spec serve is draining: the server is shutting down')\n")
 
 
 @dataclass
@@ -237,11 +249,15 @@ def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: i
 
     def rank_args(rank: int) -> list[str]:
         a = [str(binary), f"--model-repository={repo}", *backend_args, "--disable-auto-complete-config",
-             f"--backend-config=python,shm-region-prefix-name={prefix}{rank}_", "--exit-timeout-secs=10"]
+             f"--backend-config=python,shm-region-prefix-name={prefix}{rank}_",
+             f"--exit-timeout-secs={defaults.EXIT_TIMEOUT_S}"]
         if orchestrator:
             a += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
             a += [f"--cuda-memory-pool-byte-size={g}:0" for g in gpu_ids]
         if rank == 0:
+            # explicit model control with every model loaded at start (as mode none does): `trt-spec serve` drains
+            # by loading a model that refuses to load, which turns /v2/health/ready false (TritonServer.drain)
+            a += ["--model-control-mode=explicit", "--load-model=*"]
             a += [f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
                   f"--http-address={host}", f"--grpc-address={host}", f"--metrics-address={host}",
                   f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
@@ -445,7 +461,11 @@ class TritonServer:
         self.spec = launch_spec(self.repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                                 host=host, workdir=self.workdir, prepare=False, verbose=verbose, admin_key=key,
                                 admin_key_file=admin_key_file)
+        # serving.DRAIN_FILE_ENV: the models read it (drain()); in the private work dir, with the backends copy
+        self.drain_file = self.workdir / "drain"
+        self.spec.env[DRAIN_FILE_ENV] = str(self.drain_file)
         self.proc: Optional[subprocess.Popen] = None
+        self.is_serving = False  # set by the caller once ready and serving (trt-spec serve: a signal then drains)
         self._log = None
         self._seen: dict[int, tuple[str, int]] = {}  # stub pid -> (model, start time)
         self._stubs: Optional[dict[int, tuple[str, int]]] = None  # the watched ones
@@ -470,8 +490,8 @@ class TritonServer:
             raise ServerError(f"cannot write the server log {self.log_path}: {e.strerror}; pass --log PATH") from None
         try:
             _remove_stale_workdirs()
+            self.workdir.mkdir(mode=0o700)
             if self.spec.workdir is not None:
-                self.workdir.mkdir(mode=0o700)
                 prepare_pytriton_backends(self.workdir)
             # umask: files tritonserver creates are its owner's only (the python backend's /dev/shm regions are
             # not: boost sets them 0644 explicitly, so wait_ready() narrows them).
@@ -567,6 +587,51 @@ class TritonServer:
             self.watch()
         return [DeadModel(model, pid) for pid, (model, started) in (self._stubs or {}).items()
                 if not self._stub_alive(pid, started)]
+
+    # --- draining (what `trt-spec serve` does on SIGTERM) --------------------------------------------------------
+    def drain(self) -> None:
+        """Stop admitting: the models refuse new requests with a "shutting down" line (serving.DRAIN_FILE_ENV) and
+        /v2/health/ready turns false; requests in flight go on. Triton's readiness is all its models' (strict
+        readiness, core server.cc IsReady: a model in any state but READY, unless unloaded, makes the server not
+        ready), and a python backend cannot mark a model unready, so the server is asked to load one more model
+        (DRAIN_MODEL, its files sent with the request) that refuses to load."""
+        self._set_state(DRAINING)
+        body = json.dumps({"parameters": {"config": json.dumps(DRAIN_MODEL_CONFIG),
+                                          "file:1/model.py": base64.b64encode(DRAIN_MODEL_PY.encode()).decode()}})
+        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{DRAIN_MODEL}/load",
+                                     data=body.encode(), method="POST",
+                                     headers={ADMIN_HEADER: self.spec.admin_key, "Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=30).close()
+        except urllib.error.HTTPError as e:  # 400 "load failed for model ...": what we asked for
+            e.close()
+        except (urllib.error.URLError, OSError):
+            pass  # the server is gone or stuck: stop() deals with it
+
+    def cancel_in_flight(self) -> None:
+        """The drain timeout passed: the models end the requests still running with a clear error."""
+        self._set_state(CANCELLING)
+
+    def _set_state(self, state: str) -> None:
+        tmp = self.drain_file.with_suffix(".tmp")
+        tmp.write_text(state)
+        os.replace(tmp, self.drain_file)
+
+    def in_flight(self) -> int:
+        """Requests the server still works on, from its metrics: those holding an engine slot
+        (nv_trt_llm_request_metrics active, the backend's and the stand-in's), those the speculative model holds
+        (trt_spec_requests_in_flight) and those queued in any model's scheduler (nv_inference_pending_request_count).
+        -1 when the metrics cannot be read."""
+        from ..records.backend_contract import REQUEST_METRICS
+        from ..records.names import METRIC_IN_FLIGHT
+        from ..served.spec_metrics import scrape, value
+
+        try:
+            samples = scrape(f"http://{self._client_host()}:{self.metrics_port}/metrics", timeout_s=5.0)
+        except (OSError, ValueError):
+            return -1
+        return int(value(samples, REQUEST_METRICS, request_type="active") + value(samples, METRIC_IN_FLIGHT)
+                   + value(samples, "nv_inference_pending_request_count"))
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -15,9 +15,57 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+# --- draining: `trt-spec serve` tells the models it is shutting down (serve/server.py TritonServer.drain) -------
+# The launcher writes one word into the file this variable names (tritonserver's environment, which every stub
+# inherits): DRAINING = refuse new requests, let the ones in flight finish; CANCELLING = the drain timeout passed,
+# end the ones in flight with a clear error. Triton's own SIGTERM cannot do this: once it stops, every model's
+# scheduler refuses new requests (core dynamic_batch_scheduler.cc Enqueue, r24.10: "Server is stopping"), and the
+# requests in flight need new ones — the BLS's next engine call, the ensemble's next postprocessing step.
+DRAIN_FILE_ENV = "TRT_SPEC_DRAIN_FILE"
+DRAINING, CANCELLING = "drain", "cancel"
+REFUSED_WHILE_DRAINING = "server shutting down: it accepts no new requests; send this request to another replica"
+CUT_AT_DRAIN_TIMEOUT = "server shutting down: the request was still running when the drain timeout ended it"
+
+
+class ShuttingDown(RuntimeError):
+    """A request refused or ended because the server is draining (its client gets the line, code UNAVAILABLE)."""
+
+
+def shutdown_state() -> str:
+    """"" while serving, DRAINING or CANCELLING once `trt-spec serve` is shutting down (a file read, ~10 µs)."""
+    path = os.environ.get(DRAIN_FILE_ENV)
+    if not path:
+        return ""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def refuse_if_draining() -> None:
+    """A new request: refused once the server drains."""
+    if shutdown_state():
+        raise ShuttingDown(REFUSED_WHILE_DRAINING)
+
+
+def end_if_cut() -> None:
+    """A request in flight: ended once the drain timeout has passed."""
+    if shutdown_state() == CANCELLING:
+        raise ShuttingDown(CUT_AT_DRAIN_TIMEOUT)
+
+
+def triton_error(pb_utils, message: str, exc: BaseException = None):
+    """pb_utils.TritonError for a client: UNAVAILABLE for a server shutting down (HTTP 503), else the default."""
+    if isinstance(exc, ShuttingDown):
+        return pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)
+    return pb_utils.TritonError(message)
+
+
 # What a request can get wrong: its own values (RequestError, the contract's ContractError) or its tensors'
-# shapes and types (ValueError, TypeError from numpy). Anything else is a fault of ours.
-CLIENT_ERRORS = (ValueError, TypeError)
+# shapes and types (ValueError, TypeError from numpy). Anything else is a fault of ours. A server shutting down is
+# not a fault either: the client gets the line.
+CLIENT_ERRORS = (ValueError, TypeError, ShuttingDown)
 
 
 def error_line(model: str, exc: BaseException, log: Callable[[str], None]) -> str:
@@ -45,8 +93,8 @@ def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
         try:
             responses.append(one(request))
         except Exception as e:  # noqa: BLE001 - every request gets an answer
-            responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                error_line(model, e, pb_utils.Logger.log_error))))
+            responses.append(pb_utils.InferenceResponse(error=triton_error(
+                pb_utils, error_line(model, e, pb_utils.Logger.log_error), e)))
     return responses
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from ..records.names import (BLS, METRIC_ACCEPTED_LENGTH, METRIC_ACCEPTED_TOKENS, METRIC_DRAFT_LATENCY,
-                             METRIC_DRAFT_LENGTH, METRIC_DRAFT_TOKENS, METRIC_REQUESTS, METRIC_ROUNDS,
+                             METRIC_DRAFT_LENGTH, METRIC_DRAFT_TOKENS, METRIC_IN_FLIGHT, METRIC_REQUESTS, METRIC_ROUNDS,
                              METRIC_ROUNDS_NO_SPEC, METRIC_VERIFY_LATENCY, VLLM_NUM_ACCEPTED_PER_POS,
                              VLLM_NUM_ACCEPTED_TOKENS, VLLM_NUM_DRAFT_TOKENS, VLLM_NUM_DRAFTS)
 from ..records.speculation import LOOP_MODES, acceptance_rate, mean_acceptance_length
@@ -72,6 +72,8 @@ class SpecMetrics:
                 (METRIC_DRAFT_LENGTH, "Draft length k chosen per round", histogram, lengths),
                 (METRIC_DRAFT_LATENCY, "Seconds proposing the draft, per round", histogram, list(LATENCY_BUCKETS)),
                 (METRIC_VERIFY_LATENCY, "Seconds of the target call, per round", histogram, list(LATENCY_BUCKETS))]
+        published.append((METRIC_IN_FLIGHT, "Requests the speculative model holds now", pb_utils.MetricFamily.GAUGE,
+                          None))
         for name, description, kind, buckets in published:
             try:
                 family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
@@ -98,6 +100,22 @@ class SpecMetrics:
                     self._m[key] = family.Metric(labels=vllm if pos is None else {**vllm, "position": str(pos)})
             except Exception as e:  # noqa: BLE001
                 log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
+
+    def in_flight(self, delta: int) -> None:
+        """A request starts (+1) or ends (-1): the gauge `trt_spec serve` reads to know when a drain is done (queued on
+        the metrics thread, in order; never raises)."""
+        try:
+            self._thread.submit(self._inc_gauge, METRIC_IN_FLIGHT, delta)
+        except RuntimeError:  # closed: the model is being unloaded
+            pass
+
+    def _inc_gauge(self, name: str, delta: float) -> None:
+        try:
+            metric = self._m.get(name)
+            if metric is not None:
+                metric.increment(float(delta))
+        except Exception as e:  # noqa: BLE001 - metrics must not cost a client its answer
+            self.log_error(f"{name} not updated: {type(e).__name__}: {e}")
 
     async def publish(self, m: Metrics) -> None:
         """observe(m) on the metrics thread; returns when the server has the figures (never raises)."""

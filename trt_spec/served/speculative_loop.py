@@ -258,9 +258,11 @@ class SpeculativeLoop:
                        cancelled: Callable[[], bool] = lambda: False) -> tuple[list[int], Metrics]:
         """Generated tokens and metrics; `emit(new_tokens)` is called once per accepted chunk (streaming).
         `cancelled()` is checked before every round: once true the loop raises Cancelled and sends no more
-        engine calls (in-engine modes make one call; Triton 2.51's BLS cannot cancel it, so it runs out)."""
+        engine calls. In-engine modes make one call: `cancelled()` is checked at each streamed response, and the
+        Cancelled raised there makes `call` cancel the engine request where the python backend can (a BLS response
+        iterator's cancel(), python_backend r25.05+; Triton 2.51's BLS cannot, so there the call runs out)."""
         if self.cfg.mode == "engine":
-            return await self._in_engine(r, emit)
+            return await self._in_engine(r, emit, cancelled)
         self.policy.active += 1
         try:
             return await self._loop(r, emit, cancelled)
@@ -356,7 +358,7 @@ class SpeculativeLoop:
                 emit(new)
         return generated, m
 
-    async def _in_engine(self, r: SpecRequest, emit) -> tuple[list[int], Metrics]:
+    async def _in_engine(self, r: SpecRequest, emit, cancelled: Callable[[], bool]) -> tuple[list[int], Metrics]:
         ins = engine_inputs(r, r.prompt, r.max_tokens, 0, streaming=r.stream)
         ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
         if r.stop_words:
@@ -365,6 +367,8 @@ class SpeculativeLoop:
         m = Metrics()
 
         def on_response(out: dict[str, np.ndarray]) -> None:
+            if cancelled():
+                raise Cancelled(f"request cancelled after {len(generated)} tokens")
             new = response_tokens(out)
             generated.extend(new)
             if "total_draft_tokens" in out:

@@ -12,7 +12,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.records.names import POST_OUTPUT_IDS, POSTPROCESSING, Post
-from trt_spec.served.serving import enable_crash_traces, load_tokenizer, requested_only, respond_each
+from trt_spec.served.serving import enable_crash_traces, end_if_cut, load_tokenizer, requested_only, respond_each
 
 
 class TritonPythonModel:
@@ -26,6 +26,7 @@ class TritonPythonModel:
         return respond_each(requests, self._one, POSTPROCESSING, pb_utils)
 
     def _one(self, request):
+        end_if_cut()  # an ensemble request still streaming when the drain timeout passed gets a clear error
         tokens = pb_utils.get_input_tensor_by_name(request, Post.TOKENS_BATCH).as_numpy()
         lengths = pb_utils.get_input_tensor_by_name(request, Post.SEQUENCE_LENGTH).as_numpy()
         tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])

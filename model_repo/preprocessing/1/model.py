@@ -12,7 +12,8 @@ import triton_python_backend_utils as pb_utils
 
 from trt_spec.records.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT, Pre
 from trt_spec.served.serving import (check_no_embedding_bias, decode_strings, default_end_id, default_pad_id,
-                              enable_crash_traces, encode, load_tokenizer, respond_each, scalar, to_word_list)
+                              enable_crash_traces, encode, load_tokenizer, refuse_if_draining, respond_each, scalar,
+                              to_word_list)
 from trt_spec.served.speculative_loop import RequestError, check_prompt_len
 
 
@@ -30,6 +31,7 @@ class TritonPythonModel:
         self.add_special = params.get("add_special_tokens", {}).get("string_value", "true") == "true"
 
     def _one(self, request):
+        refuse_if_draining()  # the ensemble's first step: a new request, refused while the server drains
         check_no_embedding_bias(_get(request, Pre.EMBEDDING_BIAS[0]), _get(request, Pre.EMBEDDING_BIAS[1]))
         queries = decode_strings(_get(request, Pre.QUERY))
         if not queries or any(not q for q in queries):

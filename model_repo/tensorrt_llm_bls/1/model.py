@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.served.serving import (IncrementalDetokenizer, check_no_embedding_bias, decode_strings, default_end_id, default_pad_id,
-                              enable_crash_traces, encode, error_line, load_tokenizer, requested_only, scalar)
+from trt_spec.served.serving import (IncrementalDetokenizer, check_no_embedding_bias, decode_strings,
+                                     default_end_id, default_pad_id, enable_crash_traces, encode, end_if_cut, error_line,
+                                     load_tokenizer, refuse_if_draining, requested_only, scalar, triton_error)
 from trt_spec.records import backend_contract as bc
 from trt_spec.records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BEAM_WIDTH, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS,
                                     EMBEDDING_BIAS, MAX_TOKENS, NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, STOP_WORDS,
@@ -50,11 +51,11 @@ class _Responder:
         self.deliver = deliver
         self.closed = False
 
-    def __call__(self, outputs, flags):
+    def __call__(self, outputs, flags, exc=None):
         if flags & FINAL:
             self.closed = True
         if isinstance(outputs, str):
-            self.deliver(pb_utils.InferenceResponse(error=pb_utils.TritonError(outputs)), flags)
+            self.deliver(pb_utils.InferenceResponse(error=triton_error(pb_utils, outputs, exc)), flags)
         else:
             self.deliver(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor(k, v) for k, v in requested_only(outputs, self.wanted).items()]), flags)
@@ -149,7 +150,16 @@ class TritonPythonModel:
                 raise EngineError(f"{model}: no response")
             return result
         except BaseException:
-            await loop.run_in_executor(None, lambda: [None for _ in it])  # drain, off the loop too
+            # The request was cancelled (or failed): cancel the engine call where the python backend can
+            # (python_backend r25.05+: the BLS response iterator's cancel(); the engine then ends it within one
+            # iteration), then drain to its final response, off the loop too (on 24.10 the call runs out).
+            cancel = getattr(responses, "cancel", None)
+            if cancel is not None:
+                try:
+                    cancel()
+                except Exception as e:  # noqa: BLE001 - the drain below still ends the call
+                    pb_utils.Logger.log_warn(f"{BLS}: cancelling {model} failed: {e}")
+            await loop.run_in_executor(None, lambda: [None for _ in it])
             raise
         finally:
             self._held.append(responses)  # on the event loop, after its last response was taken
@@ -196,28 +206,36 @@ class TritonPythonModel:
     async def _handle(self, request, respond):
         """Serve one request; whatever happens it gets a final response (a decoupled request left without one
         keeps its client waiting forever)."""
+        self.metrics.in_flight(+1)
         try:
             await self._serve(request, respond)
             return
-        except Cancelled as e:
-            error = str(e)
-        except EngineError as e:  # an engine failed or refused a call: "<engine model>: <its message>"
-            error = str(e)
+        except (Cancelled, EngineError) as e:  # an engine's error: "<engine model>: <its message>"
+            error, exc = str(e), e
         except Exception as e:  # noqa: BLE001 - client mistakes get their line; our faults are logged in full
-            error = error_line(BLS, e, pb_utils.Logger.log_error)
+            error, exc = error_line(BLS, e, pb_utils.Logger.log_error), e
+        finally:
+            self.metrics.in_flight(-1)
         if respond.closed:  # the final response went out (or failed on the way): nothing more may be sent or asked
             pb_utils.Logger.log_error(f"{BLS}: after the final response: {error}")
             return
         self._checkpoint(request)  # before the final response: after it the request may not be asked anything
-        respond(error, FINAL)
+        respond(error, FINAL, exc)
+
+    def _stop_requested(self, request) -> bool:
+        """The loop asks before each round (and at each streamed response of an in-engine call): True once the client
+        cancelled; ShuttingDown once the server's drain timeout has passed."""
+        end_if_cut()
+        return self._checkpoint(request)
 
     async def _serve(self, request, respond):
+        refuse_if_draining()  # a new request, refused while the server drains (ShuttingDown: its client's line)
         r, exclude_input = self._parse(request)  # malformed values: ValueError/TypeError, a client error line
         detok = IncrementalDetokenizer(self.tokenizer)
         # Streaming never sends the prompt, whatever exclude_input_in_output says: the engine ignores the flag when
         # streaming (backend_contract.response_tensors), so the ensemble's chunks concatenate to the completion alone.
         emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
-        generated, m = await self.loop.generate(r, emit, lambda: self._checkpoint(request))
+        generated, m = await self.loop.generate(r, emit, lambda: self._stop_requested(request))
         self._checkpoint(request)
         await self.metrics.publish(m)  # finished requests only, before the final response (a client then scrapes them)
         if r.stream:

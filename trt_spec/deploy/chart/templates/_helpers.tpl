@@ -175,7 +175,7 @@ imagePullSecrets:
 {{- end }}
 securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
-terminationGracePeriodSeconds: {{ .Values.server.terminationGracePeriodSeconds }}
+terminationGracePeriodSeconds: {{ add .Values.server.preStopSleepSeconds .Values.server.drainTimeoutSeconds .Values.server.stopMarginSeconds }}
 {{- with .Values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
