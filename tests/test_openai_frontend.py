@@ -17,6 +17,12 @@ class Tok:
 
     chat_template = "x"
 
+    def __len__(self):  # 4 tokens of at most 2 bytes: prompts over 64 x 2 x NORMALIZATION_SLACK bytes are refused
+        return 4
+
+    def decode(self, ids):
+        return "ab"
+
     def encode(self, text, add_special_tokens=True):
         return [1] * (len(text) + (1 if add_special_tokens else 0))
 
@@ -61,6 +67,8 @@ def test_openai_defaults():
     ({"frobnicate": 1}, 400, "unrecognized request argument: 'frobnicate'"),
     ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
     ({"prompt": ""}, 400, "the prompt is empty"),
+    ({"prompt": "x" * 600}, 400, "the prompt is 600 bytes: more than any text of at most 64 tokens can be (512"),
+    ({"prompt": "hi", "stop": "y" * 600}, 400, "'stop' is longer than any text of at most 64 tokens"),
 ])
 def test_bad_requests_name_the_field(body, status, words):
     with pytest.raises(OpenAIError) as e:

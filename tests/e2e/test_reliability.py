@@ -7,6 +7,8 @@ as before. The long soak (`make soak`) runs the same checks with more streams an
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 import os
 import queue
 import re
@@ -309,3 +311,42 @@ def test_reset_http_streams_leave_the_engine_idle(fixture, request):
     assert busy == 0 and idle_after < 2.0, (busy, idle_after)
     c = LLMClient(server.grpc_url, "grpc")
     assert c.generate(BLS, PROMPTS[0], 8, **GREEDY).output_ids  # and it still serves
+
+
+# --- oversized input ----------------------------------------------------------------------------------------------
+
+def _rss(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.parametrize("model", ["ensemble", BLS])
+def test_a_10_mb_prompt_is_refused_at_once_with_flat_memory(dtm_server, model):
+    """10 MB of text_input, then 10 MB of stop words (gRPC), and 3.5 MB over /generate's JSON: one error line naming
+    the limit within a second, before any tokenizing — the python models' memory stays flat (tokenizing 10 MB took
+    12-15 s and 1.7 GB). (Over 4 MiB of JSON, Triton 2.51's own HTTP server crashes before any model sees the
+    request: README, Reliability.)"""
+    def models_rss() -> int:
+        return sum(_rss(pid) for pid in dtm_server.stubs())
+    ten_mb = b"word " * (2 * 2**20)
+    before = models_rss()
+    for field, tensors in (("text_input", [text(ten_mb), i32("max_tokens", 4)]),
+                           ("stop_words", [text("hi"), i32("max_tokens", 4), ("stop_words", [[ten_mb]], object)])):
+        t0 = time.perf_counter()
+        kind, message = raw(dtm_server.grpc_url, model, tensors)
+        elapsed = time.perf_counter() - t0
+        print(f"{model} {field}: refused in {elapsed:.2f}s: {message}")
+        assert kind == "error" and f"{field} is 10485760 bytes" in message and "max_input_len" in message, message
+        assert "\n" not in message and not LEAK.search(message) and elapsed < 1.0
+    body = {"text_input": "word " * (7 * 2**20 // 10), "max_tokens": 4}  # 3.5 MiB of JSON
+    req = urllib.request.Request(f"http://{dtm_server.http_url}/v2/models/{model}/generate",
+                                 data=json.dumps(body).encode(), method="POST")
+    t0 = time.perf_counter()
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 400 and "text_input is" in json.loads(e.value.read())["error"]
+    assert time.perf_counter() - t0 < 1.0
+    grown = models_rss() - before
+    assert grown < 64 * 2**20, f"the python models grew by {grown / 2**20:.0f} MiB"

@@ -39,7 +39,7 @@ from ..records.defaults import ADD_SPECIAL_TOKENS
 from ..records.names import (BASELINE, DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE,
                              STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS, TOP_P)
 from ..records.speculation import POLICIES
-from ..served.serving import StopCutter
+from ..served.serving import StopCutter, input_byte_limit
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 # Request fields accepted and ignored (no effect on the output)
@@ -77,6 +77,11 @@ class FrontendSettings:
     max_draft_len: int
     add_special_tokens: bool = ADD_SPECIAL_TOKENS
     models: tuple[str, ...] = TEXT_MODELS
+    max_input_len: Optional[int] = None  # the deployment's prompt limit in tokens (None: max_seq_len)
+
+    @property
+    def prompt_limit(self) -> int:
+        return self.max_input_len or self.max_seq_len
 
     @staticmethod
     def from_repository(repo: Path, triton_url: str) -> "FrontendSettings":
@@ -89,7 +94,8 @@ class FrontendSettings:
                                   "writes; a runtime llmapi repository is not served by it")
         p = {k: v.string_value for k, v in parse_config(path).parameters.items()}
         return FrontendSettings(triton_url, p["tokenizer_dir"], int(p["max_seq_len"]), int(p["max_draft_len"]),
-                                p.get("add_special_tokens", "true") == "true")
+                                p.get("add_special_tokens", "true") == "true",
+                                max_input_len=int(p["max_input_len"]) if p.get("max_input_len") else None)
 
 
 @dataclass
@@ -182,6 +188,11 @@ def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> G
         text = prompt
     if not text:
         raise OpenAIError(400, "the prompt is empty; send a non-empty prompt", param="messages" if chat else "prompt")
+    byte_limit = input_byte_limit(tokenizer, s.prompt_limit)
+    size = len(text.encode("utf-8"))
+    if size > byte_limit:  # before tokenizing: 10 MB would take seconds and a GB to count
+        raise OpenAIError(400, f"the prompt is {size} bytes: more than any text of at most {s.prompt_limit} tokens "
+                               f"can be ({byte_limit} bytes); shorten it", param="messages" if chat else "prompt")
     prompt_tokens = len(tokenizer.encode(text, add_special_tokens=s.add_special_tokens))
     room = s.max_seq_len - prompt_tokens - s.max_draft_len  # what the engine can still generate (OUTPUT_LEN_CLAMPED)
     if room < 1:
@@ -204,6 +215,9 @@ def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> G
                              or len(stop) > MAX_STOP_SEQUENCES):
         raise OpenAIError(400, f"'stop' must be a string or a list of up to {MAX_STOP_SEQUENCES} non-empty strings",
                           param="stop")
+    if stop and sum(len(x.encode("utf-8")) for x in stop) > byte_limit:
+        raise OpenAIError(400, f"'stop' is longer than any text of at most {s.prompt_limit} tokens can be "
+                               f"({byte_limit} bytes); shorten it", param="stop")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise OpenAIError(400, "'stream' must be true or false", param="stream")
@@ -339,6 +353,7 @@ class Frontend:
 
         self.s = settings
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.tokenizer_dir)
+        input_byte_limit(self.tokenizer, settings.prompt_limit)  # its one-time cost at start, not in a request
         self.created = int(time.time())
         self.models: Optional[TritonModels] = None
         self.metrics = FrontendMetrics()

@@ -26,7 +26,8 @@ import numpy as np
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
 from .local_engines import LocalEngines
-from .serving import IncrementalDetokenizer, StopCutter, decode_strings, encode, load_tokenizer, scalar
+from .serving import (IncrementalDetokenizer, StopCutter, check_input_bytes, decode_strings, encode, input_byte_limit,
+                      load_tokenizer, scalar)
 from .speculative_loop import (EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop, check_sampling,
                                engine_inputs, response_tokens, validate)
 
@@ -85,6 +86,7 @@ class LlmapiStandIn:
                                                                                         lim.max_num_tokens),
             draft_len_policy="fixed", proposer="prompt_lookup"), self.engines)
         self.tokenizer = load_tokenizer(y["model"])
+        self.byte_limit = input_byte_limit(self.tokenizer, self.loop.cfg.max_input_len)  # checked before tokenizing
 
     def close(self) -> None:
         self.engines.close()
@@ -97,6 +99,11 @@ class LlmapiStandIn:
         streaming = bool(scalar(inputs.get(lc.STREAMING), False))
         if streaming and not self.decoupled:
             raise LlmapiError(lc.STREAMING_NEEDS_DECOUPLED)
+        try:  # stricter than the LLM API model: a prompt too long to fit is refused before it is tokenized
+            for name in (lc.TEXT_INPUT, lc.SAMPLING_PREFIX + "stop"):
+                check_input_bytes(inputs.get(name), self.byte_limit, name, self.loop.cfg.max_input_len)
+        except RequestError as e:
+            raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
         text = (decode_strings(inputs[lc.TEXT_INPUT]) or [""])[0]
 
         def param(name, kind):

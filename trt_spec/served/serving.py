@@ -115,6 +115,49 @@ def load_tokenizer(tokenizer_dir: str):
     return tok
 
 
+# --- input size before tokenizing ---------------------------------------------------------------------------------
+# A prompt of more than max_input_len tokens is refused anyway; tokenizing 10 MB to find that out takes seconds and a
+# GB of memory. One token covers at most `max_token_bytes` bytes of text (the longest token's decoded UTF-8; a partial
+# UTF-8 byte decodes to a 3-byte U+FFFD, so this overestimates), so more than max_input_len x that many bytes cannot
+# fit; NORMALIZATION_SLACK covers normalizers that shorten text before it is split (NFKC: the 3-byte U+FB01 "ﬁ" is
+# "fi"). The check is on the raw bytes, before they are even decoded.
+NORMALIZATION_SLACK = 4
+_TOKEN_BYTES: dict = {}
+
+
+def max_token_bytes(tokenizer) -> int:
+    """The most UTF-8 bytes one token of `tokenizer` decodes to (computed once per tokenizer, ~0.5 s for 50k)."""
+    key = id(tokenizer)
+    if key not in _TOKEN_BYTES:
+        longest = 1
+        for i in range(len(tokenizer)):
+            try:
+                longest = max(longest, len(tokenizer.decode([i]).encode("utf-8")))
+            except Exception:  # noqa: BLE001 - an id the tokenizer cannot decode covers no text
+                pass
+        _TOKEN_BYTES[key] = longest
+    return _TOKEN_BYTES[key]
+
+
+def input_byte_limit(tokenizer, max_input_len: int) -> int:
+    """Bytes of text beyond which a prompt is certainly over max_input_len tokens."""
+    return max_input_len * max_token_bytes(tokenizer) * NORMALIZATION_SLACK
+
+
+def check_input_bytes(arr, limit: int, name: str, max_input_len: int) -> None:
+    """Refuse a BYTES tensor (or list of bytes/str) whose strings together exceed `limit` bytes: one line, before
+    any decoding or tokenizing."""
+    if arr is None:
+        return
+    items = arr.reshape(-1) if isinstance(arr, np.ndarray) else arr
+    size = sum(len(x) if isinstance(x, (bytes, bytearray)) else len(str(x).encode("utf-8")) for x in items)
+    if size > limit:
+        from .speculative_loop import RequestError
+
+        raise RequestError(f"{name} is {size} bytes: more than any text of at most {max_input_len} tokens "
+                           f"(max_input_len) can be ({limit} bytes); shorten it")
+
+
 def encode(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 

@@ -11,7 +11,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.records.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT, Pre
-from trt_spec.served.serving import (check_no_embedding_bias, decode_strings, default_end_id, default_pad_id,
+from trt_spec.served.serving import (check_input_bytes, check_no_embedding_bias, decode_strings, input_byte_limit, default_end_id, default_pad_id,
                               enable_crash_traces, encode, load_tokenizer, refuse_if_draining, respond_each, scalar,
                               to_word_list)
 from trt_spec.served.speculative_loop import RequestError, check_prompt_len
@@ -29,10 +29,13 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(params["tokenizer_dir"]["string_value"])
         self.max_input_len = int(params["max_input_len"]["string_value"])
         self.add_special = params.get("add_special_tokens", {}).get("string_value", "true") == "true"
+        self.byte_limit = input_byte_limit(self.tokenizer, self.max_input_len)  # checked before tokenizing
 
     def _one(self, request):
         refuse_if_draining()  # the ensemble's first step: a new request, refused while the server drains
         check_no_embedding_bias(_get(request, Pre.EMBEDDING_BIAS[0]), _get(request, Pre.EMBEDDING_BIAS[1]))
+        for name, client_name in ((Pre.QUERY, TEXT_INPUT), (Pre.STOP_WORDS, "stop_words"), (Pre.BAD_WORDS, "bad_words")):
+            check_input_bytes(_get(request, name), self.byte_limit, client_name, self.max_input_len)
         queries = decode_strings(_get(request, Pre.QUERY))
         if not queries or any(not q for q in queries):
             raise RequestError(f"{TEXT_INPUT} is empty; send a non-empty prompt")

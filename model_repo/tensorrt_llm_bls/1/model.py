@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.served.serving import (IncrementalDetokenizer, check_no_embedding_bias, decode_strings,
+from trt_spec.served.serving import (IncrementalDetokenizer, check_input_bytes, check_no_embedding_bias, decode_strings,
+                                     input_byte_limit,
                                      default_end_id, default_pad_id, enable_crash_traces, encode, end_if_cut, error_line,
                                      load_tokenizer, refuse_if_draining, requested_only, scalar, triton_error)
 from trt_spec.records import backend_contract as bc
@@ -77,6 +78,8 @@ class TritonPythonModel:
         self._workers = max(64, 4 * int(cfg.get("max_batch_size", 0) or 0))
         self._pool_loop = None
         self.add_special = p.get("add_special_tokens", "true") == "true"
+        self.max_prompt_len = self.loop.cfg.max_prompt_len or self.loop.cfg.max_input_len
+        self.byte_limit = input_byte_limit(self.tokenizer, self.max_prompt_len)  # checked before tokenizing
         self.metrics = SpecMetrics(pb_utils, args["model_name"], self.loop.cfg.mode, self.loop.cfg.max_draft_len,
                                    pb_utils.Logger.log_error)  # Prometheus: trt_spec_* on the metrics port
 
@@ -86,6 +89,8 @@ class TritonPythonModel:
     # -- parsing / validation -------------------------------------------------------------------------
     def _parse(self, request):
         check_no_embedding_bias(*(_in(request, name) for name in EMBEDDING_BIAS))
+        for name in (TEXT_INPUT, STOP_WORDS, BAD_WORDS):
+            check_input_bytes(_in(request, name), self.byte_limit, name, self.max_prompt_len)
         texts = decode_strings(_in(request, TEXT_INPUT))
         if len(texts) != 1:
             raise RequestError(f"{TEXT_INPUT} must hold exactly one prompt per request (got {len(texts)}); "
