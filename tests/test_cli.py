@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from trt_spec.cli import main
 from .conftest import BUILD_CONFIGS, tool_calls
 
 COMMANDS = [name for name in main.commands]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args, **kw):
@@ -182,3 +184,30 @@ def test_doctor_fails_in_one_line_on_another_tensorrt_llm(monkeypatch):
     monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.2.1" if d == "tensorrt_llm" else None)
     r = CliRunner().invoke(main, ["doctor"])
     assert r.exit_code == 0 and "1.2.1 (trt-spec targets 1.2.1)" in r.output
+
+
+@pytest.mark.parametrize("args", [
+    ["deploy", "k8s", "build_configs/llama33-70b-fp8-h100-tp2.yaml", "--out", "/sys/trt-spec-test-out"],
+    ["build", "build_configs/cpu-smollm2-ngram.yaml", "--set", "output_dir=/sys/trt-spec-test-out"],
+])
+def test_an_unwritable_output_dir_is_one_line_exit_2(args):
+    """As a user runs it (a subprocess): a directory nobody may write to (sysfs: EPERM/EACCES even for root) gives
+    one line naming the path and the fix, exit 2, no traceback."""
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", *args], capture_output=True, text=True, cwd=ROOT)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(errors) == 1 and "/sys/trt-spec-test-out" in errors[0] and "write somewhere you may write" in errors[0]
+
+
+def test_an_internal_fault_is_one_line_naming_the_trace_file(monkeypatch):
+    import trt_spec.cli as cli
+
+    def boom(*a, **k):
+        raise RuntimeError("something of ours broke\nsecond line")
+    monkeypatch.setattr(cli, "_plan_for", boom)
+    r = CliRunner().invoke(main, ["plan", "build_configs/cpu-smollm2-ngram.yaml"])
+    assert r.exit_code == 1
+    (line,) = r.output.strip().splitlines()
+    assert line.startswith("error: internal error (RuntimeError: something of ours broke); the full trace is in ")
+    trace = open(line.split("the full trace is in ")[1].split(" ")[0]).read()
+    assert "Traceback" in trace and "second line" in trace

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,50 @@ _gpu_option = click.option("--gpu", default=None, metavar="NAME[:COUNT]",
                            help="Plan for a named GPU (h100, h200, a100-80gb, l40s, ...) instead of the config/nvidia-smi.")
 
 
-@click.group(context_settings={"show_default": True, "help_option_names": ["-h", "--help"]})
+def os_error_line(e: OSError) -> str:
+    """One line for a disk or network error a user can fix: what failed on which path, and the fix."""
+    import errno
+
+    where = f"{e.filename}: " if e.filename else ""
+    what = e.strerror or str(e)
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "write somewhere you may write (another --out / output_dir / --log), or fix the permissions"
+    elif e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space on that filesystem, or write somewhere else"
+    elif e.errno in (errno.ENOENT, errno.ENOTDIR):
+        fix = "check the path"
+    elif isinstance(e, ConnectionError) or e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ETIMEDOUT):
+        fix = "check --url and that the server is running (trt-spec serve)"
+    else:
+        fix = "check the path and try again"
+    return f"{where}{what}; {fix}"
+
+
+class _Main(click.Group):
+    """Every command: a user's mistake (click's errors, UserError, an OSError) is one line and exit 2; anything else
+    is ours: one line naming the log that holds the full trace, and exit 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+            raise
+        except OSError as e:
+            raise UserError(os_error_line(e)) from None
+        except Exception as e:  # noqa: BLE001 - an internal fault: a line here, the trace in a file
+            import tempfile
+            import traceback
+
+            fd, path = tempfile.mkstemp(prefix="trt-spec-error-", suffix=".log")
+            with os.fdopen(fd, "w") as f:
+                f.write(f"trt-spec {' '.join(sys.argv[1:])}\n")
+                traceback.print_exception(type(e), e, e.__traceback__, file=f)
+            click.echo(f"error: internal error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                       f"the full trace is in {path} — please report it", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Main, context_settings={"show_default": True, "help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="trt-spec")
 def main() -> None:
     """trt-spec: speculative decoding on Triton Inference Server with TensorRT-LLM.
@@ -242,7 +286,7 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
 
     for line in missing_sources(dest):  # runtime llmapi written where the image's model source is not
         click.echo(f"note: {line}")
-    click.echo(f"serve it: trt-spec serve {dest}   (or: tritonserver --model-repository={dest.resolve()})")
+    click.echo(f"serve it: trt-spec serve {dest}   (or: cd {dest.resolve()} && tritonserver --model-repository=.)")
 
 
 @main.command()

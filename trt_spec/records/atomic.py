@@ -25,6 +25,11 @@ def replacing_dir(dest: Path) -> Iterator[Path]:
             os.replace(dest, old)
         os.replace(tmp, dest)
         shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:  # named by the directory the user asked for, not by our temporary one beside it
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.filename and str(e.filename).startswith(str(tmp)):
+            raise type(e)(e.errno, e.strerror, str(dest)) from e
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
