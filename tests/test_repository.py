@@ -46,12 +46,15 @@ def test_tensorrt_engine_parameters(gpu_repo):
     p = {k: v.string_value for k, v in cfg.parameters.items()}
     assert cfg.backend == "tensorrtllm" and cfg.model_transaction_policy.decoupled
     assert p["gpt_model_type"] == "inflight_fused_batching"
-    assert p["gpt_model_path"].endswith("build/llama33-70b-fp8-h100-tp2/engines/target")
+    # a link inside the repository (the served config names no path of this machine), to the build's engine
+    assert p["gpt_model_path"] == "tensorrt_llm/1/engine" and p["tokenizer_dir"] == "tensorrt_llm/1/tokenizer"
+    assert os.readlink(gpu_repo / "tensorrt_llm" / "1" / "engine").endswith("build/llama33-70b-fp8-h100-tp2/engines/target")
+    assert os.readlink(gpu_repo / "preprocessing" / "1" / "tokenizer") == "/models/Llama-3.3-70B-Instruct"
     assert p["enable_kv_cache_reuse"] == "true" and p["exclude_input_in_output"] == "false"
     assert p["max_beam_width"] == "1" and p["gpu_device_ids"] == "0,1"
     assert p["kv_cache_free_gpu_mem_fraction"] == "0.85"  # leaves the draft (sharing GPU 0) its room
     d = {k: v.string_value for k, v in parse_config(gpu_repo / "tensorrt_llm_draft" / "config.pbtxt").parameters.items()}
-    assert d["gpu_device_ids"] == "0" and d["gpt_model_path"].endswith("engines/draft")
+    assert d["gpu_device_ids"] == "0" and os.readlink(gpu_repo / d["gpt_model_path"]).endswith("engines/draft")
     assert d["max_tokens_in_paged_kv_cache"] == str(8 * 8192) and "max_tokens_in_paged_kv_cache" not in p
     allowed = set(bc.REQUIRED_PARAMETERS) | set(bc.PARAMETER_DEFAULTS) | set(bc.LOOKAHEAD_PARAMETERS) | {
         "medusa_choices", "eagle_choices", "participant_ids"}
@@ -85,7 +88,7 @@ def test_every_file_parses_and_has_no_template_leftovers(gpu_repo):
 
 
 def broken_copy(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
+    shutil.copytree(src, dst, symlinks=True)
     return dst
 
 
@@ -164,7 +167,7 @@ def test_every_shipped_gpu_config_carries_the_unguarded_parameters(tmp_path):
 
 def test_validator_rejects_an_engine_model_the_backend_would_not_load(gpu_repo, tmp_path):
     bad = tmp_path / "bad"
-    shutil.copytree(gpu_repo, bad)
+    shutil.copytree(gpu_repo, bad, symlinks=True)
     cfg = bad / "tensorrt_llm" / "config.pbtxt"
     m = parse_config(cfg)
     del m.parameters["guided_decoding_backend"]
@@ -215,7 +218,7 @@ def test_an_ensemble_mapping_engine_outputs_straight_out_is_refused(gpu_repo, tm
     from trt_spec.serve.repository import pruned_steps
 
     repo = tmp_path / "repo"
-    shutil.copytree(gpu_repo, repo)
+    shutil.copytree(gpu_repo, repo, symlinks=True)
     path = repo / "ensemble" / "config.pbtxt"
     ens = parse_config(path)
     for o in ("output_ids", "sequence_length"):

@@ -10,7 +10,7 @@ import pytest
 
 from trt_spec.build.pipeline import manifest_for_config
 from trt_spec.serve.repository import write_repository
-from trt_spec.serve.server import ServerError, TritonServer, check_port_free, launch_spec
+from trt_spec.serve.server import ServerError, TritonServer, check_port_free, find_tritonserver, launch_spec
 
 from .conftest import REPO
 
@@ -33,7 +33,10 @@ def test_single_model_tp2_runs_one_tritonserver_per_rank_under_mpirun(tp2_repo, 
     assert "--http-port=9000" in rank0 and "--http-address=127.0.0.1" in rank0
     assert "--model-control-mode=explicit" in rank1 and "--load-model=tensorrt_llm" in rank1
     assert "--allow-http=false" in rank1 and "--http-port" not in rank1
-    assert "shm-region-prefix-name=" in rank0 and spec.plain.endswith(f"--model-repository={tp2_repo.resolve()}")
+    assert "--model-control-mode=explicit" in rank0 and "--load-model=*" in rank0  # serve drains through it
+    assert "shm-region-prefix-name=" in rank0
+    # the configs name the engines relative to the repository: the plain command runs from it
+    assert spec.plain == f"cd {tp2_repo.resolve()} && {find_tritonserver()} --model-repository=."
 
 
 def test_two_models_with_tp_use_orchestrator_mode(tmp_path):

@@ -64,8 +64,9 @@ def stream_call(url, model, inputs, outputs):
 def prompt_ids(server):
     from trt_spec.served.serving import encode, load_tokenizer
 
-    tok_dir = (server.repo / "preprocessing" / "config.pbtxt").read_text().split('key: "tokenizer_dir"')[1]
-    tok = load_tokenizer(tok_dir.split('string_value: "')[1].split('"')[0])
+    from .test_harness import tokenizer_dir
+
+    tok = load_tokenizer(tokenizer_dir(server))
     return encode(tok, PROMPT)
 
 
@@ -223,7 +224,7 @@ def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo,
     broken = tmp_path / "repo"
     import shutil
 
-    shutil.copytree(lookahead_repo, broken)
+    shutil.copytree(lookahead_repo, broken, symlinks=True)  # as cp -r: the engine links stay links
     cfg_path = broken / "tensorrt_llm" / "config.pbtxt"
     cfg = parse_config(cfg_path)
     keep = [o for o in cfg.output if o.name != "kv_cache_alloc_new_blocks"]

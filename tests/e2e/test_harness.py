@@ -25,7 +25,10 @@ def cli(*args, timeout=300):
 
 def tokenizer_dir(server) -> str:
     cfg = (server.repo / "preprocessing" / "config.pbtxt").read_text()
-    return cfg.split('key: "tokenizer_dir"')[1].split('string_value: "')[1].split('"')[0]
+    from trt_spec.served.serving import repo_path
+
+    rel = cfg.split('key: "tokenizer_dir"')[1].split('string_value: "')[1].split('"')[0]
+    return repo_path(str(server.repo / "preprocessing"), rel)  # written relative to the repository
 
 
 def test_check_passes_over_both_protocols(dtm_server):
@@ -70,7 +73,7 @@ class TritonPythonModel(shipped.TritonPythonModel):
 def broken_server(dtm_server, tmp_path_factory):
     """A copy of the draft-target repository whose BLS accepts every draft token unverified."""
     repo = tmp_path_factory.mktemp("broken") / "repo"
-    shutil.copytree(dtm_server.repo, repo)
+    shutil.copytree(dtm_server.repo, repo, symlinks=True)
     version = repo / "tensorrt_llm_bls" / "1"
     (version / "model.py").rename(version / "shipped_model.py")
     (version / "model.py").write_text(BROKEN_BLS)

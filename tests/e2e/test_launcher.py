@@ -142,7 +142,7 @@ def serve(built_repo, tmp_path):
     def start(*extra: str, repo: Path | None = None) -> Serve:
         if repo is None:
             repo = tmp_path / "repo"
-            shutil.copytree(built_repo, repo)
+            shutil.copytree(built_repo, repo, symlinks=True)
         s = Serve(repo, tmp_path, *extra)
         started.append(s)
         return s
@@ -183,7 +183,7 @@ def keyed(built_repo, tmp_path_factory):
     """One deployment served with --admin-key-file, after one request over each protocol."""
     tmp = tmp_path_factory.mktemp("keyed")
     repo = tmp / "repo"
-    shutil.copytree(built_repo, repo)
+    shutil.copytree(built_repo, repo, symlinks=True)
     key_file = tmp / "admin.key"
     s = Serve(repo, tmp, "--admin-key-file", str(key_file)).wait_ready()
     try:
@@ -259,7 +259,7 @@ def test_a_dead_python_backend_process_stops_serve_with_its_model_named(serve):
 
 def test_a_model_that_fails_to_load_is_named_with_its_reason(serve, built_repo, tmp_path):
     repo = tmp_path / "repo"
-    shutil.copytree(built_repo, repo)
+    shutil.copytree(built_repo, repo, symlinks=True)
     cfg = repo / "tensorrt_llm" / "config.pbtxt"
     text = cfg.read_text()
     cut = re.sub(r'parameters \{\n  key: "tokenizer_dir"\n  value \{\n    string_value: "[^"]*"\n  \}\n\}\n', "", text)

@@ -350,3 +350,25 @@ def test_a_10_mb_prompt_is_refused_at_once_with_flat_memory(dtm_server, model):
     assert time.perf_counter() - t0 < 1.0
     grown = models_rss() - before
     assert grown < 64 * 2**20, f"the python models grew by {grown / 2**20:.0f} MiB"
+
+
+def test_served_model_configs_name_no_path_of_this_machine(dtm_server):
+    """GET /v2/models/NAME/config is open to anyone who reaches the port: its parameters hold no absolute path
+    (the engine and tokenizer directories are relative to the repository), and the models still loaded from them."""
+    for model in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", BLS, "ensemble"):
+        with urllib.request.urlopen(f"http://{dtm_server.http_url}/v2/models/{model}/config", timeout=10) as r:
+            text = r.read().decode()
+        params = {k: v["string_value"] for k, v in json.loads(text).get("parameters", {}).items()}
+        assert not [v for v in params.values() if v.startswith("/")], (model, params)
+        assert str(dtm_server.repo.resolve().parent) not in text, model
+    assert LLMClient(dtm_server.grpc_url, "grpc").generate("ensemble", PROMPTS[0], 4).output_ids
+
+
+def test_a_json_value_of_the_wrong_type_is_tritons_own_500(dtm_server):
+    """README says so: Triton's JSON reader answers a string max_tokens with HTTP 500 before any model sees it."""
+    req = urllib.request.Request(f"http://{dtm_server.http_url}/v2/models/{BLS}/generate", method="POST",
+                                 data=json.dumps({"text_input": "hi", "max_tokens": "8"}).encode())
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 500
+    assert "attempt to access JSON non-signed-integer as signed-integer" in json.loads(e.value.read())["error"]

@@ -93,7 +93,9 @@ class FrontendSettings:
                                   "runtime's repository (ensemble and the speculative BLS), which `trt-spec repo` "
                                   "writes; a runtime llmapi repository is not served by it")
         p = {k: v.string_value for k, v in parse_config(path).parameters.items()}
-        return FrontendSettings(triton_url, p["tokenizer_dir"], int(p["max_seq_len"]), int(p["max_draft_len"]),
+        from ..served.serving import repo_path
+
+        return FrontendSettings(triton_url, repo_path(str(path.parent), p["tokenizer_dir"]), int(p["max_seq_len"]), int(p["max_draft_len"]),
                                 p.get("add_special_tokens", "true") == "true",
                                 max_input_len=int(p["max_input_len"]) if p.get("max_input_len") else None)
 

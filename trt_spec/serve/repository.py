@@ -29,6 +29,7 @@ the build's stamps) is verified against them; the sums are stored in trt_spec_re
 from __future__ import annotations
 
 import re
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -541,6 +542,24 @@ def verify_engines(manifest: BuildManifest) -> None:
             raise RepositoryError(str(e)) from None
 
 
+def link_paths(cfg: mc.ModelConfig, model_dir: Path) -> mc.ModelConfig:
+    """A copy of cfg whose names.PATH_PARAMETERS name symlinks inside the repository instead of this machine's
+    directories: `MODEL/1/engine` -> the engine directory, `MODEL/1/tokenizer` -> the tokenizer's (the links are made
+    in model_dir/1). Triton serves every model's config to anyone who can reach the port (GET
+    /v2/models/NAME/config): no absolute path is in it. The python models resolve the parameters against the
+    repository (serving.repo_path); `trt-spec serve` starts tritonserver in the repository, so the tensorrtllm
+    backend, which opens gpt_model_path as given, finds the engine too. The repository can be copied (cp -r keeps
+    the links) as long as the build stays where it is — as with absolute paths."""
+    out = mc.ModelConfig()
+    out.CopyFrom(cfg)
+    for key, link in (("gpt_model_path", "engine"), ("tokenizer_dir", "tokenizer")):
+        value = out.parameters[key].string_value if key in out.parameters else ""
+        if os.path.isabs(value):
+            os.symlink(value, model_dir / "1" / link, target_is_directory=True)
+            out.parameters[key].string_value = f"{model_dir.name}/1/{link}"
+    return out
+
+
 def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = True,
                      max_queue_size: int = 0) -> dict[str, mc.ModelConfig]:
     """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one.
@@ -560,7 +579,7 @@ def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = T
         for name, cfg in configs.items():
             mdir = tmp / name
             (mdir / "1").mkdir(parents=True)
-            (mdir / "config.pbtxt").write_text(text_format.MessageToString(cfg))
+            (mdir / "config.pbtxt").write_text(text_format.MessageToString(link_paths(cfg, mdir)))
             if cfg.backend == "python":
                 src = _python_sources(name, settings.engine)
                 for f in src.glob("*.py"):

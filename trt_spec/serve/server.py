@@ -81,7 +81,7 @@ class LaunchSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     shm_prefix: str = ""
-    plain: str = ""  # the plain `tritonserver --model-repository …` a user can run directly
+    plain: str = ""  # the plain `cd REPO && tritonserver --model-repository=.` a user can run directly
     workdir: Optional[Path] = None  # the backends copy to prepare before starting (nvidia-pytriton only)
     admin_key: str = ""  # header value that unlocks RESTRICTED_APIS; never printed
     admin_key_shown: str = ""  # what shell() prints in its place
@@ -268,7 +268,8 @@ def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: i
                   "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
         return a
 
-    plain = shlex.join([str(binary), f"--model-repository={repo}"])
+    # run from the repository: its configs name the engines relative to it (repository.relative_paths)
+    plain = f"cd {shlex.quote(str(repo))} && " + shlex.join([str(binary), "--model-repository=."])
     common = dict(shm_prefix=prefix, plain=plain, workdir=spec_workdir, admin_key=key, admin_key_shown=shown,
                   notes=notes)
     if orchestrator:
@@ -497,6 +498,7 @@ class TritonServer:
             # not: boost sets them 0644 explicitly, so wait_ready() narrows them).
             self.proc = subprocess.Popen(self.spec.argv, env={**os.environ, **self.spec.env}, stdout=self._log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         cwd=self.repo,  # the tensorrtllm backend opens gpt_model_path from here
                                          umask=0o077, preexec_fn=die_with_parent(signal.SIGTERM))
         except BaseException:
             self._cleanup()

@@ -98,6 +98,25 @@ def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
     return responses
 
 
+def repo_path(model_repository: str, value: str) -> str:
+    """A path parameter of a model's config (repository.PATH_PARAMETERS: written relative to the repository) as
+    an absolute path; model_repository is the python backend's args["model_repository"] (REPO/MODEL)."""
+    if not value or os.path.isabs(value):
+        return value
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(model_repository)), value))
+
+
+def resolve_path_parameters(model_config: dict, model_repository: str) -> dict:
+    """model_config (the JSON Triton hands initialize()) with its path parameters made absolute, in place."""
+    from ..records.names import PATH_PARAMETERS
+
+    for key in PATH_PARAMETERS:
+        p = model_config.get("parameters", {}).get(key)
+        if p is not None and p.get("string_value"):
+            p["string_value"] = repo_path(model_repository, p["string_value"])
+    return model_config
+
+
 def request_inputs(pb_utils, request, names: Iterable[str]) -> dict:
     """A python model's request: name -> numpy array of each of `names` the request carries."""
     out = {}

@@ -12,13 +12,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.records.names import POST_OUTPUT_IDS, POSTPROCESSING, Post
-from trt_spec.served.serving import enable_crash_traces, end_if_cut, load_tokenizer, requested_only, respond_each
+from trt_spec.served.serving import (enable_crash_traces, end_if_cut, load_tokenizer, requested_only,
+                                     resolve_path_parameters, respond_each)
 
 
 class TritonPythonModel:
     def initialize(self, args):
         enable_crash_traces(args["model_name"])
-        params = json.loads(args["model_config"])["parameters"]
+        params = resolve_path_parameters(json.loads(args["model_config"]), args["model_repository"])["parameters"]
         self.tokenizer = load_tokenizer(params["tokenizer_dir"]["string_value"])
         self.skip_special = params.get("skip_special_tokens", {}).get("string_value", "true") == "true"
 

@@ -11,9 +11,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.records.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT, Pre
-from trt_spec.served.serving import (check_input_bytes, check_no_embedding_bias, decode_strings, input_byte_limit, default_end_id, default_pad_id,
-                              enable_crash_traces, encode, load_tokenizer, refuse_if_draining, respond_each, scalar,
-                              to_word_list)
+from trt_spec.served.serving import (check_input_bytes, check_no_embedding_bias, decode_strings, default_end_id,
+                                     default_pad_id, enable_crash_traces, encode, input_byte_limit, load_tokenizer,
+                                     refuse_if_draining, resolve_path_parameters, respond_each, scalar, to_word_list)
 from trt_spec.served.speculative_loop import RequestError, check_prompt_len
 
 
@@ -25,7 +25,7 @@ def _get(request, name):
 class TritonPythonModel:
     def initialize(self, args):
         enable_crash_traces(args["model_name"])
-        params = json.loads(args["model_config"])["parameters"]
+        params = resolve_path_parameters(json.loads(args["model_config"]), args["model_repository"])["parameters"]
         self.tokenizer = load_tokenizer(params["tokenizer_dir"]["string_value"])
         self.max_input_len = int(params["max_input_len"]["string_value"])
         self.add_special = params.get("add_special_tokens", {}).get("string_value", "true") == "true"

@@ -30,7 +30,7 @@ from trt_spec.records.backend_contract import ContractError
 from trt_spec.reference.standin import INPUT_NAMES, StandIn, model_parameters
 from trt_spec.records import backend_contract as bc
 from trt_spec.served.engine_metrics import EngineMetrics
-from trt_spec.served.serving import enable_crash_traces, error_line, request_inputs
+from trt_spec.served.serving import enable_crash_traces, error_line, request_inputs, resolve_path_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 REPORT_PERIOD_S = 30.0  # batching summary lines of single-sequence forwards, at most this often
@@ -51,7 +51,7 @@ class _InFlight:
 class TritonPythonModel:
     def initialize(self, args):
         enable_crash_traces(args["model_name"])
-        cfg = json.loads(args["model_config"])
+        cfg = resolve_path_parameters(json.loads(args["model_config"]), args["model_repository"])
         self.name = args["model_name"]
         engine_dir = model_parameters(cfg).get("gpt_model_path", "")
         if os.path.isdir(engine_dir):  # the engine must match the build's checksums (trt_spec_repo.json at the root)

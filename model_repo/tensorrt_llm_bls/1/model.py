@@ -21,7 +21,8 @@ import triton_python_backend_utils as pb_utils
 from trt_spec.served.serving import (IncrementalDetokenizer, check_input_bytes, check_no_embedding_bias, decode_strings,
                                      input_byte_limit,
                                      default_end_id, default_pad_id, enable_crash_traces, encode, end_if_cut, error_line,
-                                     load_tokenizer, refuse_if_draining, requested_only, scalar, triton_error)
+                                     load_tokenizer, refuse_if_draining, requested_only, resolve_path_parameters, scalar,
+                                     triton_error)
 from trt_spec.records import backend_contract as bc
 from trt_spec.records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BEAM_WIDTH, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS,
                                     EMBEDDING_BIAS, MAX_TOKENS, NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, STOP_WORDS,
@@ -65,7 +66,7 @@ class _Responder:
 class TritonPythonModel:
     def initialize(self, args):
         enable_crash_traces(args["model_name"])
-        cfg = json.loads(args["model_config"])
+        cfg = resolve_path_parameters(json.loads(args["model_config"]), args["model_repository"])
         p = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
         self.loop = SpeculativeLoop(LoopConfig.from_parameters(p), self._call)
