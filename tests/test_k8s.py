@@ -185,6 +185,16 @@ def test_service_and_build_job(rendered):
            "/models/repo/llama33-70b-fp8-h100-tp2" in script
     cfg = yaml.safe_load(_config_map(rendered["llama33-70b-fp8-h100-tp2"])["data"]["llama33-70b-fp8-h100-tp2.yaml"])
     assert cfg["output_dir"] == "/models/build/llama33-70b-fp8-h100-tp2" and cfg["target"]["tp"] == 2
+    # sized from the plan's calibration estimate: 70B x 2 bytes x 1.6 = ~210 GiB -> 3 x H100 80 GB, not the 2 it serves on
+    res = k["Job"]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == 3 and res["limits"]["memory"] == "208Gi"
+
+
+def test_a_node_too_small_to_calibrate_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(DeployError, match=r"calibrating the target for fp8 loads ~210 GiB .* 3 x h100 .*"
+                                          r"--gpus-per-node is 2; build on nodes with >= 3 GPUs"):
+        write_chart(SEED, tmp_path / "c", gpus_per_node=2)
+    assert not (tmp_path / "c").exists()
 
 
 def test_build_config_loads(rendered, tmp_path):

@@ -62,8 +62,9 @@ KNOWN_GPUS: dict[str, tuple[tuple[int, int], float]] = {
 DEFAULT_NAMED_COUNT = 8  # a named GPU without ":COUNT" is assumed to be an 8-GPU node
 
 
-def named_gpu(spec: str) -> GpuSpec:
-    """`h100`, `h200:1`, `a100-80gb:4` -> GpuSpec. Raises HardwareError naming the valid names."""
+def named_gpu(spec: str, source: str = "config") -> GpuSpec:
+    """`h100`, `h200:1`, `a100-80gb:4` -> GpuSpec. Raises HardwareError naming the valid names. Without a count: an
+    8-GPU node, and `source` says so."""
     name, _, count_s = spec.strip().lower().partition(":")
     if name not in KNOWN_GPUS:
         raise HardwareError(
@@ -76,7 +77,9 @@ def named_gpu(spec: str) -> GpuSpec:
     if count < 1:
         raise HardwareError(f"GPU count in {spec!r} must be >= 1")
     cc, mem = KNOWN_GPUS[name]
-    return GpuSpec(name=name, compute_capability=cc, memory_gib=mem, count=count, source="config")
+    if not count_s:
+        source = f"{source}: {name} names no count, an {DEFAULT_NAMED_COUNT}-GPU node assumed ({name}:COUNT says)"
+    return GpuSpec(name=name, compute_capability=cc, memory_gib=mem, count=count, source=source)
 
 
 def _canonical_name(smi_name: str) -> str:
@@ -124,8 +127,21 @@ def detect_gpus(timeout: float = 10.0) -> GpuSpec | None:
 
 
 def resolve_gpu(config_gpu: str, override: str | None = None) -> GpuSpec | None:
-    """The GPU the plan targets: --gpu override, else the config's name, else nvidia-smi; None if unknown."""
-    choice = (override or config_gpu or "auto").strip().lower()
-    if choice != "auto":
-        return named_gpu(choice)
+    """The GPU the plan targets: --gpu override, else the config's `gpu`, else nvidia-smi; None if unknown.
+
+    `--gpu NAME` without a count takes the count of the config's `gpu: NAME:COUNT` (the same GPU); when the config
+    names another GPU or no count, the count must be given (`--gpu NAME:COUNT`): a HardwareError says so."""
+    config_gpu = (config_gpu or "auto").strip().lower()
+    if override:
+        name, _, count = override.strip().lower().partition(":")
+        if count or name == "auto":
+            return named_gpu(override, "--gpu") if name != "auto" else detect_gpus()
+        c_name, _, c_count = config_gpu.partition(":")
+        if c_name == name and c_count:
+            return named_gpu(f"{name}:{c_count}", f"--gpu {name}, count from the config's gpu: {config_gpu}")
+        named_gpu(name)  # an unknown name is that error first
+        raise HardwareError(f"--gpu {name} names no GPU count and the config plans for gpu: {config_gpu}; say how "
+                            f"many: --gpu {name}:COUNT (e.g. {name}:1)")
+    if config_gpu != "auto":
+        return named_gpu(config_gpu, "config")
     return detect_gpus()

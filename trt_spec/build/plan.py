@@ -90,7 +90,8 @@ class Plan:
         lines = [f"plan {self.name} (config {self.config_hash}, engine {self.engine}) -> {self.output_dir}"]
         if self.gpu:
             lines.append(f"gpu: {self.gpu.describe()}")
-        lines.append(f"quantization: weights {r.quant.weights}, KV cache {r.quant.kv_cache}"
+        kv = {"none": "16-bit (not quantized)"}.get(r.quant.kv_cache, r.quant.kv_cache)
+        lines.append(f"quantization: weights {r.quant.weights}, KV cache {kv}"
                      + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else "")
                      + (", FP8 context FMHA (TensorRT-LLM enables it with FP8 weights + FP8 KV)"
                         if self.engine == "tensorrt" and r.config.runtime == "engine" and r.quant.fp8_context_fmha

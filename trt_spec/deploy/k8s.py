@@ -15,6 +15,7 @@ object against the Kubernetes and CRD schemas.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import shutil
@@ -127,6 +128,42 @@ def model_sizes(m: BuildManifest) -> tuple[int, Optional[int]]:
     return target, draft
 
 
+@dataclass(frozen=True)
+class BuildResources:
+    gpus: int
+    memory_gib: int
+    why: str  # the comment values.yaml carries
+
+
+def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) -> BuildResources:
+    """The build Job's GPUs and memory from the plan: FP8/INT8/INT4 calibration loads the target's 16-bit weights
+    (preflight's estimate: x memory.CALIBRATION_PEAK_FACTOR at peak) into GPU memory, so the Job asks for the GPUs
+    that hold that (at least the serving pod's), and host memory for the 16-bit checkpoint it reads (x1.25 + 32 GiB).
+    A node size given with --gpus-per-node that cannot hold the calibration is refused with the fix."""
+    from ..build.memory import CALIBRATION_PEAK_FACTOR, GIB
+
+    gpus = min(lay.ranks, lay.gpus_per_node)
+    target_params, _ = model_sizes(m)
+    weights16 = target_params * 2 / GIB
+    memory = int(math.ceil((weights16 * 1.25 + 32) / 16) * 16)
+    weights = m.engines["target"].weights if "target" in m.engines else ""
+    if m.config.runtime != "engine":  # the LLM API builds at load: the Job only writes the repository
+        return BuildResources(gpus, 64, "runtime llmapi builds nothing ahead: the serving pod's GPUs, 64 GiB")
+    if m.gpu is None or weights in ("bf16", "fp16", "fp32"):
+        return BuildResources(gpus, memory, f"no calibration ({weights}): the serving pod's GPUs; host memory for the "
+                                            f"{weights16:.0f} GiB 16-bit checkpoint the conversion reads")
+    peak = weights16 * CALIBRATION_PEAK_FACTOR
+    need = max(gpus, math.ceil(peak / m.gpu.memory_gib))
+    if gpus_per_node_given and need > lay.gpus_per_node:
+        raise DeployError(f"{m.name}: calibrating the target for {weights} loads ~{peak:.0f} GiB (16-bit weights x "
+                          f"{CALIBRATION_PEAK_FACTOR}), {need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB each), but "
+                          f"--gpus-per-node is {lay.gpus_per_node}; build on nodes with >= {need} GPUs "
+                          f"(--gpus-per-node {need}), or quantize elsewhere and point target.checkpoint at the result")
+    return BuildResources(need, memory, f"{weights} calibration loads ~{peak:.0f} GiB of 16-bit weights at peak: "
+                                        f"{need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB); host memory for the "
+                                        f"{weights16:.0f} GiB 16-bit checkpoint")
+
+
 def acceptance(m: BuildManifest, min_acceptance: Optional[float] = None) -> Acceptance:
     """The acceptance under which speculation at the served k loses: a* = c + (r - 1) / k with r = 1 (a GPU at
     small batch verifies k+1 tokens in about one decode step) and c = draft/target parameters (decode is
@@ -234,6 +271,7 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
     dumped from plan_values, under comments that say where its GPUs are and what the pod runs."""
     paths = pod_paths(m)
     argv, spec = launch(m, paths["repository"], admin_key=False)
+    res = build_resources(m, lay, False)
     image, tag = NGC_IMAGE.rsplit(":", 1)
     checkpoints = [m.config.target.checkpoint] + ([m.config.draft.checkpoint] if m.config.draft and
                                                   m.config.draft.checkpoint else [])
@@ -242,7 +280,7 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
         image=image, tag=_j(tag), mount_path=paths["mountPath"],
         pip_install=_j(f"--no-deps --no-index --find-links {paths['mountPath']}/wheels trt-spec rich markdown-it-py mdurl"),
         gpus_per_node=lay.gpus_per_node, shm_size=defaults.K8S_SHM_SIZE, checkpoints=", ".join(checkpoints),
-        build_gpus=min(lay.ranks, lay.gpus_per_node), startup_s=defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES,
+        build_gpus=res.gpus, build_memory=f"{res.memory_gib}Gi", build_why=res.why, startup_s=defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES,
         startup_period_s=defaults.K8S_STARTUP_PERIOD_S, startup_failures=defaults.K8S_STARTUP_FAILURES,
         http_port=defaults.HTTP_PORT, grpc_port=defaults.GRPC_PORT, metrics_port=defaults.METRICS_PORT,
         openai_port=defaults.OPENAI_PORT, openai_enabled="true" if m.config.runtime == "engine" else "false",
@@ -312,6 +350,7 @@ def write_chart(source: Path, out: Path, *, gpus_per_node: Optional[int] = None,
     runs before anything is written. Returns `out`."""
     m = load_manifest(source, sets, gpu)
     lay = layout(m, gpus_per_node)
+    build_resources(m, lay, gpus_per_node is not None)  # refused before anything is written
     if min_acceptance is not None and not 0.0 <= min_acceptance <= 1.0:
         raise DeployError(f"--min-acceptance must be in [0, 1], got {min_acceptance}")
     acc = acceptance(m, min_acceptance)

@@ -205,9 +205,11 @@ def check_sampling(client: LLMClient, prompts: Sequence[Prompt], rep: CheckRepor
                                     top_p=top_p, seed=1_000 + s, **(extra if model == SPECULATIVE else {}))
                 outs[model].append(tuple(g.output_ids[:dist_tokens]))
         stat, dof, pval = chi2_homogeneity(outs[BASELINE], outs[SPECULATIVE])
+        # dof 0: every sample of both models fell in one category (the distribution is near-deterministic at this
+        # temperature): the test has nothing to compare — inconclusive, not a pass
         rep.distribution.append({"prompt": p.text[:80], "samples": samples, "tokens": dist_tokens,
                                  "temperature": temperature, "chi2": stat, "dof": dof, "p_value": pval,
-                                 "passed": pval >= alpha})
+                                 "passed": pval >= alpha, "inconclusive": dof == 0})
         if progress:
             progress(i + 1)
 
@@ -222,8 +224,13 @@ def format_check(rep: CheckReport) -> str:
             lines.append(f"  DIVERGED at token {d.index}: baseline {d.baseline_token} vs speculative "
                          f"{d.speculative_token} after {d.context!r}; top-2 margin {m} -> {d.kind}   [{r.prompt!r}]")
     for d in rep.distribution:
+        if d.get("inconclusive"):
+            verdict = ("INCONCLUSIVE: every sample of both models was the same token(s), so there is no distribution "
+                       "to compare; raise --temperature or --samples")
+        else:
+            verdict = "ok" if d["passed"] else "DIFFERENT DISTRIBUTIONS"
         lines.append(f"  sampling T={d['temperature']}: chi2={d['chi2']:.2f} dof={d['dof']} p={d['p_value']:.4f} "
-                     f"over {d['samples']} samples -> {'ok' if d['passed'] else 'DIFFERENT DISTRIBUTIONS'}")
+                     f"over {d['samples']} samples -> {verdict}")
     verdict = "PASS" if rep.passed else "FAIL"
     lines.append(f"verdict: {verdict} ({rep.real_mismatches} real mismatch(es), {rep.near_ties} near-tie(s), "
                  f"{rep.distribution_failures} distribution failure(s))")

@@ -41,7 +41,7 @@ def markdown(rep: dict) -> str:
     for b in rep.get("bench", []):
         a = b["acceptance"]
         pol = f", {b['draft_len_policy']}" if b.get("draft_len_policy") else ""
-        out += [f"## Speedup ({b['protocol']}, k={b['k']}{pol})", "",
+        out += [f"## Speedup ({b['protocol']}, {k_label(b['k'])}{pol})", "",
                 "| | baseline | speculative |", "|---|---|---|",
                 f"| output tokens/s | {b['baseline']['tokens_per_s']:.1f} | {b['speculative']['tokens_per_s']:.1f} |",
                 f"| TTFT p50 (ms) | {b['baseline']['ttft_s']['p50'] * 1e3:.0f} | {b['speculative']['ttft_s']['p50'] * 1e3:.0f} |",
@@ -50,7 +50,7 @@ def markdown(rep: dict) -> str:
                 "", f"**Speedup {b['speedup']:.2f}x** (95% CI {b['speedup_ci95'][0]:.2f}–{b['speedup_ci95'][1]:.2f}), "
                 f"acceptance rate {fmt(a['acceptance_rate'], '.2f')}, mean acceptance length {fmt(a['mean_acceptance_length'], '.2f')}, "
                 f"histogram {a['histogram']}; k chosen per round {a.get('draft_length_counts', [])} (counts of k = 0, "
-                f"1, …), mean k {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
+                f"1, …), mean k when speculating {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
                 f"{a.get('rounds_without_speculation_share', 0):.0%}.", ""]
         if b.get("warning"):
             out += [f"> WARNING: {b['warning']}", ""]
@@ -60,20 +60,33 @@ def markdown(rep: dict) -> str:
         out += rate_table(rep["rate"])
     if rep.get("tune"):
         t = rep["tune"]
-        out += ["## k sweep", "", "| policy | k (cap) | speedup | 95% CI | acceptance | mean length | mean k | "
+        out += ["## k sweep", "", "| policy | k (cap) | speedup | 95% CI | acceptance | mean length | mean k when speculating | "
                 "rounds without speculation |", "|---|---|---|---|---|---|---|---|"]
         for r in t["sweep"]:
             lo, hi = r["speedup_ci95"]
             out.append(f"| {r.get('policy', 'fixed')} | {r['k']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
                        f"{fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
                        f"{r.get('mean_draft_length', r['k']):.2f} | {r.get('rounds_without_speculation_share', 0):.0%} |")
-        out += ["", f"Recommended num_draft_tokens (fixed): **{t['recommended_k']}** ({t['note']}).", ""]
+        out += ["", f"Recommended num_draft_tokens (fixed): **{t['recommended_k']}** ({t['note']}).", "",
+                apply_k(t["recommended_k"]), ""]
         a = t.get("adaptive_vs_best_fixed")
         if a:
             out += [f"Adaptive {a['adaptive']:.2f}x (95% CI {a['adaptive_ci95'][0]:.2f}–{a['adaptive_ci95'][1]:.2f}) vs "
                     f"the best fixed k={a['best_fixed_k']} {a['best_fixed']:.2f}x (95% CI {a['best_fixed_ci95'][0]:.2f}–"
                     f"{a['best_fixed_ci95'][1]:.2f}): ratio {a['ratio']:.2f}.", ""]
     return "\n".join(out)
+
+
+def apply_k(k: int) -> str:
+    """How to apply a recommended k: per request, or as the deployment's default."""
+    return (f"Apply it per request with the `num_draft_tokens` input ({k}; OpenAI API: `extra_body={{\"num_draft_tokens\": "
+            f"{k}}}`, `trt-spec bench --k {k}`), or as the deployment's default: `speculative.num_draft_tokens: {k}` "
+            f"in the build config (or `--set speculative.num_draft_tokens={k}`), then `trt-spec repo` and serve again.")
+
+
+def k_label(k) -> str:
+    """How a report names the draft length a run asked for: None = the request carried none (the server's default)."""
+    return "k = the server's default" if k is None else f"k={k}"
 
 
 def concurrency_table(rows: list[dict]) -> list[str]:
@@ -84,7 +97,8 @@ def concurrency_table(rows: list[dict]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a = r["acceptance"]
-        for model, extra in ((BASELINE, "— | — | —"), (SPECULATIVE, f"**{r['speedup']:.2f}x** | "
+        slower = " (slower)" if r["speedup"] < 1.0 else ""
+        for model, extra in ((BASELINE, "— | — | —"), (SPECULATIVE, f"**{r['speedup']:.2f}x{slower}** | "
                              f"{fmt(a['acceptance_rate'], '.2f')} | {fmt(a['mean_acceptance_length'], '.2f')}")):
             m = r[model]
             out.append(f"| {r['concurrency']} | {model} | {m['requests']} | {m['tokens_per_s']:.1f} | "
@@ -92,7 +106,8 @@ def concurrency_table(rows: list[dict]) -> list[str]:
                        f"{m['ttft_s']['p50'] * 1e3:.0f} | {extra} |")
     out += ["", "Total tok/s: every generated token of the level over its wall time (all requests in flight "
             "together). TPOT, latency and TTFT: per request. Speedup: speculative / baseline total tok/s. "
-            "Acceptance: summed over the level's speculative requests. Raw samples: report.json.", ""]
+            "Acceptance: summed over the level's speculative requests. (slower): speculation loses at that level. "
+            "Raw samples: report.json.", ""]
     return out
 
 
