@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,10 @@ def test_build_cli_dry_run_then_build(fake_build):
     assert r.exit_code == 0 and "engine-target: would-run" in r.output
     r = run("build", str(fake_build["config"]))
     assert r.exit_code == 0 and "4 step(s) ran" in r.output and "manifest" in r.output
+    # each step: what it does and where its log is, then how long it took (stderr)
+    log = fake_build["out"] / "logs" / "engine-target.log"
+    assert re.search(rf"\[\d/4\] engine-target: .* \(log: {re.escape(str(log))}\)", r.output), r.output
+    assert re.search(r"\[\d/4\] engine-target: done in \d+s", r.output), r.output
     r = run("build", str(fake_build["config"]))
     assert "0 step(s) ran, 4 up to date" in r.output
 
@@ -122,7 +127,7 @@ def test_bench_help_groups_options_by_mode():
                                                       "--format", "--policy", "-h"}
     assert _section(out, "With --url HOST:PORT or --openai URL:") == {
         "--concurrency", "--request-rate", "--num-requests", "--slo-ttft-ms", "--slo-tpot-ms", "--tokenizer", "--out"}
-    assert _section(out, "With --url HOST:PORT (") == {"--url", "--protocol"}
+    assert _section(out, "With --url HOST:PORT (") == {"--url", "--protocol", "--wait"}
     assert _section(out, "With --openai URL (") == {"--openai", "--model", "--api", "--api-key"}
     assert _section(out, "With --in-process CONFIG") == {"--in-process", "--ignore-eos", "--threads", "--compare-hf",
                                                          "--set"}

@@ -214,3 +214,18 @@ def test_sh_script_runs_with_tools(tmp_path, tiny_pair, monkeypatch):
     assert [c["tool"] for c in tool_calls(tmp_path / "log.jsonl")] == ["quantize", "quantize", "trtllm_build", "trtllm_build"]
     for d in p.engines.values():
         assert (Path(d) / "config.json").is_file()
+
+
+def test_python_and_python3_of_one_venv_give_one_fingerprint(tmp_path):
+    """`python -m trt_spec.cli build` (make demo) and the `trt-spec` script (python3 in its shebang) must not rebuild
+    each other's steps."""
+    import os
+    import sys
+
+    from trt_spec.build.plan import _fingerprint
+
+    alias = tmp_path / "python3"
+    os.symlink(sys.executable, alias)
+    a = _fingerprint((sys.executable, "-m", "x"), {}, [])
+    assert a == _fingerprint((str(alias), "-m", "x"), {}, [])
+    assert a != _fingerprint(("/usr/bin/env", "-m", "x"), {}, [])

@@ -218,20 +218,17 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
     if p.report.memory:
         console.print("memory plan per GPU:\n" + p.report.memory_table(), highlight=False)
 
-    status = {"ctx": None}
+    watch = _StepWatch(console, Path(p.output_dir) / "logs")
 
     def on_event(event: str, step, i: int, n: int) -> None:
         if event == "skip":
-            console.print(f"[{i}/{n}] {step.name}: up to date, skipped")
+            console.print(f"[{i}/{n}] {step.name}: up to date, skipped", soft_wrap=True)
         elif event == "start":
-            status["ctx"] = console.status(f"[{i}/{n}] {step.name}: {step.description} ...")
-            status["ctx"].__enter__()
+            watch.start(f"[{i}/{n}] {step.name}", step)
         elif event in ("done", "fail"):
-            if status["ctx"] is not None:
-                status["ctx"].__exit__(None, None, None)
-                status["ctx"] = None
+            secs = watch.stop()
             mark = "[green]done[/]" if event == "done" else "[red]FAILED[/]"
-            console.print(f"[{i}/{n}] {step.name}: {mark}")
+            console.print(f"[{i}/{n}] {step.name}: {mark} in {secs:.0f}s", highlight=False, soft_wrap=True)
 
     try:
         res = run_plan(p, config_path=Path(config), dry_run=dry_run, force=force, only=only, on_event=on_event)
@@ -252,6 +249,61 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
     ran = sum(1 for s in res.steps if s.status == "ran")
     click.echo(f"build {p.name}: {ran} step(s) ran, {len(res.steps) - ran} up to date"
                + (f"; manifest: {res.manifest}" if res.manifest else ""))
+
+
+class _StepWatch:
+    """A running build step on stderr: its name, description and log path at the start; then its elapsed time and the
+    last line its tool wrote to the log (distillation epochs, EAGLE training steps, calibration batches), live on a
+    terminal or as a plain line every PROGRESS_LINE_S x 3 elsewhere."""
+
+    def __init__(self, console, log_dir: Path):
+        self.console, self.log_dir = console, log_dir
+        self._stop = None
+        self._thread = None
+        self.t0 = 0.0
+
+    def start(self, label: str, step) -> None:
+        import threading
+        import time
+
+        log = self.log_dir / f"{step.name}.log"
+        self.console.print(f"{label}: {step.description} (log: {log})", highlight=False, soft_wrap=True)
+        self.t0, self._stop = time.monotonic(), threading.Event()
+        status = self.console.status("") if self.console.is_terminal else None
+        if status is not None:
+            status.start()
+
+        def tick() -> None:
+            period = 0.5 if status is not None else defaults.PROGRESS_LINE_S * 3
+            while not self._stop.wait(period):
+                text = f"{label}: {time.monotonic() - self.t0:.0f}s" + (f" — {last}" if (last := _last_line(log)) else "")
+                if status is not None:
+                    status.update(text)
+                else:
+                    self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            if status is not None:
+                status.stop()
+        self._thread = threading.Thread(target=tick, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> float:
+        import time
+
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join(timeout=2)
+        return time.monotonic() - self.t0
+
+
+def _last_line(log: Path, width: int = 100) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").replace("\r", "\n").splitlines()]
+    except OSError:
+        return ""
+    last = next((ln for ln in reversed(lines) if ln), "")
+    return last if len(last) <= width else last[: width - 1] + "…"
 
 
 @main.command()
@@ -300,7 +352,7 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
 @click.option("--timeout", default=defaults.READY_TIMEOUT_S, type=float,
               help="Seconds to wait for the server and every model to be ready.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
-              help="tritonserver's log (kept after stop)  [default: REPOSITORY.tritonserver.log]")
+              help="tritonserver's log (kept after stop)  [default: REPOSITORY.tritonserver.HTTP_PORT.log]")
 @click.option("--admin-key-file", type=click.Path(dir_okay=False), default=None,
               help="Unlock the admin APIs (shared-memory, model-repository, trace, logging) for requests whose header "
                    "triton-admin-key (gRPC: triton-grpc-protocol-triton-admin-key) holds the key in this file; a "
@@ -367,7 +419,7 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
 
         try:  # before the server starts: a busy port or a repository it cannot serve is one line, at once
             frontend = FrontendProcess(Path(repository), f"{_loopback(host)}:{grpc_port}", openai_port, host,
-                                       Path(f"{str(repository).rstrip('/')}.openai.log"))
+                                       Path(f"{str(repository).rstrip('/')}.openai.{openai_port}.log"))
         except (RepositoryError, ServerError) as e:
             raise UserError(str(e)) from None
 
@@ -466,8 +518,14 @@ def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int]):
 
 
 def _chat(prompts, tokenizer: Optional[str]):
-    """The prompts wrapped in TOKENIZER's chat template (as an instruct model is served); unchanged without one."""
+    """The prompts wrapped in TOKENIZER's chat template (as an instruct model is served); unchanged without one, and
+    then a plain note on stderr: the served repository's tokenizer lives on the server, so the client cannot apply
+    its template by itself, and the template changes what is measured."""
     if not tokenizer:
+        click.echo("note: prompts go out raw, without a chat template; an instruct model answers raw text "
+                   "differently from its users' chat requests, and speculation pays differently on each. Pass "
+                   "--tokenizer DIR (the target's tokenizer; `trt-spec repo` links it as REPO/preprocessing/1/tokenizer)"
+                   " to send them as chat requests.", err=True)
         return prompts
     from .harness.prompts import with_chat_template
     from .served.serving import load_tokenizer
@@ -478,14 +536,19 @@ def _chat(prompts, tokenizer: Optional[str]):
 _tokenizer_help = "Wrap prompts in this tokenizer's chat template (as an instruct model is served)."
 
 
-def _client(url: str, protocol: str):
-    """A client for the baseline and speculative models at url; one clear error if either is not ready."""
+_wait_help = ("Wait up to this many seconds for a server that is not up or still loading (default: only while "
+              f"the port answers but the models load, up to {defaults.LOADING_WAIT_S:.0f}s).")
+
+
+def _client(url: str, protocol: str, wait: Optional[float] = None):
+    """A client for the baseline and speculative models at url; one clear error if either is not ready (what is
+    there instead, and the fix) after waiting up to `wait` seconds."""
     from .harness.client import ClientError, LLMClient
     from .records.names import TEXT_MODELS
 
     c = LLMClient(url, protocol)
     try:
-        c.check_ready(list(TEXT_MODELS))
+        c.check_ready(list(TEXT_MODELS), wait)
         c.check_baseline()
     except ClientError as e:
         raise UserError(str(e)) from None
@@ -493,12 +556,28 @@ def _client(url: str, protocol: str):
 
 
 def _progress(console, total: int, label: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    """(context, callback(done)) for a long loop: a rich bar with elapsed time and ETA on stderr; where stderr is not a
+    terminal (CI, a pipe), a plain line at most every PROGRESS_LINE_S and at the end instead."""
+    import contextlib
+    import time
 
-    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=True)
-    task = prog.add_task(label, total=total)
-    return prog, (lambda done, *_: prog.update(task, completed=done))
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn)
+
+    if console.is_terminal:
+        prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), "ETA", TimeRemainingColumn(), console=console, transient=True)
+        task = prog.add_task(label, total=total)
+        return prog, (lambda done, *_: prog.update(task, completed=done))
+    t0, last = time.monotonic(), [time.monotonic()]
+
+    def line(done, *_):
+        now = time.monotonic()
+        if done < total and now - last[0] < defaults.PROGRESS_LINE_S:
+            return
+        last[0] = now
+        eta = f", ~{(now - t0) / done * (total - done):.0f}s left" if 0 < done < total else ""
+        click.echo(f"{label}: {done}/{total}, {now - t0:.0f}s{eta}", err=True)
+    return contextlib.nullcontext(), line
 
 
 _prompt_options = [  # --prompt-set: bench's old name, still accepted
@@ -534,9 +613,10 @@ def _with(options):
 @click.option("--samples", type=int, default=defaults.SAMPLING_SAMPLES,
               help="Seeded samples per prompt and model for the distribution check.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS", help=_wait_help)
 def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
           num_draft_tokens: Optional[int], tokenizer: Optional[str], raw: bool, temperature: float, samples: int,
-          fmt: str) -> None:
+          fmt: str, wait: Optional[float]) -> None:
     """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch)."""
     from rich.console import Console
 
@@ -544,7 +624,7 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
     from .harness.identity import check_greedy, check_sampling, format_check
 
     prompts = _prompts(prompt_set, max_tokens, limit)
-    client = _client(url, protocol)
+    client = _client(url, protocol, wait)
     tok = None
     if tokenizer:
         from .harness.prompts import with_chat_template
@@ -603,6 +683,7 @@ def _in_process(*names, **kw):
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_served("--url", default=None, metavar="HOST:PORT", help=_url_help)
 @_protocol_opt(cls=_Option, mode="served")
+@_served("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS", help=_wait_help)
 @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
               help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the deployment's).")
 @_remote("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
@@ -662,6 +743,7 @@ class BenchOptions:
     policies: tuple[str, ...]
     url: Optional[str] = None  # served
     protocol: str = defaults.PROTOCOL
+    wait: Optional[float] = None
     levels: tuple[int, ...] = ()
     rate: Optional[float] = None
     num_requests: Optional[int] = None
@@ -732,7 +814,7 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
         if o.api == "completions":  # raw prompts: the chat template is the client's to apply (--tokenizer)
             prompts = _chat(prompts, o.tokenizer)
     else:
-        client, protocol = _client(o.url, o.protocol), o.protocol
+        client, protocol = _client(o.url, o.protocol, o.wait), o.protocol
         if o.tokenizer:
             from .served.serving import load_tokenizer
 
@@ -788,8 +870,10 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
 @click.option("--repeats", type=int, default=1, help="Repetitions of the prompt set per k.")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
+@click.option("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS", help=_wait_help)
 def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
-         ks: tuple[int, ...], repeats: int, tokenizer: Optional[str], out_dir: Optional[str]) -> None:
+         ks: tuple[int, ...], repeats: int, tokenizer: Optional[str], out_dir: Optional[str],
+         wait: Optional[float]) -> None:
     """Sweep fixed num_draft_tokens (k), then the adaptive policy, against a served deployment; recommend a k and
     report adaptive against the best fixed k (speedups with 95% intervals, one run)."""
     from rich.console import Console
@@ -799,7 +883,7 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
     from .harness.report import environment, markdown, write_reports
 
     prompts = _prompts(prompt_set, max_tokens, limit)
-    client = _client(url, protocol)
+    client = _client(url, protocol, wait)
     prompts = _chat(prompts, tokenizer)
     sweep = list(ks)
     console = Console(stderr=True)

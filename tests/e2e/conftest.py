@@ -103,8 +103,11 @@ def eagle_server(tiny_models, tmp_path_factory):
     """EAGLE in the engine: a head trained at build time (a short run on the tiny target) inside the target engine,
     and the baseline engine beside it."""
     root = tmp_path_factory.mktemp("eagle")
+    # fixed chains: the engine drafts every step whatever a loaded machine measures its costs to be at load (the
+    # confidence policy, a unit-tested choice, may decide drafting does not pay there and draft nothing)
     repo = build_deployment(root, "eagle", None, tiny_models["target"],
-                            speculative={"eagle": {"train": {"steps": 40, "prompts": 32, "draft_vocab": 256}}})
+                            speculative={"draft_len_policy": "fixed",
+                                         "eagle": {"train": {"steps": 40, "prompts": 32, "draft_vocab": 256}}})
     server = _serve(repo, root / "server.log")
     yield server
     server.stop()

@@ -143,6 +143,7 @@ def test_nvidia_end_to_end_client_inputs_with_text_and_ids_on_the_ensemble(dtm_s
     assert not errs and _text(got) == greedy.text
 
 
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_engine_model_without_an_unguarded_parameter_fails_to_load(tiny_models, tmp_path):
     repo = build_deployment(tmp_path, "ngram", None, tiny_models["target"])
     cfg = repo / "tensorrt_llm" / "config.pbtxt"
@@ -201,6 +202,7 @@ def lookahead_repo(tiny_models, tmp_path_factory):
     return build_deployment(root, "lookahead", None, tiny_models["target"], k=15)  # (N-2)+(W-1+G)(N-1) for 4,3,4
 
 
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo, tmp_path):
     """return_perf_metrics makes the backend write ten perf outputs on every response; the engine config declares
     them all, so Medusa/EAGLE/lookahead requests through the BLS are answered. The same repository with one of them

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -196,3 +197,31 @@ def test_errors_are_one_clear_line(dtm_server):
     assert len(r.stderr.strip().splitlines()) == 1
     r = cli("bench", "--url", f"127.0.0.1:{free_port()}")
     assert r.returncode == 2 and r.stderr.strip().startswith("error: no Triton server ready")
+
+
+@pytest.mark.parametrize("port,protocol,words", [
+    ("grpc", "http", "is a gRPC port (it answered HTTP/2), not HTTP: drop `--protocol http`"),
+    ("http", "grpc", "is an HTTP port (it answered HTTP/1.1), not gRPC: add `--protocol http`"),
+    ("metrics", "http", "answers HTTP but is not Triton's HTTP API (its metrics port?)"),
+])
+def test_the_wrong_port_or_protocol_is_named_with_the_fix(dtm_server, port, protocol, words):
+    """A server is there, on another protocol: one line saying so and what to change (it was a traceback, or
+    "start one with trt-spec serve" although a server was running), at once rather than after a wait."""
+    url = {"grpc": dtm_server.grpc_url, "http": dtm_server.http_url,
+           "metrics": f"127.0.0.1:{dtm_server.metrics_port}"}[port]
+    for cmd in ("check", "bench", "tune"):
+        t0 = time.perf_counter()
+        r = cli(cmd, "--url", url, "--protocol", protocol, "--limit", "1")
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert r.returncode == 2 and len(errors) == 1 and errors[0].startswith(f"error: {url} {words}"), r.stderr
+        assert "Traceback" not in r.stderr and time.perf_counter() - t0 < 20
+
+
+def test_wait_lets_check_start_before_the_server(tmp_path):
+    """--wait: nothing listens yet, the command waits; without it, the one line names --wait."""
+    port = free_port()
+    t0 = time.perf_counter()
+    r = cli("check", "--url", f"127.0.0.1:{port}", "--wait", "2")
+    assert r.returncode == 2 and time.perf_counter() - t0 >= 2
+    assert r.stderr.strip() == (f"error: no Triton server ready at 127.0.0.1:{port} (grpc): nothing listens there; "
+                                "start one with `trt-spec serve REPO`, or pass --wait SECONDS for one that is starting")

@@ -69,7 +69,7 @@ class Serve:
     def __init__(self, repo: Path, tmp: Path, *extra: str):
         self.repo = repo.resolve()
         self.tmpdir = tmp / "tmp"
-        self.tmpdir.mkdir()
+        self.tmpdir.mkdir(parents=True)
         self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         self.out, self.err = tmp / "serve.out", tmp / "serve.err"
         cmd = [sys.executable, "-m", "trt_spec.cli", "serve", str(self.repo), "--http-port", str(self.http),
@@ -143,7 +143,7 @@ def serve(built_repo, tmp_path):
         if repo is None:
             repo = tmp_path / "repo"
             shutil.copytree(built_repo, repo, symlinks=True)
-        s = Serve(repo, tmp_path, *extra)
+        s = Serve(repo, tmp_path / f"serve{len(started)}", *extra)
         started.append(s)
         return s
 
@@ -174,7 +174,7 @@ def test_sighup_stops_cleanly_and_removes_the_work_dir(serve):
     assert s.wait_gone(5) == {}
     assert _refused(s.http) and _refused(s.grpc)
     assert _workdirs(s) == []
-    log = s.repo.parent / "repo.tritonserver.log"  # the log outlives the server, next to the repository
+    log = s.repo.parent / f"repo.tritonserver.{s.http}.log"  # the log outlives the server, next to the repository
     assert "stopped" in s.stderr() and "Started HTTPService" in log.read_text()
 
 
@@ -240,6 +240,7 @@ def test_admin_apis_need_the_admin_key(keyed):
     assert LLMClient(f"127.0.0.1:{s.grpc}", "grpc").generate("ensemble", "The quick", 3).output_ids
 
 
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_a_dead_python_backend_process_stops_serve_with_its_model_named(serve):
     s = serve().wait_ready()
     draft = [pid for pid, a in s.stubs().items() if "/tensorrt_llm_draft/" in a[1]]
@@ -257,6 +258,7 @@ def test_a_dead_python_backend_process_stops_serve_with_its_model_named(serve):
     assert _workdirs(s) == []
 
 
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_a_model_that_fails_to_load_is_named_with_its_reason(serve, built_repo, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(built_repo, repo, symlinks=True)
@@ -348,6 +350,7 @@ def test_sigterm_drains_the_streams_in_flight_then_exits_0(serve):
     assert "drained in" in s.stderr() and s.wait_gone(10) == {}
 
 
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_the_drain_timeout_ends_what_is_left_with_a_clear_error(serve):
     """--drain-timeout 1 with long speculative streams in flight: they end with the "shutting down" line (not a
     dropped connection), and serve still exits 0."""
@@ -364,3 +367,27 @@ def test_the_drain_timeout_ends_what_is_left_with_a_clear_error(serve):
         [(st.error, st.tokens) for st in streams]
     assert s.proc.wait(60) == 0, s.stderr()
     assert "drain timeout (1s): ending" in s.stderr()
+
+
+def test_serve_refuses_a_build_directory_and_names_trt_spec_repo(built_repo, tmp_path):
+    """A build directory (manifest.json, no repository) gets one line naming the command that writes a repository,
+    before any server starts (it used to start tritonserver and print a CUDA driver error)."""
+    build = built_repo.parent / "build"
+    assert (build / "manifest.json").is_file()
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(build), "--http-port", str(free_port())],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "is a build directory, not a model repository" in r.stderr and f"trt-spec repo {build}" in r.stderr
+    assert "plain command" not in r.stderr  # refused before any server process
+
+
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
+def test_two_servers_of_one_repository_keep_their_own_logs(serve):
+    first = serve().wait_ready()
+    second = serve(repo=first.repo).wait_ready()
+    logs = {p: first.repo.parent / f"repo.tritonserver.{p}.log" for p in (first.http, second.http)}
+    for s in (first, second):
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(60) == 0, s.stderr()
+    for port, log in logs.items():
+        assert f"Started HTTPService at 127.0.0.1:{port}" in log.read_text(), log

@@ -140,6 +140,7 @@ def test_unknown_model_and_server_down(dtm_server):
         LLMClient("127.0.0.1:1", "http").check_ready(["ensemble"])
 
 
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_serve_stop_leaves_nothing_behind(tiny_models, tmp_path):
     from trt_spec.serve.server import TritonServer, free_port
 

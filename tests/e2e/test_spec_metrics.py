@@ -118,7 +118,13 @@ def test_metric_names_and_types_as_published(ngram_server):
     with urllib.request.urlopen(metrics_url(ngram_server), timeout=10) as r:
         text = r.read().decode()
     types = dict(re.findall(r"^# TYPE (trt_spec_\S+) (\S+)$", text, re.M))
-    assert types == {**{c: "counter" for c in COUNTERS}, **{h: "histogram" for h in HISTOGRAMS}}
+    assert types == {**{c: "counter" for c in COUNTERS}, **{h: "histogram" for h in HISTOGRAMS},
+                     n.METRIC_IN_FLIGHT: "gauge"}
+    # the engines' request metrics, as the tensorrtllm backend names and labels them
+    assert re.search(r"^# TYPE nv_trt_llm_request_metrics gauge$", text, re.M)
+    active = [s for s in parse_metrics(text) if s.name == "nv_trt_llm_request_metrics"]
+    assert {(s.labels["model"], s.labels["request_type"]) for s in active} >= {
+        ("tensorrt_llm", t) for t in ("active", "max", "scheduled", "context", "waiting")}
     vllm = dict(re.findall(r"^# TYPE (vllm:\S+) (\S+)$", text, re.M))
     assert vllm == {name: "counter" for name in (n.VLLM_NUM_DRAFTS, n.VLLM_NUM_DRAFT_TOKENS, n.VLLM_NUM_ACCEPTED_TOKENS,
                                                  n.VLLM_NUM_ACCEPTED_PER_POS)}

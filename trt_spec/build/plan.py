@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -143,7 +144,18 @@ def path_identity(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _interpreter(arg: str) -> str:
+    """`.venv/bin/python` and `.venv/bin/python3` (how `python -m trt_spec.cli` and the `trt-spec` script start) are
+    one interpreter: the same token in a fingerprint, so neither rebuilds the other's steps."""
+    try:
+        same = os.path.basename(arg).startswith("python") and os.path.realpath(arg) == os.path.realpath(sys.executable)
+    except OSError:
+        same = False
+    return "<python>" if same else arg
+
+
 def _fingerprint(argv: tuple[str, ...], env: dict[str, str], input_ids: list[str]) -> str:
+    argv = tuple(_interpreter(a) for a in argv[:1]) + tuple(argv[1:])
     payload = json.dumps({"argv": argv, "env": env, "inputs": input_ids}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -10,8 +10,10 @@ reports.
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
-from ..records.defaults import PROTOCOLS
+from ..records.defaults import LOADING_WAIT_S, PROTOCOLS
 from ..records.names import (BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS,
                              NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE, STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS,
                              TEXT_OUTPUT, TOP_K, TOP_P, USE_DRAFT_LOGITS)
@@ -89,7 +91,61 @@ class LLMClient:
         return c
 
     # -- health -----------------------------------------------------------------------------------------
-    def check_ready(self, models: list[str]) -> None:
+    def check_ready(self, models: list[str], wait_s: Optional[float] = None) -> None:
+        """Wait until the server and `models` are ready, or raise one ClientError that says what is there instead:
+        nothing listening, the other protocol's port (and the fix), a server still loading, a missing model.
+        wait_s: how long to wait for a server that is not up or not ready yet (None: only while the port answers
+        its protocol but the models are loading, up to LOADING_WAIT_S)."""
+        deadline = time.monotonic() + (wait_s or 0.0)
+        loading_deadline = time.monotonic() + (wait_s if wait_s is not None else LOADING_WAIT_S)
+        while True:
+            try:
+                return self._check_ready_once(models)
+            except ClientError as e:
+                kind = probe_port(self.url)
+                if kind.startswith("http") and self.protocol == "grpc":
+                    raise ClientError(f"{self.url} is an HTTP port (it answered HTTP/1.1), not gRPC: add `--protocol "
+                                      "http`, or use the server's gRPC port (8001 by default)") from None
+                if kind == "grpc" and self.protocol == "http":
+                    raise ClientError(f"{self.url} is a gRPC port (it answered HTTP/2), not HTTP: drop `--protocol "
+                                      "http` (gRPC is the default), or use the server's HTTP port (8000 by default)") \
+                        from None
+                if kind == "http:404" and self.protocol == "http":
+                    raise ClientError(f"{self.url} answers HTTP but is not Triton's HTTP API (its metrics port?); use "
+                                      "the server's HTTP port (8000 by default)") from None
+                up = kind == "grpc" or kind == "http:200"  # the right protocol answers: loading, or a model missing
+                now = time.monotonic()
+                if "is not loaded" in str(e) and up and not self._server_ready():
+                    if now < loading_deadline:
+                        time.sleep(1.0)
+                        continue
+                    raise ClientError(f"the server at {self.url} is up but not ready after {wait_s or LOADING_WAIT_S:.0f}s: "
+                                      "its models are still loading (or one failed: see the server log); wait longer "
+                                      "with --wait SECONDS") from None
+                if "no Triton server ready" in str(e):
+                    if now < (loading_deadline if up else deadline):
+                        time.sleep(1.0)
+                        continue
+                    if up:
+                        raise ClientError(f"the server at {self.url} is up but not ready after "
+                                          f"{wait_s or LOADING_WAIT_S:.0f}s: its models are still loading (or one "
+                                          "failed: see the server log); wait longer with --wait SECONDS") from None
+                    what = "nothing listens there" if kind == "refused" else f"the port answers {kind}" \
+                        if not kind.startswith("unreachable") else "the host cannot be reached"
+                    raise ClientError(f"no Triton server ready at {self.url} ({self.protocol}): {what}; start one "
+                                      "with `trt-spec serve REPO`, or pass --wait SECONDS for one that is starting") \
+                        from None
+                raise
+
+    def _server_ready(self) -> bool:
+        try:
+            if self.protocol == "http":
+                return _http_ok(f"http://{self.url}/v2/health/ready")
+            return bool(self._grpc_client().is_server_ready())
+        except Exception:  # noqa: BLE001 - not ready is what we report
+            return False
+
+    def _check_ready_once(self, models: list[str]) -> None:
         """One clear error if the server is down or a model is missing/not ready. A runtime llmapi repository (no
         ensemble; tensorrt_llm and tensorrt_llm_baseline are LLM-API models) maps the roles onto its two models."""
         if not self.llmapi and set(models) <= set(TEXT_MODELS) and self._is_llmapi():
@@ -100,6 +156,9 @@ class LLMClient:
             base = f"http://{self.url}"
             if not _http_ok(f"{base}/v2/health/ready"):
                 raise ClientError(f"no Triton server ready at {self.url} (HTTP); start one with `trt-spec serve REPO`")
+            if not _is_triton_http(base):  # Triton's metrics port answers 200 with metrics text to any path
+                raise ClientError(f"{self.url} answers HTTP but is not Triton's HTTP API (its metrics port?); use the "
+                                  "server's HTTP port (8000 by default)")
             for m in models:
                 if not _http_ok(f"{base}/v2/models/{m}/ready"):
                     raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: "
@@ -359,8 +418,48 @@ def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             return r.status == 200
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):  # HTTPException: not HTTP/1.1 (gRPC)
         return False
+
+
+
+def _is_triton_http(base: str) -> bool:
+    """GET /v2 answers Triton's server metadata (JSON naming triton), not metrics text."""
+    try:
+        with urllib.request.urlopen(f"{base}/v2", timeout=5) as r:
+            return "triton" in str(json.loads(r.read()).get("name", ""))
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError, AttributeError):
+        return False
+
+
+def probe_port(url: str, timeout: float = 2.0) -> str:
+    """What answers at HOST:PORT: "refused", "unreachable", "http:STATUS" (an HTTP/1.1 server; STATUS of GET
+    /v2/health/live: 200 on Triton's HTTP port, 404 on its metrics port), "grpc" (an HTTP/2 server: it answers an
+    HTTP/1.1 request with a SETTINGS or GOAWAY frame) or "other"."""
+    host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
+    data = b""
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as sk:
+            sk.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            sk.settimeout(timeout)
+            try:
+                while len(data) < 16:
+                    chunk = sk.recv(64)
+                    if not chunk:
+                        break
+                    data += chunk
+            except socket.timeout:
+                pass
+    except ConnectionRefusedError:
+        return "refused"
+    except (OSError, ValueError):
+        return "unreachable"
+    if data.startswith(b"HTTP/1."):
+        parts = data.split(b" ")
+        return f"http:{parts[1].decode(errors='replace') if len(parts) > 1 else '?'}"
+    if len(data) >= 9 and data[3] in (0x04, 0x07):  # HTTP/2 frame header: type SETTINGS or GOAWAY
+        return "grpc"
+    return "other"
 
 
 def _http_outputs(ev: dict) -> dict:

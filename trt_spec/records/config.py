@@ -223,7 +223,9 @@ class BuildConfig(_Strict):
     runtime: RuntimeKind = Field("engine", description="engine (trtllm-build engines, the tensorrtllm backend, the "
                                  "speculative BLS) or llmapi (TensorRT-LLM's LLM API on PyTorch: no build step, "
                                  "speculation inside the model; EAGLE-3, MTP)")
-    gpu: str = Field("auto", description="auto (nvidia-smi) or a named GPU such as h100, h200, a100-80gb, l40s; NAME:COUNT")
+    gpu: str = Field("auto", description="auto (nvidia-smi) or a named GPU such as h100, h200, a100-80gb, l40s; "
+                     "NAME:COUNT (a name without a count is labelled \"an 8-GPU node assumed\"; `--gpu NAME` on the "
+                     "command line takes this count when it names the same GPU, and otherwise must say `NAME:COUNT`)")
     target: ModelSpec
     draft: Optional[DraftSpec] = None
     quantization: Quantization = Field(default_factory=Quantization)

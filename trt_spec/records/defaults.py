@@ -34,6 +34,8 @@ EXIT_TIMEOUT_S = 10  # tritonserver --exit-timeout-secs: its own wait once serve
 PROTOCOLS = ("grpc", "http")  # what the harness client speaks
 PROTOCOL = "grpc"  # check / bench / tune
 URL = f"{HOST}:{GRPC_PORT}"  # check / bench / tune --url: a server started with the defaults, over PROTOCOL
+PROGRESS_LINE_S = 10.0  # check / bench / tune on a non-terminal stderr: a progress line at most this often
+LOADING_WAIT_S = 30.0  # check / bench / tune without --wait: how long a server that answers but is still loading gets
 
 # -- Kubernetes bundle (trt-spec deploy k8s) ---------------------------------------------------------------
 K8S_MOUNT_PATH = "/models"  # where the PersistentVolumeClaim (checkpoints, builds, repositories) is mounted

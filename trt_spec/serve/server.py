@@ -100,6 +100,10 @@ def repo_info(repo: Path, record: Optional[RepoRecord] = None) -> tuple[int, boo
         if not Path(repo).is_dir():
             raise ServerError(f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out "
                               f"{repo}`")
+        if (Path(repo) / "manifest.json").is_file() and not (Path(repo) / "trt_spec_repo.json").is_file():
+            raise ServerError(f"{repo} is a build directory, not a model repository; write one from it, then serve "
+                              f"that: trt-spec repo {repo} --out {Path(repo) / 'repo'} && trt-spec serve "
+                              f"{Path(repo) / 'repo'}")
         from .llmapi_repository import missing_sources
 
         missing = missing_sources(Path(repo))
@@ -298,10 +302,11 @@ def free_port(host: str = defaults.HOST) -> int:
         return s.getsockname()[1]
 
 
-def default_log_path(repo: Path) -> Path:
-    """Next to the repository, so it outlives the server's temporary work dir: REPO/../REPO_NAME.tritonserver.log."""
+def default_log_path(repo: Path, http_port: int = defaults.HTTP_PORT) -> Path:
+    """Next to the repository, so it outlives the server's temporary work dir, and one per server (two servers of
+    one repository on other ports keep their own): REPO/../REPO_NAME.tritonserver.HTTP_PORT.log."""
     repo = Path(repo).resolve()
-    return repo.parent / f"{repo.name}.tritonserver.log"
+    return repo.parent / f"{repo.name}.tritonserver.{http_port}.log"
 
 
 # --- the Triton log: the lines that say why the server stopped -----------------------------------------------------
@@ -456,7 +461,7 @@ class TritonServer:
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         # created by start(), removed by stop(); the pid in the name lets a later launcher remove it after a kill -9
         self.workdir = Path(tempfile.gettempdir()) / f"{WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
-        self.log_path = Path(log_path) if log_path else default_log_path(self.repo)
+        self.log_path = Path(log_path) if log_path else default_log_path(self.repo, http_port)
         repo_info(self.repo)  # a missing repository is the error, before the key file is touched
         key = read_admin_key(Path(admin_key_file)) if admin_key_file else None  # else random: admin APIs off
         self.spec = launch_spec(self.repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
