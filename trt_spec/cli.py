@@ -401,6 +401,7 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
             click.echo(f"# then, once it is ready: {shell_line(frontend_argv(Path(repository), f'{_loopback(host)}:{grpc_port}', openai_port, host))}")
         return
     drain = threading.Event()  # the first signal once serving: drain; any other signal: stop at once
+    server = frontend = None
 
     def on_signal(*_):
         if drain.is_set() or server is None or not server.is_serving:
@@ -408,7 +409,6 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
         drain.set()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(sig, on_signal)
-    server = frontend = None
     try:  # the engines are the ones the build made (the tensorrtllm backend itself does not check)
         verify_repository_engines(Path(repository))
     except IntegrityError as e:
