@@ -244,7 +244,10 @@ def _cancel_after_first_response(url, model, tensors):
     c.close()
 
 
-@pytest.mark.parametrize("model", [BLS, "ensemble"])
+# The BLS only: an ensemble's engine step in flight is never told of a cancellation (Triton's ensemble scheduler
+# cancels only the steps it schedules afterwards; README, Reliability) — on the tiny model its 16 calls simply run out
+# within this test's bound, so an ensemble case here would pass without proving anything.
+@pytest.mark.parametrize("model", [BLS])
 def test_cancelled_streams_stop_using_the_engine(dtm_server, model):
     """16 long streams cancelled after their first token must not keep the engine busy: a short request sent
     right after them is served about as fast as on an idle server (without cancellation it waits for all
