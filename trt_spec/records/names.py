@@ -71,7 +71,7 @@ METRIC_OUTPUTS = (*bc.SPEC_PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
 # Model-config parameters that name a directory: they name symlinks inside the repository (serve/repository.py
 # link_paths), since Triton serves every config to anyone who can reach the port; resolved against the repository
 # by the models (served/serving.py repo_path).
-PATH_PARAMETERS = ("gpt_model_path", "tokenizer_dir")
+PATH_PARAMETERS = {"gpt_model_path": "engine", "tokenizer_dir": "tokenizer"}  # parameter -> its link in MODEL/1/
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "generation_config.json", "chat_template.jinja", "tokenizer.model")
 

@@ -47,7 +47,7 @@ from ..build.memory import SHARING_ROLES
 from ..records.speculation import Mode
 from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BASELINE_ENGINE, BEAM_WIDTH, BLS, DRAFT,
                              DRAFT_LENGTHS, DRAFT_LEN_POLICY, EMBEDDING_BIAS, ENGINE_MODELS, ENSEMBLE, MAX_TOKENS,
-                             NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, POSTPROCESSING as POST,
+                             NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, PATH_PARAMETERS, POSTPROCESSING as POST,
                              POST_OUTPUT_IDS, PREPROCESSING as PRE, Post, Pre, SEQUENCE_LENGTH, STOP_WORDS, STREAM,
                              TARGET, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
 
@@ -552,7 +552,7 @@ def link_paths(cfg: mc.ModelConfig, model_dir: Path) -> mc.ModelConfig:
     the links) as long as the build stays where it is — as with absolute paths."""
     out = mc.ModelConfig()
     out.CopyFrom(cfg)
-    for key, link in (("gpt_model_path", "engine"), ("tokenizer_dir", "tokenizer")):
+    for key, link in PATH_PARAMETERS.items():
         value = out.parameters[key].string_value if key in out.parameters else ""
         if os.path.isabs(value):
             os.symlink(value, model_dir / "1" / link, target_is_directory=True)

@@ -99,7 +99,7 @@ def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
 
 
 def repo_path(model_repository: str, value: str) -> str:
-    """A path parameter of a model's config (repository.PATH_PARAMETERS: written relative to the repository) as
+    """A path parameter of a model's config (names.PATH_PARAMETERS: a link inside the repository, relative to it) as
     an absolute path; model_repository is the python backend's args["model_repository"] (REPO/MODEL)."""
     if not value or os.path.isabs(value):
         return value
