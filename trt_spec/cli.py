@@ -263,6 +263,7 @@ class _StepWatch:
         self.t0 = 0.0
 
     def start(self, label: str, step) -> None:
+        import signal
         import threading
         import time
 
@@ -270,10 +271,14 @@ class _StepWatch:
         self.console.print(f"{label}: {step.description} (log: {log})", highlight=False, soft_wrap=True)
         self.t0, self._stop = time.monotonic(), threading.Event()
         status = self.console.status("") if self.console.is_terminal else None
-        if status is not None:
-            status.start()
 
         def tick() -> None:
+            # Ctrl-C/SIGTERM/SIGHUP must land on the main thread: delivered to this one (or to rich's refresh thread,
+            # started here so that it inherits the mask), they would leave the main thread blocked in waitpid until
+            # the tool ended by itself (Python runs signal handlers on the main thread only)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+            if status is not None:
+                status.start()
             period = 0.5 if status is not None else defaults.PROGRESS_LINE_S * 3
             while not self._stop.wait(period):
                 text = f"{label}: {time.monotonic() - self.t0:.0f}s" + (f" — {last}" if (last := _last_line(log)) else "")
