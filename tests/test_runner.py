@@ -188,8 +188,11 @@ def test_sigterm_and_sighup_stop_the_tool_and_clean_up(fake_build, sig):
 def test_ctrl_c_cleans_up(fake_build):
     mark = fake_build["tmp"] / "sleeping"
     env = {**os.environ, "FAKE_SLEEP": "30", "FAKE_SLEEP_MARK": str(mark)}
+    # A user's Ctrl-C reaches a foreground process whose SIGINT is at its default; a test run started as a background
+    # job of a non-interactive shell inherits SIGINT ignored (bash does that to `cmd &`), so restore the default
     proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 30
     while not mark.exists() and time.time() < deadline:
         time.sleep(0.05)
