@@ -110,26 +110,18 @@ class LLMClient:
                     raise ClientError(f"{self.url} is a gRPC port (it answered HTTP/2), not HTTP: drop `--protocol "
                                       "http` (gRPC is the default), or use the server's HTTP port (8000 by default)") \
                         from None
-                if kind == "http:404" and self.protocol == "http":
-                    raise ClientError(f"{self.url} answers HTTP but is not Triton's HTTP API (its metrics port?); use "
-                                      "the server's HTTP port (8000 by default)") from None
                 up = kind == "grpc" or kind == "http:200"  # the right protocol answers: loading, or a model missing
-                now = time.monotonic()
-                if "is not loaded" in str(e) and up and not self._server_ready():
-                    if now < loading_deadline:
+                loading = ("is not loaded" in str(e) and up and not self._server_ready()) or \
+                    ("no Triton server ready" in str(e) and up)
+                if loading or "no Triton server ready" in str(e):
+                    if time.monotonic() < (loading_deadline if up else deadline):
                         time.sleep(1.0)
                         continue
+                if loading:
                     raise ClientError(f"the server at {self.url} is up but not ready after {wait_s or LOADING_WAIT_S:.0f}s: "
                                       "its models are still loading (or one failed: see the server log); wait longer "
                                       "with --wait SECONDS") from None
                 if "no Triton server ready" in str(e):
-                    if now < (loading_deadline if up else deadline):
-                        time.sleep(1.0)
-                        continue
-                    if up:
-                        raise ClientError(f"the server at {self.url} is up but not ready after "
-                                          f"{wait_s or LOADING_WAIT_S:.0f}s: its models are still loading (or one "
-                                          "failed: see the server log); wait longer with --wait SECONDS") from None
                     what = "nothing listens there" if kind == "refused" else f"the port answers {kind}" \
                         if not kind.startswith("unreachable") else "the host cannot be reached"
                     raise ClientError(f"no Triton server ready at {self.url} ({self.protocol}): {what}; start one "
@@ -422,7 +414,6 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-
 def _is_triton_http(base: str) -> bool:
     """GET /v2 answers Triton's server metadata (JSON naming triton), not metrics text."""
     try:
@@ -434,7 +425,7 @@ def _is_triton_http(base: str) -> bool:
 
 def probe_port(url: str, timeout: float = 2.0) -> str:
     """What answers at HOST:PORT: "refused", "unreachable", "http:STATUS" (an HTTP/1.1 server; STATUS of GET
-    /v2/health/live: 200 on Triton's HTTP port, 404 on its metrics port), "grpc" (an HTTP/2 server: it answers an
+    /v2/health/live: 200 on Triton's HTTP port — and on its metrics port, which _is_triton_http tells apart), "grpc" (an HTTP/2 server: it answers an
     HTTP/1.1 request with a SETTINGS or GOAWAY frame) or "other"."""
     host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
     data = b""
