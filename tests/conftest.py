@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_CONFIGS = sorted((REPO / "build_configs").glob("*.yaml"))
+
+# trt-spec's cache (served admin keys by port, the plain command's backend directory): the session's own, never the
+# user's (subprocesses inherit it)
+_CACHE = tempfile.mkdtemp(prefix="trt-spec-test-cache-")
+os.environ["TRT_SPEC_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 
 def make_checkpoint(d: Path, *, arch: str = "LlamaForCausalLM", vocab_size: int = 64, layers: int = 2,

@@ -33,6 +33,7 @@ CRDS = {(d["apiVersion"], d["kind"]): d for d in
 GPU_CONFIGS = {  # shipped GPU configs -> GPUs the plan needs (target TP x PP, plus the draft's own GPUs)
     "llama33-70b-fp8-h100-tp2": 2, "llama33-70b-fp8-h200": 1, "qwen25-coder-32b-fp8-h100": 1,
     "llama31-8b-a100": 1, "qwen25-coder-32b-ngram-h100": 1, "vicuna-7b-medusa-fp8-h100": 1,
+    "vicuna-7b-eagle-h100": 1, "llama31-8b-lookahead-fp8-h100": 1,  # in-engine EAGLE and lookahead (+ baseline engine)
     # runtime llmapi: the LLM API loads the EAGLE-3 head or MTP layers on the target's GPUs
     "llama33-70b-eagle3-h200": 1, "llama33-70b-eagle3-h100-tp2": 2, "llama31-8b-eagle3-a100": 1,
     "deepseek-v3-mtp-h200": 8, "llama31-8b-ngram-llmapi-h100": 1,
@@ -74,7 +75,16 @@ def rendered(charts) -> dict[str, list[dict]]:
 
 def test_every_gpu_config_is_covered():
     gpu = {p.stem for p in CONFIGS.glob("*.yaml") if yaml.safe_load(p.read_text()).get("engine", "tensorrt") == "tensorrt"}
-    assert gpu == set(GPU_CONFIGS)
+    assert gpu == set(GPU_CONFIGS) | FIRST_CONTACT
+
+
+FIRST_CONTACT = {"smollm2-first-contact-fp8", "smollm2-first-contact-llmapi"}  # make gpu-smoke's, one host
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_CONTACT))
+def test_first_contact_configs_are_refused_in_one_line(name, tmp_path):
+    with pytest.raises(DeployError, match="built on one host .*make gpu-smoke"):
+        write_chart(CONFIGS / f"{name}.yaml", tmp_path / "chart")
 
 
 @pytest.mark.parametrize("name", GPU_CONFIGS)

@@ -12,7 +12,7 @@ PKG = REPO / "trt_spec"
 # build exports with and the stand-in serves); then build -> what runs inside tritonserver -> repository and launcher
 # -> the client harness -> deploy -> the CLI shell on top.
 ORDER = ["records", "reference", "build", "served", "serve", "harness", "deploy", "cli"]
-TOP = {"cli", "demo", "doctor"}  # the CLI and the commands it composes
+TOP = {"cli", "demo", "doctor", "gpu_smoke"}  # the CLI and the commands it composes
 
 
 def stage_of(module: str) -> str:
@@ -50,7 +50,7 @@ def modules():
 
 def test_stages_are_folders():
     flat = sorted(p.name for p in PKG.glob("*.py"))
-    assert flat == ["__init__.py", "cli.py", "demo.py", "doctor.py"]
+    assert flat == ["__init__.py", "cli.py", "demo.py", "doctor.py", "gpu_smoke.py"]
     assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__" and not p.is_symlink()} == \
         set(ORDER) - {"cli"}
 

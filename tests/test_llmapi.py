@@ -205,3 +205,68 @@ def test_build_checks_the_checkpoints_and_writes_the_manifest_only(tmp_path):
     gone = llmapi(tmp_path, "  mode: ngram", target=str(tmp_path / "nope"), extra=f"output_dir: {tmp_path / 'o2'}\n")
     r = CliRunner().invoke(main, ["build", str(gone)])
     assert r.exit_code == 2 and "directory not found" in r.output and not (tmp_path / "o2").exists()
+
+
+def test_a_full_batch_of_drafts_must_fit_one_forward_pass(tmp_path):
+    """NVIDIA/TensorRT-LLM#16101 (#5076): max_batch_size x (max_draft_len + 1) tokens per step within max_num_tokens."""
+    p = llmapi(tmp_path, "  mode: ngram\n  max_draft_len: 7")
+    cfg = load_config(p, ["limits.max_batch_size=64", "limits.max_num_tokens=500", "limits.max_input_len=256",
+                          "limits.max_seq_len=512"])
+    with pytest.raises(PreflightError) as e:
+        run_preflight(cfg, resolve_gpu(cfg.gpu, None), require_checkpoints=True)
+    assert str(e.value).startswith("limits.max_num_tokens 500 < max_batch_size x (max_draft_len + 1) = 64 x 8 = 512")
+    assert "\n" not in str(e.value)
+    ok = load_config(p, ["limits.max_batch_size=64", "limits.max_num_tokens=512", "limits.max_input_len=256",
+                         "limits.max_seq_len=512"])
+    run_preflight(ok, resolve_gpu(ok.gpu, None), require_checkpoints=True)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_launch_loads_the_speculative_model_only(name, tmp_path):
+    """F1: the baseline (a second full copy of the target) is a phase model; serve and the printed launch load
+    tensorrt_llm by name, never every model."""
+    from trt_spec.records.manifest import RepoRecord
+    from trt_spec.serve.server import NGC_TRITONSERVER, launch_spec
+
+    src = tmp_path / "nvidia" / "1"
+    src.mkdir(parents=True)
+    (src / "model.py").write_text("\n")
+    m = manifest_for_config(REPO / "build_configs" / f"{name}.yaml", [f"toolchain.llmapi_model_dir={src}"])
+    write_repository(m, tmp_path / "r")
+    rec = RepoRecord.read(tmp_path / "r")
+    assert rec.load_models == [lc.MODEL_NAME] and rec.phase_models == {lc.BASELINE_MODEL: [lc.MODEL_NAME]}
+    spec = launch_spec(tmp_path / "r", binary=NGC_TRITONSERVER)
+    loads = [a for a in spec.argv if a.startswith("--load-model")]
+    assert loads == [f"--load-model={lc.MODEL_NAME}"] and "--model-control-mode=explicit" in spec.argv
+    assert f"--load-model={lc.MODEL_NAME}" in spec.plain and "--load-model=*" not in spec.plain
+    assert "--model-control-mode=explicit" in spec.plain  # the plain launch must not load every model either
+
+
+class _Tok:
+    """A tokenizer of one token per character (what the client counts LLM-API text with)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+
+def test_acceptance_comes_from_the_streamed_responses_when_the_perf_outputs_are_zero():
+    """1.2.1's PyTorch flow answers 0 for the speculative perf outputs (NVIDIA/TensorRT-LLM#17082); each streamed
+    response is one iteration with the whole text so far: 10 tokens in 4 responses = 2.5 tokens per iteration."""
+    from trt_spec.harness.bench import Sample, acceptance_summary
+    from trt_spec.harness.client import LLMClient
+
+    c = LLMClient("127.0.0.1:1", "grpc").use_tokenizer(_Tok())
+    zero = {"acceptance_rate": "0.0", "total_accepted_draft_tokens": "0", "total_draft_tokens": "0"}
+    parts = [({"text": t, "ids": [], "metrics": dict(zero) if i == 3 else {}}, 0.1 * (i + 1))
+             for i, t in enumerate(["a", "abcd", "abcdefg", "abcdefghij"])]
+    g = c._llmapi_result(parts, 0.5, stream=True)
+    assert g.text == "abcdefghij" and g.num_tokens == 10 and g.ttft_s == pytest.approx(0.1) and g.chunks == 4
+    assert g.metrics == {"total_accepted_draft_tokens": 6, "total_steps": 4, lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS}
+    acc = acceptance_summary([Sample.of("tensorrt_llm_bls", 0, 0, g)])
+    assert acc["mean_acceptance_length"] == pytest.approx(2.5) and acc["acceptance_rate"] is None
+    assert acc["source"] == lc.FROM_STREAMED_CHUNKS
+    unary = c._llmapi_result([({"text": "abcdefghij", "ids": [], "metrics": dict(zero)}, 0.5)], 0.5, stream=False)
+    assert unary.metrics == {}  # zeros are not an acceptance: none is claimed without the streamed responses
+    fixed = dict(zero, total_accepted_draft_tokens="6", total_draft_tokens="9", acceptance_rate="0.666")
+    later = c._llmapi_result([({"text": "abcdefghij", "ids": [], "metrics": fixed}, 0.5)], 0.5, stream=False)
+    assert later.metrics["total_draft_tokens"] == 9 and later.metrics[lc.ACCEPTANCE_SOURCE] == lc.FROM_PERF_OUTPUTS

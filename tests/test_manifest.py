@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from trt_spec.cli import main
 from trt_spec.records.integrity import IntegrityError, verify_repository_engines, verify_served_engine
-from trt_spec.records.manifest import (MANIFEST_VERSION_KEY, REPO_VERSION_KEY, SCHEMA_VERSION, BuildManifest, EngineSums,
+from trt_spec.records.manifest import (MANIFEST_VERSION_KEY, REPO_SCHEMA_VERSION, REPO_VERSION_KEY, SCHEMA_VERSION,
+                                       BuildManifest, EngineSums,
                                ManifestError, RepoRecord, WorldSize)
 from trt_spec.build.pipeline import manifest_for_config
 from trt_spec.serve.repository import write_repository
@@ -21,11 +22,11 @@ GPU_CONFIG = REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml"  # draft +
 NGRAM_CONFIG = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"  # no draft
 # manifest.json's keys as trt-spec wrote them before the version field (users and scripts read them)
 MANIFEST_KEYS = ["name", "config_path", "config_hash", "config", "engine", "created", "tool_versions", "gpu",
-                 "speculative", "limits", "runtime", "world_size", "engines", "steps"]
+                 "speculative", "limits", "runtime", "world_size", "engines", "steps", "calibration"]
 ENGINE_KEYS = ["dir", "checkpoint", "tp", "pp", "world_size", "devices", "weights", "kv_cache", "argv", "fingerprint",
                "max_draft_len", "gather_generation_logits", "step", "files"]
 REPO_KEYS = ["name", "config_hash", "engine", "world_size", "orchestrator", "mpi_ranks", "models", "decoupled",
-             "gpu_ids", "engines"]
+             "gpu_ids", "engines", "load_models", "phase_models"]
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +148,8 @@ def test_serve_and_the_engine_model_refuse_an_old_repo_record(manifest, tmp_path
     data = json.loads(f.read_text())
     del data[REPO_VERSION_KEY]
     f.write_text(json.dumps(data))
-    line = (f"{f}: repository record from an older trt-spec (no trt_spec_repo_version; this trt-spec reads version 1); "
+    line = (f"{f}: repository record from an older trt-spec (no trt_spec_repo_version; this trt-spec reads version "
+            f"{REPO_SCHEMA_VERSION}); "
             f"regenerate it with `trt-spec repo BUILD_DIR --out {repo}`")
     with pytest.raises(IntegrityError) as e:  # `trt-spec serve`, before starting anything
         verify_repository_engines(repo)
@@ -159,3 +161,25 @@ def test_serve_and_the_engine_model_refuse_an_old_repo_record(manifest, tmp_path
     with pytest.raises(IntegrityError, match=r"trt_spec_repo\.json: not a trt-spec repository record \(no "
                                              r"trt_spec_repo_version field\); regenerate it with"):
         verify_repository_engines(repo)
+
+
+def test_manifest_records_the_calibration_set(manifest, tmp_path):
+    """Which set quantize.py calibrated on: the Hub default (downloaded, no fingerprint) or a local directory with the
+    sha256 of its files; a manifest from before the field reads as None (nothing recorded)."""
+    from trt_spec.build import calibration as cal
+
+    assert manifest.calibration.dataset == "cnn_dailymail" and manifest.calibration.path is None
+    assert manifest.calibration.fingerprint is None and manifest.calibration.calib_size == 512
+    m = manifest_for_config(GPU_CONFIG, [f"quantization.calib_dataset={cal.BUNDLED_CALIB_DATASET}",
+                                         "quantization.calib_size=64"])
+    c = m.calibration
+    assert c.dataset == cal.BUNDLED_CALIB_DATASET and c.path == str(cal.resolve(cal.BUNDLED_CALIB_DATASET))
+    assert c.fingerprint == cal.fingerprint(c.path) and c.fingerprint.startswith("sha256:") and c.samples == 64
+    m.write(tmp_path)
+    assert BuildManifest.read(tmp_path).calibration == c
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    del data["calibration"]
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    assert BuildManifest.read(tmp_path).calibration is None
+    cpu = manifest_for_config(REPO / "build_configs" / "cpu-smollm2-ngram.yaml")
+    assert cpu.calibration is None  # the reference engine scales FP8 per channel: no calibration set

@@ -16,6 +16,7 @@ from trt_spec.records.speculation import Mode
 from trt_spec.build.model_info import PreflightError
 from trt_spec.build.hardware import resolve_gpu
 from trt_spec.build.plan import make_plan
+from trt_spec.build import calibration
 from trt_spec.build.preflight import run_preflight
 
 from .conftest import BUILD_CONFIGS, REPO, tool_calls, write_fake_tools
@@ -24,9 +25,11 @@ GOLDEN = REPO / "tests" / "golden" / "plans"
 UPDATE = os.environ.get("TRT_SPEC_UPDATE_GOLDENS") == "1"
 
 
-def plan_of(path: Path, sets=()):
+def plan_of(path: Path, sets=(), allow_offload=True):
+    """The plan of a shipped config on the GPUs it names (with --allow-offload: the 70B and 32B configs calibrate more
+    than their serving GPUs hold; tests/test_preflight.py proves the refusal)."""
     cfg = load_config(path, sets)
-    report = run_preflight(cfg, resolve_gpu(cfg.gpu), require_checkpoints=False)
+    report = run_preflight(cfg, resolve_gpu(cfg.gpu), require_checkpoints=False, allow_offload=allow_offload)
     return make_plan(cfg, report, path)
 
 
@@ -37,7 +40,9 @@ def arg(argv, flag):
 @pytest.mark.parametrize("path", BUILD_CONFIGS, ids=lambda p: p.stem)
 def test_plan_matches_golden(path):
     p = plan_of(path)
-    norm = lambda a: "PYTHON" if a == sys.executable else a  # noqa: E731 (reference steps run this interpreter)
+    # reference steps run this interpreter; the bundled calibration set lies inside this checkout or install
+    bundled = str(calibration.resolve(calibration.BUNDLED_CALIB_DATASET))
+    norm = lambda a: "PYTHON" if a == sys.executable else "BUNDLED_CALIB_DATASET" if a == bundled else a  # noqa: E731
     got = {"quantization": p.to_json()["quantization"], "max_draft_len": p.report.max_draft_len,
            "steps": [{"name": s.name, "argv": [norm(a) for a in s.argv]} for s in p.steps]}
     golden = GOLDEN / f"{path.stem}.json"
@@ -59,6 +64,9 @@ def test_plan_follows_trtllm_recipe(path):
     k = p.report.max_draft_len
     for s in p.steps:
         argv = list(s.argv)
+        if s.name in ("import-target", "distill-draft"):  # a GGUF target / distilled draft: trt-spec's own, this python
+            assert argv[:3] == [sys.executable, "-m", f"trt_spec.reference.{'checkpoints' if 'import' in s.name else 'distill'}"]
+            continue
         if s.name.startswith("engine-"):
             flags = {a for a in argv if a.startswith("--")}
             assert flags <= F.TRTLLM_BUILD_FLAGS
@@ -78,7 +86,11 @@ def test_plan_follows_trtllm_recipe(path):
                     assert mode == "draft_tokens_external" and arg(argv, "--max_draft_len") == str(k) and k >= 1
             else:
                 assert "--speculative_decoding_mode" not in argv
-                assert ("--gather_generation_logits" in argv) == cfg.speculative.use_draft_logits
+            # the engine that serves the baseline returns logits (check's near-tie probe); a draft only for
+            # rejection sampling
+            serves_baseline = role == ("baseline" if cfg.speculative.has_baseline_engine else "target")
+            logits_draft = role == "draft" and cfg.speculative.use_draft_logits
+            assert ("--gather_generation_logits" in argv) == (serves_baseline or logits_draft), role
             q = p.report.quant  # builder.py: on with FP8 weights + FP8 KV + paged context FMHA on SM >= 89
             fp8_fmha = q.weights == "fp8" and q.kv_cache == "fp8" and p.gpu.has_fp8
             assert arg(argv, "--use_fp8_context_fmha") == ("enable" if fp8_fmha else "disable")
@@ -97,7 +109,7 @@ def test_plan_follows_trtllm_recipe(path):
                 assert arg(argv, "--qformat") in F.QUANTIZE_QFORMATS
                 if "--kv_cache_dtype" in argv:
                     assert arg(argv, "--kv_cache_dtype") in F.QUANTIZE_KV_DTYPES
-    names = [s.name for s in p.steps]
+    names = [s.name for s in p.steps if s.name not in ("import-target", "distill-draft")]
     assert names.index("checkpoint-target") < names.index("engine-target")
     if cfg.draft is not None:
         assert names == ["checkpoint-target", "checkpoint-draft", "engine-draft", "engine-target"]
@@ -141,10 +153,32 @@ def test_a100_config_falls_back_to_int8_smoothquant():
     assert r.quant.weights == "fp8"
 
 
-def test_use_draft_logits_gathers_generation_logits_on_draft_only():
+def test_use_draft_logits_gathers_generation_logits_on_the_draft_too():
     p = plan_of(REPO / "build_configs" / "llama33-70b-fp8-h200.yaml", ["speculative.use_draft_logits=true"])
     assert "--gather_generation_logits" in p.step("engine-draft").argv
-    assert "--gather_generation_logits" not in p.step("engine-target").argv
+    assert "--gather_generation_logits" in p.step("engine-target").argv  # it serves the baseline
+    p = plan_of(REPO / "build_configs" / "llama33-70b-fp8-h200.yaml")
+    assert "--gather_generation_logits" not in p.step("engine-draft").argv
+
+
+def test_the_engine_that_serves_the_baseline_gathers_generation_logits():
+    """`trt-spec check` reads the baseline engine's next-token logits at a divergence (return_generation_logits), which
+    the executor answers only from an engine built with --gather_generation_logits: the target where the BLS runs the
+    loop, the baseline engine where the target speculates inside itself (never the speculating engine)."""
+    cases = {"llama33-70b-fp8-h200.yaml": ("target", ["draft"]), "qwen25-coder-32b-ngram-h100.yaml": ("target", []),
+             "vicuna-7b-medusa-fp8-h100.yaml": ("baseline", ["target"])}
+    for name, (serves, plain) in cases.items():
+        p = plan_of(REPO / "build_configs" / name)
+        assert "--gather_generation_logits" in p.step(f"engine-{serves}").argv, name
+        assert "generation logits (check's near-tie probe)" in p.step(f"engine-{serves}").description
+        for role in plain:
+            assert "--gather_generation_logits" not in p.step(f"engine-{role}").argv, (name, role)
+    for name in ("cpu-smollm2-draft.yaml", "cpu-smollm2-eagle.yaml"):  # the reference engine's export, likewise
+        p = plan_of(REPO / "build_configs" / name)
+        serves = "baseline" if "eagle" in name else "target"
+        for s in p.steps:
+            if s.name.startswith("export-"):
+                assert ("--gather_generation_logits" in s.argv) == (s.name == f"export-{serves}"), (name, s.name)
 
 
 def test_bf16_uses_family_convert_checkpoint():

@@ -41,20 +41,69 @@ def test_tensorrt_repository_goldens(gpu_repo, model):
     assert got == golden.read_text()
 
 
+IN_ENGINE = ("vicuna-7b-eagle-h100", "llama31-8b-lookahead-fp8-h100")  # the engine path's EAGLE and lookahead configs
+
+
+@pytest.fixture(scope="module")
+def in_engine_repos(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("in_engine")
+    out = {}
+    for name in IN_ENGINE:
+        out[name] = root / name
+        write_repository(manifest_for_config(REPO / "build_configs" / f"{name}.yaml"), out[name])
+    return out
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_baseline", "tensorrt_llm_bls", "ensemble",
+                                   "preprocessing", "postprocessing"])
+@pytest.mark.parametrize("name", IN_ENGINE)
+def test_in_engine_repository_goldens(in_engine_repos, name, model):
+    """EAGLE and lookahead on the engine path: the speculative engine (decoding_mode and its tree or (W, N, G)), the
+    plain baseline engine the ensemble runs, and the BLS in engine mode."""
+    got = normalized((in_engine_repos[name] / model / "config.pbtxt").read_text())
+    golden = GOLDEN / f"{name}.{model}.pbtxt"
+    if UPDATE:
+        golden.write_text(got)
+    assert golden.is_file(), f"missing golden {golden}; run TRT_SPEC_UPDATE_GOLDENS=1 pytest tests/test_repository.py"
+    assert got == golden.read_text()
+
+
+def test_in_engine_repositories_speculate_in_the_engine(in_engine_repos):
+    eagle = {k: v.string_value for k, v in
+             parse_config(in_engine_repos["vicuna-7b-eagle-h100"] / "tensorrt_llm" / "config.pbtxt").parameters.items()}
+    assert eagle["decoding_mode"] == "eagle" and "eagle_choices" not in eagle  # the backend's default EAGLE-1 tree
+    la = {k: v.string_value for k, v in parse_config(
+        in_engine_repos["llama31-8b-lookahead-fp8-h100"] / "tensorrt_llm" / "config.pbtxt").parameters.items()}
+    assert la["decoding_mode"] == "lookahead"
+    assert (la["lookahead_window_size"], la["lookahead_ngram_size"], la["lookahead_verification_set_size"]) == \
+        ("4", "4", "4")  # (N-2) + (W-1+G)(N-1) = 23 = the engine's max_draft_len
+    for repo in in_engine_repos.values():
+        base = {k: v.string_value for k, v in parse_config(repo / "tensorrt_llm_baseline" / "config.pbtxt")
+                .parameters.items()}
+        assert "decoding_mode" not in base and base["gpt_model_path"].endswith("engines/baseline")
+        bls = parse_config(repo / "tensorrt_llm_bls" / "config.pbtxt").parameters
+        assert bls["speculative_mode"].string_value == "engine" and not (repo / "tensorrt_llm_draft").exists()
+        ens = parse_config(repo / "ensemble" / "config.pbtxt")
+        assert [st.model_name for st in ens.ensemble_scheduling.step][1] == "tensorrt_llm_baseline"
+
+
 def test_tensorrt_engine_parameters(gpu_repo):
     cfg = parse_config(gpu_repo / "tensorrt_llm" / "config.pbtxt")
     p = {k: v.string_value for k, v in cfg.parameters.items()}
     assert cfg.backend == "tensorrtllm" and cfg.model_transaction_policy.decoupled
     assert p["gpt_model_type"] == "inflight_fused_batching"
-    # a link inside the repository (the served config names no path of this machine), to the build's engine
-    assert p["gpt_model_path"] == "tensorrt_llm/1/engine" and p["tokenizer_dir"] == "tensorrt_llm/1/tokenizer"
-    assert os.readlink(gpu_repo / "tensorrt_llm" / "1" / "engine").endswith("build/llama33-70b-fp8-h100-tp2/engines/target")
-    assert os.readlink(gpu_repo / "preprocessing" / "1" / "tokenizer") == "/models/Llama-3.3-70B-Instruct"
+    # absolute, as NVIDIA's templates are filled: the backend opens gpt_model_path against tritonserver's working
+    # directory, so only an absolute path works for every launch (serve restricts the config API instead)
+    assert p["gpt_model_path"] == str(REPO / "build" / "llama33-70b-fp8-h100-tp2" / "engines" / "target")
+    assert p["tokenizer_dir"] == "/models/Llama-3.3-70B-Instruct"
+    pre = parse_config(gpu_repo / "preprocessing" / "config.pbtxt").parameters
+    assert pre["tokenizer_dir"].string_value == "/models/Llama-3.3-70B-Instruct"
+    assert not [f for f in gpu_repo.rglob("*") if f.is_symlink()]  # no links into this machine
     assert p["enable_kv_cache_reuse"] == "true" and p["exclude_input_in_output"] == "false"
     assert p["max_beam_width"] == "1" and p["gpu_device_ids"] == "0,1"
     assert p["kv_cache_free_gpu_mem_fraction"] == "0.85"  # leaves the draft (sharing GPU 0) its room
     d = {k: v.string_value for k, v in parse_config(gpu_repo / "tensorrt_llm_draft" / "config.pbtxt").parameters.items()}
-    assert d["gpu_device_ids"] == "0" and os.readlink(gpu_repo / d["gpt_model_path"]).endswith("engines/draft")
+    assert d["gpu_device_ids"] == "0" and d["gpt_model_path"].endswith("build/llama33-70b-fp8-h100-tp2/engines/draft")
     assert d["max_tokens_in_paged_kv_cache"] == str(8 * 8192) and "max_tokens_in_paged_kv_cache" not in p
     allowed = set(bc.REQUIRED_PARAMETERS) | set(bc.PARAMETER_DEFAULTS) | set(bc.LOOKAHEAD_PARAMETERS) | {
         "medusa_choices", "eagle_choices", "participant_ids"}

@@ -10,7 +10,8 @@ from trt_spec.records import backend_contract as bc
 from trt_spec.served.serving import error_line, requested_only
 from trt_spec.served.speculative_loop import RequestError, check_sampling
 
-LIMITS = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, max_draft_len=4, vocab_size=100)
+LIMITS = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, max_draft_len=4, vocab_size=100,
+                         gather_generation_logits=True)
 
 
 def _req(outputs=bc.MANDATORY_OUTPUTS, **extra):
@@ -55,7 +56,7 @@ def test_logits_cross_only_in_the_configs_logits_dtype():
     input dtype check, the executor's buffer copy, the backend's TLLM_CHECK): an engine left with ModelOpt's float16
     logits behind trt-spec's TYPE_FP32 config fails such requests; plain requests still pass."""
     fp16 = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, max_draft_len=4, vocab_size=100,
-                           logits_dtype=bc.FP16_LOGITS)
+                           logits_dtype=bc.FP16_LOGITS, gather_generation_logits=True)
     base = {"input_ids": np.asarray([[5, 6, 7]], dtype=np.int32), "request_output_len": _i32(4)}
     with_logits = [{"return_generation_logits": np.asarray([[True]])},
                    {"draft_input_ids": _i32(8, 9), "draft_logits": np.zeros((1, 2, 100), np.float32)}]
@@ -64,6 +65,26 @@ def test_logits_cross_only_in_the_configs_logits_dtype():
             bc.parse_request({**base, **extra}, bc.MANDATORY_OUTPUTS, fp16, {}, decoupled=True)
         bc.parse_request({**base, **extra}, bc.MANDATORY_OUTPUTS, LIMITS, {}, decoupled=True)  # float32: fine
     bc.parse_request(base, bc.MANDATORY_OUTPUTS, fp16, {}, decoupled=True)
+
+
+def test_generation_logits_only_from_an_engine_built_to_gather_them():
+    """Executor::Impl::fetchNewRequests: return_generation_logits on an engine built without
+    --gather_generation_logits is refused (the backend never sets ExecutorConfig::gatherGenerationLogits), so
+    `trt-spec check`'s probe needs the engine that serves the baseline built with the flag."""
+    base = {"input_ids": np.asarray([[5, 6, 7]], dtype=np.int32), "request_output_len": _i32(1),
+            "return_generation_logits": np.asarray([[True]])}
+    plain = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, vocab_size=100)
+    with pytest.raises(bc.ContractError, match="Encountered an error when fetching new request: To return generation "
+                       "logits, gather_generation_logits must be enabled in ExecutorConfig"):
+        bc.parse_request(base, [*bc.MANDATORY_OUTPUTS, bc.GENERATION_LOGITS], plain, {}, decoupled=True)
+    gathers = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, vocab_size=100,
+                              gather_generation_logits=True)
+    req = bc.parse_request(base, [*bc.MANDATORY_OUTPUTS, bc.GENERATION_LOGITS], gathers, {}, decoupled=True)
+    # the one-token probe's logits come back [1, beams, T, V] (fillTritonResponse), float32
+    out = bc.response_tensors(req, [8], logits=np.zeros((1, 100), np.float32))
+    assert out[bc.GENERATION_LOGITS].shape == (1, 1, 1, 100) and out[bc.GENERATION_LOGITS].dtype == np.float32
+    bc.parse_request({k: v for k, v in base.items() if k != "return_generation_logits"}, bc.MANDATORY_OUTPUTS, plain,
+                     {}, decoupled=True)  # a plain request is fine
 
 
 def test_an_output_len_past_max_seq_len_is_lowered_like_the_executor():
@@ -171,3 +192,37 @@ def test_max_queue_size_is_read_from_the_queue_policy_like_the_backend():
     assert bc.max_queue_size(policy("0")) is None
     assert bc.max_queue_size(policy("3")) == 3 and bc.max_queue_size(policy(3)) == 3
     assert bc.QUEUE_FULL.format(max=3) == "Maximum queue size of 3 has been reached, please try again later"
+
+
+def test_the_standin_opens_gpt_model_path_as_the_backend_does(tmp_path, monkeypatch):
+    """The tensorrtllm backend checks gpt_model_path with std::filesystem::exists on the raw string (model_instance_
+    state.cc, ModelInstanceState ctor): a relative path resolves against tritonserver's working directory, never the
+    repository, and a miss becomes "Both encoder and decoder model paths are empty". The stand-in does the same (its
+    python models used to resolve it against the repository, so a launch from elsewhere passed on CPU and failed on a
+    GPU), and adds a hint naming the path, the working directory and the fix."""
+    pytest.importorskip("torch")
+    from trt_spec.reference.standin import StandIn, check_engine_path
+    from trt_spec.served.serving import resolve_path_parameters
+
+    repo = tmp_path / "repo"
+    (repo / "tensorrt_llm" / "1").mkdir(parents=True)
+    (repo / "engines" / "target").mkdir(parents=True)
+    params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": "engines/target", "tokenizer_dir": "tok",
+              "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
+    cfg = {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+    resolved = resolve_path_parameters(cfg, str(repo / "tensorrt_llm"))["parameters"]
+    assert resolved["gpt_model_path"]["string_value"] == "engines/target"  # as written: the backend's reading
+    assert resolved["tokenizer_dir"]["string_value"] == str(repo / "tok")  # an old repository's tokenizer still loads
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(bc.ContractError) as e:
+        StandIn.load(cfg, "tensorrt_llm")
+    msg = str(e.value)
+    assert msg.startswith("unexpected error when creating modelInstanceState: Both encoder and decoder model paths are "
+                          "empty")  # the backend's own text first
+    assert f"gpt_model_path 'engines/target' is not an engine directory from the server's working directory " \
+           f"{elsewhere}" in msg and "trt-spec repo" in msg and "\n" not in msg
+    monkeypatch.chdir(repo)
+    check_engine_path("engines/target")  # from the directory it resolves against, it is found
+    check_engine_path(str(repo / "engines" / "target"))

@@ -1,6 +1,7 @@
 """Server launcher without models: command lines (mpirun for TP/PP > 1), port checks, plain command."""
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -35,8 +36,17 @@ def test_single_model_tp2_runs_one_tritonserver_per_rank_under_mpirun(tp2_repo, 
     assert "--allow-http=false" in rank1 and "--http-port" not in rank1
     assert "--model-control-mode=explicit" in rank0 and "--load-model=*" in rank0  # serve drains through it
     assert "shm-region-prefix-name=" in rank0
-    # the configs name the engines relative to the repository: the plain command runs from it
-    assert spec.plain == f"cd {tp2_repo.resolve()} && {find_tritonserver()} --model-repository=."
+    # the plain command is the real launch, from any directory (the configs name absolute paths): one tritonserver per
+    # rank under mpirun, the workers loading only the engine, ranks apart in shared memory (launch_triton_server.py)
+    assert not spec.plain.startswith("cd ") and " && " not in spec.plain
+    words = shlex.split(spec.plain)
+    argv = words[words.index("mpirun"):]
+    assert argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and argv.count("-n") == 2 and argv.count(":") == 1
+    rank0, rank1 = " ".join(argv).split(" : ")
+    assert f"{find_tritonserver()} --model-repository={tp2_repo.resolve()}" in rank0
+    assert "shm-region-prefix-name=prefix0_" in rank0 and "shm-region-prefix-name=prefix1_" in rank1
+    assert "--load-model=tensorrt_llm" in rank1 and "--allow-http=false" in rank1 and "--model-control" not in rank0
+    assert "restricted" not in spec.plain and "--http-port" not in spec.plain  # serve's own extras
 
 
 def test_two_models_with_tp_use_orchestrator_mode(tmp_path):
@@ -49,6 +59,56 @@ def test_two_models_with_tp_use_orchestrator_mode(tmp_path):
     for flag in ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0",
                  "--cuda-memory-pool-byte-size=1:0"):
         assert flag in spec.argv
+    # the printed plain command is this launch too (it was `cd REPO && tritonserver --model-repository=.`, which loads
+    # the TP2 target in leader mode: "MPI worldSize ... equal to tp*pp*cp" fails it)
+    words = shlex.split(spec.plain)
+    env = dict(w.split("=", 1) for w in words[:words.index("mpirun")])
+    assert env["TRTLLM_ORCHESTRATOR"] == "1" and env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
+    argv = words[words.index("mpirun"):]
+    assert argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and argv.count("-n") == 1
+    assert f"--model-repository={out.resolve()}" in argv
+    for flag in ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0",
+                 "--cuda-memory-pool-byte-size=1:0"):
+        assert flag in argv
+
+
+def test_plain_command_on_nvidia_pytriton_names_a_prepared_backend_directory(tmp_path):
+    """On CPU the plain command needs nvidia-pytriton's backends with this interpreter's stub: a directory in trt-spec's
+    cache, made by prepare_plain (serve's own work dir dies with its server), and the environment serve gives it."""
+    from trt_spec.serve.server import STUB_NAME, plain_backends_dir, pytriton_dir
+
+    if pytriton_dir() is None:
+        pytest.skip("nvidia-pytriton is not installed")
+    out = tmp_path / "repo"
+    write_repository(manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"), out)
+    spec = launch_spec(out)
+    assert spec.plain_backends == plain_backends_dir()
+    assert f"--backend-directory={plain_backends_dir()}" in spec.plain and "WORKDIR" not in spec.plain
+    assert "LD_LIBRARY_PATH=" in spec.plain and f"--model-repository={out.resolve()}" in spec.plain
+    spec.prepare_plain()
+    spec.prepare_plain()  # once made, kept
+    assert (plain_backends_dir() / "python" / STUB_NAME).is_file()
+    assert (plain_backends_dir() / "python" / "libtriton_python.so").is_file()
+
+
+def test_ready_timeout_grows_with_the_engines(tmp_path):
+    """A cold 70B load takes minutes: serve's wait is READY_TIMEOUT_S plus READY_S_PER_ENGINE_GIB per GiB of the engine
+    files the repository's record sums."""
+    from dataclasses import replace
+
+    from trt_spec.records import defaults
+    from trt_spec.records.manifest import EngineSums, RepoRecord
+    from trt_spec.serve.server import engine_bytes
+
+    out = tmp_path / "repo"
+    write_repository(manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"), out)
+    assert engine_bytes(out) == 0 and TritonServer(out).ready_timeout == defaults.READY_TIMEOUT_S
+    record = RepoRecord.read(out)
+    files = {f"rank{i}.engine": {"size": 16 * 2**30, "sha256": "0" * 64} for i in range(2)}
+    replace(record, engines={"/models/engines/target": EngineSums("engine-target", None, files)}).write(out)
+    assert engine_bytes(out) == 32 * 2**30
+    want = defaults.READY_TIMEOUT_S + 32 * defaults.READY_S_PER_ENGINE_GIB
+    assert TritonServer(out).ready_timeout == want == defaults.ready_timeout_s(32 * 2**30)
 
 
 def test_serve_dry_run_prints_exact_command(tp2_repo):
@@ -91,10 +151,11 @@ def test_dry_run_prepares_no_work_dir_and_shows_no_key(tp2_repo, tmp_path):
 def test_admin_apis_are_restricted_on_the_serving_rank(tp2_repo, tmp_path):
     from trt_spec.serve.server import RESTRICTED_APIS, launch_spec
 
-    assert set(RESTRICTED_APIS) == {"shared-memory", "model-repository", "trace", "logging"}
+    # model-config too: the configs name this machine's engine and tokenizer directories (absolute paths)
+    assert set(RESTRICTED_APIS) == {"shared-memory", "model-config", "model-repository", "trace", "logging"}
     spec = launch_spec(tp2_repo, workdir=tmp_path)
     rank0, rank1 = " ".join(spec.argv).split(" : ")
-    want = f"shared-memory,model-repository,trace,logging:triton-admin-key={spec.admin_key}"
+    want = f"shared-memory,model-config,model-repository,trace,logging:triton-admin-key={spec.admin_key}"
     assert f"--http-restricted-api={want}" in rank0 and f"--grpc-restricted-protocol={want}" in rank0
     assert "-restricted-" not in rank1  # worker ranks serve no endpoint
     assert len(spec.admin_key) >= 32 and spec.admin_key not in spec.shell()

@@ -268,3 +268,44 @@ def test_adaptive_policy_stops_speculating_with_a_draft_that_never_agrees():
     decode_only = 0.002 + 0.004 * 90  # the target alone, one call
     assert spent["adaptive"] < 0.6 * spent["fixed"]
     assert spent["adaptive"] < 1.35 * decode_only, spent
+
+
+def test_return_perf_metrics_sums_the_engines_perf_outputs_over_the_rounds():
+    """NVIDIA's BLS declares the backend's ten perf outputs; the loop asks every engine call for them when the client
+    sends return_perf_metrics and sums them over the rounds: KV blocks over every call (draft and target), arrival
+    and first-scheduled of the first call, first token of the first target call, last token of the last one."""
+    loop, target, draft = setup()
+    calls = []
+
+    async def stamped(model, inputs, outputs, on_response=None):  # each call: its own perf values, as the backend
+        out = await Router(tensorrt_llm=target, tensorrt_llm_draft=draft)(model, inputs, outputs, on_response)
+        n = len(calls) + 1
+        calls.append(model)
+        for o in out:
+            if "kv_cache_alloc_total_blocks" in o:
+                o.update({"kv_cache_alloc_new_blocks": np.asarray([[1]], np.int32),
+                          "kv_cache_reused_blocks": np.asarray([[2]], np.int32),
+                          "kv_cache_alloc_total_blocks": np.asarray([[3]], np.int32),
+                          "arrival_time_ns": np.asarray([[100 * n]], np.int64),
+                          "first_scheduled_time_ns": np.asarray([[100 * n + 1]], np.int64),
+                          "first_token_time_ns": np.asarray([[100 * n + 2]], np.int64),
+                          "last_token_time_ns": np.asarray([[100 * n + 3]], np.int64)})
+        return out
+    loop.call = stamped
+    generated, m = asyncio.run(loop.generate(req(PROMPTS[0], 24, 4, perf=True), lambda new: None))
+    assert generated == baseline(PROMPTS[0], 24)
+    assert all(bc.RETURN_PERF_METRICS in ins and set(bc.PERF_OUTPUTS) <= set(outs)
+               for eng in (target, draft) for ins, outs in eng.requests)
+    perf = {k: v.item() for k, v in m.perf_outputs().items()}
+    assert set(perf) == set(bc.PERF_OUTPUTS)
+    n = len(calls)
+    first_target, last_target = calls.index("tensorrt_llm") + 1, n - calls[::-1].index("tensorrt_llm")
+    assert perf["kv_cache_alloc_new_blocks"] == n and perf["kv_cache_reused_blocks"] == 2 * n
+    assert perf["kv_cache_alloc_total_blocks"] == 3 * n and calls[0] == "tensorrt_llm_draft"
+    assert perf["arrival_time_ns"] == 100 and perf["first_scheduled_time_ns"] == 101
+    assert perf["first_token_time_ns"] == 100 * first_target + 2 and perf["last_token_time_ns"] == 100 * last_target + 3
+    assert perf["total_draft_tokens"] == m.drafted and perf["total_accepted_draft_tokens"] == m.accepted
+    # without the flag no engine call asks for them (the backend then writes none)
+    loop2, target2, draft2 = setup()
+    run(loop2, req(PROMPTS[0], 24, 4))
+    assert not any(bc.RETURN_PERF_METRICS in ins for eng in (target2, draft2) for ins, _ in eng.requests)

@@ -50,12 +50,13 @@ def _load(config: str, sets: tuple[str, ...]) -> BuildConfig:
         raise UserError(str(e)) from None
 
 
-def _plan_for(config: str, sets: tuple[str, ...], gpu: Optional[str], require_checkpoints: bool):
+def _plan_for(config: str, sets: tuple[str, ...], gpu: Optional[str], require_checkpoints: bool,
+              allow_offload: Optional[bool] = False):
     from .build.pipeline import plan_for
 
     cfg = _load(config, sets)
     try:
-        return plan_for(cfg, Path(config), gpu, require_checkpoints=require_checkpoints)
+        return plan_for(cfg, Path(config), gpu, require_checkpoints=require_checkpoints, allow_offload=allow_offload)
     except (PreflightError, HardwareError) as e:
         raise UserError(str(e)) from None
 
@@ -121,9 +122,21 @@ def _protocol_opt(**kw):
                         help="How to reach --url.", **kw)
 
 
+def _admin_key_opt(**kw):
+    """check / bench / tune --admin-key-file: the key for the server's restricted APIs (the harness reads model
+    configs, which `trt-spec serve` restricts)."""
+    return click.option("--admin-key-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                        help="The admin key of the server at --url (the file `trt-spec serve --admin-key-file FILE` "
+                             "was given): `trt-spec serve` restricts model configs to it. Default: the key a `trt-spec "
+                             "serve` on this host left for --url's port.", **kw)
+
+
 _set_option = _set_opt()
 _gpu_option = click.option("--gpu", default=None, metavar="NAME[:COUNT]",
                            help="Plan for a named GPU (h100, h200, a100-80gb, l40s, ...) instead of the config/nvidia-smi.")
+_offload_option = click.option("--allow-offload", is_flag=True,
+                               help="Quantize a target bigger than the GPUs hold: accelerate offloads the rest to host "
+                                    "memory (slow). Without it such a build is refused.")
 
 
 def os_error_line(e: OSError) -> str:
@@ -182,11 +195,13 @@ def main() -> None:
 @click.argument("config", type=click.Path(dir_okay=False))
 @_gpu_option
 @_set_option
+@_offload_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sh"]), default="text",
               help="text for people, json for tools, sh for a runnable bash script.")
-def plan(config: str, gpu: Optional[str], sets: tuple[str, ...], fmt: str) -> None:
+def plan(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload: bool, fmt: str) -> None:
     """Check CONFIG and print the build plan (runs nothing)."""
-    p = _plan_for(config, sets, gpu, require_checkpoints=False)
+    # a plan builds nothing: a calibration that does not fit is a warning here (build refuses it without the flag)
+    p = _plan_for(config, sets, gpu, require_checkpoints=False, allow_offload=allow_offload or None)
     if fmt == "json":
         click.echo(json.dumps(p.to_json(), indent=2))
     elif fmt == "sh":
@@ -199,10 +214,11 @@ def plan(config: str, gpu: Optional[str], sets: tuple[str, ...], fmt: str) -> No
 @click.argument("config", type=click.Path(dir_okay=False))
 @_gpu_option
 @_set_option
+@_offload_option
 @click.option("--dry-run", is_flag=True, help="Show which steps would run or are up to date; run nothing.")
 @click.option("--force", is_flag=True, help="Rerun steps even when their outputs are up to date.")
 @click.option("--only", metavar="STEP", default=None, help="Run a single step (its inputs must be built).")
-def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool, force: bool,
+def build(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload: bool, dry_run: bool, force: bool,
           only: Optional[str]) -> None:
     """Preflight CONFIG, then quantize/convert and build every engine (incremental, resumable)."""
     from rich.console import Console
@@ -210,7 +226,7 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], dry_run: bool,
     from .build.runner import BuildError, run_plan
 
     console = Console(stderr=True)
-    p = _plan_for(config, sets, gpu, require_checkpoints=not dry_run)
+    p = _plan_for(config, sets, gpu, require_checkpoints=not dry_run, allow_offload=allow_offload)
     for w in p.report.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     for n in p.report.notes:
@@ -343,7 +359,23 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
 
     for line in missing_sources(dest):  # runtime llmapi written where the image's model source is not
         click.echo(f"note: {line}")
-    click.echo(f"serve it: trt-spec serve {dest}   (or: cd {dest.resolve()} && tritonserver --model-repository=.)")
+    click.echo(f"serve it: trt-spec serve {dest}")
+    plain = _plain_launch(dest, manifest.engine)
+    if plain:
+        click.echo(f"or start tritonserver yourself, from any directory: {plain}")
+
+
+def _plain_launch(repo: Path, engine: str) -> Optional[str]:
+    """The real launch of a written repository (mpirun, orchestrator variables, pools, backend directory; the NGC
+    image's tritonserver for TensorRT engines), its backend directory prepared; None where no tritonserver is known."""
+    from .serve.server import NGC_TRITONSERVER, ServerError, launch_spec
+
+    try:
+        spec = launch_spec(repo, binary=NGC_TRITONSERVER if engine == "tensorrt" else None)
+        spec.prepare_plain()
+    except ServerError:
+        return None
+    return spec.plain
 
 
 @main.command()
@@ -354,14 +386,17 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
 @click.option("--host", default=defaults.HOST,
               help="Address to bind (0.0.0.0 for all interfaces: inference, metadata, statistics and metrics are "
                    "then open to the network).")
-@click.option("--timeout", default=defaults.READY_TIMEOUT_S, type=float,
-              help="Seconds to wait for the server and every model to be ready.")
+@click.option("--timeout", default=None, type=float,
+              help=f"Seconds to wait for the server and every model to be ready  [default: "
+                   f"{defaults.READY_TIMEOUT_S:.0f} + {defaults.READY_S_PER_ENGINE_GIB:.0f} per GiB of engine files]")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
               help="tritonserver's log (kept after stop)  [default: REPOSITORY.tritonserver.HTTP_PORT.log]")
 @click.option("--admin-key-file", type=click.Path(dir_okay=False), default=None,
-              help="Unlock the admin APIs (shared-memory, model-repository, trace, logging) for requests whose header "
-                   "triton-admin-key (gRPC: triton-grpc-protocol-triton-admin-key) holds the key in this file; a "
-                   "missing file is created with a random key, mode 0600. Without it they are refused.")
+              help="Unlock the admin APIs (shared-memory, model-config, model-repository, trace, logging) for "
+                   "requests whose header triton-admin-key (gRPC: triton-grpc-protocol-triton-admin-key) holds the key "
+                   "in this file; a missing file is created with a random key, mode 0600. Without it the key is random. "
+                   "Either way it is left, 0600, in trt-spec's cache for the HTTP and gRPC ports while the server runs "
+                   "(check, bench and tune on this host find it there).")
 @click.option("--openai-port", type=click.IntRange(1, 65535), default=None,
               help="Also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics) on this "
                    "port, in front of the server's gRPC port; models: ensemble (baseline), tensorrt_llm_bls "
@@ -371,7 +406,7 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
                    "/v2/health/ready turns false meanwhile); then those left end with a clear error.")
 @click.option("--dry-run", is_flag=True, help="Print the exact command line(s) and exit.")
 @click.option("--verbose", is_flag=True, help="tritonserver --log-verbose=1.")
-def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, host: str, timeout: float,
+def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, host: str, timeout: Optional[float],
           log_path: Optional[str], admin_key_file: Optional[str], openai_port: Optional[int], drain_timeout: float,
           dry_run: bool, verbose: bool) -> None:
     """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until SIGTERM/Ctrl-C/SIGHUP.
@@ -399,6 +434,9 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
         for note in spec.notes:
             click.echo(f"# {note}")
         click.echo(f"# plain: {spec.plain}")
+        if spec.plain_backends is not None and not spec.plain_backends.is_dir():
+            click.echo(f"# {spec.plain_backends}: trt-spec repo and trt-spec serve make it (nvidia-pytriton's backends "
+                       "and this interpreter's python-backend stub)")
         if openai_port is not None:
             from .records.procutil import shell_line
             from .serve.openai_frontend import frontend_argv
@@ -436,6 +474,7 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
     try:
         server = TritonServer(Path(repository), http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                               host=host, verbose=verbose, log_path=log_path, admin_key_file=admin_key_file)
+        server.spec.prepare_plain()
         click.echo(f"plain command: {server.spec.plain}", err=True)
         server.start()
     except ServerError as e:
@@ -529,7 +568,7 @@ def _chat(prompts, tokenizer: Optional[str]):
     if not tokenizer:
         click.echo("note: prompts go out raw, without a chat template; an instruct model answers raw text "
                    "differently from its users' chat requests, and speculation pays differently on each. Pass "
-                   "--tokenizer DIR (the target's tokenizer; `trt-spec repo` links it as REPO/preprocessing/1/tokenizer)"
+                   "--tokenizer DIR (the target's tokenizer: tokenizer_dir in REPO/preprocessing/config.pbtxt)"
                    " to send them as chat requests.", err=True)
         return prompts
     from .harness.prompts import with_chat_template
@@ -545,14 +584,14 @@ _wait_help = ("Wait up to this many seconds for a server that is not up or still
               f"the port answers but the models load, up to {defaults.LOADING_WAIT_S:.0f}s).")
 
 
-def _client(url: str, protocol: str, wait: Optional[float] = None):
+def _client(url: str, protocol: str, wait: Optional[float] = None, admin_key_file: Optional[str] = None):
     """A client for the baseline and speculative models at url; one clear error if either is not ready (what is
     there instead, and the fix) after waiting up to `wait` seconds."""
-    from .harness.client import ClientError, LLMClient
+    from .harness.client import ClientError, LLMClient, read_key_file
     from .records.names import TEXT_MODELS
 
-    c = LLMClient(url, protocol)
     try:
+        c = LLMClient(url, protocol, admin_key=read_key_file(admin_key_file) if admin_key_file else None)
         c.check_ready(list(TEXT_MODELS), wait)
         c.check_baseline()
     except ClientError as e:
@@ -612,6 +651,10 @@ def _with(options):
 @click.option("--num-draft-tokens", type=int, default=None, help="k per request (default: the deployment's).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
               help="Tokenizer dir: shows divergence context and enables the near-tie (top-2 logit margin) check.")
+@click.option("--near-tie-margin", type=click.FloatRange(min=0, min_open=True), default=defaults.NEAR_TIE_MARGIN,
+              show_default=True, metavar="LOGITS",
+              help="A divergence whose two tokens lie within this many logits of the baseline engine's best is a "
+                   "near-tie (reported apart, passes); anything else fails.")
 @click.option("--raw", is_flag=True, help="Send prompts as raw text (default with --tokenizer: its chat template).")
 @click.option("--temperature", type=float, default=0.0,
               help="> 0: also a distribution-level (chi-square) check over seeded samples at this temperature.")
@@ -619,9 +662,10 @@ def _with(options):
               help="Seeded samples per prompt and model for the distribution check.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.option("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS", help=_wait_help)
+@_admin_key_opt()
 def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
-          num_draft_tokens: Optional[int], tokenizer: Optional[str], raw: bool, temperature: float, samples: int,
-          fmt: str, wait: Optional[float]) -> None:
+          num_draft_tokens: Optional[int], tokenizer: Optional[str], near_tie_margin: float, raw: bool,
+          temperature: float, samples: int, fmt: str, wait: Optional[float], admin_key_file: Optional[str]) -> None:
     """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch)."""
     from rich.console import Console
 
@@ -629,7 +673,7 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
     from .harness.identity import check_greedy, check_sampling, format_check
 
     prompts = _prompts(prompt_set, max_tokens, limit)
-    client = _client(url, protocol, wait)
+    client = _client(url, protocol, wait, admin_key_file)
     tok = None
     if tokenizer:
         from .harness.prompts import with_chat_template
@@ -643,7 +687,8 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
     try:
         prog, cb = _progress(console, len(prompts), f"identity ({protocol})")
         with prog:
-            rep = check_greedy(client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tok, progress=cb)
+            rep = check_greedy(client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tok,
+                               near_tie_margin=near_tie_margin, progress=cb)
         if temperature > 0:
             prog, cb = _progress(console, len(prompts), f"sampling T={temperature}")
             with prog:
@@ -689,6 +734,7 @@ def _in_process(*names, **kw):
 @_served("--url", default=None, metavar="HOST:PORT", help=_url_help)
 @_protocol_opt(cls=_Option, mode="served")
 @_served("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS", help=_wait_help)
+@_admin_key_opt(cls=_Option, mode="served")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
               help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the deployment's).")
 @_remote("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
@@ -749,6 +795,7 @@ class BenchOptions:
     url: Optional[str] = None  # served
     protocol: str = defaults.PROTOCOL
     wait: Optional[float] = None
+    admin_key_file: Optional[str] = None
     levels: tuple[int, ...] = ()
     rate: Optional[float] = None
     num_requests: Optional[int] = None
@@ -819,7 +866,7 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
         if o.api == "completions":  # raw prompts: the chat template is the client's to apply (--tokenizer)
             prompts = _chat(prompts, o.tokenizer)
     else:
-        client, protocol = _client(o.url, o.protocol, o.wait), o.protocol
+        client, protocol = _client(o.url, o.protocol, o.wait, o.admin_key_file), o.protocol
         if o.tokenizer:
             from .served.serving import load_tokenizer
 
@@ -876,9 +923,10 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
 @click.option("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS", help=_wait_help)
+@_admin_key_opt()
 def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
          ks: tuple[int, ...], repeats: int, tokenizer: Optional[str], out_dir: Optional[str],
-         wait: Optional[float]) -> None:
+         wait: Optional[float], admin_key_file: Optional[str]) -> None:
     """Sweep fixed num_draft_tokens (k), then the adaptive policy, against a served deployment; recommend a k and
     report adaptive against the best fixed k (speedups with 95% intervals, one run)."""
     from rich.console import Console
@@ -888,7 +936,7 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
     from .harness.report import environment, markdown, write_reports
 
     prompts = _prompts(prompt_set, max_tokens, limit)
-    client = _client(url, protocol, wait)
+    client = _client(url, protocol, wait, admin_key_file)
     prompts = _chat(prompts, tokenizer)
     sweep = list(ks)
     console = Console(stderr=True)
@@ -980,6 +1028,30 @@ def doctor() -> None:
     fatal = next((c for c in checks if c.fatal), None)
     if fatal is not None:
         raise UserError(fatal.detail)
+
+
+@main.command(help="GPU host: the whole chain on SmolLM2-135M in minutes (doctor; build, repo, serve, NVIDIA's client, "
+                   "check and bench for runtime engine, then its llmapi twin); writes OUT/report.md and report.json: "
+                   "every link ok, or the first failure of each chain with the log lines that matter. `make gpu-smoke`.")
+@click.option("--gpu", default="auto", show_default=True, metavar="NAME[:COUNT]",
+              help="The GPU to plan for (auto: nvidia-smi), e.g. h100:1.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="build/gpu-smoke", show_default=True)
+@click.option("--calib-dataset", type=click.Path(file_okay=False), default=None,
+              help="Local calibration set for quantize.py (default: the one trt-spec ships).")
+@click.option("--engine-config", type=click.Path(dir_okay=False), default="build_configs/smollm2-first-contact-fp8.yaml",
+              show_default=True)
+@click.option("--llmapi-config", type=click.Path(dir_okay=False),
+              default="build_configs/smollm2-first-contact-llmapi.yaml", show_default=True)
+def smoke(gpu: str, out_dir: str, calib_dataset: Optional[str], engine_config: str, llmapi_config: str) -> None:
+    from .gpu_smoke import SmokeSettings, run_smoke
+
+    _sigterm_as_ctrl_c()
+    rep = run_smoke(SmokeSettings(engine_config=engine_config, llmapi_config=llmapi_config, out_dir=out_dir, gpu=gpu,
+                                  calib_dataset=calib_dataset), say=lambda m: click.echo(m, err=True))
+    for chain in rep.chains:
+        click.echo(f"{chain}: {rep.chain_verdict(chain)}")
+    click.echo(f"report: {Path(out_dir) / 'report.md'}")
+    sys.exit(0 if rep.ok else 1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Optional
 
 from .records.config import Toolchain
 from .build.hardware import detect_gpus
@@ -21,6 +24,74 @@ class Check:
     detail: str
     blocks: str  # what cannot be done without it
     fatal: bool = False  # wrong, not merely missing: `trt-spec doctor` exits 1
+
+
+# Provided by the Triton python backend's stub at run time: never importable outside tritonserver.
+STUB_MODULES = {"triton_python_backend_utils"}
+
+
+def model_sources() -> Path:
+    """The python models trt-spec deploys: trt_spec.model_repo when installed, else the checkout's model_repo/ (as
+    serve.repository.model_repo_sources, without importing the repository writer and its protobuf dependencies)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("trt_spec.model_repo")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return Path(__file__).resolve().parents[1] / "model_repo"
+
+
+def served_imports(root: Optional[Path] = None) -> dict[str, dict[str, set[str]]]:
+    """What the python models import, read from their source with ast (module level and inside functions): module ->
+    {model -> names imported from it (empty for `import module`)}. The standard library and the stub's own module
+    are left out; relative imports do not occur in a Triton model."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for f in sorted((root or model_sources()).glob("*/1/model.py")):
+        model = f.parent.parent.name
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                pairs = [(node.module, a.name) for a in node.names]
+            else:
+                continue
+            for module, name in pairs:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top in STUB_MODULES:
+                    continue
+                names = out.setdefault(module, {}).setdefault(model, set())
+                if name is not None and name != "*":
+                    names.add(name)
+    return out
+
+
+def import_error(module: str, names: Iterable[str] = ()) -> Optional[str]:
+    """None when `module` imports in this interpreter (and has `names`, as `from module import name` needs), else the
+    error on one line."""
+    try:
+        mod = importlib.import_module(module)
+        for name in sorted(names):
+            if not hasattr(mod, name):
+                importlib.import_module(f"{module}.{name}")  # a submodule: from package import module
+    except Exception as e:  # noqa: BLE001 (an import can raise anything: ABI, version checks, missing libraries)
+        first = (str(e).strip().splitlines() or [""])[0]
+        return f"{type(e).__name__}: {first}"
+    return None
+
+
+def served_import_checks(root: Optional[Path] = None) -> list[Check]:
+    """One line per module the served python models import that this interpreter (the one tritonserver's python
+    backend runs: the image's python3) cannot import; one ok line when all import."""
+    imports = served_imports(root)
+    bad = []
+    for module, by_model in sorted(imports.items()):
+        err = import_error(module, set().union(*by_model.values()))
+        if err is not None:
+            bad.append(Check(f"import {module}", False, err, f"the python model(s) {', '.join(sorted(by_model))}"))
+    if bad:
+        return bad
+    return [Check("served imports", True, f"the python models' {len(imports)} imports all load in {sys.executable}",
+                  "")]
 
 
 def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) -> list[Check]:
@@ -49,7 +120,12 @@ def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) 
                         str(stub) if stub else f"no stub for Python {sys.version_info.major}.{sys.version_info.minor}",
                         "python-backend models (preprocessing, BLS, reference engine)"))
     tcv = trtllm.dist_version("tritonclient")
-    checks.append(Check("tritonclient", tcv is not None, tcv or "not installed", "trt-spec check / bench"))
+    tc_err = import_error("tritonclient.grpc")  # its generated protobuf/grpc code checks the runtime versions at import
+    checks.append(Check("tritonclient", tcv is not None and tc_err is None,
+                        (f"{tcv}, but import tritonclient.grpc fails: {tc_err}" if tc_err and tcv else
+                         tcv or "not installed (make gpu-setup; pip install '.[serve]' on CPU)"),
+                        "trt-spec repo / check / bench (tritonclient.grpc)"))
+    checks += served_import_checks()
     for dist, blocks in (("torch", "engine: reference (CPU)"), ("transformers", "tokenizers in preprocessing")):
         v = trtllm.dist_version(dist)
         checks.append(Check(dist, v is not None, v or "not installed (pip install '.[reference]')", blocks))

@@ -167,13 +167,17 @@ def test_kill_9_of_the_launcher_stops_the_server_and_its_stubs(serve):
 
 
 def test_sighup_stops_cleanly_and_removes_the_work_dir(serve):
+    from trt_spec.serve.server import admin_key_path
+
     s = serve().wait_ready()
     assert len(_workdirs(s)) == 1
+    assert admin_key_path(s.http).is_file() and admin_key_path(s.grpc).is_file()  # the harness's, while it runs
     s.proc.send_signal(signal.SIGHUP)
     assert s.proc.wait(30) == 0, s.stderr()
     assert s.wait_gone(5) == {}
     assert _refused(s.http) and _refused(s.grpc)
     assert _workdirs(s) == []
+    assert not admin_key_path(s.http).exists() and not admin_key_path(s.grpc).exists()  # the key left with it
     log = s.repo.parent / f"repo.tritonserver.{s.http}.log"  # the log outlives the server, next to the repository
     assert "stopped" in s.stderr() and "Started HTTPService" in log.read_text()
 
@@ -232,12 +236,102 @@ def test_admin_apis_need_the_admin_key(keyed):
     assert key not in s.stderr() + s.out.read_text()
     assert _http(s, "POST", "/v2/logging", {"log_verbose_level": 0}, {"triton-admin-key": key}) == 200
     g.update_log_settings({"log_verbose_level": 0}, headers={"triton-grpc-protocol-triton-admin-key": key})
-    # open: health, metadata, model config, statistics, inference
-    for path in ("/v2/health/ready", "/v2", "/v2/models/ensemble", "/v2/models/ensemble/config",
-                 "/v2/models/ensemble/stats"):
+    # model configs too: they name this machine's engine and tokenizer directories (absolute, as any launch needs)
+    assert _http(s, "GET", "/v2/models/tensorrt_llm/config") == 403
+    assert _http(s, "GET", "/v2/models/tensorrt_llm/config", headers={"triton-admin-key": key}) == 200
+    with pytest.raises(InferenceServerException, match="restricted"):
+        g.get_model_config("tensorrt_llm")
+    cfg = g.get_model_config("tensorrt_llm", headers={"triton-grpc-protocol-triton-admin-key": key}, as_json=True)
+    assert cfg["config"]["parameters"]["gpt_model_path"]["string_value"].startswith("/")
+    # open: health, metadata, statistics, inference
+    for path in ("/v2/health/ready", "/v2", "/v2/models/ensemble", "/v2/models/ensemble/stats"):
         assert _http(s, "GET", path) == 200, path
     assert g.is_model_ready("tensorrt_llm_bls")
     assert LLMClient(f"127.0.0.1:{s.grpc}", "grpc").generate("ensemble", "The quick", 3).output_ids
+
+
+def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
+    """serve leaves its key 0600 in trt-spec's cache under its HTTP and gRPC ports; the harness reads model configs
+    with it, given no key; a wrong key is one line naming --admin-key-file, over either protocol."""
+    from trt_spec.harness.client import ClientError
+    from trt_spec.serve.server import admin_key_path
+
+    s, key_file = keyed
+    key = key_file.read_text().strip()
+    for port, proto in ((s.http, "http"), (s.grpc, "grpc")):
+        f = admin_key_path(port)
+        assert f.read_text().strip() == key and f.stat().st_mode & 0o777 == 0o600
+        assert f.parent.stat().st_mode & 0o077 == 0
+        url = f"127.0.0.1:{port}"
+        assert LLMClient(url, proto).model_config("tensorrt_llm_bls")["name"] == "tensorrt_llm_bls"
+        assert LLMClient(url, proto, admin_key=key).model_config("ensemble")["name"] == "ensemble"
+        with pytest.raises(ClientError) as e:
+            LLMClient(url, proto, admin_key="w" * 32).model_config("ensemble")
+        assert "--admin-key-file" in str(e.value) and "\n" not in str(e.value) and key not in str(e.value)
+    # check without the cache file and without --admin-key-file: one line naming the option
+    moved = admin_key_path(s.grpc).with_suffix(".moved")
+    os.replace(admin_key_path(s.grpc), moved)
+    try:
+        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "check", "--url", f"127.0.0.1:{s.grpc}", "--limit",
+                            "1", "--max-tokens", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert r.returncode == 2 and "--admin-key-file" in r.stderr and len(r.stderr.strip().splitlines()) == 1, \
+            r.stderr
+        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "check", "--url", f"127.0.0.1:{s.grpc}", "--limit",
+                            "1", "--max-tokens", "2", "--admin-key-file", str(key_file)],
+                           capture_output=True, text=True, timeout=180, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+    finally:
+        os.replace(moved, admin_key_path(s.grpc))
+
+
+def test_the_printed_plain_command_serves_from_another_directory(built_repo, tmp_path):
+    """`trt-spec repo` prints the real launch; started as printed from a directory that is not the repository (only
+    ports added), tritonserver loads every model (the stand-in opens gpt_model_path against the working directory,
+    as the backend does) and answers."""
+    from trt_spec.records.manifest import RepoRecord
+
+    build = built_repo.parent / "build"
+    repo = tmp_path / "repo"
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "repo", str(build), "--out", str(repo)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("or start tritonserver yourself"))
+    plain = line.split(": ", 1)[1]
+    assert "cd " not in plain and f"--model-repository={repo.resolve()}" in plain and RepoRecord.read(repo)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    cmd = (f"{plain} --http-port={http} --grpc-port={grpc} --metrics-port={metrics} --http-address=127.0.0.1 "
+           f"--grpc-address=127.0.0.1 --metrics-address=127.0.0.1 --exit-timeout-secs=5")
+    log = tmp_path / "plain.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["bash", "-c", cmd], cwd=elsewhere, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.25)
+        else:
+            pytest.fail(f"not ready:\n{log.read_text()[-3000:]}")
+        c = LLMClient(f"127.0.0.1:{grpc}", "grpc")
+        assert c.generate("ensemble", "The quick brown fox", 6).output_ids
+        assert c.generate("tensorrt_llm_bls", "The quick brown fox", 6).output_ids
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
 
 
 @pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs

@@ -1,6 +1,8 @@
 """The CPU `runtime: llmapi` deployment on the real tritonserver: the stand-in of TensorRT-LLM's LLM-API model answers
-NVIDIA's documented request, speculates inside the model (n-gram, no BLS), and its speculative model's text equals the
-baseline model's."""
+NVIDIA's documented request as 1.2.1 does (zero speculative perf outputs, the whole text so far in each streamed
+response), speculates inside the model (n-gram, no BLS), and the baseline is loaded for its phase only: the launch
+loads the speculative model alone, check and bench switch to the baseline and back (harness/phases.py), and its text
+equals the speculative model's."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import yaml
 from trt_spec.build.plan import make_plan
 from trt_spec.build.preflight import run_preflight
 from trt_spec.build.runner import run_plan
+from trt_spec.records import llmapi_contract as lc
 from trt_spec.records.config import load_config
 from trt_spec.records.manifest import BuildManifest
 from trt_spec.serve.repository import write_repository
@@ -53,20 +56,29 @@ def generate(server, model: str, body: dict) -> dict:
         return {"status": e.code, **json.loads(e.read() or b"{}")}
 
 
-def test_nvidias_documented_request_and_identity_with_the_baseline(llmapi_server):
+def ready(server, model: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/ready", timeout=10) as r:
+            return r.status == 200
+    except urllib.error.URLError:
+        return False
+
+
+def test_nvidias_documented_request_and_only_the_speculative_model_loaded(llmapi_server):
     body = {"text_input": PROMPT, "sampling_param_max_tokens": 24}
-    spec, base = generate(llmapi_server, "tensorrt_llm", body), generate(llmapi_server, "tensorrt_llm_baseline", body)
+    spec = generate(llmapi_server, "tensorrt_llm", body)
     assert spec["text_output"].startswith(PROMPT)  # exclude_input_from_output defaults to False, as NVIDIA's model
-    assert len(spec["text_output"]) > len(PROMPT) and spec["text_output"] == base["text_output"]
+    assert len(spec["text_output"]) > len(PROMPT)
+    # the baseline, a second full copy of the target, is not loaded beside it (loaded for its phase only)
+    assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
     only = generate(llmapi_server, "tensorrt_llm",
                     {**body, "sampling_param_exclude_input_from_output": True, "sampling_param_return_perf_metrics": True,
                      "return_finish_reason": True})
     assert PROMPT + only["text_output"] == spec["text_output"]
-    # the perf outputs are strings, as NVIDIA's model writes them; n-gram speculation drafted on this prompt
-    assert isinstance(only["total_draft_tokens"], str) and int(only["total_draft_tokens"]) > 0
-    assert 0 <= float(only["acceptance_rate"]) <= 1 and only["finish_reason"] in ("length", "stop")
-    nospec = generate(llmapi_server, "tensorrt_llm_baseline", {**body, "sampling_param_return_perf_metrics": True})
-    assert nospec["total_draft_tokens"] == "0"
+    # the perf outputs are strings, as NVIDIA's model writes them; 1.2.1's PyTorch flow answers 0 for the speculative
+    # ones even though n-gram speculation drafted on this prompt (NVIDIA/TensorRT-LLM#17082)
+    assert (only["total_draft_tokens"], only["total_accepted_draft_tokens"], only["acceptance_rate"]) == ("0", "0", "0.0")
+    assert only["finish_reason"] in ("length", "stop")
 
 
 def test_streaming_over_grpc_concatenates_to_the_completion(llmapi_server):
@@ -92,8 +104,10 @@ def test_streaming_over_grpc_concatenates_to_the_completion(llmapi_server):
     c.stop_stream()
     assert all(e is None for _, e in got)
     chunks = [r.as_numpy("text_output") for r, _ in got if r is not None and r.as_numpy("text_output") is not None]
-    text = "".join(x.decode() for a in chunks for x in a.reshape(-1))
-    assert text == whole and len(chunks) > 1
+    texts = ["".join(x.decode() for x in a.reshape(-1)) for a in chunks]
+    # each response is one iteration with the whole text so far (NVIDIA's model sends CompletionOutput.text)
+    assert texts[-1] == PROMPT + whole and len(texts) > 1  # exclude_input_from_output defaults to False
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
 
 
 def test_stop_strings_and_refusals_in_the_models_words(llmapi_server):
@@ -110,7 +124,9 @@ def test_stop_strings_and_refusals_in_the_models_words(llmapi_server):
 
 def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     """The harness maps its baseline and speculative roles onto tensorrt_llm_baseline and tensorrt_llm (the LLM-API
-    path has no ensemble), counts tokens with the target's tokenizer, and proves identity and measures speedup."""
+    path has no ensemble), counts tokens with the target's tokenizer, measures the speculative model, then the
+    baseline in its own phase (switched with the admin key `trt-spec serve` leaves on this host), and puts the
+    speculative model back; identity holds and acceptance comes from the streamed responses."""
     import subprocess
     import sys
 
@@ -123,7 +139,7 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     tok_dir = str(next((llmapi_server.repo.parent / "build" / "engines").glob("target")))
     bare = LLMClient(llmapi_server.grpc_url, "grpc")
     bare.check_ready(list(TEXT_MODELS))
-    assert bare.names == {"ensemble": "tensorrt_llm_baseline", "tensorrt_llm_bls": "tensorrt_llm"}
+    assert bare.names == {"ensemble": "tensorrt_llm_baseline", "tensorrt_llm_bls": "tensorrt_llm"} and bare.phased
     with pytest.raises(ClientError, match="returns text only: pass --tokenizer"):
         bare.generate("tensorrt_llm_bls", PROMPT, 8)
     for proto, url in (("grpc", llmapi_server.grpc_url), ("http", llmapi_server.http_url)):
@@ -132,16 +148,59 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
                             "--raw", "--format", "json"], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         rep = json.loads(r.stdout)
-        assert rep["passed"] and rep["match_rate"] == 1.0
+        assert rep["passed"] and rep["match_rate"] == 1.0 and rep["order"].startswith("phased")
         assert all(x["baseline_tokens"] > 0 for x in rep["results"]), rep
+        assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
     c = LLMClient(llmapi_server.grpc_url, "grpc").use_tokenizer(load_tokenizer(tok_dir))
     c.check_ready(list(TEXT_MODELS))
     res = paired_ab(c, [Prompt(PROMPT, 24)], warmup=0)
     assert res["speedup"] > 0 and res["speculative"]["tokens"] == res["baseline"]["tokens"] > 0
-    assert res["acceptance"]["drafted"] > 0  # the model's own perf outputs, parsed from their strings
+    # the model's own counts are 0 (1.2.1): acceptance from the streamed responses, n-gram accepted on this prompt
+    acc = res["acceptance"]
+    assert acc["drafted"] == 0 and acc["acceptance_rate"] is None and acc["source"] == lc.FROM_STREAMED_CHUNKS
+    assert acc["mean_acceptance_length"] > 1.0 and res["order"].startswith("phased")
     r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--url", llmapi_server.grpc_url, "--tokenizer",
                         tok_dir, "--prompts", "code-edit", "--limit", "1", "--max-tokens", "16", "--format", "json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     (ab,) = json.loads(r.stdout)["bench"]
     assert ab["speedup"] > 0 and ab["speculative"]["tokens"] == ab["baseline"]["tokens"] > 0
+    assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
+
+
+def test_phase_switch_needs_the_admin_key_and_restores_on_error(llmapi_server, monkeypatch):
+    """Without the admin key: one line naming --admin-key-file before anything is measured. A failure inside the
+    baseline's phase still loads the speculative model back."""
+    from trt_spec.harness import client as client_mod
+    from trt_spec.harness.client import ClientError, LLMClient
+    from trt_spec.harness.identity import check_greedy
+    from trt_spec.harness.phases import speculative_then_baseline
+    from trt_spec.harness.prompts import Prompt
+    from trt_spec.records.names import TEXT_MODELS
+    from trt_spec.served.serving import load_tokenizer
+
+    tok = load_tokenizer(str(llmapi_server.repo.parent / "build" / "engines" / "target"))
+    for proto, url in (("grpc", llmapi_server.grpc_url), ("http", llmapi_server.http_url)):
+        c = LLMClient(url, proto).use_tokenizer(tok)
+        c.check_ready(list(TEXT_MODELS))  # with the key serve left on this host
+        monkeypatch.setattr(client_mod, "served_admin_key", lambda url: None)
+        with pytest.raises(ClientError) as e:
+            check_greedy(c, [Prompt(PROMPT, 8)])
+        assert "--admin-key-file" in str(e.value) and "\n" not in str(e.value)
+        c.admin_key = "x" * 32  # a wrong key: the server's refusal, with the same fix
+        with pytest.raises(ClientError, match="--admin-key-file"):
+            check_greedy(c, [Prompt(PROMPT, 8)])
+        monkeypatch.undo()
+        assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
+    c = LLMClient(llmapi_server.http_url, "http").use_tokenizer(tok)
+    c.check_ready(list(TEXT_MODELS))
+
+    def broken():
+        assert ready(llmapi_server, "tensorrt_llm_baseline") and not ready(llmapi_server, "tensorrt_llm")
+        # trt-spec serve's watchdog must not take the unloaded model's exited stub for a dead model (it exits 3 then)
+        assert llmapi_server.dead_models() == []
+        raise ClientError("the baseline phase failed")
+    with pytest.raises(ClientError, match="the baseline phase failed"):
+        speculative_then_baseline(c, lambda: None, broken)
+    assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
+    assert llmapi_server.dead_models() == []  # the speculative model's new stub serves it: nothing is dead

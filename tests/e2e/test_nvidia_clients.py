@@ -88,6 +88,27 @@ def test_end_to_end_grpc_client_reads_the_perf_metrics_of_the_ensemble(deploymen
     assert perf["kv_cache_alloc_total_blocks"] >= 1 and perf["total_draft_tokens"] == 0  # the ensemble drafts nothing
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_end_to_end_grpc_client_reads_the_perf_metrics_of_the_bls(deployments, streaming):
+    """E2E --model-name tensorrt_llm_bls --return-perf-metrics [-S] requests the ten perf outputs NVIDIA's BLS config
+    declares and reads each as [0][0] on every response: Triton core refused the request while the BLS declared three
+    ("unexpected inference output 'kv_cache_alloc_new_blocks'"). They are the whole request's: KV blocks summed over
+    every engine call of the speculative rounds, the first call's arrival, the last target call's last token, and
+    the loop's acceptance (what trt-spec's own client reads in the final response)."""
+    server = deployments["decoupled"]
+    text, errors, perf = nv.e2e_grpc(server.grpc_url, PROMPTS[0], OUT, model="tensorrt_llm_bls", streaming=streaming,
+                                     return_perf_metrics=True)
+    assert not errors and text
+    assert set(perf) == set(nv.PERF_OUTPUTS)
+    assert 0 < perf["arrival_time_ns"] <= perf["first_scheduled_time_ns"] <= perf["first_token_time_ns"] \
+        <= perf["last_token_time_ns"]
+    assert perf["kv_cache_alloc_total_blocks"] >= 2  # a draft call and a target call at least, each >= one block
+    assert perf["kv_cache_alloc_total_blocks"] == perf["kv_cache_alloc_new_blocks"] + perf["kv_cache_reused_blocks"]
+    drafted, accepted = perf["total_draft_tokens"], perf["total_accepted_draft_tokens"]
+    assert 0 <= accepted <= drafted and drafted > 0
+    assert abs(perf["acceptance_rate"] - accepted / drafted) < 1e-6
+
+
 @pytest.mark.parametrize("kind", ["decoupled", "unary"])
 def test_speculative_decoding_test_with_the_bls_finds_no_mismatch(deployments, kind):
     """SDT --execute-bls-speculative-decoding: control (ensemble) and speculative (BLS, num_draft_tokens 5,

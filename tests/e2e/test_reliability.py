@@ -355,15 +355,28 @@ def test_a_10_mb_prompt_is_refused_at_once_with_flat_memory(dtm_server, model):
     assert grown < 64 * 2**20, f"the python models grew by {grown / 2**20:.0f} MiB"
 
 
-def test_served_model_configs_name_no_path_of_this_machine(dtm_server):
-    """GET /v2/models/NAME/config is open to anyone who reaches the port: its parameters hold no absolute path
-    (the engine and tokenizer directories are relative to the repository), and the models still loaded from them."""
+def test_served_model_configs_are_the_admin_keys_only(dtm_server):
+    """The configs name this machine's engine and tokenizer directories (absolute, so that every launch finds them):
+    GET /v2/models/NAME/config and gRPC ModelConfig are refused without the admin key and answer with it."""
+    from tritonclient.utils import InferenceServerException
+
+    from trt_spec.serve.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, admin_key_path
+
+    key = admin_key_path(dtm_server.http_port).read_text().strip()
+    g = grpcclient.InferenceServerClient(dtm_server.grpc_url)
     for model in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", BLS, "ensemble"):
-        with urllib.request.urlopen(f"http://{dtm_server.http_url}/v2/models/{model}/config", timeout=10) as r:
-            text = r.read().decode()
-        params = {k: v["string_value"] for k, v in json.loads(text).get("parameters", {}).items()}
-        assert not [v for v in params.values() if v.startswith("/")], (model, params)
-        assert str(dtm_server.repo.resolve().parent) not in text, model
+        url = f"http://{dtm_server.http_url}/v2/models/{model}/config"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=10)
+        assert e.value.code == 403 and "restricted" in e.value.read().decode()
+        with pytest.raises(InferenceServerException, match="restricted"):
+            g.get_model_config(model)
+        with urllib.request.urlopen(urllib.request.Request(url, headers={ADMIN_HEADER: key}), timeout=10) as r:
+            params = {k: v["string_value"] for k, v in json.loads(r.read()).get("parameters", {}).items()}
+        by_grpc = g.get_model_config(model, headers={GRPC_ADMIN_HEADER: key}, as_json=True)["config"]
+        assert by_grpc["name"] == model
+        for name in ("gpt_model_path", "tokenizer_dir"):
+            assert name not in params or os.path.isabs(params[name]), (model, params)
     assert LLMClient(dtm_server.grpc_url, "grpc").generate("ensemble", PROMPTS[0], 4).output_ids
 
 

@@ -145,6 +145,25 @@ def test_same_seed_same_bytes_other_seed_differs(built, tmp_path):
     assert blobs[0] != blobs[2]
 
 
+def test_dtype_bfloat16_saves_a_bf16_draft_the_gpu_plan_asks_for(built, tmp_path):
+    """engine: tensorrt's distill-draft step passes --dtype bfloat16 (plan.GPU_SOURCE_DTYPE): the LLM API serves the
+    directory's dtype and quantize.py --dtype auto would turn float32 into float16."""
+    from safetensors import safe_open
+
+    teacher, _, _ = built
+    files = sorted((teacher.parent / "corpus").glob("*.py"))
+    a = distill._parser().parse_args(["--teacher", "t", "--output_dir", "o", "--dtype", "bfloat16"])
+    assert a.dtype == "bfloat16"
+    distill.run(distill.DistillConfig(teacher, tmp_path / "bf16", hidden=32, layers=1, steps=2, seq_len=16, batch=2,
+                                      head_dim=16, teacher_chunks=2, raw_chunks=8, eval_chunks=1, topk=4,
+                                      chat_prompts=1, chat_tokens=3, eval_chat_prompts=0, neg_samples=8,
+                                      corpus_files=files, threads=1, measure_cost=False, dtype="bfloat16"))
+    with safe_open(str(tmp_path / "bf16" / "model.safetensors"), "pt") as f:
+        assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.bfloat16"}
+    with pytest.raises(distill.DistillError, match="dtype 'int8'"):
+        distill.run(distill.DistillConfig(teacher, tmp_path / "bad", dtype="int8"))
+
+
 def test_cli_defaults_are_the_configs_and_the_plans_argv_parses():
     defaults = {f.name: f.default for f in dataclasses.fields(distill.DistillConfig)}
     a = distill._parser().parse_args(["--teacher", "t", "--output_dir", "o"])

@@ -32,12 +32,14 @@ PARAMS = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": "(in me
 class Served:
     """A draft-target or n-gram deployment of in-memory models: stand-ins for the engines, the BLS's loop over them."""
 
-    def __init__(self, target, draft=None, *, mode="draft_target", k=4, policy="fixed", proposer="prompt_lookup"):
+    def __init__(self, target, draft=None, *, mode="draft_target", k=4, policy="fixed", proposer="prompt_lookup",
+                 numerics=None):
         def standin(name, model, draft_len):
             limits = bc.EngineLimits(4, MAX_SEQ_LEN, MAX_SEQ_LEN, draft_len,
                                      speculative_decoding_mode="draft_tokens_external" if draft_len else None,
-                                     vocab_size=model.config.vocab_size)
-            return StandIn(name, model, limits, PARAMS)
+                                     vocab_size=model.config.vocab_size,
+                                     gather_generation_logits=True)  # use_logits: as use_draft_logits builds the draft
+            return StandIn(name, model, limits, PARAMS, numerics=numerics)
 
         standins = {TARGET: standin(TARGET, target, k)}
         if draft is not None:
@@ -111,6 +113,30 @@ def test_close_draft_accepts_partially(target, close_draft, served):
     assert 0.2 < accepted / drafted < 0.8
     # the histogram counts speculative rounds (a round without speculation is counted apart)
     assert sum(hist) == rounds and sum(i * c for i, c in enumerate(hist)) == accepted
+
+
+def test_gpu_numerics_flips_only_near_ties_of_the_verification(target, same, served):
+    """The GPU-numerics mode perturbs each verification forward by less than its margin: the speculative output then
+    leaves plain greedy only where greedy's own top-2 margin is below that margin (a near-tie), and the token it
+    takes there is within the margin of the best; off, the output is greedy's exactly."""
+    from trt_spec.reference.numerics import GpuNumerics
+
+    margin = 0.5
+    flips = 0
+    s = served(target, same, numerics=GpuNumerics(margin, seed=3))
+    for p in PROMPTS:
+        tokens, _ = s.run(p, 30, 4)
+        ref = plain_greedy(target, p, 30)
+        i = next((j for j, (a, b) in enumerate(zip(tokens, ref)) if a != b), None)
+        if i is None:
+            continue
+        flips += 1
+        logits = target.forward(torch.tensor([p + ref[:i]]), torch.arange(len(p) + i)[None],
+                                target.new_cache(1, len(p) + i + 1))[0, -1]
+        assert float(logits.max() - logits[tokens[i]]) < margin, "a flip outside the stated margin"
+    assert flips > 0, "the perturbation never flipped a verification: raise the margin for this model"
+    for p in PROMPTS:  # off: exact
+        assert served(target, same).run(p, 30, 4)[0] == plain_greedy(target, p, 30)
 
 
 def test_end_id_inside_the_draft_stops_like_greedy(target, same, served):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from ..records.config import BuildConfig
 from .model_info import ModelInfo
@@ -79,3 +80,89 @@ def shared_gpu_kv_fraction(memory: list[MemoryRow], gpu_gib: float) -> float:
         fracs.append((free - d) / free if free > 0 else 0.0)
     f = min(fracs, default=DEFAULT_KV_FRACTION)
     return round(max(0.05, min(DEFAULT_KV_FRACTION, math.floor(f * 20) / 20)), 2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The memory plan of a written repository (serve/repository.py builds the instances from the models it writes)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What one Triton model loads onto its GPUs: the weights of one model (the target, a draft, an EAGLE-3 head) and
+    its KV cache, sized by the model's policy: a share of the memory free when it loads (kv_fraction: the tensorrtllm
+    backend's kv_cache_free_gpu_mem_fraction, the LLM API's kv_cache_config.free_gpu_memory_fraction), or at most
+    kv_tokens tokens (max_tokens_in_paged_kv_cache). Instances of one model share its process (the LLM API loads the
+    target and its draft or head together)."""
+
+    model: str  # the Triton model
+    role: str  # target | draft | baseline
+    info: ModelInfo
+    weights: str
+    kv_cache: str
+    tp: int
+    pp: int
+    devices: list[int]
+    kv_fraction: Optional[float] = None
+    kv_tokens: Optional[int] = None
+
+
+def instance_rows(inst: Instance, cfg: BuildConfig) -> list[MemoryRow]:
+    """memory_rows of one instance, its KV cache capped at kv_tokens where the model caps it."""
+    rows = memory_rows(inst.role, inst.info, inst.weights, inst.kv_cache, inst.tp, inst.pp, inst.devices, cfg)
+    if inst.kv_tokens is None:
+        return rows
+    kv = kv_cache_gib(inst.info, inst.kv_cache, 1, inst.kv_tokens) / (inst.tp * inst.pp)
+    return [MemoryRow(r.gpu_id, r.role, r.weights_gib, min(r.kv_gib, kv), r.reserve_gib) for r in rows]
+
+
+def concurrent_sets(models: list[str], load_models: list[str], phase_models: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The sets of models Triton holds at once: what the launch loads (load_models; empty: every model but the
+    phase-only ones) and, per phase model, the launch set with the models it replaces swapped for it."""
+    launch = list(load_models) or [m for m in models if m not in phase_models]
+    out = {"launch": launch}
+    for phase, replaces in phase_models.items():
+        out[f"phase {phase}"] = [m for m in launch if m not in replaces] + [phase]
+    return out
+
+
+def repository_overflow(instances: list[Instance], sets: dict[str, list[str]], cfg: BuildConfig,
+                        gpu_name: str, gpu_gib: float, gpu_count: int) -> Optional[str]:
+    """One line naming the first GPU a set of concurrently loaded models overflows (and the fix), else None:
+    - every instance's weights + KV cache (max_batch_size full sequences, or its token cap) + reserve, summed per GPU;
+    - at most one model per GPU sizes its KV cache as a share of free memory: two such models (two LLM-API copies of
+      the target) each take that share of what the other left, so whichever loads second cannot fit;
+    - a model sizing by share (f) leaves the capped models on its GPU (1 - f) of what its weights leave free, which
+      must hold them (it may load first)."""
+    for what, names in sets.items():
+        live = [i for i in instances if i.model in names]
+        for i in live:
+            if i.devices and max(i.devices) >= gpu_count:
+                return (f"{i.model}: GPU ids {i.devices} need {max(i.devices) + 1} GPUs but the plan has {gpu_count} "
+                        f"{gpu_name}; regenerate the repository for this node")
+        rows = {id(i): instance_rows(i, cfg) for i in live}
+        for gid in sorted({d for i in live for d in i.devices}):
+            here = [(i, [r for r in rows[id(i)] if r.gpu_id == gid]) for i in live if gid in i.devices]
+            total = sum(r.total_gib for _, rs in here for r in rs)
+            loaded = ", ".join(dict.fromkeys(i.model for i, _ in here))
+            if total > gpu_gib:
+                parts = ", ".join(f"{i.model} ({i.role}) {sum(r.total_gib for r in rs):.1f}" for i, rs in here)
+                return (f"GPU {gid} ({gpu_name}, {gpu_gib:.1f} GiB) would hold {total:.1f} GiB at {what} ({parts} GiB: "
+                        "weights + KV cache for max_batch_size full sequences + reserve); lower limits.max_batch_size "
+                        "or limits.max_seq_len, raise tp, or use an FP8 KV cache")
+            share = {i.model: i.kv_fraction for i, _ in here if i.kv_fraction is not None and i.kv_tokens is None}
+            if len(share) > 1:
+                a, b = list(share)[:2]
+                return (f"GPU {gid}: {a} and {b} are loaded together ({what}) and each sizes its KV cache as a share of "
+                        f"the free memory ({share[a]}, {share[b]}), so whichever loads second runs out of memory; load "
+                        "one of them for its phase only (trt-spec repo does for runtime llmapi), put them on other GPUs, "
+                        "or cap one with max_tokens_in_paged_kv_cache")
+            if len(share) == 1:
+                (m, f), = share.items()
+                own = [r for i, rs in here if i.model == m for r in rs]
+                others = sum(r.total_gib for i, rs in here if i.model != m for r in rs)
+                left = (1 - f) * (gpu_gib - sum(r.weights_gib + r.reserve_gib for r in own))
+                if others > left + 1e-9:
+                    return (f"GPU {gid}: {m} takes {f} of the free memory for its KV cache and leaves {left:.1f} GiB, "
+                            f"less than the {others:.1f} GiB the other models on it ({loaded}) need at {what}; lower "
+                            "runtime.kv_cache_free_gpu_mem_fraction or move the draft to another GPU")
+    return None

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..records.config import load_config
-from .hardware import resolve_gpu
+from .hardware import detect_gpus, resolve_gpu
 from ..records.config import BuildConfig
 from ..records.manifest import BuildManifest
 from .plan import Plan, make_plan
@@ -17,11 +17,17 @@ from .runner import build_manifest
 
 
 def plan_for(cfg: BuildConfig, config_path: Path, gpu: Optional[str] = None, *,
-             require_checkpoints: bool = True) -> Plan:
+             require_checkpoints: bool = True, allow_offload: Optional[bool] = None) -> Plan:
     """config -> preflight -> plan. The GPU (for engine: tensorrt) is `gpu` (NAME[:COUNT]) if given, else the
-    config's. Raises PreflightError or HardwareError (one line each)."""
+    config's. A build (require_checkpoints) checks that calibration fits the GPUs of this host (quantize.py sees them
+    all; a build node may have more than the serving plan), a plan those it plans for; allow_offload: False refuses a
+    calibration that does not fit, True lets it offload, None (builds nothing) warns (run_preflight). Raises
+    PreflightError or HardwareError (one line each)."""
     gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.engine == "tensorrt" else None
-    return make_plan(cfg, run_preflight(cfg, gpu_spec, require_checkpoints=require_checkpoints), Path(config_path))
+    host = detect_gpus() if require_checkpoints and cfg.engine == "tensorrt" else None
+    report = run_preflight(cfg, gpu_spec, require_checkpoints=require_checkpoints, allow_offload=allow_offload,
+                           calibration_gpu=host)
+    return make_plan(cfg, report, Path(config_path))
 
 
 def manifest_for_config(config_path: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> BuildManifest:

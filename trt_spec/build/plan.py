@@ -22,6 +22,7 @@ from .hardware import GpuSpec
 from ..records.defaults import TOKENS_PER_BLOCK
 from .preflight import PreflightReport
 from ..records.procutil import shell_line
+from ..records.speculation import Mode
 from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED, SPEC_MODE_TO_TRTLLM, TRTLLM_ARCHITECTURES
 
 STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
@@ -55,6 +56,8 @@ class Plan:
     report: PreflightReport
     steps: list[Step]
     engines: dict[str, str]  # role -> engine directory
+    # role -> the HF directory an import/distill step writes for it (GGUF target, distilled draft); empty otherwise
+    sources: dict[str, str] = field(default_factory=dict)
 
     def step(self, name: str) -> Step:
         for s in self.steps:
@@ -79,6 +82,7 @@ class Plan:
             "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
             "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
             "fp8_context_fmha": r.quant.fp8_context_fmha,
+            "calibration": None if r.calibration is None else asdict(r.calibration),
             "memory": [dict(asdict(m), total_gib=m.total_gib) for m in r.memory],
             "warnings": r.warnings,
             "notes": r.notes,
@@ -99,8 +103,9 @@ class Plan:
                         else ""))
         lines.append(f"speculative: {r.config.speculative.mode}, max_draft_len {r.max_draft_len}")
         if r.config.runtime == "llmapi":
-            lines.append("runtime: llmapi (TensorRT-LLM's LLM API, PyTorch): nothing to build; build checks the "
-                         "checkpoints and writes the manifest, repo writes model.yaml")
+            lines.append("runtime: llmapi (TensorRT-LLM's LLM API, PyTorch): no engine to build"
+                         + (" (but the import/distill steps below)" if self.steps else "")
+                         + "; build checks the checkpoints and writes the manifest, repo writes model.yaml")
         if r.memory:
             lines.append("memory plan per GPU:")
             lines += ["  " + ln for ln in r.memory_table().splitlines()]
@@ -182,20 +187,21 @@ def _check_flags(argv: list[str], allowed: frozenset[str], tool: str) -> None:
             raise PlanError(f"internal: {tool} in TensorRT-LLM {trtllm.TRTLLM_VERSION} has no flag {a}")
 
 
-def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path) -> Step:
-    """role: target | draft | baseline (the target's base checkpoint without Medusa/EAGLE heads)."""
+def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str) -> Step:
+    """role: target | draft | baseline (the target's base checkpoint without Medusa/EAGLE heads). source: the HF
+    directory it reads (the configured checkpoint, or the import/distill step's output)."""
     model = cfg.draft if role == "draft" else cfg.target
     info = report.draft if role == "draft" else report.target
     q = report.quant
     tc = cfg.toolchain
     spec = cfg.speculative
     ex = Path(tc.examples_dir)
-    inputs = [model.checkpoint]
+    inputs = [source]
     is_medusa = role == "target" and spec.mode == "medusa"
     is_eagle = role == "target" and spec.mode == "eagle"
     if is_eagle:
         argv = [tc.python, str(ex / "eagle" / "convert_checkpoint.py"),
-                "--model_dir", model.checkpoint, "--eagle_model_dir", spec.eagle.heads_dir,
+                "--model_dir", source, "--eagle_model_dir", spec.eagle.heads_dir,
                 "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
                 "--tp_size", str(model.tp), "--pp_size", str(model.pp),
                 "--max_draft_len", str(report.max_draft_len), "--num_eagle_layers", str(spec.eagle.num_layers),
@@ -206,7 +212,7 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
                     tuple(argv), str(out), tuple(inputs))
     if q.weights in DTYPE_FOR_FORMAT and is_medusa:
         argv = [tc.python, str(ex / "medusa" / "convert_checkpoint.py"),
-                "--model_dir", model.checkpoint, "--medusa_model_dir", spec.medusa.heads_dir,
+                "--model_dir", source, "--medusa_model_dir", spec.medusa.heads_dir,
                 "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
                 "--tp_size", str(model.tp), "--pp_size", str(model.pp),
                 "--num_medusa_heads", str(spec.medusa.num_heads), "--max_medusa_token_len", str(report.max_draft_len)]
@@ -218,12 +224,12 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
         family = TRTLLM_ARCHITECTURES[info.architecture]
         script = str(ex / "models" / "core" / family / "convert_checkpoint.py")
         if family == "gemma":  # its own CLI: dashes, --ckpt-type, tensor parallelism only (--world-size)
-            argv = [tc.python, script, "--ckpt-type", "hf", "--model-dir", model.checkpoint,
+            argv = [tc.python, script, "--ckpt-type", "hf", "--model-dir", source,
                     "--output-model-dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
                     "--world-size", str(model.tp)]
             _check_flags(argv, trtllm.GEMMA_CONVERT_FLAGS, "gemma/convert_checkpoint.py")
         else:
-            argv = [tc.python, script, "--model_dir", model.checkpoint, "--output_dir", str(out),
+            argv = [tc.python, script, "--model_dir", source, "--output_dir", str(out),
                     "--dtype", DTYPE_FOR_FORMAT[q.weights], "--tp_size", str(model.tp), "--pp_size", str(model.pp)]
             _check_flags(argv, trtllm.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
         return Step(f"checkpoint-{role}", f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, "
@@ -231,14 +237,15 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
 
     # ModelOpt post-training quantization
     argv = [tc.python, str(ex / "quantization" / "quantize.py"),
-            "--model_dir", model.checkpoint, "--dtype", model.dtype, "--qformat", q.weights]
+            "--model_dir", source, "--dtype", model.dtype, "--qformat", q.weights]
     if q.kv_cache != "none":
         argv += ["--kv_cache_dtype", q.kv_cache]
     if q.weights in QUANTIZE_CALIBRATED or q.kv_cache != "none":
         cq = cfg.quantization
-        if cq.calib_dataset:
-            argv += ["--calib_dataset", cq.calib_dataset]
-            inputs.append(cq.calib_dataset)
+        cal = report.calibration
+        if cal is not None and cal.path is not None:  # the directory preflight checked (pkg: resolved, absolute)
+            argv += ["--calib_dataset", cal.path]
+            inputs.append(cal.path)
         argv += ["--calib_size", str(cq.calib_size), "--calib_max_seq_length", str(cq.calib_max_seq_length),
                  "--batch_size", "1"]
     argv += ["--tp_size", str(model.tp), "--pp_size", str(model.pp)]
@@ -279,9 +286,10 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
     if role == "target" and mode != "none":
         argv += ["--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[mode], "--max_draft_len", str(report.max_draft_len)]
         what = f"{SPEC_MODE_TO_TRTLLM[mode]} engine, max_draft_len {report.max_draft_len}"
-    if role == "draft" and cfg.speculative.use_draft_logits:
+    if gathers_generation_logits(cfg, role):
         argv += ["--gather_generation_logits"]
-        what = "engine with generation logits (rejection sampling)"
+        what += (" with generation logits (rejection sampling)" if role == "draft" else
+                 " with generation logits (check's near-tie probe)")
     argv += ["--workers", str(ranks_on_node)]
     _check_flags(argv, trtllm.TRTLLM_BUILD_FLAGS, "trtllm-build")
     if "--gather_context_logits" in argv and report.max_draft_len > 0:
@@ -290,18 +298,27 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
                 tuple(argv), str(out), (str(ckpt),))
 
 
-def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tuple[list[Step], dict[str, str]]:
-    """import (GGUF -> HF dir) -> distill-draft or train-eagle (optional) -> export-draft -> export-target (with the
-    EAGLE-3 head in eagle mode) -> export-baseline (in-engine modes)."""
+# The Hugging Face dtype the import and distill steps write for engine: tensorrt (quantize.py --dtype auto would turn
+# a float32 directory into float16; the LLM API serves the directory's dtype, and its attention runs 16-bit)
+GPU_SOURCE_DTYPE = "bfloat16"
+
+
+def _source_steps(cfg: BuildConfig, out: Path, dtype: Optional[str] = None) -> tuple[list[Step], dict[str, str]]:
+    """The checkpoints a config names but does not have yet, as Hugging Face directories under out/hf: import-target
+    (a GGUF source -> HF dir) and distill-draft (draft.distill: a small draft distilled from the target). Both run
+    this interpreter (trt_spec.reference.*: torch + transformers; on a GPU host the image's). Returns the steps and
+    role -> HF directory (a configured directory as it is). dtype: what the steps save (None: float32)."""
     py = sys.executable
     steps: list[Step] = []
     hf: dict[str, str] = {}
+    as_dtype = ("--dtype", dtype) if dtype else ()
     target_src = cfg.target.checkpoint
     if target_src.startswith("pkg:") or target_src.endswith(".gguf"):
         hf["target"] = str(out / "hf" / "target")
-        steps.append(Step("import-target", f"convert {target_src} to a Hugging Face directory (dequantized fp32)",
+        steps.append(Step("import-target", f"convert {target_src} to a Hugging Face directory (dequantized "
+                          f"{dtype or 'fp32'})",
                           (py, "-m", "trt_spec.reference.checkpoints", "--source", target_src,
-                           "--output_dir", hf["target"]), hf["target"], (target_src,)))
+                           "--output_dir", hf["target"]) + as_dtype, hf["target"], (target_src,)))
     else:
         hf["target"] = target_src
     if cfg.draft is not None:
@@ -312,10 +329,18 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
                               f"target ({d.steps} steps, seed {d.seed})",
                               (py, "-m", "trt_spec.reference.distill", "--teacher", hf["target"],
                                "--output_dir", hf["draft"], "--hidden", str(d.hidden_size), "--layers",
-                               str(d.num_layers), "--steps", str(d.steps), "--seed", str(d.seed)),
+                               str(d.num_layers), "--steps", str(d.steps), "--seed", str(d.seed)) + as_dtype,
                               hf["draft"], (hf["target"],)))
         else:
             hf["draft"] = cfg.draft.checkpoint
+    return steps, hf
+
+
+def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tuple[list[Step], dict[str, str]]:
+    """import (GGUF -> HF dir) -> distill-draft or train-eagle (optional) -> export-draft -> export-target (with the
+    EAGLE-3 head in eagle mode) -> export-baseline (in-engine modes)."""
+    py = sys.executable
+    steps, hf = _source_steps(cfg, out)
     head_dir = None
     eg = cfg.speculative.eagle if cfg.speculative.mode == "eagle" else None
     if eg is not None and eg.train is not None:
@@ -337,6 +362,8 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
                 "--weights", report.quant.weights, "--max_batch_size", str(lim.max_batch_size),
                 "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
                 "--logits_dtype", LOGITS_DTYPE)
+        if gathers_generation_logits(cfg, role):  # as trtllm-build's flag: the stand-in refuses logits without it
+            argv += ("--gather_generation_logits",)
         # The target's engine limits as trtllm-build bakes them for every speculative mode (max_draft_len also lowers
         # request_output_len near max_seq_len: backend_contract.OUTPUT_LEN_CLAMPED). In-engine modes (lookahead) run
         # as plain decoding on CPU, through the same in-engine contract (return_perf_metrics, streamed responses).
@@ -362,12 +389,30 @@ def engine_roles(cfg: BuildConfig) -> list[str]:
             + (["baseline"] if cfg.speculative.has_baseline_engine else []))
 
 
-def llmapi_models(cfg: BuildConfig) -> dict[str, str]:
-    """runtime: llmapi serves checkpoints as they are (no build step): role -> directory. The target, and the draft
-    model (draft-target) or the EAGLE-3 head (its speculative_model_dir)."""
-    out = {"target": cfg.target.checkpoint}
+def baseline_role(cfg: BuildConfig) -> Optional[str]:
+    """The engine that serves the baseline (the ensemble's): the baseline engine where the target speculates inside
+    itself (speculative.has_baseline_engine), else the target (draft-target, n-gram, none); None where the ensemble
+    would run a speculating target (baseline_engine: false: check and bench refuse to compare)."""
+    if cfg.speculative.has_baseline_engine:
+        return "baseline"
+    return None if Mode(cfg.speculative.mode).in_engine else "target"
+
+
+def gathers_generation_logits(cfg: BuildConfig, role: str) -> bool:
+    """Whether an engine is built with --gather_generation_logits: the engine that serves the baseline (at a divergence
+    `trt-spec check` reads its next-token logits, and the executor answers return_generation_logits only from an engine
+    built so: backend_contract.NO_GENERATION_LOGITS) and a draft whose logits rejection sampling uses."""
+    return role == baseline_role(cfg) or (role == "draft" and cfg.speculative.use_draft_logits)
+
+
+def llmapi_models(cfg: BuildConfig, sources: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """runtime: llmapi serves checkpoints as they are (no build step but the imports): role -> directory. The target,
+    and the draft model (draft-target) or the EAGLE-3 head (its speculative_model_dir). sources: the HF directories
+    of the import/distill steps (_source_steps), which replace the configured GGUF target and distilled draft."""
+    sources = sources or {}
+    out = {"target": sources.get("target", cfg.target.checkpoint)}
     if cfg.draft is not None:
-        out["draft"] = cfg.draft.checkpoint
+        out["draft"] = sources.get("draft", cfg.draft.checkpoint)
     elif cfg.speculative.mode == "eagle3":
         out["draft"] = cfg.speculative.eagle3.heads_dir
     return out
@@ -376,18 +421,25 @@ def llmapi_models(cfg: BuildConfig) -> dict[str, str]:
 def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) -> Plan:
     out = cfg.resolved_output_dir(source)
     name = cfg.resolved_name(source)
-    if cfg.runtime == "llmapi" and cfg.engine == "tensorrt":  # nothing to build: the checkpoints are served as they are
-        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, [], llmapi_models(cfg))
     if cfg.engine == "reference":
         steps, engines = _reference_steps(cfg, report, out)
         return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines)
+    # a GGUF target / a distilled draft: imported / distilled first (first-contact configs), then as any checkpoint
+    pre, hf = _source_steps(cfg, out, GPU_SOURCE_DTYPE)
+    sources = {s.name.split("-", 1)[1]: s.output for s in pre}
+    if cfg.runtime == "llmapi":  # nothing to build: the checkpoints are served as they are
+        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(pre),
+                    llmapi_models(cfg, sources), sources)
     roles = engine_roles(cfg)
     ckpts = {r: out / "checkpoints" / r for r in roles}
     if "baseline" in roles and cfg.speculative.mode == "lookahead":
         ckpts["baseline"] = ckpts["target"]  # lookahead: the target's checkpoint is the plain base model
     engs = {r: out / "engines" / r for r in roles}
-    steps = [_checkpoint_step(cfg, report, r, ckpts[r]) for r in roles if r == "target" or ckpts[r] != ckpts["target"]]
+    src = {r: hf["draft" if r == "draft" else "target"] for r in roles}  # the baseline is built from the target's
+    steps = pre + [_checkpoint_step(cfg, report, r, ckpts[r], src[r]) for r in roles
+                   if r == "target" or ckpts[r] != ckpts["target"]]
     # Draft engine first: it is small and fails fast if the toolchain is broken.
     steps += [_engine_step(cfg, report, r, ckpts[r], engs[r]) for r in reversed(roles)]
     return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps),
-                {r: str(p) for r, p in engs.items()})
+                {r: str(p) for r, p in engs.items()}, {r: p for r, p in src.items() if r in sources or
+                                                       (r == "baseline" and "target" in sources)})

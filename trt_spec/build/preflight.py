@@ -9,10 +9,12 @@ trt_spec.build.trtllm; the rules that combine them with the config live here.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
+from ..records.backend_contract import generation_logits_cache_bytes
 from ..records.defaults import TOKENS_PER_BLOCK
 from ..records.llmapi_contract import EAGLE3_SUPPORT, MTP_ARCHITECTURES
 from ..records.speculation import Mode
@@ -21,6 +23,7 @@ from .hardware import GpuSpec
 from .memory import CALIBRATION_PEAK_FACTOR, GIB, MemoryRow, memory_rows, shared_gpu_kv_fraction, totals_per_gpu
 from .model_info import ModelInfo, PreflightError, model_info_for, read_vocab
 from .trtllm import DEFAULT_KV_FRACTION, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
+from .calibration import BUNDLED_CALIB_DATASET, CalibSet, calibrates, check_calib_dataset, quantizes
 
 # The CPU reference engine implements the Llama-style decoder (Llama, SmolLM2, Qwen2).
 REFERENCE_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
@@ -59,6 +62,8 @@ class PreflightReport:
     memory: list[MemoryRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    head: Optional[ModelInfo] = None  # runtime llmapi eagle3: the EAGLE-3 head (loaded with the target)
+    calibration: Optional[CalibSet] = None  # the set quantize.py calibrates on; None when nothing is calibrated
 
     @property
     def shares_gpu(self) -> bool:
@@ -191,6 +196,11 @@ def _llmapi_quantization(cfg: BuildConfig, has_fp8: bool, gname: str, cc: str) -
     weights = q.weights
     if weights == "auto":
         weights = "fp8" if method == "fp8" else "bf16"
+    if weights == "fp8" and is_imported(cfg.target.checkpoint):
+        raise PreflightError(f"quantization.weights fp8 on runtime llmapi needs a pre-quantized FP8 checkpoint, but "
+                             f"target.checkpoint {cfg.target.checkpoint} is a GGUF file that the build imports as a "
+                             "BF16 Hugging Face directory; set quantization.weights: bf16 (the LLM API quantizes nothing "
+                             "itself; the engine twin, runtime: engine, runs it in FP8)")
     if weights == "fp8":
         if not has_fp8:
             raise PreflightError(f"FP8 weights need compute capability >= 8.9, but {gname} is SM {cc}; use a BF16 "
@@ -281,6 +291,34 @@ def effective_max_draft_len(cfg: BuildConfig) -> int:
     return s.max_draft_len
 
 
+def is_imported(checkpoint: str) -> bool:
+    """A GGUF source (pkg:<module>/<file>.gguf or a .gguf path): the plan's import step converts it to a Hugging Face
+    directory at build time (trt_spec.reference.checkpoints)."""
+    return checkpoint.startswith("pkg:") or checkpoint.endswith(".gguf")
+
+
+# What the import step (GGUF -> Hugging Face directory) needs in the build's python besides torch + transformers:
+# transformers reads GGUF with the gguf package and refuses without accelerate ("accelerate is required when loading
+# a GGUF file"). The NGC image has accelerate (TensorRT-LLM requires it), not gguf: make gpu-smoke installs it.
+GGUF_IMPORT_MODULES = ("gguf", "accelerate")
+
+
+def _check_imported_sources(cfg: BuildConfig, target: ModelInfo, require: bool) -> None:
+    """A GGUF target (imported at build time) and a distilled draft (distilled from the imported or given target) on
+    any engine: the distiller reads a Llama teacher; the import needs GGUF_IMPORT_MODULES (checked by build)."""
+    import importlib.util
+
+    if cfg.draft is not None and cfg.draft.distill is not None and target.architecture != "LlamaForCausalLM":
+        raise PreflightError(f"draft.distill distills a LlamaForCausalLM draft from a Llama target, but the target is "
+                             f"{target.architecture}; give draft.checkpoint (a draft of the target's family) instead")
+    if require and is_imported(cfg.target.checkpoint):
+        missing = [m for m in GGUF_IMPORT_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            raise PreflightError(f"target.checkpoint {cfg.target.checkpoint}: importing a GGUF file needs "
+                                 f"{' and '.join(missing)} in this python ({sys.executable}); run "
+                                 f"`{sys.executable} -m pip install {' '.join(missing)}` (make gpu-smoke does)")
+
+
 def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
     s = cfg.speculative
     if (Mode(s.mode).loop_in_bls or cfg.runtime == "llmapi") and s.mode != "none" and k_max < 1:
@@ -293,6 +331,16 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
     if s.use_draft_logits and s.mode != "draft_target":
         raise PreflightError("speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)")
     lim = cfg.limits
+    # runtime llmapi: every generation request of a full batch runs 1 + max_draft_len tokens per step, within
+    # max_num_tokens; one-model drafters (EAGLE-3 one-model, MTP) do not reserve the draft tokens in the scheduler on
+    # 1.2.x, so an overfull step trips "total_num_tokens (N) should be less than or equal to max_num_tokens (M)"
+    # (NVIDIA/TensorRT-LLM#16101, merged 2026-07-08; #5076: (1 + max_draft_len) * max_cuda_graph_bs <= max_num_tokens)
+    if cfg.runtime == "llmapi" and s.mode != "none" and lim.max_batch_size * (k_max + 1) > lim.max_num_tokens:
+        raise PreflightError(
+            f"limits.max_num_tokens {lim.max_num_tokens} < max_batch_size x (max_draft_len + 1) = "
+            f"{lim.max_batch_size} x {k_max + 1} = {lim.max_batch_size * (k_max + 1)}: a full batch of {s.mode} "
+            "steps does not fit one forward pass of TensorRT-LLM's LLM API; raise limits.max_num_tokens to "
+            f"{lim.max_batch_size * (k_max + 1)} or lower limits.max_batch_size or max_draft_len")
     if Mode(s.mode).loop_in_bls and cfg.runtime == "engine" and lim.max_num_tokens < lim.max_seq_len - 1:
         raise PreflightError(
             f"limits.max_num_tokens {lim.max_num_tokens} < max_seq_len - 1 ({lim.max_seq_len - 1}): without chunked "
@@ -324,8 +372,54 @@ def _check_parallel(role: str, tp: int, pp: int, info: ModelInfo) -> None:
         raise PreflightError(f"{role}.pp {pp} exceeds the {info.num_layers} layers of {role}")
 
 
-def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoints: bool) -> PreflightReport:
-    """All checks, cheapest first. `require_checkpoints=False` (plan) tolerates absent checkpoints."""
+def _calibration_set(cfg: BuildConfig, quant: QuantChoice, require: bool) -> tuple[Optional[CalibSet], list[str]]:
+    """The set quantize.py calibrates on, validated as it reads it (calibration.py), and a note saying which."""
+    q = cfg.quantization
+    if not calibrates(cfg.engine, cfg.runtime, quant.weights, quant.kv_cache):
+        unused = (f"quantization.calib_dataset is not used: nothing is calibrated ({quant.weights} weights, KV cache "
+                  f"{quant.kv_cache})") if q.calib_dataset else None
+        return None, [unused] if unused else []
+    cal = check_calib_dataset(q.calib_dataset, q.calib_size, q.calib_max_seq_length, require=require)
+    note = f"calibration set: {cal.describe()}"
+    if cal.path is None:
+        note += (f"; an offline host needs quantization.calib_dataset: a local directory or the bundled "
+                 f"{BUNDLED_CALIB_DATASET}")
+    elif cal.samples is None and not Path(cal.path).exists():
+        note += " (not on this machine: checked by build)"
+    return cal, [note]
+
+
+def _check_calibration_fits(cfg: BuildConfig, quant: QuantChoice, target: ModelInfo, gpu: GpuSpec,
+                            allow_offload: Optional[bool]) -> list[str]:
+    """quantize.py loads the 16-bit target on every GPU it sees (quantize_by_modelopt.get_model: device_map "auto"), so
+    the calibration peak (CALIBRATION_PEAK_FACTOR x the 16-bit weights) must fit them; beyond that accelerate offloads
+    to host memory: hours instead of minutes, and ModelOpt's export of offloaded modules is fragile. Refused unless
+    allow_offload (True: a warning; None, a caller that builds nothing: a warning)."""
+    if not quantizes(cfg.engine, cfg.runtime, quant.weights):
+        return []
+    need = target.num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
+    have = gpu.memory_gib * gpu.count
+    if need <= have:
+        return []
+    gpus = -(-need // gpu.memory_gib)
+    what = (f"quantizing the target to {quant.weights} (quantize.py) loads ~{need:.0f} GiB of 16-bit weights at peak, "
+            f"more than the {have:.0f} GiB of {gpu.describe()}")
+    if allow_offload is None:
+        return [f"{what}: the build is refused there without --allow-offload"]
+    if allow_offload:
+        return [f"{what}: --allow-offload: accelerate offloads the rest to host memory (slow)"]
+    raise PreflightError(f"{what}; build on a node whose GPUs hold it (>= {gpus:.0f}x {gpu.name}: trt-spec build counts "
+                         f"the GPUs it sees; trt-spec plan --gpu {gpu.name}:{gpus:.0f}), or pass --allow-offload to let "
+                         "accelerate offload the rest to host memory (hours, and ModelOpt's export of offloaded "
+                         "modules is fragile)")
+
+
+def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoints: bool,
+                  allow_offload: Optional[bool] = None, calibration_gpu: Optional[GpuSpec] = None) -> PreflightReport:
+    """All checks, cheapest first. `require_checkpoints=False` (plan) tolerates absent checkpoints. allow_offload, for
+    a target whose quantization needs more than the GPUs hold: False (plan, build) refuses it, True (--allow-offload)
+    lets accelerate offload the rest to host memory, None (callers that build nothing: the repository, deploy) only
+    warns. calibration_gpu: the GPUs quantize.py will see (this host's, at build time); None: `gpu`."""
     warnings: list[str] = []
     notes: list[str] = []
     if cfg.engine == "tensorrt" and gpu is None:
@@ -346,11 +440,12 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     if cfg.draft is not None and cfg.draft.distill is not None:
         d = cfg.draft.distill
         draft = ModelInfo(**{**target.__dict__, "num_layers": d.num_layers, "hidden_size": d.hidden_size,
-                             "num_heads": max(1, d.hidden_size // 64), "num_kv_heads": max(1, d.hidden_size // 64),
+                             "num_heads": max(1, d.hidden_size // 64), "num_kv_heads": 1,  # distill.DistillConfig
                              "intermediate_size": d.hidden_size * 4, "tie_word_embeddings": True,
                              "source": "distilled from the target at build time (same tokenizer by construction)"})
     elif cfg.draft is not None:
         draft = model_info_for(cfg.draft.checkpoint, "draft", require_checkpoints)
+    _check_imported_sources(cfg, target, require_checkpoints)
     for role, info in (("target", target), ("draft", draft)):
         if info is None:
             continue
@@ -411,9 +506,9 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                 raise PreflightError(f"speculative.eagle.heads_dir {eg.heads_dir}: architectures {arch} is not an "
                                      "EAGLE-3 head (LlamaForCausalLMEagle3), which the reference engine drafts with; "
                                      "point it at one, or use speculative.eagle.train to train one at build time")
-        if cfg.quantization.calib_dataset and not Path(cfg.quantization.calib_dataset).is_dir():
-            raise PreflightError(f"quantization.calib_dataset {cfg.quantization.calib_dataset}: directory not found; "
-                                 "point it at a local dataset directory or remove it")
+
+    calibration, cnote = _calibration_set(cfg, quant, require_checkpoints)
+    notes += cnote
 
     # Devices and memory (GPU engines only)
     # The draft never needs more KV cache than max_batch_size full sequences: cap it, or the backend's fraction
@@ -471,15 +566,18 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                     + ("drop the baseline engine (speculative.baseline_engine: false; check and bench then have no "
                        "baseline)" if baseline else "move the draft to another GPU (runtime.draft_gpu_device_ids)")
                 )
-        calib_gib = target.num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
-        total_gib = gpu.memory_gib * gpu.count
-        if cfg.runtime == "engine" and quant.weights not in ("bf16", "fp16") and calib_gib > total_gib:
-            warnings.append(f"calibrating the target loads ~{calib_gib:.0f} GiB of 16-bit weights, more than this "
-                            f"node's {total_gib:.0f} GiB: run the quantize step on a bigger node (e.g. 4x80 GB for 70B)")
+        if cfg.runtime == "engine":
+            warnings += _check_calibration_fits(cfg, quant, target, calibration_gpu or gpu, allow_offload)
         if cfg.speculative.mode == "medusa":
             notes.append("Medusa decoding is greedy only (temperature is ignored by the engine)")
+        if cfg.runtime == "engine" and (baseline or not Mode(cfg.speculative.mode).in_engine):  # plan.baseline_role
+            logits_gib = generation_logits_cache_bytes(cfg.limits.max_batch_size, target.vocab_size) / GIB
+            notes.append(f"the {'baseline' if baseline else 'target'} engine serves the baseline and is built with "
+                         f"--gather_generation_logits (check reads its top-2 margin at a divergence): ~{logits_gib:.2f} "
+                         f"GiB of logits buffers per GPU at load, counted in the reserve "
+                         f"({cfg.serving.memory_reserve_gib} GiB), not as a row")
     else:
         kv_frac = kv_frac or DEFAULT_KV_FRACTION
 
     return PreflightReport(cfg, gpu, target, draft, quant, t_dev, d_dev, kv_frac, k_max, draft_kv, memory, warnings,
-                           notes)
+                           notes, head=head, calibration=calibration)

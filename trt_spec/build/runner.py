@@ -31,9 +31,10 @@ from typing import Callable, Optional
 from .. import __version__
 from ..records.defaults import served_num_draft_tokens
 from ..records.integrity import IntegrityError, file_sums, verify
-from ..records.manifest import (BuildManifest, EngineEntry, GpuRecord, LimitsRecord, RuntimeRecord, SpeculativeRecord,
-                       StepRecord, WorldSize)
-from ..records.procutil import die_with_parent
+from ..records.manifest import (BuildManifest, CalibrationRecord, EngineEntry, GpuRecord, LimitsRecord, RuntimeRecord,
+                                SpeculativeRecord, StepRecord, WorldSize)
+from .calibration import fingerprint as calibration_fingerprint
+from ..records.procutil import die_with_parent, stop_group
 from .plan import STEP_STAMP, Plan, Step
 from .trtllm import dist_version, trtllm_mismatch
 
@@ -182,15 +183,7 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
         try:
             rc = proc.wait()
         except BaseException:  # Ctrl-C / SIGTERM / SIGHUP: stop the tool's whole process group, leave nothing behind
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+            stop_group(proc, grace_s=10)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     seconds = time.monotonic() - t0
@@ -239,7 +232,9 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
         stamp = read_stamp(Path(step.output)) or {}
         built = stamp.get("fingerprint") == step.fingerprint
         engines[role] = EngineEntry(
-            dir=str(Path(edir).resolve()), checkpoint=model.checkpoint,
+            # an imported / distilled source: its HF directory (the tokenizer the repository serves with)
+            dir=str(Path(edir).resolve()),
+            checkpoint=str(Path(plan.sources[role]).resolve()) if role in plan.sources else model.checkpoint,
             tp=model.tp, pp=model.pp, world_size=model.world_size,
             devices=list(r.draft_devices if role == "draft" else r.target_devices),
             weights=r.quant.weights, kv_cache=r.quant.kv_cache, argv=list(step.argv), fingerprint=step.fingerprint,
@@ -265,7 +260,10 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
                               target_devices=list(r.target_devices), draft_devices=list(r.draft_devices)),
         world_size=WorldSize(cfg.target.world_size, draft_world, cfg.target.world_size + draft_world),
         engines=engines,
-        steps=[StepRecord(s.name, s.status, round(s.seconds, 3)) for s in results])
+        steps=[StepRecord(s.name, s.status, round(s.seconds, 3)) for s in results],
+        calibration=None if r.calibration is None else CalibrationRecord(
+            r.calibration.dataset, r.calibration.path, calibration_fingerprint(r.calibration.path),
+            r.calibration.samples, r.calibration.calib_size, r.calibration.max_seq_length))
 
 
 def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = False, force: bool = False,

@@ -349,6 +349,12 @@ def write_chart(source: Path, out: Path, *, gpus_per_node: Optional[int] = None,
     """Write the chart to `out` atomically (temp dir, then rename; safe to rerun over an earlier chart). Every check
     runs before anything is written. Returns `out`."""
     m = load_manifest(source, sets, gpu)
+    cfg = m.config
+    if cfg.target.checkpoint.startswith("pkg:") or cfg.target.checkpoint.endswith(".gguf") or \
+            (cfg.draft is not None and cfg.draft.distill is not None):
+        raise DeployError(f"{m.name}: a GGUF target or a distilled draft is built on one host (the first-contact "
+                          "configs, make gpu-smoke), not by a cluster's build Job; deploy a config whose target.checkpoint "
+                          "and draft.checkpoint are Hugging Face directories")
     lay = layout(m, gpus_per_node)
     build_resources(m, lay, gpus_per_node is not None)  # refused before anything is written
     if min_acceptance is not None and not 0.0 <= min_acceptance <= 1.0:

@@ -21,7 +21,9 @@ from typing import Callable, Optional, Sequence
 
 from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE, DRAFT_LEN_POLICY, DRAFT_LENGTHS, NUM_DRAFT_TOKENS, SPECULATIVE,
                      TOTAL_STEPS)
+from ..records import llmapi_contract as lc
 from .client import GREEDY, Generation, LLMClient
+from .phases import PHASED_NOTE, is_phased, speculative_then_baseline
 from ..records.speculation import acceptance_rate, mean_acceptance_length, solve_alpha
 from .metrics import Summary, bootstrap_ratio_ci, low_acceptance_advice, total_throughput, tpot
 from .prompts import Prompt
@@ -43,13 +45,15 @@ class Sample:
     steps: int = 0
     histogram: Optional[list[int]] = None
     draft_lengths: Optional[list[int]] = None  # k chosen per round (0 = no speculation that round)
+    acceptance_source: Optional[str] = None  # where accepted/steps came from when not the model's own counts
 
     @staticmethod
     def of(model: str, i: int, r: int, g: Generation) -> "Sample":
         m = g.metrics
         return Sample(model, i, r, g.num_tokens, g.ttft_s, g.latency_s, tpot(g.latency_s, g.ttft_s, g.num_tokens),
                       int(m.get("total_accepted_draft_tokens", 0)), int(m.get("total_draft_tokens", 0)),
-                      int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM), m.get(DRAFT_LENGTHS))
+                      int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM), m.get(DRAFT_LENGTHS),
+                      m.get(lc.ACCEPTANCE_SOURCE))
 
 
 def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int], policy: Optional[str] = None) -> Generation:
@@ -73,7 +77,9 @@ def acceptance_summary(spec: Sequence[Sample]) -> dict:
     per_pos = [sum(hist[i + 1:]) / spec_rounds if spec_rounds else 0.0 for i in range(max(k, 0))]
     ks = [x for s in spec if s.draft_lengths for x in s.draft_lengths]
     chosen = [x for x in ks if x > 0]
-    return {"accepted": accepted, "drafted": drafted, "steps": steps, "speculative_rounds": spec_rounds,
+    sources = [s.acceptance_source for s in spec if s.acceptance_source]
+    return {"source": max(set(sources), key=sources.count) if sources else None,
+            "accepted": accepted, "drafted": drafted, "steps": steps, "speculative_rounds": spec_rounds,
             "acceptance_rate": acceptance_rate(accepted, drafted),
             "mean_acceptance_length": mean_acceptance_length(accepted, spec_rounds),
             "histogram": hist, "per_position_acceptance": per_pos,
@@ -85,6 +91,22 @@ def acceptance_summary(spec: Sequence[Sample]) -> dict:
 
 def paired_ab(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] = None, repeats: int = 1,
               warmup: int = 1, progress: Progress = None, policy: Optional[str] = None) -> dict:
+    if is_phased(client):  # the baseline is loaded for its phase only: one model after the other (phases.py)
+        total = len(prompts) * repeats
+
+        def side(model: str, offset: int) -> list[Sample]:
+            for p in prompts[:warmup]:
+                _request(client, model, p, k, policy)
+            out = []
+            for r in range(repeats):
+                for i, p in enumerate(prompts):
+                    out.append(Sample.of(model, i, r, _request(client, model, p, k, policy)))
+                    if progress:
+                        progress((offset + len(out)) // 2, total)
+            return out
+
+        spec, base = speculative_then_baseline(client, lambda: side(SPECULATIVE, 0), lambda: side(BASELINE, total))
+        return {**summarize(spec + base, k, policy), "order": PHASED_NOTE}
     for p in prompts[:warmup]:
         _request(client, BASELINE, p, k)
         _request(client, SPECULATIVE, p, k, policy)
@@ -126,7 +148,11 @@ def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str]
            "baseline": side(base), "speculative": side(spec), "acceptance": acc,
            "samples": [s.__dict__ for s in samples]}
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
-    if acc["mean_acceptance_length"] is not None or any(x.draft_lengths for x in spec):
+    if acc["source"] == lc.FROM_STREAMED_CHUNKS:  # a mean length without k or drafted counts: no α is claimed
+        out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x) at a mean acceptance "
+                          f"length of {acc['mean_acceptance_length']:.2f} (from {acc['source']})"
+                          if speedup < 1.0 and acc["mean_acceptance_length"] is not None else None)
+    elif acc["mean_acceptance_length"] is not None or any(x.draft_lengths for x in spec):
         out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)  # c is not measured here
     else:  # no per-round figures (the OpenAI API; an LLM-API model's perf outputs): no α is claimed
         out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x); the model reports "
@@ -195,6 +221,26 @@ def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence
     if bad:
         raise ValueError(f"concurrency levels must be >= 1, got {bad}")
     rows = []
+    probe = client_factory()
+    if not is_phased(probe):
+        probe.close()
+    else:  # every level on the speculative model, then every level on the baseline in its phase
+        n_of = {c: -(-(requests_per_level or len(prompts)) // c) * c for c in levels}
+
+        def every_level(model: str, j: int) -> dict:
+            out = {}
+            for li, c in enumerate(levels):
+                out[c] = run_level(client_factory, model, prompts, c, n_of[c], k, policy)
+                if progress:
+                    progress(j * len(levels) + li + 1, 2 * len(levels))
+            return out
+
+        try:
+            spec, base = speculative_then_baseline(probe, lambda: every_level(SPECULATIVE, 0),
+                                                   lambda: every_level(BASELINE, 1))
+        finally:
+            probe.close()
+        return [{**sweep_row(c, *base[c], *spec[c]), "order": PHASED_NOTE} for c in levels]
     for li, c in enumerate(levels):
         n = -(-(requests_per_level or len(prompts)) // c) * c
         order = (BASELINE, SPECULATIVE) if li % 2 == 0 else (SPECULATIVE, BASELINE)
@@ -269,6 +315,19 @@ def request_rate_run(client_factory: Callable[[], LLMClient], prompts: Sequence[
     if n < 1:
         raise ValueError(f"the request-rate run needs at least one request, got {n}")
     arrivals = poisson_arrivals(rate, n, seed)
+    probe = client_factory()
+    if not is_phased(probe):
+        probe.close()
+    else:  # the speculative model, then the same arrivals to the baseline in its phase
+        try:
+            spec, base = speculative_then_baseline(
+                probe, lambda: run_rate(client_factory, SPECULATIVE, prompts, arrivals, k, policy),
+                lambda: run_rate(client_factory, BASELINE, prompts, arrivals, k, policy))
+        finally:
+            probe.close()
+        if progress:
+            progress(2, 2)
+        return {**rate_row(rate, *base, *spec, slo), "order": PHASED_NOTE}
     runs = {}
     for j, model in enumerate((BASELINE, SPECULATIVE)):
         runs[model] = run_rate(client_factory, model, prompts, arrivals, k, policy)

@@ -14,6 +14,7 @@ import http.client
 import json
 import queue
 import socket
+from pathlib import Path
 import time
 import urllib.error
 import urllib.request
@@ -25,9 +26,10 @@ import numpy as np
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
 from ..records.defaults import LOADING_WAIT_S, PROTOCOLS
+from ..records.names import BASELINE_ENGINE, ENGINE_MODELS, TARGET
 from ..records.names import (BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS,
                              NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE, STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS,
-                             TEXT_OUTPUT, TOP_K, TOP_P, USE_DRAFT_LOGITS)
+                             TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
 
 
 class ClientError(RuntimeError):
@@ -65,20 +67,61 @@ GREEDY: dict = {"exclude_input_in_output": True}
 REQUEST_TIMEOUT_S = 600.0  # the longest wait for one response (a 70B engine's first token under load included)
 
 
+# Triton's refusal of a restricted API without the key (core r26.04 src/http_server.cc RespondIfRestricted: HTTP 403
+# "This API is restricted, expecting header '…'"; src/grpc/grpc_server.cc CommonCallData::Execute: UNAVAILABLE "This
+# protocol is restricted, expecting header '…'")
+RESTRICTED_REFUSAL = "is restricted, expecting header"
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "")
+
+
+def served_admin_key(url: str) -> Optional[str]:
+    """The admin key `trt-spec serve` left for the server at url (serve.server.admin_key_path of its port) when url
+    names this host; None otherwise."""
+    from ..serve.server import admin_key_path
+
+    host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
+    if not port.isdigit() or host not in {*LOCAL_HOSTS, socket.gethostname(), socket.getfqdn()} and \
+            not host.startswith("127."):
+        return None
+    try:
+        key = admin_key_path(int(port)).read_text().strip()
+    except OSError:
+        return None
+    return key or None
+
+
+def read_key_file(path: str) -> str:
+    """--admin-key-file: the key in the file (one line), or one ClientError line."""
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as e:
+        raise ClientError(f"--admin-key-file {path}: {e.strerror}; give the file `trt-spec serve --admin-key-file` "
+                          "was started with") from None
+    if not key:
+        raise ClientError(f"--admin-key-file {path} is empty; give the file `trt-spec serve --admin-key-file` was "
+                          "started with")
+    return key
+
+
 class LLMClient:
-    def __init__(self, url: str, protocol: str = "grpc", timeout_s: Optional[float] = None):
+    def __init__(self, url: str, protocol: str = "grpc", timeout_s: Optional[float] = None,
+                 admin_key: Optional[str] = None):
         """timeout_s: the longest wait for any one response (default REQUEST_TIMEOUT_S); past it the call is
-        cancelled and raises ClientError."""
+        cancelled and raises ClientError. admin_key: what unlocks the server's restricted APIs (model config, model
+        repository; serve.server.RESTRICTED_APIS); None = the key `trt-spec serve` left on this host for the URL's
+        port, if any (admin_headers)."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
         self.url = url.replace("http://", "").rstrip("/")
         self.protocol = protocol
         self.timeout = timeout_s if timeout_s is not None else REQUEST_TIMEOUT_S
+        self.admin_key = admin_key
         self._grpc = None
         # runtime llmapi (records/llmapi_contract.py): the roles are two LLM-API models, text in and text out
         self.llmapi = False
         self.names = {BASELINE: BASELINE, SPECULATIVE: SPECULATIVE}  # role -> served model
         self.tokenizer = None  # the target's: counts and compares an LLM-API model's tokens (it returns text only)
+        self.phased = False  # the baseline is loaded for its phase only (harness/phases.py): found by check_ready
 
     def use_tokenizer(self, tokenizer) -> "LLMClient":
         self.tokenizer = tokenizer
@@ -86,8 +129,8 @@ class LLMClient:
 
     def clone(self) -> "LLMClient":
         """A new client (its own connection) to the same models, as this one resolved them."""
-        c = LLMClient(self.url, self.protocol, self.timeout)
-        c.llmapi, c.names, c.tokenizer = self.llmapi, dict(self.names), self.tokenizer
+        c = LLMClient(self.url, self.protocol, self.timeout, self.admin_key)
+        c.llmapi, c.names, c.tokenizer, c.phased = self.llmapi, dict(self.names), self.tokenizer, self.phased
         return c
 
     # -- health -----------------------------------------------------------------------------------------
@@ -144,6 +187,11 @@ class LLMClient:
             self.llmapi = True
             self.names = {BASELINE: lc.BASELINE_MODEL, SPECULATIVE: lc.MODEL_NAME}
         models = [self.names.get(m, m) for m in models]
+        if self.llmapi and lc.BASELINE_MODEL in models and lc.MODEL_NAME in models:
+            # the baseline is loaded for its phase only (trt_spec_repo.json phase_models): not ready, by design
+            self.phased = not self._model_ready(lc.BASELINE_MODEL) and self._model_ready(lc.MODEL_NAME)
+            if self.phased:
+                models = [m for m in models if m != lc.BASELINE_MODEL]
         if self.protocol == "http":
             base = f"http://{self.url}"
             if not _http_ok(f"{base}/v2/health/ready"):
@@ -172,19 +220,67 @@ class LLMClient:
                     raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: "
                                       f"{', '.join(TEXT_MODELS)}) or the server log")
 
+    def _model_ready(self, model: str) -> bool:
+        try:
+            if self.protocol == "http":
+                return _http_ok(f"http://{self.url}/v2/models/{model}/ready")
+            return bool(self._grpc_client().is_model_ready(model))
+        except Exception:  # noqa: BLE001 - not ready is the answer
+            return False
+
+    def admin_headers(self) -> dict[str, str]:
+        """The headers of a restricted call (model config, model repository load/unload) for this client's protocol:
+        serve.server.ADMIN_HEADER over HTTP, GRPC_ADMIN_HEADER over gRPC, holding admin_key, else the key `trt-spec
+        serve` left for this URL's port on this host; {} when there is neither (a server that restricts nothing
+        answers anyway; one that does is refused with restricted_error's line)."""
+        from ..serve.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
+
+        key = self.admin_key or served_admin_key(self.url)
+        if not key:
+            return {}
+        return {(ADMIN_HEADER if self.protocol == "http" else GRPC_ADMIN_HEADER): key}
+
+    def restricted_error(self, what: str, message: str) -> ClientError:
+        """One line for a restricted call the server refused (RESTRICTED_REFUSAL): which call, and --admin-key-file."""
+        had = "the admin key given was refused" if self.admin_headers() else "no admin key was given"
+        return ClientError(f"{what}: the server at {self.url} restricts it to its admin key and {had}; pass "
+                           "--admin-key-file FILE (the file `trt-spec serve --admin-key-file FILE` was started with; "
+                           "on the server's own host `trt-spec serve` leaves its key where check, bench and tune find "
+                           f"it) ({message.strip()})")
+
     def model_config(self, model: str) -> dict:
-        """A served model's configuration (Triton's JSON form)."""
+        """A served model's configuration (Triton's JSON form). A restricted API under `trt-spec serve`: sent with
+        admin_headers()."""
+        what = f"reading {model}'s configuration"
         if self.protocol == "http":
+            req = urllib.request.Request(f"http://{self.url}/v2/models/{model}/config", headers=self.admin_headers())
             try:
-                with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}/config", timeout=30) as r:
+                with urllib.request.urlopen(req, timeout=30) as r:
                     return json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                body = e.read().decode("utf-8", errors="replace")
+                if RESTRICTED_REFUSAL in body:
+                    raise self.restricted_error(what, body) from None
+                raise ClientError(f"{model}: cannot read its configuration (HTTP {e.code}: {body.strip()})") from None
             except (urllib.error.URLError, OSError, ValueError) as e:
                 raise ClientError(f"{model}: cannot read its configuration ({e})") from None
-        return self._grpc_client().get_model_config(model, as_json=True)["config"]
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return self._grpc_client().get_model_config(model, headers=self.admin_headers() or None,
+                                                        as_json=True)["config"]
+        except InferenceServerException as e:
+            if RESTRICTED_REFUSAL in _grpc_message(e):
+                raise self.restricted_error(what, _grpc_message(e)) from None
+            raise ClientError(f"{model}: cannot read its configuration ({_grpc_message(e)})") from None
 
     def _is_llmapi(self) -> bool:
         try:
             cfg = self.model_config(lc.MODEL_NAME)
+        except ClientError as e:
+            if RESTRICTED_REFUSAL in str(e):  # the key is missing: say so rather than guess the runtime
+                raise
+            return False
         except Exception:  # noqa: BLE001 - not there, or no server: the text models' check says which
             return False
         return lc.MAX_TOKENS in {i.get("name") for i in cfg.get("input", [])}
@@ -202,6 +298,29 @@ class LLMClient:
             raise ClientError(f"no baseline: {BASELINE} runs the speculative engine {param('tensorrt_llm_model_name')!r} "
                               "itself, so identity and speedup would compare it with itself; rebuild with "
                               "speculative.baseline_engine: true (a non-speculative engine for the ensemble)")
+
+    def baseline_engine(self) -> Optional[str]:
+        """The engine model that serves the baseline, which `check` asks for logits at a divergence: the ensemble's
+        engine step (tensorrt_llm_baseline where the target speculates inside itself, else tensorrt_llm); where the
+        configuration cannot be read, the baseline engine if one is loaded, else the target. None for runtime llmapi
+        (an LLM-API model returns text only)."""
+        if self.llmapi:
+            return None
+        try:
+            steps = self.model_config(BASELINE).get("ensemble_scheduling", {}).get("step", [])
+            found = next((s.get("model_name") for s in steps if s.get("model_name") in ENGINE_MODELS), None)
+            if found:
+                return found
+        except Exception:  # noqa: BLE001 - a restricted or missing config: fall back to what is loaded
+            pass
+        try:
+            if self.protocol == "http":
+                loaded = _http_ok(f"http://{self.url}/v2/models/{BASELINE_ENGINE}/ready")
+            else:
+                loaded = bool(self._grpc_client().is_model_ready(BASELINE_ENGINE))
+        except Exception:  # noqa: BLE001 - not there
+            loaded = False
+        return BASELINE_ENGINE if loaded else TARGET
 
     def close(self) -> None:
         if self._grpc is not None:
@@ -237,23 +356,46 @@ class LLMClient:
             fields[lc.SAMPLING_PREFIX + "stop"] = params.pop(STOP_WORDS)
         if params:
             raise ClientError(f"{model}: not an input of the LLM-API model: {', '.join(sorted(params))}")
+        t0 = time.perf_counter()
         if self.protocol == "http":
-            g = self._http(model, fields, stream)
+            raw: list = []
+            self._http(model, fields, stream, raw)
+            parts = [(_http_outputs(ev), t) for ev, t in raw]
         else:
             inputs = _grpc_inputs(fields, LLMAPI_TYPES, batch=False)  # max_batch_size 0: no batch dimension
             wanted = [lc.TEXT_OUTPUT, *(t.name for t in lc.PERF_OUTPUTS)]
-            t0 = time.perf_counter()
-            timed = self._grpc_stream(model, inputs, wanted, t0)
-            g = _assemble([(_np_outputs(o), t) for o, t in timed], time.perf_counter() - t0)
-        # the perf outputs arrive as strings (NVIDIA's model encodes them so); the loop's names for the harness
-        def number(v):
+            parts = [(_np_outputs(o), t) for o, t in self._grpc_stream(model, inputs, wanted, t0)]
+        return self._llmapi_result(parts, time.perf_counter() - t0, stream)
+
+    def _llmapi_result(self, parts: list[tuple[dict, float]], latency: float, stream: bool) -> Generation:
+        """An LLM-API model's responses as a Generation. Each streamed response carries the whole text so far (MODEL
+        _create_response sends CompletionOutput.text, which the LLM API accumulates: tensorrt_llm/executor/result.py
+        DetokenizedGenerationResultBase, `text` vs `text_diff`), one response per iteration of the executor: the text
+        is the last one's, and the tokens each added are the acceptance (lc.SPEC_PERF_ZERO)."""
+        def number(v):  # the perf outputs arrive as strings (NVIDIA's model encodes them so)
             v = v.decode() if isinstance(v, bytes) else str(v)
             return float(v) if any(c in v for c in ".eEn") else int(v)
 
-        g.metrics = {k: number(v) for k, v in g.metrics.items()}
-        ids = list(self.tokenizer.encode(g.text, add_special_tokens=False))
-        g.output_ids, g.tokens = ids, len(ids)
-        return g
+        metrics: dict = {}
+        for p, _ in parts:
+            metrics.update({k: number(v) for k, v in p["metrics"].items()})
+        texts = [p["text"] for p, _ in parts]
+        text = texts[-1] if texts else ""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        counts = [len(self.tokenizer.encode(t, add_special_tokens=False)) if t else 0 for t in texts]
+        times = [t for (p, t), n, prev in zip(parts, counts, [0, *counts]) if n > prev]
+        if int(metrics.get("total_draft_tokens", 0) or 0) > 0:
+            metrics[lc.ACCEPTANCE_SOURCE] = lc.FROM_PERF_OUTPUTS
+        else:  # 1.2.1: the per-request speculative outputs are zero on the PyTorch flow (lc.SPEC_PERF_ZERO)
+            for k in ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"):
+                metrics.pop(k, None)
+            if stream and len(parts) > 0 and ids:
+                # tokens per streamed response = tokens decoded per iteration (avg_decoded_tokens_per_iter): the
+                # accepted draft tokens are the tokens beyond one per iteration; the drafted count is not reported
+                metrics.update({"total_accepted_draft_tokens": len(ids) - len(parts), TOTAL_STEPS: len(parts),
+                                lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS})
+        return Generation(text=text, output_ids=ids, ttft_s=times[0] if times else latency, latency_s=latency,
+                          chunks=len(times), chunk_times_s=times, metrics=metrics, tokens=len(ids))
 
     def engine_logits(self, model: str, input_ids: list[int]) -> Optional[np.ndarray]:
         """Next-token logits [V] from an engine model (core interface, return_generation_logits); None when
@@ -267,6 +409,9 @@ class LLMClient:
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     out = json.loads(resp.read()).get(bc.GENERATION_LOGITS)
+            except urllib.error.HTTPError as e:  # the engine's own refusal (e.g. bc.NO_GENERATION_LOGITS) is the body
+                body = e.read().decode("utf-8", errors="replace").strip()
+                raise ClientError(f"{model}: logits request failed (HTTP {e.code}: {body})") from None
             except (urllib.error.URLError, OSError) as e:
                 raise ClientError(f"{model}: logits request failed ({e})") from None
             return None if out is None else np.asarray(out, dtype=np.float32).reshape(-1)
@@ -284,7 +429,8 @@ class LLMClient:
         arrs = [o[bc.GENERATION_LOGITS] for o in parts if bc.GENERATION_LOGITS in o]
         return arrs[0].reshape(-1) if arrs else None
 
-    def _http(self, model: str, fields: dict, stream: bool) -> Generation:
+    def _http(self, model: str, fields: dict, stream: bool, raw: Optional[list] = None) -> Generation:
+        """raw: filled with (event, seconds) per response, as it came."""
         endpoint = "generate_stream" if stream else "generate"
         body = json.dumps({k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in fields.items()}).encode()
         req = urllib.request.Request(f"http://{self.url}/v2/models/{model}/{endpoint}", data=body,
@@ -295,8 +441,8 @@ class LLMClient:
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 if stream:
-                    for raw in resp:
-                        line = raw.decode("utf-8").strip()
+                    for chunk in resp:
+                        line = chunk.decode("utf-8").strip()
                         if not line.startswith("data:"):
                             continue
                         ev = json.loads(line[5:])
@@ -316,6 +462,8 @@ class LLMClient:
             raise ClientError(f"{model}: {detail}") from None
         except urllib.error.URLError as e:
             raise ClientError(f"cannot reach {self.url} over HTTP ({e.reason}); is the server running?") from None
+        if raw is not None:
+            raw.extend(zip(events, times))
         return _assemble([(_http_outputs(ev), t) for ev, t in zip(events, times)], time.perf_counter() - t0)
 
     def _grpc_client(self):

@@ -2,9 +2,14 @@
 
 Greedy: every prompt goes through the baseline (`ensemble`) and the speculative model (`tensorrt_llm_bls`)
 with identical parameters; token ids are compared (not only strings, which hide tokenization differences).
-At the first divergence the baseline's top-2 logit margin is read from the engine (`tensorrt_llm` with
-return_generation_logits, when the engine returns logits): a margin below `near_tie_margin` is a numerical
-near-tie (batching/kernels may legitimately flip it), anything else is a real mismatch.
+At the first divergence the engine that serves the baseline (the ensemble's engine: `tensorrt_llm`, or
+`tensorrt_llm_baseline` where the target speculates inside itself) is probed teacher-forced: prompt + the common
+prefix as input, one output token, return_generation_logits (it returns the next-token logits after that prefix:
+records/backend_contract.NO_GENERATION_LOGITS; the plan builds that engine with --gather_generation_logits). When both
+divergent tokens lie within `near_tie_margin` logits of the probe's best, the divergence is a numerical near-tie (on a
+GPU the speculative path computes those positions in the context phase, with FP8 context FMHA and other GEMM shapes,
+so such a pair may legitimately swap): reported apart, with its top-2 margin, and it passes. Anything else (a token
+farther from the best, or no logits to tell) is a real mismatch and fails.
 
 Sampling (temperature > 0): outputs are random, so identity is checked on distributions: for each prompt,
 `samples` seeded generations of the first `dist_tokens` tokens from each model, compared with a chi-square
@@ -20,12 +25,11 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..records.defaults import SAMPLING_SAMPLES
-from ..records.names import BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE, TARGET
+from ..records.defaults import ADD_SPECIAL_TOKENS, NEAR_TIE_MARGIN, SAMPLING_SAMPLES
+from ..records.names import BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE
 from .client import GREEDY, ClientError, LLMClient
+from .phases import PHASED_NOTE, is_phased, speculative_then_baseline
 from .prompts import Prompt
-
-NEAR_TIE_MARGIN = 0.05  # logits; below this the two best tokens are a coin flip for any kernel change
 
 
 @dataclass
@@ -34,8 +38,10 @@ class Divergence:
     baseline_token: Optional[int]
     speculative_token: Optional[int]
     context: str  # decoded text just before the divergence (when a tokenizer is available)
-    margin: Optional[float]  # baseline top-2 logit margin at that position (None: engine returns no logits)
+    margin: Optional[float]  # the probe's top-2 logit margin at that position (None: no logits to read)
     kind: str  # near-tie | mismatch
+    gap: Optional[float] = None  # logits by which the farther of the two tokens trails the probe's best
+    probe: str = ""  # the engine model probed, or why there are no logits
 
 
 @dataclass
@@ -55,6 +61,8 @@ class CheckReport:
     num_draft_tokens: Optional[int]
     results: list[PromptResult] = field(default_factory=list)
     distribution: list[dict] = field(default_factory=list)
+    near_tie_margin: float = NEAR_TIE_MARGIN
+    order: Optional[str] = None  # phases.PHASED_NOTE when the baseline was loaded for its phase only
 
     @property
     def match_rate(self) -> float:
@@ -78,8 +86,10 @@ class CheckReport:
 
     def to_dict(self) -> dict:
         return {"protocol": self.protocol, "num_draft_tokens": self.num_draft_tokens, "match_rate": self.match_rate,
-                "real_mismatches": self.real_mismatches, "near_ties": self.near_ties, "passed": self.passed,
-                "results": [asdict(r) for r in self.results], "distribution": self.distribution}
+                "real_mismatches": self.real_mismatches, "near_ties": self.near_ties,
+                "near_tie_margin": self.near_tie_margin, "passed": self.passed,
+                "results": [asdict(r) for r in self.results], "distribution": self.distribution,
+                **({"order": self.order} if self.order else {})}
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
@@ -89,42 +99,77 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def top2_margin(client: LLMClient, prompt_ids: Sequence[int], prefix: Sequence[int]) -> Optional[float]:
-    """The engine's logit margin between its two best next tokens after prompt + prefix (None if unavailable)."""
+def classify(logits: np.ndarray, tokens: Sequence[Optional[int]],
+             near_tie_margin: float = NEAR_TIE_MARGIN) -> tuple[str, float, Optional[float]]:
+    """One divergence from the baseline engine's next-token logits [V] at it: (kind, top-2 margin, gap), gap = how far
+    the farther of the two divergent tokens trails the best logit. A near-tie when both tokens lie within
+    near_tie_margin of the best (then the top-2 margin is below it too); a mismatch otherwise, or when a token is
+    unknown (None)."""
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    top = np.sort(x)[-2:]
+    margin = float(top[1] - top[0])
+    if any(t is None or not 0 <= t < x.size for t in tokens):
+        return "mismatch", margin, None
+    gap = float(top[1] - min(x[t] for t in tokens))
+    return ("near-tie" if gap < near_tie_margin else "mismatch"), margin, gap
+
+
+def probe_logits(client: LLMClient, model: str, input_ids: Sequence[int]) -> tuple[Optional[np.ndarray], str]:
+    """Teacher-forced probe: the engine's next-token logits after input_ids (one output token,
+    return_generation_logits), or None and why not."""
     try:
-        logits = client.engine_logits(TARGET, list(prompt_ids) + list(prefix))
-    except ClientError:
-        return None
+        logits = client.engine_logits(model, list(input_ids))
+    except ClientError as e:
+        return None, f"{model}: {e}"
     if logits is None or logits.size == 0:
-        return None
-    top = np.sort(logits.reshape(-1))[-2:]
-    return float(top[1] - top[0])
+        return None, f"{model} returned no generation_logits"
+    return logits, model
 
 
 def check_greedy(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_tokens: Optional[int] = None,
                  tokenizer=None, near_tie_margin: float = NEAR_TIE_MARGIN,
                  progress: Optional[Callable[[int], None]] = None) -> CheckReport:
-    rep = CheckReport(client.protocol, num_draft_tokens)
+    """Greedy identity over `prompts`; divergences classified from the baseline engine's logits (module docstring).
+    tokenizer: the served one (the probe needs the prompt's ids); without it every divergence is a mismatch."""
+    rep = CheckReport(client.protocol, num_draft_tokens, near_tie_margin=near_tie_margin)
+    probe_model: Optional[str] = None  # asked once, at the first divergence
     params = dict(GREEDY)
     spec_params = dict(params, return_perf_metrics=True)
     if num_draft_tokens is not None:
         spec_params[NUM_DRAFT_TOKENS] = num_draft_tokens
+    pairs = None
+    if is_phased(client):  # the baseline is loaded for its phase only: every prompt on one model, then the other
+        def run(model: str, kw: dict) -> list:
+            return [client.generate(model, p.text, p.max_tokens, **kw) for p in prompts]
+        s_all, b_all = speculative_then_baseline(client, lambda: run(SPECULATIVE, spec_params),
+                                                 lambda: run(BASELINE, params))
+        pairs, rep.order = list(zip(b_all, s_all)), PHASED_NOTE
     for i, p in enumerate(prompts):
-        base = client.generate(BASELINE, p.text, p.max_tokens, **params)
-        spec = client.generate(SPECULATIVE, p.text, p.max_tokens, **spec_params)
+        if pairs is not None:
+            base, spec = pairs[i]
+        else:
+            base = client.generate(BASELINE, p.text, p.max_tokens, **params)
+            spec = client.generate(SPECULATIVE, p.text, p.max_tokens, **spec_params)
         idx = first_divergence(base.output_ids, spec.output_ids)
         res = PromptResult(p.text[:80], idx is None, len(base.output_ids), len(spec.output_ids),
                            base.text == spec.text, acceptance_rate=spec.metrics.get("acceptance_rate"))
         if idx is not None:
             bt = base.output_ids[idx] if idx < len(base.output_ids) else None
             st = spec.output_ids[idx] if idx < len(spec.output_ids) else None
-            ctx = ""
-            margin = None
+            ctx, kind, margin, gap = "", "mismatch", None, None
+            probe = "no tokenizer (pass --tokenizer to read the baseline engine's logits)"
             if tokenizer is not None:
                 ctx = tokenizer.decode(base.output_ids[max(0, idx - 12):idx])
-                margin = top2_margin(client, tokenizer.encode(p.text), base.output_ids[:idx])
-            kind = "near-tie" if margin is not None and margin < near_tie_margin else "mismatch"
-            res.divergence = Divergence(idx, bt, st, ctx, margin, kind)
+                probe_model = probe_model or client.baseline_engine() or ""
+                probe = "no engine logits: the LLM-API model returns text only"
+                if probe_model:
+                    prompt_ids = list(tokenizer.encode(p.text, add_special_tokens=ADD_SPECIAL_TOKENS))
+                    logits, probe = probe_logits(client, probe_model, prompt_ids + list(base.output_ids[:idx]))
+                    if logits is not None:  # the shorter side ended there: its token was EOS (not output)
+                        eos = getattr(tokenizer, "eos_token_id", None)
+                        kind, margin, gap = classify(logits, [eos if t is None else t for t in (bt, st)],
+                                                     near_tie_margin)
+            res.divergence = Divergence(idx, bt, st, ctx, margin, kind, gap, probe)
         rep.results.append(res)
         if progress:
             progress(i + 1)
@@ -197,13 +242,28 @@ def check_sampling(client: LLMClient, prompts: Sequence[Prompt], rep: CheckRepor
                    top_p: float = 1.0, samples: int = SAMPLING_SAMPLES, dist_tokens: int = 1, alpha: float = 0.001,
                    num_draft_tokens: Optional[int] = None, progress: Optional[Callable[[int], None]] = None) -> None:
     extra = {} if num_draft_tokens is None else {NUM_DRAFT_TOKENS: num_draft_tokens}
+
+    def draw(model: str, p: Prompt) -> list:
+        return [tuple(client.generate(model, p.text, dist_tokens, exclude_input_in_output=True,
+                                      temperature=temperature, top_p=top_p, seed=1_000 + s,
+                                      **(extra if model == SPECULATIVE else {})).output_ids[:dist_tokens])
+                for s in range(samples)]
+    drawn = None
+    if is_phased(client):  # the baseline is loaded for its phase only: every sample of one model, then the other
+        s_all, b_all = speculative_then_baseline(client, lambda: [draw(SPECULATIVE, p) for p in prompts],
+                                                 lambda: [draw(BASELINE, p) for p in prompts])
+        drawn, rep.order = list(zip(b_all, s_all)), PHASED_NOTE
     for i, p in enumerate(prompts):
-        outs = {BASELINE: [], SPECULATIVE: []}
-        for s in range(samples):
-            for model in (BASELINE, SPECULATIVE):
-                g = client.generate(model, p.text, dist_tokens, exclude_input_in_output=True, temperature=temperature,
-                                    top_p=top_p, seed=1_000 + s, **(extra if model == SPECULATIVE else {}))
-                outs[model].append(tuple(g.output_ids[:dist_tokens]))
+        if drawn is not None:
+            outs = {BASELINE: drawn[i][0], SPECULATIVE: drawn[i][1]}
+        else:
+            outs = {BASELINE: [], SPECULATIVE: []}
+            for s in range(samples):
+                for model in (BASELINE, SPECULATIVE):
+                    g = client.generate(model, p.text, dist_tokens, exclude_input_in_output=True,
+                                        temperature=temperature, top_p=top_p, seed=1_000 + s,
+                                        **(extra if model == SPECULATIVE else {}))
+                    outs[model].append(tuple(g.output_ids[:dist_tokens]))
         stat, dof, pval = chi2_homogeneity(outs[BASELINE], outs[SPECULATIVE])
         # dof 0: every sample of both models fell in one category (the distribution is near-deterministic at this
         # temperature): the test has nothing to compare — inconclusive, not a pass
@@ -214,15 +274,26 @@ def check_sampling(client: LLMClient, prompts: Sequence[Prompt], rep: CheckRepor
             progress(i + 1)
 
 
+def describe(d: Divergence) -> str:
+    """One divergence in a line: where, the two tokens, and what the baseline engine's logits said."""
+    head = f"at token {d.index}: baseline {d.baseline_token} vs speculative {d.speculative_token} after {d.context!r}"
+    if d.margin is None:
+        return f"{head}; no logits to classify it ({d.probe})"
+    trail = "n/a (a token unknown)" if d.gap is None else f"{d.gap:.4f}"
+    return f"{head}; top-2 margin {d.margin:.4f}, farther token {trail} below the best ({d.probe})"
+
+
 def format_check(rep: CheckReport) -> str:
     lines = [f"identity check over {rep.protocol}: {sum(r.identical for r in rep.results)}/{len(rep.results)} prompts "
-             f"token-identical ({rep.match_rate:.0%})"]
-    for r in rep.results:
-        if r.divergence is not None:
-            d = r.divergence
-            m = "n/a (engine returns no logits)" if d.margin is None else f"{d.margin:.4f}"
-            lines.append(f"  DIVERGED at token {d.index}: baseline {d.baseline_token} vs speculative "
-                         f"{d.speculative_token} after {d.context!r}; top-2 margin {m} -> {d.kind}   [{r.prompt!r}]")
+             f"token-identical ({rep.match_rate:.0%})"] + ([f"  order: {rep.order}"] if rep.order else [])
+    for kind, title in (("near-tie", f"near-ties (pass: both tokens within {rep.near_tie_margin} logits of the "
+                                     "baseline engine's best; GPU numerics may swap them)"),
+                        ("mismatch", "real mismatches (fail)")):
+        found = [r for r in rep.results if r.divergence is not None and r.divergence.kind == kind]
+        if found:
+            lines.append(f"  {title}:")
+        for r in found:
+            lines.append(f"    {kind.upper()}: DIVERGED {describe(r.divergence)}   [{r.prompt!r}]")
     for d in rep.distribution:
         if d.get("inconclusive"):
             verdict = ("INCONCLUSIVE: every sample of both models was the same token(s), so there is no distribution "

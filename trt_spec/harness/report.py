@@ -38,6 +38,7 @@ def markdown(rep: dict) -> str:
             out.append(f"| {c['protocol']} | {c['match_rate']:.0%} | {c['real_mismatches']} | {c['near_ties']} | "
                        f"{'PASS' if c['passed'] else 'FAIL'} |")
         out.append("")
+        out += divergence_table(check)
     for b in rep.get("bench", []):
         a = b["acceptance"]
         pol = f", {b['draft_len_policy']}" if b.get("draft_len_policy") else ""
@@ -52,6 +53,10 @@ def markdown(rep: dict) -> str:
                 f"histogram {a['histogram']}; k chosen per round {a.get('draft_length_counts', [])} (counts of k = 0, "
                 f"1, …), mean k when speculating {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
                 f"{a.get('rounds_without_speculation_share', 0):.0%}.", ""]
+        if a.get("source"):
+            out += [f"Acceptance from {a['source']}.", ""]
+        if b.get("order"):
+            out += [f"Order: {b['order']}.", ""]
         if b.get("warning"):
             out += [f"> WARNING: {b['warning']}", ""]
     if rep.get("concurrency"):
@@ -75,6 +80,23 @@ def markdown(rep: dict) -> str:
                     f"the best fixed k={a['best_fixed_k']} {a['best_fixed']:.2f}x (95% CI {a['best_fixed_ci95'][0]:.2f}–"
                     f"{a['best_fixed_ci95'][1]:.2f}): ratio {a['ratio']:.2f}.", ""]
     return "\n".join(out)
+
+
+def divergence_table(check: list[dict]) -> list[str]:
+    """Every divergence of the identity checks, near-ties apart from real mismatches, with the baseline engine's
+    top-2 margin and how far the farther token trails its best."""
+    rows = [(c, r) for c in check for r in c.get("results", []) if r.get("divergence")]
+    if not rows:
+        return []
+    f = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+    out = ["| protocol | kind | token | baseline | speculative | top-2 margin | gap to best | near-tie below | "
+           "probe | prompt |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c, r in sorted(rows, key=lambda cr: cr[1]["divergence"]["kind"] != "near-tie"):
+        d = r["divergence"]
+        out.append(f"| {c['protocol']} | {d['kind']} | {d['index']} | {d['baseline_token']} | {d['speculative_token']} "
+                   f"| {f(d.get('margin'))} | {f(d.get('gap'))} | {c.get('near_tie_margin', 'n/a')} | "
+                   f"{d.get('probe', '')} | {repr(r['prompt'][:40]).replace('|', chr(92) + '|')} |")
+    return out + [""]
 
 
 def apply_k(k: int) -> str:

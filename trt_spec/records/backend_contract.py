@@ -282,6 +282,25 @@ EXECUTOR_ERROR = "Encountered an error when fetching new request: {msg}"  # exec
 PROMPT_TOO_LONG = ("Prompt length ({n}) exceeds maximum input length ({max}). Set log level to info and check "
                    "TRTGptModel logs for how maximum input length is set")  # llmRequest.cpp LlmRequest::validate
 DRAFT_TOO_LONG = "Draft tokens length ({n}) exceeds maximum draft tokens length ({max})."  # LlmRequest::validate
+# Generation logits (TensorRT-LLM executorImpl.cpp Executor::Impl::fetchNewRequests, right after LlmRequest::validate,
+# read at the 1.2 line's stored commit b35ac1b6): `if (newReq->getReturnGenerationLogits()) TLLM_CHECK_WITH_INFO(
+# mModel->getGatherGenerationLogits(), NO_GENERATION_LOGITS)`, answered as EXECUTOR_ERROR. getGatherGenerationLogits()
+# (trtGptModelInflightBatching.h) is `getModelConfig().computeGenerationLogits() || mGatherGenerationLogits`: the
+# engine's build flag (trtllm-build --gather_generation_logits) or ExecutorConfig::gatherGenerationLogits, which the
+# tensorrtllm backend never sets (model_instance_state.cc getExecutorConfigFromParams: no setGatherGenerationLogits,
+# default false). So only an engine built with the flag answers return_generation_logits. What it returns for a request
+# without draft tokens (handleContextLogits.cpp copyLastContextLogits): the logits of the last context position, i.e.
+# of the first generated token, at the start of [beams, request_output_len, vocab_padded], sent by fillTritonResponse as
+# [1, beams, T, V] in the engine's logits dtype. A one-token request on prompt + prefix therefore returns the engine's
+# next-token logits after that prefix: the teacher-forced probe `trt-spec check` reads at a divergence.
+# (--gather_context_logits would give them too, but it is refused with max_draft_len > 0 and keeps max_num_tokens x
+# vocab logits.)
+NO_GENERATION_LOGITS = "To return generation logits, gather_generation_logits must be enabled in ExecutorConfig"
+# What the build flag costs on the GPU (RuntimeBuffers::create, runtimeBuffers.cpp, stored commit 092a5a15): with it and
+# speculative mode none or draft_tokens_external, every last-pipeline-stage rank keeps a logits cache of
+# GENERATION_LOGITS_CACHE_STEPS x max_batch_size x vocab_padded and a transposed copy of at most that size, in the
+# logits dtype; allocated at load, outside the KV cache.
+GENERATION_LOGITS_CACHE_STEPS = 8  # GenerationLogitsCache::kCACHE_LENGTH (CacheBufferSize GENERATION_LOGITS_BUFFER_LENGTH)
 BEAM_WIDTH = "Assertion failed: beamWidth ({n}) exceeds max_beam_width ({max})"  # SamplingConfig::checkBeamWidth
 TEMPERATURE_NEGATIVE = "Assertion failed: temperature.value() >= 0.f"  # SamplingConfig::checkTemperature
 # LlmRequest::validate: prompt + request_output_len + draftLenPerEngineStep (the engine's max_draft_len) over
@@ -308,6 +327,12 @@ SEED_RANGE = "seed {s} is outside 0..2^64-1 (the backend's UINT64 seed)"
 # Stricter than the backend (it would fan a request out into N child requests): trt-spec never asks for more.
 RETURN_SEQUENCES = ("num_return_sequences {n} is not supported by trt-spec's deployment (beam width 1, one "
                     "sequence per request); send 1 or omit it")
+
+
+def generation_logits_cache_bytes(max_batch_size: int, vocab_size: int, logits_dtype: str = LOGITS_DTYPE) -> int:
+    """GPU bytes an engine built with --gather_generation_logits keeps for the logits cache and its transposed copy
+    (an upper bound; GENERATION_LOGITS_CACHE_STEPS), per last-pipeline-stage rank."""
+    return 2 * GENERATION_LOGITS_CACHE_STEPS * max_batch_size * vocab_size * (2 if logits_dtype == FP16_LOGITS else 4)
 
 
 def max_input_len(max_seq_len: int, max_num_tokens: int, chunked_context: bool = False) -> int:
@@ -521,12 +546,14 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
         out_len = room
     if draft_tokens and len(draft_tokens) > limits.max_draft_len:
         raise ContractError(EXECUTOR_ERROR.format(msg=DRAFT_TOO_LONG.format(n=len(draft_tokens), max=limits.max_draft_len)))
+    return_logits = bool(_scalar(inputs, RETURN_GENERATION_LOGITS) or False)
+    if return_logits and not limits.gather_generation_logits:  # fetchNewRequests, after validate (NO_GENERATION_LOGITS)
+        raise ContractError(EXECUTOR_ERROR.format(msg=NO_GENERATION_LOGITS))
     requested = tuple(requested_outputs)
     for name in MANDATORY_OUTPUTS:  # fillTritonResponse, at the first response
         if name not in requested:
             raise ContractError(MISSING_OUTPUT.format(name=name))
     dl = inputs.get(DRAFT_LOGITS)
-    return_logits = bool(_scalar(inputs, RETURN_GENERATION_LOGITS) or False)
     if (dl is not None or return_logits) and limits.logits_dtype != config_logits_dtype:
         raise ContractError(LOGITS_DTYPE_MISMATCH.format(engine=limits.logits_dtype, config=config_logits_dtype))
     end_id = _scalar(inputs, END_ID)

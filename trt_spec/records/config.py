@@ -42,7 +42,8 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """One Hugging Face checkpoint (a local directory with config.json) and how to shard it."""
 
-    checkpoint: str = Field(description="Hugging Face checkpoint directory, or pkg:<module>/<file>.gguf (reference engine)")
+    checkpoint: str = Field(description="Hugging Face checkpoint directory, or pkg:<module>/<file>.gguf (a GGUF file in "
+                            "an installed package, imported to a Hugging Face directory at build time)")
     tp: int = Field(1, ge=1, description="tensor-parallel size")
     pp: int = Field(1, ge=1, description="pipeline-parallel size")
     dtype: CheckpointDtype = Field("auto", description="activation dtype for conversion (auto = config.json)")
@@ -53,7 +54,9 @@ class ModelSpec(_Strict):
 
 
 class DistillSpec(_Strict):
-    """Reference engine only: build the draft from the target by distillation (offline, seeded, bounded)."""
+    """Build the draft from the target by distillation at build time (offline, seeded, bounded; a plan step on the
+    build host's torch): the reference engine's draft, and on engine: tensorrt the first-contact configs' (its Hugging
+    Face directory is quantized and built like any draft checkpoint, or served as it is by runtime: llmapi)."""
 
     hidden_size: int = Field(128, ge=32, description="draft hidden size")
     num_layers: int = Field(2, ge=1, description="draft decoder layers")
@@ -63,7 +66,7 @@ class DistillSpec(_Strict):
 
 class DraftSpec(ModelSpec):
     checkpoint: Optional[str] = Field(None, description="draft checkpoint (null when draft.distill builds one)")
-    distill: Optional[DistillSpec] = Field(None, description="reference engine: distill a tiny draft from the target")
+    distill: Optional[DistillSpec] = Field(None, description="distill a tiny draft from the target at build time")
 
     @model_validator(mode="after")
     def _one_source(self) -> "DraftSpec":
@@ -79,7 +82,9 @@ class Quantization(_Strict):
         None, description="format used when the GPU has no FP8 (null = refuse to build)"
     )
     calib_dataset: Optional[str] = Field(
-        None, description="local calibration dataset directory (offline hosts cannot fetch cnn_dailymail)"
+        None, description="the calibration set quantize.py reads: a local directory (datasets' layout, a text column) "
+        "or pkg:<module>/<dir> (trt-spec's bundled set: pkg:trt_spec/build/calib_sets/trt-spec-mixed-v1); null = "
+        "cnn_dailymail, downloaded from the Hugging Face Hub at build time (offline hosts cannot)"
     )
     calib_size: int = Field(512, ge=1, description="calibration samples")
     calib_max_seq_length: int = Field(512, ge=16, description="calibration sequence length")
@@ -268,8 +273,6 @@ class BuildConfig(_Strict):
             raise ValueError("speculative.eagle.train is for engine: reference; trtllm-build's eagle mode loads "
                              "EAGLE-1/2 heads (give speculative.eagle.heads_dir), and a trained EAGLE-3 head is served "
                              "by runtime: llmapi mode eagle3 (speculative.eagle3.heads_dir)")
-        if self.draft is not None and self.draft.distill is not None and self.engine != "reference":
-            raise ValueError("draft.distill is for engine: reference; give draft.checkpoint for engine: tensorrt")
         if s.mode == "lookahead" and s.lookahead is None:
             s.lookahead = LookaheadSpec()
         if self.runtime == "engine" and Mode(s.mode).llmapi_only:
@@ -281,8 +284,6 @@ class BuildConfig(_Strict):
             raise ValueError("speculative.mode eagle3 needs speculative.eagle3.heads_dir (an EAGLE-3 head for the target)")
         if s.mode == "mtp" and s.mtp is None:
             s.mtp = MtpSpec()
-        if self.runtime == "llmapi" and self.draft is not None and self.draft.distill is not None:
-            raise ValueError("draft.distill builds a reference-engine draft; give draft.checkpoint for runtime: llmapi")
         return self
 
     # -- derived ------------------------------------------------------------------------------------------

@@ -24,7 +24,33 @@ ADD_SPECIAL_TOKENS = True  # preprocessing and the BLS tokenize prompts with the
 # -- Serving (trt-spec serve) and the clients that reach it -------------------------------------------------
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # tritonserver's own defaults
 HOST = "127.0.0.1"  # bind to loopback: nothing is open to the network unless asked
-READY_TIMEOUT_S = 180.0  # the longest wait for every model to load
+READY_TIMEOUT_S = 180.0  # the longest wait for every model to load: this much, plus READY_S_PER_ENGINE_GIB per GiB
+READY_S_PER_ENGINE_GIB = 6.0  # of engine files (~170 MB/s: a cold 70B FP8 TP2 load from network storage, ~10 min)
+
+
+def ready_timeout_s(engine_bytes: int = 0) -> float:
+    """How long `trt-spec serve` waits for every model to load: READY_TIMEOUT_S plus READY_S_PER_ENGINE_GIB per GiB of
+    the repository's engine files (serve.server.engine_bytes)."""
+    return READY_TIMEOUT_S + READY_S_PER_ENGINE_GIB * engine_bytes / 2**30
+
+
+def cache_dir() -> "Path":
+    """trt-spec's per-user cache ($TRT_SPEC_CACHE_DIR, else $XDG_CACHE_HOME/trt-spec, else ~/.cache/trt-spec):
+    ADMIN_KEYS_SUBDIR (the key of each `trt-spec serve` on this host, by port) and PLAIN_BACKENDS_SUBDIR (the backend
+    directory the printed plain command names on nvidia-pytriton). Read at call time (tests point it elsewhere)."""
+    import os
+    from pathlib import Path
+
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trt-spec"
+
+
+CACHE_DIR_ENV = "TRT_SPEC_CACHE_DIR"
+
+
+ADMIN_KEYS_SUBDIR = "admin-keys"  # PORT.key: written 0600 by `trt-spec serve` for its HTTP and gRPC ports, removed on stop
+PLAIN_BACKENDS_SUBDIR = "backends"
 # SIGTERM: serve stops admitting and lets requests in flight finish for at most this long, then ends the rest with a
 # clear error and stops. 60 s: a 2k-token answer at the slow end of a loaded replica.
 DRAIN_TIMEOUT_S = 60.0
@@ -63,6 +89,19 @@ EAGLE_TRAIN_STEPS = 300  # optimizer steps (4 rows of 192 positions x 3 unrolled
 PROMPT_SET = "code-edit"
 TUNE_KS = (1, 2, 4)  # tune's k sweep
 SAMPLING_SAMPLES = 200  # check --temperature: seeded samples per prompt and model
+# check: a divergence whose two tokens lie within this many logits of the baseline engine's best (its top-2 margin,
+# read at the divergence from the engine that serves the baseline) is a numerical near-tie, not a mismatch: on a GPU
+# the speculative path computes those positions in the context phase (FP8 context FMHA, other GEMM shapes) while the
+# baseline decodes them one at a time, and two tokens this close swap under any kernel change. 0.25 is an estimate,
+# not a measurement: FP8 context FMHA quantizes Q/K/V and the softmax P to e4m3 (3 mantissa bits, ~6% relative step),
+# and batch-shape changes alone move a 70B model's BF16 logits by ~0.01-0.1; a broken accept rule takes tokens whole
+# logits below the best. The first GPU run (make gpu-smoke, trt-spec check) prints every divergence's margin: replace
+# the estimate with what it measures.
+NEAR_TIE_MARGIN = 0.25
+# The CPU stand-in's GPU-numerics mode (trt_spec/reference/numerics.py): "MARGIN[,SEED]" in the environment of the
+# process that loads the engine models perturbs every verification forward by less than MARGIN logits (seeded), so the
+# speculative path flips near-ties the way a GPU's does. Unset: exact greedy semantics.
+GPU_NUMERICS_ENV = "TRT_SPEC_GPU_NUMERICS"
 
 # -- Demo (trt-spec demo, make demo) -------------------------------------------------------------------------
 DEMO_CONFIG = "build_configs/cpu-smollm2-ngram.yaml"

@@ -79,6 +79,24 @@ OUTPUTS: tuple[Tensor, ...] = (
     Tensor("cumulative_logprob", "TYPE_FP32", (-1,)),
     *PERF_OUTPUTS,
 )
+# What TensorRT-LLM 1.2.1 answers in them (checked at the nearest stored 1.2-line commits; the v1.2.1 tag is too large
+# to fetch here):
+# - MODEL _create_response fills acceptance_rate / total_accepted_draft_tokens / total_draft_tokens from
+#   request_perf_metrics.speculative_decoding, whose only writer is C++ LlmRequest::updateNumTokensPerIteration, called
+#   by the TRT engine runtime and the TRTLLMSampler but never by the PyTorch flow's TorchSampler: on this runtime they
+#   are 0 whenever drafting ran (NVIDIA/TensorRT-LLM#17082, "Populate speculative-decoding request perf metrics in the
+#   PyTorch one-engine flow", merged 2026-07-30, after 1.2.1). RequestOutput.avg_decoded_tokens_per_iter is right, but
+#   MODEL does not return it. The stand-in answers 0 (SPEC_PERF_ZERO); the harness derives acceptance from the streamed
+#   responses instead (harness/client.py LLMClient._llmapi_result) and says so (ACCEPTANCE_SOURCE).
+# - Each streamed response's text_output is the whole text so far, not a delta: MODEL sends CompletionOutput.text, which
+#   tensorrt_llm/executor/result.py accumulates (DetokenizedGenerationResultBase: `text` = decode_incrementally(...,
+#   prev_text=text); `text_diff` is the delta), one response per executor response: one per iteration.
+SPEC_PERF_ZERO = True
+ACCEPTANCE_SOURCE = "acceptance_source"  # the harness's metric naming where acceptance came from
+FROM_PERF_OUTPUTS = "the model's perf outputs"
+FROM_STREAMED_CHUNKS = ("streamed responses: tokens per response = tokens per iteration (avg_decoded_tokens_per_iter, "
+                        "the first iteration included); TensorRT-LLM 1.2.1 reports 0 accepted/drafted on the PyTorch "
+                        "flow (NVIDIA/TensorRT-LLM#17082)")
 TEXT_INPUT, TEXT_OUTPUT, STREAMING = "text_input", "text_output", "streaming"
 MAX_TOKENS = "sampling_param_max_tokens"
 EXCLUDE_INPUT = "sampling_param_exclude_input_from_output"  # MODEL default False: text_output includes the prompt

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 MANIFEST = "manifest.json"  # in the build directory
 REPO_META = "trt_spec_repo.json"  # at the repository root
 SCHEMA_VERSION = 1  # manifest.json; bump on any change a reader of the previous version would misread
-REPO_SCHEMA_VERSION = 1  # trt_spec_repo.json
+REPO_SCHEMA_VERSION = 2  # trt_spec_repo.json (2: load_models / phase_models; a version-1 reader would load every model)
 MANIFEST_VERSION_KEY = "trt_spec_manifest_version"
 REPO_VERSION_KEY = "trt_spec_repo_version"
 
@@ -116,6 +116,20 @@ class StepRecord:
 
 
 @dataclass(frozen=True)
+class CalibrationRecord:
+    """The set quantize.py calibrated on (build/calibration.py): the config's value (quantize.py's Hub default
+    cnn_dailymail when none), the local directory it read (None: downloaded), the sha256 of its data files and the
+    samples it took."""
+
+    dataset: str
+    path: Optional[str]
+    fingerprint: Optional[str]  # "sha256:<hex>" over the directory's files; None when downloaded or absent
+    samples: Optional[int]  # rows taken (min(calib_size, rows)); None when not counted (parquet, the Hub)
+    calib_size: int
+    max_seq_length: int
+
+
+@dataclass(frozen=True)
 class EngineSums:
     """What verifying one engine needs: its sums and the command that rebuilds it."""
 
@@ -142,6 +156,7 @@ class BuildManifest:
     world_size: WorldSize
     engines: dict[str, EngineEntry]  # role ("target", "draft") -> engine
     steps: list[StepRecord]
+    calibration: Optional[CalibrationRecord] = None  # None: nothing calibrated (16-bit, the reference engine)
 
     def __post_init__(self) -> None:
         if "target" not in self.engines:
@@ -199,6 +214,11 @@ class RepoRecord:
     decoupled: bool
     gpu_ids: list[int]
     engines: dict[str, EngineSums]  # engine dir (gpt_model_path) -> its sums
+    # What the launch loads (tritonserver --load-model=NAME each; empty: every model, --load-model=*) and the models
+    # loaded for a measurement phase only, each -> the launch models it replaces while loaded (runtime llmapi: the
+    # baseline, a second full copy of the target, replaces the speculative model; check and bench switch them)
+    load_models: list[str] = dataclasses.field(default_factory=list)
+    phase_models: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {REPO_VERSION_KEY: REPO_SCHEMA_VERSION, **_plain(self)}
@@ -316,7 +336,7 @@ def _build(tp: Any, value: Any, where: str, ns: dict) -> Any:
             sub = f"{where}.{f.name}" if where else f.name
             if f.name in value:
                 kw[f.name] = _build(hints[f.name], value[f.name], sub, ns)
-            elif f.default is dataclasses.MISSING:
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise _Damaged(f"{sub}: missing")
         return tp(**kw)
     if origin in (Union, types.UnionType):

@@ -68,10 +68,11 @@ METRIC_OUTPUTS = (*bc.SPEC_PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
 
 # -- Files ------------------------------------------------------------------------------------------------
 # A tokenizer's files, copied next to every engine (and distilled draft) that serves with it.
-# Model-config parameters that name a directory: they name symlinks inside the repository (serve/repository.py
-# link_paths), since Triton serves every config to anyone who can reach the port; resolved against the repository
-# by the models (served/serving.py repo_path).
-PATH_PARAMETERS = {"gpt_model_path": "engine", "tokenizer_dir": "tokenizer"}  # parameter -> its link in MODEL/1/
+# Model-config parameters that name a directory are absolute (serve/repository.py ABSOLUTE_PATHS). The python models
+# still resolve a relative tokenizer_dir (a repository written by trt-spec before that) against the repository
+# (served/serving.py repo_path); gpt_model_path is never resolved so: the tensorrtllm backend, and so the stand-in,
+# resolves it against the server's working directory.
+PATH_PARAMETERS = ("tokenizer_dir",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "generation_config.json", "chat_template.jinja", "tokenizer.model")
 

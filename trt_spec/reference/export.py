@@ -202,11 +202,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="mode eagle: verify the chain's best prefix by the head's confidence, or always all of it")
     # trtllm-build's --logits_dtype: the stand-in applies the kernels' temperature rule and clamp in this dtype
     ap.add_argument("--logits_dtype", default=LOGITS_DTYPE, choices=LOGITS_DTYPES)
+    # trtllm-build's flag: without it the stand-in refuses return_generation_logits as the executor does
+    # (backend_contract.NO_GENERATION_LOGITS)
+    ap.add_argument("--gather_generation_logits", action="store_true")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     build_config = {"max_batch_size": a.max_batch_size, "max_seq_len": a.max_seq_len, "max_num_tokens": a.max_num_tokens,
                     "max_beam_width": 1, "speculative_decoding_mode": a.speculative_decoding_mode,
-                    "max_draft_len": a.max_draft_len, "gather_generation_logits": True, "logits_dtype": a.logits_dtype}
+                    "max_draft_len": a.max_draft_len, "gather_generation_logits": a.gather_generation_logits, "logits_dtype": a.logits_dtype}
     if a.eagle_head:
         build_config["eagle_draft_policy"] = a.eagle_draft_policy
     meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check, build_config,

@@ -24,6 +24,7 @@ from .engine import CallResult, ReferenceEngine, Sampling, kv_bytes_per_position
 from .export import read_engine_meta
 from .eagle import Eagle3Head
 from .model import ReferenceModel
+from .numerics import GpuNumerics
 
 INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
 # The executor refuses a speculative target without KV-cache block reuse (draft tokens are verified against
@@ -48,9 +49,10 @@ class StandIn:
                  decoupled: bool = False, declared: Optional[Iterable[str]] = None,
                  config_logits_dtype: str = bc.LOGITS_DTYPE, max_queue_size: Optional[int] = None,
                  on_iteration: Optional[Callable[[], None]] = None, head: Optional[Eagle3Head] = None,
-                 draft_policy: str = "confidence"):
+                 draft_policy: str = "confidence", numerics: Optional[GpuNumerics] = None):
         """Raises bc.ContractError (the backend's load error) for parameters a GPU would not load either. head: the
-        EAGLE-3 head of an engine built with speculative_decoding_mode eagle (it speculates in every decode)."""
+        EAGLE-3 head of an engine built with speculative_decoding_mode eagle (it speculates in every decode).
+        numerics: the GPU-numerics mode (reference/numerics.py; None = exact)."""
         self.name, self.limits, self.params = name, limits, dict(params)
         bc.check_parameters(self.params)
         self.decoupled = decoupled
@@ -68,7 +70,8 @@ class StandIn:
             raise bc.ContractError(bc.LOAD_ERROR.format(msg=EAGLE_HEAD_MISSING))
         self.engine = ReferenceEngine(model, limits.max_seq_len, budget, diverge_slack=limits.max_draft_len + 1,
                                       head=head if limits.speculative_decoding_mode == "eagle" else None,
-                                      max_draft_len=limits.max_draft_len, draft_policy=draft_policy)
+                                      max_draft_len=limits.max_draft_len, draft_policy=draft_policy,
+                                      numerics=numerics)
         self.scheduler = BatchScheduler(
             self.engine, max_batch_size=limits.max_batch_size, max_num_tokens=limits.max_num_tokens,
             max_queue_size=max_queue_size, chunked_context=chunked, on_iteration=on_iteration)
@@ -82,13 +85,13 @@ class StandIn:
         bc.check_parameters(params)  # before touching the disk, in the backend's order
         outputs = model_config.get("output", [])
         logits_type = next((o["data_type"] for o in outputs if o["name"] == bc.GENERATION_LOGITS), bc.LOGITS_TYPE)
-        if not os.path.isdir(params["gpt_model_path"]):
-            raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY))
+        check_engine_path(params["gpt_model_path"])
         return cls.from_engine_dir(
             name, params, decoupled=bool(model_config.get("model_transaction_policy", {}).get("decoupled", False)),
             declared={o["name"] for o in outputs},  # what Triton core lets a backend write
             config_logits_dtype=bc.TYPE_TO_LOGITS_DTYPE.get(logits_type, logits_type),
-            max_queue_size=bc.max_queue_size(model_config), on_iteration=on_iteration)
+            max_queue_size=bc.max_queue_size(model_config), on_iteration=on_iteration,
+            numerics=GpuNumerics.from_env())  # GPU_NUMERICS_ENV in the loading process's environment
 
     @classmethod
     def from_engine_dir(cls, name: str, params: Mapping[str, str], **kw) -> "StandIn":
@@ -146,6 +149,20 @@ class StandIn:
             return None
         logits = torch.stack(res.logits).float().numpy() if res.logits else None
         return self.response(req, res.tokens, res, logits)
+
+
+def check_engine_path(path: str) -> None:
+    """gpt_model_path as the tensorrtllm backend opens it: the raw string, a relative one against this process's
+    working directory (tritonserver's: a python-backend stub inherits it), never against the repository. A path that
+    does not exist fails the load with the backend's own (misleading) error, then trt-spec's hint (ABSOLUTE_PATHS in
+    serve/repository.py; the backend: model_instance_state.cc ModelInstanceState ctor, std::filesystem::exists)."""
+    if os.path.isdir(path):
+        return
+    where = "" if os.path.isabs(path) else f" from the server's working directory {os.getcwd()}"
+    raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY) + (
+        f" (trt-spec: gpt_model_path {path!r} is not an engine directory{where}; the backend resolves a relative path "
+        "against tritonserver's working directory: write the repository again with `trt-spec repo` (absolute engine "
+        "paths) or give the engine's absolute path)"))
 
 
 def perf_metrics(req: bc.EngineRequest, progress: Optional[CallResult]) -> bc.PerfMetrics:

@@ -2,6 +2,12 @@
 twice over the same checkpoint — `tensorrt_llm` with the config's speculative_config, `tensorrt_llm_baseline` without
 it (what identity and speedup compare against: the LLM-API path has no separate baseline engine).
 
+The two are never loaded together: each is a full copy of the target whose KV cache takes a share of the GPU memory
+left free (each LLM(**model.yaml) loads the weights, then sizes its KV cache: MODEL _init_engine/_run_llm_engine), so a
+second copy does not fit. The launch loads `tensorrt_llm` only (LAUNCH_MODELS); `tensorrt_llm_baseline` is a phase
+model (PHASE_MODELS, in trt_spec_repo.json): `trt-spec check` and `bench` unload the speculative model, load the
+baseline, measure it, unload it and load the speculative model back (harness/phases.py).
+
 Each model is `config.pbtxt` (the recorded tensor interface) + `1/model.yaml` (the LLM's arguments and its
 triton_config) + `1/model.py`. The python source is NVIDIA's, from the image (toolchain.llmapi_model_dir): trt-spec
 does not ship it. Where that directory is not on this machine (`trt-spec repo CONFIG` on a laptop) the repository is
@@ -18,7 +24,7 @@ import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..records import llmapi_contract as lc
-from ..records.manifest import BuildManifest
+from ..records.manifest import BuildManifest, RepoRecord
 
 DTYPES = {"TYPE_STRING", "TYPE_BOOL", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT64", "TYPE_FP32"}
 # The LLM API's cancellation poll (MODEL cancellation_loop; its default)
@@ -28,6 +34,11 @@ CANCELLATION_CHECK_PERIOD_MS = 100
 LLMAPI_SOURCE_CANDIDATES = ("/app/all_models/llmapi/tensorrt_llm/1",
                             "/app/tensorrt_llm/triton_backend/all_models/llmapi/tensorrt_llm/1",
                             "/opt/tritonserver/tensorrtllm_backend/all_models/llmapi/tensorrt_llm/1")
+
+
+# What the launch loads, and the phase-only models with the launch models each replaces while loaded (RepoRecord)
+LAUNCH_MODELS = [lc.MODEL_NAME]
+PHASE_MODELS = {lc.BASELINE_MODEL: [lc.MODEL_NAME]}
 
 
 class LlmapiRepositoryError(ValueError):
@@ -114,6 +125,15 @@ def llmapi_models(m: BuildManifest, decoupled: bool) -> dict[str, tuple[mc.Model
     return {lc.MODEL_NAME: (model_config(lc.MODEL_NAME, decoupled), model_yaml(m, speculative=True, decoupled=decoupled)),
             lc.BASELINE_MODEL: (model_config(lc.BASELINE_MODEL, decoupled),
                                 model_yaml(m, speculative=False, decoupled=decoupled))}
+
+
+def record(m: BuildManifest, decoupled: bool, names) -> RepoRecord:
+    """trt_spec_repo.json of the LLM-API repository: one tritonserver process (the LLM API spawns its own ranks), the
+    launch loading the speculative model only and the baseline as a phase model."""
+    return RepoRecord(name=m.name, config_hash=m.config_hash, engine=m.engine, world_size=m.world_size,
+                      orchestrator=False, mpi_ranks=1, models=sorted(names), decoupled=decoupled,
+                      gpu_ids=sorted(set(m.runtime.target_devices)), engines={}, load_models=list(LAUNCH_MODELS),
+                      phase_models={k: list(v) for k, v in PHASE_MODELS.items()})
 
 
 def write_models(m: BuildManifest, root: Path, decoupled: bool) -> tuple[dict[str, mc.ModelConfig], Optional[Path]]:

@@ -18,6 +18,14 @@ The engine models are written by ONE code path for both engines: the same inputs
 `parameters` block (the `tensorrtllm` backend's keys, from trt_spec/records/backend_contract.py, including the ones
 it reads unguarded); only `backend` differs (tensorrtllm on a GPU, python + the reference engine on CPU).
 
+Paths (ABSOLUTE_PATHS): gpt_model_path and tokenizer_dir are absolute, as NVIDIA's templates are filled. The
+tensorrtllm backend checks gpt_model_path with std::filesystem::exists on the raw string (TensorRT-LLM
+triton_backend/inflight_batcher_llm/src/model_instance_state.cc, ModelInstanceState ctor; stored commit 0c8de69a),
+so a relative one resolves against tritonserver's working directory, and a miss is reported as "Both encoder and
+decoder model paths are empty". Absolute paths make every launch work: `trt-spec serve`, the printed plain command,
+NVIDIA's scripts/launch_triton_server.py, any custom launcher, from any directory. They are this machine's paths, so
+`trt-spec serve` restricts Triton's model-config API to the admin key (serve/server.py RESTRICTED_APIS).
+
 Every config.pbtxt is built as Triton's ModelConfig protobuf and serialized; the writer parses every file
 back, rejects leftover `${…}` template variables, and checks cross-model references. Writing is atomic.
 
@@ -47,7 +55,7 @@ from ..build.memory import SHARING_ROLES
 from ..records.speculation import Mode
 from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BASELINE_ENGINE, BEAM_WIDTH, BLS, DRAFT,
                              DRAFT_LENGTHS, DRAFT_LEN_POLICY, EMBEDDING_BIAS, ENGINE_MODELS, ENSEMBLE, MAX_TOKENS,
-                             NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, PATH_PARAMETERS, POSTPROCESSING as POST,
+                             NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, POSTPROCESSING as POST,
                              POST_OUTPUT_IDS, PREPROCESSING as PRE, Post, Pre, SEQUENCE_LENGTH, STOP_WORDS, STREAM,
                              TARGET, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
 
@@ -148,7 +156,9 @@ class RepoSettings:
     @staticmethod
     def from_manifest(m: BuildManifest, decoupled: bool = True, max_queue_size: int = 0) -> "RepoSettings":
         spec, lim = m.config.speculative, m.limits
-        tok = m.config.target.checkpoint if m.engine == "tensorrt" else m.target.dir
+        # engine: tensorrt: the target's HF directory (the imported one for a GGUF target, manifest's checkpoint)
+        tok = (m.target.checkpoint or m.config.target.checkpoint) if m.engine == "tensorrt" else m.target.dir
+        tok = tok if tok.startswith("pkg:") else os.path.abspath(tok)  # ABSOLUTE_PATHS
         multi_gpu = any(e.world_size > 1 for e in m.engines.values())
         return RepoSettings(
             engine=m.engine, max_batch_size=lim.max_batch_size, max_seq_len=lim.max_seq_len,
@@ -179,7 +189,7 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
     cfg.backend = "tensorrtllm" if s.engine == "tensorrt" else "python"
     params: dict[str, object] = {
         "gpt_model_type": "inflight_fused_batching",
-        "gpt_model_path": e.dir,
+        "gpt_model_path": os.path.abspath(e.dir),  # ABSOLUTE_PATHS
         "max_beam_width": 1,
         "enable_kv_cache_reuse": True,  # draft_tokens_external targets refuse to load without it
         "enable_chunked_context": False,  # input limit: min(max_seq_len - 1, max_num_tokens), checked upstream
@@ -325,7 +335,10 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
     cfg.output.extend([
         out(TEXT_OUTPUT, "TYPE_STRING", [-1]),
         out(OUTPUT_IDS, "TYPE_INT32", [-1]),
-        *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.SPEC_PERF_OUTPUTS),
+        # the ten perf outputs of NVIDIA's tensorrt_llm_bls config (all_models/inflight_batcher_llm/tensorrt_llm_bls/
+        # config.pbtxt): E2E --return-perf-metrics requests them all, and Triton core refuses a request for an
+        # undeclared output; filled with return_perf_metrics, summed over the rounds (speculative_loop.EnginePerf)
+        *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS),
         out(TOTAL_STEPS, "TYPE_INT32", [1]),
         out(ACCEPTED_LENGTH_HISTOGRAM, "TYPE_INT32", [-1]),
         out(DRAFT_LENGTHS, "TYPE_INT32", [-1]),
@@ -542,24 +555,6 @@ def verify_engines(manifest: BuildManifest) -> None:
             raise RepositoryError(str(e)) from None
 
 
-def link_paths(cfg: mc.ModelConfig, model_dir: Path) -> mc.ModelConfig:
-    """A copy of cfg whose names.PATH_PARAMETERS name symlinks inside the repository instead of this machine's
-    directories: `MODEL/1/engine` -> the engine directory, `MODEL/1/tokenizer` -> the tokenizer's (the links are made
-    in model_dir/1). Triton serves every model's config to anyone who can reach the port (GET
-    /v2/models/NAME/config): no absolute path is in it. The python models resolve the parameters against the
-    repository (serving.repo_path); `trt-spec serve` starts tritonserver in the repository, so the tensorrtllm
-    backend, which opens gpt_model_path as given, finds the engine too. The repository can be copied (cp -r keeps
-    the links) as long as the build stays where it is — as with absolute paths."""
-    out = mc.ModelConfig()
-    out.CopyFrom(cfg)
-    for key, link in PATH_PARAMETERS.items():
-        value = out.parameters[key].string_value if key in out.parameters else ""
-        if os.path.isabs(value):
-            os.symlink(value, model_dir / "1" / link, target_is_directory=True)
-            out.parameters[key].string_value = f"{model_dir.name}/1/{link}"
-    return out
-
-
 def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = True,
                      max_queue_size: int = 0) -> dict[str, mc.ModelConfig]:
     """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one.
@@ -573,13 +568,14 @@ def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = T
     verify_engines(manifest)
     settings = RepoSettings.from_manifest(manifest, decoupled, max_queue_size)
     configs = repository_configs(settings)
+    check_memory(manifest, configs, {}, repo_record(manifest, decoupled, settings, configs))
     dest = Path(dest)
     with replacing_dir(dest) as tmp:
         tmp.mkdir()
         for name, cfg in configs.items():
             mdir = tmp / name
             (mdir / "1").mkdir(parents=True)
-            (mdir / "config.pbtxt").write_text(text_format.MessageToString(link_paths(cfg, mdir)))
+            (mdir / "config.pbtxt").write_text(text_format.MessageToString(cfg))
             if cfg.backend == "python":
                 src = _python_sources(name, settings.engine)
                 for f in src.glob("*.py"):
@@ -593,14 +589,26 @@ def _write_llmapi(manifest: BuildManifest, dest: Path, decoupled: bool) -> dict[
     """runtime: llmapi — TensorRT-LLM's LLM-API model, speculative and baseline (serve/llmapi_repository.py)."""
     from . import llmapi_repository as lr
 
+    models = lr.llmapi_models(manifest, decoupled)
+    check_memory(manifest, {n: c for n, (c, _) in models.items()}, {n: y for n, (_, y) in models.items()},
+                 lr.record(manifest, decoupled, models))
     with replacing_dir(dest) as tmp:
         tmp.mkdir()
         configs, _ = lr.write_models(manifest, tmp, decoupled)
-        RepoRecord(name=manifest.name, config_hash=manifest.config_hash, engine=manifest.engine,
-                   world_size=manifest.world_size, orchestrator=False, mpi_ranks=1, models=sorted(configs),
-                   decoupled=decoupled, gpu_ids=sorted(set(manifest.runtime.target_devices)), engines={}).write(tmp)
+        lr.record(manifest, decoupled, configs).write(tmp)
         validate_repository(tmp, require_sources=False)
     return configs
+
+
+def check_memory(manifest: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict],
+                 record: RepoRecord) -> None:
+    """The repository's memory plan (serve/repo_memory.py): RepositoryError, one line, when the models Triton holds at
+    once overflow a GPU; before anything is written."""
+    from .repo_memory import overflow
+
+    line = overflow(manifest, configs, yamls, record)
+    if line is not None:
+        raise RepositoryError(line)
 
 
 def repo_record(manifest: BuildManifest, decoupled: bool = True, settings: Optional[RepoSettings] = None,
@@ -608,6 +616,10 @@ def repo_record(manifest: BuildManifest, decoupled: bool = True, settings: Optio
     """What `trt-spec repo` records next to the models (trt_spec_repo.json): how to launch the repository (processes
     under mpirun, orchestrator mode, GPU ids), its models and the engines' sums. Pure: the launch line of a
     repository that is not written yet (the Kubernetes chart's) is computed from it."""
+    if manifest.config.runtime == "llmapi":
+        from . import llmapi_repository as lr
+
+        return lr.record(manifest, decoupled, configs if configs is not None else lr.llmapi_models(manifest, decoupled))
     settings = settings or RepoSettings.from_manifest(manifest, decoupled)
     configs = configs if configs is not None else repository_configs(settings)
     return RepoRecord(name=manifest.name, config_hash=manifest.config_hash, engine=manifest.engine,

@@ -10,9 +10,11 @@ What a started server guarantees:
 - it dies with its launcher: tritonserver (or mpirun) gets SIGTERM when the launcher exits for any reason,
   kill -9 included (PR_SET_PDEATHSIG), and its python-backend stubs exit with it;
 - stop() ends the whole process group and removes the work dir and the python-backend shared-memory regions;
-- the admin APIs (shared-memory, model-repository, trace, logging) answer only requests carrying the header
-  ADMIN_HEADER (gRPC: GRPC_ADMIN_HEADER) with the admin key; health, metadata, model config, statistics and
-  inference stay open;
+- the admin APIs (shared-memory, model-config, model-repository, trace, logging) answer only requests carrying the
+  header ADMIN_HEADER (gRPC: GRPC_ADMIN_HEADER) with the admin key; health, metadata, statistics and inference stay
+  open. model-config is restricted because the configs name this machine's engine and tokenizer directories
+  (absolute, as NVIDIA's templates write them, so any launch finds them); the key of a running server is in
+  admin_key_path(PORT) for its HTTP and gRPC ports (0600, removed on stop), where the harness on the same host finds it;
 - the python backend's shared-memory regions (prompt text passes through them) are made owner-only as they
   appear (Triton 2.51 creates them 0644 whatever the umask; a process that opened one in that first ~0.1 s
   keeps its access);
@@ -55,7 +57,7 @@ NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
 NGC_PYTHON_STUB = Path("/opt/tritonserver/backends/python") / STUB_NAME
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # picks nvidia-pytriton's stub
 # Admin APIs, restricted on both protocols (tritonserver --http-restricted-api / --grpc-restricted-protocol).
-RESTRICTED_APIS = ("shared-memory", "model-repository", "trace", "logging")
+RESTRICTED_APIS = ("shared-memory", "model-config", "model-repository", "trace", "logging")
 ADMIN_HEADER = "triton-admin-key"
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # Triton prefixes the key of a restricted gRPC protocol
 ADMIN_KEY_RE = re.compile(r"[A-Za-z0-9._~+/-]{16,}")
@@ -81,7 +83,8 @@ class LaunchSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     shm_prefix: str = ""
-    plain: str = ""  # the plain `cd REPO && tritonserver --model-repository=.` a user can run directly
+    plain: str = ""  # the real launch without serve's extras (ports, keys, drain), as a user can type it anywhere
+    plain_backends: Optional[Path] = None  # nvidia-pytriton: the backend directory `plain` names (prepare_plain)
     workdir: Optional[Path] = None  # the backends copy to prepare before starting (nvidia-pytriton only)
     admin_key: str = ""  # header value that unlocks RESTRICTED_APIS; never printed
     admin_key_shown: str = ""  # what shell() prints in its place
@@ -90,6 +93,12 @@ class LaunchSpec:
     def shell(self) -> str:
         text = shell_line(self.argv, self.env)
         return text.replace(self.admin_key, self.admin_key_shown) if self.admin_key else text
+
+    def prepare_plain(self) -> None:
+        """Make the backend directory `plain` names (nvidia-pytriton's backends and this interpreter's stub, in the
+        cache: defaults.cache_dir()); nothing to do for the NGC image's tritonserver."""
+        if self.plain_backends is not None:
+            prepare_cached_backends(self.plain_backends)
 
 
 def repo_info(repo: Path, record: Optional[RepoRecord] = None) -> tuple[int, bool, list[int]]:
@@ -116,6 +125,17 @@ def repo_info(repo: Path, record: Optional[RepoRecord] = None) -> tuple[int, boo
     if record is None:
         return 1, False, [0]
     return record.mpi_ranks, record.orchestrator, list(record.gpu_ids or [0])
+
+
+def launch_models(repo: Path, record: Optional[RepoRecord] = None) -> list[str]:
+    """The models the launch loads by name when the repository has phase-only models (its record's load_models);
+    [] (every model) otherwise, or for a repository trt-spec did not write."""
+    if record is None:
+        try:
+            record = RepoRecord.read(Path(repo))
+        except ManifestError as e:
+            raise ServerError(str(e)) from None
+    return list(record.load_models) if record is not None and record.phase_models else []
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -185,6 +205,95 @@ def prepare_pytriton_backends(workdir: Path) -> tuple[Path, dict[str, str]]:
     return backends, env
 
 
+def plain_backends_dir() -> Path:
+    """The backend directory the plain command names on nvidia-pytriton: its backends plus this interpreter's stub, in
+    the per-user cache, one per nvidia-pytriton version and Python version (a work dir dies with its server)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("nvidia-pytriton")
+    except PackageNotFoundError:
+        v = "unknown"
+    return defaults.cache_dir() / defaults.PLAIN_BACKENDS_SUBDIR / f"pytriton-{v}-py{PYTHON_VERSION}" / "backends"
+
+
+def prepare_cached_backends(backends: Path) -> Path:
+    """Make `backends` (plain_backends_dir()) once: copied beside it, then renamed into place (two launchers at once
+    both succeed)."""
+    backends = Path(backends)
+    if (backends / "python" / STUB_NAME).is_file():
+        return backends
+    backends.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".backends-", dir=backends.parent))
+    try:
+        made, _ = prepare_pytriton_backends(tmp)
+        try:
+            os.replace(made, backends)
+        except OSError:
+            if not (backends / "python" / STUB_NAME).is_file():
+                raise
+    except OSError as e:
+        raise ServerError(f"cannot prepare the backend directory {backends}: {e.strerror}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return backends
+
+
+def admin_key_path(port: int) -> Path:
+    """Where `trt-spec serve` leaves the admin key of its server on `port` (its HTTP and its gRPC port) while it runs."""
+    return defaults.cache_dir() / defaults.ADMIN_KEYS_SUBDIR / f"{int(port)}.key"
+
+
+def write_admin_key_files(key: str, ports: list[int]) -> list[Path]:
+    """The key, one line, in admin_key_path(port) for each port: owner-only (directory 0700, file 0600 from creation)
+    and atomic (written beside, then renamed). Returns the files written; a cache that cannot be written is skipped
+    (the harness then asks for --admin-key-file)."""
+    written = []
+    for port in ports:
+        path = admin_key_path(port)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                f.write(key + "\n")
+            os.replace(tmp, path)
+            written.append(path)
+        except OSError:
+            continue
+    return written
+
+
+def remove_admin_key_files(key: str, paths: list[Path]) -> None:
+    """Remove the files write_admin_key_files wrote, each only while it still holds this server's key."""
+    for path in paths:
+        try:
+            if path.read_text().strip() == key:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def engine_bytes(repo: Path) -> int:
+    """Bytes of the repository's engine files: the sizes its record stores (trt_spec_repo.json "engines"), else what
+    the engine directories its record names hold on disk; 0 for a repository without engines or record."""
+    try:
+        record = RepoRecord.read(Path(repo))
+    except ManifestError:
+        return 0
+    total = 0
+    for d, sums in (record.engines if record else {}).items():
+        if sums.files:
+            total += sum(int(f.get("size", 0)) for f in sums.files.values())
+            continue
+        for root, _, files in os.walk(d):
+            for name in files:
+                try:
+                    total += os.path.getsize(os.path.join(root, name))
+                except OSError:
+                    pass
+    return total
+
+
 def read_admin_key(path: Path) -> str:
     """The admin key stored in path; a missing file is created with a random key, readable by its owner only."""
     path = Path(path)
@@ -218,6 +327,7 @@ def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: i
     """
     repo = Path(repo).resolve()
     world, orchestrator, gpu_ids = repo_info(repo, record)
+    loads = launch_models(repo, record)  # [] = every model (--load-model=*)
     binary = binary or find_tritonserver()
     if binary is None:
         raise ServerError("tritonserver not found; use the NGC image or `pip install 'trt-spec[serve]'`")
@@ -251,39 +361,56 @@ def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: i
              "\"$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')\"")
     restricted = ",".join(RESTRICTED_APIS) + f":{ADMIN_HEADER}={key}"
 
-    def rank_args(rank: int) -> list[str]:
-        a = [str(binary), f"--model-repository={repo}", *backend_args, "--disable-auto-complete-config",
-             f"--backend-config=python,shm-region-prefix-name={prefix}{rank}_",
-             f"--exit-timeout-secs={defaults.EXIT_TIMEOUT_S}"]
+    # The plain launch (what `repo` and `serve` print): the same processes, environment, repository (its configs name
+    # absolute paths, so any working directory does), backends and pools, without serve's own extras (addresses,
+    # restricted APIs, explicit model control, drain); ranks get NVIDIA's launch_triton_server.py shm prefixes.
+    plain_backends = plain_backends_dir() if backend_args else None
+    plain_backend_args = [f"--backend-directory={plain_backends}"] if plain_backends else []
+
+    def rank_args(rank: int, plain: bool = False) -> list[str]:
+        if plain:
+            a = [str(binary), f"--model-repository={repo}", *plain_backend_args]
+            if world > 1 and not orchestrator:
+                a += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        else:
+            a = [str(binary), f"--model-repository={repo}", *backend_args, "--disable-auto-complete-config",
+                 f"--backend-config=python,shm-region-prefix-name={prefix}{rank}_",
+                 f"--exit-timeout-secs={defaults.EXIT_TIMEOUT_S}"]
         if orchestrator:
             a += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
             a += [f"--cuda-memory-pool-byte-size={g}:0" for g in gpu_ids]
-        if rank == 0:
+        if rank > 0:  # worker ranks load only the engine and expose no endpoints
+            a += ["--model-control-mode=explicit", "--load-model=tensorrt_llm",
+                  "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+        elif plain and loads:  # a repository with phase-only models: load the launch's models only, never all
+            a += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in loads)]
+        elif not plain:
             # explicit model control with every model loaded at start (as mode none does): `trt-spec serve` drains
-            # by loading a model that refuses to load, which turns /v2/health/ready false (TritonServer.drain)
-            a += ["--model-control-mode=explicit", "--load-model=*"]
+            # by loading a model that refuses to load, which turns /v2/health/ready false (TritonServer.drain).
+            # A repository with phase-only models (its record's phase_models: the LLM-API baseline) loads the
+            # launch's models by name instead (Triton refuses --load-model=* beside another --load-model: server
+            # docs/user_guide/model_management.md r26.04, "Model Control Mode EXPLICIT")
+            a += ["--model-control-mode=explicit", *([f"--load-model={m}" for m in loads] or ["--load-model=*"])]
             a += [f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
                   f"--http-address={host}", f"--grpc-address={host}", f"--metrics-address={host}",
                   f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
             if verbose:
                 a.append("--log-verbose=1")
-        else:  # worker ranks load only the engine and expose no endpoints
-            a += ["--model-control-mode=explicit", "--load-model=tensorrt_llm",
-                  "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
         return a
 
-    # run from the repository: its configs name the engines relative to it (repository.relative_paths)
-    plain = f"cd {shlex.quote(str(repo))} && " + shlex.join([str(binary), "--model-repository=."])
-    common = dict(shm_prefix=prefix, plain=plain, workdir=spec_workdir, admin_key=key, admin_key_shown=shown,
-                  notes=notes)
-    if orchestrator:
-        return LaunchSpec(["mpirun", "--allow-run-as-root", "-n", "1", *rank_args(0)], env, **common)
-    if world == 1:
-        return LaunchSpec(rank_args(0), env, **common)
-    argv = ["mpirun", "--allow-run-as-root"]
-    for rank in range(world):
-        argv += ["-n", "1", *rank_args(rank)] + ([":"] if rank < world - 1 else [])
-    return LaunchSpec(argv, env, **common)
+    def processes(plain: bool) -> list[str]:
+        if orchestrator:
+            return ["mpirun", "--allow-run-as-root", "-n", "1", *rank_args(0, plain)]
+        if world == 1:
+            return rank_args(0, plain)
+        argv = ["mpirun", "--allow-run-as-root"]
+        for rank in range(world):
+            argv += ["-n", "1", *rank_args(rank, plain)] + ([":"] if rank < world - 1 else [])
+        return argv
+
+    return LaunchSpec(processes(False), env, shm_prefix=prefix, plain=shell_line(processes(True), env),
+                      plain_backends=plain_backends, workdir=spec_workdir, admin_key=key, admin_key_shown=shown,
+                      notes=notes)
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -470,6 +597,8 @@ class TritonServer:
         # serving.DRAIN_FILE_ENV: the models read it (drain()); in the private work dir, with the backends copy
         self.drain_file = self.workdir / "drain"
         self.spec.env[DRAIN_FILE_ENV] = str(self.drain_file)
+        self.ready_timeout = defaults.ready_timeout_s(engine_bytes(self.repo))  # wait_ready's default
+        self._key_files: list[Path] = []  # admin_key_path(port) of the HTTP and gRPC ports, while it runs
         self.proc: Optional[subprocess.Popen] = None
         self.is_serving = False  # set by the caller once ready and serving (trt-spec serve: a signal then drains)
         self._log = None
@@ -501,10 +630,12 @@ class TritonServer:
                 prepare_pytriton_backends(self.workdir)
             # umask: files tritonserver creates are its owner's only (the python backend's /dev/shm regions are
             # not: boost sets them 0644 explicitly, so wait_ready() narrows them).
+            # the configs name absolute paths: tritonserver runs in the launcher's working directory, as the plain
+            # command does (the tensorrtllm backend resolves a relative gpt_model_path against it)
             self.proc = subprocess.Popen(self.spec.argv, env={**os.environ, **self.spec.env}, stdout=self._log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                         cwd=self.repo,  # the tensorrtllm backend opens gpt_model_path from here
                                          umask=0o077, preexec_fn=die_with_parent(signal.SIGTERM))
+            self._key_files = write_admin_key_files(self.spec.admin_key, [self.http_port, self.grpc_port])
         except BaseException:
             self._cleanup()
             raise
@@ -541,7 +672,9 @@ class TritonServer:
             except OSError:
                 pass
 
-    def wait_ready(self, timeout: float = defaults.READY_TIMEOUT_S) -> "TritonServer":
+    def wait_ready(self, timeout: Optional[float] = None) -> "TritonServer":
+        """timeout: default self.ready_timeout (defaults.ready_timeout_s of the repository's engine bytes)."""
+        timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.protect_shm()
@@ -589,11 +722,25 @@ class TritonServer:
         self._stubs = {pid: v for pid, v in self._seen.items() if pid in live or v[0] not in served}
 
     def dead_models(self) -> list[DeadModel]:
-        """Watched stubs that exited or are zombies (Triton 2.51 does not restart them: their model is dead)."""
-        if self._stubs is None:
-            self.watch()
-        return [DeadModel(model, pid) for pid, (model, started) in (self._stubs or {}).items()
+        """Watched stubs that exited or are zombies while Triton still counts their model READY (Triton 2.51 does not
+        restart them, nor notice: their model is dead). A model unloaded on purpose — check/bench's baseline phase
+        (harness/phases.py) unloads the speculative model and loads it back — is not: its stub's exit is the unload,
+        and the index says UNAVAILABLE/LOADING until a new stub serves it (rescanned here)."""
+        self.watch()
+        dead = [DeadModel(model, pid) for pid, (model, started) in (self._stubs or {}).items()
                 if not self._stub_alive(pid, started)]
+        ready = self.ready_models() if dead else None
+        return dead if ready is None else [d for d in dead if d.model in ready]
+
+    def ready_models(self) -> Optional[set[str]]:
+        """The models Triton's repository index calls READY (the admin API: serve's key); None if it cannot tell."""
+        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
+                                     headers={ADMIN_HEADER: self.spec.admin_key, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return {m.get("name") for m in json.loads(r.read() or b"[]") if m.get("state") == "READY"}
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
 
     # --- draining (what `trt-spec serve` does on SIGTERM) --------------------------------------------------------
     def drain(self) -> None:
@@ -663,6 +810,8 @@ class TritonServer:
                 f.unlink()
             except OSError:
                 pass
+        remove_admin_key_files(self.spec.admin_key, self._key_files)
+        self._key_files = []
         shutil.rmtree(self.workdir, ignore_errors=True)
         if self._log is not None:
             self._log.close()

@@ -8,11 +8,13 @@ baseline: one decode of the target. `model_repo/llmapi/1/model.py` is the thin T
 
 What is the LLM API's and what is the stand-in's:
 - text in, text out; the tokenizer is the engine directory's; `sampling_param_exclude_input_from_output` defaults to
-  False (text_output = prompt + completion), as MODEL's helpers; streaming sends each chunk's text;
+  False (text_output = prompt + completion), as MODEL's helpers; streaming sends one response per iteration (a round
+  of the loop), each with the whole text so far (records/llmapi_contract.py), the last one final;
 - sampling: absent temperature/top_k/top_p = greedy (SamplingParams' defaults); `sampling_param_max_tokens` defaults
   to SamplingParams' 32; `sampling_param_stop` strings end the generation and are not in the text
   (include_stop_str_in_output defaults to False);
-- the perf outputs (with sampling_param_return_perf_metrics) are strings, as MODEL encodes them.
+- the perf outputs (with sampling_param_return_perf_metrics) are strings, as MODEL encodes them; acceptance_rate,
+  total_accepted_draft_tokens and total_draft_tokens are 0, as 1.2.1's PyTorch flow answers (lc.SPEC_PERF_ZERO).
 """
 
 from __future__ import annotations
@@ -142,13 +144,17 @@ class LlmapiStandIn:
         arrival = time.monotonic_ns()
         times: list[int] = []
         chunks: list[str] = []
+        head = "" if r.exclude_input else r.text
+        pending: list[dict] = []  # the latest iteration's response, sent when the next one comes (the last is final)
 
         def on_tokens(new: list[int]) -> None:
             times.append(time.monotonic_ns())
             delta = "" if cut.stopped else cut.add(detok.add(new))
             chunks.append(delta)
-            if r.streaming and delta:
-                emit({lc.TEXT_OUTPUT: np.array([delta.encode("utf-8")], dtype=object)})
+            if r.streaming:  # one response per iteration, with the whole text so far (lc: MODEL sends output.text)
+                if pending:
+                    emit(pending.pop())
+                pending.append({lc.TEXT_OUTPUT: np.array([(head + "".join(chunks)).encode("utf-8")], dtype=object)})
 
         stop_ids = [encode(self.tokenizer, s, add_special_tokens=False) for s in r.stop]
         try:
@@ -163,20 +169,18 @@ class LlmapiStandIn:
             raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
         tail = "" if cut.stopped else cut.add(detok.flush()) + cut.flush()
         chunks.append(tail)
-        if r.streaming:
-            out = {lc.TEXT_OUTPUT: np.array([tail.encode("utf-8")], dtype=object)}
-        else:
-            text = "".join(chunks)
-            out = {lc.TEXT_OUTPUT: np.array([(text if r.exclude_input else r.text + text).encode("utf-8")],
-                                            dtype=object)}
+        # the final response (streaming: the last iteration's, with the flushed text): the whole text
+        out = {lc.TEXT_OUTPUT: np.array([(head + "".join(chunks)).encode("utf-8")], dtype=object)}
         if r.return_finish_reason:
             reason = "length" if len(tokens) >= r.max_tokens and not cut.stopped else "stop"
             out["finish_reason"] = np.array([reason.encode()], dtype=object)
         if r.return_perf:  # MODEL _create_response: every value as a string
             perf = {"arrival_time_ns": arrival, "first_scheduled_time_ns": arrival,
                     "first_token_time_ns": times[0] if times else 0, "last_token_time_ns": times[-1] if times else 0,
-                    "acceptance_rate": accepted / drafted if drafted else 0.0,
-                    "total_accepted_draft_tokens": accepted, "total_draft_tokens": drafted,
+                    # 1.2.1's PyTorch flow: zero, drafting or not (lc.SPEC_PERF_ZERO, NVIDIA/TensorRT-LLM#17082)
+                    "acceptance_rate": 0.0 if lc.SPEC_PERF_ZERO else (accepted / drafted if drafted else 0.0),
+                    "total_accepted_draft_tokens": 0 if lc.SPEC_PERF_ZERO else accepted,
+                    "total_draft_tokens": 0 if lc.SPEC_PERF_ZERO else drafted,
                     "kv_cache_reused_block": 0, "kv_cache_hit_rate": 0.0, "kv_cache_alloc_new_blocks": 0,
                     "kv_cache_alloc_total_blocks": 0, "kv_cache_missed_block": 0}
             out.update({k: np.array([str(v).encode()], dtype=object) for k, v in perf.items()})

@@ -99,15 +99,17 @@ def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
 
 
 def repo_path(model_repository: str, value: str) -> str:
-    """A path parameter of a model's config (names.PATH_PARAMETERS: a link inside the repository, relative to it) as
-    an absolute path; model_repository is the python backend's args["model_repository"] (REPO/MODEL)."""
+    """A path parameter of a model's config (names.PATH_PARAMETERS; absolute since trt-spec writes them so, relative to
+    the repository in older repositories) as an absolute path; model_repository is the python backend's
+    args["model_repository"] (REPO/MODEL)."""
     if not value or os.path.isabs(value):
         return value
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(model_repository)), value))
 
 
 def resolve_path_parameters(model_config: dict, model_repository: str) -> dict:
-    """model_config (the JSON Triton hands initialize()) with its path parameters made absolute, in place."""
+    """model_config (the JSON Triton hands initialize()) with its path parameters made absolute, in place (not
+    gpt_model_path: the stand-in opens it as the tensorrtllm backend does, standin.engine_path)."""
     from ..records.names import PATH_PARAMETERS
 
     for key in PATH_PARAMETERS:

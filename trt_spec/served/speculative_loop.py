@@ -108,6 +108,7 @@ class SpecRequest:
     bad_words: list[list[int]] = field(default_factory=list)
     use_logits: bool = False
     draft_len_policy: Optional[str] = None  # adaptive | fixed for this request (default: the deployment's)
+    perf: bool = False  # the client's return_perf_metrics: every engine call asks for the backend's perf outputs
 
 
 @dataclass(frozen=True)
@@ -122,12 +123,58 @@ class Round:
 
 
 @dataclass
+class EnginePerf:
+    """The backend's per-request perf outputs (backend_contract.PERF_OUTPUTS, [1, 1] each) over every engine call one
+    BLS request made (SpecRequest.perf): a loop mode makes one draft and one target call per round, each its own
+    engine request. KV-cache blocks (new, reused, total) are SUMS over those calls; arrival and first-scheduled times
+    are the first call's; the first-token time is the first target call's (the first tokens the client gets), the
+    last-token time the last target call's. An in-engine mode makes one call: its own values. (The acceptance outputs
+    are the loop's: Metrics.)"""
+
+    kv_new_blocks: int = 0
+    kv_reused_blocks: int = 0
+    kv_total_blocks: int = 0
+    arrival_ns: int = 0
+    first_scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+
+    def add(self, responses: Sequence[dict[str, np.ndarray]], *, output: bool) -> None:
+        """One engine call's perf outputs (its last response carrying them: each response holds the request's values
+        so far); output: the call's tokens go to the client (a target call, not a draft call)."""
+        out = next((o for o in reversed(responses) if "kv_cache_alloc_total_blocks" in o), None)
+        if out is None:
+            return
+        v = {k: int(np.asarray(out[k]).reshape(-1)[0]) for k in (
+            "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
+            "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")}
+        self.kv_new_blocks += v["kv_cache_alloc_new_blocks"]
+        self.kv_reused_blocks += v["kv_cache_reused_blocks"]
+        self.kv_total_blocks += v["kv_cache_alloc_total_blocks"]
+        self.arrival_ns = self.arrival_ns or v["arrival_time_ns"]
+        self.first_scheduled_ns = self.first_scheduled_ns or v["first_scheduled_time_ns"]
+        if output:
+            self.first_token_ns = self.first_token_ns or v["first_token_time_ns"]
+            self.last_token_ns = v["last_token_time_ns"] or self.last_token_ns
+
+
+@dataclass
 class Metrics:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
     hist: list[int] = field(default_factory=list)  # rounds by accepted count 0..k (loop modes)
     rounds: list[Round] = field(default_factory=list)  # loop modes: one per target call
+    engine: EnginePerf = field(default_factory=EnginePerf)  # SpecRequest.perf: the engines' perf outputs
+
+    def perf_outputs(self) -> dict[str, np.ndarray]:
+        """The ten perf outputs of NVIDIA's tensorrt_llm_bls (backend_contract.PERF_OUTPUT_TYPES, [1, 1] each), for the
+        request so far: the engines' (EnginePerf) and the loop's acceptance."""
+        e = self.engine
+        return bc.PerfMetrics(kv_new_blocks=e.kv_new_blocks, kv_reused_blocks=e.kv_reused_blocks,
+                              kv_total_blocks=e.kv_total_blocks, arrival_ns=e.arrival_ns,
+                              first_scheduled_ns=e.first_scheduled_ns, first_token_ns=e.first_token_ns,
+                              last_token_ns=e.last_token_ns, accepted=self.accepted, drafted=self.drafted).tensors()
 
     @property
     def draft_lengths(self) -> list[int]:
@@ -210,6 +257,8 @@ def engine_inputs(r: SpecRequest, tokens: Sequence[int], out_len: int, seed_offs
     }
     if r.seed is not None:
         ins[bc.SEED] = np.asarray([[(r.seed + seed_offset) % 2**63]], dtype=np.uint64)
+    if r.perf:  # the backend writes its perf outputs only when asked (EnginePerf sums them)
+        ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
     if r.bad_words:
         ins[bc.BAD_WORDS_LIST] = bc.word_list_array(r.bad_words)[None]
     return ins
@@ -255,32 +304,36 @@ class SpeculativeLoop:
         self.policy = DraftLengthPolicy(cfg.draft_len_policy)  # shared costs; `active` = requests in the loop
 
     async def generate(self, r: SpecRequest, emit: Callable[[list[int]], None],
-                       cancelled: Callable[[], bool] = lambda: False) -> tuple[list[int], Metrics]:
+                       cancelled: Callable[[], bool] = lambda: False,
+                       metrics: Optional[Metrics] = None) -> tuple[list[int], Metrics]:
         """Generated tokens and metrics; `emit(new_tokens)` is called once per accepted chunk (streaming).
         `cancelled()` is checked before every round: once true the loop raises Cancelled and sends no more
         engine calls. In-engine modes make one call: `cancelled()` is checked at each streamed response, and the
         Cancelled raised there makes `call` cancel the engine request where the python backend can (a BLS response
-        iterator's cancel(), python_backend r25.05+; Triton 2.51's BLS cannot, so there the call runs out)."""
+        iterator's cancel(), python_backend r25.05+; Triton 2.51's BLS cannot, so there the call runs out).
+        metrics: the object to fill (the caller reads it at each emit: a streamed chunk's perf outputs so far)."""
+        m = metrics if metrics is not None else Metrics()
         if self.cfg.mode == "engine":
-            return await self._in_engine(r, emit, cancelled)
+            return await self._in_engine(r, emit, cancelled, m)
         self.policy.active += 1
         try:
-            return await self._loop(r, emit, cancelled)
+            return await self._loop(r, emit, cancelled, m)
         finally:
             self.policy.active -= 1
 
-    async def _draft(self, r: SpecRequest, tokens: list[int], k: int, step: int,
-                     proposer) -> tuple[list[int], Optional[np.ndarray]]:
+    async def _draft(self, r: SpecRequest, tokens: list[int], k: int, step: int, proposer,
+                     m: Metrics) -> tuple[list[int], Optional[np.ndarray]]:
         if k <= 0:
             return [], None
         if proposer is not None:
             return proposer.propose(tokens, k, (r.end_id,)), None
         ins = engine_inputs(r, tokens, k, SEED_STRIDE * step + 1)
-        outs = list(bc.MANDATORY_OUTPUTS)
+        outs = list(bc.MANDATORY_OUTPUTS) + (list(bc.PERF_OUTPUTS) if r.perf else [])
         if r.use_logits:
             ins[bc.RETURN_GENERATION_LOGITS] = np.asarray([[True]], dtype=bool)
             outs.append(bc.GENERATION_LOGITS)
         responses = await self.call(self.cfg.draft, ins, outs)
+        m.engine.add(responses, output=False)
         draft = [t for out in responses for t in response_tokens(out)][:k]
         logits = next((o[bc.GENERATION_LOGITS] for o in responses if bc.GENERATION_LOGITS in o), None)
         if logits is not None:
@@ -298,10 +351,10 @@ class SpeculativeLoop:
         return SuffixProposer(k_max=self.cfg.max_draft_len, min_match=SUFFIX_MIN_MATCH,
                               tokens_per_match=SUFFIX_TOKENS_PER_MATCH)
 
-    async def _loop(self, r: SpecRequest, emit, cancelled: Callable[[], bool]) -> tuple[list[int], Metrics]:
+    async def _loop(self, r: SpecRequest, emit, cancelled: Callable[[], bool], m: Metrics) -> tuple[list[int], Metrics]:
         tokens = list(r.prompt)
         generated: list[int] = []
-        m = Metrics(hist=[0] * (r.k + 1))
+        m.hist = [0] * (r.k + 1)
         policy = self.policy.start(r.draft_len_policy)
         proposer = self._proposer()
         draft_free = proposer is not None
@@ -314,7 +367,7 @@ class SpeculativeLoop:
             # The policy decides in the open: a Decision record now, learning only from the round's Outcome.
             decision = policy.decide(cap, self.policy.active, remaining, draft_free=draft_free, first=not generated)
             t0 = time.perf_counter()
-            draft, logits = await self._draft(r, tokens, decision.k if decision.speculate else 0, m.steps, proposer)
+            draft, logits = await self._draft(r, tokens, decision.k if decision.speculate else 0, m.steps, proposer, m)
             t1 = time.perf_counter()
             empty = draft_free and not draft
             if draft_free:  # the proposer was free to consult: now decide on what it proposed
@@ -328,8 +381,10 @@ class SpeculativeLoop:
                 ins[bc.DRAFT_INPUT_IDS] = np.asarray([draft], dtype=np.int32)
                 if logits is not None:
                     ins[bc.DRAFT_LOGITS] = logits[None]
-            responses = await self.call(self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS))
+            responses = await self.call(self.cfg.target, ins,
+                                        list(bc.MANDATORY_OUTPUTS) + (list(bc.PERF_OUTPUTS) if r.perf else []))
             t2 = time.perf_counter()
+            m.engine.add(responses, output=True)
             new = [t for out in responses for t in response_tokens(out)][:remaining]
             acc = 0
             while acc < min(len(draft), len(new)) and new[acc] == draft[acc]:
@@ -358,13 +413,13 @@ class SpeculativeLoop:
                 emit(new)
         return generated, m
 
-    async def _in_engine(self, r: SpecRequest, emit, cancelled: Callable[[], bool]) -> tuple[list[int], Metrics]:
+    async def _in_engine(self, r: SpecRequest, emit, cancelled: Callable[[], bool],
+                         m: Metrics) -> tuple[list[int], Metrics]:
         ins = engine_inputs(r, r.prompt, r.max_tokens, 0, streaming=r.stream)
         ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
         if r.stop_words:
             ins[bc.STOP_WORDS_LIST] = bc.word_list_array(r.stop_words)[None]
         generated: list[int] = []
-        m = Metrics()
 
         def on_response(out: dict[str, np.ndarray]) -> None:
             if cancelled():
@@ -374,10 +429,14 @@ class SpeculativeLoop:
             if "total_draft_tokens" in out:
                 m.drafted = int(np.asarray(out["total_draft_tokens"]).reshape(-1)[0])
                 m.accepted = int(np.asarray(out["total_accepted_draft_tokens"]).reshape(-1)[0])
+            if r.perf:  # one call: its values so far are the request's
+                m.engine = EnginePerf()
+                m.engine.add([out], output=True)
             if new:
                 emit(new)
 
         # The perf outputs must be requested too: Triton returns only requested outputs.
-        await self.call(self.cfg.target, ins, [*bc.MANDATORY_OUTPUTS, *bc.SPEC_PERF_OUTPUTS], on_response)
+        await self.call(self.cfg.target, ins, [*bc.MANDATORY_OUTPUTS, *(bc.PERF_OUTPUTS if r.perf else
+                                                                       bc.SPEC_PERF_OUTPUTS)], on_response)
         m.steps = max(0, len(generated) - m.accepted)  # each engine step yields its accepted tokens + 1
         return generated, m

@@ -60,6 +60,10 @@ class TritonPythonModel:
         torch.set_num_threads(threads)
         # raises the backend's load error for a config a GPU would not load either: the model fails to load
         self.standin = StandIn.load(cfg, self.name, on_iteration=self._poll_cancelled)
+        numerics = self.standin.engine.numerics
+        if numerics is not None:  # a test mode: say so, it changes what the speculative path outputs
+            pb_utils.Logger.log_warn(f"{self.name}: GPU-numerics mode on (TRT_SPEC_GPU_NUMERICS): verification "
+                                     f"forwards perturbed below {numerics.margin} logits, seed {numerics.seed}")
         self.scheduler = self.standin.scheduler
         self.cancel_period_s = self.standin.cancel_period_s
         self._inflight: set = set()  # _InFlight; the set itself guarded by _registry

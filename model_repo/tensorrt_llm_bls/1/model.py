@@ -9,6 +9,11 @@ deployments only), concurrent requests (async; every request has its own state),
 (acceptance_rate, total_accepted_draft_tokens, total_draft_tokens, total_steps, accepted_length_histogram),
 an output_ids output, and validation errors returned as Triton errors. A non-streaming request gets exactly
 one response. NVIDIA's clients' beam_width / num_return_sequences inputs are accepted when 1.
+
+return_perf_metrics: every response (each streamed chunk too, as the backend writes them) carries the ten perf
+outputs NVIDIA's tensorrt_llm_bls declares, for the whole request so far: KV-cache blocks summed over every engine
+call of the speculative rounds (draft and target), timestamps from the first and last calls, acceptance from the
+loop (speculative_loop.EnginePerf, Metrics.perf_outputs).
 """
 
 import asyncio
@@ -27,8 +32,8 @@ from trt_spec.records import backend_contract as bc
 from trt_spec.records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BEAM_WIDTH, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS,
                                     EMBEDDING_BIAS, MAX_TOKENS, NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, STOP_WORDS,
                                     STREAM, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
-from trt_spec.served.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
-                                      check_sampling, validate)
+from trt_spec.served.speculative_loop import (Cancelled, EngineError, LoopConfig, Metrics, RequestError, SpecRequest,
+                                      SpeculativeLoop, check_sampling, validate)
 from trt_spec.served.spec_metrics import SpecMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -124,7 +129,8 @@ class TritonPythonModel:
             prompt=prompt, max_tokens=max_tokens, k=k, use_logits=use_logits, draft_len_policy=policy, stream=stream,
             sampling=sampling, seed=values[bc.SEED], end_id=end_id, pad_id=pad_id,
             stop_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, STOP_WORDS)) if w],
-            bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, BAD_WORDS)) if w])
+            bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, BAD_WORDS)) if w],
+            perf=bool(scalar(_in(request, bc.RETURN_PERF_METRICS), False)))
         return r, bool(scalar(_in(request, bc.EXCLUDE_INPUT_IN_OUTPUT), False))
 
     # -- engine calls: dicts of arrays <-> BLS requests -----------------------------------------------
@@ -240,15 +246,18 @@ class TritonPythonModel:
         detok = IncrementalDetokenizer(self.tokenizer)
         # Streaming never sends the prompt, whatever exclude_input_in_output says: the engine ignores the flag when
         # streaming (backend_contract.response_tensors), so the ensemble's chunks concatenate to the completion alone.
-        emit = (lambda new: respond(self._chunk(new, detok.add(new)), 0)) if r.stream else (lambda new: None)
-        generated, m = await self.loop.generate(r, emit, lambda: self._stop_requested(request))
+        m = Metrics()  # filled by the loop; a streamed chunk carries its perf outputs so far (return_perf_metrics)
+        perf = (lambda: m.perf_outputs()) if r.perf else dict
+        emit = (lambda new: respond({**self._chunk(new, detok.add(new)), **perf()}, 0)) if r.stream else \
+            (lambda new: None)
+        generated, m = await self.loop.generate(r, emit, lambda: self._stop_requested(request), m)
         self._checkpoint(request)
         await self.metrics.publish(m)  # finished requests only, before the final response (a client then scrapes them)
         if r.stream:
-            respond(self._final([], detok.flush(), m), FINAL)
+            respond({**self._final([], detok.flush(), m), **perf()}, FINAL)
         else:
             ids = generated if exclude_input else r.prompt + generated
-            respond(self._final(ids, self.tokenizer.decode(ids, skip_special_tokens=True), m), FINAL)
+            respond({**self._final(ids, self.tokenizer.decode(ids, skip_special_tokens=True), m), **perf()}, FINAL)
 
     # text_output is one string per beam, [1], as NVIDIA's BLS returns it (its clients read
     # `as_numpy("text_output")[0].decode()`); the rest carry the batch dimension: output_ids [1, n], metrics [1, 1].
