@@ -38,6 +38,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -750,6 +751,11 @@ class TritonServer:
         ready), and a python backend cannot mark a model unready, so the server is asked to load one more model
         (DRAIN_MODEL, its files sent with the request) that refuses to load."""
         self._set_state(DRAINING)
+        # the load returns once the refusing model's stub has started and failed (seconds on 2 cores): off the caller's
+        # thread, so that --drain-timeout counts from the signal, not from the end of this load
+        threading.Thread(target=self._load_drain_model, name="trt-spec-drain", daemon=True).start()
+
+    def _load_drain_model(self) -> None:
         body = json.dumps({"parameters": {"config": json.dumps(DRAIN_MODEL_CONFIG),
                                           "file:1/model.py": base64.b64encode(DRAIN_MODEL_PY.encode()).decode()}})
         req = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{DRAIN_MODEL}/load",
