@@ -165,11 +165,71 @@ elif cmd == "serve":
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     while True:
         time.sleep(0.1)
+elif cmd == "repo":
+    import shlex
+    repo = os.path.abspath(argv[argv.index("--out") + 1])
+    engine = os.path.join(os.path.abspath(argv[1]), "engines", "target")
+    os.makedirs(engine, exist_ok=True)
+    os.makedirs(repo, exist_ok=True)
+    with open(os.path.join(repo, "gpt_model_path"), "w") as f:  # relative: as configs once named it
+        f.write(os.path.relpath(engine) if os.environ.get("FAKE_SMOKE_RELATIVE") else engine)
+    print(f"wrote {repo} (ensemble, tensorrt_llm)")
+    print(f"serve it: trt-spec serve {repo}")
+    plain = shlex.join([os.environ["FAKE_SMOKE_TRITONSERVER"], "--model-repository=" + repo,
+                        "--disable-auto-complete-config"])
+    print(f"or start tritonserver yourself, from any directory: TRTLLM_ORCHESTRATOR=1 {plain}")
 else:
     if fail == cmd:
         print(f"error: {cmd} failed: identity mismatch at token 3", file=sys.stderr)
         sys.exit(1)
     print(f"{cmd} ok")
+'''
+
+FAKE_TRITONSERVER = r'''#!{python}
+"""Stand-in for the image's tritonserver: records its working directory, environment and argv; resolves the engine
+path as the tensorrtllm backend does (std::filesystem::exists on the raw string: relative to its working directory);
+answers /v2/health/ready on --http-port; SIGTERM stops it after a short unload."""
+import http.server, json, os, signal, sys, threading, time
+argv = sys.argv[1:]
+with open(os.environ["FAKE_SMOKE_LOG"], "a") as f:
+    f.write(json.dumps(["tritonserver", os.getcwd(), os.environ.get("TRTLLM_ORCHESTRATOR", "")] + argv) + "\n")
+with open(os.environ["FAKE_SMOKE_TS_PIDS"], "a") as f:
+    f.write(f"{os.getpid()}\n")
+repo = next(a.split("=", 1)[1] for a in argv if a.startswith("--model-repository="))
+engine = open(os.path.join(repo, "gpt_model_path")).read().strip()
+print("I0101 loading: tensorrt_llm:1", flush=True)
+if not os.path.exists(engine):
+    print("E0101 failed to load 'tensorrt_llm' version 1: Invalid argument: Both encoder and decoder model paths are "
+          "empty", flush=True)
+    sys.exit(1)
+port = int(next(a.split("=", 1)[1] for a in argv if a.startswith("--http-port=")))
+
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/v2/health/ready" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+
+srv = http.server.HTTPServer(("127.0.0.1", port), Ready)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+print(f"I0101 Started HTTPService at 0.0.0.0:{port}", flush=True)
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *a: stop.set())
+while not stop.wait(0.1):
+    pass
+time.sleep(0.3)  # unloading the models
+sys.exit(0)
+'''
+
+FAKE_CURL = r'''#!{python}
+import json, os, sys
+with open(os.environ["FAKE_SMOKE_LOG"], "a") as f:
+    f.write(json.dumps(["curl"] + sys.argv[1:]) + "\n")
+if os.environ.get("FAKE_SMOKE_FAIL") == "generate":
+    print('{"error":"Failed to process the request(s) for model \'tensorrt_llm\': unexpected input"}')
+    sys.exit(22)
+print('data: {"model_name":"tensorrt_llm","model_version":"1","text_output":" Paris."}')
 '''
 
 FAKE_CLIENT = r'''#!{python}
@@ -180,6 +240,13 @@ if os.environ.get("FAKE_SMOKE_FAIL") == "nvidia-client":
     print("Received an error from server:")
     print("[StatusCode.INVALID_ARGUMENT] unexpected inference output 'kv_cache_alloc_new_blocks'")
     sys.exit(0)  # as NVIDIA's client does
+model = sys.argv[sys.argv.index("--model-name") + 1]
+if os.environ.get("FAKE_SMOKE_FAIL") == "perf:" + model and "--return-perf-metrics" in sys.argv:
+    # a response without one of the ten perf outputs: the client's result.as_numpy(name)[0][0]
+    print("Traceback (most recent call last):")
+    print('  File "/app/client/end_to_end_grpc_client.py", line 392, in run_inference')
+    print("TypeError: 'NoneType' object is not subscriptable")
+    sys.exit(1)
 print("0: The capital of France is Paris.")
 '''
 
@@ -197,11 +264,19 @@ def smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SMOKE_PIDS", str(pids))
     monkeypatch.setenv("FAKE_SMOKE_BUILD", str(tmp_path / "build"))
     monkeypatch.delenv("FAKE_SMOKE_FAIL", raising=False)
+    monkeypatch.setenv("FAKE_SMOKE_TS_PIDS", str(tmp_path / "ts-pids"))
+    monkeypatch.setenv("FAKE_SMOKE_TRITONSERVER", _exe(tmp_path / "tritonserver", FAKE_TRITONSERVER))
+    monkeypatch.delenv("FAKE_SMOKE_RELATIVE", raising=False)
     calib = tmp_path / "calib"
     calib.mkdir()
+    elsewhere = tmp_path / "elsewhere"  # the plain launch's working directory: neither the checkout nor the repository
+    elsewhere.mkdir()
+    from trt_spec.serve.server import free_port
+
     s = gs.SmokeSettings(out_dir=str(tmp_path / "smoke"), gpu="h100:1", trt_spec=(_exe(tmp_path / "cli", FAKE_CLI),),
                          nvidia_client=_exe(tmp_path / "client", FAKE_CLIENT), calib_dataset=str(calib),
-                         ports=(18000, 18001, 18002))
+                         curl=_exe(tmp_path / "curl", FAKE_CURL), plain_cwd=str(elsewhere),
+                         ports=(free_port(), free_port(), free_port()), stop_timeout_s=10)
 
     def run(fail: str = "") -> tuple[gs.SmokeReport, list[list[str]]]:
         if fail:
@@ -210,7 +285,8 @@ def smoke(tmp_path, monkeypatch):
         got = [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
         return rep, got
 
-    return {"run": run, "settings": s, "out": tmp_path / "smoke", "pids": pids}
+    return {"run": run, "settings": s, "out": tmp_path / "smoke", "pids": pids, "ts_pids": tmp_path / "ts-pids",
+            "elsewhere": elsewhere}
 
 
 def _statuses(rep, chain):
@@ -231,9 +307,12 @@ def test_every_link_ok_in_order_report_written_and_servers_stopped(smoke):
     assert _statuses(rep, "host") == [("doctor", "ok")]
     assert [n for n, _ in _statuses(rep, "engine")] == [
         "plan", "build:import-target", "build:distill-draft", "build:checkpoint-target", "build:engine-target",
-        "build:manifest", "repo", "serve", "nvidia-client:ensemble", "nvidia-client:tensorrt_llm_bls", "check", "bench"]
+        "build:manifest", "repo", "plain-launch", "plain:nvidia-client:ensemble", "plain-stop", "serve",
+        "nvidia-client:ensemble", "nvidia-client:tensorrt_llm_bls", "nvidia-client-streaming:ensemble",
+        "nvidia-client-streaming:tensorrt_llm_bls", "check", "bench"]
     assert [n for n, _ in _statuses(rep, "llmapi")] == [
-        "plan", "build:import-target", "build:distill-draft", "build:manifest", "repo", "serve", "check", "bench"]
+        "plan", "build:import-target", "build:distill-draft", "build:manifest", "repo", "plain-launch",
+        "plain:generate:tensorrt_llm", "plain-stop", "serve", "check", "bench"]
     # the commands as a user types them: the calibration set, the planned build directory, the imported tokenizer
     build = next(c for c in calls if c[0] == "build")  # --calib-dataset: the local set replaces the config's
     assert build[build.index("--set") + 1] == f"quantization.calib_dataset={smoke['settings'].calib_dataset}"
@@ -242,7 +321,7 @@ def test_every_link_ok_in_order_report_written_and_servers_stopped(smoke):
     check = next(c for c in calls if c[0] == "check")
     assert check[check.index("--tokenizer") + 1].endswith("smollm2-first-contact-fp8/import-target")
     client = next(c for c in calls if c[0] == "nvidia-client")
-    assert client[1:3] == ["-u", "127.0.0.1:18001"] and "--model-name" in client
+    assert client[1:3] == ["-u", f"127.0.0.1:{smoke['settings'].ports[1]}"] and "--model-name" in client
     j = json.loads((smoke["out"] / "report.json").read_text())
     assert j["ok"] and j["chains"] == {"host": "ok", "engine": "ok", "llmapi": "ok"}
     assert "**ok**" in (smoke["out"] / "report.md").read_text()
@@ -252,6 +331,7 @@ def test_every_link_ok_in_order_report_written_and_servers_stopped(smoke):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)  # each chain's server stopped when its chain ended
+    assert not any(_alive(int(p)) for p in smoke["ts_pids"].read_text().split())  # and each plain launch
 
 
 def test_a_failed_build_step_stops_its_chain_with_the_lines_that_matter(smoke):
@@ -273,7 +353,7 @@ def test_a_failed_build_step_stops_its_chain_with_the_lines_that_matter(smoke):
 def test_nvidia_client_error_with_exit_code_0_is_a_failure(smoke):
     rep, _ = smoke["run"]("nvidia-client")
     bad = next(r for r in rep.links if r.status == "failed")
-    assert bad.name == "nvidia-client:ensemble" and "Received an error from server" in bad.reason
+    assert bad.name == "plain:nvidia-client:ensemble" and "Received an error from server" in bad.reason
     assert any("kv_cache_alloc_new_blocks" in ln for e in bad.excerpt for ln in e["lines"])
     assert dict(_statuses(rep, "engine"))["check"] == "not run"
 
@@ -305,3 +385,93 @@ def test_engine_config_calibrates_with_the_bundled_set_else_the_smoke_refuses(sm
     rep, calls = smoke["run"]()
     assert not rep.ok and calls == []
     assert "quantize.py would download cnn_dailymail" in rep.links[0].reason
+
+
+# ---------------------------------------------- the plain launch, NVIDIA's client flags, serve's own ready timeout
+
+def test_the_plain_launch_repo_prints_runs_from_another_directory_with_only_the_ports_added(smoke):
+    rep, calls = smoke["run"]()
+    assert rep.ok
+    http, grpc, metrics = smoke["settings"].ports
+    launches = [c for c in calls if c[0] == "tritonserver"]
+    assert len(launches) == 2  # one per chain
+    for cwd, orchestrator, *argv in (c[1:] for c in launches):
+        assert cwd == str(smoke["elsewhere"]) and orchestrator == "1"  # its directory; the line's own environment
+        assert argv[0].startswith("--model-repository=") and argv[1:] == [
+            f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--disable-auto-complete-config"]
+    # NVIDIA's client against it, stopped before serve starts on the same ports
+    names = [c[0] if c[0] != "nvidia-client" else "client" for c in calls]
+    eng = names[names.index("repo"):names.index("serve")]
+    assert eng == ["repo", "tritonserver", "client"]
+    assert next(c for c in calls if c[0] == "curl")[-1] == json.dumps(
+        {"text_input": gs.CLIENT_PROMPT, "sampling_param_max_tokens": 16})
+    stop = next(r for r in rep.links if r.chain == "engine" and r.name == "plain-stop")
+    assert stop.status == "ok" and "SIGTERM" in stop.command
+
+
+def test_a_plain_launch_that_resolves_paths_against_its_directory_fails_with_the_backends_line(smoke, monkeypatch):
+    monkeypatch.setenv("FAKE_SMOKE_RELATIVE", "1")  # the engine path as a relative one: found from the checkout only
+    rep, calls = smoke["run"]()
+    bad = next(r for r in rep.links if r.status == "failed")
+    assert (bad.chain, bad.name) == ("engine", "plain-launch") and "before it was ready" in bad.reason
+    assert any("Both encoder and decoder model paths are empty" in ln for e in bad.excerpt for ln in e["lines"])
+    assert dict(_statuses(rep, "engine"))["serve"] == "not run"
+    md = (smoke["out"] / "report.md").read_text()
+    assert "## engine: plain-launch failed" in md and f"cd {smoke['elsewhere']} &&" in md
+
+
+def test_nvidia_client_streams_with_every_perf_output_against_ensemble_and_bls(smoke):
+    rep, calls = smoke["run"]("perf:tensorrt_llm_bls")
+    clients = [c[1:] for c in calls if c[0] == "nvidia-client"]
+    streamed = [c for c in clients if "-S" in c]
+    assert [c[c.index("--model-name") + 1] for c in streamed] == ["ensemble", "tensorrt_llm_bls"]
+    assert all("--return-perf-metrics" in c for c in streamed)
+    bad = next(r for r in rep.links if r.status == "failed")
+    assert bad.name == "nvidia-client-streaming:tensorrt_llm_bls" and bad.reason == "exit code 1"
+    assert any("TypeError: 'NoneType' object is not subscriptable" in ln for e in bad.excerpt for ln in e["lines"])
+    assert dict(_statuses(rep, "engine"))["check"] == "not run"
+
+
+def test_llmapi_generate_error_fails_the_plain_link(smoke):
+    rep, _ = smoke["run"]("generate")
+    bad = next(r for r in rep.links if r.status == "failed")
+    assert (bad.chain, bad.name, bad.reason) == ("llmapi", "plain:generate:tensorrt_llm", "exit code 22")
+    assert dict(_statuses(rep, "engine"))["bench"] == "ok"
+
+
+def test_serve_runs_with_its_own_ready_timeout_unless_one_is_given(smoke):
+    from trt_spec.serve.server import repo_ready_timeout_s
+
+    rep, calls = smoke["run"]()
+    serves = [c for c in calls if c[0] == "serve"]
+    assert serves and all("--timeout" not in c for c in serves)
+    link = next(r for r in rep.links if r.name == "serve")
+    assert link.status == "ok"
+    links = gs.chain_links("engine", smoke["settings"], None)
+    repo_link = next(ln for ln in links if ln.name == "repo")
+    repo_link.parse("or start tritonserver yourself, from any directory: /opt/tritonserver/bin/tritonserver "
+                    "--model-repository=/nonexistent/repo\n")
+    serve = next(ln for ln in links if ln.name == "serve")
+    assert serve.timeout_s == repo_ready_timeout_s(Path("/nonexistent/repo")) + gs.READY_MARGIN_S
+    smoke["settings"].ready_timeout_s = 77
+    serve = next(ln for ln in gs.chain_links("engine", smoke["settings"], None) if ln.name == "serve")
+    assert serve.argv[serve.argv.index("--timeout") + 1] == "77"
+
+
+def test_repo_that_prints_no_plain_line_fails_its_link():
+    links = gs.chain_links("engine", gs.SmokeSettings(ports=(1, 2, 3)), None)
+    repo_link = next(ln for ln in links if ln.name == "repo")
+    with pytest.raises(ValueError, match="printed no plain launch line"):
+        repo_link.parse("wrote build/x/repo\nserve it: trt-spec serve build/x/repo\n")
+
+
+def test_ports_go_to_the_rank_that_serves_the_endpoints():
+    line = ("mpirun --allow-run-as-root -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b' "
+            "--disable-auto-complete-config : -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b' "
+            "--model-control-mode=explicit --load-model=tensorrt_llm --allow-http=false")
+    out = gs.with_ports(line, 1, 2, 3)
+    assert out.count("--http-port=1 --grpc-port=2 --metrics-port=3") == 1
+    assert out.startswith("mpirun --allow-run-as-root -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b'"
+                          " --http-port=1 --grpc-port=2 --metrics-port=3 --disable-auto-complete-config : ")
+    with pytest.raises(ValueError, match="names no --model-repository"):
+        gs.with_ports("tritonserver", 1, 2, 3)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from .records.config import Toolchain
 from .build.hardware import detect_gpus
 from .serve.server import find_tritonserver, python_backend_stub
 from .build import trtllm
 from .build.trtllm import NGC_IMAGE, TRTLLM_VERSION, trtllm_mismatch
+from .deploy.gpu_setup import canonical
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,16 @@ def model_sources() -> Path:
     return Path(__file__).resolve().parents[1] / "model_repo"
 
 
-def served_imports(root: Optional[Path] = None) -> dict[str, dict[str, set[str]]]:
+def served_imports(root: Optional[Path] = None,
+                   files: Optional[Iterable[tuple[str, Path]]] = None) -> dict[str, dict[str, set[str]]]:
     """What the python models import, read from their source with ast (module level and inside functions): module ->
     {model -> names imported from it (empty for `import module`)}. The standard library and the stub's own module
-    are left out; relative imports do not occur in a Triton model."""
+    are left out; relative imports do not occur in a Triton model. Reads root/*/1/model.py (default: trt-spec's own
+    models), or `files`: (model label, source file) pairs (NVIDIA's LLM-API model and its sibling modules)."""
     out: dict[str, dict[str, set[str]]] = {}
-    for f in sorted((root or model_sources()).glob("*/1/model.py")):
-        model = f.parent.parent.name
+    if files is None:
+        files = [(f.parent.parent.name, f) for f in sorted((root or model_sources()).glob("*/1/model.py"))]
+    for model, f in files:
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             if isinstance(node, ast.Import):
                 pairs = [(a.name, None) for a in node.names]
@@ -94,7 +99,164 @@ def served_import_checks(root: Optional[Path] = None) -> list[Check]:
                   "")]
 
 
-def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) -> list[Check]:
+# -- NVIDIA's LLM-API model (runtime llmapi) and the image's TensorRT-LLM, each imported in a subprocess -------------
+
+# importing tensorrt_llm loads torch, CUDA, MPI and TensorRT: tens of seconds, a minute on a cold cache
+TRTLLM_IMPORT_TIMEOUT_S = 240.0
+PIP_CHECK_TIMEOUT_S = 120.0
+PIP_CHECK_WATCHED = ("tensorrt-llm", "torch", "tritonclient")  # the image's packages that gpu-setup must not break
+_PROBE_MARK = "TRT_SPEC_DOCTOR_PROBE "
+# the stub's module exists inside tritonserver only: an empty stand-in lets a sibling module that imports it at module
+# level (NVIDIA's helpers.py does) be checked for the rest of its imports
+_PROBE_SCRIPT = """
+import json, sys, types
+sys.path[:0] = json.loads(sys.argv[1])
+for name in json.loads(sys.argv[3]):
+    sys.modules.setdefault(name, types.ModuleType(name))
+from trt_spec.doctor import import_error
+out = {}
+for module, names in json.loads(sys.argv[2]):
+    out[module] = import_error(module, names)
+    print("TRT_SPEC_DOCTOR_PROBE " + json.dumps([module, out[module]]), flush=True)
+"""
+
+
+def probe_imports(modules: Iterable[tuple[str, Iterable[str]]], path: Iterable[Path] = (),
+                  timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S,
+                  python: str = sys.executable) -> tuple[dict[str, Optional[str]], Optional[str], float]:
+    """import_error for each (module, names) in a subprocess of `python` with `path` first on sys.path (a model
+    directory, so its sibling modules resolve), under a timeout: a slow or hanging import (tensorrt_llm) cannot hang
+    doctor. Returns ({module: error or None} for the modules it got to, the failure of the subprocess itself or None,
+    seconds)."""
+    import json
+    import subprocess
+    import time
+
+    mods = [[m, sorted(n)] for m, n in modules]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([python, "-c", _PROBE_SCRIPT, json.dumps([str(p) for p in path]), json.dumps(mods),
+                            json.dumps(sorted(STUB_MODULES))],
+                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        out, failure = r.stdout, (None if r.returncode == 0 else
+                                  f"the import subprocess exited with code {r.returncode}: "
+                                  f"{_last_line(r.stderr) or _last_line(r.stdout)}")
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        failure = f"timed out after {timeout_s:.0f}s"
+    except OSError as e:
+        out, failure = "", f"cannot start {python}: {e.strerror}"
+    got: dict[str, Optional[str]] = {}
+    for line in out.splitlines():
+        if line.startswith(_PROBE_MARK):
+            module, err = json.loads(line[len(_PROBE_MARK):])
+            got[module] = err
+    return got, failure, time.monotonic() - t0
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def nvidia_llmapi_dir(tc: Toolchain) -> tuple[Optional[Path], list[str], Optional[str]]:
+    """(NVIDIA's LLM-API model directory on this machine or None, the places looked in, why it was not looked for)
+    as the repository writer finds it (serve.llmapi_repository.llmapi_source: toolchain.llmapi_model_dir, else
+    LLMAPI_SOURCE_CANDIDATES)."""
+    try:  # the writer imports tritonclient's protobuf code: a broken tritonclient is its own doctor line
+        from .serve.llmapi_repository import LLMAPI_SOURCE_CANDIDATES, llmapi_source
+    except Exception as e:  # noqa: BLE001
+        return None, [], f"trt_spec.serve.llmapi_repository does not import ({type(e).__name__}: {e})"
+    places = [tc.llmapi_model_dir] if tc.llmapi_model_dir else list(LLMAPI_SOURCE_CANDIDATES)
+    return llmapi_source(tc.llmapi_model_dir), places, None
+
+
+def nvidia_model_import_checks(tc: Toolchain, on_gpu_host: bool,
+                               timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S) -> list[Check]:
+    """NVIDIA's LLM-API model (what runtime llmapi repositories run on a GPU): its model.py and sibling modules
+    (helpers.py) read with served_imports, each module imported in a subprocess with that directory first on
+    sys.path; one line per module that fails, naming the files that import it. Not found: one line saying where
+    doctor looked — a gap only where the image's TensorRT-LLM is installed (on_gpu_host)."""
+    d, places, why = nvidia_llmapi_dir(tc)
+    blocks = "runtime: llmapi repositories (their tensorrt_llm models run NVIDIA's LLM-API model.py)"
+    if d is None:
+        where = why or f"looked in {', '.join(places)}; set toolchain.llmapi_model_dir"
+        return [Check("NVIDIA LLM-API model", not on_gpu_host,
+                      f"not found ({where})" + ("" if on_gpu_host else "; needed on a GPU host only"), blocks)]
+    files = sorted(d.glob("*.py"))
+    imports = served_imports(files=[(f.name, f) for f in files])
+    got, failure, secs = probe_imports(
+        [(m, set().union(*by.values())) for m, by in sorted(imports.items())], [d], timeout_s)
+    bad = []
+    for module, by_file in sorted(imports.items()):
+        err = got.get(module, failure or "not imported")
+        if err is not None:
+            bad.append(Check(f"import {module}", False, err,
+                             f"NVIDIA's LLM-API model {d} ({', '.join(sorted(by_file))}): {blocks}"))
+    if bad:
+        return bad
+    return [Check("NVIDIA LLM-API model", True, f"{d}: its {len(imports)} imports ({', '.join(f.name for f in files)}) "
+                  f"all load in {sys.executable} ({secs:.0f}s in a subprocess)", "")]
+
+
+_PIP_REQ = re.compile(r"^(?P<who>\S+) (?P<ver>\S+) has requirement (?P<req>.+?), but you have (?P<have>\S+) "
+                      r"(?P<have_v>\S+?)\.?$")
+_PIP_MISSING = re.compile(r"^(?P<who>\S+) (?P<ver>\S+) requires (?P<req>.+?), which is not installed\.?$")
+
+
+def pip_check_lines(output: str) -> list[Check]:
+    """The lines of `pip check` that name tensorrt_llm, torch or tritonclient (on either side), one Check each, with
+    the fix: put back the version the image's package requires."""
+    out = []
+    for line in output.splitlines():
+        line = line.strip()
+        words = {canonical(w.strip(",.;()")) for w in re.split(r"[\s<>=!~,;]+", line) if w}
+        hit = next((w for w in PIP_CHECK_WATCHED if w in words), None)
+        if hit is None:
+            continue
+        m = _PIP_REQ.match(line) or _PIP_MISSING.match(line)
+        if m is not None:
+            req = m.group("req")
+            fix = (f"fix: python3 -m pip install '{req}' (what {m.group('who')} {m.group('ver')} requires: the "
+                   "image's own version; `make gpu-setup` printed the versions it let move)")
+        else:
+            fix = "fix: reinstall the image's pinned version of what it names"
+        out.append(Check(f"pip check ({hit})", False, f"{line}; {fix}",
+                         "the image's TensorRT-LLM / torch / tritonclient as the image shipped them"))
+    return out
+
+
+def trtllm_import_checks(timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S, pip_timeout_s: float = PIP_CHECK_TIMEOUT_S,
+                         python: str = sys.executable, say: Callable[[str], None] = lambda m: None) -> list[Check]:
+    """Where tensorrt_llm is installed (importlib.metadata; nothing is imported here): `import tensorrt_llm` in a
+    subprocess with a timeout, and `pip check`'s lines about tensorrt_llm, torch and tritonclient — after
+    `make gpu-setup` let pip move grpcio/protobuf within tritonclient's range, the image's TensorRT-LLM must still
+    import. Nothing (no line) where tensorrt_llm is not installed."""
+    import subprocess
+
+    if trtllm.dist_version("tensorrt_llm") is None:
+        return []
+    say(f"doctor: importing tensorrt_llm in a subprocess (slow: torch, CUDA, MPI; up to {timeout_s:.0f}s) ...")
+    got, failure, secs = probe_imports([("tensorrt_llm", ())], timeout_s=timeout_s, python=python)
+    err = got.get("tensorrt_llm", failure or "not imported")
+    fix = ("; fix: `python3 -m pip check` names what moved: put back the image's versions (the pip check lines "
+           "below say which)")
+    checks = [Check("import tensorrt_llm", err is None,
+                    f"imports in {secs:.0f}s (a subprocess)" if err is None else f"{err}{fix}",
+                    "everything on the GPU: builds, the tensorrtllm backend's python models, runtime llmapi")]
+    try:
+        r = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, timeout=pip_timeout_s,
+                           stdin=subprocess.DEVNULL)
+        checks += pip_check_lines(r.stdout + "\n" + r.stderr)
+    except subprocess.TimeoutExpired:
+        checks.append(Check("pip check", False, f"timed out after {pip_timeout_s:.0f}s", "nothing by itself"))
+    except OSError as e:
+        checks.append(Check("pip check", False, f"cannot run {python} -m pip check: {e.strerror}", "nothing by itself"))
+    return checks
+
+
+def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path("."),
+               say: Callable[[str], None] = lambda m: None) -> list[Check]:
     tc = toolchain or Toolchain()
     checks: list[Check] = []
     gpu = detect_gpus()
@@ -126,6 +288,8 @@ def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path(".")) 
                          tcv or "not installed (make gpu-setup; pip install '.[serve]' on CPU)"),
                         "trt-spec repo / check / bench (tritonclient.grpc)"))
     checks += served_import_checks()
+    checks += nvidia_model_import_checks(tc, on_gpu_host=trt is not None)
+    checks += trtllm_import_checks(say=say)
     for dist, blocks in (("torch", "engine: reference (CPU)"), ("transformers", "tokenizers in preprocessing")):
         v = trtllm.dist_version(dist)
         checks.append(Check(dist, v is not None, v or "not installed (pip install '.[reference]')", blocks))

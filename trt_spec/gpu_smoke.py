@@ -2,14 +2,19 @@
 
 Two chains over SmolLM2-135M (build_configs/smollm2-first-contact-*.yaml), after `trt-spec doctor`:
 - engine: plan -> every build step (import, distill, ModelOpt FP8 quantize.py, trtllm-build; one link each) ->
-  repo -> serve to READY -> NVIDIA's end_to_end_grpc_client.py (ensemble, then tensorrt_llm_bls) -> check -> bench;
+  repo -> the plain launch `repo` printed, started from another directory (PLAIN_CWD) with only the ports added ->
+  NVIDIA's end_to_end_grpc_client.py against it (ensemble) -> stop it -> serve to READY (serve's own ready timeout) ->
+  NVIDIA's client against ensemble and tensorrt_llm_bls, unary, then streaming with every perf output
+  (`-S --return-perf-metrics`) -> check -> bench;
 - llmapi: the runtime: llmapi twin over the same imported / distilled checkpoints: plan -> build steps -> repo ->
-  serve -> check -> bench (NVIDIA's end_to_end client names only ensemble / tensorrt_llm_bls, which an LLM-API
-  repository does not have).
+  the plain launch from another directory -> NVIDIA's documented LLM-API request (Triton's generate endpoint, curl)
+  -> stop it -> serve -> check -> bench (NVIDIA's end_to_end client names only ensemble / tensorrt_llm_bls, which an
+  LLM-API repository does not have).
 Every link is a command (the CLI as a user types it, the image's python3); its output goes to LOG_DIR/CHAIN-LINK.log.
 A chain stops at its first failure; the report (report.json + report.md) says, per link, ok, or failed with the lines
 of its logs that matter (the last error-looking lines; the build step's own log and the server's log included), or
 not run. A failed doctor runs no chain. Nothing here needs a GPU itself: tests run it against stand-in commands.
+What it does not run: a TP/PP > 1 launch (mpirun with several ranks, orchestrator mode) — one GPU, one rank.
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .records.procutil import stop_group
 
 ENGINE_CONFIG = "build_configs/smollm2-first-contact-fp8.yaml"
 LLMAPI_CONFIG = "build_configs/smollm2-first-contact-llmapi.yaml"
@@ -37,12 +45,22 @@ NVIDIA_CLIENT = "/app/client/end_to_end_grpc_client.py"
 CLIENT_PROMPT = "The capital of France is"
 # end_to_end_grpc_client.py prints a server error and still exits 0 (run_inference: "Received an error from server:")
 CLIENT_FAILURE = ("Received an error from server", "Traceback")
+LLMAPI_MODEL = "tensorrt_llm"  # records.llmapi_contract.MODEL_NAME: what the LLM-API repository launches
+GENERATE_FAILURE = ('"error"',)  # generate_stream: an error after the first response still comes with status 200
 EXCERPT_LINES = 12
 # error-looking: words, TensorRT / TensorRT-LLM's "[E]" lines, Triton's glog "E1202 ..." lines
 ERROR_LOOKING = re.compile(
     r"\[E\]|^E\d{4} |error|exception|traceback|fail|fatal|assert|refus|cannot|can't|unable|not found|no such|out of memory|"
     r"\boom\b|killed|denied|invalid|unsupported|what\(\)|core dumped|segmentation|timed out|timeout", re.I)
 READY_LINE = re.compile(r"^ready: ", re.M)  # what `trt-spec serve` prints once every model is READY
+# what `trt-spec repo` prints after the repository: the real launch (cli._plain_launch, LaunchSpec.plain)
+PLAIN_LINE = re.compile(r"^or start tritonserver yourself, from any directory: (.+)$", re.M)
+# the plain launch runs from here, not from the checkout nor the repository: a path the backend resolves against the
+# working directory (gpt_model_path) fails as it would for a user
+PLAIN_CWD = tempfile.gettempdir()
+# doctor imports tensorrt_llm in subprocesses (its own check, NVIDIA's LLM-API model) and runs pip check
+DOCTOR_TIMEOUT_S = 900.0
+READY_MARGIN_S = 120.0  # the driver's own watchdog over serve's ready timeout (serve fails first, with its reason)
 
 
 
@@ -71,6 +89,8 @@ class Link:
     ready: re.Pattern = READY_LINE
     failure_text: tuple[str, ...] = ()  # output that means failure even with exit code 0
     parse: Optional[Callable[[str], None]] = None  # reads the output of an ok link (the plan), may raise ValueError
+    probe: Optional[Callable[[], bool]] = None  # background: ready when this is true (instead of `ready` in its output)
+    stops: str = ""  # not a command: stop the background link of this name (its whole process group)
 
 
 @dataclass
@@ -106,39 +126,105 @@ def _excerpts(paths: list[str], n: int = EXCERPT_LINES) -> list[dict]:
     return out
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
-    """SIGTERM to the process group (trt-spec serve drains, then stops tritonserver), SIGKILL after grace_s."""
-    stop_group(proc, grace_s)
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group pgid is still running (zombies do not count: nobody may reap an orphan soon)."""
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    for d in proc_dir.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 60.0) -> bool:
+    """SIGTERM to the process group (trt-spec serve drains, then stops tritonserver; a shell's tritonserver outlives
+    the shell), then wait until no process of the group runs, SIGKILL after grace_s. True when it ended within
+    grace_s (the ports are free again)."""
+    pgid = proc.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        proc.poll()
+        return True
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not _group_alive(pgid):
+            return True
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    return False
 
 
 def run_chain(chain: str, links: list[Link], log_dir: Path, say: Callable[[str], None] = lambda m: None,
               poll_s: float = 0.5) -> list[LinkResult]:
-    """Run the links in order; the first failure ends the chain (the rest: not run). Background links stop at the end.
-    `links` may grow while it runs (the plan link adds the build steps it reads)."""
+    """Run the links in order; the first failure ends the chain (the rest: not run). Background links stop at the end,
+    or at a link that `stops` them. `links` may grow while it runs (the plan link adds the build steps it reads)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     results: list[LinkResult] = []
-    running: list[subprocess.Popen] = []
+    running: dict[str, subprocess.Popen] = {}
     failed = False
     try:
         i = 0
         while i < len(links):
             link = links[i]
             i += 1
-            cmd = shlex.join(link.argv)
+            cmd = f"stop {link.stops} (SIGTERM to its process group)" if link.stops else shlex.join(link.argv)
             if failed:
                 results.append(LinkResult(chain, link.name, "not run", command=cmd))
                 continue
             log = log_dir / f"{chain}-{link.name}.log"
             say(f"[{chain}] {link.name}: {cmd}")
-            res = _run_link(chain, link, log, cmd, running, poll_s)
+            if link.stops:
+                res = _stop_link(chain, link, log_dir / f"{chain}-{link.stops}.log", cmd, running)
+            else:
+                res = _run_link(chain, link, log, cmd, running, poll_s)
             results.append(res)
             say(f"[{chain}] {link.name}: {res.status}" + (f" ({res.reason})" if res.reason else "")
                 + f" in {res.seconds:.0f}s")
             failed = res.status != "ok"
     finally:
-        for proc in reversed(running):
+        for proc in reversed(list(running.values())):
             _stop(proc)
     return results
+
+
+def _stop_link(chain: str, link: Link, server_log: Path, cmd: str, running: dict) -> LinkResult:
+    """Stop a background link: ok when its process group ended within link.timeout_s of SIGTERM, having served until
+    then."""
+    t0 = time.monotonic()
+    res = LinkResult(chain, link.name, "failed", command=cmd, log=str(server_log))
+    proc = running.pop(link.stops, None)
+    if proc is None:
+        res.reason = f"{link.stops} is not running"
+    else:
+        died = proc.poll()
+        if not _stop(proc, link.timeout_s):
+            res.reason = f"still running {link.timeout_s:.0f}s after SIGTERM; killed"
+        elif died is not None:
+            res.reason = f"it had exited with code {died} while serving"
+        else:
+            res.status = "ok"
+    res.seconds = time.monotonic() - t0
+    if res.status != "ok":
+        res.excerpt = _excerpts([str(server_log), *link.logs])
+    return res
 
 
 def _run_link(chain: str, link: Link, log: Path, cmd: str, running: list, poll_s: float) -> LinkResult:
@@ -160,9 +246,9 @@ def _run_link(chain: str, link: Link, log: Path, cmd: str, running: list, poll_s
             f.write(f"cannot start {link.argv[0]}: {e.strerror}\n")
             return fail(f"cannot start {link.argv[0]}: {e.strerror}")
     if link.background:
-        running.append(proc)
+        running[link.name] = proc
         while True:
-            if link.ready.search(log.read_text(errors="replace")):
+            if link.probe() if link.probe is not None else link.ready.search(log.read_text(errors="replace")):
                 break
             if proc.poll() is not None:
                 return fail(f"exited with code {proc.returncode} before it was ready")
@@ -202,9 +288,12 @@ class SmokeSettings:
     trt_spec: tuple[str, ...] = (sys.executable, "-m", "trt_spec.cli")  # how the CLI is started
     python: str = sys.executable  # runs NVIDIA's client
     nvidia_client: str = NVIDIA_CLIENT
+    curl: str = "curl"  # NVIDIA's documented LLM-API request (tensorrtllm_backend docs/llmapi.md)
+    plain_cwd: str = PLAIN_CWD  # where the plain launch starts
     calib_dataset: Optional[str] = None  # a local set instead of the engine config's (--set quantization.calib_dataset)
     build_timeout_s: float = 1800.0
-    ready_timeout_s: float = 900.0
+    ready_timeout_s: Optional[float] = None  # None: serve's own default (what the smoke tests); a number: --timeout
+    stop_timeout_s: float = 120.0  # the plain launch's process group must be gone this long after SIGTERM
     client_timeout_s: float = 300.0
     bench_timeout_s: float = 900.0
     ports: Optional[tuple[int, int, int]] = None  # http, grpc, metrics (None: free ports)
@@ -260,17 +349,45 @@ def chain_links(kind: str, s: SmokeSettings, calib: Optional[str]) -> list[Link]
 
     plan_link = Link("plan", cli + ["plan", config, *sets, "--format", "json"], 300.0, parse=read_plan)
     links.append(plan_link)
-    links.append(Link("repo", cli + ["repo", "{BUILD_DIR}", "--out", str(repo)], 300.0))
-    links.append(Link("serve", cli + ["serve", str(repo), "--http-port", str(http), "--grpc-port", str(grpc),
-                                      "--metrics-port", str(metrics), "--timeout", str(int(s.ready_timeout_s)),
-                                      "--log", str(server_log)],
-                      s.ready_timeout_s + 60, logs=(str(server_log),), background=True))
+
+    def read_repo(stdout: str) -> None:
+        """The plain launch `repo` printed -> the plain-launch link: started from s.plain_cwd with only the ports
+        added; the ready timeouts serve computes for this repository (its weights)."""
+        m = PLAIN_LINE.search(stdout)
+        if m is None:
+            raise ValueError("trt-spec repo printed no plain launch line ('or start tritonserver yourself, from any "
+                             "directory: ...'): no tritonserver found?")
+        line = with_ports(m.group(1).strip(), http, grpc, metrics)
+        plain_link.argv = ["bash", "-c", f"cd {shlex.quote(s.plain_cwd)} && {line}"]
+        wait = s.ready_timeout_s or serve_ready_timeout_s(repo)  # what serve waits for this repository
+        plain_link.timeout_s = wait
+        serve_link.timeout_s = wait + READY_MARGIN_S
+
+    links.append(Link("repo", cli + ["repo", "{BUILD_DIR}", "--out", str(repo)], 300.0, parse=read_repo))
+    # the launch a user copies from `repo`, from another directory, as it is but for the ports; ready when Triton says
+    # so on /v2/health/ready (it prints no line of trt-spec's)
+    plain_log = str(Path(s.out_dir) / "logs" / f"{kind}-plain-launch.log")  # run_smoke's log_dir; tritonserver's stdout
+    plain_link = Link("plain-launch", [], s.ready_timeout_s or 900.0, background=True,
+                      probe=lambda: http_ready(f"127.0.0.1:{http}"))
+    links.append(plain_link)
     if kind == "engine":
-        for model in ("ensemble", "tensorrt_llm_bls"):
-            links.append(Link(f"nvidia-client:{model}",
-                              [s.python, s.nvidia_client, "-u", url, "-p", CLIENT_PROMPT, "-o", "16",
-                               "--model-name", model], s.client_timeout_s, logs=(str(server_log),),
-                              failure_text=CLIENT_FAILURE))
+        links.append(Link("plain:nvidia-client:ensemble", nvidia_client(s, url, "ensemble"), s.client_timeout_s,
+                          logs=(plain_log,), failure_text=CLIENT_FAILURE))
+    else:
+        links.append(Link(f"plain:generate:{LLMAPI_MODEL}", llmapi_request(s, f"127.0.0.1:{http}"), s.client_timeout_s,
+                          logs=(plain_log,), failure_text=GENERATE_FAILURE, parse=expect_text_output))
+    links.append(Link("plain-stop", [], s.stop_timeout_s, stops="plain-launch"))
+    timeout = [] if s.ready_timeout_s is None else ["--timeout", str(int(s.ready_timeout_s))]
+    serve_link = Link("serve", cli + ["serve", str(repo), "--http-port", str(http), "--grpc-port", str(grpc),
+                                      "--metrics-port", str(metrics), *timeout, "--log", str(server_log)],
+                      (s.ready_timeout_s or 900.0) + READY_MARGIN_S, logs=(str(server_log),), background=True)
+    links.append(serve_link)
+    if kind == "engine":
+        for streaming in (False, True):
+            for model in ("ensemble", "tensorrt_llm_bls"):
+                name = f"nvidia-client{'-streaming' if streaming else ''}:{model}"
+                links.append(Link(name, nvidia_client(s, url, model, streaming), s.client_timeout_s,
+                                  logs=(str(server_log),), failure_text=CLIENT_FAILURE))
     links.append(Link("check", cli + ["check", "--url", url, "--tokenizer", "{TOKENIZER}", "--limit", "2",
                                       "--max-tokens", "32", "--wait", "60"], s.client_timeout_s,
                       logs=(str(server_log),)))
@@ -278,6 +395,59 @@ def chain_links(kind: str, s: SmokeSettings, calib: Optional[str]) -> list[Link]
                                       "--max-tokens", "64", "--out", str(out / "bench")], s.bench_timeout_s,
                       logs=(str(server_log),)))
     return links
+
+
+def nvidia_client(s: SmokeSettings, url: str, model: str, streaming: bool = False) -> list[str]:
+    """NVIDIA's end_to_end_grpc_client.py (flags as its argparse defines them: -u, -p, -o, --model-name ensemble |
+    tensorrt_llm_bls, -S/--streaming, --return-perf-metrics). With --return-perf-metrics the client reads all ten perf
+    outputs of every response (`result.as_numpy(name)[0][0]`): a missing one is a traceback."""
+    argv = [s.python, s.nvidia_client, "-u", url, "-p", CLIENT_PROMPT, "-o", "16", "--model-name", model]
+    return argv + (["-S", "--return-perf-metrics"] if streaming else [])
+
+
+def llmapi_request(s: SmokeSettings, http: str) -> list[str]:
+    """NVIDIA's documented request to the LLM-API model (tensorrtllm_backend docs/llmapi.md: curl to Triton's generate
+    endpoint), on generate_stream: trt-spec writes the model decoupled, and /generate answers exactly one response."""
+    body = json.dumps({"text_input": CLIENT_PROMPT, "sampling_param_max_tokens": 16})
+    return [s.curl, "-sS", "--fail-with-body", "-X", "POST", f"http://{http}/v2/models/{LLMAPI_MODEL}/generate_stream",
+            "-d", body]
+
+
+def expect_text_output(stdout: str) -> None:
+    if '"text_output"' not in stdout:
+        raise ValueError("the generate request answered no text_output")
+
+
+def with_ports(plain: str, http: int, grpc: int, metrics: int) -> str:
+    """The plain launch line with the ports added right after its (first) --model-repository flag: the rank that
+    serves the endpoints (worker ranks of a multi-rank mpirun line allow none); nothing else changes."""
+    try:
+        words = shlex.split(plain)
+    except ValueError as e:
+        raise ValueError(f"the plain launch line does not parse as shell: {e}") from None
+    repo_flag = next((w for w in words if w.startswith("--model-repository=")), None)
+    quoted = shlex.quote(repo_flag) if repo_flag else ""
+    if not repo_flag or quoted not in plain:
+        raise ValueError(f"the plain launch line names no --model-repository: {plain}")
+    return plain.replace(quoted, f"{quoted} --http-port={http} --grpc-port={grpc} --metrics-port={metrics}", 1)
+
+
+def http_ready(hostport: str) -> bool:
+    """Triton's /v2/health/ready answers 200 (every model loaded)."""
+    try:
+        with urllib.request.urlopen(f"http://{hostport}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def serve_ready_timeout_s(repo: Path) -> float:
+    """What `trt-spec serve` waits for this repository by default (serve.server.repo_ready_timeout_s: the weights it
+    loads, plus the LLM API's start-up on a GPU)."""
+    from .serve import server
+
+    fn = getattr(server, "repo_ready_timeout_s", None)
+    return fn(repo) if fn is not None else server.defaults.ready_timeout_s(server.engine_bytes(repo))
 
 
 @dataclass
@@ -345,7 +515,7 @@ def run_smoke(s: SmokeSettings = SmokeSettings(), say: Callable[[str], None] = l
             f"{s.engine_config} names no quantization.calib_dataset and quantize.py would download cnn_dailymail; "
             "give a local one: trt-spec smoke --calib-dataset DIR (a datasets directory with a text column)")))
     else:
-        rep.links += run_chain("host", [Link("doctor", list(s.trt_spec) + ["doctor"], 300.0)], logs, say)
+        rep.links += run_chain("host", [Link("doctor", list(s.trt_spec) + ["doctor"], DOCTOR_TIMEOUT_S)], logs, say)
     host_ok = all(r.status == "ok" for r in rep.links)
     for kind in ("engine", "llmapi"):
         links = chain_links(kind, s, s.calib_dataset)
