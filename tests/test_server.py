@@ -255,3 +255,28 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def test_ready_timeout_of_an_llmapi_repository_counts_its_checkpoints(tmp_path):
+    """Runtime llmapi has no engine files: serve's wait counts the checkpoint and the draft/head directories the
+    model.yaml of the launch's model names (not the phase-only baseline), plus the LLM API's start-up work on a GPU."""
+    import yaml
+
+    from trt_spec.records import defaults
+    from trt_spec.serve.server import engine_bytes, repo_ready_timeout_s
+
+    ckpt, head = tmp_path / "ckpt", tmp_path / "head"
+    for d, size in ((ckpt, 3 * 2**20), (head, 2**20)):
+        d.mkdir()
+        with open(d / "model.safetensors", "wb") as f:
+            f.truncate(size)
+    out = tmp_path / "repo"
+    write_repository(manifest_for_config(REPO / "build_configs" / "llama31-8b-ngram-llmapi-h100.yaml"), out)
+    y = out / "tensorrt_llm" / "1" / "model.yaml"
+    doc = yaml.safe_load(y.read_text())
+    doc["model"] = str(ckpt)
+    doc["speculative_config"]["speculative_model_dir"] = str(head)
+    y.write_text(yaml.safe_dump(doc))
+    assert engine_bytes(out) == 4 * 2**20  # the baseline (phase only) names the same checkpoint: not counted twice
+    want = defaults.ready_timeout_s(4 * 2**20) + defaults.LLMAPI_READY_EXTRA_S
+    assert repo_ready_timeout_s(out) == want > defaults.READY_TIMEOUT_S + 299

@@ -593,10 +593,17 @@ def _client(url: str, protocol: str, wait: Optional[float] = None, admin_key_fil
     try:
         c = LLMClient(url, protocol, admin_key=read_key_file(admin_key_file) if admin_key_file else None)
         c.check_ready(list(TEXT_MODELS), wait)
-        c.check_baseline()
+        note = c.check_baseline()
+        if note:
+            _err(f"note: {note}")
     except ClientError as e:
         raise UserError(str(e)) from None
     return c
+
+
+def _note(line: str) -> None:
+    """A phase switch, on stderr (harness/phases.py)."""
+    click.echo(f"note: {line}", err=True)
 
 
 def _progress(console, total: int, label: str):
@@ -651,10 +658,10 @@ def _with(options):
 @click.option("--num-draft-tokens", type=int, default=None, help="k per request (default: the deployment's).")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
               help="Tokenizer dir: shows divergence context and enables the near-tie (top-2 logit margin) check.")
-@click.option("--near-tie-margin", type=click.FloatRange(min=0, min_open=True), default=defaults.NEAR_TIE_MARGIN,
-              show_default=True, metavar="LOGITS",
+@click.option("--near-tie-margin", type=click.FloatRange(min=0, min_open=True), default=None, metavar="LOGITS",
               help="A divergence whose two tokens lie within this many logits of the baseline engine's best is a "
-                   "near-tie (reported apart, passes); anything else fails.")
+                   f"near-tie (reported apart, passes); anything else fails  [default: {defaults.NEAR_TIE_MARGIN} for "
+                   f"a GPU engine, {defaults.NEAR_TIE_MARGIN_EXACT} for the CPU stand-in, whose numerics are exact]")
 @click.option("--raw", is_flag=True, help="Send prompts as raw text (default with --tokenizer: its chat template).")
 @click.option("--temperature", type=float, default=0.0,
               help="> 0: also a distribution-level (chi-square) check over seeded samples at this temperature.")
@@ -664,13 +671,14 @@ def _with(options):
 @click.option("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS", help=_wait_help)
 @_admin_key_opt()
 def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
-          num_draft_tokens: Optional[int], tokenizer: Optional[str], near_tie_margin: float, raw: bool,
+          num_draft_tokens: Optional[int], tokenizer: Optional[str], near_tie_margin: Optional[float], raw: bool,
           temperature: float, samples: int, fmt: str, wait: Optional[float], admin_key_file: Optional[str]) -> None:
     """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch)."""
     from rich.console import Console
 
     from .harness.client import ClientError
-    from .harness.identity import check_greedy, check_sampling, format_check
+    from .harness.identity import format_check, greedy_measurement, sampling_measurement
+    from .harness.phases import measure
 
     prompts = _prompts(prompt_set, max_tokens, limit)
     client = _client(url, protocol, wait, admin_key_file)
@@ -684,16 +692,15 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
         if not raw:
             prompts = with_chat_template(prompts, tok)
     console = Console(stderr=True)
-    try:
-        prog, cb = _progress(console, len(prompts), f"identity ({protocol})")
-        with prog:
-            rep = check_greedy(client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tok,
-                               near_tie_margin=near_tie_margin, progress=cb)
-        if temperature > 0:
-            prog, cb = _progress(console, len(prompts), f"sampling T={temperature}")
-            with prog:
-                check_sampling(client, prompts, rep, temperature=temperature, samples=samples,
-                               num_draft_tokens=num_draft_tokens, progress=cb)
+    ms = [greedy_measurement(client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tok,
+                             near_tie_margin=near_tie_margin)]
+    if temperature > 0:
+        ms.append(sampling_measurement(client, prompts, temperature=temperature, samples=samples,
+                                       num_draft_tokens=num_draft_tokens))
+    try:  # a baseline loaded for its phase only: one switch for both checks (harness/phases.py)
+        rep, *dist = measure(client, ms, stage=lambda label, total: _progress(console, total, label), note=_note)
+        for rows in dist:
+            rep.distribution.extend(rows)
     except ClientError as e:
         raise UserError(str(e)) from None
     click.echo(json.dumps(rep.to_dict(), indent=2) if fmt == "json" else format_check(rep))
@@ -844,8 +851,9 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
     """Against a Triton deployment (--url) or OpenAI-compatible server(s) (--openai): the same runs and report."""
     from rich.console import Console
 
-    from .harness.bench import SLO, concurrency_sweep, paired_ab, request_rate_run
+    from .harness.bench import SLO, ab_measurement, rate_measurement, sweep_measurement
     from .harness.client import ClientError
+    from .harness.phases import measure
     from .harness.report import write_reports
 
     console = Console(stderr=True)
@@ -874,33 +882,26 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
         new_client = client.clone
         title = f"{o.url} ({o.protocol})"
         prompts = _chat(prompts, o.tokenizer)
-    runs = []
+    # every measurement of the run; a baseline loaded for its phase only: one switch for all (harness/phases.py)
+    k0, policy0 = (o.ks[0] if o.ks else None), (o.policies[0] if o.policies else None)
+    ms = [ab_measurement(client, prompts, k=k, repeats=o.repeats, policy=policy)
+          for policy in (list(o.policies) or [None]) for k in (list(o.ks) or [None])]
+    n_ab = len(ms)
+    if o.levels:
+        ms.append(sweep_measurement(new_client, prompts, o.levels, k=k0, requests_per_level=len(prompts) * o.repeats,
+                                    policy=policy0))
+    if o.rate is not None:
+        slo = SLO(o.slo_ttft_ms / 1e3 if o.slo_ttft_ms is not None else None,
+                  o.slo_tpot_ms / 1e3 if o.slo_tpot_ms is not None else None)
+        ms.append(rate_measurement(new_client, prompts, o.rate, o.num_requests or len(prompts) * o.repeats, k=k0,
+                                   policy=policy0, slo=slo))
     try:
-        for policy in (list(o.policies) or [None]):
-            for k in (list(o.ks) or [None]):
-                what = f"A/B k={k if k is not None else 'default'}" + (f" {policy}" if policy else "")
-                prog, cb = _progress(console, len(prompts) * o.repeats, what)
-                with prog:
-                    res = paired_ab(client, prompts, k=k, repeats=o.repeats, progress=cb, policy=policy)
-                runs.append({"protocol": protocol, **res})
-        conc = []
-        if o.levels:
-            prog, cb = _progress(console, 2 * len(o.levels), "concurrency sweep")
-            with prog:
-                conc = concurrency_sweep(new_client, prompts, o.levels,
-                                         k=o.ks[0] if o.ks else None, requests_per_level=len(prompts) * o.repeats,
-                                         progress=cb, policy=o.policies[0] if o.policies else None)
-        rate = None
-        if o.rate is not None:
-            slo = SLO(o.slo_ttft_ms / 1e3 if o.slo_ttft_ms is not None else None,
-                      o.slo_tpot_ms / 1e3 if o.slo_tpot_ms is not None else None)
-            prog, cb = _progress(console, 2, f"request rate {o.rate:g}/s")
-            with prog:
-                rate = request_rate_run(new_client, prompts, o.rate, o.num_requests or len(prompts) * o.repeats,
-                                        k=o.ks[0] if o.ks else None, policy=o.policies[0] if o.policies else None,
-                                        slo=slo, progress=cb)
+        results = measure(client, ms, stage=lambda label, total: _progress(console, total, label), note=_note)
     except ClientError as e:
         raise UserError(str(e)) from None
+    runs = [{"protocol": protocol, **res} for res in results[:n_ab]]
+    conc = results[n_ab] if o.levels else []
+    rate = results[-1] if o.rate is not None else None
     rep = {"title": f"bench {title}", "bench": runs, "concurrency": conc, **({"rate": rate} if rate else {})}
     if o.out_dir:
         for f in write_reports(rep, Path(o.out_dir)):
@@ -943,7 +944,7 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
     try:
         prog, cb = _progress(console, len(sweep) + 1, "k sweep (fixed, then adaptive)")
         with prog:
-            res = tune_k(client, prompts, sweep, repeats=repeats, progress=cb)
+            res = tune_k(client, prompts, sweep, repeats=repeats, progress=cb, note=_note)
     except ClientError as e:
         raise UserError(str(e)) from None
     rep = {"title": f"tune {url}", "tune": res}
@@ -1017,7 +1018,7 @@ def doctor() -> None:
     """Show what this machine has (GPU, TensorRT-LLM, tritonserver, ...) and what each gap blocks."""
     from .doctor import run_checks
 
-    checks = run_checks()
+    checks = run_checks(say=lambda m: click.echo(m, err=True))
     width = max(len(c.name) for c in checks)
     for c in checks:
         mark = "ok " if c.ok else "-- "
@@ -1030,8 +1031,9 @@ def doctor() -> None:
         raise UserError(fatal.detail)
 
 
-@main.command(help="GPU host: the whole chain on SmolLM2-135M in minutes (doctor; build, repo, serve, NVIDIA's client, "
-                   "check and bench for runtime engine, then its llmapi twin); writes OUT/report.md and report.json: "
+@main.command(help="GPU host: the single-GPU chain on SmolLM2-135M in minutes (doctor; build, repo, the plain launch "
+                   "from another directory, serve, NVIDIA's clients, check and bench for runtime engine, then its "
+                   "llmapi twin); writes OUT/report.md and report.json: "
                    "every link ok, or the first failure of each chain with the log lines that matter. `make gpu-smoke`.")
 @click.option("--gpu", default="auto", show_default=True, metavar="NAME[:COUNT]",
               help="The GPU to plan for (auto: nvidia-smi), e.g. h100:1.")

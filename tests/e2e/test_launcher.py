@@ -268,14 +268,16 @@ def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
         with pytest.raises(ClientError) as e:
             LLMClient(url, proto, admin_key="w" * 32).model_config("ensemble")
         assert "--admin-key-file" in str(e.value) and "\n" not in str(e.value) and key not in str(e.value)
-    # check without the cache file and without --admin-key-file: one line naming the option
+    # check without the cache file and without --admin-key-file (a client on another host): the engine runtime needs
+    # no key (the runtime is read from the unrestricted metadata, the near-tie probe falls back to the loaded engine);
+    # the one check that reads model configs is skipped with a note naming the option
     moved = admin_key_path(s.grpc).with_suffix(".moved")
     os.replace(admin_key_path(s.grpc), moved)
     try:
         r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "check", "--url", f"127.0.0.1:{s.grpc}", "--limit",
                             "1", "--max-tokens", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert r.returncode == 2 and "--admin-key-file" in r.stderr and len(r.stderr.strip().splitlines()) == 1, \
-            r.stderr
+        notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: not checked that the baseline")]
+        assert r.returncode == 0 and len(notes) == 1 and "--admin-key-file" in notes[0], r.stderr
         r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "check", "--url", f"127.0.0.1:{s.grpc}", "--limit",
                             "1", "--max-tokens", "2", "--admin-key-file", str(key_file)],
                            capture_output=True, text=True, timeout=180, cwd=ROOT)

@@ -160,11 +160,16 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     assert acc["drafted"] == 0 and acc["acceptance_rate"] is None and acc["source"] == lc.FROM_STREAMED_CHUNKS
     assert acc["mean_acceptance_length"] > 1.0 and res["order"].startswith("phased")
     r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--url", llmapi_server.grpc_url, "--tokenizer",
-                        tok_dir, "--prompts", "code-edit", "--limit", "1", "--max-tokens", "16", "--format", "json"],
+                        tok_dir, "--prompts", "code-edit", "--limit", "1", "--max-tokens", "16", "--concurrency", "1",
+                        "--concurrency", "2", "--request-rate", "50", "--format", "json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    (ab,) = json.loads(r.stdout)["bench"]
+    out = json.loads(r.stdout)
+    (ab,) = out["bench"]
     assert ab["speedup"] > 0 and ab["speculative"]["tokens"] == ab["baseline"]["tokens"] > 0
+    # A/B, a two-level sweep and a request-rate run: one switch to the baseline and one back for the whole command
+    assert r.stderr.count(f"loading {lc.BASELINE_MODEL} (") == 1 and r.stderr.count(f"loading {lc.MODEL_NAME} back") == 1
+    assert [row["concurrency"] for row in out["concurrency"]] == [1, 2] and out["rate"]["order"].startswith("phased")
     assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
 
 

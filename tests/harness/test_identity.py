@@ -197,3 +197,26 @@ def test_classify_uses_both_tokens_distance_to_the_best():
     assert kind == "mismatch" and abs(margin - 0.01) < 1e-6 and abs(gap - 2.0) < 1e-6
     assert classify(x, [1, None], 0.05)[0] == "mismatch"
     assert identity.NEAR_TIE_MARGIN == NEAR_TIE_MARGIN  # one source: records.defaults
+
+
+def test_the_default_margin_follows_the_probed_engines_backend():
+    """0.25 logits is an allowance for FP8 GPU kernels; the CPU stand-in's numerics are exact, so a python-backend
+    engine gets NEAR_TIE_MARGIN_EXACT (a broken accept rule within 0.25 of the best must still fail there)."""
+    from trt_spec.harness.identity import default_near_tie_margin
+    from trt_spec.records.defaults import NEAR_TIE_MARGIN_EXACT
+
+    class Meta:
+        def __init__(self, platform):
+            self.platform = platform
+
+        def model_metadata(self, model):
+            if self.platform is None:
+                raise OSError("unreachable")
+            return {"name": model, "platform": self.platform}
+
+    assert default_near_tie_margin(Meta("python"), "tensorrt_llm") == NEAR_TIE_MARGIN_EXACT < 0.01
+    assert default_near_tie_margin(Meta("tensorrtllm"), "tensorrt_llm") == NEAR_TIE_MARGIN == 0.25
+    assert default_near_tie_margin(Meta(None), "tensorrt_llm") == NEAR_TIE_MARGIN
+    x = np.array([0.0, 3.0, 2.9, 1.0])  # a token 0.1 below the best: a near-tie on a GPU, a defect on the stand-in
+    assert classify(x, [1, 2], NEAR_TIE_MARGIN)[0] == "near-tie"
+    assert classify(x, [1, 2], NEAR_TIE_MARGIN_EXACT)[0] == "mismatch"

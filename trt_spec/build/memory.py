@@ -17,6 +17,9 @@ GIB = 1024**3
 BYTES_PER_WEIGHT = {"fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0, "int4_awq": 0.5, "int4_wo": 0.5,
                     "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 BYTES_PER_KV = {"fp8": 1.0, "int8": 1.0, "none": 2.0}
+# runtime llmapi loads the draft or EAGLE-3 head checkpoint as it is, and published heads and drafts are 16-bit (the
+# FP8 of the target is its pre-quantized checkpoint's, not the build's): counted as bf16, the larger case
+LLMAPI_SPEC_MODEL_WEIGHTS = "bf16"
 # FP8 calibration of a 70B model peaks above 210 GB: ~1.6x its 16-bit weights.
 CALIBRATION_PEAK_FACTOR = 1.6
 

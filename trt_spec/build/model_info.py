@@ -144,9 +144,15 @@ def _packaged_model_info(spec: str, role: str, require: bool) -> ModelInfo:
     return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (GGUF source, imported at build time)"})
 
 
+def is_imported(checkpoint: str) -> bool:
+    """A GGUF source (pkg:<module>/<file>.gguf or a .gguf path): the plan's import step converts it to a Hugging Face
+    directory at build time (trt_spec.reference.checkpoints)."""
+    return checkpoint.startswith("pkg:") or checkpoint.endswith(".gguf")
+
+
 def model_info_for(checkpoint: str, role: str, require: bool) -> ModelInfo:
     """Real config.json when present; else (plan only) the built-in table of known models."""
-    if checkpoint.startswith("pkg:") or checkpoint.endswith(".gguf"):
+    if is_imported(checkpoint):
         return _packaged_model_info(checkpoint, role, require)
     path = Path(checkpoint)
     if require or path.is_dir():

@@ -19,6 +19,7 @@ from ..records.backend_contract import LOGITS_DTYPE
 from ..records.config import BuildConfig
 from ..records.defaults import served_num_draft_tokens
 from .hardware import GpuSpec
+from .model_info import is_imported
 from ..records.defaults import TOKENS_PER_BLOCK
 from .preflight import PreflightReport
 from ..records.procutil import shell_line
@@ -313,7 +314,7 @@ def _source_steps(cfg: BuildConfig, out: Path, dtype: Optional[str] = None) -> t
     hf: dict[str, str] = {}
     as_dtype = ("--dtype", dtype) if dtype else ()
     target_src = cfg.target.checkpoint
-    if target_src.startswith("pkg:") or target_src.endswith(".gguf"):
+    if is_imported(target_src):
         hf["target"] = str(out / "hf" / "target")
         steps.append(Step("import-target", f"convert {target_src} to a Hugging Face directory (dequantized "
                           f"{dtype or 'fp32'})",

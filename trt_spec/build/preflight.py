@@ -20,8 +20,9 @@ from ..records.llmapi_contract import EAGLE3_SUPPORT, MTP_ARCHITECTURES
 from ..records.speculation import Mode
 from ..records.config import BuildConfig
 from .hardware import GpuSpec
-from .memory import CALIBRATION_PEAK_FACTOR, GIB, MemoryRow, memory_rows, shared_gpu_kv_fraction, totals_per_gpu
-from .model_info import ModelInfo, PreflightError, model_info_for, read_vocab
+from .memory import (CALIBRATION_PEAK_FACTOR, GIB, LLMAPI_SPEC_MODEL_WEIGHTS, MemoryRow, memory_rows, shared_gpu_kv_fraction,
+                     totals_per_gpu)
+from .model_info import ModelInfo, PreflightError, is_imported, model_info_for, read_vocab
 from .trtllm import DEFAULT_KV_FRACTION, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
 from .calibration import BUNDLED_CALIB_DATASET, CalibSet, calibrates, check_calib_dataset, quantizes
 
@@ -291,12 +292,6 @@ def effective_max_draft_len(cfg: BuildConfig) -> int:
     return s.max_draft_len
 
 
-def is_imported(checkpoint: str) -> bool:
-    """A GGUF source (pkg:<module>/<file>.gguf or a .gguf path): the plan's import step converts it to a Hugging Face
-    directory at build time (trt_spec.reference.checkpoints)."""
-    return checkpoint.startswith("pkg:") or checkpoint.endswith(".gguf")
-
-
 # What the import step (GGUF -> Hugging Face directory) needs in the build's python besides torch + transformers:
 # transformers reads GGUF with the gguf package and refuses without accelerate ("accelerate is required when loading
 # a GGUF file"). The NGC image has accelerate (TensorRT-LLM requires it), not gguf: make gpu-smoke installs it.
@@ -537,10 +532,11 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                                  "bigger node (--gpu NAME:COUNT)")
         shares = bool(set(t_dev) & set(d_dev))
         memory += memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
+        spec_weights = LLMAPI_SPEC_MODEL_WEIGHTS if cfg.runtime == "llmapi" else quant.weights
         if draft is not None:
-            memory += memory_rows("draft", draft, quant.weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
+            memory += memory_rows("draft", draft, spec_weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
         if head is not None:  # the EAGLE-3 head: its weights and its own KV cache, on the target's GPUs
-            memory += memory_rows("draft", head, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, d_dev, cfg)
+            memory += memory_rows("draft", head, spec_weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, d_dev, cfg)
         if baseline:  # the non-speculative target the ensemble serves: the target's weights again, on its GPUs
             memory += memory_rows("baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp,
                                   t_dev, cfg)

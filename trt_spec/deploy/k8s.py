@@ -31,6 +31,7 @@ from ..records import defaults
 from ..records.atomic import replacing_dir
 from ..records.speculation import Mode, break_even_acceptance
 from ..records.manifest import BuildManifest, ManifestError
+from ..build.model_info import is_imported
 from ..build.trtllm import NGC_IMAGE
 
 CHART_SOURCES = Path(__file__).parent / "chart"
@@ -350,8 +351,7 @@ def write_chart(source: Path, out: Path, *, gpus_per_node: Optional[int] = None,
     runs before anything is written. Returns `out`."""
     m = load_manifest(source, sets, gpu)
     cfg = m.config
-    if cfg.target.checkpoint.startswith("pkg:") or cfg.target.checkpoint.endswith(".gguf") or \
-            (cfg.draft is not None and cfg.draft.distill is not None):
+    if is_imported(cfg.target.checkpoint) or (cfg.draft is not None and cfg.draft.distill is not None):
         raise DeployError(f"{m.name}: a GGUF target or a distilled draft is built on one host (the first-contact "
                           "configs, make gpu-smoke), not by a cluster's build Job; deploy a config whose target.checkpoint "
                           "and draft.checkpoint are Hugging Face directories")

@@ -8,10 +8,15 @@ latency / speculative latency over the same tokens) with a paired bootstrap 95% 
 sweep (e.g. 1, 2, 4, 8 in flight) shows where speculation stops paying: per level and model, total tok/s over
 the level's wall time, per-request TTFT/TPOT/latency percentiles and the raw samples; per level, the speedup
 (speculative / baseline total tok/s) and the acceptance. `tune` sweeps k and recommends one.
+
+Each run is a phases.Measurement (ab_measurement, sweep_measurement, rate_measurement): interleaved as above where both
+models are served; where the baseline is loaded for its phase only, a speculative and a baseline half, which
+phases.measure runs for all of a command's measurements with one model switch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -23,7 +28,7 @@ from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE, DRAFT_LEN_POLI
                      TOTAL_STEPS)
 from ..records import llmapi_contract as lc
 from .client import GREEDY, Generation, LLMClient
-from .phases import PHASED_NOTE, is_phased, speculative_then_baseline
+from .phases import PHASED_NOTE, Measurement, is_phased, measure
 from ..records.speculation import acceptance_rate, mean_acceptance_length, solve_alpha
 from .metrics import Summary, bootstrap_ratio_ci, low_acceptance_advice, total_throughput, tpot
 from .prompts import Prompt
@@ -46,6 +51,7 @@ class Sample:
     histogram: Optional[list[int]] = None
     draft_lengths: Optional[list[int]] = None  # k chosen per round (0 = no speculation that round)
     acceptance_source: Optional[str] = None  # where accepted/steps came from when not the model's own counts
+    acceptance_note: Optional[str] = None  # a correction to that count (lc.ACCEPTANCE_NOTE), where one applied
 
     @staticmethod
     def of(model: str, i: int, r: int, g: Generation) -> "Sample":
@@ -53,7 +59,7 @@ class Sample:
         return Sample(model, i, r, g.num_tokens, g.ttft_s, g.latency_s, tpot(g.latency_s, g.ttft_s, g.num_tokens),
                       int(m.get("total_accepted_draft_tokens", 0)), int(m.get("total_draft_tokens", 0)),
                       int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM), m.get(DRAFT_LENGTHS),
-                      m.get(lc.ACCEPTANCE_SOURCE))
+                      m.get(lc.ACCEPTANCE_SOURCE), m.get(lc.ACCEPTANCE_NOTE))
 
 
 def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int], policy: Optional[str] = None) -> Generation:
@@ -78,7 +84,10 @@ def acceptance_summary(spec: Sequence[Sample]) -> dict:
     ks = [x for s in spec if s.draft_lengths for x in s.draft_lengths]
     chosen = [x for x in ks if x > 0]
     sources = [s.acceptance_source for s in spec if s.acceptance_source]
+    notes = [s.acceptance_note for s in spec if s.acceptance_note]
     return {"source": max(set(sources), key=sources.count) if sources else None,
+            # corrections to the streamed count, with how many requests each applied to (lc.STREAM_CUT, STREAM_CLAMPED)
+            "notes": [f"{n} ({notes.count(n)} of {len(spec)} requests)" for n in sorted(set(notes))],
             "accepted": accepted, "drafted": drafted, "steps": steps, "speculative_rounds": spec_rounds,
             "acceptance_rate": acceptance_rate(accepted, drafted),
             "mean_acceptance_length": mean_acceptance_length(accepted, spec_rounds),
@@ -89,12 +98,15 @@ def acceptance_summary(spec: Sequence[Sample]) -> dict:
             "rounds_without_speculation_share": (len(ks) - len(chosen)) / len(ks) if ks else 0.0}
 
 
-def paired_ab(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] = None, repeats: int = 1,
-              warmup: int = 1, progress: Progress = None, policy: Optional[str] = None) -> dict:
-    if is_phased(client):  # the baseline is loaded for its phase only: one model after the other (phases.py)
-        total = len(prompts) * repeats
+def ab_measurement(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] = None, repeats: int = 1,
+                   warmup: int = 1, policy: Optional[str] = None) -> Measurement:
+    """The paired A/B (phases.measure runs it): interleaved, baseline and speculative alternate per request after a
+    warm-up; in phases, every prompt on one model, then on the other (its baseline half is the same at any k and
+    policy: one per phase cycle). Progress: (pairs or requests done, total)."""
+    total = len(prompts) * repeats
 
-        def side(model: str, offset: int) -> list[Sample]:
+    def side(model: str) -> Callable[[Progress], list[Sample]]:
+        def run(progress: Progress) -> list[Sample]:
             for p in prompts[:warmup]:
                 _request(client, model, p, k, policy)
             out = []
@@ -102,26 +114,40 @@ def paired_ab(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] 
                 for i, p in enumerate(prompts):
                     out.append(Sample.of(model, i, r, _request(client, model, p, k, policy)))
                     if progress:
-                        progress((offset + len(out)) // 2, total)
+                        progress(len(out), total)
             return out
+        return run
 
-        spec, base = speculative_then_baseline(client, lambda: side(SPECULATIVE, 0), lambda: side(BASELINE, total))
-        return {**summarize(spec + base, k, policy), "order": PHASED_NOTE}
-    for p in prompts[:warmup]:
-        _request(client, BASELINE, p, k)
-        _request(client, SPECULATIVE, p, k, policy)
-    samples: list[Sample] = []
-    total = len(prompts) * repeats
-    done = 0
-    for r in range(repeats):
-        for i, p in enumerate(prompts):
-            order = (BASELINE, SPECULATIVE) if (i + r) % 2 == 0 else (SPECULATIVE, BASELINE)
-            for model in order:
-                samples.append(Sample.of(model, i, r, _request(client, model, p, k, policy)))
-            done += 1
-            if progress:
-                progress(done, total)
-    return summarize(samples, k, policy)
+    def interleaved(progress: Progress) -> dict:
+        for p in prompts[:warmup]:
+            _request(client, BASELINE, p, k)
+            _request(client, SPECULATIVE, p, k, policy)
+        samples: list[Sample] = []
+        done = 0
+        for r in range(repeats):
+            for i, p in enumerate(prompts):
+                order = (BASELINE, SPECULATIVE) if (i + r) % 2 == 0 else (SPECULATIVE, BASELINE)
+                for model in order:
+                    samples.append(Sample.of(model, i, r, _request(client, model, p, k, policy)))
+                done += 1
+                if progress:
+                    progress(done, total)
+        return summarize(samples, k, policy)
+
+    label = f"A/B k={k if k is not None else 'default'}" + (f" {policy}" if policy else "")
+    return Measurement(label, total, interleaved, side(SPECULATIVE), side(BASELINE),
+                       lambda spec, base: {**summarize(spec + base, k, policy), "order": PHASED_NOTE}, total,
+                       baseline_key=("A/B", tuple(prompts), repeats))
+
+
+def _one(client, m: Measurement, progress: Progress = None):
+    """One measurement on its own (phased: its own phase cycle), progress to one callback."""
+    return measure(client, [m], stage=lambda label, total: (contextlib.nullcontext(), progress))[0]
+
+
+def paired_ab(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] = None, repeats: int = 1,
+              warmup: int = 1, progress: Progress = None, policy: Optional[str] = None) -> dict:
+    return _one(client, ab_measurement(client, prompts, k=k, repeats=repeats, warmup=warmup, policy=policy), progress)
 
 
 def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str] = None) -> dict:
@@ -208,6 +234,54 @@ def sweep_row(concurrency: int, base: Sequence[Sample], base_wall_s: float, spec
             "acceptance": acceptance_summary(spec)}
 
 
+def sweep_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
+                      k: Optional[int] = None, requests_per_level: Optional[int] = None,
+                      policy: Optional[str] = None) -> Measurement:
+    """The concurrency sweep (concurrency_sweep) as phases.measure runs it; in phases, every level on the speculative
+    model, then every level on the baseline."""
+    if not prompts:
+        raise ValueError("the concurrency sweep needs at least one prompt")
+    bad = [c for c in levels if c < 1]
+    if bad:
+        raise ValueError(f"concurrency levels must be >= 1, got {bad}")
+    n_of = {c: -(-(requests_per_level or len(prompts)) // c) * c for c in levels}
+
+    def every_level(model: str) -> Callable[[Progress], dict]:
+        def run(progress: Progress) -> dict:
+            out = {}
+            for li, c in enumerate(levels):
+                out[c] = run_level(client_factory, model, prompts, c, n_of[c], k, policy)
+                if progress:
+                    progress(li + 1, len(levels))
+            return out
+        return run
+
+    def interleaved(progress: Progress) -> list[dict]:
+        rows = []
+        for li, c in enumerate(levels):
+            order = (BASELINE, SPECULATIVE) if li % 2 == 0 else (SPECULATIVE, BASELINE)
+            runs = {}
+            for j, model in enumerate(order):
+                runs[model] = run_level(client_factory, model, prompts, c, n_of[c], k, policy)
+                if progress:
+                    progress(2 * li + j + 1, 2 * len(levels))
+            rows.append(sweep_row(c, *runs[BASELINE], *runs[SPECULATIVE]))
+        return rows
+
+    return Measurement("concurrency sweep", 2 * len(levels), interleaved, every_level(SPECULATIVE),
+                       every_level(BASELINE),
+                       lambda spec, base: [{**sweep_row(c, *base[c], *spec[c]), "order": PHASED_NOTE} for c in levels],
+                       len(levels))
+
+
+def _probed(client_factory: Callable[[], LLMClient], m: Measurement, progress: Progress):
+    probe = client_factory()  # says whether the baseline is loaded for its phase only, and switches it
+    try:
+        return _one(probe, m, progress)
+    finally:
+        probe.close()
+
+
 def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
                       k: Optional[int] = None, requests_per_level: Optional[int] = None,
                       progress: Progress = None, policy: Optional[str] = None) -> list[dict]:
@@ -215,42 +289,8 @@ def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence
     model in turn (which goes first alternates by level, so drift does not favour one side). N is
     requests_per_level (default len(prompts)) rounded up to a multiple of C: every in-flight slot serves the
     same number of requests, so no level ends on a part-empty wave."""
-    if not prompts:
-        raise ValueError("the concurrency sweep needs at least one prompt")
-    bad = [c for c in levels if c < 1]
-    if bad:
-        raise ValueError(f"concurrency levels must be >= 1, got {bad}")
-    rows = []
-    probe = client_factory()
-    if not is_phased(probe):
-        probe.close()
-    else:  # every level on the speculative model, then every level on the baseline in its phase
-        n_of = {c: -(-(requests_per_level or len(prompts)) // c) * c for c in levels}
-
-        def every_level(model: str, j: int) -> dict:
-            out = {}
-            for li, c in enumerate(levels):
-                out[c] = run_level(client_factory, model, prompts, c, n_of[c], k, policy)
-                if progress:
-                    progress(j * len(levels) + li + 1, 2 * len(levels))
-            return out
-
-        try:
-            spec, base = speculative_then_baseline(probe, lambda: every_level(SPECULATIVE, 0),
-                                                   lambda: every_level(BASELINE, 1))
-        finally:
-            probe.close()
-        return [{**sweep_row(c, *base[c], *spec[c]), "order": PHASED_NOTE} for c in levels]
-    for li, c in enumerate(levels):
-        n = -(-(requests_per_level or len(prompts)) // c) * c
-        order = (BASELINE, SPECULATIVE) if li % 2 == 0 else (SPECULATIVE, BASELINE)
-        runs = {}
-        for j, model in enumerate(order):
-            runs[model] = run_level(client_factory, model, prompts, c, n, k, policy)
-            if progress:
-                progress(2 * li + j + 1, 2 * len(levels))
-        rows.append(sweep_row(c, *runs[BASELINE], *runs[SPECULATIVE]))
-    return rows
+    m = sweep_measurement(client_factory, prompts, levels, k=k, requests_per_level=requests_per_level, policy=policy)
+    return _probed(client_factory, m, progress)
 
 
 @dataclass(frozen=True)
@@ -307,43 +347,65 @@ def rate_row(rate: float, base: Sequence[Sample], base_wall_s: float, spec: Sequ
     return row
 
 
+def rate_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], rate: float, n: int, *,
+                     k: Optional[int] = None, policy: Optional[str] = None, slo: SLO = SLO(),
+                     seed: int = 0) -> Measurement:
+    """The request-rate run (request_rate_run) as phases.measure runs it; in phases, the speculative model, then the
+    same arrivals to the baseline."""
+    if n < 1:
+        raise ValueError(f"the request-rate run needs at least one request, got {n}")
+    arrivals = poisson_arrivals(rate, n, seed)
+
+    def side(model: str) -> Callable[[Progress], tuple[list[Sample], float]]:
+        def run(progress: Progress) -> tuple[list[Sample], float]:
+            out = run_rate(client_factory, model, prompts, arrivals, k, policy)
+            if progress:
+                progress(1, 1)
+            return out
+        return run
+
+    def interleaved(progress: Progress) -> dict:
+        runs = {}
+        for j, model in enumerate((BASELINE, SPECULATIVE)):
+            runs[model] = run_rate(client_factory, model, prompts, arrivals, k, policy)
+            if progress:
+                progress(j + 1, 2)
+        return rate_row(rate, *runs[BASELINE], *runs[SPECULATIVE], slo)
+
+    return Measurement(f"request rate {rate:g}/s", 2, interleaved, side(SPECULATIVE), side(BASELINE),
+                       lambda spec, base: {**rate_row(rate, *base, *spec, slo), "order": PHASED_NOTE}, 1)
+
+
 def request_rate_run(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], rate: float, n: int, *,
                      k: Optional[int] = None, policy: Optional[str] = None, slo: SLO = SLO(), seed: int = 0,
                      progress: Progress = None) -> dict:
     """n requests at Poisson arrivals of `rate` requests/s to the baseline, then the same arrivals to the speculative
     model: throughput, per-request latency and goodput under the SLO, side by side."""
-    if n < 1:
-        raise ValueError(f"the request-rate run needs at least one request, got {n}")
-    arrivals = poisson_arrivals(rate, n, seed)
-    probe = client_factory()
-    if not is_phased(probe):
-        probe.close()
-    else:  # the speculative model, then the same arrivals to the baseline in its phase
-        try:
-            spec, base = speculative_then_baseline(
-                probe, lambda: run_rate(client_factory, SPECULATIVE, prompts, arrivals, k, policy),
-                lambda: run_rate(client_factory, BASELINE, prompts, arrivals, k, policy))
-        finally:
-            probe.close()
-        if progress:
-            progress(2, 2)
-        return {**rate_row(rate, *base, *spec, slo), "order": PHASED_NOTE}
-    runs = {}
-    for j, model in enumerate((BASELINE, SPECULATIVE)):
-        runs[model] = run_rate(client_factory, model, prompts, arrivals, k, policy)
-        if progress:
-            progress(j + 1, 2)
-    return rate_row(rate, *runs[BASELINE], *runs[SPECULATIVE], slo)
+    m = rate_measurement(client_factory, prompts, rate, n, k=k, policy=policy, slo=slo, seed=seed)
+    return _probed(client_factory, m, progress)
 
 
 def tune_k(client: LLMClient, prompts: Sequence[Prompt], ks: Sequence[int], *, repeats: int = 1,
-           progress: Progress = None, adaptive: bool = True) -> dict:
+           progress: Progress = None, adaptive: bool = True, note: Callable[[str], None] = lambda s: None) -> dict:
     """Fixed k for each k in ks, then (adaptive) the adaptive policy capped at max(ks): one paired A/B each, in one
-    run. Recommends the fastest fixed k (0 when none pays) and reports adaptive against it."""
+    run (a baseline loaded for its phase only: one switch, one baseline half for all). Recommends the fastest fixed k
+    (0 when none pays) and reports adaptive against it."""
     runs = [("fixed", k) for k in ks] + ([("adaptive", max(ks))] if adaptive else [])
+    ms = [ab_measurement(client, prompts, k=k, repeats=repeats, warmup=1 if i == 0 else 0, policy=policy)
+          for i, (policy, k) in enumerate(runs)]
+    done = [0]
+    stages = len(runs) + (1 if is_phased(client) else 0)  # phased: every speculative half, then one baseline half
+
+    @contextlib.contextmanager
+    def counted(label: str, total: int):
+        yield
+        done[0] += 1
+        if progress:
+            progress(done[0], stages)
+
+    results = measure(client, ms, stage=lambda label, total: (counted(label, total), None), note=note)
     rows = []
-    for i, (policy, k) in enumerate(runs):
-        res = paired_ab(client, prompts, k=k, repeats=repeats, warmup=1 if i == 0 else 0, policy=policy)
+    for (policy, k), res in zip(runs, results):
         acc = res["acceptance"]
         rows.append({"policy": policy, "k": k, "speedup": res["speedup"], "speedup_ci95": res["speedup_ci95"],
                      "acceptance_rate": acc["acceptance_rate"],
@@ -352,8 +414,6 @@ def tune_k(client: LLMClient, prompts: Sequence[Prompt], ks: Sequence[int], *, r
                      "rounds_without_speculation_share": acc["rounds_without_speculation_share"],
                      "spec_tokens_per_s": res["speculative"]["tokens_per_s"],
                      "baseline_tokens_per_s": res["baseline"]["tokens_per_s"]})
-        if progress:
-            progress(i + 1, len(runs))
     fixed = [r for r in rows if r["policy"] == "fixed"]
     best = max(fixed, key=lambda r: r["speedup"])
     out = {"sweep": rows, "recommended_k": best["k"] if best["speedup"] > 1.0 else 0,

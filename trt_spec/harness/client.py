@@ -274,30 +274,47 @@ class LLMClient:
                 raise self.restricted_error(what, _grpc_message(e)) from None
             raise ClientError(f"{model}: cannot read its configuration ({_grpc_message(e)})") from None
 
+    def model_metadata(self, model: str) -> dict:
+        """A served model's metadata (GET /v2/models/NAME, gRPC ModelMetadata: name, platform — the config's platform,
+        else its backend, core model_repository_manager ModelMetadata —, inputs, outputs): not an API `trt-spec
+        serve` restricts, so this needs no admin key."""
+        if self.protocol == "http":
+            with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}", timeout=30) as r:
+                return json.loads(r.read())
+        return self._grpc_client().get_model_metadata(model, as_json=True)
+
+    def model_inputs(self, model: str) -> set[str]:
+        return {i.get("name") for i in self.model_metadata(model).get("inputs", [])}
+
     def _is_llmapi(self) -> bool:
+        """An LLM-API model under the speculative name (its sampling_param_* inputs), read from the metadata."""
         try:
-            cfg = self.model_config(lc.MODEL_NAME)
-        except ClientError as e:
-            if RESTRICTED_REFUSAL in str(e):  # the key is missing: say so rather than guess the runtime
-                raise
-            return False
+            return lc.MAX_TOKENS in self.model_inputs(lc.MODEL_NAME)
         except Exception:  # noqa: BLE001 - not there, or no server: the text models' check says which
             return False
-        return lc.MAX_TOKENS in {i.get("name") for i in cfg.get("input", [])}
 
-    def check_baseline(self) -> None:
+    def check_baseline(self) -> Optional[str]:
         """One clear error when the baseline is the speculative engine itself: Medusa/EAGLE/lookahead speculate
         inside the target engine, so an ensemble served by that engine (speculative.baseline_engine: false) would
-        make identity trivially true and the speedup 1x by construction."""
+        make identity trivially true and the speedup 1x by construction. It reads two model configs: where the
+        server restricts them and no admin key is at hand, returns a note saying the check was skipped."""
         if self.llmapi:  # the baseline is its own model over the same checkpoint, with no speculative_config
-            return
-        bls = self.model_config(SPECULATIVE).get("parameters", {})
+            return None
+        try:
+            bls = self.model_config(SPECULATIVE).get("parameters", {})
+            base = self.model_config(BASELINE)
+        except ClientError as e:
+            if RESTRICTED_REFUSAL not in str(e):
+                raise
+            return ("not checked that the baseline is a non-speculative engine: the server restricts model configs to "
+                    "its admin key (pass --admin-key-file to check it)")
         param = lambda k: bls.get(k, {}).get("string_value", "")  # noqa: E731
-        steps = {s.get("model_name") for s in self.model_config(BASELINE).get("ensemble_scheduling", {}).get("step", [])}
+        steps = {s.get("model_name") for s in base.get("ensemble_scheduling", {}).get("step", [])}
         if param("speculative_mode") == "engine" and param("tensorrt_llm_model_name") in steps:
             raise ClientError(f"no baseline: {BASELINE} runs the speculative engine {param('tensorrt_llm_model_name')!r} "
                               "itself, so identity and speedup would compare it with itself; rebuild with "
                               "speculative.baseline_engine: true (a non-speculative engine for the ensemble)")
+        return None
 
     def baseline_engine(self) -> Optional[str]:
         """The engine model that serves the baseline, which `check` asks for logits at a divergence: the ensemble's
@@ -391,9 +408,16 @@ class LLMClient:
                 metrics.pop(k, None)
             if stream and len(parts) > 0 and ids:
                 # tokens per streamed response = tokens decoded per iteration (avg_decoded_tokens_per_iter): the
-                # accepted draft tokens are the tokens beyond one per iteration; the drafted count is not reported
-                metrics.update({"total_accepted_draft_tokens": len(ids) - len(parts), TOTAL_STEPS: len(parts),
-                                lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS})
+                # accepted draft tokens are the tokens beyond one per iteration; the drafted count is not reported.
+                # A stop string cuts the final text (an earlier response was longer): counted up to the longest text;
+                # fewer tokens than responses: clamped at 0. Either is named (lc.ACCEPTANCE_NOTE).
+                longest = max(range(len(texts)), key=lambda j: len(texts[j]))
+                cut = len(texts[longest]) > len(text)
+                decoded = max(len(ids), counts[longest]) if cut else len(ids)
+                cases = [lc.STREAM_CUT] * cut + [lc.STREAM_CLAMPED] * (decoded < len(parts))
+                metrics.update({"total_accepted_draft_tokens": max(decoded - len(parts), 0), TOTAL_STEPS: len(parts),
+                                lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS,
+                                **({lc.ACCEPTANCE_NOTE: "; ".join(cases)} if cases else {})})
         return Generation(text=text, output_ids=ids, ttft_s=times[0] if times else latency, latency_s=latency,
                           chunks=len(times), chunk_times_s=times, metrics=metrics, tokens=len(ids))
 

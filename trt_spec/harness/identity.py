@@ -18,6 +18,7 @@ test of homogeneity; a p-value below `alpha` fails.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -25,10 +26,10 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..records.defaults import ADD_SPECIAL_TOKENS, NEAR_TIE_MARGIN, SAMPLING_SAMPLES
+from ..records.defaults import ADD_SPECIAL_TOKENS, NEAR_TIE_MARGIN, NEAR_TIE_MARGIN_EXACT, SAMPLING_SAMPLES
 from ..records.names import BASELINE, NUM_DRAFT_TOKENS, SPECULATIVE
 from .client import GREEDY, ClientError, LLMClient
-from .phases import PHASED_NOTE, is_phased, speculative_then_baseline
+from .phases import PHASED_NOTE, Measurement, is_phased, measure
 from .prompts import Prompt
 
 
@@ -126,24 +127,65 @@ def probe_logits(client: LLMClient, model: str, input_ids: Sequence[int]) -> tup
     return logits, model
 
 
+def default_near_tie_margin(client: LLMClient, engine: str) -> float:
+    """NEAR_TIE_MARGIN for a GPU engine; NEAR_TIE_MARGIN_EXACT for the CPU stand-in (an engine model on Triton's
+    python backend: its numerics are exact), told apart by the engine's metadata platform."""
+    try:
+        platform = client.model_metadata(engine).get("platform", "")
+    except Exception:  # noqa: BLE001 - not readable: the GPU's allowance
+        platform = ""
+    return NEAR_TIE_MARGIN_EXACT if platform == "python" else NEAR_TIE_MARGIN
+
+
 def check_greedy(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_tokens: Optional[int] = None,
-                 tokenizer=None, near_tie_margin: float = NEAR_TIE_MARGIN,
+                 tokenizer=None, near_tie_margin: Optional[float] = None,
                  progress: Optional[Callable[[int], None]] = None) -> CheckReport:
     """Greedy identity over `prompts`; divergences classified from the baseline engine's logits (module docstring).
-    tokenizer: the served one (the probe needs the prompt's ids); without it every divergence is a mismatch."""
-    rep = CheckReport(client.protocol, num_draft_tokens, near_tie_margin=near_tie_margin)
+    tokenizer: the served one (the probe needs the prompt's ids); without it every divergence is a mismatch.
+    near_tie_margin None: by the probed engine's backend (default_near_tie_margin)."""
+    m = greedy_measurement(client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tokenizer,
+                           near_tie_margin=near_tie_margin)
+    return measure(client, [m], stage=lambda label, total: (contextlib.nullcontext(), progress))[0]
+
+
+def greedy_measurement(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_tokens: Optional[int] = None,
+                       tokenizer=None, near_tie_margin: Optional[float] = None) -> Measurement:
+    """check_greedy as phases.measure runs it: in phases, every prompt on the speculative model, then on the
+    baseline, compared (and probed) once the speculative model is back. Progress: (prompts done)."""
+    kw = dict(num_draft_tokens=num_draft_tokens, tokenizer=tokenizer, near_tie_margin=near_tie_margin)
+    params = dict(GREEDY)
+    spec_params = dict(params, return_perf_metrics=True, **({} if num_draft_tokens is None else
+                                                             {NUM_DRAFT_TOKENS: num_draft_tokens}))
+
+    def side(model: str, params: dict) -> Callable:
+        def run(progress) -> list:
+            out = []
+            for p in prompts:
+                out.append(client.generate(model, p.text, p.max_tokens, **params))
+                if progress:
+                    progress(len(out))
+            return out
+        return run
+
+    return Measurement(f"identity ({client.protocol})", len(prompts),
+                       lambda progress: compare_greedy(client, prompts, None, progress=progress, **kw),
+                       side(SPECULATIVE, spec_params), side(BASELINE, params),
+                       lambda s_all, b_all: compare_greedy(client, prompts, list(zip(b_all, s_all)), **kw), len(prompts))
+
+
+def compare_greedy(client: LLMClient, prompts: Sequence[Prompt], pairs: Optional[list], *,
+                   num_draft_tokens: Optional[int] = None, tokenizer=None, near_tie_margin: Optional[float] = None,
+                   progress: Optional[Callable[[int], None]] = None) -> CheckReport:
+    """The comparison of check_greedy: pairs [(baseline, speculative) Generation] per prompt, measured in phases; None:
+    each prompt generated here, baseline then speculative (both models served)."""
+    rep = CheckReport(client.protocol, num_draft_tokens, near_tie_margin=near_tie_margin or NEAR_TIE_MARGIN)
     probe_model: Optional[str] = None  # asked once, at the first divergence
     params = dict(GREEDY)
     spec_params = dict(params, return_perf_metrics=True)
     if num_draft_tokens is not None:
         spec_params[NUM_DRAFT_TOKENS] = num_draft_tokens
-    pairs = None
-    if is_phased(client):  # the baseline is loaded for its phase only: every prompt on one model, then the other
-        def run(model: str, kw: dict) -> list:
-            return [client.generate(model, p.text, p.max_tokens, **kw) for p in prompts]
-        s_all, b_all = speculative_then_baseline(client, lambda: run(SPECULATIVE, spec_params),
-                                                 lambda: run(BASELINE, params))
-        pairs, rep.order = list(zip(b_all, s_all)), PHASED_NOTE
+    if pairs is not None:
+        rep.order = PHASED_NOTE
     for i, p in enumerate(prompts):
         if pairs is not None:
             base, spec = pairs[i]
@@ -160,7 +202,10 @@ def check_greedy(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_toke
             probe = "no tokenizer (pass --tokenizer to read the baseline engine's logits)"
             if tokenizer is not None:
                 ctx = tokenizer.decode(base.output_ids[max(0, idx - 12):idx])
-                probe_model = probe_model or client.baseline_engine() or ""
+                if probe_model is None:
+                    probe_model = client.baseline_engine() or ""
+                    if probe_model and near_tie_margin is None:
+                        rep.near_tie_margin = default_near_tie_margin(client, probe_model)
                 probe = "no engine logits: the LLM-API model returns text only"
                 if probe_model:
                     prompt_ids = list(tokenizer.encode(p.text, add_special_tokens=ADD_SPECIAL_TOKENS))
@@ -168,7 +213,7 @@ def check_greedy(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_toke
                     if logits is not None:  # the shorter side ended there: its token was EOS (not output)
                         eos = getattr(tokenizer, "eos_token_id", None)
                         kind, margin, gap = classify(logits, [eos if t is None else t for t in (bt, st)],
-                                                     near_tie_margin)
+                                                     rep.near_tie_margin)
             res.divergence = Divergence(idx, bt, st, ctx, margin, kind, gap, probe)
         rep.results.append(res)
         if progress:
@@ -241,37 +286,57 @@ def chi2_homogeneity(a: Sequence, b: Sequence, min_expected: float = 5.0) -> tup
 def check_sampling(client: LLMClient, prompts: Sequence[Prompt], rep: CheckReport, *, temperature: float,
                    top_p: float = 1.0, samples: int = SAMPLING_SAMPLES, dist_tokens: int = 1, alpha: float = 0.001,
                    num_draft_tokens: Optional[int] = None, progress: Optional[Callable[[int], None]] = None) -> None:
+    """The distribution check over `prompts`, appended to rep.distribution."""
+    m = sampling_measurement(client, prompts, temperature=temperature, top_p=top_p, samples=samples,
+                             dist_tokens=dist_tokens, alpha=alpha, num_draft_tokens=num_draft_tokens)
+    rep.distribution.extend(measure(client, [m], stage=lambda label, total: (contextlib.nullcontext(), progress))[0])
+    if is_phased(client):
+        rep.order = PHASED_NOTE
+
+
+def sampling_measurement(client: LLMClient, prompts: Sequence[Prompt], *, temperature: float, top_p: float = 1.0,
+                         samples: int = SAMPLING_SAMPLES, dist_tokens: int = 1, alpha: float = 0.001,
+                         num_draft_tokens: Optional[int] = None) -> Measurement:
+    """check_sampling as phases.measure runs it (its result: the rows of CheckReport.distribution): interleaved, each
+    seed on the baseline then the speculative model; in phases, every sample of one model, then of the other."""
     extra = {} if num_draft_tokens is None else {NUM_DRAFT_TOKENS: num_draft_tokens}
 
-    def draw(model: str, p: Prompt) -> list:
-        return [tuple(client.generate(model, p.text, dist_tokens, exclude_input_in_output=True,
-                                      temperature=temperature, top_p=top_p, seed=1_000 + s,
-                                      **(extra if model == SPECULATIVE else {})).output_ids[:dist_tokens])
-                for s in range(samples)]
-    drawn = None
-    if is_phased(client):  # the baseline is loaded for its phase only: every sample of one model, then the other
-        s_all, b_all = speculative_then_baseline(client, lambda: [draw(SPECULATIVE, p) for p in prompts],
-                                                 lambda: [draw(BASELINE, p) for p in prompts])
-        drawn, rep.order = list(zip(b_all, s_all)), PHASED_NOTE
-    for i, p in enumerate(prompts):
-        if drawn is not None:
-            outs = {BASELINE: drawn[i][0], SPECULATIVE: drawn[i][1]}
-        else:
-            outs = {BASELINE: [], SPECULATIVE: []}
-            for s in range(samples):
-                for model in (BASELINE, SPECULATIVE):
-                    g = client.generate(model, p.text, dist_tokens, exclude_input_in_output=True,
-                                        temperature=temperature, top_p=top_p, seed=1_000 + s,
-                                        **(extra if model == SPECULATIVE else {}))
-                    outs[model].append(tuple(g.output_ids[:dist_tokens]))
-        stat, dof, pval = chi2_homogeneity(outs[BASELINE], outs[SPECULATIVE])
+    def one(model: str, p: Prompt, s: int) -> tuple:
+        g = client.generate(model, p.text, dist_tokens, exclude_input_in_output=True, temperature=temperature,
+                            top_p=top_p, seed=1_000 + s, **(extra if model == SPECULATIVE else {}))
+        return tuple(g.output_ids[:dist_tokens])
+
+    def row(p: Prompt, base: list, spec: list) -> dict:
+        stat, dof, pval = chi2_homogeneity(base, spec)
         # dof 0: every sample of both models fell in one category (the distribution is near-deterministic at this
         # temperature): the test has nothing to compare — inconclusive, not a pass
-        rep.distribution.append({"prompt": p.text[:80], "samples": samples, "tokens": dist_tokens,
-                                 "temperature": temperature, "chi2": stat, "dof": dof, "p_value": pval,
-                                 "passed": pval >= alpha, "inconclusive": dof == 0})
-        if progress:
-            progress(i + 1)
+        return {"prompt": p.text[:80], "samples": samples, "tokens": dist_tokens, "temperature": temperature,
+                "chi2": stat, "dof": dof, "p_value": pval, "passed": pval >= alpha, "inconclusive": dof == 0}
+
+    def side(model: str) -> Callable:
+        def run(progress) -> list:
+            out = []
+            for p in prompts:
+                out.append([one(model, p, s) for s in range(samples)])
+                if progress:
+                    progress(len(out))
+            return out
+        return run
+
+    def interleaved(progress) -> list[dict]:
+        rows = []
+        for i, p in enumerate(prompts):
+            outs: dict = {BASELINE: [], SPECULATIVE: []}
+            for s in range(samples):
+                for model in (BASELINE, SPECULATIVE):
+                    outs[model].append(one(model, p, s))
+            rows.append(row(p, outs[BASELINE], outs[SPECULATIVE]))
+            if progress:
+                progress(i + 1)
+        return rows
+
+    return Measurement(f"sampling T={temperature}", len(prompts), interleaved, side(SPECULATIVE), side(BASELINE),
+                       lambda s_all, b_all: [row(p, b, s) for p, b, s in zip(prompts, b_all, s_all)], len(prompts))
 
 
 def describe(d: Divergence) -> str:

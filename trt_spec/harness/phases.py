@@ -2,10 +2,23 @@
 second full copy of the target, which does not fit beside the speculative model; records/manifest.py RepoRecord
 phase_models, serve/llmapi_repository.py PHASE_MODELS).
 
-`check` and `bench` then measure the speculative model first, over every prompt; then unload it, load the baseline,
-measure it over the same prompts, unload it and load the speculative model back, even when the run fails or is
-interrupted (Ctrl-C / SIGTERM during the restore are held until it is done). Results are paired by prompt, not
-interleaved in time: drift between the phases (thermal, other tenants) is not cancelled out as alternating does.
+`check`, `bench` and `tune` then switch ONCE per command (`measure`): every measurement of the command (A/B per k and
+policy, concurrency sweep, request-rate run; greedy and sampling identity) is split into a speculative half and a
+baseline half; every speculative half runs first, then the speculative model is unloaded and the baseline loaded, every
+baseline half runs (one per distinct baseline workload: the baseline does not depend on k or the policy), and the
+speculative model is loaded back, even when the run fails or is interrupted (Ctrl-C / SIGTERM during the restore are
+held until it is done). Results are paired by prompt, not interleaved in time: drift between the phases (thermal, other
+tenants) is not cancelled out as alternating does. Where both models are served at once, `measure` runs each
+measurement as before, alternating requests.
+
+The restore: a failed switch or measurement is the error raised; a restore that fails besides is logged (and noted on
+that error), never put in its place; the speculative model's reload is tried whatever happened to the baseline's
+unload; a reload that fails raises one line naming the state the server is left in and the fix.
+
+One switch at a time per server on this host: a lock file (cache_dir()/PHASE_LOCKS_SUBDIR/HOST_PORT.lock, flock) is held
+from the first speculative half to the end of the restore; a second run against the same HOST:PORT fails at once with
+one line naming the first run's pid (it does not wait: a 70B phase cycle takes an hour, and a silent wait looks like a
+hang). Runs on other hosts, or against the same server's other port, are not seen.
 
 Triton, r26.04 (checked in triton-inference-server/core and server at r26.04):
 - load (POST /v2/repository/models/NAME/load; gRPC RepositoryModelLoad) returns once the model is loaded or failed to
@@ -27,17 +40,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
+import re
 import signal
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Callable, Optional, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Hashable, Optional, Sequence, TypeVar
 
 from ..records import llmapi_contract as lc
-from .client import RESTRICTED_REFUSAL, ClientError, LLMClient, _grpc_message
+from ..records.defaults import cache_dir
+from .client import LOCAL_HOSTS, RESTRICTED_REFUSAL, ClientError, LLMClient, _grpc_message
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
+PHASE_LOCKS_SUBDIR = "phase-locks"
 UNLOAD_WAIT_S = 900.0  # a 70B LLM-API model's shutdown included
 LOAD_TIMEOUT_S = 3600.0  # one HTTP load call: a cold 70B load from network storage
 PHASED_NOTE = ("phased: the speculative model over every prompt first, then the baseline (loaded for its phase only, "
@@ -91,6 +112,10 @@ class ModelControl:
             return self._http("/index") or []
         out = self._grpc("index", lambda c, h: c.get_model_repository_index(headers=h, as_json=True))
         return list(out.get("models", []))
+
+    def state(self, name: str) -> str:
+        """The model's state in the repository index (READY, LOADING, UNLOADING, UNAVAILABLE), "" when not listed."""
+        return next((m.get("state", "") for m in self.index() if m.get("name") == name), "")
 
     def load(self, name: str) -> None:
         if self.client.protocol == "http":
@@ -147,34 +172,160 @@ def require_control(client: LLMClient) -> ModelControl:
     return ctl
 
 
+RESTORE_FAILED = ("{url}: {spec} did not load back after the baseline's phase ({error}); the server is left with "
+                  "{state}, and {spec} is not served until it loads: load it with the repository API (POST "
+                  "/v2/repository/models/{spec}/load on the server's HTTP port, with its admin key in the {header} "
+                  "header) or restart `trt-spec serve`")
+
+
+def _states(ctl: ModelControl) -> str:
+    """The two models' states, for RESTORE_FAILED."""
+    try:
+        return ", ".join(f"{n} {ctl.state(n) or 'not listed'}" for n in (lc.MODEL_NAME, lc.BASELINE_MODEL))
+    except ClientError as e:
+        return f"models in an unknown state (the repository index did not answer: {e})"
+
+
+def _restore(ctl: ModelControl, note: Callable[[str], None]) -> Optional[ClientError]:
+    """Unload the baseline (where it is, or may be, loaded) and load the speculative model back, that always.
+    Returns the error of a reload that failed (RESTORE_FAILED), None when the speculative model is back."""
+    from ..serve.server import ADMIN_HEADER
+
+    note(f"unloading {lc.BASELINE_MODEL}, loading {lc.MODEL_NAME} back")
+    try:
+        if ctl.state(lc.BASELINE_MODEL) in ("READY", "LOADING", "UNLOADING"):
+            ctl.unload(lc.BASELINE_MODEL)
+    except Exception as e:  # noqa: BLE001 - reported; the reload below is what matters, and is tried anyway
+        _log.warning("unloading %s after its phase failed: %s", lc.BASELINE_MODEL, e)
+    try:
+        ctl.load(lc.MODEL_NAME)
+    except Exception as e:  # noqa: BLE001 - one line, with the state and the fix
+        return ClientError(RESTORE_FAILED.format(url=ctl.client.url, spec=lc.MODEL_NAME, error=e, state=_states(ctl),
+                                                 header=ADMIN_HEADER))
+    return None
+
+
 @contextlib.contextmanager
 def baseline_phase(client: LLMClient, ctl: Optional[ModelControl] = None, note: Callable[[str], None] = lambda s: None):
     """Within the block the baseline is loaded in place of the speculative model; after it (error and interrupt
-    included) the speculative model is loaded back."""
+    included) the speculative model is loaded back. A failed switch or block raises its own error; a restore that
+    fails besides is logged and noted on it; a restore that fails after a good block raises RESTORE_FAILED."""
     ctl = ctl or require_control(client)
     note(f"unloading {lc.MODEL_NAME}, loading {lc.BASELINE_MODEL} (a model load: minutes for a 70B target)")
-    ctl.unload(lc.MODEL_NAME)
     try:
+        ctl.unload(lc.MODEL_NAME)
         ctl.load(lc.BASELINE_MODEL)
         yield
-    finally:
+    except BaseException as e:
         with _held_signals():
-            note(f"unloading {lc.BASELINE_MODEL}, loading {lc.MODEL_NAME} back")
-            try:
-                ctl.unload(lc.BASELINE_MODEL)
-            finally:
-                ctl.load(lc.MODEL_NAME)
+            failed = _restore(ctl, note)
+        if failed is not None:
+            _log.warning("%s", failed)
+            if hasattr(e, "add_note"):  # Python 3.11+: shown with the traceback
+                e.add_note(f"restore: {failed}")
+        raise
+    with _held_signals():
+        failed = _restore(ctl, note)
+    if failed is not None:
+        raise failed
+
+
+def _lock_path(url: str):
+    host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
+    host = "localhost" if host in LOCAL_HOSTS or host.startswith("127.") else host
+    return cache_dir() / PHASE_LOCKS_SUBDIR / (re.sub(r"[^A-Za-z0-9.-]", "_", f"{host}_{port}") + ".lock")
+
+
+@contextlib.contextmanager
+def switch_lock(url: str):
+    """Held for one phase cycle: a second run on this host against the same HOST:PORT fails at once with one line
+    (module docstring). A cache that cannot be written runs unguarded, with a warning."""
+    import fcntl
+
+    path = _lock_path(url)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        _log.warning("no phase lock for %s (%s: %s): another run could switch its models at the same time", url, path,
+                     e.strerror)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            raise ClientError(f"{url}: another trt-spec run on this host is switching this server's models (pid "
+                              f"{holder}; lock {path}); run again when it is done") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {' '.join(sys.argv[:3])}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; a run that dies releases it too
 
 
 def is_phased(client) -> bool:
     return bool(getattr(client, "phased", False))
 
 
+Stage = Callable[[str, int], "tuple[ContextManager, Optional[Callable]]"]
+
+
+def _no_stage(label: str, total: int):
+    return contextlib.nullcontext(), None
+
+
+@dataclass
+class Measurement:
+    """One measurement of both models, in the two forms `measure` runs. Each callable takes a progress callback (or
+    None). interleaved: both models served at once, requests alternating; total: its progress units. speculative and
+    baseline: the halves, each on its own model (half_total progress units each), and pair(spec, base) their result.
+    baseline_key: halves with the same key measure the same baseline workload, run once per phase cycle (None: its
+    own)."""
+
+    label: str
+    total: int
+    interleaved: Callable[[Any], Any]
+    speculative: Callable[[Any], Any]
+    baseline: Callable[[Any], Any]
+    pair: Callable[[Any, Any], Any]
+    half_total: int
+    baseline_key: Optional[Hashable] = None
+
+
+def measure(client, measurements: Sequence[Measurement], *, stage: Stage = _no_stage,
+            note: Callable[[str], None] = lambda s: None) -> list:
+    """Each measurement's result, in order. Both models served: each measurement interleaved, one after the other.
+    The baseline loaded for its phase only: one phase cycle for all of them (module docstring), under switch_lock.
+    stage(label, total) -> (context, progress callback) wraps each run (a progress bar)."""
+    def run(fn: Callable, label: str, total: int):
+        ctx, cb = stage(label, total)
+        with ctx:
+            return fn(cb)
+
+    if not is_phased(client):
+        return [run(m.interleaved, m.label, m.total) for m in measurements]
+    return _cycle(client, measurements, run, note)
+
+
+def _cycle(client, measurements: Sequence[Measurement], run: Callable, note: Callable[[str], None]) -> list:
+    """One phase cycle: the key checked, the lock taken, every speculative half, the switch, every distinct baseline
+    half, the restore; then the pairs."""
+    ctl = require_control(client)
+    with switch_lock(client.url):
+        spec = [run(m.speculative, f"{m.label} (speculative)", m.half_total) for m in measurements]
+        base: dict = {}
+        keys = [m.baseline_key if m.baseline_key is not None else ("own", i) for i, m in enumerate(measurements)]
+        with baseline_phase(client, ctl, note):
+            for m, key in zip(measurements, keys):
+                if key not in base:
+                    base[key] = run(m.baseline, f"{m.label} (baseline)", m.half_total)
+    return [m.pair(s, base[key]) for m, s, key in zip(measurements, spec, keys)]
+
+
 def speculative_then_baseline(client: LLMClient, speculative: Callable[[], T], baseline: Callable[[], T],
                               note: Callable[[str], None] = lambda s: None) -> tuple[T, T]:
-    """speculative() with the launch's models, then baseline() in the baseline's phase; the key is checked first."""
-    ctl = require_control(client)
-    spec = speculative()
-    with baseline_phase(client, ctl, note):
-        base = baseline()
-    return spec, base
+    """speculative() with the launch's models, then baseline() in the baseline's phase: one cycle."""
+    m = Measurement("", 0, speculative, lambda _: speculative(), lambda _: baseline(), lambda s, b: (s, b), 0)
+    return _cycle(client, [m], lambda fn, label, total: fn(None), note)[0]

@@ -54,7 +54,7 @@ def markdown(rep: dict) -> str:
                 f"1, …), mean k when speculating {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
                 f"{a.get('rounds_without_speculation_share', 0):.0%}.", ""]
         if a.get("source"):
-            out += [f"Acceptance from {a['source']}.", ""]
+            out += [f"Acceptance from {a['source']}" + "".join(f"; {n}" for n in a.get("notes", [])) + ".", ""]
         if b.get("order"):
             out += [f"Order: {b['order']}.", ""]
         if b.get("warning"):

@@ -95,8 +95,13 @@ SPEC_PERF_ZERO = True
 ACCEPTANCE_SOURCE = "acceptance_source"  # the harness's metric naming where acceptance came from
 FROM_PERF_OUTPUTS = "the model's perf outputs"
 FROM_STREAMED_CHUNKS = ("streamed responses: tokens per response = tokens per iteration (avg_decoded_tokens_per_iter, "
-                        "the first iteration included); TensorRT-LLM 1.2.1 reports 0 accepted/drafted on the PyTorch "
-                        "flow (NVIDIA/TensorRT-LLM#17082)")
+                        "the first iteration included; a stream_interval above 1, fewer responses than iterations, "
+                        "would overstate it); TensorRT-LLM 1.2.1 reports 0 accepted/drafted on the PyTorch flow "
+                        "(NVIDIA/TensorRT-LLM#17082)")
+ACCEPTANCE_NOTE = "acceptance_note"  # the harness's metric naming a correction to FROM_STREAMED_CHUNKS' count
+STREAM_CUT = ("a stop string cut the final text: accepted tokens counted up to the longest streamed text (the stop "
+              "string's own tokens are not seen: a low bound)")
+STREAM_CLAMPED = "fewer tokens than streamed responses: accepted tokens clamped at 0"
 TEXT_INPUT, TEXT_OUTPUT, STREAMING = "text_input", "text_output", "streaming"
 MAX_TOKENS = "sampling_param_max_tokens"
 EXCLUDE_INPUT = "sampling_param_exclude_input_from_output"  # MODEL default False: text_output includes the prompt

@@ -13,7 +13,8 @@ from typing import Optional
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..build.hardware import GpuSpec
-from ..build.memory import Instance, concurrent_sets, instance_rows, repository_overflow
+from ..build.memory import (LLMAPI_SPEC_MODEL_WEIGHTS, Instance, concurrent_sets, instance_rows,
+                            repository_overflow)
 from ..build.model_info import PreflightError
 from ..records import llmapi_contract as lc
 from ..records.manifest import BuildManifest, RepoRecord
@@ -48,7 +49,7 @@ def instances(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[
         spec = y.get("speculative_config") or {}
         extra = pre.head if spec.get("decoding_type") == lc.DECODING_TYPES["eagle3"] else pre.draft
         if spec.get(lc.SPEC_MODEL_DIR) and extra is not None:
-            out.append(Instance(name, "draft", extra, pre.quant.weights, **common))
+            out.append(Instance(name, "draft", extra, LLMAPI_SPEC_MODEL_WEIGHTS, **common))
     for name, cfg in configs.items():
         role = ENGINE_ROLES.get(name)
         if role is None or name in yamls or cfg.backend != "tensorrtllm":

@@ -274,25 +274,56 @@ def remove_admin_key_files(key: str, paths: list[Path]) -> None:
             pass
 
 
+def _dir_bytes(d: str) -> int:
+    total = 0
+    for root, _, files in os.walk(d):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
 def engine_bytes(repo: Path) -> int:
-    """Bytes of the repository's engine files: the sizes its record stores (trt_spec_repo.json "engines"), else what
-    the engine directories its record names hold on disk; 0 for a repository without engines or record."""
+    """Bytes of weights the launch loads: the repository's engine files (the sizes its record stores, else what the
+    engine directories hold on disk); for runtime llmapi, the checkpoint and the draft/head directories that the
+    model.yaml of each model loaded at launch names. 0 for a repository without engines or record."""
     try:
         record = RepoRecord.read(Path(repo))
     except ManifestError:
         return 0
+    if record is None:
+        return 0
     total = 0
-    for d, sums in (record.engines if record else {}).items():
-        if sums.files:
-            total += sum(int(f.get("size", 0)) for f in sums.files.values())
+    for d, sums in record.engines.items():
+        total += sum(int(f.get("size", 0)) for f in sums.files.values()) if sums.files else _dir_bytes(d)
+    from ..records import llmapi_contract as lc
+
+    for name in record.load_models or []:
+        f = Path(repo) / name / "1" / lc.YAML_FILE
+        if not f.is_file():
             continue
-        for root, _, files in os.walk(d):
-            for name in files:
-                try:
-                    total += os.path.getsize(os.path.join(root, name))
-                except OSError:
-                    pass
+        import yaml
+
+        y = yaml.safe_load(f.read_text()) or {}
+        dirs = [y.get("model"), (y.get("speculative_config") or {}).get(lc.SPEC_MODEL_DIR)]
+        total += sum(_dir_bytes(d) for d in dirs if isinstance(d, str) and os.path.isdir(d))
     return total
+
+
+def repo_ready_timeout_s(repo: Path) -> float:
+    """serve's default ready timeout for the repository: defaults.ready_timeout_s of the weights it loads, plus the
+    LLM API's start-up work after the weights (CUDA-graph capture, autotuning) on a GPU."""
+    try:
+        record = RepoRecord.read(Path(repo))
+    except ManifestError:
+        record = None
+    from ..records import llmapi_contract as lc
+
+    llmapi_gpu = bool(record and record.engine == "tensorrt"
+                      and any((Path(repo) / m / "1" / lc.YAML_FILE).is_file() for m in record.load_models or []))
+    return defaults.ready_timeout_s(engine_bytes(repo)) + (defaults.LLMAPI_READY_EXTRA_S if llmapi_gpu else 0.0)
 
 
 def read_admin_key(path: Path) -> str:
@@ -598,7 +629,7 @@ class TritonServer:
         # serving.DRAIN_FILE_ENV: the models read it (drain()); in the private work dir, with the backends copy
         self.drain_file = self.workdir / "drain"
         self.spec.env[DRAIN_FILE_ENV] = str(self.drain_file)
-        self.ready_timeout = defaults.ready_timeout_s(engine_bytes(self.repo))  # wait_ready's default
+        self.ready_timeout = repo_ready_timeout_s(self.repo)  # wait_ready's default
         self._key_files: list[Path] = []  # admin_key_path(port) of the HTTP and gRPC ports, while it runs
         self.proc: Optional[subprocess.Popen] = None
         self.is_serving = False  # set by the caller once ready and serving (trt-spec serve: a signal then drains)
