@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import io
 import json
 import re
@@ -32,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..reference.checkpoints import PKG_PREFIX, package_path
 from .model_info import PreflightError
 from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED
 
-PKG_PREFIX = "pkg:"
 BUNDLED_CALIB_DATASET = "pkg:trt_spec/build/calib_sets/trt-spec-mixed-v1"
 HUB_DEFAULT = "cnn_dailymail"  # quantize.py's default --calib_dataset
 
@@ -87,13 +86,13 @@ def resolve(spec: str) -> Path:
     absolute. Raises PreflightError when the package is not installed."""
     if not spec.startswith(PKG_PREFIX):
         return Path(spec).expanduser().absolute()
-    module, _, rel = spec[len(PKG_PREFIX):].partition("/")
-    found = importlib.util.find_spec(module) if module and rel else None
-    if found is None or not found.submodule_search_locations:
+    path = package_path(spec)
+    if path is None:
+        module = spec[len(PKG_PREFIX):].partition("/")[0]
         raise PreflightError(f"quantization.calib_dataset {spec}: no installed package {module!r} holds it; use "
                              f"pkg:<module>/<dir> of an installed package (trt-spec's own: {BUNDLED_CALIB_DATASET}) "
                              "or a local directory")
-    return Path(list(found.submodule_search_locations)[0]) / rel
+    return path
 
 
 def _split_of(rel: Path) -> Optional[str]:

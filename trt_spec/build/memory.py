@@ -24,6 +24,11 @@ LLMAPI_SPEC_MODEL_WEIGHTS = "bf16"
 CALIBRATION_PEAK_FACTOR = 1.6
 
 
+def calibration_peak_gib(num_params: int) -> float:
+    """GPU memory quantize.py needs at peak: the target's 16-bit weights x CALIBRATION_PEAK_FACTOR."""
+    return num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
+
+
 @dataclass(frozen=True)
 class MemoryRow:
     gpu_id: int

@@ -20,8 +20,8 @@ from ..records.llmapi_contract import EAGLE3_SUPPORT, MTP_ARCHITECTURES
 from ..records.speculation import Mode
 from ..records.config import BuildConfig
 from .hardware import GpuSpec
-from .memory import (CALIBRATION_PEAK_FACTOR, GIB, LLMAPI_SPEC_MODEL_WEIGHTS, MemoryRow, memory_rows, shared_gpu_kv_fraction,
-                     totals_per_gpu)
+from .memory import (GIB, LLMAPI_SPEC_MODEL_WEIGHTS, MemoryRow, calibration_peak_gib, memory_rows,
+                     shared_gpu_kv_fraction, totals_per_gpu)
 from .model_info import ModelInfo, PreflightError, is_imported, model_info_for, read_vocab
 from .trtllm import DEFAULT_KV_FRACTION, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
 from .calibration import BUNDLED_CALIB_DATASET, CalibSet, calibrates, check_calib_dataset, quantizes
@@ -392,7 +392,7 @@ def _check_calibration_fits(cfg: BuildConfig, quant: QuantChoice, target: ModelI
     allow_offload (True: a warning; None, a caller that builds nothing: a warning)."""
     if not quantizes(cfg.engine, cfg.runtime, quant.weights):
         return []
-    need = target.num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
+    need = calibration_peak_gib(target.num_params)
     have = gpu.memory_gib * gpu.count
     if need <= have:
         return []

