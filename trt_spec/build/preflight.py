@@ -228,6 +228,16 @@ def _llmapi_quantization(cfg: BuildConfig, has_fp8: bool, gname: str, cc: str) -
     return QuantChoice(weights=weights, kv_cache=kv), warnings
 
 
+# NVIDIA/TensorRT-LLM#7842: one-model EAGLE-3 with a 16-bit head over an FP8-KV target asserted "KV cache data type
+# e4m3 is not the same as input data type fp16" (kernels/fmhaDispatcher.cpp) on the first request; PR #8910 (merged
+# 2025-11-06) forces FP8 FMHA for that case. Whether the v1.2.1 tag carries it could not be read here (the tag is not
+# fetchable), so this is a warning with the way out, not a refusal.
+EAGLE3_FP8_KV_RISK = ("EAGLE-3 one-model with an FP8 KV cache: TensorRT-LLM #7842 (a 16-bit head over an FP8-KV target "
+                      "asserted 'KV cache data type e4m3 is not the same as input data type' on the first request) was "
+                      "fixed by PR #8910 in 2025-11, not verified in 1.2.1 here; if the first request fails so, set "
+                      "speculative.eagle3.one_model: false (two-model: the head keeps its own KV cache)")
+
+
 def _llmapi_checks(cfg: BuildConfig, target: ModelInfo, require: bool) -> tuple[Optional[ModelInfo], list[str]]:
     """runtime: llmapi, before any work: the EAGLE-3 head matches the target and the target's architecture serves
     the chosen one- or two-model form; MTP needs a model with MTP layers. Returns the head's model facts (for the
@@ -467,6 +477,8 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
         if cfg.engine == "tensorrt":
             head, lnotes = _llmapi_checks(cfg, target, require_checkpoints)
             notes += lnotes
+            if cfg.speculative.mode == "eagle3" and cfg.speculative.eagle3.one_model and quant.kv_cache == "fp8":
+                warnings.append(EAGLE3_FP8_KV_RISK)
     if cfg.engine == "tensorrt":
         _check_parallel("target", cfg.target.tp, cfg.target.pp, target)
         if draft is not None:
