@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
@@ -131,13 +131,7 @@ class EnginePerf:
     last-token time the last target call's. An in-engine mode makes one call: its own values. (The acceptance outputs
     are the loop's: Metrics.)"""
 
-    kv_new_blocks: int = 0
-    kv_reused_blocks: int = 0
-    kv_total_blocks: int = 0
-    arrival_ns: int = 0
-    first_scheduled_ns: int = 0
-    first_token_ns: int = 0
-    last_token_ns: int = 0
+    total: bc.PerfMetrics = field(default_factory=bc.PerfMetrics)  # its acceptance fields stay 0: the loop's
 
     def add(self, responses: Sequence[dict[str, np.ndarray]], *, output: bool) -> None:
         """One engine call's perf outputs (its last response carrying them: each response holds the request's values
@@ -148,14 +142,15 @@ class EnginePerf:
         v = {k: int(np.asarray(out[k]).reshape(-1)[0]) for k in (
             "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
             "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")}
-        self.kv_new_blocks += v["kv_cache_alloc_new_blocks"]
-        self.kv_reused_blocks += v["kv_cache_reused_blocks"]
-        self.kv_total_blocks += v["kv_cache_alloc_total_blocks"]
-        self.arrival_ns = self.arrival_ns or v["arrival_time_ns"]
-        self.first_scheduled_ns = self.first_scheduled_ns or v["first_scheduled_time_ns"]
-        if output:
-            self.first_token_ns = self.first_token_ns or v["first_token_time_ns"]
-            self.last_token_ns = v["last_token_time_ns"] or self.last_token_ns
+        t = self.total
+        self.total = replace(
+            t, kv_new_blocks=t.kv_new_blocks + v["kv_cache_alloc_new_blocks"],
+            kv_reused_blocks=t.kv_reused_blocks + v["kv_cache_reused_blocks"],
+            kv_total_blocks=t.kv_total_blocks + v["kv_cache_alloc_total_blocks"],
+            arrival_ns=t.arrival_ns or v["arrival_time_ns"],
+            first_scheduled_ns=t.first_scheduled_ns or v["first_scheduled_time_ns"],
+            first_token_ns=(t.first_token_ns or v["first_token_time_ns"]) if output else t.first_token_ns,
+            last_token_ns=(v["last_token_time_ns"] or t.last_token_ns) if output else t.last_token_ns)
 
 
 @dataclass
@@ -170,11 +165,7 @@ class Metrics:
     def perf_outputs(self) -> dict[str, np.ndarray]:
         """The ten perf outputs of NVIDIA's tensorrt_llm_bls (backend_contract.PERF_OUTPUT_TYPES, [1, 1] each), for the
         request so far: the engines' (EnginePerf) and the loop's acceptance."""
-        e = self.engine
-        return bc.PerfMetrics(kv_new_blocks=e.kv_new_blocks, kv_reused_blocks=e.kv_reused_blocks,
-                              kv_total_blocks=e.kv_total_blocks, arrival_ns=e.arrival_ns,
-                              first_scheduled_ns=e.first_scheduled_ns, first_token_ns=e.first_token_ns,
-                              last_token_ns=e.last_token_ns, accepted=self.accepted, drafted=self.drafted).tensors()
+        return replace(self.engine.total, accepted=self.accepted, drafted=self.drafted).tensors()
 
     @property
     def draft_lengths(self) -> list[int]:
