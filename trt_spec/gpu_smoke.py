@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from .records.atomic import write_atomic
+
 
 ENGINE_CONFIG = "build_configs/smollm2-first-contact-fp8.yaml"
 LLMAPI_CONFIG = "build_configs/smollm2-first-contact-llmapi.yaml"
@@ -495,8 +497,8 @@ class SmokeReport:
 
     def write(self, out_dir: Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "report.json").write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        (out_dir / "report.md").write_text(self.to_markdown())
+        write_atomic(out_dir / "report.json", json.dumps(self.to_json(), indent=2) + "\n")
+        write_atomic(out_dir / "report.md", self.to_markdown())
         return out_dir / "report.md"
 
 

@@ -10,6 +10,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..records.atomic import write_atomic
 from ..records.names import BASELINE, SPECULATIVE
 from .metrics import fmt
 
@@ -21,11 +22,6 @@ def environment() -> dict:
             "platform": platform.platform(), "cpus": os.cpu_count(),
             "packages": {d: v(d) for d in ("trt-spec", "tritonclient", "nvidia-pytriton", "torch", "tensorrt_llm")}}
 
-
-def _atomic_write(path: Path, data: bytes | str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
 
 
 def markdown(rep: dict) -> str:
@@ -228,6 +224,6 @@ def write_reports(rep: dict, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rep = {**rep, "environment": rep.get("environment") or environment()}
-    _atomic_write(out_dir / "report.json", json.dumps(rep, indent=2, default=float) + "\n")
-    _atomic_write(out_dir / "report.md", markdown(rep))
+    write_atomic(out_dir / "report.json", json.dumps(rep, indent=2, default=float) + "\n")
+    write_atomic(out_dir / "report.md", markdown(rep))
     return [out_dir / "report.json", out_dir / "report.md", *plots(rep, out_dir)]

@@ -1,4 +1,4 @@
-"""Directories written whole or not at all: build the new one next to the old, then swap."""
+"""Files and directories written whole or not at all: build the new one next to the old, then swap."""
 
 from __future__ import annotations
 
@@ -33,3 +33,11 @@ def replacing_dir(dest: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """path holds the old content or the new one, never a part: write a temporary file beside it, then rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
