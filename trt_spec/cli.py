@@ -595,15 +595,15 @@ def _client(url: str, protocol: str, wait: Optional[float] = None, admin_key_fil
         c.check_ready(list(TEXT_MODELS), wait)
         note = c.check_baseline()
         if note:
-            _err(f"note: {note}")
+            _note(note)
     except ClientError as e:
         raise UserError(str(e)) from None
     return c
 
 
 def _note(line: str) -> None:
-    """A phase switch, on stderr (harness/phases.py)."""
-    click.echo(f"note: {line}", err=True)
+    """A note on stderr (a phase switch of harness/phases.py, a check that was skipped)."""
+    _err(f"note: {line}")
 
 
 def _progress(console, total: int, label: str):
