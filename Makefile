@@ -43,7 +43,7 @@ plan: setup
 # trt-spec's small pure-python dependencies (pyproject's `image` extra). Every package the image already has is pinned
 # to its installed version (a constraints file from pip freeze), so pip fails rather than replace the image's
 # TensorRT-LLM, torch or numpy; all but the ones tritonclient's requirements bound (grpcio, protobuf, greenlet, ...),
-# which pip may move into tritonclient's range. The recipe is trt_spec/deploy/gpu_setup.py (tests/test_gpu_setup.py
+# which pip may move into tritonclient's range. The recipe is trt_spec/deploy/gpu_setup.py (tests/deploy/test_gpu_setup.py
 # runs pip's resolver on it). Then `trt-spec doctor` imports tritonclient.grpc and what the served python models
 # import, and fails with one line if the image's TensorRT-LLM is not the one trt-spec targets.
 gpu-setup:

@@ -36,11 +36,11 @@ def log(msg: str) -> None:
 def build_and_repo(config: Path, build: bool) -> tuple[Path, object]:
     """The config's build (run first with --build: resumable, but a build made by another interpreter path reruns),
     and a Triton repository written from it."""
-    from trt_spec.build.pipeline import plan_for
-    from trt_spec.build.runner import run_plan
+    from trt_spec.builder.pipeline import plan_for
+    from trt_spec.builder.runner import run_plan
     from trt_spec.records.config import load_config
     from trt_spec.records.manifest import BuildManifest
-    from trt_spec.serve.repository import write_repository
+    from trt_spec.repository.writer import write_repository
 
     plan = plan_for(load_config(config), config)
     if build:
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from trt_spec.harness.prompts import Prompt, load_prompts, with_chat_template
     from trt_spec.records.config import load_config
     from trt_spec.serve.server import TritonServer, free_port
-    from trt_spec.served.serving import load_tokenizer
+    from trt_spec.in_triton.serving import load_tokenizer
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from trt_spec.records import backend_contract as bc
-from trt_spec.served.speculative_loop import EngineError
+from trt_spec.in_triton.speculative_loop import EngineError
 
 VOCAB = 50
 END_ID = 2

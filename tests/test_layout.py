@@ -11,7 +11,7 @@ PKG = REPO / "trt_spec"
 # Earlier stages never import later ones. records: what every stage reads; reference: the CPU engine (a library the
 # build exports with and the stand-in serves); then build -> what runs inside tritonserver -> repository and launcher
 # -> the client harness -> deploy -> the CLI shell on top.
-ORDER = ["records", "reference", "build", "served", "serve", "harness", "deploy", "cli"]
+ORDER = ["records", "reference", "builder", "in_triton", "repository", "serve", "harness", "deploy", "cli"]
 TOP = {"cli", "demo", "doctor", "gpu_smoke"}  # the CLI and the commands it composes
 
 
@@ -71,3 +71,35 @@ def test_no_module_imports_a_later_stage():
 def test_model_repo_holds_the_python_models_nvidia_style():
     models = sorted(p.parent.parent.name for p in (REPO / "model_repo").glob("*/1/model.py"))
     assert models == ["llmapi", "postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]
+
+
+def test_no_import_cycle():
+    """No two modules reach each other through imports, lazy ones inside functions included (an import inside a
+    function hides a cycle from Python at import time, not from this test). A package's __init__ counts as the package."""
+    mods = dict((m, p) for p, m in modules())
+    graph = {}
+    for module, path in ((m, p) for m, p in mods.items()):
+        edges = set()
+        for target in imports(path, module):
+            while target and target not in mods:  # `from pkg.mod import name` names a module or an attribute
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                edges.add(target)
+        graph[module] = edges
+    cycles, state, stack = [], {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == "open":
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert cycles == []

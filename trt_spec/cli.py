@@ -16,8 +16,8 @@ from .records import defaults
 from .records.speculation import POLICIES
 from .records.config import BuildConfig, ConfigError, load_config
 from .harness.prompts import PROMPT_SETS
-from .build.hardware import HardwareError
-from .build.preflight import PreflightError
+from .builder.hardware import HardwareError
+from .builder.preflight import PreflightError
 
 USER_ERROR = 2  # bad config / failed preflight (before any expensive work)
 
@@ -52,7 +52,7 @@ def _load(config: str, sets: tuple[str, ...]) -> BuildConfig:
 
 def _plan_for(config: str, sets: tuple[str, ...], gpu: Optional[str], require_checkpoints: bool,
               allow_offload: Optional[bool] = False):
-    from .build.pipeline import plan_for
+    from .builder.pipeline import plan_for
 
     cfg = _load(config, sets)
     try:
@@ -223,7 +223,7 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload:
     """Preflight CONFIG, then quantize/convert and build every engine (incremental, resumable)."""
     from rich.console import Console
 
-    from .build.runner import BuildError, run_plan
+    from .builder.runner import BuildError, run_plan
 
     console = Console(stderr=True)
     p = _plan_for(config, sets, gpu, require_checkpoints=not dry_run, allow_offload=allow_offload)
@@ -343,8 +343,8 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
          sets: tuple[str, ...]) -> None:
     """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
     from .records.manifest import ManifestError
-    from .build.pipeline import manifest_from
-    from .serve.repository import RepositoryError, write_repository
+    from .builder.pipeline import manifest_from
+    from .repository.writer import RepositoryError, write_repository
 
     src = Path(source)
     try:
@@ -355,7 +355,7 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
     except (ConfigError, PreflightError, HardwareError, ManifestError, RepositoryError) as e:
         raise UserError(str(e)) from None
     click.echo(f"wrote {dest} ({', '.join(sorted(configs))})")
-    from .serve.llmapi_repository import missing_sources
+    from .repository.llmapi import missing_sources
 
     for line in missing_sources(dest):  # runtime llmapi written where the image's model source is not
         click.echo(f"note: {line}")
@@ -458,7 +458,7 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
         raise UserError(str(e)) from None
     if openai_port is not None:
         from .serve.openai_frontend import FrontendProcess
-        from .serve.repository import RepositoryError
+        from .repository.writer import RepositoryError
 
         try:  # before the server starts: a busy port or a repository it cannot serve is one line, at once
             frontend = FrontendProcess(Path(repository), f"{_loopback(host)}:{grpc_port}", openai_port, host,
@@ -572,7 +572,7 @@ def _chat(prompts, tokenizer: Optional[str]):
                    " to send them as chat requests.", err=True)
         return prompts
     from .harness.prompts import with_chat_template
-    from .served.serving import load_tokenizer
+    from .in_triton.serving import load_tokenizer
 
     return with_chat_template(prompts, load_tokenizer(tokenizer))
 
@@ -685,7 +685,7 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
     tok = None
     if tokenizer:
         from .harness.prompts import with_chat_template
-        from .served.serving import load_tokenizer
+        from .in_triton.serving import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
         client.use_tokenizer(tok)  # an LLM-API model returns text only: its tokens are this tokenizer's
@@ -822,7 +822,7 @@ class BenchOptions:
 
 
 def _bench_in_process(o: BenchOptions, prompts: list) -> None:
-    from .build.runner import BuildError
+    from .builder.runner import BuildError
     from .harness.inprocess import compare_hf, format_report, load_deployment, run_inprocess, to_json
 
     cfg = _load(o.config, o.sets)
@@ -876,7 +876,7 @@ def _bench_served(o: BenchOptions, prompts: list) -> None:
     else:
         client, protocol = _client(o.url, o.protocol, o.wait, o.admin_key_file), o.protocol
         if o.tokenizer:
-            from .served.serving import load_tokenizer
+            from .in_triton.serving import load_tokenizer
 
             client.use_tokenizer(load_tokenizer(o.tokenizer))
         new_client = client.clone
@@ -962,7 +962,7 @@ def demo(config: str, out_dir: str) -> None:
     from .demo import format_verdict, run_demo
     from .harness.client import ClientError
     from .records.manifest import ManifestError
-    from .build.runner import BuildError
+    from .builder.runner import BuildError
     from .serve.server import ServerError
 
     _sigterm_as_ctrl_c()

@@ -22,11 +22,11 @@ from .harness.prompts import load_prompts, with_chat_template
 from .harness.report import write_reports
 from .records.manifest import BuildManifest
 from .records.names import BASELINE, SPECULATIVE, TEXT_MODELS
-from .build.pipeline import plan_for
-from .serve.repository import write_repository
-from .build.runner import run_plan
+from .builder.pipeline import plan_for
+from .repository.writer import write_repository
+from .builder.runner import run_plan
 from .serve.server import TritonServer, free_port
-from .served.spec_metrics import acceptance_summary, scrape
+from .in_triton.spec_metrics import acceptance_summary, scrape
 
 
 @dataclass
@@ -62,7 +62,7 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
     report: dict = {"title": f"demo {cfg.resolved_name(config)}", "check": [], "bench": []}
     with server:
         say(f"      ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
-        from .served.serving import load_tokenizer
+        from .in_triton.serving import load_tokenizer
 
         tok = load_tokenizer(tokenizer_dir)
         check_prompts = with_chat_template(load_prompts(s.prompt_set, s.check_tokens)[: s.check_prompts], tok)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .records.config import Toolchain
-from .build.hardware import detect_gpus
+from .builder.hardware import detect_gpus
 from .serve.server import find_tritonserver, python_backend_stub
-from .build import trtllm
-from .build.trtllm import NGC_IMAGE, TRTLLM_VERSION, trtllm_mismatch
+from .builder import trtllm
+from .builder.trtllm import NGC_IMAGE, TRTLLM_VERSION, trtllm_mismatch
 from .deploy.gpu_setup import canonical
 
 
@@ -34,7 +34,7 @@ STUB_MODULES = {"triton_python_backend_utils"}
 
 def model_sources() -> Path:
     """The python models trt-spec deploys: trt_spec.model_repo when installed, else the checkout's model_repo/ (as
-    serve.repository.model_repo_sources, without importing the repository writer and its protobuf dependencies)."""
+    repository.writer.model_repo_sources, without importing the repository writer and its protobuf dependencies)."""
     from importlib.util import find_spec
 
     spec = find_spec("trt_spec.model_repo")
@@ -161,12 +161,12 @@ def _last_line(text: str) -> str:
 
 def nvidia_llmapi_dir(tc: Toolchain) -> tuple[Optional[Path], list[str], Optional[str]]:
     """(NVIDIA's LLM-API model directory on this machine or None, the places looked in, why it was not looked for)
-    as the repository writer finds it (serve.llmapi_repository.llmapi_source: toolchain.llmapi_model_dir, else
+    as the repository writer finds it (repository.llmapi.llmapi_source: toolchain.llmapi_model_dir, else
     LLMAPI_SOURCE_CANDIDATES)."""
     try:  # the writer imports tritonclient's protobuf code: a broken tritonclient is its own doctor line
-        from .serve.llmapi_repository import LLMAPI_SOURCE_CANDIDATES, llmapi_source
+        from .repository.llmapi import LLMAPI_SOURCE_CANDIDATES, llmapi_source
     except Exception as e:  # noqa: BLE001
-        return None, [], f"trt_spec.serve.llmapi_repository does not import ({type(e).__name__}: {e})"
+        return None, [], f"trt_spec.repository.llmapi does not import ({type(e).__name__}: {e})"
     places = [tc.llmapi_model_dir] if tc.llmapi_model_dir else list(LLMAPI_SOURCE_CANDIDATES)
     return llmapi_source(tc.llmapi_model_dir), places, None
 

@@ -68,7 +68,7 @@ READY_MARGIN_S = 120.0  # the driver's own watchdog over serve's ready timeout (
 
 def configured_calib_dataset(config: str) -> Optional[str]:
     """The engine config's quantization.calib_dataset (the first-contact config names trt-spec's bundled set,
-    build/calibration.py BUNDLED_CALIB_DATASET), or None: then quantize.py would download cnn_dailymail."""
+    builder/calibration.py BUNDLED_CALIB_DATASET), or None: then quantize.py would download cnn_dailymail."""
     from .records.config import ConfigError, load_config
 
     try:

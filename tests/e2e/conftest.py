@@ -11,10 +11,10 @@ import yaml
 from trt_spec.records.config import load_config
 from trt_spec.harness import client
 from trt_spec.records.manifest import BuildManifest
-from trt_spec.build.plan import make_plan
-from trt_spec.build.preflight import run_preflight
-from trt_spec.serve.repository import write_repository
-from trt_spec.build.runner import run_plan
+from trt_spec.builder.plan import make_plan
+from trt_spec.builder.preflight import run_preflight
+from trt_spec.repository.writer import write_repository
+from trt_spec.builder.runner import run_plan
 from trt_spec.serve.server import TritonServer, free_port
 
 from ..tiny import make_model, make_tokenizer

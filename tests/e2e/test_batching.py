@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from trt_spec.records import backend_contract as bc
 from trt_spec.harness.client import LLMClient
 from trt_spec.records.manifest import BuildManifest
-from trt_spec.serve.repository import write_repository
+from trt_spec.repository.writer import write_repository
 
 from .conftest import _serve, build_deployment
 from .test_reliability import PROMPTS, _tensor, b, i32, raw

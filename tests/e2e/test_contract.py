@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from trt_spec.records import backend_contract as bc
 from trt_spec.harness.client import ClientError, LLMClient
 from trt_spec.records.manifest import BuildManifest
-from trt_spec.serve.repository import write_repository
+from trt_spec.repository.writer import write_repository
 from trt_spec.serve.server import ServerError, TritonServer, free_port
 
 from .conftest import _serve, build_deployment
@@ -62,7 +62,7 @@ def stream_call(url, model, inputs, outputs):
 
 
 def prompt_ids(server):
-    from trt_spec.served.serving import encode, load_tokenizer
+    from trt_spec.in_triton.serving import encode, load_tokenizer
 
     from .test_harness import tokenizer_dir
 
@@ -209,7 +209,7 @@ def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo,
     left out fails every such request with Triton core's refusal, as the C++ backend's response would."""
     from google.protobuf import text_format
 
-    from trt_spec.serve.repository import parse_config
+    from trt_spec.repository.writer import parse_config
 
     server = _serve(lookahead_repo, tmp_path / "ok.log")
     try:

@@ -26,7 +26,7 @@ def cli(*args, timeout=300):
 
 def tokenizer_dir(server) -> str:
     cfg = (server.repo / "preprocessing" / "config.pbtxt").read_text()
-    from trt_spec.served.serving import repo_path
+    from trt_spec.in_triton.serving import repo_path
 
     rel = cfg.split('key: "tokenizer_dir"')[1].split('string_value: "')[1].split('"')[0]
     return repo_path(str(server.repo / "preprocessing"), rel)  # written relative to the repository
@@ -91,7 +91,7 @@ def broken_server(dtm_server, tmp_path_factory):
 
 
 def test_broken_speculative_model_is_caught_at_the_right_position(broken_server):
-    from trt_spec.served.serving import load_tokenizer
+    from trt_spec.in_triton.serving import load_tokenizer
 
     client = LLMClient(broken_server.grpc_url, "grpc")
     tok = load_tokenizer(tokenizer_dir(broken_server))

@@ -14,13 +14,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from trt_spec.build.plan import make_plan
-from trt_spec.build.preflight import run_preflight
-from trt_spec.build.runner import run_plan
+from trt_spec.builder.plan import make_plan
+from trt_spec.builder.preflight import run_preflight
+from trt_spec.builder.runner import run_plan
 from trt_spec.records import llmapi_contract as lc
 from trt_spec.records.config import load_config
 from trt_spec.records.manifest import BuildManifest
-from trt_spec.serve.repository import write_repository
+from trt_spec.repository.writer import write_repository
 
 from .conftest import _serve
 
@@ -134,7 +134,7 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     from trt_spec.harness.client import ClientError, LLMClient
     from trt_spec.harness.prompts import Prompt
     from trt_spec.records.names import TEXT_MODELS
-    from trt_spec.served.serving import load_tokenizer
+    from trt_spec.in_triton.serving import load_tokenizer
 
     tok_dir = str(next((llmapi_server.repo.parent / "build" / "engines").glob("target")))
     bare = LLMClient(llmapi_server.grpc_url, "grpc")
@@ -182,7 +182,7 @@ def test_phase_switch_needs_the_admin_key_and_restores_on_error(llmapi_server, m
     from trt_spec.harness.phases import speculative_then_baseline
     from trt_spec.harness.prompts import Prompt
     from trt_spec.records.names import TEXT_MODELS
-    from trt_spec.served.serving import load_tokenizer
+    from trt_spec.in_triton.serving import load_tokenizer
 
     tok = load_tokenizer(str(llmapi_server.repo.parent / "build" / "engines" / "target"))
     for proto, url in (("grpc", llmapi_server.grpc_url), ("http", llmapi_server.http_url)):

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from trt_spec.harness.client import GREEDY, LLMClient
 from trt_spec.records.manifest import BuildManifest
-from trt_spec.serve.repository import write_repository
+from trt_spec.repository.writer import write_repository
 
 from . import nvidia_clients as nv
 from .conftest import _serve, build_deployment
@@ -61,7 +61,7 @@ def test_end_to_end_grpc_client_streams_the_completion_alone(deployments, tiny_m
     prompt, whatever exclude_input_in_output says (the engine ignores it when streaming). The ensemble decodes each
     engine response on its own, as NVIDIA's postprocessing does (a character split across tokens comes out as
     replacement characters); the BLS holds back incomplete characters, so its deltas add up to the whole text."""
-    from trt_spec.served.serving import load_tokenizer
+    from trt_spec.in_triton.serving import load_tokenizer
 
     tok = load_tokenizer(str(tiny_models["tokenizer"]))
     server = deployments["decoupled"]

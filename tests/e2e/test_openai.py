@@ -251,7 +251,7 @@ def test_every_metric_the_grafana_dashboard_reads_is_served(openai_server):
 
     from trt_spec.deploy.k8s import CHART_SOURCES, QUEUE_COMPUTE_RULE
     from trt_spec.records.defaults import QUEUE_COMPUTE_METRIC
-    from trt_spec.served.spec_metrics import parse_metrics
+    from trt_spec.in_triton.spec_metrics import parse_metrics
 
     s = openai_server
     served = {x.name for url in (s.triton_metrics, s.url + "/metrics")

@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from trt_spec.harness.client import LLMClient
 from trt_spec.records import backend_contract as bc
-from trt_spec.served.spec_metrics import scrape, value
+from trt_spec.in_triton.spec_metrics import scrape, value
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "import numpy as np\n", "Once upon a time"]
 GREEDY: dict = {}

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 
 from trt_spec.records import names as n
 from trt_spec.harness.client import ClientError, LLMClient
-from trt_spec.served.spec_metrics import LATENCY_BUCKETS, acceptance_summary, histogram, parse_metrics, scrape, value
+from trt_spec.in_triton.spec_metrics import LATENCY_BUCKETS, acceptance_summary, histogram, parse_metrics, scrape, value
 
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "class Stack:\n    def push(self, x):",
            "The quick brown fox jumps over the lazy dog. The quick brown", "for i in range(10):\n   "]

@@ -27,7 +27,7 @@ from trt_spec.harness.report import markdown  # noqa: E402
 from trt_spec.records import backend_contract as bc  # noqa: E402
 from trt_spec.records.defaults import GPU_NUMERICS_ENV, NEAR_TIE_MARGIN  # noqa: E402
 from trt_spec.records.names import BASELINE, BASELINE_ENGINE, DRAFT, NUM_DRAFT_TOKENS, TARGET  # noqa: E402
-from trt_spec.served.speculative_loop import EngineError, SpeculativeLoop, engine_inputs, SpecRequest  # noqa: E402
+from trt_spec.in_triton.speculative_loop import EngineError, SpeculativeLoop, engine_inputs, SpecRequest  # noqa: E402
 
 from ..e2e.conftest import build_deployment  # noqa: E402
 from ..tiny import make_model, make_tokenizer  # noqa: E402

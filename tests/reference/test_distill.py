@@ -168,7 +168,7 @@ def test_cli_defaults_are_the_configs_and_the_plans_argv_parses():
     defaults = {f.name: f.default for f in dataclasses.fields(distill.DistillConfig)}
     a = distill._parser().parse_args(["--teacher", "t", "--output_dir", "o"])
     assert {k: getattr(a, k) for k in distill.CLI_OPTIONS} == {k: defaults[k] for k in distill.CLI_OPTIONS}
-    # the argv trt_spec.build.plan builds for the distill-draft step
+    # the argv trt_spec.builder.plan builds for the distill-draft step
     a = distill._parser().parse_args(["--teacher", "t", "--output_dir", "o", "--hidden", "96", "--layers", "3",
                                       "--steps", "7", "--seed", "5"])
     assert (a.hidden, a.layers, a.steps, a.seed, a.lr) == (96, 3, 7, 5, defaults["lr"])

@@ -1,4 +1,4 @@
-"""The one speculative loop (the BLS's, trt_spec/served/speculative_loop.py) over real tiny models on the reference
+"""The one speculative loop (the BLS's, trt_spec/in_triton/speculative_loop.py) over real tiny models on the reference
 engine, in process: every engine call goes through the stand-in's contract and its batching scheduler, as in
 Triton and in `bench --in-process`. The output must be the target's own (plain greedy, tests/reference/oracle.py)."""
 
@@ -12,18 +12,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from trt_spec.served.local_engines import LocalEngines  # noqa: E402
+from trt_spec.in_triton.local_engines import LocalEngines  # noqa: E402
 from trt_spec.records import backend_contract as bc  # noqa: E402
 from trt_spec.records.names import DRAFT, TARGET  # noqa: E402
 from trt_spec.reference.model import ReferenceModel  # noqa: E402
 from trt_spec.reference.standin import StandIn  # noqa: E402
-from trt_spec.served.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop  # noqa: E402
+from trt_spec.in_triton.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop  # noqa: E402
 
 from .oracle import plain_greedy  # noqa: E402
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 8, 61, 12, 40], [120, 7, 33], [64]]
 MAX_SEQ_LEN = 256
-# What serve.repository writes for an engine model, as far as the backend reads it at load
+# What repository.writer writes for an engine model, as far as the backend reads it at load
 PARAMS = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": "(in memory)", "enable_kv_cache_reuse": "true",
           "enable_chunked_context": "false", "tokenizer_dir": "", "xgrammar_tokenizer_info_path": "",
           "guided_decoding_backend": ""}

@@ -31,8 +31,8 @@ from ..records import defaults
 from ..records.atomic import replacing_dir
 from ..records.speculation import Mode, break_even_acceptance
 from ..records.manifest import BuildManifest, ManifestError
-from ..build.model_info import is_imported
-from ..build.trtllm import NGC_IMAGE
+from ..builder.model_info import is_imported
+from ..builder.trtllm import NGC_IMAGE
 
 CHART_SOURCES = Path(__file__).parent / "chart"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
@@ -81,7 +81,7 @@ class Acceptance:
 def load_manifest(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> BuildManifest:
     """BUILD_DIR (its manifest.json) or CONFIG (its plan, before the build). Refuses a CPU (reference) deployment.
     Raises DeployError, or ConfigError/PreflightError/HardwareError from planning a config (one line each)."""
-    from ..build.pipeline import manifest_from
+    from ..builder.pipeline import manifest_from
 
     source = Path(source)
     if not source.exists():
@@ -106,7 +106,7 @@ def plan_ranks(m: BuildManifest) -> int:
 def layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> Layout:
     """Raises DeployError when the plan's GPUs cannot be placed on nodes of gpus_per_node GPUs (default: the GPU
     count the plan was made for)."""
-    from ..serve.repository import RepoSettings, mpi_ranks
+    from ..repository.writer import RepoSettings, mpi_ranks
 
     ranks = plan_ranks(m)
     per = gpus_per_node if gpus_per_node is not None else (m.gpu.count if m.gpu else ranks)
@@ -120,7 +120,7 @@ def layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> Layout:
 
 def model_sizes(m: BuildManifest) -> tuple[int, Optional[int]]:
     """(target, draft) parameter counts from the checkpoints' config.json, else the built-in model table."""
-    from ..build.model_info import model_info_for
+    from ..builder.model_info import model_info_for
 
     cfg = m.config
     target = model_info_for(cfg.target.checkpoint, "target", False).num_params
@@ -141,7 +141,7 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
     (preflight's estimate: x memory.CALIBRATION_PEAK_FACTOR at peak) into GPU memory, so the Job asks for the GPUs
     that hold that (at least the serving pod's), and host memory for the 16-bit checkpoint it reads (x1.25 + 32 GiB).
     A node size given with --gpus-per-node that cannot hold the calibration is refused with the fix."""
-    from ..build.memory import CALIBRATION_PEAK_FACTOR, GIB, calibration_peak_gib
+    from ..builder.memory import CALIBRATION_PEAK_FACTOR, GIB, calibration_peak_gib
 
     gpus = min(lay.ranks, lay.gpus_per_node)
     target_params, _ = model_sizes(m)
@@ -201,7 +201,7 @@ def launch(m: BuildManifest, repository: str, *, admin_key: bool):
     """trt-spec's launch command for this deployment, with the repository at its path in the pod: a pure function of
     the repository's record (what `trt-spec repo` will write there: world size, orchestrator mode, GPU ids), computed
     from the manifest; nothing is written or read to compute it."""
-    from ..serve.repository import repo_record
+    from ..repository.writer import repo_record
     from ..serve.server import NGC_TRITONSERVER, launch_spec
 
     spec = launch_spec(Path(repository), record=repo_record(m), binary=NGC_TRITONSERVER, host="0.0.0.0",

@@ -1,8 +1,8 @@
 """In-process benchmark of a CPU deployment: the served speculative loop over in-process engine calls, no server.
 
-The deployment is the one `trt-spec repo` writes for the build (serve.repository's model configs): every engine model
+The deployment is the one `trt-spec repo` writes for the build (repository.writer's model configs): every engine model
 becomes a reference.standin.StandIn loaded from its own config, and the speculative side is the BLS's
-`SpeculativeLoop` (served/speculative_loop.py) built from the BLS's own parameters, with the same draft-length
+`SpeculativeLoop` (in_triton/speculative_loop.py) built from the BLS's own parameters, with the same draft-length
 policy and proposers. Every engine call goes through the backend contract (the stand-in's request checks and
 outputs) and the engine's in-flight batching scheduler, as in Triton; only Triton itself, the tokenizer in the
 loop and the network are left out. So this is the served path's ceiling, and the one place trt-spec measures the
@@ -36,8 +36,8 @@ import numpy as np
 from ..records import backend_contract as bc
 from ..records.names import BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
 from ..records.speculation import leviathan_bound, solve_alpha
-from ..served.local_engines import LocalEngines
-from ..served.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop, engine_inputs, response_tokens, validate
+from ..in_triton.local_engines import LocalEngines
+from ..in_triton.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop, engine_inputs, response_tokens, validate
 from .bench import Sample, acceptance_summary
 from .metrics import fmt, low_acceptance_advice, tpot
 from .prompts import Prompt
@@ -76,8 +76,8 @@ def load_deployment(build_dir: Path) -> Loaded:
 
     from ..records.manifest import BuildManifest
     from ..reference.standin import StandIn, model_parameters
-    from ..serve.repository import RepoSettings, repository_configs
-    from ..served.serving import default_end_id, default_pad_id
+    from ..repository.writer import RepoSettings, repository_configs
+    from ..in_triton.serving import default_end_id, default_pad_id
 
     m = BuildManifest.read(build_dir)
     if m.engine != "reference":

@@ -1,6 +1,6 @@
 """Measurement phases for a repository whose baseline is loaded for its phase only (runtime llmapi: the baseline is a
 second full copy of the target, which does not fit beside the speculative model; records/manifest.py RepoRecord
-phase_models, serve/llmapi_repository.py PHASE_MODELS).
+phase_models, repository/llmapi.py PHASE_MODELS).
 
 `check`, `bench` and `tune` then switch ONCE per command (`measure`): every measurement of the command (A/B per k and
 policy, concurrency sweep, request-rate run; greedy and sampling identity) is split into a speculative half and a

@@ -16,7 +16,7 @@ from .metrics import fmt
 
 
 def environment() -> dict:
-    from ..build.trtllm import dist_version as v
+    from ..builder.trtllm import dist_version as v
 
     return {"time": datetime.now(timezone.utc).isoformat(), "python": sys.version.split()[0],
             "platform": platform.platform(), "cpus": os.cpu_count(),

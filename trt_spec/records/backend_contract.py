@@ -613,7 +613,7 @@ def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfMet
     What the backend writes is checked against `declared` (the model config's outputs), as Triton core checks it
     (UNDECLARED_OUTPUT): one undeclared output fails the response. Then only the requested outputs are returned:
     Triton returns requested outputs only, and a python stand-in must not even send the others
-    (trt_spec.served.serving.requested_only)."""
+    (trt_spec.in_triton.serving.requested_only)."""
     ids = list(tokens) if (req.streaming or req.exclude_input) else list(req.input_ids) + list(tokens)
     out = {OUTPUT_IDS: np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
            SEQUENCE_LENGTH: np.asarray([[len(ids)]], dtype=np.int32)}

@@ -83,7 +83,7 @@ class Quantization(_Strict):
     )
     calib_dataset: Optional[str] = Field(
         None, description="the calibration set quantize.py reads: a local directory (datasets' layout, a text column) "
-        "or pkg:<module>/<dir> (trt-spec's bundled set: pkg:trt_spec/build/calib_sets/trt-spec-mixed-v1); null = "
+        "or pkg:<module>/<dir> (trt-spec's bundled set: pkg:trt_spec/builder/calib_sets/trt-spec-mixed-v1); null = "
         "cnn_dailymail, downloaded from the Hugging Face Hub at build time (offline hosts cannot)"
     )
     calib_size: int = Field(512, ge=1, description="calibration samples")

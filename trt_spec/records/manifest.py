@@ -117,7 +117,7 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class CalibrationRecord:
-    """The set quantize.py calibrated on (build/calibration.py): the config's value (quantize.py's Hub default
+    """The set quantize.py calibrated on (builder/calibration.py): the config's value (quantize.py's Hub default
     cnn_dailymail when none), the local directory it read (None: downloaded), the sha256 of its data files and the
     samples it took."""
 

@@ -68,9 +68,9 @@ METRIC_OUTPUTS = (*bc.SPEC_PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
 
 # -- Files ------------------------------------------------------------------------------------------------
 # A tokenizer's files, copied next to every engine (and distilled draft) that serves with it.
-# Model-config parameters that name a directory are absolute (serve/repository.py ABSOLUTE_PATHS). The python models
+# Model-config parameters that name a directory are absolute (repository/writer.py ABSOLUTE_PATHS). The python models
 # still resolve a relative tokenizer_dir (a repository written by trt-spec before that) against the repository
-# (served/serving.py repo_path); gpt_model_path is never resolved so: the tensorrtllm backend, and so the stand-in,
+# (in_triton/serving.py repo_path); gpt_model_path is never resolved so: the tensorrtllm backend, and so the stand-in,
 # resolves it against the server's working directory.
 PATH_PARAMETERS = ("tokenizer_dir",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -78,7 +78,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 # -- Prometheus metrics the BLS publishes (Triton's metrics port, /metrics) ---------------------------------
 # A Kubernetes alert rule and autoscaler read these names; labels: model (the BLS as served), mode (the loop's
-# mode: draft_target | ngram | engine). trt_spec/served/spec_metrics.py publishes and reads them.
+# mode: draft_target | ngram | engine). trt_spec/in_triton/spec_metrics.py publishes and reads them.
 METRIC_REQUESTS = "trt_spec_requests_total"  # counter: finished requests
 METRIC_DRAFT_TOKENS = "trt_spec_draft_tokens_total"  # counter: drafted tokens
 METRIC_ACCEPTED_TOKENS = "trt_spec_accepted_draft_tokens_total"  # counter: accepted draft tokens

@@ -74,7 +74,7 @@ TRTLLM_SPECULATIVE_MODES = {"draft_target": "draft_tokens_external", "ngram": "d
                             "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead_decoding"}
 LOOP_MODES = tuple(m.value for m in Mode if m.loop_in_bls)
 BLS_MODES = (*LOOP_MODES, "engine")  # the BLS's speculative_mode parameter
-POLICIES = ("adaptive", "fixed")  # draft-length policies (trt_spec/served/draft_policy.py)
+POLICIES = ("adaptive", "fixed")  # draft-length policies (trt_spec/in_triton/draft_policy.py)
 PROPOSERS = ("suffix", "prompt_lookup")  # n-gram mode's draft-free proposers
 
 

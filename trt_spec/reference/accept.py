@@ -1,6 +1,6 @@
 """The accept rule of one verification: greedy prefix matching, or rejection sampling against the draft's
 distribution (exact: the output is distributed as the target's). The engine's verification runs it
-(engine.accept_draft); the speculative loop itself is trt_spec/served/speculative_loop.py, the only one.
+(engine.accept_draft); the speculative loop itself is trt_spec/in_triton/speculative_loop.py, the only one.
 
 Naming (used throughout): p = target probabilities, q = draft probabilities.
 """

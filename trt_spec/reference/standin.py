@@ -155,7 +155,7 @@ def check_engine_path(path: str) -> None:
     """gpt_model_path as the tensorrtllm backend opens it: the raw string, a relative one against this process's
     working directory (tritonserver's: a python-backend stub inherits it), never against the repository. A path that
     does not exist fails the load with the backend's own (misleading) error, then trt-spec's hint (ABSOLUTE_PATHS in
-    serve/repository.py; the backend: model_instance_state.cc ModelInstanceState ctor, std::filesystem::exists)."""
+    repository/writer.py; the backend: model_instance_state.cc ModelInstanceState ctor, std::filesystem::exists)."""
     if os.path.isdir(path):
         return
     where = "" if os.path.isabs(path) else f" from the server's working directory {os.getcwd()}"

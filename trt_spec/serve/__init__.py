@@ -1,1 +1,2 @@
-"""Stage 2 and 3, repository and serving: the Triton model repository writer (trt-spec repo) and the tritonserver launcher (trt-spec serve)."""
+"""Stage 3, serve: the tritonserver launcher and supervisor (trt-spec serve) and the OpenAI-compatible frontend it can
+start beside Triton."""

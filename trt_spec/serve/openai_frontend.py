@@ -39,7 +39,7 @@ from ..records.defaults import ADD_SPECIAL_TOKENS
 from ..records.names import (BASELINE, DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE,
                              STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS, TOP_P)
 from ..records.speculation import POLICIES
-from ..served.serving import StopCutter, input_byte_limit
+from ..in_triton.serving import StopCutter, input_byte_limit
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 # Request fields accepted and ignored (no effect on the output)
@@ -85,7 +85,7 @@ class FrontendSettings:
 
     @staticmethod
     def from_repository(repo: Path, triton_url: str) -> "FrontendSettings":
-        from .repository import RepositoryError, parse_config
+        from ..repository.writer import RepositoryError, parse_config
 
         path = Path(repo) / SPECULATIVE / "config.pbtxt"
         if not path.is_file():
@@ -93,7 +93,7 @@ class FrontendSettings:
                                   "runtime's repository (ensemble and the speculative BLS), which `trt-spec repo` "
                                   "writes; a runtime llmapi repository is not served by it")
         p = {k: v.string_value for k, v in parse_config(path).parameters.items()}
-        from ..served.serving import repo_path
+        from ..in_triton.serving import repo_path
 
         return FrontendSettings(triton_url, repo_path(str(path.parent), p["tokenizer_dir"]), int(p["max_seq_len"]), int(p["max_draft_len"]),
                                 p.get("add_special_tokens", "true") == "true",
@@ -351,7 +351,7 @@ class Frontend:
     """The app's state: settings, tokenizer, the Triton channel, and the vLLM-named metrics."""
 
     def __init__(self, settings: FrontendSettings, tokenizer=None):
-        from ..served.serving import load_tokenizer
+        from ..in_triton.serving import load_tokenizer
 
         self.s = settings
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.tokenizer_dir)
@@ -362,7 +362,7 @@ class Frontend:
 
     async def run(self, r: GenRequest) -> AsyncIterator[tuple[str, Completion]]:
         """(text delta, completion so far) per model response; the last item carries the finish reason."""
-        from ..served.serving import IncrementalDetokenizer
+        from ..in_triton.serving import IncrementalDetokenizer
 
         detok = IncrementalDetokenizer(self.tokenizer)
         cut = StopCutter(r.stop)
@@ -682,7 +682,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     import uvicorn
 
-    from .repository import RepositoryError
+    from ..repository.writer import RepositoryError
 
     ap = argparse.ArgumentParser(prog="trt-spec-openai", description=main.__doc__)
     ap.add_argument("--repository", required=True)

@@ -49,7 +49,7 @@ from typing import Optional
 from ..records import defaults
 from ..records.manifest import ManifestError, RepoRecord
 from ..records.procutil import die_with_parent, shell_line
-from ..served.serving import CANCELLING, DRAIN_FILE_ENV, DRAINING
+from ..in_triton.serving import CANCELLING, DRAIN_FILE_ENV, DRAINING
 
 SHM_DIR = Path("/dev/shm")
 WORKDIR_PREFIX = "trt-spec-triton-"
@@ -114,7 +114,7 @@ def repo_info(repo: Path, record: Optional[RepoRecord] = None) -> tuple[int, boo
             raise ServerError(f"{repo} is a build directory, not a model repository; write one from it, then serve "
                               f"that: trt-spec repo {repo} --out {Path(repo) / 'repo'} && trt-spec serve "
                               f"{Path(repo) / 'repo'}")
-        from .llmapi_repository import missing_sources
+        from ..repository.llmapi import missing_sources
 
         missing = missing_sources(Path(repo))
         if missing:
@@ -815,7 +815,7 @@ class TritonServer:
         -1 when the metrics cannot be read."""
         from ..records.backend_contract import REQUEST_METRICS
         from ..records.names import METRIC_IN_FLIGHT
-        from ..served.spec_metrics import scrape, value
+        from ..in_triton.spec_metrics import scrape, value
 
         try:
             samples = scrape(f"http://{self._client_host()}:{self.metrics_port}/metrics", timeout_s=5.0)

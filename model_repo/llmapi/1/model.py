@@ -1,5 +1,5 @@
 """tensorrt_llm / tensorrt_llm_baseline of a CPU `runtime: llmapi` deployment: the stand-in of TensorRT-LLM's LLM-API
-Triton model (python backend), a thin adapter over trt_spec/served/llmapi_standin.py. It reads the same model.yaml as
+Triton model (python backend), a thin adapter over trt_spec/in_triton/llmapi_standin.py. It reads the same model.yaml as
 NVIDIA's model.py (next to this file; triton_config for the transaction policy) and answers the same tensors; on a
 GPU host the repository holds NVIDIA's model.py instead."""
 
@@ -12,8 +12,8 @@ import triton_python_backend_utils as pb_utils
 import yaml
 
 from trt_spec.records import llmapi_contract as lc
-from trt_spec.served.llmapi_standin import LlmapiError, LlmapiStandIn
-from trt_spec.served.serving import enable_crash_traces, error_line, request_inputs
+from trt_spec.in_triton.llmapi_standin import LlmapiError, LlmapiStandIn
+from trt_spec.in_triton.serving import enable_crash_traces, error_line, request_inputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INPUT_NAMES = tuple(t.name for t in lc.INPUTS)

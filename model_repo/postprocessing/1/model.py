@@ -12,7 +12,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.records.names import POST_OUTPUT_IDS, POSTPROCESSING, Post
-from trt_spec.served.serving import (enable_crash_traces, end_if_cut, load_tokenizer, requested_only,
+from trt_spec.in_triton.serving import (enable_crash_traces, end_if_cut, load_tokenizer, requested_only,
                                      resolve_path_parameters, respond_each)
 
 

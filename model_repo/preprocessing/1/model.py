@@ -11,10 +11,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.records.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT, Pre
-from trt_spec.served.serving import (check_input_bytes, check_no_embedding_bias, decode_strings, default_end_id,
+from trt_spec.in_triton.serving import (check_input_bytes, check_no_embedding_bias, decode_strings, default_end_id,
                                      default_pad_id, enable_crash_traces, encode, input_byte_limit, load_tokenizer,
                                      refuse_if_draining, resolve_path_parameters, respond_each, scalar, to_word_list)
-from trt_spec.served.speculative_loop import RequestError, check_prompt_len
+from trt_spec.in_triton.speculative_loop import RequestError, check_prompt_len
 
 
 def _get(request, name):

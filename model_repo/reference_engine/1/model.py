@@ -29,8 +29,8 @@ from trt_spec.reference.batching import QueueFullError
 from trt_spec.records.backend_contract import ContractError
 from trt_spec.reference.standin import INPUT_NAMES, StandIn, model_parameters
 from trt_spec.records import backend_contract as bc
-from trt_spec.served.engine_metrics import EngineMetrics
-from trt_spec.served.serving import enable_crash_traces, error_line, request_inputs, resolve_path_parameters
+from trt_spec.in_triton.engine_metrics import EngineMetrics
+from trt_spec.in_triton.serving import enable_crash_traces, error_line, request_inputs, resolve_path_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 REPORT_PERIOD_S = 30.0  # batching summary lines of single-sequence forwards, at most this often

@@ -2,7 +2,7 @@
 
 This file only parses the text request, tokenizes, turns engine calls into BLS requests and responses into
 Triton responses. The speculative loop itself (draft -> verify, n-gram, in-engine modes, EOS/stop words,
-metrics) is trt_spec/served/speculative_loop.py, unit-tested against a strict double of the backend contract.
+metrics) is trt_spec/in_triton/speculative_loop.py, unit-tested against a strict double of the backend contract.
 
 Beyond NVIDIA's BLS: streaming (stream=true sends each accepted chunk as its own response; decoupled
 deployments only), concurrent requests (async; every request has its own state), whole-request metrics
@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.served.serving import (IncrementalDetokenizer, check_input_bytes, check_no_embedding_bias, decode_strings,
+from trt_spec.in_triton.serving import (IncrementalDetokenizer, check_input_bytes, check_no_embedding_bias, decode_strings,
                                      input_byte_limit,
                                      default_end_id, default_pad_id, enable_crash_traces, encode, end_if_cut, error_line,
                                      load_tokenizer, refuse_if_draining, requested_only, resolve_path_parameters, scalar,
@@ -32,9 +32,9 @@ from trt_spec.records import backend_contract as bc
 from trt_spec.records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BEAM_WIDTH, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS,
                                     EMBEDDING_BIAS, MAX_TOKENS, NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, STOP_WORDS,
                                     STREAM, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
-from trt_spec.served.speculative_loop import (Cancelled, EngineError, LoopConfig, Metrics, RequestError, SpecRequest,
+from trt_spec.in_triton.speculative_loop import (Cancelled, EngineError, LoopConfig, Metrics, RequestError, SpecRequest,
                                       SpeculativeLoop, check_sampling, validate)
-from trt_spec.served.spec_metrics import SpecMetrics
+from trt_spec.in_triton.spec_metrics import SpecMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Client tensor -> engine tensor; forwarded only when the client sent it (TensorRT-LLM: absent top_k/top_p = greedy).
@@ -49,7 +49,7 @@ def _in(request, name):
 
 class _Responder:
     """respond(outputs: dict | error: str, flags) for one request. Sends only the outputs the request asked for
-    (trt_spec.served.serving.requested_only: the 24.10 stub drops any other without the GIL). `closed` turns true just
+    (trt_spec.in_triton.serving.requested_only: the 24.10 stub drops any other without the GIL). `closed` turns true just
     before a final response is handed over: the backend deletes the request's response factory even when that
     send fails, so after it the request may be neither answered nor asked is_cancelled()."""
 

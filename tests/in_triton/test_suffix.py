@@ -1,0 +1,159 @@
+"""Draft-free suffix proposals (trt_spec/in_triton/suffix.py): exact proposals on hand-made sequences."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trt_spec.in_triton.suffix import SuffixProposer, SuffixStore
+
+
+def test_copies_a_repeated_block_by_the_longest_match():
+    # Suffix [7, 8, 9] occurred at the start: m = 3, one occurrence -> budget 3.
+    seq = [7, 8, 9, 10, 11, 12, 13, 14, 1, 7, 8, 9]
+    assert SuffixProposer(8).propose(seq) == [10, 11, 12]
+
+
+def test_confidence_sets_the_length():
+    block = list(range(100, 120))
+    # The longer the copied stretch matched so far, the longer the proposal (one token per matched token).
+    for m in (2, 3, 5, 8):
+        seq = block + [1] + block[:m]
+        assert SuffixProposer(16).propose(seq) == block[m:2 * m]
+    # tokens_per_match scales it.
+    assert SuffixProposer(16, tokens_per_match=2.0).propose(block + [1] + block[:3]) == block[3:9]
+    assert SuffixProposer(16, tokens_per_match=0.5).propose(block + [1] + block[:4]) == block[4:6]
+
+
+def test_more_agreeing_occurrences_give_a_longer_proposal():
+    one = [1, 2, 30, 31, 32, 33, 9]
+    two = [1, 2, 30, 31, 32, 33, 9, 1, 2, 30, 31, 32, 33, 8]
+    # m = 2 in both; the second has two occurrences agreeing on 30 -> budget 2 + 1.
+    assert SuffixProposer(8).propose(one + [1, 2]) == [30, 31]
+    assert SuffixProposer(8).propose(two + [1, 2]) == [30, 31, 32]
+
+
+def test_the_more_frequent_continuation_wins():
+    # [1, 2, 3] ends at three earlier places: followed by 9, 9 and (most recently) 7.
+    seq = [1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]
+    assert SuffixProposer(8).propose(seq) == [9, 1, 2, 3]  # budget 3 + (2 agreeing - 1)
+
+
+def test_a_tie_goes_to_the_most_recent_occurrence():
+    seq = [1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]
+    assert SuffixProposer(8).propose(seq) == [7, 5, 1]
+    seq = [1, 2, 3, 7, 1, 2, 3, 9, 5, 1, 2, 3]
+    assert SuffixProposer(8).propose(seq) == [9, 5, 1]
+
+
+def test_a_longer_match_beats_a_more_frequent_shorter_one():
+    # [5, 6] is followed by 40 twice, but [4, 5, 6] (once, followed by 20) is the longer match.
+    seq = [4, 5, 6, 20, 21, 22, 0, 5, 6, 40, 0, 5, 6, 40, 0, 4, 5, 6]
+    assert SuffixProposer(8).propose(seq) == [20, 21, 22]
+
+
+def test_no_match_gives_empty_proposal():
+    p = SuffixProposer(8)
+    assert p.propose([1, 2, 3, 4, 5]) == []
+    assert p.propose([1, 2, 3, 1]) == []  # only a 1-token match, min_match = 2
+    assert SuffixProposer(8, min_match=1).propose([1, 2, 3, 1]) == [2]
+    assert p.propose([1]) == []
+    assert p.propose([]) == []
+    assert SuffixProposer(0).propose([1, 2, 1, 2]) == []
+
+
+def test_cap_at_k_max_and_request_k():
+    block = list(range(100, 140))
+    seq = block + [1] + block[:20]
+    assert SuffixProposer(6).propose(seq) == block[20:26]
+    assert SuffixProposer(6).propose(seq, k=3) == block[20:23]
+    assert SuffixProposer(6).propose(seq, k=50) == block[20:26]
+
+
+def test_periodic_tail_continues_its_period():
+    assert SuffixProposer(8).propose([5, 5, 5, 5, 5]) == [5, 5, 5, 5]
+    assert SuffixProposer(4).propose([9, 1, 2, 1, 2, 1, 2]) == [1, 2, 1, 2]
+
+
+def test_stops_at_eos():
+    seq = [1, 2, 3, 4, 2, 5, 6, 7, 0, 1, 2, 3, 4]
+    assert SuffixProposer(8).propose(seq, eos_token_ids=(2,)) == [2]
+    assert SuffixProposer(8).propose(seq) == [2, 5, 6, 7]
+
+
+def test_min_agreement_stops_a_contested_proposal():
+    seq = [1, 2, 30, 31, 0, 1, 2, 40, 41, 0, 1, 2, 50, 51, 0, 1, 2]
+    # [0, 1, 2] (m = 3) ends twice, followed by 40 and 50: a tie, the most recent wins at agreement 0.5.
+    assert SuffixProposer(8).propose(seq) == [50, 51, 0]
+    assert SuffixProposer(8, min_agreement=0.5).propose(seq) == [50, 51, 0]
+    assert SuffixProposer(8, min_agreement=0.6).propose(seq) == []
+
+
+def test_earlier_requests_in_the_store_are_used_and_bounded():
+    store = SuffixStore(max_sequences=2, anchor_len=2)
+    p = SuffixProposer(8, store=store)
+    earlier = [11, 12, 13, 14, 15, 16, 17, 18]
+    assert p.propose([50, 11, 12, 13]) == []
+    store.add(earlier)
+    assert p.propose([50, 11, 12, 13]) == [14, 15, 16]
+    # The current sequence is more recent than the store: it wins a tie.
+    assert p.propose([11, 12, 13, 99, 11, 12, 13]) == [99, 11, 12]
+    # Two more sequences evict the oldest.
+    store.add([60, 61, 62, 63])
+    store.add([70, 71, 72, 73])
+    assert len(store) == 2
+    assert p.propose([50, 11, 12, 13]) == []
+    assert p.propose([1, 70, 71]) == [72, 73]
+    # Token bound: the oldest go first; an over-long sequence keeps its tail.
+    small = SuffixStore(max_sequences=10, max_tokens=10, anchor_len=2)
+    small.add([1, 2, 3, 4, 5, 6])
+    small.add([7, 8, 9, 10, 11, 12])
+    assert len(small) == 1 and small.num_tokens == 6
+    small.add(list(range(200, 230)))
+    assert small.num_tokens == 10 and SuffixProposer(8, store=small).propose([0, 220, 221]) == [222, 223]
+    assert SuffixProposer(8, store=small).propose([0, 210, 211]) == []
+
+
+def test_store_recency_between_requests():
+    store = SuffixStore(anchor_len=2)
+    store.add([1, 2, 3, 30])
+    store.add([1, 2, 3, 40])
+    assert SuffixProposer(8, store=store).propose([0, 1, 2, 3]) == [40]
+
+
+def test_incremental_index_equals_fresh_and_is_deterministic():
+    rng = random.Random(0)
+    seq = [rng.randrange(6) for _ in range(400)]
+    grown = SuffixProposer(8)
+    for n in range(1, len(seq) + 1):
+        assert grown.propose(seq[:n]) == SuffixProposer(8).propose(seq[:n])
+    # Not an extension (the loop restarted): rebuilt, same answer as a fresh proposer.
+    assert grown.propose(seq[:50]) == SuffixProposer(8).propose(seq[:50])
+
+
+@pytest.mark.parametrize("k_max", [1, 3, 8])
+def test_proposals_never_exceed_the_cap(k_max):
+    rng = random.Random(k_max)
+    store = SuffixStore(max_sequences=4, anchor_len=2)
+    for _ in range(3):
+        store.add([rng.randrange(4) for _ in range(200)])
+    p = SuffixProposer(k_max, store=store, tokens_per_match=4.0)
+    seq = [rng.randrange(4) for _ in range(300)]
+    for n in range(0, len(seq), 7):
+        for k in (None, 0, 2, 100):
+            out = p.propose(seq[:n], k=k)
+            assert len(out) <= (k_max if k is None else min(k_max, k))
+
+
+def test_validation():
+    with pytest.raises(ValueError, match="min_match"):
+        SuffixProposer(min_match=0)
+    with pytest.raises(ValueError, match="max_match"):
+        SuffixProposer(min_match=4, max_match=3)
+    with pytest.raises(ValueError, match="k_max"):
+        SuffixProposer(-1)
+    with pytest.raises(ValueError, match="anchor_len"):
+        SuffixProposer(min_match=3, store=SuffixStore(anchor_len=2))
+    with pytest.raises(ValueError, match="min_agreement"):
+        SuffixProposer(min_agreement=1.5)

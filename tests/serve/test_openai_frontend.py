@@ -1,0 +1,92 @@
+"""The OpenAI frontend's request checks and text handling, without a server (tests/e2e/test_openai.py runs it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trt_spec.records.names import BASELINE, SPECULATIVE
+from trt_spec.serve.openai_frontend import FrontendSettings, OpenAIError, parse_request, request_tensors
+from trt_spec.in_triton.serving import StopCutter
+
+S = FrontendSettings("127.0.0.1:8001", "tok", max_seq_len=64, max_draft_len=4)
+
+
+class Tok:
+    """One token per character; a chat template that joins the turns."""
+
+    chat_template = "x"
+
+    def __len__(self):  # 4 tokens of at most 2 bytes: prompts over 64 x 2 x NORMALIZATION_SLACK bytes are refused
+        return 4
+
+    def decode(self, ids):
+        return "ab"
+
+    def encode(self, text, add_special_tokens=True):
+        return [1] * (len(text) + (1 if add_special_tokens else 0))
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+
+
+def parse(chat=False, **body):
+    return parse_request({"model": SPECULATIVE, **({} if chat else {"prompt": "hello"}), **body}, Tok(), S, chat=chat)
+
+
+def test_openai_defaults():
+    r = parse()
+    assert (r.max_tokens, r.temperature, r.top_p, r.stream, r.stop) == (16, 1.0, 1.0, False, [])  # OpenAI: sampling
+    assert r.prompt_tokens == 6
+    greedy = parse(temperature=0)
+    assert greedy.temperature is None and greedy.top_p is None  # greedy: no sampling input at all
+    t = request_tensors(greedy)
+    assert "temperature" not in t and "top_p" not in t and t["max_tokens"].tolist() == [[16]]
+    assert t["exclude_input_in_output"].tolist() == [[True]]
+    chat = parse(chat=True, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    assert chat.text == "<user>hi<assistant>" and chat.max_tokens == 64 - chat.prompt_tokens - 4  # the room left
+    sampled = request_tensors(parse(temperature=0.7, seed=3, stop="\n", num_draft_tokens=2,
+                                    draft_len_policy="fixed"))
+    assert sampled["top_p"].tolist() == [[1.0]] and sampled["seed"].dtype == np.uint64
+    assert sampled["stop_words"].tolist() == [[b"\n"]] and sampled["num_draft_tokens"].tolist() == [[2]]
+
+
+@pytest.mark.parametrize("body,status,words", [
+    ({"model": "gpt-4"}, 404, "does not exist"),
+    ({"n": 3}, 400, "'n' must be 1"),
+    ({"max_tokens": 0}, 400, "'max_tokens' must be in [1"),
+    ({"max_tokens": 60}, 400, "ask for at most 54"),
+    ({"max_tokens": "8"}, 400, "'max_tokens' must be an integer"),
+    ({"temperature": -1}, 400, "'temperature' must be in [0"),
+    ({"top_p": 0}, 400, "'top_p' must be in (0"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, 400, "up to 4"),
+    ({"stream_options": {"include_usage": True}}, 400, "only allowed with stream"),
+    ({"num_draft_tokens": 5}, 400, "'num_draft_tokens' must be in [0, 4]"),
+    ({"model": BASELINE, "draft_len_policy": "fixed"}, 400, "applies to the speculative model"),
+    ({"echo": True}, 400, "'echo' is not supported"),
+    ({"frobnicate": 1}, 400, "unrecognized request argument: 'frobnicate'"),
+    ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
+    ({"prompt": ""}, 400, "the prompt is empty"),
+    ({"prompt": "x" * 600}, 400, "the prompt is 600 bytes: more than any text of at most 64 tokens can be (512"),
+    ({"prompt": "hi", "stop": "y" * 600}, 400, "'stop' is longer than any text of at most 64 tokens"),
+])
+def test_bad_requests_name_the_field(body, status, words):
+    with pytest.raises(OpenAIError) as e:
+        parse(**body)
+    assert e.value.status == status and words in e.value.message
+    assert e.value.body()["error"]["message"] == e.value.message
+
+
+def test_harmless_fields_are_accepted():
+    assert parse(user="u1", logprobs=None, presence_penalty=0, n=1).model == SPECULATIVE
+
+
+def test_stop_cutter_never_hands_out_a_stop_string_or_what_follows():
+    c = StopCutter(["END", "\n\n"])
+    out = [c.add(x) for x in ("ab", "cE", "N", "D tail")]
+    assert "".join(out) == "abc" and c.stopped and c.flush() == ""
+    c = StopCutter(["END"])
+    assert c.add("abcE") == "ab"  # the last two characters could still begin "END": held back
+    assert c.add("x") == "c" and c.flush() == "Ex" and not c.stopped
+    c = StopCutter([])
+    assert c.add("abc") == "abc" and c.flush() == ""

@@ -1,0 +1,176 @@
+"""The memory plan: what each GPU holds (weights, KV cache, reserve) for a target/draft pair, and the KV-cache
+share of free memory the target may take when the draft shares its GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from ..records.config import BuildConfig
+from .model_info import ModelInfo
+from .trtllm import DEFAULT_KV_FRACTION
+
+GIB = 1024**3
+
+BYTES_PER_WEIGHT = {"fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0, "int4_awq": 0.5, "int4_wo": 0.5,
+                    "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
+BYTES_PER_KV = {"fp8": 1.0, "int8": 1.0, "none": 2.0}
+# runtime llmapi loads the draft or EAGLE-3 head checkpoint as it is, and published heads and drafts are 16-bit (the
+# FP8 of the target is its pre-quantized checkpoint's, not the build's): counted as bf16, the larger case
+LLMAPI_SPEC_MODEL_WEIGHTS = "bf16"
+# FP8 calibration of a 70B model peaks above 210 GB: ~1.6x its 16-bit weights.
+CALIBRATION_PEAK_FACTOR = 1.6
+
+
+def calibration_peak_gib(num_params: int) -> float:
+    """GPU memory quantize.py needs at peak: the target's 16-bit weights x CALIBRATION_PEAK_FACTOR."""
+    return num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    gpu_id: int
+    role: str  # target | draft | baseline
+    weights_gib: float
+    kv_gib: float
+    reserve_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.kv_gib + self.reserve_gib
+
+
+def totals_per_gpu(rows: list[MemoryRow]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for r in rows:
+        out[r.gpu_id] = out.get(r.gpu_id, 0.0) + r.total_gib
+    return out
+
+
+def _weights_gib(info: ModelInfo, weights: str) -> float:
+    linear, embed = info.param_counts()
+    # ModelOpt quantizes the linear layers; embeddings, norms and the LM head stay 16-bit.
+    embed_bytes = 4.0 if weights == "fp32" else 2.0
+    return (linear * BYTES_PER_WEIGHT[weights] + embed * embed_bytes) / GIB
+
+
+def kv_cache_gib(info: ModelInfo, kv: str, batch: int, seq: int) -> float:
+    """layers x kv_heads x head_dim x 2 (K and V) x bytes x max_batch_size x max_seq_len; with multi-head latent
+    attention, layers x the latent (K and V in one) instead."""
+    per_layer = info.kv_latent_dim or info.num_kv_heads * info.head_dim * 2
+    return info.num_layers * per_layer * BYTES_PER_KV[kv] * batch * seq / GIB
+
+
+def memory_rows(role: str, info: ModelInfo, weights: str, kv_cache: str, tp: int, pp: int, devices: list[int],
+                cfg: BuildConfig) -> list[MemoryRow]:
+    """One row per GPU of the role: its shard of the weights and KV cache (max_batch_size full sequences)."""
+    w = _weights_gib(info, weights) / (tp * pp)
+    kv = kv_cache_gib(info, kv_cache, cfg.limits.max_batch_size, cfg.limits.max_seq_len) / (tp * pp)
+    return [MemoryRow(d, role, w, kv, cfg.serving.memory_reserve_gib) for d in devices]
+
+
+SHARING_ROLES = ("draft", "baseline")  # engines whose KV cache is capped so the target can size its own
+
+
+def shared_gpu_kv_fraction(memory: list[MemoryRow], gpu_gib: float) -> float:
+    """Target kv_cache_free_gpu_mem_fraction on a GPU shared with the draft: the share of the memory left after
+    the target's weights and reserve that still leaves the draft's weights, capped KV cache and reserve free
+    (rounded down to 0.05; the executor's default 0.9 at most)."""
+    fracs = []
+    for gid in {r.gpu_id for r in memory if r.role in SHARING_ROLES}:
+        t = [r for r in memory if r.gpu_id == gid and r.role == "target"]
+        d = sum(r.total_gib for r in memory if r.gpu_id == gid and r.role in SHARING_ROLES)
+        if not t:
+            continue
+        free = gpu_gib - t[0].weights_gib - t[0].reserve_gib
+        fracs.append((free - d) / free if free > 0 else 0.0)
+    f = min(fracs, default=DEFAULT_KV_FRACTION)
+    return round(max(0.05, min(DEFAULT_KV_FRACTION, math.floor(f * 20) / 20)), 2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The memory plan of a written repository (repository/writer.py builds the instances from the models it writes)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What one Triton model loads onto its GPUs: the weights of one model (the target, a draft, an EAGLE-3 head) and
+    its KV cache, sized by the model's policy: a share of the memory free when it loads (kv_fraction: the tensorrtllm
+    backend's kv_cache_free_gpu_mem_fraction, the LLM API's kv_cache_config.free_gpu_memory_fraction), or at most
+    kv_tokens tokens (max_tokens_in_paged_kv_cache). Instances of one model share its process (the LLM API loads the
+    target and its draft or head together)."""
+
+    model: str  # the Triton model
+    role: str  # target | draft | baseline
+    info: ModelInfo
+    weights: str
+    kv_cache: str
+    tp: int
+    pp: int
+    devices: list[int]
+    kv_fraction: Optional[float] = None
+    kv_tokens: Optional[int] = None
+
+
+def instance_rows(inst: Instance, cfg: BuildConfig) -> list[MemoryRow]:
+    """memory_rows of one instance, its KV cache capped at kv_tokens where the model caps it."""
+    rows = memory_rows(inst.role, inst.info, inst.weights, inst.kv_cache, inst.tp, inst.pp, inst.devices, cfg)
+    if inst.kv_tokens is None:
+        return rows
+    kv = kv_cache_gib(inst.info, inst.kv_cache, 1, inst.kv_tokens) / (inst.tp * inst.pp)
+    return [MemoryRow(r.gpu_id, r.role, r.weights_gib, min(r.kv_gib, kv), r.reserve_gib) for r in rows]
+
+
+def concurrent_sets(models: list[str], load_models: list[str], phase_models: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The sets of models Triton holds at once: what the launch loads (load_models; empty: every model but the
+    phase-only ones) and, per phase model, the launch set with the models it replaces swapped for it."""
+    launch = list(load_models) or [m for m in models if m not in phase_models]
+    out = {"launch": launch}
+    for phase, replaces in phase_models.items():
+        out[f"phase {phase}"] = [m for m in launch if m not in replaces] + [phase]
+    return out
+
+
+def repository_overflow(instances: list[Instance], sets: dict[str, list[str]], cfg: BuildConfig,
+                        gpu_name: str, gpu_gib: float, gpu_count: int) -> Optional[str]:
+    """One line naming the first GPU a set of concurrently loaded models overflows (and the fix), else None:
+    - every instance's weights + KV cache (max_batch_size full sequences, or its token cap) + reserve, summed per GPU;
+    - at most one model per GPU sizes its KV cache as a share of free memory: two such models (two LLM-API copies of
+      the target) each take that share of what the other left, so whichever loads second cannot fit;
+    - a model sizing by share (f) leaves the capped models on its GPU (1 - f) of what its weights leave free, which
+      must hold them (it may load first)."""
+    for what, names in sets.items():
+        live = [i for i in instances if i.model in names]
+        for i in live:
+            if i.devices and max(i.devices) >= gpu_count:
+                return (f"{i.model}: GPU ids {i.devices} need {max(i.devices) + 1} GPUs but the plan has {gpu_count} "
+                        f"{gpu_name}; regenerate the repository for this node")
+        rows = {id(i): instance_rows(i, cfg) for i in live}
+        for gid in sorted({d for i in live for d in i.devices}):
+            here = [(i, [r for r in rows[id(i)] if r.gpu_id == gid]) for i in live if gid in i.devices]
+            total = sum(r.total_gib for _, rs in here for r in rs)
+            loaded = ", ".join(dict.fromkeys(i.model for i, _ in here))
+            if total > gpu_gib:
+                parts = ", ".join(f"{i.model} ({i.role}) {sum(r.total_gib for r in rs):.1f}" for i, rs in here)
+                return (f"GPU {gid} ({gpu_name}, {gpu_gib:.1f} GiB) would hold {total:.1f} GiB at {what} ({parts} GiB: "
+                        "weights + KV cache for max_batch_size full sequences + reserve); lower limits.max_batch_size "
+                        "or limits.max_seq_len, raise tp, or use an FP8 KV cache")
+            share = {i.model: i.kv_fraction for i, _ in here if i.kv_fraction is not None and i.kv_tokens is None}
+            if len(share) > 1:
+                a, b = list(share)[:2]
+                return (f"GPU {gid}: {a} and {b} are loaded together ({what}) and each sizes its KV cache as a share of "
+                        f"the free memory ({share[a]}, {share[b]}), so whichever loads second runs out of memory; load "
+                        "one of them for its phase only (trt-spec repo does for runtime llmapi), put them on other GPUs, "
+                        "or cap one with max_tokens_in_paged_kv_cache")
+            if len(share) == 1:
+                (m, f), = share.items()
+                own = [r for i, rs in here if i.model == m for r in rs]
+                others = sum(r.total_gib for i, rs in here if i.model != m for r in rs)
+                left = (1 - f) * (gpu_gib - sum(r.weights_gib + r.reserve_gib for r in own))
+                if others > left + 1e-9:
+                    return (f"GPU {gid}: {m} takes {f} of the free memory for its KV cache and leaves {left:.1f} GiB, "
+                            f"less than the {others:.1f} GiB the other models on it ({loaded}) need at {what}; lower "
+                            "runtime.kv_cache_free_gpu_mem_fraction or move the draft to another GPU")
+    return None

@@ -1,0 +1,194 @@
+"""Model facts: a checkpoint's dimensions and special tokens (config.json), its vocabulary (tokenizer files),
+and a built-in table of the models the shipped configs name.
+
+Works offline from config.json / tokenizer files only (no torch, no transformers). A missing or unreadable file
+raises PreflightError (defined here, the first check that can fail; trt_spec.builder.preflight re-exports it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+class PreflightError(ValueError):
+    """A check failed: one line naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    num_experts: int = 1
+    bos_token_id: Optional[int] = None
+    eos_token_ids: tuple[int, ...] = ()
+    source: str = "checkpoint"
+    kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek): cached elements per token and layer, K and V in one
+
+    def param_counts(self) -> tuple[int, int]:
+        """(parameters in quantizable linear layers, parameters in embedding + LM head)."""
+        h, l = self.hidden_size, self.num_layers
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        attn = h * q + 2 * h * kv + q * h
+        mlp = 3 * h * self.intermediate_size * self.num_experts
+        linear = l * (attn + mlp)
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return linear, embed + (2 * l + 1) * h
+
+    @property
+    def num_params(self) -> int:
+        return sum(self.param_counts())
+
+
+# Published config.json values of the models the shipped build configs name, so `trt-spec plan` can show a
+# memory plan on a machine that does not hold the checkpoints. `trt-spec build` always reads the real files.
+KNOWN_MODELS: dict[str, ModelInfo] = {
+    "llama-3.3-70b-instruct": ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
+                                        bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    # NVIDIA's pre-quantized FP8 checkpoint (runtime llmapi): the same dimensions
+    "llama-3.3-70b-instruct-fp8": ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
+                                            bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    "llama-3.1-8b-instruct": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072,
+                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    "llama-3.2-1b-instruct": ModelInfo("LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072,
+                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    "qwen2.5-coder-32b-instruct": ModelInfo("Qwen2ForCausalLM", 64, 5120, 40, 8, 128, 27648, 152064, False, 32768,
+                                            bos_token_id=151643, eos_token_ids=(151645,)),
+    "qwen2.5-coder-0.5b-instruct": ModelInfo("Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, True, 32768,
+                                             bos_token_id=151643, eos_token_ids=(151645,)),
+    "smollm2-135m-instruct": ModelInfo("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192,
+                                       bos_token_id=1, eos_token_ids=(2,)),
+    # MoE with multi-head latent attention: 256 routed experts + 1 shared of moe_intermediate_size 2048 (the 3 dense
+    # layers are counted as MoE ones: within 2%), KV cache = kv_lora_rank 512 + qk_rope_head_dim 64 per token and layer.
+    "deepseek-v3": ModelInfo("DeepseekV3ForCausalLM", 61, 7168, 128, 128, 128, 2048, 129280, False, 163840,
+                             num_experts=257, bos_token_id=0, eos_token_ids=(1,), kv_latent_dim=576),
+    "vicuna-7b-v1.3": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048,
+                                bos_token_id=1, eos_token_ids=(2,)),
+}
+
+
+def _first(d: dict, *keys, default=None):
+    for k in keys:
+        if d.get(k) is not None:
+            return d[k]
+    return default
+
+
+def read_model_info(checkpoint: Path, role: str) -> ModelInfo:
+    cfg_path = checkpoint / "config.json"
+    if not checkpoint.is_dir():
+        raise PreflightError(f"{role}.checkpoint {checkpoint}: directory not found; download the Hugging Face "
+                             f"checkpoint there or point {role}.checkpoint at it (--set {role}.checkpoint=DIR)")
+    if not cfg_path.is_file():
+        raise PreflightError(f"{role}.checkpoint {checkpoint}: no config.json; point {role}.checkpoint at a "
+                             "Hugging Face model directory (the one with config.json and *.safetensors)")
+    try:
+        c = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise PreflightError(f"{cfg_path}: invalid JSON ({e.msg} at line {e.lineno}); re-download the checkpoint") from None
+    archs = c.get("architectures") or []
+    if not archs:
+        raise PreflightError(f"{cfg_path}: no 'architectures' entry; this is not a causal-LM checkpoint")
+    try:
+        hidden = int(c["hidden_size"])
+        heads = int(c["num_attention_heads"])
+        eos = c.get("eos_token_id")
+        return ModelInfo(
+            architecture=archs[0],
+            num_layers=int(c["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(_first(c, "num_key_value_heads", default=heads)),
+            head_dim=int(_first(c, "head_dim", default=hidden // heads)),
+            intermediate_size=int(c["intermediate_size"]),
+            vocab_size=int(c["vocab_size"]),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(_first(c, "max_position_embeddings", default=0)),
+            num_experts=int(_first(c, "num_local_experts", default=1)),
+            kv_latent_dim=int(c.get("kv_lora_rank") or 0) + int(c.get("qk_rope_head_dim") or 0) if c.get("kv_lora_rank")
+            else 0,
+            bos_token_id=c.get("bos_token_id"),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise PreflightError(f"{cfg_path}: missing or invalid field {e}; re-download the checkpoint") from None
+
+
+def _packaged_model_info(spec: str, role: str, require: bool) -> ModelInfo:
+    """A GGUF file (pkg:<module>/<file>.gguf or a path): dimensions from the built-in table by model name."""
+    from ..reference.checkpoints import SourceError, is_package_source, resolve_package_file
+
+    if require:
+        try:
+            path = resolve_package_file(spec) if is_package_source(spec) else Path(spec)
+        except SourceError as e:
+            raise PreflightError(f"{role}.checkpoint {e}") from None
+        if not path.is_file():
+            raise PreflightError(f"{role}.checkpoint {spec}: file not found")
+    key = Path(spec).name.split(".")[0].lower()
+    known = KNOWN_MODELS.get(key)
+    if known is None:
+        raise PreflightError(f"{role}.checkpoint {spec}: GGUF model {key!r} is not in the built-in model table; "
+                             "convert it to a Hugging Face directory and point the checkpoint there")
+    return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (GGUF source, imported at build time)"})
+
+
+def is_imported(checkpoint: str) -> bool:
+    """A GGUF source (pkg:<module>/<file>.gguf or a .gguf path): the plan's import step converts it to a Hugging Face
+    directory at build time (trt_spec.reference.checkpoints)."""
+    return checkpoint.startswith("pkg:") or checkpoint.endswith(".gguf")
+
+
+def model_info_for(checkpoint: str, role: str, require: bool) -> ModelInfo:
+    """Real config.json when present; else (plan only) the built-in table of known models."""
+    if is_imported(checkpoint):
+        return _packaged_model_info(checkpoint, role, require)
+    path = Path(checkpoint)
+    if require or path.is_dir():
+        return read_model_info(path, role)
+    known = KNOWN_MODELS.get(path.name.lower())
+    if known is None:
+        raise PreflightError(
+            f"{role}.checkpoint {checkpoint}: not found, and {path.name!r} is not in the built-in model table; "
+            f"point {role}.checkpoint at the Hugging Face directory (--set {role}.checkpoint=DIR)"
+        )
+    return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (checkpoint not on this machine)"})
+
+
+def read_vocab(checkpoint: Path) -> dict[int, str]:
+    """id -> token text from tokenizer.json (fast tokenizers) or vocab.json (+ added tokens)."""
+    tj = checkpoint / "tokenizer.json"
+    vocab: dict[int, str] = {}
+    if tj.is_file():
+        data = json.loads(tj.read_text())
+        model_vocab = (data.get("model") or {}).get("vocab") or {}
+        if isinstance(model_vocab, dict):
+            vocab.update({int(i): t for t, i in model_vocab.items()})
+        elif isinstance(model_vocab, list):  # unigram: [[piece, score], ...]
+            vocab.update({i: entry[0] for i, entry in enumerate(model_vocab)})
+        for tok in data.get("added_tokens") or []:
+            vocab[int(tok["id"])] = tok["content"]
+        return vocab
+    vj = checkpoint / "vocab.json"
+    if vj.is_file():
+        vocab.update({int(i): t for t, i in json.loads(vj.read_text()).items()})
+        tc = checkpoint / "tokenizer_config.json"
+        if tc.is_file():
+            for i, tok in (json.loads(tc.read_text()).get("added_tokens_decoder") or {}).items():
+                vocab[int(i)] = tok["content"]
+        return vocab
+    raise PreflightError(
+        f"{checkpoint}: no tokenizer.json or vocab.json; copy the tokenizer files into the checkpoint directory "
+        "(draft/target compatibility is checked from them)"
+    )
