@@ -67,7 +67,7 @@ test: setup
 	$(BIN)/python -m pytest -q -m "not soak and not slow" --durations=10
 
 # The heaviest end-to-end proofs (minutes each): the real default model with a distilled draft, AIPerf against the
-# OpenAI endpoint, bench --openai, the wheel installed into a fresh venv. CI runs them after make test.
+# OpenAI endpoint, bench openai, the wheel installed into a fresh venv. CI runs them after make test.
 slow: setup
 	$(BIN)/python -m pytest -q -m slow --durations=10
 

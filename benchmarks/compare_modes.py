@@ -3,10 +3,11 @@
 For each config (default: build_configs/cpu-smollm2-{eagle,ngram,draft}.yaml; `trt-spec build` each first, or pass
 --build): write its Triton repository, serve it on a real tritonserver, and for each prompt set run the paired A/B the
 `bench` command runs (baseline `ensemble` vs speculative `tensorrt_llm_bls`, alternating, streamed, greedy, the target's
-chat template applied) at 1 in flight, then the concurrency sweep on the first set. Then, in process, over the same
-prompts on the served engines (the same StandIn the python model wraps): per-position acceptance and mean acceptance
-length (speculation.py's one definition: 1 + accepted / speculative rounds), the cost c of a draft step relative to a
-target decode step, the verification cost r, and the Leviathan bound for the measured α and c.
+chat template applied) at 1 in flight (its speedup: records.speculation.paired_speedup, with a 95% interval), then
+the concurrency sweep on the first set. Then, in process, over the same prompts on the served engines (the same StandIn
+the python model wraps): per-position acceptance and mean acceptance length (records.speculation.acceptance_summary,
+as the bench reports them: 1 + accepted / speculative rounds), the cost c of a draft step relative to a target decode
+step, the verification cost r, and the Leviathan bound for the measured α and c.
 
     python benchmarks/compare_modes.py [--limit 8] [--max-tokens 96] [--sweep 1 2 4 8] [--out build/compare] [--build]
 
@@ -69,6 +70,7 @@ def costs_and_rounds(manifest, k: int, prompts, tokenizer) -> dict:
     the rounds the served engine runs), which the backend's perf outputs total but do not list."""
     import torch
 
+    from trt_spec.records.speculation import AcceptanceCounts, acceptance_summary
     from trt_spec.reference.engine import Sampling, measure_draft_costs
     from trt_spec.reference.standin import StandIn
 
@@ -85,11 +87,15 @@ def costs_and_rounds(manifest, k: int, prompts, tokenizer) -> dict:
             for p in prompts:
                 ids = tokenizer(p.text, add_special_tokens=True)["input_ids"]
                 rounds += target.scheduler.submit_generate(ids, p.max_tokens, Sampling()).result().rounds
-            spec = [a for d, a in rounds if d]
+            spec = [a for d, a in rounds if d]  # accepted per speculative round
+            hist = [spec.count(i) for i in range(max(k, *spec) + 1)] if spec else []
+            acc = acceptance_summary(AcceptanceCounts(
+                requests=len(prompts), accepted=sum(spec), drafted=sum(d for d, _ in rounds), steps=len(rounds),
+                speculative_rounds=len(spec), rounds_without_speculation=len(rounds) - len(spec),
+                histogram=tuple(hist)))
             out["rounds"] = len(spec)
-            out["per_position_acceptance"] = [sum(a > i for a in spec) / len(spec) for i in range(k)] if spec else []
-            out["mean_acceptance_length"] = 1 + sum(spec) / len(spec) if spec else None
-            out["acceptance_rate"] = sum(spec) / sum(d for d, _ in rounds) if spec else None
+            out.update({key: acc[key] for key in ("per_position_acceptance", "mean_acceptance_length",
+                                                  "acceptance_rate")})
             return out
         model = eng.model
         cache = model.new_cache(1, 256)
@@ -134,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     from trt_spec.harness.bench import concurrency_sweep, paired_ab
     from trt_spec.harness.client import LLMClient
     from trt_spec.harness.prompts import Prompt, load_prompts, with_chat_template
+    from trt_spec.in_triton.serving import load_tokenizer
     from trt_spec.records.config import load_config
     from trt_spec.serve.server import TritonServer, free_port
-    from trt_spec.in_triton.serving import load_tokenizer
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

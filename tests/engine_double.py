@@ -68,7 +68,7 @@ class ContractEngine:
             new = req.draft_tokens[:acc] + [self.next_token(seq)]
             if req.end_id in new:
                 new = new[: new.index(req.end_id)]
-            perf = bc.PerfMetrics(accepted=min(acc, len(new)), drafted=len(req.draft_tokens))
+            perf = bc.PerfOutputs(accepted=min(acc, len(new)), drafted=len(req.draft_tokens))
             return [bc.response_tensors(req, new, perf=perf, declared=self.declared)]
         tokens = self._continue(req, list(req.input_ids), req.output_len)
         if not req.streaming:
@@ -76,7 +76,7 @@ class ContractEngine:
             if self.in_engine_accept:
                 steps = -(-len(tokens) // (self.in_engine_accept + 1))
                 drafted, accepted = steps * self.in_engine_accept, len(tokens) - steps
-            return [bc.response_tensors(req, tokens, perf=bc.PerfMetrics(accepted=accepted, drafted=drafted),
+            return [bc.response_tensors(req, tokens, perf=bc.PerfOutputs(accepted=accepted, drafted=drafted),
                                         declared=self.declared)]
         step = self.in_engine_accept + 1
         chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
@@ -84,7 +84,7 @@ class ContractEngine:
         for c in chunks:
             done += len(c)
             steps = len(out) + 1
-            out.append(bc.response_tensors(req, c, perf=bc.PerfMetrics(accepted=done - steps,
+            out.append(bc.response_tensors(req, c, perf=bc.PerfOutputs(accepted=done - steps,
                                                                         drafted=steps * self.in_engine_accept),
                                            declared=self.declared))
         return out

@@ -12,21 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .records.config import load_config
-from .records.defaults import PROMPT_SET, REPO_SUBDIR
+from .builder.pipeline import plan_for
+from .builder.runner import run_plan
 from .harness.bench import concurrency_sweep, paired_ab
 from .harness.client import LLMClient
 from .harness.identity import check_greedy
 from .harness.metrics import fmt
 from .harness.prompts import load_prompts, with_chat_template
 from .harness.report import write_reports
+from .in_triton.spec_metrics import scrape, scraped_acceptance
+from .records.config import load_config
+from .records.defaults import PROMPT_SET, REPO_SUBDIR
 from .records.manifest import BuildManifest
 from .records.names import BASELINE, SPECULATIVE, TEXT_MODELS
-from .builder.pipeline import plan_for
 from .repository.writer import write_repository
-from .builder.runner import run_plan
 from .serve.server import TritonServer, free_port
-from .in_triton.spec_metrics import acceptance_summary, scrape
 
 
 @dataclass
@@ -83,7 +83,7 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
         url = f"http://{server.http_url.rsplit(':', 1)[0]}:{server.metrics_port}/metrics"
         say(f"      speculation metrics from the server: {url}")
         try:
-            report["server_metrics"] = {"url": url, **acceptance_summary(scrape(url), SPECULATIVE)}
+            report["server_metrics"] = {"url": url, **scraped_acceptance(scrape(url), SPECULATIVE)}
         except (OSError, ValueError) as e:  # the benchmark stands without them
             report["server_metrics"] = {"url": url, "error": str(e)}
         report["openai"] = openai_call(repo, server, out, s, say)
@@ -98,7 +98,7 @@ def openai_call(repo: Path, server: TritonServer, out: Path, s: DemoSettings, sa
     completion through the official `openai` SDK, streamed, with its usage."""
     import openai
 
-    from .serve.openai_frontend import FrontendProcess
+    from .serve.openai_process import FrontendProcess
 
     fe = FrontendProcess(repo, server.grpc_url, free_port(), "127.0.0.1", out / "openai.log").start()
     try:
@@ -134,7 +134,8 @@ def format_sweep(rows: list[dict]) -> list[str]:
         tpot = f"{b['tpot_s']['p50'] * 1e3:.1f}/{s['tpot_s']['p50'] * 1e3:.1f}"
         p99 = f"{b['latency_s']['p99']:.2f}/{s['latency_s']['p99']:.2f}"
         out.append(f"{r['concurrency']:>9}{b['tokens_per_s']:>12.1f}{s['tokens_per_s']:>12.1f}{r['speedup']:>8.2f}x"
-                   f"{fmt(r['acceptance']['acceptance_rate'], '>8.2f')}{fmt(r['acceptance']['mean_acceptance_length'], '>9.2f')}"
+                   f"{fmt(r['acceptance']['acceptance_rate'], '>8.2f')}"
+                   f"{fmt(r['acceptance']['mean_acceptance_length'], '>9.2f')}"
                    f"{tpot:>19}{p99:>17}")
     return out
 
@@ -165,7 +166,8 @@ def format_verdict(rep: dict) -> str:
     for b in rep["bench"]:
         lines.append(f"{b['protocol']:<9}{b['baseline']['tokens_per_s']:>15.1f}{b['speculative']['tokens_per_s']:>12.1f}"
                      f"{b['speedup']:>8.2f}x{b['speedup_ci95'][0]:>8.2f}-{b['speedup_ci95'][1]:<6.2f}"
-                     f"{fmt(b['acceptance']['acceptance_rate'], '>8.2f')}{fmt(b['acceptance']['mean_acceptance_length'], '>9.2f')}"
+                     f"{fmt(b['acceptance']['acceptance_rate'], '>8.2f')}"
+                     f"{fmt(b['acceptance']['mean_acceptance_length'], '>9.2f')}"
                      f"{b['speculative']['ttft_s']['p50'] * 1e3:>9.0f}")
     for b in rep["bench"]:
         if b.get("warning"):

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from .records.config import Toolchain
-from .builder.hardware import detect_gpus
-from .serve.server import find_tritonserver, python_backend_stub
 from .builder import trtllm
+from .builder.hardware import detect_gpus
 from .builder.trtllm import NGC_IMAGE, TRTLLM_VERSION, trtllm_mismatch
 from .deploy.gpu_setup import canonical
+from .records.config import Toolchain
+from .serve.locate import find_tritonserver, python_backend_stub
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from typing import Callable, Optional
 
 from .records.atomic import write_atomic
 
-
 ENGINE_CONFIG = "build_configs/smollm2-first-contact-fp8.yaml"
 LLMAPI_CONFIG = "build_configs/smollm2-first-contact-llmapi.yaml"
 OUT_DIR = "build/gpu-smoke"
@@ -52,10 +51,11 @@ GENERATE_FAILURE = ('"error"',)  # generate_stream: an error after the first res
 EXCERPT_LINES = 12
 # error-looking: words, TensorRT / TensorRT-LLM's "[E]" lines, Triton's glog "E1202 ..." lines
 ERROR_LOOKING = re.compile(
-    r"\[E\]|^E\d{4} |error|exception|traceback|fail|fatal|assert|refus|cannot|can't|unable|not found|no such|out of memory|"
-    r"\boom\b|killed|denied|invalid|unsupported|what\(\)|core dumped|segmentation|timed out|timeout", re.I)
+    r"\[E\]|^E\d{4} |error|exception|traceback|fail|fatal|assert|refus|cannot|can't|unable|not found|no such|"
+    r"out of memory|\boom\b|killed|denied|invalid|unsupported|what\(\)|core dumped|segmentation|timed out|timeout",
+    re.I)
 READY_LINE = re.compile(r"^ready: ", re.M)  # what `trt-spec serve` prints once every model is READY
-# what `trt-spec repo` prints after the repository: the real launch (cli._plain_launch, LaunchSpec.plain)
+# what `trt-spec repo` prints after the repository: the real launch (serve.launch.plain_launch, LaunchSpec.plain)
 PLAIN_LINE = re.compile(r"^or start tritonserver yourself, from any directory: (.+)$", re.M)
 # the plain launch runs from here, not from the checkout nor the repository: a path the backend resolves against the
 # working directory (gpt_model_path) fails as it would for a user
@@ -384,6 +384,13 @@ def chain_links(kind: str, s: SmokeSettings, calib: Optional[str]) -> list[Link]
                                       "--metrics-port", str(metrics), *timeout, "--log", str(server_log)],
                       (s.ready_timeout_s or 900.0) + READY_MARGIN_S, logs=(str(server_log),), background=True)
     links.append(serve_link)
+    links.extend(_served_links(kind, s, url, out, server_log))  # the list read_plan edits in place
+    return links
+
+
+def _served_links(kind: str, s: SmokeSettings, url: str, out: Path, server_log: Path) -> list[Link]:
+    """What runs against `trt-spec serve` once it is ready: NVIDIA's clients (engine chain), check and bench."""
+    cli, links = list(s.trt_spec), []
     if kind == "engine":
         for streaming in (False, True):
             for model in ("ensemble", "tensorrt_llm_bls"):
@@ -393,7 +400,7 @@ def chain_links(kind: str, s: SmokeSettings, calib: Optional[str]) -> list[Link]
     links.append(Link("check", cli + ["check", "--url", url, "--tokenizer", "{TOKENIZER}", "--limit", "2",
                                       "--max-tokens", "32", "--wait", "60"], s.client_timeout_s,
                       logs=(str(server_log),)))
-    links.append(Link("bench", cli + ["bench", "--url", url, "--tokenizer", "{TOKENIZER}", "--limit", "2",
+    links.append(Link("bench", cli + ["bench", "served", "--url", url, "--tokenizer", "{TOKENIZER}", "--limit", "2",
                                       "--max-tokens", "64", "--out", str(out / "bench")], s.bench_timeout_s,
                       logs=(str(server_log),)))
     return links
@@ -444,12 +451,11 @@ def http_ready(hostport: str) -> bool:
 
 
 def serve_ready_timeout_s(repo: Path) -> float:
-    """What `trt-spec serve` waits for this repository by default (serve.server.repo_ready_timeout_s: the weights it
+    """What `trt-spec serve` waits for this repository by default (serve.launch.repo_ready_timeout_s: the weights it
     loads, plus the LLM API's start-up on a GPU)."""
-    from .serve import server
+    from .serve.launch import repo_ready_timeout_s
 
-    fn = getattr(server, "repo_ready_timeout_s", None)
-    return fn(repo) if fn is not None else server.defaults.ready_timeout_s(server.engine_bytes(repo))
+    return repo_ready_timeout_s(repo)
 
 
 @dataclass

@@ -5,15 +5,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from trt_spec.records.config import load_config
 from click.testing import CliRunner
 
 from trt_spec.cli import main
+from trt_spec.records.config import load_config
 
 from ..conftest import BUILD_CONFIGS, tool_calls
 
-COMMANDS = [name for name in main.commands]
+COMMANDS = [name for name in main.commands] + [f"{group} {sub}" for group in ("bench", "deploy")
+                                               for sub in main.commands[group].commands]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,7 +23,7 @@ def run(*args, **kw):
 
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_help_of_every_command(cmd):
-    r = run(cmd, "--help")
+    r = run(*cmd.split(), "--help")
     assert r.exit_code == 0 and "Usage:" in r.output
 
 
@@ -70,7 +70,8 @@ def test_preflight_failure_is_exit_2_before_any_tool_runs(fake_build):
 
 @pytest.mark.parametrize("path", BUILD_CONFIGS, ids=lambda p: p.stem)
 def test_plan_json_for_every_config(path):
-    # --allow-offload: the 70B/32B configs quantize more than their serving GPUs hold (tests/builder/test_calibration.py)
+    # --allow-offload: the 70B/32B configs quantize more than their serving GPUs hold
+    # (tests/builder/test_calibration.py)
     r = run("plan", str(path), "--format", "json", "--allow-offload")
     assert r.exit_code == 0, r.output
     j = json.loads(r.output)
@@ -118,50 +119,62 @@ def test_doctor_lists_what_is_missing():
     assert "TensorRT-LLM" in r.output and "tritonserver" in r.output and "blocks:" in r.output
 
 
-def _section(help_text: str, heading: str) -> set[str]:
-    """The options listed in one --help section (from its heading to the next blank line)."""
-    lines = help_text.split(heading, 1)[1].split("\n\n", 1)[0].splitlines()
+def _options_of(help_text: str) -> set[str]:
+    """The options a --help lists (the first word of each option row)."""
+    lines = help_text.split("Options:", 1)[1].splitlines()
     return {ln.split()[0].rstrip(",") for ln in lines if ln.startswith("  -")}
 
 
-def test_bench_help_groups_options_by_mode():
+SHARED = {"--prompts", "--max-tokens", "--limit", "--k", "--repeats", "--format", "--policy", "-h"}
+LOAD = {"--concurrency", "--request-rate", "--num-requests", "--slo-ttft-ms", "--slo-tpot-ms", "--tokenizer", "--out"}
+
+
+def test_bench_is_a_group_of_three_modes_each_with_its_own_options():
     out = run("bench", "--help").output
-    assert _section(out, "Options (every mode):") == {"--prompts", "--max-tokens", "--limit", "--k", "--repeats",
-                                                      "--format", "--policy", "-h"}
-    assert _section(out, "With --url HOST:PORT or --openai URL:") == {
-        "--concurrency", "--request-rate", "--num-requests", "--slo-ttft-ms", "--slo-tpot-ms", "--tokenizer", "--out"}
-    assert _section(out, "With --url HOST:PORT (") == {"--url", "--protocol", "--wait", "--admin-key-file"}
-    assert _section(out, "With --openai URL (") == {"--openai", "--model", "--api", "--api-key"}
-    assert _section(out, "With --in-process CONFIG") == {"--in-process", "--ignore-eos", "--threads", "--compare-hf",
-                                                         "--set"}
-    assert "--prompt-set" not in out  # the old name still works, but is not advertised
+    listed = out.split("Commands:", 1)[1]
+    for mode, purpose in (("served", "Triton"), ("openai", "OpenAI-compatible"), ("in-process", "no server")):
+        row = next(ln for ln in listed.splitlines() if ln.split()[:1] == [mode])
+        assert purpose in row, out
+    assert _options_of(run("bench", "served", "--help").output) == \
+        SHARED | LOAD | {"--url", "--protocol", "--wait", "--admin-key-file"}
+    assert _options_of(run("bench", "openai", "--help").output) == \
+        SHARED | LOAD | {"--url", "--model", "--api", "--api-key"}
+    in_process = run("bench", "in-process", "--help").output
+    assert _options_of(in_process) == SHARED | {"--ignore-eos", "--threads", "--compare-hf", "--set"}
+    assert "bench in-process [OPTIONS] CONFIG" in in_process
+    assert "--prompt-set" not in out + in_process  # the old name still works, but is not advertised
 
 
 @pytest.mark.parametrize("args,expect", [
-    ((), "error: choose one: --url HOST:PORT"),
-    (("--url", "h:1", "--in-process", "c.yaml"), "error: choose one: --url HOST:PORT"),
-    (("--url", "h:1", "--ignore-eos"), "error: --ignore-eos goes with --in-process CONFIG, not with --url HOST:PORT"),
-    (("--url", "h:1", "--set", "a=1"), "error: --set goes with --in-process CONFIG"),
-    (("--in-process", "c.yaml", "--concurrency", "2"), "error: --concurrency goes with --url HOST:PORT"),
-    (("--in-process", "c.yaml", "--protocol", "http"), "error: --protocol goes with --url HOST:PORT"),
-    (("--url", "h:1", "--openai", "http://h:2"), "error: choose one: --url HOST:PORT"),
-    (("--openai", "http://h:2", "--protocol", "http"), "error: --protocol goes with --url HOST:PORT, not with --openai"),
-    (("--url", "h:1", "--model", "a"), "error: --model goes with --openai URL, not with --url HOST:PORT"),
-    (("--in-process", "c.yaml", "--request-rate", "2"),
-     "error: --request-rate goes with --url HOST:PORT or --openai URL, not with --in-process CONFIG"),
-    (("--openai", "a", "--openai", "b", "--openai", "c"), "error: --openai takes one URL"),
+    (("served",), "Missing option '--url'"),
+    (("openai",), "Missing option '--url'"),
+    (("in-process",), "Missing argument 'CONFIG'"),
+    (("served", "--url", "h:1", "--ignore-eos"), "--ignore-eos"),
+    (("in-process", "c.yaml", "--concurrency", "2"), "--concurrency"),
+    (("openai", "--url", "http://h:2", "--protocol", "http"), "--protocol"),
+    (("served", "--url", "h:1", "--model", "a"), "--model"),
+    (("--url", "h:1"), "--url"),  # the mode comes first
 ])
-def test_bench_mode_errors_are_one_line_exit_2(args, expect):
+def test_bench_options_of_another_mode_are_refused_exit_2(args, expect):
+    """click's usage error: an option only another mode takes is no option of this one."""
     r = run("bench", *args)
-    assert r.exit_code == 2 and r.output.strip().splitlines() == [r.output.strip()] and r.output.startswith(expect)
+    error = r.output.strip().splitlines()[-1]
+    assert r.exit_code == 2 and error.startswith("Error: ") and expect in error, r.output
+    if expect.startswith("--"):
+        assert "No such option" in error
 
 
-@pytest.mark.parametrize("cmd", ["check", "bench", "tune"])
+def test_bench_openai_takes_one_or_two_urls_in_one_line():
+    r = run("bench", "openai", "--url", "a", "--url", "b", "--url", "c")
+    assert r.exit_code == 2 and r.output.strip() == ("error: --url takes one URL (both models on it) or two "
+                                                     "(baseline, speculative), got 3")
+
+
+@pytest.mark.parametrize("cmd", [("check",), ("bench", "served", "--url", "127.0.0.1:1"), ("tune",)])
 def test_prompts_option_and_its_old_name(cmd, tmp_path):
     missing = str(tmp_path / "none.jsonl")
-    mode = ("--url", "127.0.0.1:1") if cmd == "bench" else ()
     for name in ("--prompts", "--prompt-set"):
-        r = run(cmd, *mode, name, missing)
+        r = run(*cmd, name, missing)
         assert r.exit_code == 2 and f"prompt set '{missing}'" in r.output
 
 

@@ -15,7 +15,8 @@ from ..conftest import REPO
 
 def test_the_imports_come_from_the_models_source():
     imports = doctor.served_imports(REPO / "model_repo")
-    assert {"numpy", "yaml", "torch", "trt_spec.in_triton.serving", "trt_spec.in_triton.speculative_loop"} <= set(imports)
+    assert {"numpy", "yaml", "torch", "trt_spec.in_triton.serving",
+            "trt_spec.in_triton.speculative_loop"} <= set(imports)
     assert "triton_python_backend_utils" not in imports  # the stub's own, inside tritonserver only
     assert not any(m.split(".")[0] in sys.stdlib_module_names for m in imports)  # json, asyncio, ...
     assert imports["torch"] == {"reference_engine": set()}
@@ -50,7 +51,8 @@ def test_doctor_reports_a_tritonclient_grpc_that_does_not_import(monkeypatch):
     r = CliRunner().invoke(main, ["doctor"])
     out = r.output.splitlines()
     tc = next(line for line in out if line.startswith("-- tritonclient "))
-    assert "import tritonclient.grpc fails: ModuleNotFoundError" in tc and "(blocks: trt-spec repo / check / bench" in tc
+    assert "import tritonclient.grpc fails: ModuleNotFoundError" in tc
+    assert "(blocks: trt-spec repo / check / bench" in tc
     (y,) = [line for line in out if line.startswith("-- import yaml ")]
     assert "(blocks: the python model(s) llmapi)" in y
 

@@ -440,7 +440,7 @@ def test_llmapi_generate_error_fails_the_plain_link(smoke):
 
 
 def test_serve_runs_with_its_own_ready_timeout_unless_one_is_given(smoke):
-    from trt_spec.serve.server import repo_ready_timeout_s
+    from trt_spec.serve.launch import repo_ready_timeout_s
 
     rep, calls = smoke["run"]()
     serves = [c for c in calls if c[0] == "serve"]

@@ -15,7 +15,8 @@ from trt_spec.records import backend_contract as bc
 from trt_spec.harness.client import ClientError, LLMClient
 from trt_spec.records.manifest import BuildManifest
 from trt_spec.repository.writer import write_repository
-from trt_spec.serve.server import ServerError, TritonServer, free_port
+from trt_spec.serve.errors import ServerError
+from trt_spec.serve.server import TritonServer, free_port
 
 from .conftest import _serve, build_deployment
 

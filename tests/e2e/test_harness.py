@@ -114,14 +114,14 @@ def test_broken_speculative_model_is_caught_at_the_right_position(broken_server)
 
 
 def test_in_process_bench_runs_the_served_loop_round_for_round(dtm_server):
-    """`bench --in-process` drives the BLS's own loop over in-process engines: with the fixed policy (deterministic:
+    """`bench in-process` drives the BLS's own loop over in-process engines: with the fixed policy (deterministic:
     no timing in its choices) and greedy decoding, it drafts, accepts and chooses k per round exactly as the served
     BLS did for the same prompts, and reports them in the same summary."""
     args = ("--prompts", "code", "--limit", "2", "--max-tokens", "16", "--k", "3", "--policy", "fixed",
             "--format", "json")
-    served = cli("bench", "--url", dtm_server.grpc_url, *args)
+    served = cli("bench", "served", "--url", dtm_server.grpc_url, *args)
     assert served.returncode == 0, served.stderr
-    inproc = cli("bench", "--in-process", str(dtm_server.repo.parent / "draft_target.yaml"), *args, timeout=600)
+    inproc = cli("bench", "in-process", str(dtm_server.repo.parent / "draft_target.yaml"), *args, timeout=600)
     assert inproc.returncode == 0, inproc.stderr
     s = json.loads(served.stdout)["bench"][0]["acceptance"]
     i = json.loads(inproc.stdout)["sweep"][0]["acceptance"]
@@ -144,7 +144,7 @@ def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
     # greedy and deterministic: both protocols see exactly the same drafting and acceptance
     assert reps["grpc"]["acceptance"] == reps["http"]["acceptance"]
     out = tmp_path / "rep"
-    r = cli("bench", "--url", dtm_server.http_url, "--protocol", "http", "--prompts", "code", "--max-tokens", "12",
+    r = cli("bench", "served", "--url", dtm_server.http_url, "--protocol", "http", "--prompts", "code", "--max-tokens", "12",
             "--limit", "2", "--k", "2", "--concurrency", "1", "--concurrency", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "## Speedup (http, k=2)" in r.stdout and "## Concurrency sweep" in r.stdout
@@ -195,7 +195,7 @@ def test_errors_are_one_clear_line(dtm_server):
     r = cli("check", "--url", f"127.0.0.1:{free_port()}", "--protocol", "http")
     assert r.returncode == 2 and r.stderr.strip().startswith("error: no Triton server ready")
     assert len(r.stderr.strip().splitlines()) == 1
-    r = cli("bench", "--url", f"127.0.0.1:{free_port()}")
+    r = cli("bench", "served", "--url", f"127.0.0.1:{free_port()}")
     assert r.returncode == 2 and r.stderr.strip().startswith("error: no Triton server ready")
 
 
@@ -209,9 +209,9 @@ def test_the_wrong_port_or_protocol_is_named_with_the_fix(dtm_server, port, prot
     "start one with trt-spec serve" although a server was running), at once rather than after a wait."""
     url = {"grpc": dtm_server.grpc_url, "http": dtm_server.http_url,
            "metrics": f"127.0.0.1:{dtm_server.metrics_port}"}[port]
-    for cmd in ("check", "bench", "tune"):
+    for cmd in (("check",), ("bench", "served"), ("tune",)):
         t0 = time.perf_counter()
-        r = cli(cmd, "--url", url, "--protocol", protocol, "--limit", "1")
+        r = cli(*cmd, "--url", url, "--protocol", protocol, "--limit", "1")
         errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert r.returncode == 2 and len(errors) == 1 and errors[0].startswith(f"error: {url} {words}"), r.stderr
         assert "Traceback" not in r.stderr and time.perf_counter() - t0 < 20

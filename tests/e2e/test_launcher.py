@@ -167,7 +167,7 @@ def test_kill_9_of_the_launcher_stops_the_server_and_its_stubs(serve):
 
 
 def test_sighup_stops_cleanly_and_removes_the_work_dir(serve):
-    from trt_spec.serve.server import admin_key_path
+    from trt_spec.serve.admin_key import admin_key_path
 
     s = serve().wait_ready()
     assert len(_workdirs(s)) == 1
@@ -254,7 +254,7 @@ def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
     """serve leaves its key 0600 in trt-spec's cache under its HTTP and gRPC ports; the harness reads model configs
     with it, given no key; a wrong key is one line naming --admin-key-file, over either protocol."""
     from trt_spec.harness.client import ClientError
-    from trt_spec.serve.server import admin_key_path
+    from trt_spec.serve.admin_key import admin_key_path
 
     s, key_file = keyed
     key = key_file.read_text().strip()

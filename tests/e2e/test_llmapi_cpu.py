@@ -159,7 +159,7 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     acc = res["acceptance"]
     assert acc["drafted"] == 0 and acc["acceptance_rate"] is None and acc["source"] == lc.FROM_STREAMED_CHUNKS
     assert acc["mean_acceptance_length"] > 1.0 and res["order"].startswith("phased")
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--url", llmapi_server.grpc_url, "--tokenizer",
+    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "served", "--url", llmapi_server.grpc_url, "--tokenizer",
                         tok_dir, "--prompts", "code-edit", "--limit", "1", "--max-tokens", "16", "--concurrency", "1",
                         "--concurrency", "2", "--request-rate", "50", "--format", "json"],
                        capture_output=True, text=True, timeout=300)

@@ -4,7 +4,7 @@ the `--no-decoupled` one (NVIDIA's DTM recipe).
 
 The deployment is draft-target with max_draft_len 5, the num_draft_tokens NVIDIA's scripts send by default. Scripts
 that call models with unary `infer` (SPEC, ETE) need non-decoupled engine models: on the decoupled repository
-Triton core refuses them, as it would on a GPU, and the test pins that message (README: "NVIDIA's clients")."""
+Triton core refuses them, as it would on a GPU, and the test pins that message (docs/serving.md: "NVIDIA's clients")."""
 
 from __future__ import annotations
 
@@ -147,7 +147,8 @@ def test_end_to_end_test_on_the_unary_repository(deployments, protocol):
 
 def test_unary_clients_on_the_decoupled_repository_get_tritons_refusal(deployments):
     """SPEC and ETE call the engine with unary infer; Triton core refuses that on a decoupled model (on a GPU too).
-    The message names the problem; README tells users of these scripts to write the repository with --no-decoupled."""
+    The message names the problem; docs/serving.md tells users of these scripts to write the repository with
+    --no-decoupled."""
     server = deployments["decoupled"]
     with pytest.raises(InferenceServerException, match="decoupled"):
         nv.speculative_client(server.grpc_url, PROMPTS[0], OUT, draft_model="tensorrt_llm_draft")

@@ -217,14 +217,14 @@ def cli(*args, timeout=600):
 
 @pytest.mark.slow
 def test_bench_openai_paired_request_rate_and_a_sharegpt_file(openai_server, tmp_path):
-    """`bench --openai URL`: the paired A/B and the Poisson request-rate run with goodput, on prompts from a
+    """`bench openai --url URL`: the paired A/B and the Poisson request-rate run with goodput, on prompts from a
     ShareGPT-style file, with the served bench's report; two servers given as two URLs work the same."""
     s = openai_server
     data = tmp_path / "sharegpt.json"
     data.write_text(json.dumps([{"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": "x" * 40}]}
                                 for p in ("def add(a, b):", "The quick brown fox", "for i in range(10):")]))
     out = tmp_path / "rep"
-    r = cli("bench", "--openai", s.url, "--prompts", str(data), "--request-rate", "4", "--num-requests", "4",
+    r = cli("bench", "openai", "--url", s.url, "--prompts", str(data), "--request-rate", "4", "--num-requests", "4",
             "--slo-ttft-ms", "60000", "--out", str(out), "--format", "json")
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(r.stdout)
@@ -236,11 +236,11 @@ def test_bench_openai_paired_request_rate_and_a_sharegpt_file(openai_server, tmp
     assert rate["tensorrt_llm_bls"]["slo_met"] == 4 and rate["tensorrt_llm_bls"]["goodput_rps"] > 0
     md = (out / "report.md").read_text()
     assert "## Request rate 4/s (Poisson arrivals, 4 requests per model)" in md and "goodput ratio" in md
-    two = cli("bench", "--openai", s.url, "--openai", s.url + "/v1", "--model", BASELINE, "--model", SPECULATIVE,
+    two = cli("bench", "openai", "--url", s.url, "--url", s.url + "/v1", "--model", BASELINE, "--model", SPECULATIVE,
               "--api", "completions", "--prompts", str(data), "--limit", "1", "--format", "json")
     assert two.returncode == 0, two.stderr[-3000:]
     assert json.loads(two.stdout)["bench"][0]["protocol"] == "openai completions"
-    bad = cli("bench", "--openai", s.url, "--model", "a", "--model", "b", "--limit", "1")
+    bad = cli("bench", "openai", "--url", s.url, "--model", "a", "--model", "b", "--limit", "1")
     assert bad.returncode == 2 and "model 'a' is not served at" in bad.stderr and "Traceback" not in bad.stderr
 
 

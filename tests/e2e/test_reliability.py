@@ -245,7 +245,7 @@ def _cancel_after_first_response(url, model, tensors):
 
 
 # The BLS only: an ensemble's engine step in flight is never told of a cancellation (Triton's ensemble scheduler
-# cancels only the steps it schedules afterwards; README, Reliability) — on the tiny model its 16 calls simply run out
+# cancels only the steps it schedules afterwards; docs/reliability.md) — on the tiny model its 16 calls simply run out
 # within this test's bound, so an ensemble case here would pass without proving anything.
 @pytest.mark.parametrize("model", [BLS])
 def test_cancelled_streams_stop_using_the_engine(dtm_server, model):
@@ -269,7 +269,7 @@ def test_cancelled_streams_stop_using_the_engine(dtm_server, model):
     print(f"{model}: idle {idle:.2f}s, one 400-token request {one_long:.2f}s, after 16 cancellations {after:.2f}s")
     # Uncancelled, the 16 streams queue ~16 x one_long of work ahead of it (the engine runs one sequence at a
     # time); cancelled, only the tokens produced before the cancellation arrived remain. Generous for a busy CI
-    # machine, and still fails without cancellation. (The ratio after/idle is measured in README.)
+    # machine, and still fails without cancellation. (The ratio after/idle is measured in docs/reliability.md.)
     assert after < max(3 * idle, 0.5 * 16 * one_long), (idle, one_long, after)
 
 
@@ -330,7 +330,7 @@ def test_a_10_mb_prompt_is_refused_at_once_with_flat_memory(dtm_server, model):
     """10 MB of text_input, then 10 MB of stop words (gRPC), and 3.5 MB over /generate's JSON: one error line naming
     the limit within a second, before any tokenizing — the python models' memory stays flat (tokenizing 10 MB took
     12-15 s and 1.7 GB). (Over 4 MiB of JSON, Triton 2.51's own HTTP server crashes before any model sees the
-    request: README, Reliability.)"""
+    request: docs/reliability.md.)"""
     def models_rss() -> int:
         return sum(_rss(pid) for pid in dtm_server.stubs())
     ten_mb = b"word " * (2 * 2**20)
@@ -360,7 +360,7 @@ def test_served_model_configs_are_the_admin_keys_only(dtm_server):
     GET /v2/models/NAME/config and gRPC ModelConfig are refused without the admin key and answer with it."""
     from tritonclient.utils import InferenceServerException
 
-    from trt_spec.serve.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, admin_key_path
+    from trt_spec.serve.admin_key import ADMIN_HEADER, GRPC_ADMIN_HEADER, admin_key_path
 
     key = admin_key_path(dtm_server.http_port).read_text().strip()
     g = grpcclient.InferenceServerClient(dtm_server.grpc_url)
@@ -381,7 +381,8 @@ def test_served_model_configs_are_the_admin_keys_only(dtm_server):
 
 
 def test_a_json_value_of_the_wrong_type_is_tritons_own_500(dtm_server):
-    """README says so: Triton's JSON reader answers a string max_tokens with HTTP 500 before any model sees it."""
+    """docs/reliability.md says so: Triton's JSON reader answers a string max_tokens with HTTP 500 before any model
+    sees it."""
     req = urllib.request.Request(f"http://{dtm_server.http_url}/v2/models/{BLS}/generate", method="POST",
                                  data=json.dumps({"text_input": "hi", "max_tokens": "8"}).encode())
     with pytest.raises(urllib.error.HTTPError) as e:

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 
 from trt_spec.records import names as n
 from trt_spec.harness.client import ClientError, LLMClient
-from trt_spec.in_triton.spec_metrics import LATENCY_BUCKETS, acceptance_summary, histogram, parse_metrics, scrape, value
+from trt_spec.in_triton.spec_metrics import LATENCY_BUCKETS, histogram, parse_metrics, scrape, scraped_acceptance, value
 
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "class Stack:\n    def push(self, x):",
            "The quick brown fox jumps over the lazy dog. The quick brown", "for i in range(10):\n   "]
@@ -99,7 +99,7 @@ def test_prometheus_metrics_equal_the_responses_own(request, fixture, mode):
         buckets = delta_hist(name)
         assert buckets == sorted(buckets) and buckets[-1] == rounds == delta(f"{name}_count")
     assert 0 < delta(f"{n.METRIC_VERIFY_LATENCY}_sum") < 120
-    summary = acceptance_summary(after)
+    summary = scraped_acceptance(after)
     assert summary["drafted"] == value(after, n.METRIC_DRAFT_TOKENS, model=n.BLS)
     # the same counts under vLLM's names and labels (Triton serves the colon names as they are)
     vllm = {"model_name": n.BLS, "engine": "0"}

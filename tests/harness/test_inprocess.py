@@ -1,4 +1,4 @@
-"""`trt-spec bench --in-process CONFIG --format json`: the served speculative loop over in-process engines, on tiny
+"""`trt-spec bench in-process CONFIG --format json`: the served speculative loop over in-process engines, on tiny
 reference builds (through the CLI). That it reports what the served bench reports, round for round, is
 tests/e2e/test_harness.py's."""
 
@@ -40,7 +40,7 @@ def configs(tmp_path_factory):
 
 
 def bench(config, *args):
-    p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--in-process", str(config), "--format", "json",
+    p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "in-process", str(config), "--format", "json",
                         "--prompts", "code-edit", "--limit", "2", "--max-tokens", "24", "--ignore-eos",
                         "--threads", "1", *args], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -102,7 +102,7 @@ def test_a_wrong_draft_is_reported_as_slower(configs):
 def test_ngram_and_a_k_beyond_the_build_is_one_clear_error(configs):
     rep = bench(configs["ngram"], "--k", "2")
     assert rep["mode"] == "ngram" and rep["token_identity"] == 1.0
-    p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "--in-process", str(configs["copy"]),
+    p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "in-process", str(configs["copy"]),
                         "--k", "9", "--limit", "1"], capture_output=True, text=True, timeout=300)
     assert p.returncode != 0
     assert "max_draft_len" in p.stderr and "Traceback" not in p.stderr

@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from trt_spec.harness.bench import Sample, acceptance_summary, summarize
+from trt_spec.harness.bench import RequestSample, request_acceptance_counts, summarize
 from trt_spec.harness.identity import chi2_homogeneity, chi2_sf, first_divergence
-from trt_spec.harness.metrics import bootstrap_ratio_ci, low_acceptance_advice, tpot
+from trt_spec.harness.metrics import low_acceptance_advice, tpot
 from trt_spec.harness.prompts import PROMPT_SETS, load_prompts
+from trt_spec.records.speculation import acceptance_summary, paired_speedup
 
 
 def test_tpot_is_not_itl():
@@ -22,17 +23,19 @@ def test_bootstrap_ci_covers_and_narrows():
     rng = random.Random(3)
     base = [1.0 + rng.random() * 0.2 for _ in range(40)]
     spec = [b / 2.0 * (1 + rng.uniform(-0.05, 0.05)) for b in base]
-    point, lo, hi = bootstrap_ratio_ci(base, spec)
+    point, lo, hi = paired_speedup(base, spec)
     assert lo < point < hi and lo < 2.0 < hi + 0.1 and hi - lo < 0.2
-    with pytest.raises(ValueError):
-        bootstrap_ratio_ci([1.0], [])
+    with pytest.raises(ValueError, match="as many baseline as speculative timings"):
+        paired_speedup([1.0], [])
 
 
 def test_histogram_summary_and_per_position():
-    s = [Sample("tensorrt_llm_bls", 0, 0, 10, 0.1, 1.0, 0.1, accepted=6, drafted=12, steps=4, histogram=[1, 1, 1, 1]),
-         Sample("tensorrt_llm_bls", 1, 0, 10, 0.1, 1.0, 0.1, accepted=0, drafted=6, steps=2, histogram=[2, 0, 0, 0])]
-    a = acceptance_summary(s)
-    assert a["histogram"] == [3, 1, 1, 1] and a["steps"] == 6
+    s = [RequestSample("tensorrt_llm_bls", 0, 0, 10, 0.1, 1.0, 0.1, accepted=6, drafted=12, steps=4,
+                       histogram=[1, 1, 1, 1]),
+         RequestSample("tensorrt_llm_bls", 1, 0, 10, 0.1, 1.0, 0.1, accepted=0, drafted=6, steps=2,
+                       histogram=[2, 0, 0, 0])]
+    a = acceptance_summary(request_acceptance_counts(s))
+    assert a["histogram"] == [3, 1, 1, 1] and a["steps"] == 6 and a["requests"] == 2
     assert a["acceptance_rate"] == pytest.approx(6 / 18) and a["mean_acceptance_length"] == pytest.approx(2.0)
     assert a["per_position_acceptance"] == pytest.approx([3 / 6, 2 / 6, 1 / 6])
 
@@ -40,9 +43,9 @@ def test_histogram_summary_and_per_position():
 def test_summarize_pairs_and_warns():
     samples = []
     for i in range(6):
-        samples.append(Sample("ensemble", i, 0, 20, 0.1, 2.0, 0.1))
-        samples.append(Sample("tensorrt_llm_bls", i, 0, 20, 0.1, 2.5, 0.12, accepted=1, drafted=20, steps=19,
-                              histogram=[18, 1, 0, 0, 0]))
+        samples.append(RequestSample("ensemble", i, 0, 20, 0.1, 2.0, 0.1))
+        samples.append(RequestSample("tensorrt_llm_bls", i, 0, 20, 0.1, 2.5, 0.12, accepted=1, drafted=20, steps=19,
+                                     histogram=[18, 1, 0, 0, 0]))
     out = summarize(samples, 4)
     assert out["speedup"] == pytest.approx(0.8)
     assert "SLOWER" in out["warning"] and "Advice" in out["warning"]

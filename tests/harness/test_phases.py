@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from trt_spec import cli
-from trt_spec.harness import phases
+from trt_spec.harness import commands, phases
 from trt_spec.harness.client import ClientError, Generation
 from trt_spec.records import llmapi_contract as lc
 from trt_spec.records.names import BASELINE, SPECULATIVE
@@ -73,12 +73,12 @@ class FakeClient:
 
 @pytest.fixture
 def served(monkeypatch):
-    """`trt-spec bench/check --url` against a FakeClient (phased or not), its FakeControl the repository API."""
+    """`trt-spec bench served/check --url` against a FakeClient (phased or not), its FakeControl the repository API."""
     made = {}
 
     def make(phased: bool) -> FakeClient:
         fake = made["fake"] = FakeClient(phased)
-        monkeypatch.setattr(cli, "_client", lambda *a, **k: fake)
+        monkeypatch.setattr(commands, "served_client", lambda *a, **k: fake)
         monkeypatch.setattr(phases, "require_control", lambda client: fake.ctl)
         return fake
     return make
@@ -88,7 +88,7 @@ def invoke(*args):
     return CliRunner().invoke(cli.main, list(args), catch_exceptions=False)
 
 
-BENCH = ["bench", "--url", "127.0.0.1:9", "--prompts", "code-edit", "--limit", "2", "--max-tokens", "4",
+BENCH = ["bench", "served", "--url", "127.0.0.1:9", "--prompts", "code-edit", "--limit", "2", "--max-tokens", "4",
          "--concurrency", "1", "--concurrency", "2", "--request-rate", "100", "--format", "json"]
 ONE_CYCLE = [("unload", lc.MODEL_NAME), ("load", lc.BASELINE_MODEL), ("unload", lc.BASELINE_MODEL),
              ("load", lc.MODEL_NAME)]
@@ -207,8 +207,9 @@ class _Tok:
 
 
 def test_streamed_acceptance_is_clamped_and_says_which_correction_applied():
-    from trt_spec.harness.bench import Sample, acceptance_summary
+    from trt_spec.harness.bench import RequestSample, request_acceptance_counts
     from trt_spec.harness.client import LLMClient
+    from trt_spec.records.speculation import acceptance_summary
 
     c = LLMClient("127.0.0.1:1", "grpc").use_tokenizer(_Tok())
     parts = lambda texts: [({"text": t, "ids": [], "metrics": {}}, 0.1 * (i + 1)) for i, t in enumerate(texts)]  # noqa
@@ -221,6 +222,7 @@ def test_streamed_acceptance_is_clamped_and_says_which_correction_applied():
     assert few.metrics["total_accepted_draft_tokens"] == 0 and few.metrics[lc.ACCEPTANCE_NOTE] == lc.STREAM_CLAMPED
     plain = c._llmapi_result(parts(["ab", "abcd"]), 0.5, stream=True)
     assert plain.metrics["total_accepted_draft_tokens"] == 2 and lc.ACCEPTANCE_NOTE not in plain.metrics
-    acc = acceptance_summary([Sample.of(SPECULATIVE, i, 0, g) for i, g in enumerate((cut, few, plain))])
+    acc = acceptance_summary(request_acceptance_counts([RequestSample.of(SPECULATIVE, i, 0, g)
+                                                        for i, g in enumerate((cut, few, plain))]))
     assert acc["accepted"] == 5 and acc["mean_acceptance_length"] >= 1.0
     assert acc["notes"] == sorted([f"{lc.STREAM_CLAMPED} (1 of 3 requests)", f"{lc.STREAM_CUT} (1 of 3 requests)"])

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trt_spec.harness.bench import Sample, concurrency_sweep, level_side, sweep_row
+from trt_spec.harness.bench import RequestSample, concurrency_sweep, level_side, sweep_row
 from trt_spec.harness.client import Generation
 from trt_spec.harness.metrics import Summary, percentile, total_throughput
 from trt_spec.harness.prompts import Prompt
@@ -33,7 +33,7 @@ def test_summary_p99_and_missing_values():
 
 def test_level_side_totals_over_wall_not_per_request():
     # two requests of 10 tokens, each 2 s long, served together in 2.5 s: 8 tok/s in total (not 5 per request)
-    xs = [Sample(BASE, 0, 0, 10, 0.2, 2.0, 0.2), Sample(BASE, 1, 0, 10, 0.4, 2.0, None)]
+    xs = [RequestSample(BASE, 0, 0, 10, 0.2, 2.0, 0.2), RequestSample(BASE, 1, 0, 10, 0.4, 2.0, None)]
     side = level_side(xs, 2.5)
     assert side["tokens_per_s"] == pytest.approx(8.0) and side["tokens"] == 20 and side["requests"] == 2
     assert side["ttft_s"]["p50"] == pytest.approx(0.3) and side["tpot_s"]["n"] == 1  # single-token TPOT dropped
@@ -41,9 +41,9 @@ def test_level_side_totals_over_wall_not_per_request():
 
 
 def test_sweep_row_speedup_and_acceptance():
-    base = [Sample(BASE, i, 0, 20, 0.1, 2.0, 0.1) for i in range(2)]
-    spec = [Sample(SPEC, 0, 0, 20, 0.1, 1.0, 0.05, accepted=10, drafted=16, steps=8, histogram=[2, 2, 4]),
-            Sample(SPEC, 1, 0, 20, 0.1, 1.0, 0.05, accepted=2, drafted=8, steps=4, histogram=[2, 2, 0])]
+    base = [RequestSample(BASE, i, 0, 20, 0.1, 2.0, 0.1) for i in range(2)]
+    spec = [RequestSample(SPEC, 0, 0, 20, 0.1, 1.0, 0.05, accepted=10, drafted=16, steps=8, histogram=[2, 2, 4]),
+            RequestSample(SPEC, 1, 0, 20, 0.1, 1.0, 0.05, accepted=2, drafted=8, steps=4, histogram=[2, 2, 0])]
     row = sweep_row(2, base, 4.0, spec, 1.6)
     assert row["concurrency"] == 2 and row["requests"] == 2
     assert row[BASE]["tokens_per_s"] == pytest.approx(10.0) and row[SPEC]["tokens_per_s"] == pytest.approx(25.0)
@@ -112,8 +112,8 @@ def test_sweep_runs_each_level_in_flight_and_keeps_samples():
 def test_report_has_the_concurrency_table_samples_and_plots(tmp_path):
     rows = []
     for c, bw, sw in ((1, 4.0, 2.0), (4, 2.0, 1.6)):
-        base = [Sample(BASE, i, 0, 20, 0.1, 2.0, 0.1) for i in range(2)]
-        spec = [Sample(SPEC, i, 0, 20, 0.1, 1.0, 0.05, accepted=6, drafted=8, steps=4, histogram=[0, 2, 2])
+        base = [RequestSample(BASE, i, 0, 20, 0.1, 2.0, 0.1) for i in range(2)]
+        spec = [RequestSample(SPEC, i, 0, 20, 0.1, 1.0, 0.05, accepted=6, drafted=8, steps=4, histogram=[0, 2, 2])
                 for i in range(2)]
         rows.append(sweep_row(c, base, bw, spec, sw))
     files = write_reports({"title": "t", "concurrency": rows, "environment": {"time": "now"}}, tmp_path)

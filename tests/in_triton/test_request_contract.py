@@ -6,9 +6,9 @@ get one line naming the problem, the backend's own where it has one."""
 import numpy as np
 import pytest
 
-from trt_spec.records import backend_contract as bc
 from trt_spec.in_triton.serving import error_line, requested_only
 from trt_spec.in_triton.speculative_loop import RequestError, check_sampling
+from trt_spec.records import backend_contract as bc
 
 LIMITS = bc.EngineLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=64, max_draft_len=4, vocab_size=100,
                          gather_generation_logits=True)
@@ -22,7 +22,7 @@ def _req(outputs=bc.MANDATORY_OUTPUTS, **extra):
 
 def test_engine_response_holds_only_requested_outputs():
     perf = {"return_perf_metrics": np.asarray([[True]])}
-    pm = bc.PerfMetrics(accepted=1, drafted=2)
+    pm = bc.PerfOutputs(accepted=1, drafted=2)
     lean = bc.response_tensors(_req(bc.MANDATORY_OUTPUTS, **perf), [8, 9], perf=pm)
     assert set(lean) == set(bc.MANDATORY_OUTPUTS)  # perf outputs computed but not asked for: not sent
     full = bc.response_tensors(_req([*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS], **perf), [8, 9], perf=pm)
@@ -201,8 +201,8 @@ def test_the_standin_opens_gpt_model_path_as_the_backend_does(tmp_path, monkeypa
     python models used to resolve it against the repository, so a launch from elsewhere passed on CPU and failed on a
     GPU), and adds a hint naming the path, the working directory and the fix."""
     pytest.importorskip("torch")
-    from trt_spec.reference.standin import StandIn, check_engine_path
     from trt_spec.in_triton.serving import resolve_path_parameters
+    from trt_spec.reference.standin import StandIn, check_engine_path
 
     repo = tmp_path / "repo"
     (repo / "tensorrt_llm" / "1").mkdir(parents=True)
@@ -226,3 +226,22 @@ def test_the_standin_opens_gpt_model_path_as_the_backend_does(tmp_path, monkeypa
     monkeypatch.chdir(repo)
     check_engine_path("engines/target")  # from the directory it resolves against, it is found
     check_engine_path(str(repo / "engines" / "target"))
+
+
+def test_the_loop_reads_the_bls_parameters_block():
+    """The BLS's parameters as Triton hands them (strings) -> the typed record -> the loop's config."""
+    from trt_spec.in_triton.speculative_loop import LoopConfig
+    from trt_spec.records.bls_parameters import BlsParameters, ParameterError
+
+    block = {"tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_draft_model_name": "",
+             "speculative_mode": "ngram", "max_draft_len": "4", "num_draft_tokens": "3", "ngram_size": "2",
+             "draft_len_policy": "fixed", "proposer": "prompt_lookup", "max_seq_len": "64", "max_num_tokens": "32",
+             "max_input_len": "20", "tokenizer_dir": "/tok", "add_special_tokens": "false"}
+    p = BlsParameters.from_parameters(block)
+    cfg = LoopConfig.from_bls(p)
+    assert (cfg.target, cfg.draft, cfg.mode, cfg.max_draft_len, cfg.ngram_size) == ("tensorrt_llm", None, "ngram", 4, 2)
+    assert (cfg.max_prompt_len, cfg.max_input_len) == (20, bc.max_input_len(64, 32))
+    assert (cfg.draft_len_policy, cfg.proposer, p.num_draft_tokens, p.add_special_tokens) == (
+        "fixed", "prompt_lookup", 3, False)
+    with pytest.raises(ParameterError, match="^tensorrt_llm_bls parameter ngram_size: expected an integer, got '2.5'$"):
+        BlsParameters.from_parameters({**block, "ngram_size": "2.5"})

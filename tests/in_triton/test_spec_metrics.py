@@ -9,10 +9,10 @@ import math
 
 import pytest
 
+from trt_spec.in_triton.spec_metrics import (LATENCY_BUCKETS, MetricSample, SpecMetricsExporter, histogram,
+                                             parse_metrics, scraped_acceptance, value)
+from trt_spec.in_triton.speculative_loop import LoopStats, Round
 from trt_spec.records import names as n
-from trt_spec.in_triton.spec_metrics import (LATENCY_BUCKETS, SpecMetrics, acceptance_summary, histogram, parse_metrics,
-                                   value)
-from trt_spec.in_triton.speculative_loop import Metrics, Round
 
 
 class FakeMetricFamily:
@@ -67,15 +67,15 @@ def metric(name):
     return m
 
 
-def request_metrics() -> Metrics:
+def request_metrics() -> LoopStats:
     rounds = [Round(k=4, drafted=4, accepted=2, tokens=3, draft_s=0.001, target_s=0.02),
               Round(k=0, drafted=0, accepted=0, tokens=1, draft_s=0.0, target_s=0.01),
               Round(k=4, drafted=3, accepted=3, tokens=4, draft_s=0.002, target_s=0.03)]
-    return Metrics(drafted=7, accepted=5, steps=3, hist=[1, 0, 1, 1, 0], rounds=rounds)
+    return LoopStats(drafted=7, accepted=5, steps=3, hist=[1, 0, 1, 1, 0], rounds=rounds)
 
 
 def test_loop_mode_publishes_every_metric_with_model_and_mode_labels():
-    sm = SpecMetrics(FakePbUtils, "tensorrt_llm_bls", "ngram", 4)
+    sm = SpecMetricsExporter(FakePbUtils, "tensorrt_llm_bls", "ngram", 4)
     kinds = {f.name: f.kind for f in FakeMetricFamily.created}
     assert kinds == {n.METRIC_REQUESTS: "counter", n.METRIC_DRAFT_TOKENS: "counter", n.METRIC_ACCEPTED_TOKENS: "counter",
                      n.METRIC_ROUNDS: "counter", n.METRIC_ROUNDS_NO_SPEC: "counter",
@@ -114,11 +114,11 @@ def test_loop_mode_publishes_every_metric_with_model_and_mode_labels():
 
 
 def test_engine_mode_has_no_rounds():
-    sm = SpecMetrics(FakePbUtils, "tensorrt_llm_bls", "engine", 63)
+    sm = SpecMetricsExporter(FakePbUtils, "tensorrt_llm_bls", "engine", 63)
     assert {f.name for f in FakeMetricFamily.created} == {n.METRIC_REQUESTS, n.METRIC_DRAFT_TOKENS,
                                                          n.METRIC_ACCEPTED_TOKENS, n.METRIC_IN_FLIGHT,
                                                          n.VLLM_NUM_DRAFT_TOKENS, n.VLLM_NUM_ACCEPTED_TOKENS}
-    sm.observe(Metrics(drafted=40, accepted=25, steps=15))
+    sm.observe(LoopStats(drafted=40, accepted=25, steps=15))
     assert (metric(n.METRIC_REQUESTS).total, metric(n.METRIC_DRAFT_TOKENS).total,
             metric(n.METRIC_ACCEPTED_TOKENS).total) == (1, 40, 25)
 
@@ -126,7 +126,7 @@ def test_engine_mode_has_no_rounds():
 def test_publishing_never_fails_the_model_or_a_request():
     FakeMetricFamily.fail_on = {n.METRIC_ROUNDS}
     errors = []
-    sm = SpecMetrics(FakePbUtils, "bls", "draft_target", 4, errors.append)  # loads without that one metric
+    sm = SpecMetricsExporter(FakePbUtils, "bls", "draft_target", 4, errors.append)  # loads without that one metric
     assert errors == ["bls: metric trt_spec_rounds_total not published: RuntimeError: metrics disabled"]
     sm.observe(request_metrics())
     assert metric(n.METRIC_REQUESTS).total == 1  # the others still count
@@ -140,7 +140,7 @@ def test_publishing_never_fails_the_model_or_a_request():
 
 def test_publish_runs_on_the_metrics_thread_and_close_stops_it():
     errors = []
-    sm = SpecMetrics(FakePbUtils, "bls", "ngram", 4, errors.append)
+    sm = SpecMetricsExporter(FakePbUtils, "bls", "ngram", 4, errors.append)
     asyncio.run(sm.publish(request_metrics()))
     assert metric(n.METRIC_REQUESTS).total == 1
     sm.close()
@@ -177,24 +177,36 @@ def test_parse_the_text_exposition_format():
 
 
 def test_acceptance_summary():
-    s = acceptance_summary(parse_metrics(EXPOSITION))
-    # one definition (trt_spec.records.speculation): 1 + accepted / speculative rounds, the 5 rounds without speculation apart
-    assert s == {"requests": 3, "drafted": 40, "accepted": 10, "acceptance_rate": 0.25, "rounds": 20,
-                 "rounds_without_speculation": 5, "no_speculation_share": 0.25,
-                 "mean_acceptance_length": pytest.approx(1 + 10 / 15)}
-    empty = acceptance_summary([])
+    s = scraped_acceptance(parse_metrics(EXPOSITION))
+    # one definition (trt_spec.records.speculation): 1 + accepted / speculative rounds, the 5 rounds without
+    # speculation apart; the bench's key set, plus the two keys demo's server_metrics had before it (rounds,
+    # no_speculation_share)
+    assert s == {"requests": 3, "drafted": 40, "accepted": 10, "acceptance_rate": 0.25, "steps": 20,
+                 "speculative_rounds": 15, "rounds_without_speculation": 5, "rounds_without_speculation_share": 0.25,
+                 "mean_acceptance_length": pytest.approx(1 + 10 / 15), "histogram": [12, 4],
+                 "per_position_acceptance": [pytest.approx(4 / 15)], "draft_length_counts": [],
+                 "mean_draft_length": 0.0, "source": None, "notes": [], "rounds": 20, "no_speculation_share": 0.25}
+    empty = scraped_acceptance([])
     assert empty["requests"] == 0 and empty["acceptance_rate"] is None and empty["no_speculation_share"] is None
+    assert empty["mean_acceptance_length"] is None and empty["rounds_without_speculation_share"] == 0.0
+
+
+def test_the_two_samples_are_two_names():
+    """A Prometheus sample line and a measured bench request were both `Sample`."""
+    from trt_spec.harness.bench import RequestSample
+
+    assert MetricSample is not RequestSample and parse_metrics("x 1") == [MetricSample("x", {}, 1.0)]
 
 
 def test_engine_request_metrics_are_the_backends_gauges():
     """nv_trt_llm_request_metrics as the tensorrtllm backend publishes them: one gauge per request_type labelled
     with model and version, set from the engine's counts (waiting = active - scheduled)."""
+    from trt_spec.in_triton.engine_metrics import EngineMetricsExporter
     from trt_spec.records import backend_contract as bc
     from trt_spec.reference.batching import RequestCounts
-    from trt_spec.in_triton.engine_metrics import EngineMetrics
 
     now = [RequestCounts(active=3, max=8, scheduled=2, context=1)]
-    em = EngineMetrics(FakePbUtils, "tensorrt_llm", "1", lambda: now[0], period_s=3600)
+    em = EngineMetricsExporter(FakePbUtils, "tensorrt_llm", "1", lambda: now[0], period_s=3600)
     em.update()
     (family,) = FakeMetricFamily.created
     assert (family.name, family.kind) == (bc.REQUEST_METRICS, "gauge")

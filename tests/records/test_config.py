@@ -106,10 +106,25 @@ def test_config_hash_changes_with_content(tmp_path):
     assert a.config_hash() == load_config(write(tmp_path, MINIMAL)).config_hash()
 
 
-def test_readme_config_table_matches_schema():
-    """README's table of keys/defaults is generated from the schema; fail when they drift apart."""
+def test_config_keys_table_matches_schema():
+    """docs/configs.md's table of keys/defaults is generated from the schema; fail when they drift apart."""
     from ..conftest import REPO
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "configs.md").read_text()
     table = text.split("<!-- config-table:begin -->")[1].split("<!-- config-table:end -->")[0]
-    assert table.strip() == markdown_table(), "README drifted: paste the output of `python -m trt_spec.records.config`"
+    assert table.strip() == markdown_table(), (
+        "docs/configs.md drifted: paste the output of `python -m trt_spec.records.config`")
+
+
+def test_policy_and_proposer_are_enums_that_read_and_write_the_words(tmp_path):
+    """speculative.draft_len_policy takes the loop's members of the one policy vocabulary (speculation.Policy): the
+    EAGLE chain's `confidence` is refused as any other word, with the same line as before the enum."""
+    import json
+
+    from trt_spec.records.speculation import Policy, Proposer
+
+    cfg = load_config(write(tmp_path, MINIMAL + "speculative:\n  draft_len_policy: fixed\n  proposer: prompt_lookup\n"))
+    assert cfg.speculative.draft_len_policy is Policy.FIXED and cfg.speculative.proposer is Proposer.PROMPT_LOOKUP
+    assert json.loads(cfg.canonical_json())["speculative"]["draft_len_policy"] == "fixed"
+    with pytest.raises(ConfigError, match=r"draft_len_policy: Input should be 'adaptive' or 'fixed' \(got 'confidence'\)"):
+        load_config(write(tmp_path, MINIMAL + "speculative:\n  draft_len_policy: confidence\n"))

@@ -2,9 +2,9 @@
 
 The same stages the `cpu-smollm2-draft.yaml` build runs (GGUF import -> distilled draft -> FP8 export of both),
 with a short distillation (a few teacher chunks, tens of steps) so the module stays around a minute and a half on
-2 cores; the full build's numbers are in the README. Guards against the draft path rotting on a real checkpoint
-(gpt-fast's lesson): real tokenizer and chat template, tied 49k-vocab head, FP8 dequantization, draft and target
-KV caches advancing by different amounts every step.
+2 cores; the full build's numbers are in docs/measurements.md. Guards against the draft path rotting on a real
+checkpoint (gpt-fast's lesson): real tokenizer and chat template, tied 49k-vocab head, FP8 dequantization, draft and
+target KV caches advancing by different amounts every step.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def train_on_target(model, *, steps=300, seed=0, draft_vocab=96):
     """A head trained on the target's own greedy continuations of PROMPTS and 45 random prompts (train_eagle's
     pieces). A random tiny target's next token is a random function of its context, which no small head generalises
     to; trained on the test prompts' continuations, the head shows that the mechanism accepts what it learned.
-    (Generalisation is measured on SmolLM2 and held-out prompts: README.)"""
+    (Generalisation is measured on SmolLM2 and held-out prompts: docs/measurements.md.)"""
     gen = torch.Generator().manual_seed(1234)
     prompts = [*PROMPTS, *(torch.randint(3, model.config.vocab_size, (int(n),), generator=gen).tolist()
                            for n in torch.randint(2, 12, (45,), generator=gen))]

@@ -1,6 +1,6 @@
 """The one speculative loop (the BLS's, trt_spec/in_triton/speculative_loop.py) over real tiny models on the reference
 engine, in process: every engine call goes through the stand-in's contract and its batching scheduler, as in
-Triton and in `bench --in-process`. The output must be the target's own (plain greedy, tests/reference/oracle.py)."""
+Triton and in `bench in-process`. The output must be the target's own (plain greedy, tests/reference/oracle.py)."""
 
 from __future__ import annotations
 

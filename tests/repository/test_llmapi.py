@@ -18,7 +18,8 @@ from trt_spec.records import llmapi_contract as lc
 from trt_spec.records.config import ConfigError, load_config
 from trt_spec.repository import llmapi as lr
 from trt_spec.repository.writer import RepositoryError, parse_config, validate_repository, write_repository
-from trt_spec.serve.server import ServerError, repo_info
+from trt_spec.serve.errors import ServerError
+from trt_spec.serve.launch import repo_info
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {  # the shipped LLM-API configs -> their mode's decoding_type
@@ -226,7 +227,8 @@ def test_the_launch_loads_the_speculative_model_only(name, tmp_path):
     """F1: the baseline (a second full copy of the target) is a phase model; serve and the printed launch load
     tensorrt_llm by name, never every model."""
     from trt_spec.records.manifest import RepoRecord
-    from trt_spec.serve.server import NGC_TRITONSERVER, launch_spec
+    from trt_spec.serve.launch import launch_spec
+    from trt_spec.serve.locate import NGC_TRITONSERVER
 
     src = tmp_path / "nvidia" / "1"
     src.mkdir(parents=True)
@@ -252,7 +254,8 @@ class _Tok:
 def test_acceptance_comes_from_the_streamed_responses_when_the_perf_outputs_are_zero():
     """1.2.1's PyTorch flow answers 0 for the speculative perf outputs (NVIDIA/TensorRT-LLM#17082); each streamed
     response is one iteration with the whole text so far: 10 tokens in 4 responses = 2.5 tokens per iteration."""
-    from trt_spec.harness.bench import Sample, acceptance_summary
+    from trt_spec.harness.bench import RequestSample, request_acceptance_counts
+    from trt_spec.records.speculation import acceptance_summary
     from trt_spec.harness.client import LLMClient
 
     c = LLMClient("127.0.0.1:1", "grpc").use_tokenizer(_Tok())
@@ -262,7 +265,7 @@ def test_acceptance_comes_from_the_streamed_responses_when_the_perf_outputs_are_
     g = c._llmapi_result(parts, 0.5, stream=True)
     assert g.text == "abcdefghij" and g.num_tokens == 10 and g.ttft_s == pytest.approx(0.1) and g.chunks == 4
     assert g.metrics == {"total_accepted_draft_tokens": 6, "total_steps": 4, lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS}
-    acc = acceptance_summary([Sample.of("tensorrt_llm_bls", 0, 0, g)])
+    acc = acceptance_summary(request_acceptance_counts([RequestSample.of("tensorrt_llm_bls", 0, 0, g)]))
     assert acc["mean_acceptance_length"] == pytest.approx(2.5) and acc["acceptance_rate"] is None
     assert acc["source"] == lc.FROM_STREAMED_CHUNKS
     unary = c._llmapi_result([({"text": "abcdefghij", "ids": [], "metrics": dict(zero)}, 0.5)], 0.5, stream=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trt_spec.records.names import BASELINE, SPECULATIVE
-from trt_spec.serve.openai_frontend import FrontendSettings, OpenAIError, parse_request, request_tensors
 from trt_spec.in_triton.serving import StopCutter
+from trt_spec.records.names import BASELINE, SPECULATIVE
+from trt_spec.serve.openai_requests import FrontendSettings, OpenAIError, parse_request, request_tensors
 
 S = FrontendSettings("127.0.0.1:8001", "tok", max_seq_len=64, max_draft_len=4)
 
@@ -27,7 +27,8 @@ class Tok:
         return [1] * (len(text) + (1 if add_special_tokens else 0))
 
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+        turns = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return turns + ("<assistant>" if add_generation_prompt else "")
 
 
 def parse(chat=False, **body):

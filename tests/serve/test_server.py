@@ -11,7 +11,10 @@ import pytest
 
 from trt_spec.builder.pipeline import manifest_for_config
 from trt_spec.repository.writer import write_repository
-from trt_spec.serve.server import ServerError, TritonServer, check_port_free, find_tritonserver, launch_spec
+from trt_spec.serve.errors import ServerError
+from trt_spec.serve.launch import launch_spec
+from trt_spec.serve.locate import find_tritonserver
+from trt_spec.serve.server import TritonServer, check_port_free
 
 from ..conftest import REPO
 
@@ -75,7 +78,7 @@ def test_two_models_with_tp_use_orchestrator_mode(tmp_path):
 def test_plain_command_on_nvidia_pytriton_names_a_prepared_backend_directory(tmp_path):
     """On CPU the plain command needs nvidia-pytriton's backends with this interpreter's stub: a directory in trt-spec's
     cache, made by prepare_plain (serve's own work dir dies with its server), and the environment serve gives it."""
-    from trt_spec.serve.server import STUB_NAME, plain_backends_dir, pytriton_dir
+    from trt_spec.serve.locate import STUB_NAME, plain_backends_dir, pytriton_dir
 
     if pytriton_dir() is None:
         pytest.skip("nvidia-pytriton is not installed")
@@ -98,7 +101,7 @@ def test_ready_timeout_grows_with_the_engines(tmp_path):
 
     from trt_spec.records import defaults
     from trt_spec.records.manifest import EngineSums, RepoRecord
-    from trt_spec.serve.server import engine_bytes
+    from trt_spec.serve.launch import engine_bytes
 
     out = tmp_path / "repo"
     write_repository(manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"), out)
@@ -149,7 +152,7 @@ def test_dry_run_prepares_no_work_dir_and_shows_no_key(tp2_repo, tmp_path):
 
 
 def test_admin_apis_are_restricted_on_the_serving_rank(tp2_repo, tmp_path):
-    from trt_spec.serve.server import RESTRICTED_APIS, launch_spec
+    from trt_spec.serve.admin_key import RESTRICTED_APIS
 
     # model-config too: the configs name this machine's engine and tokenizer directories (absolute paths)
     assert set(RESTRICTED_APIS) == {"shared-memory", "model-config", "model-repository", "trace", "logging"}
@@ -169,7 +172,7 @@ def test_two_servers_in_one_process_have_distinct_shared_memory_prefixes(tp2_rep
 
 
 def test_admin_key_file(tmp_path):
-    from trt_spec.serve.server import read_admin_key
+    from trt_spec.serve.admin_key import read_admin_key
 
     f = tmp_path / "admin.key"
     key = read_admin_key(f)  # created, owner-only
@@ -193,11 +196,11 @@ Traceback (most recent call last):
 ModuleNotFoundError: No module named 'nope'
 I1201 02:34:56.113673 17163 server.cc:336] "All models are stopped, unloading models"
 error: creating server: Internal - failed to load all models
-'''
+'''  # noqa: E501 - a real Triton log, its lines as they are
 
 
 def test_log_errors_put_the_failed_model_and_its_reason_first():
-    from trt_spec.serve.server import log_errors
+    from trt_spec.serve.triton_log import log_errors
 
     assert log_errors(FAILED_LOAD_LOG) == [
         "failed to load 'tensorrt_llm' version 1: Internal: ContractError: unexpected error when creating "
@@ -213,7 +216,7 @@ def test_log_errors_put_the_failed_model_and_its_reason_first():
 
 
 def test_stub_model_name_from_its_command_line():
-    from trt_spec.serve.server import stub_model
+    from trt_spec.serve.watchdog import stub_model
 
     argv = ["/w/backends/python/triton_python_backend_stub", "/repo/tensorrt_llm_draft/1/model.py",
             "trtspec1_ab_0_c7a3", "1048576", "1048576", "16383", "/w/backends/python", "336",
@@ -223,7 +226,7 @@ def test_stub_model_name_from_its_command_line():
 
 
 def test_serve_help_documents_the_dead_model_exit_code():
-    from trt_spec.serve.server import MODEL_DIED_EXIT
+    from trt_spec.serve.supervisor import MODEL_DIED_EXIT
 
     r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and f"exit code is {MODEL_DIED_EXIT}" in " ".join(r.stdout.split())
@@ -263,7 +266,7 @@ def test_ready_timeout_of_an_llmapi_repository_counts_its_checkpoints(tmp_path):
     import yaml
 
     from trt_spec.records import defaults
-    from trt_spec.serve.server import engine_bytes, repo_ready_timeout_s
+    from trt_spec.serve.launch import engine_bytes, repo_ready_timeout_s
 
     ckpt, head = tmp_path / "ckpt", tmp_path / "head"
     for d, size in ((ckpt, 3 * 2**20), (head, 2**20)):

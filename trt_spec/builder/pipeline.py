@@ -23,8 +23,8 @@ def plan_for(cfg: BuildConfig, config_path: Path, gpu: Optional[str] = None, *,
     all; a build node may have more than the serving plan), a plan those it plans for; allow_offload: False refuses a
     calibration that does not fit, True lets it offload, None (builds nothing) warns (run_preflight). Raises
     PreflightError or HardwareError (one line each)."""
-    gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.engine == "tensorrt" else None
-    host = detect_gpus() if require_checkpoints and cfg.engine == "tensorrt" else None
+    gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.recipe.gpu else None
+    host = detect_gpus() if require_checkpoints and cfg.recipe.gpu else None
     report = run_preflight(cfg, gpu_spec, require_checkpoints=require_checkpoints, allow_offload=allow_offload,
                            calibration_gpu=host)
     return make_plan(cfg, report, Path(config_path))

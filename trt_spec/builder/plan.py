@@ -17,7 +17,6 @@ from typing import Optional
 from . import trtllm
 from ..records.backend_contract import LOGITS_DTYPE
 from ..records.config import BuildConfig
-from ..records.defaults import served_num_draft_tokens
 from .hardware import GpuSpec
 from .model_info import is_imported
 from ..records.defaults import TOKENS_PER_BLOCK
@@ -68,6 +67,7 @@ class Plan:
 
     def to_json(self) -> dict:
         r = self.report
+        spec = r.speculative_record()
         return {
             "name": self.name,
             "config_hash": self.config_hash,
@@ -77,8 +77,8 @@ class Plan:
                 "name": self.gpu.name, "compute_capability": list(self.gpu.compute_capability),
                 "memory_gib": self.gpu.memory_gib, "count": self.gpu.count, "source": self.gpu.source},
             "quantization": {"weights": r.quant.weights, "kv_cache": r.quant.kv_cache, "fell_back": r.quant.fell_back},
-            "speculative": {"mode": r.config.speculative.mode, "max_draft_len": r.max_draft_len,
-                            "num_draft_tokens": served_num_draft_tokens(r.config.speculative.default_k, r.max_draft_len)},
+            "speculative": {"mode": spec.mode, "max_draft_len": spec.max_draft_len,
+                            "num_draft_tokens": spec.num_draft_tokens},
             "devices": {"target": r.target_devices, "draft": r.draft_devices},
             "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
             "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
@@ -100,10 +100,10 @@ class Plan:
         lines.append(f"quantization: weights {r.quant.weights}, KV cache {kv}"
                      + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else "")
                      + (", FP8 context FMHA (TensorRT-LLM enables it with FP8 weights + FP8 KV)"
-                        if self.engine == "tensorrt" and r.config.runtime == "engine" and r.quant.fp8_context_fmha
+                        if "engine" in r.config.recipe.steps and r.quant.fp8_context_fmha
                         else ""))
         lines.append(f"speculative: {r.config.speculative.mode}, max_draft_len {r.max_draft_len}")
-        if r.config.runtime == "llmapi":
+        if r.config.recipe.llm_api:
             lines.append("runtime: llmapi (TensorRT-LLM's LLM API, PyTorch): no engine to build"
                          + (" (but the import/distill steps below)" if self.steps else "")
                          + "; build checks the checkpoints and writes the manifest, repo writes model.yaml")
@@ -198,8 +198,8 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
     spec = cfg.speculative
     ex = Path(tc.examples_dir)
     inputs = [source]
-    is_medusa = role == "target" and spec.mode == "medusa"
-    is_eagle = role == "target" and spec.mode == "eagle"
+    is_medusa = role == "target" and spec.mode is Mode.MEDUSA  # the heads go into the target's checkpoint
+    is_eagle = role == "target" and spec.mode is Mode.EAGLE
     if is_eagle:
         argv = [tc.python, str(ex / "eagle" / "convert_checkpoint.py"),
                 "--model_dir", source, "--eagle_model_dir", spec.eagle.heads_dir,
@@ -343,7 +343,7 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
     py = sys.executable
     steps, hf = _source_steps(cfg, out)
     head_dir = None
-    eg = cfg.speculative.eagle if cfg.speculative.mode == "eagle" else None
+    eg = cfg.speculative.eagle if "train-eagle" in cfg.recipe.steps else None  # mode eagle: an EAGLE-3 head
     if eg is not None and eg.train is not None:
         t = eg.train
         head_dir = str(out / "heads" / "eagle3")
@@ -373,8 +373,8 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
                      "--max_draft_len", str(report.max_draft_len))
         inputs: tuple[str, ...] = (hf[role],)
         if role == "target" and head_dir is not None:
-            policy = "confidence" if cfg.speculative.draft_len_policy == "adaptive" else "fixed"
-            argv += ("--eagle_head", head_dir, "--eagle_draft_policy", policy)
+            policy = cfg.speculative.draft_len_policy.eagle_chain  # the chain's member of the one vocabulary
+            argv += ("--eagle_head", head_dir, "--eagle_draft_policy", policy.value)
             inputs += (head_dir,)
         steps.append(Step(f"export-{role}", f"export the {role} to a reference engine ({report.quant.weights} "
                           "weights, safetensors" + (", with its EAGLE-3 head" if role == "target" and head_dir else "")
@@ -396,7 +396,7 @@ def baseline_role(cfg: BuildConfig) -> Optional[str]:
     would run a speculating target (baseline_engine: false: check and bench refuse to compare)."""
     if cfg.speculative.has_baseline_engine:
         return "baseline"
-    return None if Mode(cfg.speculative.mode).in_engine else "target"
+    return None if cfg.speculative.mode.in_engine else "target"
 
 
 def gathers_generation_logits(cfg: BuildConfig, role: str) -> bool:
@@ -414,7 +414,7 @@ def llmapi_models(cfg: BuildConfig, sources: Optional[dict[str, str]] = None) ->
     out = {"target": sources.get("target", cfg.target.checkpoint)}
     if cfg.draft is not None:
         out["draft"] = sources.get("draft", cfg.draft.checkpoint)
-    elif cfg.speculative.mode == "eagle3":
+    elif "heads" in cfg.recipe.models:  # eagle3: the EAGLE-3 head, loaded as the speculative model
         out["draft"] = cfg.speculative.eagle3.heads_dir
     return out
 
@@ -422,18 +422,19 @@ def llmapi_models(cfg: BuildConfig, sources: Optional[dict[str, str]] = None) ->
 def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) -> Plan:
     out = cfg.resolved_output_dir(source)
     name = cfg.resolved_name(source)
-    if cfg.engine == "reference":
+    rec = cfg.recipe
+    if "export" in rec.steps:
         steps, engines = _reference_steps(cfg, report, out)
         return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines)
     # a GGUF target / a distilled draft: imported / distilled first (first-contact configs), then as any checkpoint
     pre, hf = _source_steps(cfg, out, GPU_SOURCE_DTYPE)
     sources = {s.name.split("-", 1)[1]: s.output for s in pre}
-    if cfg.runtime == "llmapi":  # nothing to build: the checkpoints are served as they are
+    if "engine" not in rec.steps:  # runtime llmapi: nothing to build, the checkpoints are served as they are
         return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(pre),
                     llmapi_models(cfg, sources), sources)
     roles = engine_roles(cfg)
     ckpts = {r: out / "checkpoints" / r for r in roles}
-    if "baseline" in roles and cfg.speculative.mode == "lookahead":
+    if "baseline" in roles and cfg.speculative.mode is Mode.LOOKAHEAD:
         ckpts["baseline"] = ckpts["target"]  # lookahead: the target's checkpoint is the plain base model
     engs = {r: out / "engines" / r for r in roles}
     src = {r: hf["draft" if r == "draft" else "target"] for r in roles}  # the baseline is built from the target's

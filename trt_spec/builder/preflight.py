@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Optional
 
 from ..records.backend_contract import generation_logits_cache_bytes
-from ..records.defaults import TOKENS_PER_BLOCK
+from ..records.defaults import TOKENS_PER_BLOCK, served_num_draft_tokens
+from ..records.manifest import SpeculativeRecord
 from ..records.llmapi_contract import EAGLE3_SUPPORT, MTP_ARCHITECTURES
 from ..records.speculation import Mode
 from ..records.config import BuildConfig
+from ..records.recipes import RecipeError, recipe
 from .hardware import GpuSpec
 from .memory import (GIB, LLMAPI_SPEC_MODEL_WEIGHTS, MemoryRow, calibration_peak_gib, memory_rows,
                      shared_gpu_kv_fraction, totals_per_gpu)
@@ -65,6 +67,14 @@ class PreflightReport:
     notes: list[str] = field(default_factory=list)
     head: Optional[ModelInfo] = None  # runtime llmapi eagle3: the EAGLE-3 head (loaded with the target)
     calibration: Optional[CalibSet] = None  # the set quantize.py calibrates on; None when nothing is calibrated
+
+    def speculative_record(self) -> SpeculativeRecord:
+        """Speculation as this build serves it (the manifest's record; the plan shows the same): the effective
+        max_draft_len, and the k of a request that names none, the one place it is computed."""
+        s = self.config.speculative
+        return SpeculativeRecord(mode=s.mode.value, max_draft_len=self.max_draft_len,
+                                 num_draft_tokens=served_num_draft_tokens(s.default_k, self.max_draft_len),
+                                 ngram_size=s.ngram_size, use_draft_logits=s.use_draft_logits)
 
     @property
     def shares_gpu(self) -> bool:
@@ -121,7 +131,7 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
     """Effective weight / KV formats for this GPU, applying the configured fallback without FP8."""
     q = cfg.quantization
     warnings: list[str] = []
-    if cfg.engine == "reference":
+    if not cfg.recipe.gpu:
         w = "fp8" if q.weights == "auto" else q.weights
         if w not in ("fp8", "bf16", "fp16", "fp32"):
             raise PreflightError(f"quantization.weights {w}: the reference engine exports fp8, bf16, fp16 or fp32; "
@@ -131,7 +141,7 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
     has_fp8 = gpu.has_fp8 if gpu else True
     gname = gpu.name if gpu else "the GPU"
     cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu else "?"
-    if cfg.runtime == "llmapi":
+    if cfg.recipe.llm_api:
         return _llmapi_quantization(cfg, has_fp8, gname, cc)
     weights, fell_back = q.weights, False
     if weights == "auto":
@@ -146,7 +156,7 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
         weights, fell_back = q.fallback, True
         warnings.append(f"{gname} (SM {cc}) has no FP8: using the configured fallback {weights} instead of fp8")
 
-    external = Mode(cfg.speculative.mode).loop_in_bls  # a draft_tokens_external target
+    external = cfg.recipe.loop_in_bls  # a draft_tokens_external target
     kv = q.kv_cache
     if kv == "auto":
         kv = {"fp8": "fp8", "int8_sq": "int8"}.get(weights, "none")
@@ -244,7 +254,7 @@ def _llmapi_checks(cfg: BuildConfig, target: ModelInfo, require: bool) -> tuple[
     memory plan) and notes."""
     s, notes = cfg.speculative, []
     head = None
-    if s.mode == "eagle3":
+    if s.mode is Mode.EAGLE3:
         one, two = EAGLE3_SUPPORT.get(target.architecture, (False, False))
         form = "one-model" if s.eagle3.one_model else "two-model"
         if not (one if s.eagle3.one_model else two):
@@ -271,7 +281,7 @@ def _llmapi_checks(cfg: BuildConfig, target: ModelInfo, require: bool) -> tuple[
             head = replace(target, num_layers=1, source="estimated: one decoder layer + the head's LM head")
             notes.append("EAGLE-3 head not on this machine: its memory estimated as one decoder layer of the target")
         notes.append(f"EAGLE-3 {form}: the head runs beside the target on its GPUs (LLM API, decoding_type Eagle)")
-    if s.mode == "mtp":
+    if s.mode is Mode.MTP:
         if target.architecture not in MTP_ARCHITECTURES:
             raise PreflightError(f"speculative.mode mtp needs a model with MTP layers (DeepSeek-V3 family: "
                                  f"{', '.join(MTP_ARCHITECTURES)}); {target.architecture} has none; use eagle3 or ngram")
@@ -286,11 +296,11 @@ def _llmapi_checks(cfg: BuildConfig, target: ModelInfo, require: bool) -> tuple[
 
 def effective_max_draft_len(cfg: BuildConfig) -> int:
     s = cfg.speculative
-    if s.mode == "none":
+    if s.mode is Mode.NONE:
         return 0
-    if s.mode == "mtp":  # MTPDecodingConfig.from_dict: max_draft_len = num_nextn_predict_layers
+    if s.mode is Mode.MTP:  # MTPDecodingConfig.from_dict: max_draft_len = num_nextn_predict_layers
         return s.mtp.num_nextn_predict_layers
-    if s.mode == "lookahead":
+    if s.mode is Mode.LOOKAHEAD:
         need = s.lookahead.max_draft_len()
         if "max_draft_len" in s.model_fields_set and s.max_draft_len != need:
             w, n, g = s.lookahead.window_size, s.lookahead.ngram_size, s.lookahead.verification_set_size
@@ -325,35 +335,35 @@ def _check_imported_sources(cfg: BuildConfig, target: ModelInfo, require: bool) 
 
 
 def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
-    s = cfg.speculative
-    if (Mode(s.mode).loop_in_bls or cfg.runtime == "llmapi") and s.mode != "none" and k_max < 1:
+    s, rec = cfg.speculative, cfg.recipe
+    if rec.drafts and k_max < 1:
         raise PreflightError(f"speculative.max_draft_len must be >= 1 for mode {s.mode}, got {k_max}; set it to 4-8")
     if s.num_draft_tokens is not None and s.num_draft_tokens > k_max:
         raise PreflightError(
             f"speculative.num_draft_tokens {s.num_draft_tokens} > max_draft_len {k_max}: the engine would reject "
             "every request; raise speculative.max_draft_len or lower num_draft_tokens"
         )
-    if s.use_draft_logits and s.mode != "draft_target":
+    if s.use_draft_logits and s.mode is not Mode.DRAFT_TARGET:
         raise PreflightError("speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)")
     lim = cfg.limits
     # runtime llmapi: every generation request of a full batch runs 1 + max_draft_len tokens per step, within
     # max_num_tokens; one-model drafters (EAGLE-3 one-model, MTP) do not reserve the draft tokens in the scheduler on
     # 1.2.x, so an overfull step trips "total_num_tokens (N) should be less than or equal to max_num_tokens (M)"
     # (NVIDIA/TensorRT-LLM#16101, merged 2026-07-08; #5076: (1 + max_draft_len) * max_cuda_graph_bs <= max_num_tokens)
-    if cfg.runtime == "llmapi" and s.mode != "none" and lim.max_batch_size * (k_max + 1) > lim.max_num_tokens:
+    if rec.llm_api and rec.drafts and lim.max_batch_size * (k_max + 1) > lim.max_num_tokens:
         raise PreflightError(
             f"limits.max_num_tokens {lim.max_num_tokens} < max_batch_size x (max_draft_len + 1) = "
             f"{lim.max_batch_size} x {k_max + 1} = {lim.max_batch_size * (k_max + 1)}: a full batch of {s.mode} "
             "steps does not fit one forward pass of TensorRT-LLM's LLM API; raise limits.max_num_tokens to "
             f"{lim.max_batch_size * (k_max + 1)} or lower limits.max_batch_size or max_draft_len")
-    if Mode(s.mode).loop_in_bls and cfg.runtime == "engine" and lim.max_num_tokens < lim.max_seq_len - 1:
+    if rec.loop_in_bls and lim.max_num_tokens < lim.max_seq_len - 1:
         raise PreflightError(
             f"limits.max_num_tokens {lim.max_num_tokens} < max_seq_len - 1 ({lim.max_seq_len - 1}): without chunked "
             f"context the engine takes at most min(max_seq_len - 1, max_num_tokens) input tokens, and the {s.mode} "
             "loop resends the whole sequence every round, so requests would fail mid-generation; set "
             f"limits.max_num_tokens: {lim.max_seq_len} or lower limits.max_seq_len")
-    if s.mode in ("medusa", "eagle") and cfg.engine == "tensorrt":  # (the reference engine drafts a chain: no tree)
-        spec = s.medusa if s.mode == "medusa" else s.eagle
+    if rec.tree:
+        spec = s.medusa if s.mode is Mode.MEDUSA else s.eagle
         nodes = len(spec.choices) if spec.choices else MEDUSA_DEFAULT_TREE_NODES
         if k_max < nodes:
             raise PreflightError(
@@ -425,42 +435,85 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
     a target whose quantization needs more than the GPUs hold: False (plan, build) refuses it, True (--allow-offload)
     lets accelerate offload the rest to host memory, None (callers that build nothing: the repository, deploy) only
     warns. calibration_gpu: the GPUs quantize.py will see (this host's, at build time); None: `gpu`."""
-    warnings: list[str] = []
-    notes: list[str] = []
-    if cfg.engine == "tensorrt" and gpu is None:
+    rec = cfg.recipe
+    if rec.gpu and gpu is None:
         raise PreflightError("no GPU found (nvidia-smi absent); pass --gpu NAME (e.g. h100, h200, a100-80gb) or set gpu: in the config")
-
     k_max = effective_max_draft_len(cfg)
     _check_speculative(cfg, k_max)
-    quant, qwarn = resolve_quantization(cfg, gpu)
-    warnings += qwarn
-    if cfg.speculative.mode == "eagle" and cfg.engine == "tensorrt" and quant.weights not in ("bf16", "fp16"):
+    quant, warnings = resolve_quantization(cfg, gpu)
+    _check_mode_quantization(cfg, quant)
+    target, draft, notes = _model_facts(cfg, require_checkpoints)
+    head, lnotes, lwarnings = _runtime_checks(cfg, target, quant, require_checkpoints)
+    notes += lnotes
+    warnings += lwarnings
+    _check_parallelism(cfg, target, draft)
+    tnotes, twarnings = _check_draft_compat(cfg, target, draft)
+    notes, warnings = notes + tnotes, warnings + twarnings
+    if require_checkpoints:
+        _check_heads(cfg)
+    calibration, cnote = _calibration_set(cfg, quant, require_checkpoints)
+    notes += cnote
+    dev = _devices(cfg, head)
+    memory: list[MemoryRow] = []
+    kv_frac = cfg.serving.kv_cache_free_gpu_mem_fraction
+    if rec.gpu:
+        memory, kv_frac, mnotes = _memory_plan(cfg, gpu, quant, target, draft, head, dev)
+        notes += mnotes
+        if "checkpoint" in rec.steps:  # quantize.py runs in the checkpoint step
+            warnings += _check_calibration_fits(cfg, quant, target, calibration_gpu or gpu, allow_offload)
+        notes += _serving_notes(cfg, target)
+    else:
+        kv_frac = kv_frac or DEFAULT_KV_FRACTION
+    return PreflightReport(cfg, gpu, target, draft, quant, dev.target, dev.draft, kv_frac, k_max, dev.draft_kv,
+                           memory, warnings, notes, head=head, calibration=calibration)
+
+
+def _check_mode_quantization(cfg: BuildConfig, quant: QuantChoice) -> None:
+    """What a mode's engine takes of the resolved formats (TensorRT-LLM 1.2)."""
+    if cfg.speculative.mode is Mode.EAGLE and cfg.recipe.gpu and quant.weights not in ("bf16", "fp16"):
         raise PreflightError(f"EAGLE engines are FP16/BF16 only in TensorRT-LLM 1.2 (got {quant.weights}); "
                              "set quantization.weights: bf16")
-    if cfg.speculative.mode == "medusa" and cfg.speculative.use_draft_logits:
+    if cfg.speculative.mode is Mode.MEDUSA and cfg.speculative.use_draft_logits:
         raise PreflightError("Medusa is greedy-only in TensorRT-LLM; remove use_draft_logits")
 
-    target = model_info_for(cfg.target.checkpoint, "target", require_checkpoints)
+
+def _distilled_draft(target: ModelInfo, d) -> ModelInfo:
+    """The facts of a draft distilled at build time (distill.DistillConfig's shape; the target's tokenizer)."""
+    return ModelInfo(**{**target.__dict__, "num_layers": d.num_layers, "hidden_size": d.hidden_size,
+                        "num_heads": max(1, d.hidden_size // 64), "num_kv_heads": 1,  # distill.DistillConfig
+                        "intermediate_size": d.hidden_size * 4, "tie_word_embeddings": True,
+                        "source": "distilled from the target at build time (same tokenizer by construction)"})
+
+
+def _architectures(cfg: BuildConfig) -> tuple[set[str], str]:
+    """The architectures the config's engine builds, and how to name that engine in an error."""
+    rec = cfg.recipe
+    if not rec.gpu:
+        return set(REFERENCE_ARCHITECTURES), "the reference engine"
+    allowed = set(TRTLLM_ARCHITECTURES)
+    if rec.llm_api:
+        allowed |= set(EAGLE3_SUPPORT) | set(MTP_ARCHITECTURES)  # the PyTorch path serves these too
+    return allowed, "TensorRT-LLM 1.2's engine flow"
+
+
+def _model_facts(cfg: BuildConfig, require: bool) -> tuple[ModelInfo, Optional[ModelInfo], list[str]]:
+    """The target's and the draft's facts (config.json, or a draft to distill), checked against what the engine
+    builds and the configured sequence length. Returns (target, draft, notes)."""
+    target = model_info_for(cfg.target.checkpoint, "target", require)
     draft = None
     if cfg.draft is not None and cfg.draft.distill is not None:
-        d = cfg.draft.distill
-        draft = ModelInfo(**{**target.__dict__, "num_layers": d.num_layers, "hidden_size": d.hidden_size,
-                             "num_heads": max(1, d.hidden_size // 64), "num_kv_heads": 1,  # distill.DistillConfig
-                             "intermediate_size": d.hidden_size * 4, "tie_word_embeddings": True,
-                             "source": "distilled from the target at build time (same tokenizer by construction)"})
+        draft = _distilled_draft(target, cfg.draft.distill)
     elif cfg.draft is not None:
-        draft = model_info_for(cfg.draft.checkpoint, "draft", require_checkpoints)
-    _check_imported_sources(cfg, target, require_checkpoints)
+        draft = model_info_for(cfg.draft.checkpoint, "draft", require)
+    _check_imported_sources(cfg, target, require)
+    notes = []
+    allowed, what = _architectures(cfg)
     for role, info in (("target", target), ("draft", draft)):
         if info is None:
             continue
         if info.source != "checkpoint":
             notes.append(f"{role}: {info.source}")
-        allowed = REFERENCE_ARCHITECTURES if cfg.engine == "reference" else set(TRTLLM_ARCHITECTURES)
-        if cfg.runtime == "llmapi" and cfg.engine == "tensorrt":
-            allowed = allowed | set(EAGLE3_SUPPORT) | set(MTP_ARCHITECTURES)  # the PyTorch path serves these too
         if info.architecture not in allowed:
-            what = "the reference engine" if cfg.engine == "reference" else "TensorRT-LLM 1.2's engine flow"
             raise PreflightError(f"{role}: architecture {info.architecture} is not one {what} builds; supported: "
                                  f"{', '.join(sorted(allowed))}")
         if info.max_position_embeddings and cfg.limits.max_seq_len > info.max_position_embeddings:
@@ -468,24 +521,39 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
                 f"limits.max_seq_len {cfg.limits.max_seq_len} exceeds {role}'s max_position_embeddings "
                 f"{info.max_position_embeddings}; lower limits.max_seq_len"
             )
-    head = None
-    if cfg.runtime == "llmapi":
-        if cfg.engine == "reference" and Mode(cfg.speculative.mode).llmapi_only:
-            raise PreflightError(f"speculative.mode {cfg.speculative.mode} on the CPU stand-in of the LLM API: the "
-                                 "reference engine has no EAGLE-3 head or MTP layers; use ngram or draft_target here, "
-                                 "or engine: tensorrt")
-        if cfg.engine == "tensorrt":
-            head, lnotes = _llmapi_checks(cfg, target, require_checkpoints)
-            notes += lnotes
-            if cfg.speculative.mode == "eagle3" and cfg.speculative.eagle3.one_model and quant.kv_cache == "fp8":
-                warnings.append(EAGLE3_FP8_KV_RISK)
-    if cfg.engine == "tensorrt":
+    return target, draft, notes
+
+
+def _runtime_checks(cfg: BuildConfig, target: ModelInfo, quant: QuantChoice,
+                    require: bool) -> tuple[Optional[ModelInfo], list[str], list[str]]:
+    """The runtime x engine x mode is one trt-spec serves (records/recipes.py; the config refused the runtime's
+    own), and the LLM API's checks on a GPU. Returns (the EAGLE-3 head's facts, notes, warnings)."""
+    try:
+        rec = recipe(cfg.runtime, cfg.engine, cfg.speculative.mode)
+    except RecipeError as e:
+        raise PreflightError(str(e)) from None
+    if not (rec.llm_api and rec.gpu):
+        return None, [], []
+    head, notes = _llmapi_checks(cfg, target, require)
+    s = cfg.speculative
+    risky = s.mode is Mode.EAGLE3 and s.eagle3.one_model and quant.kv_cache == "fp8"
+    return head, notes, [EAGLE3_FP8_KV_RISK] if risky else []
+
+
+def _check_parallelism(cfg: BuildConfig, target: ModelInfo, draft: Optional[ModelInfo]) -> None:
+    if cfg.recipe.gpu:
         _check_parallel("target", cfg.target.tp, cfg.target.pp, target)
         if draft is not None:
             _check_parallel("draft", cfg.draft.tp, cfg.draft.pp, draft)
     elif cfg.target.world_size > 1 or (cfg.draft and cfg.draft.world_size > 1):
         raise PreflightError("the reference engine runs on one CPU process; set target.tp/pp and draft.tp/pp to 1")
 
+
+def _check_draft_compat(cfg: BuildConfig, target: ModelInfo,
+                        draft: Optional[ModelInfo]) -> tuple[list[str], list[str]]:
+    """The draft speaks the target's vocabulary: logits as wide, the same tokenizer. Returns (notes, warnings)."""
+    notes: list[str] = []
+    warnings: list[str] = []
     if draft is not None and cfg.speculative.use_draft_logits and draft.vocab_size != target.vocab_size:
         raise PreflightError(
             f"speculative.use_draft_logits with different vocab sizes (target {target.vocab_size}, draft "
@@ -499,93 +567,124 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
             if target.vocab_size != draft.vocab_size:
                 notes.append(f"vocab padding: target {target.vocab_size} vs draft {draft.vocab_size} rows")
             warnings.append("tokenizer compatibility not checked: checkpoints not on this machine (checked by build)")
+    return notes, warnings
 
-    if require_checkpoints:
-        for spec_name in ("medusa", "eagle"):
-            spec = getattr(cfg.speculative, spec_name)
-            if cfg.speculative.mode == spec_name and spec.heads_dir and not (Path(spec.heads_dir) / "config.json").is_file():
-                raise PreflightError(f"speculative.{spec_name}.heads_dir {spec.heads_dir}: no config.json; point it at "
-                                     f"the {spec_name} heads checkpoint")
-        eg = cfg.speculative.eagle
-        if cfg.engine == "reference" and cfg.speculative.mode == "eagle" and eg.heads_dir:
-            arch = json.loads((Path(eg.heads_dir) / "config.json").read_text()).get("architectures") or []
-            if "LlamaForCausalLMEagle3" not in arch:
-                raise PreflightError(f"speculative.eagle.heads_dir {eg.heads_dir}: architectures {arch} is not an "
-                                     "EAGLE-3 head (LlamaForCausalLMEagle3), which the reference engine drafts with; "
-                                     "point it at one, or use speculative.eagle.train to train one at build time")
 
-    calibration, cnote = _calibration_set(cfg, quant, require_checkpoints)
-    notes += cnote
+def _check_heads(cfg: BuildConfig) -> None:
+    """The mode's head checkpoint is one (checkpoints on this machine only)."""
+    s = cfg.speculative
+    for spec_name in ("medusa", "eagle"):
+        spec = getattr(s, spec_name)
+        if s.mode == spec_name and spec.heads_dir and not (Path(spec.heads_dir) / "config.json").is_file():
+            raise PreflightError(f"speculative.{spec_name}.heads_dir {spec.heads_dir}: no config.json; point it at "
+                                 f"the {spec_name} heads checkpoint")
+    eg = s.eagle
+    if not cfg.recipe.gpu and s.mode is Mode.EAGLE and eg.heads_dir:
+        arch = json.loads((Path(eg.heads_dir) / "config.json").read_text()).get("architectures") or []
+        if "LlamaForCausalLMEagle3" not in arch:
+            raise PreflightError(f"speculative.eagle.heads_dir {eg.heads_dir}: architectures {arch} is not an "
+                                 "EAGLE-3 head (LlamaForCausalLMEagle3), which the reference engine drafts with; "
+                                 "point it at one, or use speculative.eagle.train to train one at build time")
 
-    # Devices and memory (GPU engines only)
+
+@dataclass(frozen=True)
+class _Devices:
+    target: list[int]
+    draft: list[int]
+    draft_kv: Optional[int]  # max_tokens_in_paged_kv_cache of an engine sharing the target's GPUs
+
+
+def _devices(cfg: BuildConfig, head: Optional[ModelInfo]) -> _Devices:
+    """The GPUs of the target and of the draft (or head), and the cap on a sharing engine's KV cache."""
     # The draft never needs more KV cache than max_batch_size full sequences: cap it, or the backend's fraction
     # of free memory lets a 1B draft that loads first take most of the GPU from the target.
     baseline = cfg.speculative.has_baseline_engine
     draft_kv = (-(-cfg.limits.max_batch_size * cfg.limits.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
-                if draft is not None or baseline else None)
+                if cfg.draft is not None or baseline else None)
     t_dev = cfg.serving.gpu_device_ids or list(range(cfg.target.world_size))
     d_dev: list[int] = []
     if cfg.draft is not None:
         d_dev = cfg.serving.draft_gpu_device_ids or t_dev[: cfg.draft.world_size]
-    if cfg.runtime == "llmapi" and (cfg.draft is not None or head is not None):
+    if cfg.recipe.llm_api and (cfg.draft is not None or head is not None):
         d_dev = list(t_dev)  # the LLM API loads the draft or the head in the target's process, on its GPUs
-    memory: list[MemoryRow] = []
-    kv_frac = cfg.serving.kv_cache_free_gpu_mem_fraction
-    if cfg.engine == "tensorrt":
-        if len(t_dev) != cfg.target.world_size:
-            raise PreflightError(f"runtime.gpu_device_ids has {len(t_dev)} ids but the target needs tp*pp = "
-                                 f"{cfg.target.world_size}; list exactly {cfg.target.world_size} ids")
-        if cfg.draft is not None and len(d_dev) != cfg.draft.world_size:
-            raise PreflightError(f"runtime.draft_gpu_device_ids has {len(d_dev)} ids but the draft needs tp*pp = "
-                                 f"{cfg.draft.world_size}; list exactly {cfg.draft.world_size} ids")
-        used = sorted(set(t_dev) | set(d_dev))
-        if used and max(used) >= gpu.count:
-            raise PreflightError(f"GPU ids {used} need {max(used) + 1} GPUs but {gpu.describe()}; lower tp or use a "
-                                 "bigger node (--gpu NAME:COUNT)")
-        shares = bool(set(t_dev) & set(d_dev))
-        memory += memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
-        spec_weights = LLMAPI_SPEC_MODEL_WEIGHTS if cfg.runtime == "llmapi" else quant.weights
-        if draft is not None:
-            memory += memory_rows("draft", draft, spec_weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
-        if head is not None:  # the EAGLE-3 head: its weights and its own KV cache, on the target's GPUs
-            memory += memory_rows("draft", head, spec_weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, d_dev, cfg)
-        if baseline:  # the non-speculative target the ensemble serves: the target's weights again, on its GPUs
-            memory += memory_rows("baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp,
-                                  t_dev, cfg)
-            notes.append(f"{cfg.speculative.mode} speculates inside the target engine, so the baseline (the ensemble's "
-                         f"engine) is a second, non-speculative engine of the target on GPU(s) {t_dev}")
-        if kv_frac is None:
-            kv_frac = DEFAULT_KV_FRACTION
-            # runtime llmapi: one process loads the target and the draft or head, then sizes one KV cache pool
-            if (shares or baseline) and cfg.runtime == "engine":
-                kv_frac = shared_gpu_kv_fraction(memory, gpu.memory_gib)
-                who = "draft" if shares else "baseline"
-                where = sorted(set(t_dev) & set(d_dev)) if shares else t_dev
-                notes.append(f"{who} and target share GPU(s) {where}: the {who}'s KV cache is capped at {draft_kv:,} "
-                             f"tokens (max_tokens_in_paged_kv_cache) and the target takes {kv_frac} of the memory left "
-                             "free (kv_cache_free_gpu_mem_fraction), so whichever loads first leaves room for the other")
-        for gid, total in sorted(totals_per_gpu(memory).items()):
-            if total > gpu.memory_gib:
-                parts = ", ".join(f"{r.role} weights {r.weights_gib:.1f} + KV {r.kv_gib:.1f} + reserve {r.reserve_gib:.1f}"
-                                  for r in memory if r.gpu_id == gid)
-                raise PreflightError(
-                    f"GPU {gid} ({gpu.name}, {gpu.memory_gib:.1f} GiB) needs {total:.1f} GiB ({parts}); lower "
-                    "limits.max_batch_size or limits.max_seq_len, raise tp, use FP8/INT8 KV cache, or "
-                    + ("drop the baseline engine (speculative.baseline_engine: false; check and bench then have no "
-                       "baseline)" if baseline else "move the draft to another GPU (runtime.draft_gpu_device_ids)")
-                )
-        if cfg.runtime == "engine":
-            warnings += _check_calibration_fits(cfg, quant, target, calibration_gpu or gpu, allow_offload)
-        if cfg.speculative.mode == "medusa":
-            notes.append("Medusa decoding is greedy only (temperature is ignored by the engine)")
-        if cfg.runtime == "engine" and (baseline or not Mode(cfg.speculative.mode).in_engine):  # plan.baseline_role
-            logits_gib = generation_logits_cache_bytes(cfg.limits.max_batch_size, target.vocab_size) / GIB
-            notes.append(f"the {'baseline' if baseline else 'target'} engine serves the baseline and is built with "
-                         f"--gather_generation_logits (check reads its top-2 margin at a divergence): ~{logits_gib:.2f} "
-                         f"GiB of logits buffers per GPU at load, counted in the reserve "
-                         f"({cfg.serving.memory_reserve_gib} GiB), not as a row")
-    else:
-        kv_frac = kv_frac or DEFAULT_KV_FRACTION
+    return _Devices(t_dev, d_dev, draft_kv)
 
-    return PreflightReport(cfg, gpu, target, draft, quant, t_dev, d_dev, kv_frac, k_max, draft_kv, memory, warnings,
-                           notes, head=head, calibration=calibration)
+
+def _memory_plan(cfg: BuildConfig, gpu: GpuSpec, quant: QuantChoice, target: ModelInfo, draft: Optional[ModelInfo],
+                 head: Optional[ModelInfo], dev: _Devices) -> tuple[list[MemoryRow], float, list[str]]:
+    """GPU engines: the device lists fit the node, every GPU holds what loads on it. Returns (rows, the target's
+    KV-cache fraction, notes)."""
+    t_dev, d_dev, notes = dev.target, dev.draft, []
+    if len(t_dev) != cfg.target.world_size:
+        raise PreflightError(f"runtime.gpu_device_ids has {len(t_dev)} ids but the target needs tp*pp = "
+                             f"{cfg.target.world_size}; list exactly {cfg.target.world_size} ids")
+    if cfg.draft is not None and len(d_dev) != cfg.draft.world_size:
+        raise PreflightError(f"runtime.draft_gpu_device_ids has {len(d_dev)} ids but the draft needs tp*pp = "
+                             f"{cfg.draft.world_size}; list exactly {cfg.draft.world_size} ids")
+    used = sorted(set(t_dev) | set(d_dev))
+    if used and max(used) >= gpu.count:
+        raise PreflightError(f"GPU ids {used} need {max(used) + 1} GPUs but {gpu.describe()}; lower tp or use a "
+                             "bigger node (--gpu NAME:COUNT)")
+    baseline = cfg.speculative.has_baseline_engine
+    memory = _memory_rows(cfg, quant, target, draft, head, dev)
+    if baseline:
+        notes.append(f"{cfg.speculative.mode} speculates inside the target engine, so the baseline (the ensemble's "
+                     f"engine) is a second, non-speculative engine of the target on GPU(s) {t_dev}")
+    kv_frac = cfg.serving.kv_cache_free_gpu_mem_fraction
+    if kv_frac is None:
+        kv_frac = DEFAULT_KV_FRACTION
+        shares = bool(set(t_dev) & set(d_dev))
+        # runtime llmapi: one process loads the target and the draft or head, then sizes one KV cache pool
+        if (shares or baseline) and not cfg.recipe.llm_api:
+            kv_frac = shared_gpu_kv_fraction(memory, gpu.memory_gib)
+            who = "draft" if shares else "baseline"
+            where = sorted(set(t_dev) & set(d_dev)) if shares else t_dev
+            notes.append(f"{who} and target share GPU(s) {where}: the {who}'s KV cache is capped at {dev.draft_kv:,} "
+                         f"tokens (max_tokens_in_paged_kv_cache) and the target takes {kv_frac} of the memory left "
+                         "free (kv_cache_free_gpu_mem_fraction), so whichever loads first leaves room for the other")
+    _check_fits(memory, gpu, baseline)
+    return memory, kv_frac, notes
+
+
+def _memory_rows(cfg: BuildConfig, quant: QuantChoice, target: ModelInfo, draft: Optional[ModelInfo],
+                 head: Optional[ModelInfo], dev: _Devices) -> list[MemoryRow]:
+    """One row per model per GPU: the target, the draft or the EAGLE-3 head, the baseline engine."""
+    t_dev, d_dev = dev.target, dev.draft
+    memory = memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
+    spec_weights = LLMAPI_SPEC_MODEL_WEIGHTS if cfg.recipe.llm_api else quant.weights
+    if draft is not None:
+        memory += memory_rows("draft", draft, spec_weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
+    if head is not None:  # the EAGLE-3 head: its weights and its own KV cache, on the target's GPUs
+        memory += memory_rows("draft", head, spec_weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, d_dev, cfg)
+    if cfg.speculative.has_baseline_engine:  # the non-speculative target the ensemble serves: its weights again
+        memory += memory_rows("baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp,
+                              t_dev, cfg)
+    return memory
+
+
+def _check_fits(memory: list[MemoryRow], gpu: GpuSpec, baseline: bool) -> None:
+    for gid, total in sorted(totals_per_gpu(memory).items()):
+        if total > gpu.memory_gib:
+            parts = ", ".join(f"{r.role} weights {r.weights_gib:.1f} + KV {r.kv_gib:.1f} + reserve {r.reserve_gib:.1f}"
+                              for r in memory if r.gpu_id == gid)
+            raise PreflightError(
+                f"GPU {gid} ({gpu.name}, {gpu.memory_gib:.1f} GiB) needs {total:.1f} GiB ({parts}); lower "
+                "limits.max_batch_size or limits.max_seq_len, raise tp, use FP8/INT8 KV cache, or "
+                + ("drop the baseline engine (speculative.baseline_engine: false; check and bench then have no "
+                   "baseline)" if baseline else "move the draft to another GPU (runtime.draft_gpu_device_ids)")
+            )
+
+
+def _serving_notes(cfg: BuildConfig, target: ModelInfo) -> list[str]:
+    """What the GPU deployment serves differently from what the config might suggest."""
+    notes = []
+    if cfg.speculative.mode is Mode.MEDUSA:
+        notes.append("Medusa decoding is greedy only (temperature is ignored by the engine)")
+    baseline = cfg.speculative.has_baseline_engine
+    if not cfg.recipe.llm_api and (baseline or not cfg.speculative.mode.in_engine):  # plan.baseline_role
+        logits_gib = generation_logits_cache_bytes(cfg.limits.max_batch_size, target.vocab_size) / GIB
+        notes.append(f"the {'baseline' if baseline else 'target'} engine serves the baseline and is built with "
+                     f"--gather_generation_logits (check reads its top-2 margin at a divergence): ~{logits_gib:.2f} "
+                     f"GiB of logits buffers per GPU at load, counted in the reserve "
+                     f"({cfg.serving.memory_reserve_gib} GiB), not as a row")
+    return notes

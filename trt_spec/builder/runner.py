@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .. import __version__
-from ..records.defaults import served_num_draft_tokens
 from ..records.integrity import IntegrityError, file_sums, verify
 from ..records.manifest import (BuildManifest, CalibrationRecord, EngineEntry, GpuRecord, LimitsRecord, RuntimeRecord,
-                                SpeculativeRecord, StepRecord, WorldSize)
+                                StepRecord, WorldSize)
 from .calibration import fingerprint as calibration_fingerprint
 from ..records.procutil import die_with_parent, stop_group
 from .plan import STEP_STAMP, Plan, Step
@@ -249,10 +248,7 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
         config=cfg, engine=plan.engine, created=_dt.datetime.now(_dt.timezone.utc).isoformat(),
         tool_versions=tool_versions(plan),
         gpu=None if g is None else GpuRecord(g.name, list(g.compute_capability), g.memory_gib, g.count, g.source),
-        speculative=SpeculativeRecord(
-            mode=cfg.speculative.mode, max_draft_len=r.max_draft_len,
-            num_draft_tokens=served_num_draft_tokens(cfg.speculative.default_k, r.max_draft_len),
-            ngram_size=cfg.speculative.ngram_size, use_draft_logits=cfg.speculative.use_draft_logits),
+        speculative=r.speculative_record(),
         limits=LimitsRecord(max_batch_size=cfg.limits.max_batch_size, max_input_len=cfg.limits.max_input_len,
                             max_seq_len=cfg.limits.max_seq_len, max_num_tokens=cfg.limits.max_num_tokens),
         runtime=RuntimeRecord(kv_cache_free_gpu_mem_fraction=r.kv_cache_free_gpu_mem_fraction,

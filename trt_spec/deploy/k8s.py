@@ -91,7 +91,7 @@ def load_manifest(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = N
         m = manifest_from(source, tuple(sets), gpu)
     except ManifestError as e:
         raise DeployError(str(e)) from None
-    if m.engine != "tensorrt":
+    if not m.config.recipe.gpu:
         raise DeployError(f"{source}: engine {m.engine!r} is the CPU reference deployment; the Kubernetes bundle is "
                           "for the GPU deployment (engine: tensorrt): pass a GPU config such as "
                           "build_configs/llama33-70b-fp8-h200.yaml, or serve this one with trt-spec serve / make demo")
@@ -148,7 +148,7 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
     weights16 = target_params * 2 / GIB
     memory = int(math.ceil((weights16 * 1.25 + 32) / 16) * 16)
     weights = m.engines["target"].weights if "target" in m.engines else ""
-    if m.config.runtime != "engine":  # the LLM API builds at load: the Job only writes the repository
+    if m.config.recipe.llm_api:  # the LLM API builds at load: the Job only writes the repository
         return BuildResources(gpus, 64, "runtime llmapi builds nothing ahead: the serving pod's GPUs, 64 GiB")
     if m.gpu is None or weights in ("bf16", "fp16", "fp32"):
         return BuildResources(gpus, memory, f"no calibration ({weights}): the serving pod's GPUs; host memory for the "
@@ -188,7 +188,7 @@ def acceptance(m: BuildManifest, min_acceptance: Optional[float] = None) -> Acce
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The launch: trt-spec's own (trt_spec/serve/server.py launch_spec), as `trt-spec serve --dry-run` prints it
+# The launch: trt-spec's own (trt_spec/serve/launch.py launch_spec), as `trt-spec serve --dry-run` prints it
 
 
 def pod_paths(m: BuildManifest) -> dict[str, str]:
@@ -202,7 +202,8 @@ def launch(m: BuildManifest, repository: str, *, admin_key: bool):
     the repository's record (what `trt-spec repo` will write there: world size, orchestrator mode, GPU ids), computed
     from the manifest; nothing is written or read to compute it."""
     from ..repository.writer import repo_record
-    from ..serve.server import NGC_TRITONSERVER, launch_spec
+    from ..serve.launch import launch_spec
+    from ..serve.locate import NGC_TRITONSERVER
 
     spec = launch_spec(Path(repository), record=repo_record(m), binary=NGC_TRITONSERVER, host="0.0.0.0",
                        admin_key_file=Path(ADMIN_KEY_FILE) if admin_key else None, shm_prefix="trtspec_")
@@ -284,7 +285,7 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
         build_gpus=res.gpus, build_memory=f"{res.memory_gib}Gi", build_why=res.why, startup_s=defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES,
         startup_period_s=defaults.K8S_STARTUP_PERIOD_S, startup_failures=defaults.K8S_STARTUP_FAILURES,
         http_port=defaults.HTTP_PORT, grpc_port=defaults.GRPC_PORT, metrics_port=defaults.METRICS_PORT,
-        openai_port=defaults.OPENAI_PORT, openai_enabled="true" if m.config.runtime == "engine" else "false",
+        openai_port=defaults.OPENAI_PORT, openai_enabled="true" if m.config.recipe.openai else "false",
         drain_timeout_s=int(defaults.DRAIN_TIMEOUT_S),
         stop_margin_s=int(defaults.DRAIN_CUT_GRACE_S + defaults.EXIT_TIMEOUT_S + 5),
         uid=TRITON_UID,

@@ -4,10 +4,12 @@ Baseline (`ensemble`) and speculative (`tensorrt_llm_bls`) alternate per request
 streaming (so TTFT is measured), greedy, same prompt and parameters. Per request: TTFT, TPOT, end-to-end
 latency, output tokens/s; per run: mean acceptance length, acceptance rate, per-position acceptance and
 the accepted-length histogram (summed from the BLS's whole-request metrics), and the speedup (baseline
-latency / speculative latency over the same tokens) with a paired bootstrap 95% interval. A concurrency
-sweep (e.g. 1, 2, 4, 8 in flight) shows where speculation stops paying: per level and model, total tok/s over
-the level's wall time, per-request TTFT/TPOT/latency percentiles and the raw samples; per level, the speedup
-(speculative / baseline total tok/s) and the acceptance. `tune` sweeps k and recommends one.
+latency / speculative latency over the same tokens, with a paired bootstrap 95% interval:
+records.speculation.paired_speedup, the one definition every bench mode reports; the acceptance is
+records.speculation.acceptance_summary's). A concurrency sweep (e.g. 1, 2, 4, 8 in flight) shows where speculation
+stops paying: per level and model, total tok/s over the level's wall time, per-request TTFT/TPOT/latency percentiles
+and the raw samples; per level, the throughput speedup (speculative / baseline total tok/s: requests served
+together, so not paired) and the acceptance. `tune` sweeps k and recommends one.
 
 Each run is a phases.Measurement (ab_measurement, sweep_measurement, rate_measurement): interleaved as above where both
 models are served; where the baseline is loaded for its phase only, a speculative and a baseline half, which
@@ -24,20 +26,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BASELINE, DRAFT_LEN_POLICY, DRAFT_LENGTHS, NUM_DRAFT_TOKENS, SPECULATIVE,
-                     TOTAL_STEPS)
 from ..records import llmapi_contract as lc
+from ..records.names import (
+    ACCEPTED_LENGTH_HISTOGRAM,
+    BASELINE,
+    DRAFT_LEN_POLICY,
+    DRAFT_LENGTHS,
+    NUM_DRAFT_TOKENS,
+    SPECULATIVE,
+    TOTAL_STEPS,
+)
+from ..records.speculation import AcceptanceCounts, Policy, acceptance_summary, paired_speedup, solve_alpha
 from .client import GREEDY, Generation, LLMClient
+from .metrics import Summary, low_acceptance_advice, total_throughput, tpot
 from .phases import PHASED_NOTE, Measurement, is_phased, measure
-from ..records.speculation import acceptance_rate, mean_acceptance_length, solve_alpha
-from .metrics import Summary, bootstrap_ratio_ci, low_acceptance_advice, total_throughput, tpot
 from .prompts import Prompt
 
 Progress = Optional[Callable[[int, int], None]]
 
 
 @dataclass
-class Sample:
+class RequestSample:
+    """One measured request of a bench run (not a Prometheus sample: that is in_triton.spec_metrics.MetricSample)."""
+
     model: str
     prompt: int
     repeat: int
@@ -54,12 +65,13 @@ class Sample:
     acceptance_note: Optional[str] = None  # a correction to that count (lc.ACCEPTANCE_NOTE), where one applied
 
     @staticmethod
-    def of(model: str, i: int, r: int, g: Generation) -> "Sample":
+    def of(model: str, i: int, r: int, g: Generation) -> "RequestSample":
         m = g.metrics
-        return Sample(model, i, r, g.num_tokens, g.ttft_s, g.latency_s, tpot(g.latency_s, g.ttft_s, g.num_tokens),
-                      int(m.get("total_accepted_draft_tokens", 0)), int(m.get("total_draft_tokens", 0)),
-                      int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM), m.get(DRAFT_LENGTHS),
-                      m.get(lc.ACCEPTANCE_SOURCE), m.get(lc.ACCEPTANCE_NOTE))
+        return RequestSample(model, i, r, g.num_tokens, g.ttft_s, g.latency_s,
+                             tpot(g.latency_s, g.ttft_s, g.num_tokens),
+                             int(m.get("total_accepted_draft_tokens", 0)), int(m.get("total_draft_tokens", 0)),
+                             int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM), m.get(DRAFT_LENGTHS),
+                             m.get(lc.ACCEPTANCE_SOURCE), m.get(lc.ACCEPTANCE_NOTE))
 
 
 def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int], policy: Optional[str] = None) -> Generation:
@@ -69,33 +81,25 @@ def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int], policy:
     return client.generate(model, p.text, p.max_tokens, stream=True, **GREEDY, **extra)
 
 
-def acceptance_summary(spec: Sequence[Sample]) -> dict:
-    accepted = sum(s.accepted for s in spec)
-    drafted = sum(s.drafted for s in spec)
+def request_acceptance_counts(spec: Sequence[RequestSample]) -> AcceptanceCounts:
+    """The speculative requests' acceptance totals, for records.speculation.acceptance_summary: histograms summed per
+    accepted count, the k chosen per round counted per k, the most common acceptance source and every correction."""
     steps = sum(s.steps for s in spec)
     hists = [s.histogram for s in spec if s.histogram]
     width = max((len(h) for h in hists), default=0)
     hist = [sum(h[i] for h in hists if i < len(h)) for i in range(width)]
-    k = width - 1
-    # Rounds that verified drafts (the histogram's); in-engine modes report no histogram: every step drafted.
-    spec_rounds = sum(hist) if hists else steps
-    # per position i: among speculative rounds, the fraction whose accepted count exceeded i
-    per_pos = [sum(hist[i + 1:]) / spec_rounds if spec_rounds else 0.0 for i in range(max(k, 0))]
     ks = [x for s in spec if s.draft_lengths for x in s.draft_lengths]
-    chosen = [x for x in ks if x > 0]
+    counts = [ks.count(i) for i in range(max(ks, default=-1) + 1)]
     sources = [s.acceptance_source for s in spec if s.acceptance_source]
     notes = [s.acceptance_note for s in spec if s.acceptance_note]
-    return {"source": max(set(sources), key=sources.count) if sources else None,
-            # corrections to the streamed count, with how many requests each applied to (lc.STREAM_CUT, STREAM_CLAMPED)
-            "notes": [f"{n} ({notes.count(n)} of {len(spec)} requests)" for n in sorted(set(notes))],
-            "accepted": accepted, "drafted": drafted, "steps": steps, "speculative_rounds": spec_rounds,
-            "acceptance_rate": acceptance_rate(accepted, drafted),
-            "mean_acceptance_length": mean_acceptance_length(accepted, spec_rounds),
-            "histogram": hist, "per_position_acceptance": per_pos,
-            # the draft-length policy at work: k chosen per round, and the rounds it did not speculate
-            "draft_length_counts": [ks.count(i) for i in range(max(ks, default=-1) + 1)],
-            "mean_draft_length": sum(chosen) / len(chosen) if chosen else 0.0,
-            "rounds_without_speculation_share": (len(ks) - len(chosen)) / len(ks) if ks else 0.0}
+    return AcceptanceCounts(
+        requests=len(spec), accepted=sum(s.accepted for s in spec), drafted=sum(s.drafted for s in spec), steps=steps,
+        # rounds that verified drafts (the histogram's); in-engine modes report no histogram: every step drafted
+        speculative_rounds=sum(hist) if hists else steps, rounds_without_speculation=counts[0] if counts else 0,
+        histogram=tuple(hist), draft_length_counts=tuple(counts),
+        source=max(set(sources), key=sources.count) if sources else None,
+        # corrections to the streamed count, with how many requests each applied to (lc.STREAM_CUT, STREAM_CLAMPED)
+        notes=tuple(f"{n} ({notes.count(n)} of {len(spec)} requests)" for n in sorted(set(notes))))
 
 
 def ab_measurement(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] = None, repeats: int = 1,
@@ -105,14 +109,14 @@ def ab_measurement(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[
     policy: one per phase cycle). Progress: (pairs or requests done, total)."""
     total = len(prompts) * repeats
 
-    def side(model: str) -> Callable[[Progress], list[Sample]]:
-        def run(progress: Progress) -> list[Sample]:
+    def side(model: str) -> Callable[[Progress], list[RequestSample]]:
+        def run(progress: Progress) -> list[RequestSample]:
             for p in prompts[:warmup]:
                 _request(client, model, p, k, policy)
             out = []
             for r in range(repeats):
                 for i, p in enumerate(prompts):
-                    out.append(Sample.of(model, i, r, _request(client, model, p, k, policy)))
+                    out.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy)))
                     if progress:
                         progress(len(out), total)
             return out
@@ -122,13 +126,13 @@ def ab_measurement(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[
         for p in prompts[:warmup]:
             _request(client, BASELINE, p, k)
             _request(client, SPECULATIVE, p, k, policy)
-        samples: list[Sample] = []
+        samples: list[RequestSample] = []
         done = 0
         for r in range(repeats):
             for i, p in enumerate(prompts):
                 order = (BASELINE, SPECULATIVE) if (i + r) % 2 == 0 else (SPECULATIVE, BASELINE)
                 for model in order:
-                    samples.append(Sample.of(model, i, r, _request(client, model, p, k, policy)))
+                    samples.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy)))
                 done += 1
                 if progress:
                     progress(done, total)
@@ -150,7 +154,7 @@ def paired_ab(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] 
     return _one(client, ab_measurement(client, prompts, k=k, repeats=repeats, warmup=warmup, policy=policy), progress)
 
 
-def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str] = None) -> dict:
+def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Optional[str] = None) -> dict:
     base = [s for s in samples if s.model == BASELINE]
     spec = [s for s in samples if s.model == SPECULATIVE]
     pairs = {(s.prompt, s.repeat): s for s in base}
@@ -160,10 +164,10 @@ def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str]
         if b is not None:
             b_lat.append(b.latency_s)
             s_lat.append(s.latency_s)
-    speedup, lo, hi = bootstrap_ratio_ci(b_lat, s_lat)
-    acc = acceptance_summary(spec)
+    speedup, lo, hi = paired_speedup(b_lat, s_lat)
+    acc = acceptance_summary(request_acceptance_counts(spec))
 
-    def side(xs: Sequence[Sample]) -> dict:
+    def side(xs: Sequence[RequestSample]) -> dict:
         return {"ttft_s": Summary.of([x.ttft_s for x in xs]).__dict__,
                 "tpot_s": Summary.of([x.tpot_s for x in xs]).__dict__,
                 "latency_s": Summary.of([x.latency_s for x in xs]).__dict__,
@@ -175,8 +179,8 @@ def summarize(samples: Sequence[Sample], k: Optional[int], policy: Optional[str]
            "samples": [s.__dict__ for s in samples]}
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
     if acc["source"] == lc.FROM_STREAMED_CHUNKS:  # a mean length without k or drafted counts: no α is claimed
-        out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x) at a mean acceptance "
-                          f"length of {acc['mean_acceptance_length']:.2f} (from {acc['source']})"
+        out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x) at a mean "
+                          f"acceptance length of {acc['mean_acceptance_length']:.2f} (from {acc['source']})"
                           if speedup < 1.0 and acc["mean_acceptance_length"] is not None else None)
     elif acc["mean_acceptance_length"] is not None or any(x.draft_lengths for x in spec):
         out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)  # c is not measured here
@@ -193,18 +197,18 @@ def _alpha_from(acc: dict, k: int) -> float:
 
 
 def _nth_sample(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], i: int,
-                k: Optional[int], policy: Optional[str]) -> Sample:
+                k: Optional[int], policy: Optional[str]) -> RequestSample:
     """Request i of a run (prompts cycled: prompt i mod n, repeat i div n) on a client of its own."""
     p, r = i % len(prompts), i // len(prompts)
     cl = client_factory()
     try:
-        return Sample.of(model, p, r, _request(cl, model, prompts[p], k, policy))
+        return RequestSample.of(model, p, r, _request(cl, model, prompts[p], k, policy))
     finally:
         cl.close()
 
 
 def run_level(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], concurrency: int,
-              n: int, k: Optional[int], policy: Optional[str] = None) -> tuple[list[Sample], float]:
+              n: int, k: Optional[int], policy: Optional[str] = None) -> tuple[list[RequestSample], float]:
     """n requests (prompts cycled) to one model with `concurrency` in flight: the samples and the wall time."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -212,7 +216,7 @@ def run_level(client_factory: Callable[[], LLMClient], model: str, prompts: Sequ
     return samples, time.perf_counter() - t0
 
 
-def level_side(samples: Sequence[Sample], wall_s: float) -> dict:
+def level_side(samples: Sequence[RequestSample], wall_s: float) -> dict:
     """One model at one level: total throughput over the level's wall time, per-request TTFT/TPOT/latency
     summaries (mean, p50, p90, p99) and every raw sample."""
     tokens = sum(s.tokens for s in samples)
@@ -224,14 +228,14 @@ def level_side(samples: Sequence[Sample], wall_s: float) -> dict:
             "samples": [s.__dict__ for s in samples]}
 
 
-def sweep_row(concurrency: int, base: Sequence[Sample], base_wall_s: float, spec: Sequence[Sample],
+def sweep_row(concurrency: int, base: Sequence[RequestSample], base_wall_s: float, spec: Sequence[RequestSample],
               spec_wall_s: float) -> dict:
     """One level of the sweep: both sides, speedup = speculative / baseline total tok/s, and the speculative
     acceptance summed over the level's requests."""
     b, s = level_side(base, base_wall_s), level_side(spec, spec_wall_s)
     return {"concurrency": concurrency, "requests": len(spec), BASELINE: b, SPECULATIVE: s,
             "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else math.nan,
-            "acceptance": acceptance_summary(spec)}
+            "acceptance": acceptance_summary(request_acceptance_counts(spec))}
 
 
 def sweep_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
@@ -300,7 +304,7 @@ class SLO:
     ttft_s: Optional[float] = None
     tpot_s: Optional[float] = None
 
-    def met(self, s: Sample) -> bool:
+    def met(self, s: RequestSample) -> bool:
         return ((self.ttft_s is None or s.ttft_s <= self.ttft_s)
                 and (self.tpot_s is None or s.tpot_s is None or s.tpot_s <= self.tpot_s))
 
@@ -318,10 +322,10 @@ def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
 
 
 def run_rate(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], arrivals: Sequence[float],
-             k: Optional[int], policy: Optional[str] = None) -> tuple[list[Sample], float]:
+             k: Optional[int], policy: Optional[str] = None) -> tuple[list[RequestSample], float]:
     """One request per arrival time (prompts cycled), each sent at its time whatever is still in flight (an open
     loop, as users arrive): the samples and the wall time from the first arrival to the last answer."""
-    def one(i: int) -> Sample:
+    def one(i: int) -> RequestSample:
         delay = t0 + arrivals[i] - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
@@ -333,8 +337,8 @@ def run_rate(client_factory: Callable[[], LLMClient], model: str, prompts: Seque
     return samples, time.perf_counter() - t0 - arrivals[0]
 
 
-def rate_row(rate: float, base: Sequence[Sample], base_wall_s: float, spec: Sequence[Sample], spec_wall_s: float,
-             slo: SLO) -> dict:
+def rate_row(rate: float, base: Sequence[RequestSample], base_wall_s: float, spec: Sequence[RequestSample],
+             spec_wall_s: float, slo: SLO) -> dict:
     """Both sides at one request rate, with goodput: requests/s that met the SLO (vLLM bench's definition)."""
     row = sweep_row(0, base, base_wall_s, spec, spec_wall_s)
     del row["concurrency"]
@@ -356,8 +360,8 @@ def rate_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence[
         raise ValueError(f"the request-rate run needs at least one request, got {n}")
     arrivals = poisson_arrivals(rate, n, seed)
 
-    def side(model: str) -> Callable[[Progress], tuple[list[Sample], float]]:
-        def run(progress: Progress) -> tuple[list[Sample], float]:
+    def side(model: str) -> Callable[[Progress], tuple[list[RequestSample], float]]:
+        def run(progress: Progress) -> tuple[list[RequestSample], float]:
             out = run_rate(client_factory, model, prompts, arrivals, k, policy)
             if progress:
                 progress(1, 1)
@@ -390,7 +394,7 @@ def tune_k(client: LLMClient, prompts: Sequence[Prompt], ks: Sequence[int], *, r
     """Fixed k for each k in ks, then (adaptive) the adaptive policy capped at max(ks): one paired A/B each, in one
     run (a baseline loaded for its phase only: one switch, one baseline half for all). Recommends the fastest fixed k
     (0 when none pays) and reports adaptive against it."""
-    runs = [("fixed", k) for k in ks] + ([("adaptive", max(ks))] if adaptive else [])
+    runs = [(Policy.FIXED.value, k) for k in ks] + ([(Policy.ADAPTIVE.value, max(ks))] if adaptive else [])
     ms = [ab_measurement(client, prompts, k=k, repeats=repeats, warmup=1 if i == 0 else 0, policy=policy)
           for i, (policy, k) in enumerate(runs)]
     done = [0]
@@ -414,12 +418,13 @@ def tune_k(client: LLMClient, prompts: Sequence[Prompt], ks: Sequence[int], *, r
                      "rounds_without_speculation_share": acc["rounds_without_speculation_share"],
                      "spec_tokens_per_s": res["speculative"]["tokens_per_s"],
                      "baseline_tokens_per_s": res["baseline"]["tokens_per_s"]})
-    fixed = [r for r in rows if r["policy"] == "fixed"]
+    fixed = [r for r in rows if r["policy"] == Policy.FIXED]
     best = max(fixed, key=lambda r: r["speedup"])
     out = {"sweep": rows, "recommended_k": best["k"] if best["speedup"] > 1.0 else 0,
            "note": ("speculation does not pay at any fixed k on this workload; serve the baseline (k=0) or the "
-                    "adaptive policy" if best["speedup"] <= 1.0 else f"fixed k={best['k']} gives {best['speedup']:.2f}x")}
-    ad = next((r for r in rows if r["policy"] == "adaptive"), None)
+                    "adaptive policy" if best["speedup"] <= 1.0
+                    else f"fixed k={best['k']} gives {best['speedup']:.2f}x")}
+    ad = next((r for r in rows if r["policy"] == Policy.ADAPTIVE), None)
     if ad is not None:
         out["adaptive_vs_best_fixed"] = {"adaptive": ad["speedup"], "adaptive_ci95": ad["speedup_ci95"],
                                          "best_fixed_k": best["k"], "best_fixed": best["speedup"],

@@ -75,9 +75,9 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "")
 
 
 def served_admin_key(url: str) -> Optional[str]:
-    """The admin key `trt-spec serve` left for the server at url (serve.server.admin_key_path of its port) when url
+    """The admin key `trt-spec serve` left for the server at url (serve.admin_key.admin_key_path of its port) when url
     names this host; None otherwise."""
-    from ..serve.server import admin_key_path
+    from ..serve.admin_key import admin_key_path
 
     host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
     if not port.isdigit() or host not in {*LOCAL_HOSTS, socket.gethostname(), socket.getfqdn()} and \
@@ -108,7 +108,7 @@ class LLMClient:
                  admin_key: Optional[str] = None):
         """timeout_s: the longest wait for any one response (default REQUEST_TIMEOUT_S); past it the call is
         cancelled and raises ClientError. admin_key: what unlocks the server's restricted APIs (model config, model
-        repository; serve.server.RESTRICTED_APIS); None = the key `trt-spec serve` left on this host for the URL's
+        repository; serve.admin_key.RESTRICTED_APIS); None = the key `trt-spec serve` left on this host for the URL's
         port, if any (admin_headers)."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
@@ -230,10 +230,10 @@ class LLMClient:
 
     def admin_headers(self) -> dict[str, str]:
         """The headers of a restricted call (model config, model repository load/unload) for this client's protocol:
-        serve.server.ADMIN_HEADER over HTTP, GRPC_ADMIN_HEADER over gRPC, holding admin_key, else the key `trt-spec
+        serve.admin_key.ADMIN_HEADER over HTTP, GRPC_ADMIN_HEADER over gRPC, holding admin_key, else the key `trt-spec
         serve` left for this URL's port on this host; {} when there is neither (a server that restricts nothing
         answers anyway; one that does is refused with restricted_error's line)."""
-        from ..serve.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
+        from ..serve.admin_key import ADMIN_HEADER, GRPC_ADMIN_HEADER
 
         key = self.admin_key or served_admin_key(self.url)
         if not key:

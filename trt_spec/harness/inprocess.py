@@ -10,10 +10,13 @@ draft/target cost ratio.
 
 Baseline (the ensemble's engine call: target only, greedy) and speculative (the loop) alternate per prompt in one
 run, with a k sweep (k is the cap under the adaptive policy). Reported per k: baseline and speculative tokens/s,
-speedup (end to end), decode speedup (time after the first token: the baseline's from the engine's perf outputs,
-the loop's from its first emitted chunk), token identity (fraction of prompts whose tokens are identical), the
-acceptance summary exactly as the served bench reports it (harness.bench.acceptance_summary: acceptance rate, mean
-acceptance length, per-position acceptance, the policy's per-round k counts and its rounds without speculation),
+speedup (end to end: Σ baseline / Σ speculative seconds over the paired prompts, with its paired bootstrap 95%
+interval: records.speculation.paired_speedup, the served bench's definition; it was the ratio of tokens/s before,
+the same number whenever both sides produce the same tokens), decode speedup (the same ratio over the time after
+the first token: the baseline's from the engine's perf outputs, the loop's from its first emitted chunk), token
+identity (fraction of prompts whose tokens are identical), the acceptance summary exactly as the served bench
+reports it (records.speculation.acceptance_summary: acceptance rate, mean acceptance length, per-position
+acceptance, the policy's per-round k counts and its rounds without speculation),
 the per-token acceptance α that explains the mean acceptance length at k under Leviathan et al.'s i.i.d. model,
 the draft/target cost ratio c (draft seconds per drafted token / baseline decode seconds per token), the Leviathan
 bound S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) and efficiency = speedup / bound. The theorem takes a verification
@@ -35,10 +38,10 @@ import numpy as np
 
 from ..records import backend_contract as bc
 from ..records.names import BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
-from ..records.speculation import leviathan_bound, solve_alpha
+from ..records.speculation import acceptance_summary, leviathan_bound, paired_speedup, solve_alpha
 from ..in_triton.local_engines import LocalEngines
 from ..in_triton.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop, engine_inputs, response_tokens, validate
-from .bench import Sample, acceptance_summary
+from .bench import RequestSample, request_acceptance_counts
 from .metrics import fmt, low_acceptance_advice, tpot
 from .prompts import Prompt
 
@@ -74,6 +77,7 @@ def load_deployment(build_dir: Path) -> Loaded:
     from google.protobuf import json_format
     from transformers import AutoTokenizer
 
+    from ..records.bls_parameters import BlsParameters
     from ..records.manifest import BuildManifest
     from ..reference.standin import StandIn, model_parameters
     from ..repository.writer import RepoSettings, repository_configs
@@ -81,8 +85,8 @@ def load_deployment(build_dir: Path) -> Loaded:
 
     m = BuildManifest.read(build_dir)
     if m.engine != "reference":
-        raise ValueError(f"{build_dir}: --in-process runs the CPU reference engine; this build is {m.engine}. "
-                         "Benchmark a GPU deployment through Triton with `trt-spec bench --url`")
+        raise ValueError(f"{build_dir}: bench in-process runs the CPU reference engine; this build is {m.engine}. "
+                         "Benchmark a GPU deployment through Triton with `trt-spec bench served --url`")
     configs = {name: json_format.MessageToDict(cfg, preserving_proto_field_name=True)
                for name, cfg in repository_configs(RepoSettings.from_manifest(m, decoupled=False)).items()}
     standins = {}
@@ -94,11 +98,11 @@ def load_deployment(build_dir: Path) -> Loaded:
         for s in standins.values():
             s.close()
         raise
-    bls = model_parameters(configs[BLS])
+    bls = BlsParameters.from_parameters(model_parameters(configs[BLS]))
     baseline = next(s["model_name"] for s in configs[ENSEMBLE]["ensemble_scheduling"]["step"]
                     if s["model_name"] in ENGINE_MODELS)
     tok = AutoTokenizer.from_pretrained(m.target.dir)
-    return Loaded(LocalEngines(standins), LoopConfig.from_parameters(bls), baseline, int(bls["num_draft_tokens"]),
+    return Loaded(LocalEngines(standins), LoopConfig.from_bls(bls), baseline, bls.num_draft_tokens,
                   tok, default_end_id(tok), default_pad_id(tok), m.target.dir)
 
 
@@ -123,7 +127,7 @@ class SpecRun:
     tokens: list[int]
     wall_s: float
     decode_s: float  # after the first emitted chunk
-    metrics: object  # speculative_loop.Metrics
+    metrics: object  # speculative_loop.LoopStats
 
 
 async def baseline_call(d: Loaded, prompt: list[int], max_tokens: int, end_id: int) -> BaselineRun:
@@ -197,10 +201,11 @@ def _row(k: int, policy: str, pairs: list) -> dict:
     base_t, spec_t = sum(b.wall_s for b in base), sum(s.wall_s for s in spec)
     base_n, spec_n = sum(len(b.tokens) for b in base), sum(len(s.tokens) for s in spec)
     base_dec, spec_dec = sum(b.decode_s for b in base), sum(s.decode_s for s in spec)
-    samples = [Sample(SPECULATIVE, i, r, len(s.tokens), s.wall_s - s.decode_s, s.wall_s,
-                      tpot(s.wall_s, s.wall_s - s.decode_s, len(s.tokens)), s.metrics.accepted, s.metrics.drafted,
-                      s.metrics.steps, list(s.metrics.hist), s.metrics.draft_lengths) for i, r, _, s in pairs]
-    acc = acceptance_summary(samples)
+    samples = [RequestSample(SPECULATIVE, i, r, len(s.tokens), s.wall_s - s.decode_s, s.wall_s,
+                             tpot(s.wall_s, s.wall_s - s.decode_s, len(s.tokens)), s.metrics.accepted,
+                             s.metrics.drafted, s.metrics.steps, list(s.metrics.hist), s.metrics.draft_lengths)
+               for i, r, _, s in pairs]
+    acc = acceptance_summary(request_acceptance_counts(samples))
     rounds = [rd for s in spec for rd in s.metrics.rounds]
     verifications = [rd for rd in rounds if rd.drafted]
     draft_s = sum(rd.draft_s for rd in rounds)
@@ -212,12 +217,13 @@ def _row(k: int, policy: str, pairs: list) -> dict:
                    if verifications and base_step > 0 else 1.0)
     mean_len = acc["mean_acceptance_length"]
     alpha = solve_alpha(mean_len or 1.0, k)
-    speedup = (spec_n / spec_t) / (base_n / base_t)
+    speedup, lo, hi = paired_speedup([b.wall_s for b in base], [s.wall_s for s in spec])  # the served bench's
     bound = leviathan_bound(alpha, k, c)
     adjusted = leviathan_bound(alpha, k, c, verify_cost=verify_cost)
     row = {
         "k": k, "draft_len_policy": policy, "baseline_tok_s": base_n / base_t, "spec_tok_s": spec_n / spec_t,
-        "speedup": speedup, "decode_speedup": base_dec / spec_dec if spec_dec > 0 else float("nan"),
+        "speedup": speedup, "speedup_ci95": [lo, hi],
+        "decode_speedup": base_dec / spec_dec if spec_dec > 0 else float("nan"),
         "ttft_share": (base_t - base_dec) / base_t,
         "token_identity": sum(b.tokens == s.tokens for b, s in zip(base, spec)) / len(pairs),
         "acceptance_rate": acc["acceptance_rate"], "mean_acceptance_length": mean_len, "alpha": alpha,
@@ -241,12 +247,13 @@ def _row(k: int, policy: str, pairs: list) -> dict:
 def format_report(rep: dict) -> str:
     lines = [f"in-process benchmark (the served loop, no server): mode {rep['mode']}, {rep['prompts']} prompts x "
              f"{rep['repeats']}, {rep['threads']} torch threads, greedy"]
-    lines.append(f"{'k':>3} {'policy':>8} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'decode':>7} "
+    lines.append(f"{'k':>3} {'policy':>8} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'95% CI':>11} "
+                 f"{'decode':>7} "
                  f"{'identity':>8} {'accept':>7} {'mean len':>8} {'alpha':>6} {'c':>6} {'bound':>6} {'effic.':>6} "
                  f"{'r':>5} {'bound_r':>7} {'eff_r':>5}")
     for r in rep["sweep"]:
         lines.append(f"{r['k']:>3} {r['draft_len_policy']:>8} {r['baseline_tok_s']:>10.1f} {r['spec_tok_s']:>10.1f} "
-                     f"{r['speedup']:>7.2f}x {r['decode_speedup']:>6.2f}x "
+                     f"{r['speedup']:>7.2f}x {_interval(r['speedup_ci95']):>11} {r['decode_speedup']:>6.2f}x "
                      f"{r['token_identity']:>8.0%} {fmt(r['acceptance_rate'], '>7.2f')} "
                      f"{fmt(r['mean_acceptance_length'], '>8.2f')} "
                      f"{r['alpha']:>6.2f} {r['cost_ratio']:>6.3f} {r['leviathan_bound']:>5.2f}x {r['efficiency']:>6.2f} "
@@ -259,8 +266,11 @@ def format_report(rep: dict) -> str:
                      f"{a['mean_draft_length']:.2f}, rounds without speculation "
                      f"{a['rounds_without_speculation_share']:.0%}")
     lines.append(f"best k={rep['k']} ({rep['draft_len_policy']}): {rep['speedup']:.2f}x end to end "
-                 f"({rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} tok/s), {rep['decode_speedup']:.2f}x in "
-                 f"decode (after the first token; the first token is {rep['ttft_share']:.0%} of the baseline's time)")
+                 f"(95% CI {_interval(rep['speedup_ci95'])}; {rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} "
+                 f"tok/s), {rep['decode_speedup']:.2f}x in decode (after the first token; the first token is "
+                 f"{rep['ttft_share']:.0%} of the baseline's time)")
+    lines.append("speedup = Σ baseline / Σ speculative seconds over the paired prompts, as the served bench reports "
+                 "it (95% CI: paired bootstrap); decode = the same ratio after the first token")
     lines.append("bound = Leviathan et al. at the cap k (verification costs one decode step); r = measured cost of one "
                  "verification in decode steps; bound_r = the bound with that cost; eff_r = speedup / bound_r")
     for r in rep["sweep"]:
@@ -272,6 +282,10 @@ def format_report(rep: dict) -> str:
                      f"{c['lean_tok_s']:.1f} tok/s vs HF generate {c['hf_tok_s']:.1f} tok/s = {c['ratio']:.2f}x "
                      f"({c['identical_prompts']}/{c['prompts']} prompts token-identical)")
     return "\n".join(lines)
+
+
+def _interval(ci: Sequence[float]) -> str:
+    return f"{ci[0]:.2f}–{ci[1]:.2f}"
 
 
 def to_json(rep: dict) -> str:

@@ -1,18 +1,17 @@
 """Metric math shared by the in-process and the served benchmarks (pure functions, unit-tested).
 
-Speculation's own figures (acceptance rate, mean acceptance length, E(k), the Leviathan bound, break-even
-acceptance) are defined once in trt_spec/records/speculation.py. TPOT = (end-to-end latency −
-TTFT) / (output tokens − 1): time per output token after the first, per request (not the inter-token
-latency between streamed chunks, which is bursty under speculation). Total throughput = generated tokens
-of every request / wall time of the run that served them together (what a server delivers under load; not
-the mean of per-request tokens/s).
+Speculation's own figures (acceptance rate, mean acceptance length, the acceptance summary, the paired speedup and
+its 95% interval, E(k), the Leviathan bound, break-even acceptance) are defined once in
+trt_spec/records/speculation.py. TPOT = (end-to-end latency − TTFT) / (output tokens − 1): time per output token
+after the first, per request (not the inter-token latency between streamed chunks, which is bursty under
+speculation). Total throughput = generated tokens of every request / wall time of the run that served them together
+(what a server delivers under load; not the mean of per-request tokens/s).
 """
 
 from __future__ import annotations
 
 import math
 import re
-import random
 import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -40,27 +39,6 @@ def tpot(latency_s: float, ttft_s: float, output_tokens: int) -> Optional[float]
     if output_tokens <= 1:
         return None
     return (latency_s - ttft_s) / (output_tokens - 1)
-
-
-def bootstrap_ratio_ci(numer: Sequence[float], denom: Sequence[float], *, iters: int = 2000, seed: int = 0,
-                       level: float = 0.95) -> tuple[float, float, float]:
-    """Paired bootstrap of sum(numer)/sum(denom) (e.g. baseline time / speculative time = speedup).
-    Returns (point estimate, low, high)."""
-    if len(numer) != len(denom) or not numer:
-        raise ValueError("bootstrap needs two paired, non-empty samples")
-    n = len(numer)
-    point = sum(numer) / sum(denom)
-    rng = random.Random(seed)
-    stats = []
-    for _ in range(iters):
-        idx = [rng.randrange(n) for _ in range(n)]
-        d = sum(denom[i] for i in idx)
-        if d > 0:
-            stats.append(sum(numer[i] for i in idx) / d)
-    stats.sort()
-    lo = stats[int((1 - level) / 2 * len(stats))]
-    hi = stats[min(len(stats) - 1, int((1 + level) / 2 * len(stats)))]
-    return point, lo, hi
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -96,7 +74,7 @@ def low_acceptance_advice(alpha: float, k: int, c: Optional[float], speedup: flo
         return None
     bound = leviathan_bound(alpha, k, c) if c is not None else None
     cost = (f"draft/target cost c={c:.2f}, Leviathan bound {bound:.2f}x" if bound is not None else
-            "draft/target cost unknown (not measured by the served bench; `bench --in-process` measures it)")
+            "draft/target cost unknown (not measured by the served bench; `bench in-process` measures it)")
     reasons = [f"acceptance α={alpha:.2f} at k={k}, {cost}"]
     if speedup < 1.0:
         reasons.insert(0, f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x)")

@@ -1,4 +1,4 @@
-"""The harness's client for any OpenAI-compatible server (`trt-spec bench --openai URL`): trt-spec's own
+"""The harness's client for any OpenAI-compatible server (`trt-spec bench openai --url URL`): trt-spec's own
 frontend (`trt-spec serve --openai-port`), vLLM, SGLang, `trtllm-serve`, llama.cpp's `llama-server`.
 
 It answers the harness's calls as LLMClient does (`generate(model, prompt, max_tokens, stream=…, **params) ->
@@ -34,9 +34,9 @@ def base_url(url: str) -> str:
 
 
 def endpoints(urls: tuple[str, ...], models: tuple[str, ...]) -> dict[str, Endpoint]:
-    """The bench's two roles from --openai URL [URL] and --model BASELINE SPECULATIVE (default: trt-spec's names)."""
+    """The bench's two roles from --url URL [URL] and --model BASELINE SPECULATIVE (default: trt-spec's names)."""
     if not 1 <= len(urls) <= 2:
-        raise ValueError(f"--openai takes one URL (both models on it) or two (baseline, speculative), got {len(urls)}")
+        raise ValueError(f"--url takes one URL (both models on it) or two (baseline, speculative), got {len(urls)}")
     names = tuple(models) or TEXT_MODELS
     if len(names) != 2:
         raise ValueError(f"--model takes two names, the baseline's then the speculative one's, got {len(names)}")

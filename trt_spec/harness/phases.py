@@ -28,7 +28,7 @@ Triton, r26.04 (checked in triton-inference-server/core and server at r26.04):
   so the switch polls the repository index (POST /v2/repository/index) until the model is UNAVAILABLE, its GPU
   memory given back, before loading the other (src/model_repository_manager/model_lifecycle.cc: state_reason
   "unloaded");
-- both are the model-repository API, which `trt-spec serve` restricts to its admin key (serve/server.py
+- both are the model-repository API, which `trt-spec serve` restricts to its admin key (serve/admin_key.py
   RESTRICTED_APIS): without the key the harness stops before measuring anything, with one line naming
   --admin-key-file;
 - while the baseline loads, the server reports not ready (core src/server.cc InferenceServer::IsReady, strict
@@ -189,7 +189,7 @@ def _states(ctl: ModelControl) -> str:
 def _restore(ctl: ModelControl, note: Callable[[str], None]) -> Optional[ClientError]:
     """Unload the baseline (where it is, or may be, loaded) and load the speculative model back, that always.
     Returns the error of a reload that failed (RESTORE_FAILED), None when the speculative model is back."""
-    from ..serve.server import ADMIN_HEADER
+    from ..serve.admin_key import ADMIN_HEADER
 
     note(f"unloading {lc.BASELINE_MODEL}, loading {lc.MODEL_NAME} back")
     try:

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from ..records.speculation import POLICIES, expected_tokens
+from ..records.speculation import POLICIES, Policy, expected_tokens
 
 DECAY = 0.8  # per-round weight of a request's acceptance history (recent rounds count more)
 PRIOR_ROUNDS = 2.0  # weight of the deployment's acceptance in a request's estimate
@@ -204,7 +204,7 @@ class RequestPolicy:
 
     @property
     def adaptive(self) -> bool:
-        return self.policy == "adaptive"
+        return self.policy == Policy.ADAPTIVE
 
     @property
     def alpha(self) -> float:
@@ -340,7 +340,7 @@ class RequestPolicy:
 class DraftLengthPolicy:
     """The deployment's policy: the shared cost model and the requests in the loop right now."""
 
-    def __init__(self, default: str = "adaptive"):
+    def __init__(self, default: str = Policy.ADAPTIVE.value):
         if default not in POLICIES:
             raise ValueError(f"draft_len_policy {default!r}: use one of {', '.join(POLICIES)}")
         self.default = default

@@ -17,7 +17,9 @@ from typing import Any, Callable
 from ..records import backend_contract as bc
 
 
-class EngineMetrics:
+class EngineMetricsExporter:
+    """The engine stand-in's exporter of nv_trt_llm_request_metrics (see the module doc); close() at finalize."""
+
     def __init__(self, pb_utils: Any, model: str, version: str, counts: Callable[[], Any], period_s: float,
                  log_error: Callable[[str], None] = print):
         """counts() -> reference.batching.RequestCounts, read every period_s seconds."""

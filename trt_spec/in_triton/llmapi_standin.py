@@ -27,6 +27,7 @@ import numpy as np
 
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
+from ..records.speculation import Mode, Policy, Proposer
 from .local_engines import LocalEngines
 from .serving import (IncrementalDetokenizer, StopCutter, check_input_bytes, decode_strings, encode, input_byte_limit,
                       load_tokenizer, scalar)
@@ -76,17 +77,17 @@ class LlmapiStandIn:
                 raise LlmapiError(f"speculative_config decoding_type {spec.get('decoding_type')!r} is not served by the "
                                   f"CPU stand-in ({', '.join(MODES)}); EAGLE-3 and MTP need TensorRT-LLM on a GPU")
         standins = {TARGET: _engine(TARGET, y["model"], True)}
-        if self.mode == "draft_target":
+        if self.mode == Mode.DRAFT_TARGET:
             standins[DRAFT] = _engine(DRAFT, spec[lc.SPEC_MODEL_DIR], True)
         self.engines = LocalEngines(standins)
         lim = standins[TARGET].limits
         k = int(spec.get("max_draft_len", 0)) if spec else 0
         self.k = k
         self.loop = SpeculativeLoop(LoopConfig(
-            TARGET, DRAFT if self.mode == "draft_target" else None, self.mode or "ngram", max(k, 1),
+            TARGET, DRAFT if self.mode == Mode.DRAFT_TARGET else None, self.mode or Mode.NGRAM.value, max(k, 1),
             int((spec or {}).get(lc.NGRAM_MATCH, 3)), lim.max_seq_len, bc.max_input_len(lim.max_seq_len,
                                                                                         lim.max_num_tokens),
-            draft_len_policy="fixed", proposer="prompt_lookup"), self.engines)
+            draft_len_policy=Policy.FIXED.value, proposer=Proposer.PROMPT_LOOKUP.value), self.engines)
         self.tokenizer = load_tokenizer(y["model"])
         self.byte_limit = input_byte_limit(self.tokenizer, self.loop.cfg.max_input_len)  # checked before tokenizing
 

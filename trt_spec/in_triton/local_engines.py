@@ -1,5 +1,5 @@
 """The speculative loop's EngineCall over in-process stand-ins (reference/standin.py), no Triton between them: what
-`bench --in-process` and the CPU stand-in of the LLM-API model (in_triton/llmapi_standin.py) run the engines with.
+`bench in-process` and the CPU stand-in of the LLM-API model (in_triton/llmapi_standin.py) run the engines with.
 
 What Triton core would refuse before a backend sees it (an unknown model or input) is refused here too; the
 backend's and the executor's refusals (a contract error, a full queue) become EngineError "<model>: <message>", as

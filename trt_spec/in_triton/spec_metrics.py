@@ -20,6 +20,7 @@ No module-level import of triton_python_backend_utils (it exists only inside a T
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +31,8 @@ from ..records.names import (BLS, METRIC_ACCEPTED_LENGTH, METRIC_ACCEPTED_TOKENS
                              METRIC_DRAFT_LENGTH, METRIC_DRAFT_TOKENS, METRIC_IN_FLIGHT, METRIC_REQUESTS, METRIC_ROUNDS,
                              METRIC_ROUNDS_NO_SPEC, METRIC_VERIFY_LATENCY, VLLM_NUM_ACCEPTED_PER_POS,
                              VLLM_NUM_ACCEPTED_TOKENS, VLLM_NUM_DRAFT_TOKENS, VLLM_NUM_DRAFTS)
-from ..records.speculation import LOOP_MODES, acceptance_rate, mean_acceptance_length
-from .speculative_loop import Metrics
+from ..records.speculation import LOOP_MODES, AcceptanceCounts, acceptance_summary
+from .speculative_loop import LoopStats
 
 # Seconds per round: n-gram proposals take ~0.1 ms, a GPU draft or verify call a few ms to tens of ms, the CPU
 # reference engine tens to hundreds of ms. Prometheus adds +Inf.
@@ -43,9 +44,9 @@ def length_buckets(max_draft_len: int) -> list[float]:
     return [float(i) for i in range(max_draft_len + 1)]
 
 
-class SpecMetrics:
-    """The BLS's Prometheus metrics for one model; `await publish(m)` (or `observe(m)`, blocking) once per
-    finished request, `close()` at finalize.
+class SpecMetricsExporter:
+    """The BLS's exporter of its Prometheus metrics for one model (scrape() reads them back): `await publish(m)` (or
+    `observe(m)`, blocking) once per finished request with the loop's LoopStats, `close()` at finalize.
 
     Publishing never fails a request or the model's load: a failure is logged (log_error) and the metric is
     skipped."""
@@ -117,14 +118,14 @@ class SpecMetrics:
         except Exception as e:  # noqa: BLE001 - metrics must not cost a client its answer
             self.log_error(f"{name} not updated: {type(e).__name__}: {e}")
 
-    async def publish(self, m: Metrics) -> None:
+    async def publish(self, m: LoopStats) -> None:
         """observe(m) on the metrics thread; returns when the server has the figures (never raises)."""
         try:
             await asyncio.get_running_loop().run_in_executor(self._thread, self.observe, m)
         except RuntimeError as e:  # closed (the model is being unloaded)
             self.log_error(f"speculation metrics not published for a request: {e}")
 
-    def observe(self, m: Metrics) -> None:
+    def observe(self, m: LoopStats) -> None:
         """Publish one finished request (never raises). Call from one thread at a time."""
         try:
             self._inc(METRIC_REQUESTS, 1)
@@ -170,7 +171,9 @@ class SpecMetrics:
 
 # -- reading them back: Prometheus text exposition format -------------------------------------------------------
 @dataclass(frozen=True)
-class Sample:
+class MetricSample:
+    """One sample line of a Prometheus exposition (not a bench request: that is harness.bench.RequestSample)."""
+
     name: str
     labels: dict[str, str]
     value: float
@@ -182,7 +185,7 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
-def parse_metrics(text: str) -> list[Sample]:
+def parse_metrics(text: str) -> list[MetricSample]:
     """Samples of a Prometheus text exposition (comments and blank lines skipped)."""
     out = []
     for line in text.splitlines():
@@ -193,23 +196,23 @@ def parse_metrics(text: str) -> list[Sample]:
         if match is None or not _NUMBER.fullmatch(match.group(3)):
             raise ValueError(f"not a Prometheus sample line: {line!r}")
         name, labels, number = match.groups()
-        out.append(Sample(name, {k: re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group()], v)
+        out.append(MetricSample(name, {k: re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group()], v)
                                  for k, v in _LABEL.findall(labels or "")}, float(number)))
     return out
 
 
-def scrape(url: str, timeout_s: float = 10.0) -> list[Sample]:
+def scrape(url: str, timeout_s: float = 10.0) -> list[MetricSample]:
     """GET url (http://HOST:METRICS_PORT/metrics) and parse it."""
     with urllib.request.urlopen(url, timeout=timeout_s) as r:
         return parse_metrics(r.read().decode("utf-8"))
 
 
-def value(samples: Iterable[Sample], name: str, **labels: str) -> float:
+def value(samples: Iterable[MetricSample], name: str, **labels: str) -> float:
     """Sum of the samples called `name` whose labels include `labels` (0 when there is none)."""
     return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-def histogram(samples: Iterable[Sample], name: str, **labels: str) -> dict[float, float]:
+def histogram(samples: Iterable[MetricSample], name: str, **labels: str) -> dict[float, float]:
     """Cumulative bucket counts {le: count} of histogram `name` (le = float("inf") for +Inf)."""
     out: dict[float, float] = {}
     for s in samples:
@@ -219,16 +222,35 @@ def histogram(samples: Iterable[Sample], name: str, **labels: str) -> dict[float
     return dict(sorted(out.items()))
 
 
-def acceptance_summary(samples: list[Sample], model: str = BLS) -> dict:
-    """What the server says about speculation for one model (all its modes): requests, drafted, accepted, acceptance
-    rate, rounds, share of rounds without speculation, and the mean acceptance length (trt_spec.records.speculation: 1 +
-    accepted / speculative rounds; rounds without speculation counted apart). A ratio without a denominator is None."""
-    drafted = value(samples, METRIC_DRAFT_TOKENS, model=model)
-    accepted = value(samples, METRIC_ACCEPTED_TOKENS, model=model)
-    rounds = value(samples, METRIC_ROUNDS, model=model)
-    no_spec = value(samples, METRIC_ROUNDS_NO_SPEC, model=model)
-    return {"requests": int(value(samples, METRIC_REQUESTS, model=model)), "drafted": int(drafted),
-            "accepted": int(accepted), "acceptance_rate": acceptance_rate(accepted, drafted),
-            "rounds": int(rounds), "rounds_without_speculation": int(no_spec),
-            "no_speculation_share": no_spec / rounds if rounds else None,
-            "mean_acceptance_length": mean_acceptance_length(accepted, int(rounds - no_spec))}
+def _per_value(cumulative: dict[float, float]) -> tuple[int, ...]:
+    """Observations per value 0..K of an integer histogram (length_buckets) from its cumulative buckets."""
+    out, below = [], 0.0
+    for le, n in cumulative.items():  # sorted by le; +Inf holds nothing beyond K
+        if math.isfinite(le):
+            out.append(int(n - below))
+            below = n
+    return tuple(out)
+
+
+def scraped_acceptance_counts(samples: list[MetricSample], model: str = BLS) -> AcceptanceCounts:
+    """What the server counted for one model (all its modes), for records.speculation.acceptance_summary: requests,
+    drafted and accepted tokens, rounds (steps), rounds without speculation (counted apart: speculative rounds = rounds
+    - those), and the accepted-length and draft-length histograms per value."""
+    rounds = int(value(samples, METRIC_ROUNDS, model=model))
+    no_spec = int(value(samples, METRIC_ROUNDS_NO_SPEC, model=model))
+    return AcceptanceCounts(
+        requests=int(value(samples, METRIC_REQUESTS, model=model)),
+        accepted=int(value(samples, METRIC_ACCEPTED_TOKENS, model=model)),
+        drafted=int(value(samples, METRIC_DRAFT_TOKENS, model=model)), steps=rounds,
+        speculative_rounds=rounds - no_spec, rounds_without_speculation=no_spec,
+        histogram=_per_value(histogram(samples, METRIC_ACCEPTED_LENGTH, model=model)),
+        draft_length_counts=_per_value(histogram(samples, METRIC_DRAFT_LENGTH, model=model)))
+
+
+def scraped_acceptance(samples: list[MetricSample], model: str = BLS) -> dict:
+    """What the server says about speculation for one model: records.speculation.acceptance_summary of its counters
+    (the bench's key set), plus the two keys this summary had before that one key set, which `trt-spec demo`'s
+    report.json (server_metrics) carries: rounds (= steps) and no_speculation_share (None without rounds)."""
+    c = scraped_acceptance_counts(samples, model)
+    return {**acceptance_summary(c), "rounds": c.steps,
+            "no_speculation_share": c.rounds_without_speculation / c.steps if c.steps else None}

@@ -27,10 +27,11 @@ from typing import Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from ..records import backend_contract as bc
+from ..records.bls_parameters import BlsParameters
 from ..records.names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
 from .draft_policy import DraftLengthPolicy, Outcome
 from ..reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
-from ..records.speculation import BLS_MODES as MODES, LOOP_MODES, POLICIES, PROPOSERS
+from ..records.speculation import BLS_MODES as MODES, LOOP_MODES, POLICIES, PROPOSERS, Policy
 from .suffix import SuffixProposer  # pure Python
 
 # The suffix proposer as served: a one-token match may propose, each matched token buys two proposed tokens (chosen by
@@ -69,19 +70,18 @@ class LoopConfig:
     max_seq_len: int
     max_input_len: int  # the engine's input limit (backend_contract.max_input_len)
     max_prompt_len: Optional[int] = None  # the deployment's limits.max_input_len (default: the engine's limit)
-    draft_len_policy: str = "adaptive"  # adaptive | fixed (trt_spec/in_triton/draft_policy.py)
+    draft_len_policy: str = Policy.ADAPTIVE.value  # speculation.LOOP_POLICIES (trt_spec/in_triton/draft_policy.py)
     proposer: str = "suffix"  # ngram mode: suffix | prompt_lookup
 
     @staticmethod
-    def from_parameters(p: dict[str, str]) -> "LoopConfig":
-        """The loop of a `tensorrt_llm_bls` model config's parameters (repository.writer.bls_config writes them): the
-        one reading of them, by the BLS in Triton and by `bench --in-process` alike."""
+    def from_bls(p: BlsParameters) -> "LoopConfig":
+        """The loop of a `tensorrt_llm_bls` model's parameters (records/bls_parameters.py; repository.writer writes
+        them): the BLS in Triton and `bench in-process` alike."""
         return LoopConfig(
-            target=p["tensorrt_llm_model_name"], draft=p.get("tensorrt_llm_draft_model_name") or None,
-            mode=p["speculative_mode"], max_draft_len=int(p["max_draft_len"]), ngram_size=int(p["ngram_size"]),
-            max_seq_len=int(p["max_seq_len"]), max_prompt_len=int(p["max_input_len"]),
-            max_input_len=bc.max_input_len(int(p["max_seq_len"]), int(p["max_num_tokens"])),
-            draft_len_policy=p["draft_len_policy"], proposer=p["proposer"])
+            target=p.tensorrt_llm_model_name, draft=p.tensorrt_llm_draft_model_name or None, mode=p.speculative_mode,
+            max_draft_len=p.max_draft_len, ngram_size=p.ngram_size, max_seq_len=p.max_seq_len,
+            max_prompt_len=p.max_input_len, max_input_len=bc.max_input_len(p.max_seq_len, p.max_num_tokens),
+            draft_len_policy=p.draft_len_policy, proposer=p.proposer)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -129,9 +129,9 @@ class EnginePerf:
     engine request. KV-cache blocks (new, reused, total) are SUMS over those calls; arrival and first-scheduled times
     are the first call's; the first-token time is the first target call's (the first tokens the client gets), the
     last-token time the last target call's. An in-engine mode makes one call: its own values. (The acceptance outputs
-    are the loop's: Metrics.)"""
+    are the loop's: LoopStats.)"""
 
-    total: bc.PerfMetrics = field(default_factory=bc.PerfMetrics)  # its acceptance fields stay 0: the loop's
+    total: bc.PerfOutputs = field(default_factory=bc.PerfOutputs)  # its acceptance fields stay 0: the loop's
 
     def add(self, responses: Sequence[dict[str, np.ndarray]], *, output: bool) -> None:
         """One engine call's perf outputs (its last response carrying them: each response holds the request's values
@@ -154,7 +154,9 @@ class EnginePerf:
 
 
 @dataclass
-class Metrics:
+class LoopStats:
+    """One request's counters, filled by the loop: what the response reports and SpecMetricsExporter publishes."""
+
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
@@ -296,14 +298,14 @@ class SpeculativeLoop:
 
     async def generate(self, r: SpecRequest, emit: Callable[[list[int]], None],
                        cancelled: Callable[[], bool] = lambda: False,
-                       metrics: Optional[Metrics] = None) -> tuple[list[int], Metrics]:
+                       metrics: Optional[LoopStats] = None) -> tuple[list[int], LoopStats]:
         """Generated tokens and metrics; `emit(new_tokens)` is called once per accepted chunk (streaming).
         `cancelled()` is checked before every round: once true the loop raises Cancelled and sends no more
         engine calls. In-engine modes make one call: `cancelled()` is checked at each streamed response, and the
         Cancelled raised there makes `call` cancel the engine request where the python backend can (a BLS response
         iterator's cancel(), python_backend r25.05+; Triton 2.51's BLS cannot, so there the call runs out).
         metrics: the object to fill (the caller reads it at each emit: a streamed chunk's perf outputs so far)."""
-        m = metrics if metrics is not None else Metrics()
+        m = metrics if metrics is not None else LoopStats()
         if self.cfg.mode == "engine":
             return await self._in_engine(r, emit, cancelled, m)
         self.policy.active += 1
@@ -313,7 +315,7 @@ class SpeculativeLoop:
             self.policy.active -= 1
 
     async def _draft(self, r: SpecRequest, tokens: list[int], k: int, step: int, proposer,
-                     m: Metrics) -> tuple[list[int], Optional[np.ndarray]]:
+                     m: LoopStats) -> tuple[list[int], Optional[np.ndarray]]:
         if k <= 0:
             return [], None
         if proposer is not None:
@@ -342,7 +344,8 @@ class SpeculativeLoop:
         return SuffixProposer(k_max=self.cfg.max_draft_len, min_match=SUFFIX_MIN_MATCH,
                               tokens_per_match=SUFFIX_TOKENS_PER_MATCH)
 
-    async def _loop(self, r: SpecRequest, emit, cancelled: Callable[[], bool], m: Metrics) -> tuple[list[int], Metrics]:
+    async def _loop(self, r: SpecRequest, emit, cancelled: Callable[[], bool],
+                    m: LoopStats) -> tuple[list[int], LoopStats]:
         tokens = list(r.prompt)
         generated: list[int] = []
         m.hist = [0] * (r.k + 1)
@@ -405,7 +408,7 @@ class SpeculativeLoop:
         return generated, m
 
     async def _in_engine(self, r: SpecRequest, emit, cancelled: Callable[[], bool],
-                         m: Metrics) -> tuple[list[int], Metrics]:
+                         m: LoopStats) -> tuple[list[int], LoopStats]:
         ins = engine_inputs(r, r.prompt, r.max_tokens, 0, streaming=r.stream)
         ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
         if r.stop_words:

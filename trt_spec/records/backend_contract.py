@@ -581,7 +581,7 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
 
 
 @dataclass(frozen=True)
-class PerfMetrics:
+class PerfOutputs:
     """The executor's RequestPerfMetrics for one response, as the backend writes them (PERF_OUTPUT_TYPES)."""
 
     kv_new_blocks: int = 0
@@ -602,7 +602,7 @@ class PerfMetrics:
         return {name: np.asarray([[v]], dtype=np_types[t]) for (name, t), v in zip(PERF_OUTPUT_TYPES.items(), values)}
 
 
-def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfMetrics = PerfMetrics(),
+def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfOutputs = PerfOutputs(),
                      logits: Optional[np.ndarray] = None, declared: Optional[Iterable[str]] = None,
                      model: str = "tensorrt_llm") -> dict[str, np.ndarray]:
     """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]

@@ -17,15 +17,16 @@ from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from .defaults import BUILD_ROOT, EAGLE_DRAFT_VOCAB, EAGLE_TRAIN_STEPS
-from .speculation import Mode
+from .recipes import RECIPES, Recipe, RecipeError, recipe
+from .speculation import LOOP_POLICIES, Mode, Policy, Proposer
 
 ENV_PREFIX = "TRT_SPEC__"
 
 WeightFormat = Literal["fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo", "bf16", "fp16", "fp32", "auto"]
 KvCacheFormat = Literal["fp8", "int8", "auto"]
-SpecMode = Literal["draft_target", "ngram", "medusa", "eagle", "lookahead", "eagle3", "mtp", "none"]
 Engine = Literal["tensorrt", "reference"]
 RuntimeKind = Literal["engine", "llmapi"]
 CheckpointDtype = Literal["auto", "float16", "bfloat16", "float32"]
@@ -33,6 +34,15 @@ CheckpointDtype = Literal["auto", "float16", "bfloat16", "float32"]
 
 class ConfigError(ValueError):
     """A user error in the build configuration: one line naming the problem and the fix."""
+
+
+def _one_of(allowed: tuple[Policy, ...], value: Any) -> Any:
+    """A policy word the loop accepts, as pydantic words a wrong one (type enum: the caller adds what it got)."""
+    if isinstance(value, str) and value in allowed:
+        return value
+    choices = [f"'{p.value}'" for p in allowed]
+    raise PydanticCustomError("enum", "Input should be {expected}",
+                              {"expected": " or ".join([", ".join(choices[:-1]), choices[-1]])})
 
 
 class _Strict(BaseModel):
@@ -151,16 +161,16 @@ class LookaheadSpec(_Strict):
 
 
 class Speculative(_Strict):
-    mode: SpecMode = Field("draft_target", description="speculative decoding mode")
+    mode: Mode = Field(Mode.DRAFT_TARGET, description="speculative decoding mode")
     max_draft_len: int = Field(5, ge=0, description="K built into the target engine (max draft tokens per step)")
     num_draft_tokens: Optional[int] = Field(
         None, ge=0, description="default per-request k (null = max_draft_len); must be <= max_draft_len"
     )
     ngram_size: int = Field(3, ge=1, description="n-gram mode, prompt_lookup proposer: tokens matched at the tail of the sequence")
-    proposer: Literal["suffix", "prompt_lookup"] = Field(
-        "suffix", description="n-gram mode's draft-free proposer: suffix (longest suffix match, by frequency) or prompt_lookup")
-    draft_len_policy: Literal["adaptive", "fixed"] = Field(
-        "adaptive", description="draft-target / n-gram: adaptive k per round from measured costs and acceptance (k = 0 "
+    proposer: Proposer = Field(
+        Proposer.SUFFIX, description="n-gram mode's draft-free proposer: suffix (longest suffix match, by frequency) or prompt_lookup")
+    draft_len_policy: Policy = Field(
+        Policy.ADAPTIVE, description="draft-target / n-gram: adaptive k per round from measured costs and acceptance (k = 0 "
         "included), or fixed k = num_draft_tokens")
     use_draft_logits: bool = Field(False, description="rejection sampling with draft logits (draft gathers generation logits)")
     baseline_engine: bool = Field(
@@ -169,12 +179,17 @@ class Speculative(_Strict):
         "baseline, and check / bench refuse to compare")
     medusa: Optional[MedusaSpec] = None
 
+    @field_validator("draft_len_policy", mode="before")
+    @classmethod
+    def _loop_policy(cls, v: Any) -> Any:
+        return _one_of(LOOP_POLICIES, v)  # the loop's members of the one policy vocabulary (speculation.Policy)
+
     @property
     def has_baseline_engine(self) -> bool:
         """Whether the ensemble gets an engine of its own: modes that speculate inside the target engine
         (speculation.Mode.in_engine) unless baseline_engine is false. (runtime: llmapi builds nothing: its baseline
         is a second model name over the same checkpoint.)"""
-        return Mode(self.mode).in_engine and not Mode(self.mode).llmapi_only and self.baseline_engine
+        return self.mode.in_engine and not self.mode.llmapi_only and self.baseline_engine
     eagle: Optional[EagleSpec] = None
     lookahead: Optional[LookaheadSpec] = None
     eagle3: Optional[Eagle3Spec] = None
@@ -260,33 +275,39 @@ class BuildConfig(_Strict):
     @model_validator(mode="after")
     def _mode_needs(self) -> "BuildConfig":
         s = self.speculative
-        if s.mode == "draft_target" and self.draft is None:
+        if s.mode == Mode.DRAFT_TARGET and self.draft is None:
             raise ValueError("speculative.mode draft_target needs a `draft:` model; add draft.checkpoint or pick mode ngram")
-        if s.mode != "draft_target" and self.draft is not None:
+        if s.mode != Mode.DRAFT_TARGET and self.draft is not None:
             raise ValueError(f"speculative.mode {s.mode} uses no draft model; remove `draft:` or set mode draft_target")
-        if s.mode == "medusa" and s.medusa is None:
+        if s.mode == Mode.MEDUSA and s.medusa is None:
             raise ValueError("speculative.mode medusa needs speculative.medusa.heads_dir")
-        if s.mode == "eagle" and (s.eagle is None or (s.eagle.heads_dir is None) == (s.eagle.train is None)):
+        if s.mode == Mode.EAGLE and (s.eagle is None or (s.eagle.heads_dir is None) == (s.eagle.train is None)):
             raise ValueError("speculative.mode eagle needs exactly one of speculative.eagle.heads_dir (a head) or "
                              "speculative.eagle.train (engine: reference: train an EAGLE-3 head at build time)")
         if s.eagle is not None and s.eagle.train is not None and self.engine != "reference":
             raise ValueError("speculative.eagle.train is for engine: reference; trtllm-build's eagle mode loads "
                              "EAGLE-1/2 heads (give speculative.eagle.heads_dir), and a trained EAGLE-3 head is served "
                              "by runtime: llmapi mode eagle3 (speculative.eagle3.heads_dir)")
-        if s.mode == "lookahead" and s.lookahead is None:
+        if s.mode == Mode.LOOKAHEAD and s.lookahead is None:
             s.lookahead = LookaheadSpec()
-        if self.runtime == "engine" and Mode(s.mode).llmapi_only:
-            raise ValueError(f"speculative.mode {s.mode} runs on TensorRT-LLM's LLM API only; set runtime: llmapi")
-        if self.runtime == "llmapi" and Mode(s.mode).engine_only:
-            raise ValueError(f"speculative.mode {s.mode} is an engine-runtime mode (trtllm-build); set runtime: engine, "
-                             "or use eagle3 / mtp / draft_target / ngram on the LLM API")
-        if s.mode == "eagle3" and s.eagle3 is None:
+        try:
+            recipe(self.runtime, self.engine, s.mode)
+        except RecipeError as e:
+            if e.fix == "runtime":  # (a mode the engine refuses is preflight's, after the model checks)
+                raise ValueError(str(e)) from None
+        if s.mode == Mode.EAGLE3 and s.eagle3 is None:
             raise ValueError("speculative.mode eagle3 needs speculative.eagle3.heads_dir (an EAGLE-3 head for the target)")
-        if s.mode == "mtp" and s.mtp is None:
+        if s.mode == Mode.MTP and s.mtp is None:
             s.mtp = MtpSpec()
         return self
 
     # -- derived ------------------------------------------------------------------------------------------
+    @property
+    def recipe(self) -> Recipe:
+        """This config's row of records/recipes.py: what runs for its runtime x engine x mode. A row the engine
+        refuses (recipe.refused) is still read for its facts; preflight raises its line where it checks it."""
+        return RECIPES[(self.runtime, self.engine, self.speculative.mode)]
+
     def resolved_name(self, source: Path | None) -> str:
         return self.name or (source.stem if source else "trt-spec")
 
@@ -339,7 +360,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     got = e.get("input")
-    if e["type"] in ("literal_error", "int_parsing", "float_parsing", "bool_parsing", "int_type", "string_type",
+    if e["type"] in ("literal_error", "enum", "int_parsing", "float_parsing", "bool_parsing", "int_type", "string_type",
                      "greater_than_equal", "greater_than", "less_than_equal", "list_type", "dict_type", "model_type"):
         msg = f"{msg} (got {got!r})"
     extra = f" ({len(err.errors()) - 1} more error(s) after fixing this one)" if len(err.errors()) > 1 else ""
@@ -415,7 +436,7 @@ def load_config(
 
 
 def defaults_table() -> list[tuple[str, Any, str]]:
-    """(key path, default, description) for every field with a default; used by README/`--help`."""
+    """(key path, default, description) for every field with a default; used by docs/configs.md and `--help`."""
     rows: list[tuple[str, Any, str]] = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:
@@ -435,7 +456,7 @@ def defaults_table() -> list[tuple[str, Any, str]]:
 
 
 def markdown_table() -> str:
-    """The README's table of keys and defaults (`python -m trt_spec.records.config` prints it)."""
+    """docs/configs.md's table of keys and defaults (`python -m trt_spec.records.config` prints it)."""
     rows = [f"| `{k}` | `{v}` | {d} |" for k, v, d in defaults_table()]
     return "\n".join(["| key | default | meaning |", "|---|---|---|", *rows])
 

@@ -35,7 +35,7 @@ LLMAPI_READY_EXTRA_S = 300.0
 
 def ready_timeout_s(engine_bytes: int = 0) -> float:
     """How long `trt-spec serve` waits for every model to load: READY_TIMEOUT_S plus READY_S_PER_ENGINE_GIB per GiB of
-    the repository's engine files (serve.server.engine_bytes)."""
+    the repository's engine files (serve.launch.engine_bytes)."""
     return READY_TIMEOUT_S + READY_S_PER_ENGINE_GIB * engine_bytes / 2**30
 
 

@@ -3,8 +3,8 @@
 TensorRT-LLM's Triton model for the LLM API is `triton_backend/all_models/llmapi/tensorrt_llm/` (`config.pbtxt`,
 `1/model.py`, `1/model.yaml`): a python model that builds `tensorrt_llm.LLM(**model.yaml minus triton_config)` and
 serves text in, text out. Sources read (NVIDIA/TensorRT-LLM; the v1.2.1 tag itself could not be fetched here, so the
-nearest stored commits of the 1.2 line were read — `trt-spec doctor` on the image and README's first-run checklist
-confirm them on the pinned image):
+nearest stored commits of the 1.2 line were read — `trt-spec doctor` on the image and docs/serving.md's first-run
+checklist confirm them on the pinned image):
 - CFG   = triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @ c8c6df08
 - MODEL = .../tensorrt_llm/1/model.py @ b35ac1b6 (version.py there: 1.2.0rc2); helpers.py get_sampling_params_from_request
 - YAML  = .../tensorrt_llm/1/model.yaml @ c8c6df08

@@ -1,6 +1,6 @@
 """Typed build records, written by one stage and read by the next:
 
-  manifest.json        the runner -> `trt-spec repo`, `bench --in-process`, `demo`: what was built, from which
+  manifest.json        the runner -> `trt-spec repo`, `bench in-process`, `demo`: what was built, from which
                        config, with which tools, and each engine's checksums
   trt_spec_repo.json   the repository writer -> `serve` and the engine models at load: how to launch the
                        repository and the sums of the engines it serves

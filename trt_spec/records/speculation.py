@@ -1,6 +1,6 @@
 """Speculation's vocabulary and its maths, defined once: the modes and what each one is, the draft-length policies, the
 draft-free proposers, and every figure trt-spec reports about speculation. The bench, the in-process bench, the
-Prometheus metrics, the reports, the policy, the deployment chart and README all use these definitions.
+Prometheus metrics, the reports, the policy, the deployment chart and docs/ all use these definitions.
 
 Definitions (vLLM's, `vllm/v1/spec_decode/metrics.py`):
 - a speculative round (vLLM: a "draft") is one target call that verified k > 0 proposed tokens; a round without
@@ -15,11 +15,21 @@ acceptance a* = c + (r − 1) / k.
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import NamedTuple, Optional, Sequence
 
 
-class Mode(str, Enum):
+class _Word(str, Enum):
+    """A config word as an enum: a str (YAML strings parse to it, it compares equal to its string, json.dumps writes
+    the string) whose str() and f-string form are the word itself on every Python (3.12 formats enums by name)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Mode(_Word):
     """A config's `speculative.mode`."""
 
     DRAFT_TARGET = "draft_target"
@@ -74,8 +84,36 @@ TRTLLM_SPECULATIVE_MODES = {"draft_target": "draft_tokens_external", "ngram": "d
                             "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead_decoding"}
 LOOP_MODES = tuple(m.value for m in Mode if m.loop_in_bls)
 BLS_MODES = (*LOOP_MODES, "engine")  # the BLS's speculative_mode parameter
-POLICIES = ("adaptive", "fixed")  # draft-length policies (trt_spec/in_triton/draft_policy.py)
-PROPOSERS = ("suffix", "prompt_lookup")  # n-gram mode's draft-free proposers
+
+
+class Policy(_Word):
+    """How many tokens a round drafts: one vocabulary for both loops. Each loop accepts the members it lists:
+    LOOP_POLICIES (the BLS's draft -> verify loop, `speculative.draft_len_policy`) and EAGLE_CHAIN_POLICIES (the
+    reference engine's in-engine EAGLE chain)."""
+
+    ADAPTIVE = "adaptive"  # the loop: k per round from measured costs and acceptance (in_triton/draft_policy.py)
+    FIXED = "fixed"  # both: every round drafts k = num_draft_tokens (the chain: all max_draft_len drafts)
+    CONFIDENCE = "confidence"  # the EAGLE chain: verify the best prefix by the head's confidence (EAGLE-2's signal)
+
+    @property
+    def eagle_chain(self) -> "Policy":
+        """The EAGLE chain's policy for a config's draft_len_policy: adaptive drafts by confidence, fixed stays."""
+        return Policy.CONFIDENCE if self is Policy.ADAPTIVE else self
+
+
+LOOP_POLICIES = (Policy.ADAPTIVE, Policy.FIXED)  # speculative.draft_len_policy, the BLS's draft_len_policy
+EAGLE_CHAIN_POLICIES = (Policy.CONFIDENCE, Policy.FIXED)  # reference/engine.py draft_policy, export.py's flag
+POLICIES = tuple(p.value for p in LOOP_POLICIES)  # the loop's, as strings (the CLI's and the frontend's choices)
+
+
+class Proposer(_Word):
+    """n-gram mode's draft-free proposer (trt_spec/in_triton/suffix.py, speculative_loop.py)."""
+
+    SUFFIX = "suffix"  # longest suffix match, by frequency
+    PROMPT_LOOKUP = "prompt_lookup"  # the last ngram_size tokens matched in the sequence
+
+
+PROPOSERS = tuple(p.value for p in Proposer)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -129,3 +167,79 @@ def mean_acceptance_length(accepted: int, speculative_rounds: int) -> Optional[f
     """1 + accepted / speculative rounds (rounds that verified k > 0 drafts; rounds without speculation are counted
     separately); None when no round speculated."""
     return 1.0 + accepted / speculative_rounds if speculative_rounds else None
+
+
+# -- Measured figures: one speedup and one acceptance summary for every report -----------------------------------------
+# Every bench mode (served, OpenAI, in-process, tune), the concurrency sweep's acceptance, the Prometheus read-back and
+# benchmarks/compare_modes.py report these two, so one name means one number wherever it is printed.
+
+
+class Speedup(NamedTuple):
+    """Speculative vs baseline over paired requests (paired_speedup): the point estimate and its interval."""
+
+    point: float
+    low: float
+    high: float
+
+
+def paired_speedup(baseline_s: Sequence[float], speculative_s: Sequence[float], *, iters: int = 2000, seed: int = 0,
+                   level: float = 0.95) -> Speedup:
+    """THE speedup: Σ baseline seconds / Σ speculative seconds over paired requests (pair i: the same prompt, repeat
+    and parameters on each side; greedy, so the same tokens), with a paired bootstrap interval at `level` (pairs
+    resampled, seeded: the same timings give the same interval). A ratio of sums, not a mean of per-request ratios:
+    each request weighs by its time, as a user's wait does."""
+    if len(baseline_s) != len(speculative_s) or not baseline_s:
+        raise ValueError(f"a paired speedup needs as many baseline as speculative timings (at least one), got "
+                         f"{len(baseline_s)} and {len(speculative_s)}")
+    n = len(baseline_s)
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(iters):
+        idx = [rng.randrange(n) for _ in range(n)]
+        d = sum(speculative_s[i] for i in idx)
+        if d > 0:
+            stats.append(sum(baseline_s[i] for i in idx) / d)
+    stats.sort()
+    lo = stats[int((1 - level) / 2 * len(stats))]
+    hi = stats[min(len(stats) - 1, int((1 + level) / 2 * len(stats)))]
+    return Speedup(sum(baseline_s) / sum(speculative_s), lo, hi)
+
+
+@dataclass(frozen=True)
+class AcceptanceCounts:
+    """Speculation totals over a set of finished requests, whoever counted them: the bench sums its requests' outputs
+    (harness.bench.request_acceptance_counts), the Prometheus read-back takes the BLS's counters
+    (in_triton.spec_metrics.scraped_acceptance_counts). An empty tuple: the source does not report that figure."""
+
+    requests: int = 0
+    accepted: int = 0  # draft tokens the target accepted
+    drafted: int = 0  # draft tokens proposed
+    steps: int = 0  # target calls (rounds), speculating or not
+    speculative_rounds: int = 0  # rounds that verified k > 0 drafts
+    rounds_without_speculation: int = 0  # rounds whose chosen k was 0
+    histogram: tuple[int, ...] = ()  # speculative rounds by accepted count 0..k
+    draft_length_counts: tuple[int, ...] = ()  # rounds by chosen k 0..K
+    source: Optional[str] = None  # where accepted/steps came from when not the model's own counts
+    notes: tuple[str, ...] = ()  # corrections to those counts, each with how many requests it applied to
+
+
+def acceptance_summary(c: AcceptanceCounts) -> dict:
+    """THE acceptance summary (one key set, every report): the counts; acceptance rate, mean acceptance length and
+    per-position acceptance (the definitions at the top); the draft-length policy at work (rounds by chosen k, mean k
+    when speculating, share of rounds without speculation: over the rounds whose k is known, else all steps). An
+    acceptance ratio without a denominator is None (never a made-up 0); the policy's figures are then 0.0."""
+    hist, ks = list(c.histogram), list(c.draft_length_counts)
+    positions = max(len(hist) - 1, 0)
+    chosen = sum(ks[1:])
+    rounds = sum(ks) if ks else c.steps
+    return {"source": c.source, "notes": list(c.notes), "accepted": c.accepted, "drafted": c.drafted,
+            "steps": c.steps, "speculative_rounds": c.speculative_rounds,
+            "acceptance_rate": acceptance_rate(c.accepted, c.drafted),
+            "mean_acceptance_length": mean_acceptance_length(c.accepted, c.speculative_rounds),
+            "histogram": hist,
+            "per_position_acceptance": [sum(hist[i + 1:]) / c.speculative_rounds if c.speculative_rounds else 0.0
+                                        for i in range(positions)],
+            "draft_length_counts": ks,
+            "mean_draft_length": sum(k * n for k, n in enumerate(ks)) / chosen if chosen else 0.0,
+            "rounds_without_speculation_share": c.rounds_without_speculation / rounds if rounds else 0.0,
+            "requests": c.requests, "rounds_without_speculation": c.rounds_without_speculation}

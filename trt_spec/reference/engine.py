@@ -29,6 +29,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..records.defaults import PREFIX_CACHE_BYTES
+from ..records.speculation import Policy
 from .eagle import Eagle3Head, HeadState
 from .model import KVCache, ReferenceModel
 from .numerics import GpuNumerics
@@ -193,7 +194,7 @@ class ReferenceEngine:
 
     def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
                  diverge_slack: int = DIVERGE_SLACK, head: Optional[Eagle3Head] = None, max_draft_len: int = 0,
-                 draft_policy: str = "confidence", numerics: Optional[GpuNumerics] = None):
+                 draft_policy: str = Policy.CONFIDENCE.value, numerics: Optional[GpuNumerics] = None):
         """numerics: the GPU-numerics mode (numerics.py): every verification forward's logits perturbed below its
         margin; None = exact. diverge_slack: set to the deployment's max draft length + 1 (how far a request's own rejected
         drafts can reach back). head: an EAGLE-3 head (eagle.py): every decode then speculates in the engine,
@@ -207,7 +208,7 @@ class ReferenceEngine:
         self.draft_policy = draft_policy
         # EAGLE draft length by confidence: forward cost by tokens fed and the head step's, in decode steps
         self.costs: Optional[DraftCosts] = (measure_draft_costs(model, head, self.max_draft_len)
-                                            if head is not None and draft_policy == "confidence" else None)
+                                            if head is not None and draft_policy == Policy.CONFIDENCE else None)
         self.slack = diverge_slack
         self.max_seq_len = max_seq_len
         self.prefix_cache = PrefixCache(prefix_cache_bytes, kv_bytes_per_position(model))

@@ -34,6 +34,7 @@ import torch
 
 from ..records.backend_contract import LOGITS_DTYPE, LOGITS_DTYPES
 from ..records.names import TOKENIZER_FILES
+from ..records.speculation import EAGLE_CHAIN_POLICIES, Policy
 from .model import ReferenceModel, load_hf_state_dict
 
 ENGINE_FORMAT = "trt-spec-reference"
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speculative_decoding_mode", default=None)
     ap.add_argument("--max_draft_len", type=int, default=0)
     ap.add_argument("--eagle_head", default=None, help="an EAGLE-3 head directory to carry (speculative mode eagle)")
-    ap.add_argument("--eagle_draft_policy", default="confidence", choices=["confidence", "fixed"],
+    ap.add_argument("--eagle_draft_policy", default=Policy.CONFIDENCE.value,
+                    choices=[p.value for p in EAGLE_CHAIN_POLICIES],
                     help="mode eagle: verify the chain's best prefix by the head's confidence, or always all of it")
     # trtllm-build's --logits_dtype: the stand-in applies the kernels' temperature rule and clamp in this dtype
     ap.add_argument("--logits_dtype", default=LOGITS_DTYPE, choices=LOGITS_DTYPES)

@@ -9,7 +9,7 @@ two logits move apart by less than `margin`: the verification's argmax differs f
 decode's top-2 margin is below `margin`. Decodes (the baseline, the draft, `trt-spec check`'s logits probe) stay exact.
 
 On with GPU_NUMERICS_ENV="MARGIN[,SEED]" in the environment of the process that loads the engine models (tritonserver,
-or bench --in-process), or GpuNumerics passed to StandIn. Off (the default): greedy semantics are exact.
+or bench in-process), or GpuNumerics passed to StandIn. Off (the default): greedy semantics are exact.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ backend (JSON, `parameters` as strings), it checks the parameters as the backend
 the backend and the executor do (trt_spec/records/backend_contract.py), runs it on the model's one BatchScheduler and
 writes the backend's outputs for the request's flags. Two adapters use it and nothing else:
 - model_repo/reference_engine/1/model.py, the python model Triton loads (responses, cancellation, logs);
-- trt_spec/harness/inprocess.py, `bench --in-process`: the served speculative loop over in-process engine calls.
+- trt_spec/harness/inprocess.py, `bench in-process`: the served speculative loop over in-process engine calls.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from ..records import backend_contract as bc
 from ..records.defaults import PREFIX_CACHE_TOKENS, TOKENS_PER_BLOCK
+from ..records.speculation import Policy
 from .batching import BatchScheduler, Handle
 from .engine import CallResult, ReferenceEngine, Sampling, kv_bytes_per_position, load_engine, load_head
 from .export import read_engine_meta
@@ -49,7 +50,7 @@ class StandIn:
                  decoupled: bool = False, declared: Optional[Iterable[str]] = None,
                  config_logits_dtype: str = bc.LOGITS_DTYPE, max_queue_size: Optional[int] = None,
                  on_iteration: Optional[Callable[[], None]] = None, head: Optional[Eagle3Head] = None,
-                 draft_policy: str = "confidence", numerics: Optional[GpuNumerics] = None):
+                 draft_policy: str = Policy.CONFIDENCE.value, numerics: Optional[GpuNumerics] = None):
         """Raises bc.ContractError (the backend's load error) for parameters a GPU would not load either. head: the
         EAGLE-3 head of an engine built with speculative_decoding_mode eagle (it speculates in every decode).
         numerics: the GPU-numerics mode (reference/numerics.py; None = exact)."""
@@ -102,7 +103,7 @@ class StandIn:
         build = read_engine_meta(engine_dir)["build_config"]
         limits = bc.EngineLimits.from_build_config(build, vocab_size=model.config.vocab_size)
         return cls(name, model, limits, params, head=load_head(engine_dir, model),
-                   draft_policy=build.get("eagle_draft_policy", "confidence"), **kw)
+                   draft_policy=build.get("eagle_draft_policy", Policy.CONFIDENCE.value), **kw)
 
     def close(self, timeout: Optional[float] = None) -> None:
         self.scheduler.close(timeout)
@@ -165,17 +166,17 @@ def check_engine_path(path: str) -> None:
         "paths) or give the engine's absolute path)"))
 
 
-def perf_metrics(req: bc.EngineRequest, progress: Optional[CallResult]) -> bc.PerfMetrics:
+def perf_metrics(req: bc.EngineRequest, progress: Optional[CallResult]) -> bc.PerfOutputs:
     """The executor's RequestPerfMetrics for a response, from the request's progress: KV blocks of TOKENS_PER_BLOCK
     positions (reused = prompt blocks found in the prefix cache), steady-clock times, and the draft tokens this call
     verified. A verification fills the prompt's and the drafts' positions; a decode, the prompt's and the generated
     tokens'."""
     if progress is None:
-        return bc.PerfMetrics()
+        return bc.PerfOutputs()
     positions = len(req.input_ids) + (len(req.draft_tokens) if req.draft_tokens else len(progress.tokens))
     total = -(-positions // TOKENS_PER_BLOCK)
     reused = progress.reused_tokens // TOKENS_PER_BLOCK
-    return bc.PerfMetrics(kv_new_blocks=total - reused, kv_reused_blocks=reused, kv_total_blocks=total,
+    return bc.PerfOutputs(kv_new_blocks=total - reused, kv_reused_blocks=reused, kv_total_blocks=total,
                           arrival_ns=progress.arrival_ns, first_scheduled_ns=progress.scheduled_ns,
                           first_token_ns=progress.first_token_ns, last_token_ns=progress.last_token_ns,
                           accepted=progress.accepted, drafted=progress.drafted)

@@ -1,8 +1,8 @@
 """Train an EAGLE-3 draft head for a target, offline, by self-distillation (a reproducible build step).
 
-Why not NVIDIA Model Optimizer (`modelopt.torch.speculative`): see README "EAGLE-3 head" for what was tried and where it
-stops on a CPU. This module trains the same head (eagle.py: one decoder layer over the target's features at three
-layers, EAGLE-3's checkpoint layout) in plain PyTorch.
+Why not NVIDIA Model Optimizer (`modelopt.torch.speculative`): see docs/reference-engine.md "EAGLE-3 head" for what was
+tried and where it stops on a CPU. This module trains the same head (eagle.py: one decoder layer over the target's
+features at three layers, EAGLE-3's checkpoint layout) in plain PyTorch.
 
 Data (what EAGLE does, on a small bundled corpus): the target's own greedy answers to TRAIN_PROMPTS (chat-formatted with
 the target's chat template), generated here by the reference engine's in-flight batching. One teacher-forced pass of the

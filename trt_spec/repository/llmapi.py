@@ -25,12 +25,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..records import llmapi_contract as lc
 from ..records.manifest import BuildManifest, RepoRecord
+from ..records.speculation import Mode
+from .common import RepoPlan, model_repo_sources, write_config
 
 DTYPES = {"TYPE_STRING", "TYPE_BOOL", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT64", "TYPE_FP32"}
 # The LLM API's cancellation poll (MODEL cancellation_loop; its default)
 CANCELLATION_CHECK_PERIOD_MS = 100
 # Where NVIDIA's LLM-API model source may be in the NGC image: tried in order when the config names none (unverified
-# on the image: README's first-run checklist finds it with `find / -path '*all_models/llmapi/tensorrt_llm/1/model.py'`).
+# on the image: docs/serving.md's first-run checklist finds it with
+# `find / -path '*all_models/llmapi/tensorrt_llm/1/model.py'`).
 LLMAPI_SOURCE_CANDIDATES = ("/app/all_models/llmapi/tensorrt_llm/1",
                             "/app/tensorrt_llm/triton_backend/all_models/llmapi/tensorrt_llm/1",
                             "/opt/tritonserver/tensorrtllm_backend/all_models/llmapi/tensorrt_llm/1")
@@ -48,20 +51,21 @@ class LlmapiRepositoryError(ValueError):
 def speculative_config(m: BuildManifest) -> Optional[dict]:
     """The LLM's speculative_config for the manifest's mode (ARGS names, the 1.2 line); None for mode none."""
     s, k = m.config.speculative, m.speculative.max_draft_len
-    mode = s.mode
-    if mode == "none":
+    mode = Mode(s.mode)
+    if mode is Mode.NONE:
         return None
     out: dict = {"decoding_type": lc.DECODING_TYPES[mode], "max_draft_len": k}
-    if mode == "draft_target":
-        out[lc.SPEC_MODEL_DIR] = m.engines["draft"].dir
-    elif mode == "ngram":
-        out[lc.NGRAM_MATCH] = s.ngram_size
-    elif mode == "eagle3":
-        out[lc.SPEC_MODEL_DIR] = m.engines["draft"].dir
-        out[lc.EAGLE3_ONE_MODEL] = s.eagle3.one_model
-    elif mode == "mtp":
-        del out["max_draft_len"]  # MTPDecodingConfig.from_dict sets it from num_nextn_predict_layers
-        out[lc.NUM_NEXTN] = s.mtp.num_nextn_predict_layers
+    match mode:
+        case Mode.DRAFT_TARGET:
+            out[lc.SPEC_MODEL_DIR] = m.engines["draft"].dir
+        case Mode.NGRAM:
+            out[lc.NGRAM_MATCH] = s.ngram_size
+        case Mode.EAGLE3:
+            out[lc.SPEC_MODEL_DIR] = m.engines["draft"].dir
+            out[lc.EAGLE3_ONE_MODEL] = s.eagle3.one_model
+        case Mode.MTP:
+            del out["max_draft_len"]  # MTPDecodingConfig.from_dict sets it from num_nextn_predict_layers
+            out[lc.NUM_NEXTN] = s.mtp.num_nextn_predict_layers
     return out
 
 
@@ -107,8 +111,6 @@ def model_config(name: str, decoupled: bool) -> mc.ModelConfig:
 
 def model_repo_llmapi() -> Path:
     """The CPU stand-in of the LLM-API model (model_repo/llmapi/1: model.py over in_triton/llmapi_standin.py)."""
-    from .writer import model_repo_sources
-
     return model_repo_sources() / "llmapi" / "1"
 
 
@@ -139,21 +141,29 @@ def record(m: BuildManifest, decoupled: bool, names) -> RepoRecord:
 def write_models(m: BuildManifest, root: Path, decoupled: bool) -> tuple[dict[str, mc.ModelConfig], Optional[Path]]:
     """Write both models under `root` (a temp dir the caller renames into place). Returns the configs and the
     directory NVIDIA's model.py was copied from (None: not on this machine, not copied)."""
-    from google.protobuf import text_format
-
     # the reference engine: trt-spec's own stand-in (model_repo/llmapi); a GPU: NVIDIA's, from the image
-    source = (model_repo_llmapi() if m.engine == "reference" else llmapi_source(m.config.toolchain.llmapi_model_dir))
+    source = llmapi_source(m.config.toolchain.llmapi_model_dir) if m.config.recipe.gpu else model_repo_llmapi()
     configs = {}
     for name, (cfg, y) in llmapi_models(m, decoupled).items():
         d = root / name
-        (d / "1").mkdir(parents=True)
-        (d / "config.pbtxt").write_text(text_format.MessageToString(cfg))
+        write_config(d, cfg)
         (d / "1" / lc.YAML_FILE).write_text(yaml.safe_dump(y, sort_keys=False))
         if source is not None:
             for f in source.glob("*.py"):
                 shutil.copy2(f, d / "1" / f.name)
         configs[name] = cfg
     return configs, source
+
+
+def repo_plan(m: BuildManifest, decoupled: bool) -> RepoPlan:
+    """runtime: llmapi's repository: both LLM-API models, the record; NVIDIA's model.py may be absent here."""
+    models = llmapi_models(m, decoupled)
+
+    def write(root: Path) -> None:
+        write_models(m, root, decoupled)
+
+    return RepoPlan(configs={n: c for n, (c, _) in models.items()}, record=record(m, decoupled, models), write=write,
+                    yamls={n: y for n, (_, y) in models.items()}, require_sources=False)
 
 
 def check_model(cfg: mc.ModelConfig, y: dict, where: str) -> None:

@@ -31,7 +31,7 @@ def instances(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[
     """Every weight-loading instance of the repository (empty for the CPU reference engine)."""
     from ..builder.preflight import run_preflight
 
-    if m.engine != "tensorrt" or m.gpu is None:
+    if not m.config.recipe.gpu or m.gpu is None:
         return []
     g = m.gpu
     pre = run_preflight(m.config, GpuSpec(g.name, tuple(g.compute_capability), g.memory_gib, g.count, g.source),

@@ -1,5 +1,9 @@
 """Triton model repository writer: a build manifest (trt_spec/records/manifest.py) -> a complete model repository.
 
+One writer per runtime behind one dispatch: `write_repository` and `repo_record` pick the manifest's runtime writer
+from records/recipes.py (Recipe.writer): this module's for runtime engine (below), repository/llmapi.py's for runtime
+llmapi; both plan a common.RepoPlan and common.write_planned writes either. `validate_repository` reads any back.
+
 Models (NVIDIA's names, so clients written for tensorrtllm_backend work unchanged):
   preprocessing       python   text -> token ids (HF tokenizer)
   tensorrt_llm        target engine: backend `tensorrtllm` (GPU) or the python reference engine (CPU);
@@ -24,7 +28,7 @@ triton_backend/inflight_batcher_llm/src/model_instance_state.cc, ModelInstanceSt
 so a relative one resolves against tritonserver's working directory, and a miss is reported as "Both encoder and
 decoder model paths are empty". Absolute paths make every launch work: `trt-spec serve`, the printed plain command,
 NVIDIA's scripts/launch_triton_server.py, any custom launcher, from any directory. They are this machine's paths, so
-`trt-spec serve` restricts Triton's model-config API to the admin key (serve/server.py RESTRICTED_APIS).
+`trt-spec serve` restricts Triton's model-config API to the admin key (serve/admin_key.py RESTRICTED_APIS).
 
 Every config.pbtxt is built as Triton's ModelConfig protobuf and serialized; the writer parses every file
 back, rejects leftover `${…}` template variables, and checks cross-model references. Writing is atomic.
@@ -36,22 +40,20 @@ the build's stamps) is verified against them; the sums are stored in trt_spec_re
 
 from __future__ import annotations
 
-import re
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..records import backend_contract as bc
-from ..records.atomic import replacing_dir
 from ..records.integrity import IntegrityError, rebuild_hint, verify
 from ..records.manifest import BuildManifest, EngineEntry, RepoRecord
-from ..records.defaults import ADD_SPECIAL_TOKENS
+from ..records.bls_parameters import BlsParameters, PreprocessingParameters
 from ..builder.memory import SHARING_ROLES
+from ..records.recipes import RECIPES, Recipe
 from ..records.speculation import Mode
 from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BASELINE_ENGINE, BEAM_WIDTH, BLS, DRAFT,
                              DRAFT_LENGTHS, DRAFT_LEN_POLICY, EMBEDDING_BIAS, ENGINE_MODELS, ENSEMBLE, MAX_TOKENS,
@@ -59,24 +61,15 @@ from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BASELINE_ENGI
                              POST_OUTPUT_IDS, PREPROCESSING as PRE, Post, Pre, SEQUENCE_LENGTH, STOP_WORDS, STREAM,
                              TARGET, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
 
+from . import llmapi as lr
+from .common import (RepoPlan, RepositoryError, model_repo_sources, parse_config, write_config,  # noqa: F401
+                     write_planned)
+
 if TYPE_CHECKING:
     from ..records.config import LookaheadSpec
 
-
-
-def model_repo_sources() -> Path:
-    """The python-backend models (NAME/1/model.py): top-level model_repo/ in a checkout, `trt_spec.model_repo` in an
-    installed wheel (pyproject.toml maps one to the other). Data: never imported by trt_spec (they import
-    triton_python_backend_utils, which exists only inside a Triton stub), copied into each repository."""
-    from importlib.resources import files
-
-    return Path(str(files("trt_spec.model_repo")))
-
+# (model_repo_sources, RepositoryError, parse_config: repository/common.py, importable from here as before)
 LOGITS_TYPE = bc.LOGITS_TYPE
-
-
-class RepositoryError(ValueError):
-    """A broken model repository (one line naming the model, the problem and the fix)."""
 
 
 T = mc.DataType.Value
@@ -153,19 +146,26 @@ class RepoSettings:
     decoupled: bool = True
     max_queue_size: int = 0  # engine models' dynamic_batching.default_queue_policy (0 = unbounded, not written)
 
+    @property
+    def recipe(self) -> Recipe:
+        """The engine runtime's row for this engine and mode (records/recipes.py): the engine models' backend and
+        the launcher."""
+        return RECIPES[("engine", self.engine, Mode(self.mode))]
+
     @staticmethod
     def from_manifest(m: BuildManifest, decoupled: bool = True, max_queue_size: int = 0) -> "RepoSettings":
-        spec, lim = m.config.speculative, m.limits
+        # speculation as built (the manifest's record: mode, k, n-gram size); the config holds only the serving knobs
+        built, spec, lim = m.speculative, m.config.speculative, m.limits
         # engine: tensorrt: the target's HF directory (the imported one for a GGUF target, manifest's checkpoint)
-        tok = (m.target.checkpoint or m.config.target.checkpoint) if m.engine == "tensorrt" else m.target.dir
+        tok = (m.target.checkpoint or m.config.target.checkpoint) if m.config.recipe.gpu else m.target.dir
         tok = tok if tok.startswith("pkg:") else os.path.abspath(tok)  # ABSOLUTE_PATHS
         multi_gpu = any(e.world_size > 1 for e in m.engines.values())
         return RepoSettings(
             engine=m.engine, max_batch_size=lim.max_batch_size, max_seq_len=lim.max_seq_len,
             max_input_len=min(lim.max_input_len, bc.max_input_len(lim.max_seq_len, lim.max_num_tokens)),
             max_num_tokens=lim.max_num_tokens,
-            mode=spec.mode, max_draft_len=m.speculative.max_draft_len,
-            num_draft_tokens=m.speculative.num_draft_tokens, ngram_size=spec.ngram_size, tokenizer_dir=tok,
+            mode=built.mode, max_draft_len=built.max_draft_len,
+            num_draft_tokens=built.num_draft_tokens, ngram_size=built.ngram_size, tokenizer_dir=tok,
             draft_len_policy=spec.draft_len_policy, proposer=spec.proposer,
             engines=m.engines, kv_fraction=m.runtime.kv_cache_free_gpu_mem_fraction,
             medusa_choices=spec.medusa.choices if spec.medusa else None,
@@ -186,7 +186,7 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
     cfg.dynamic_batching.max_queue_delay_microseconds = 0
     if s.max_queue_size > 0:  # the backend's executor reads its queue bound here (backend_contract.QUEUE_FULL)
         cfg.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
-    cfg.backend = "tensorrtllm" if s.engine == "tensorrt" else "python"
+    cfg.backend = s.recipe.backend
     params: dict[str, object] = {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": os.path.abspath(e.dir),  # ABSOLUTE_PATHS
@@ -203,14 +203,14 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
         "xgrammar_tokenizer_info_path": bc.GUIDED_DECODING_OFF,
         "guided_decoding_backend": bc.GUIDED_DECODING_OFF,
     }
-    if role == "target":
-        if s.mode == "medusa":
+    match Mode(s.mode) if role == "target" else None:  # the target's in-engine decoding mode
+        case Mode.MEDUSA:
             params["decoding_mode"] = "medusa"
             params["medusa_choices"] = _choices(s.medusa_choices)
-        elif s.mode == "eagle":
+        case Mode.EAGLE:
             params["decoding_mode"] = "eagle"
             params["eagle_choices"] = _choices(s.eagle_choices)
-        elif s.mode == "lookahead":
+        case Mode.LOOKAHEAD:
             la = s.lookahead  # the config sets it for mode lookahead
             params.update(decoding_mode="lookahead", lookahead_window_size=la.window_size,
                           lookahead_ngram_size=la.ngram_size, lookahead_verification_set_size=la.verification_set_size)
@@ -247,8 +247,7 @@ def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
         out(Pre.OUT_PAD_ID, "TYPE_INT32", [1]),
     ])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    _params(cfg, {"tokenizer_dir": s.tokenizer_dir, "max_input_len": s.max_input_len,
-                  "add_special_tokens": ADD_SPECIAL_TOKENS})
+    _params(cfg, PreprocessingParameters(tokenizer_dir=s.tokenizer_dir, max_input_len=s.max_input_len).to_parameters())
     return cfg
 
 
@@ -344,30 +343,25 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
         out(DRAFT_LENGTHS, "TYPE_INT32", [-1]),
     ])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    mode = Mode(s.mode).bls_mode  # medusa/eagle/lookahead: "engine", the engine drafts
-    _params(cfg, {
-        "tensorrt_llm_model_name": TARGET,
-        "tensorrt_llm_draft_model_name": DRAFT if s.mode == "draft_target" else "",
-        "speculative_mode": mode,
-        "max_draft_len": s.max_draft_len,
-        "num_draft_tokens": s.num_draft_tokens,
-        "ngram_size": s.ngram_size,
-        "draft_len_policy": s.draft_len_policy,
-        "proposer": s.proposer,
-        "max_seq_len": s.max_seq_len,
-        "max_num_tokens": s.max_num_tokens,
-        "max_input_len": s.max_input_len,
-        "tokenizer_dir": s.tokenizer_dir,
-        "add_special_tokens": ADD_SPECIAL_TOKENS,  # tokenized as preprocessing does, or identity compares other prompts
-    })
+    _params(cfg, bls_parameters(s).to_parameters())
     return cfg
+
+
+def bls_parameters(s: RepoSettings) -> BlsParameters:
+    """The BLS's parameters block (records/bls_parameters.py: the BLS, the loop, the frontend read it back)."""
+    return BlsParameters(
+        tensorrt_llm_model_name=TARGET, tensorrt_llm_draft_model_name=DRAFT if s.mode == "draft_target" else "",
+        speculative_mode=Mode(s.mode).bls_mode,  # medusa/eagle/lookahead: "engine", the engine drafts
+        max_draft_len=s.max_draft_len, num_draft_tokens=s.num_draft_tokens, ngram_size=s.ngram_size,
+        draft_len_policy=s.draft_len_policy, proposer=s.proposer, max_seq_len=s.max_seq_len,
+        max_num_tokens=s.max_num_tokens, max_input_len=s.max_input_len, tokenizer_dir=s.tokenizer_dir)
 
 
 def mpi_ranks(s: RepoSettings) -> int:
     """tritonserver processes to launch under mpirun: one per rank of a single multi-GPU TRT-LLM engine.
     Draft + target with TP/PP > 1 use orchestrator mode (one server, the backend spawns ranks); engines that
     each fit one GPU, and the CPU reference engine, need one plain process."""
-    if s.engine != "tensorrt" or s.orchestrator:
+    if s.recipe.launcher != "mpirun" or s.orchestrator:
         return 1
     return max(e.world_size for e in s.engines.values())
 
@@ -387,25 +381,9 @@ def repository_configs(s: RepoSettings) -> dict[str, mc.ModelConfig]:
 # Validation
 
 
-TEMPLATE_VAR = re.compile(r"\$\{[^}]*\}")
-
-
-def parse_config(path: Path) -> mc.ModelConfig:
-    text = path.read_text()
-    leftover = TEMPLATE_VAR.search(text)
-    if leftover:
-        raise RepositoryError(f"{path}: unfilled template variable {leftover.group(0)}; set it or regenerate with trt-spec repo")
-    try:
-        return text_format.Parse(text, mc.ModelConfig())
-    except text_format.ParseError as e:
-        raise RepositoryError(f"{path}: not a valid Triton ModelConfig ({e}); regenerate with trt-spec repo") from None
-
-
 def validate_repository(repo: Path, *, require_sources: bool = True) -> dict[str, mc.ModelConfig]:
     """Parse every config.pbtxt back and check cross-model references. Raises RepositoryError. require_sources=False:
     an LLM-API model may lack NVIDIA's model.py (written on a machine without the image; serve refuses it)."""
-    from .llmapi import LlmapiRepositoryError, validate as validate_llmapi
-
     repo = Path(repo)
     models: dict[str, mc.ModelConfig] = {}
     llmapi_names: set[str] = set()  # TensorRT-LLM's LLM-API models: checked against their own contract
@@ -422,8 +400,8 @@ def validate_repository(repo: Path, *, require_sources: bool = True) -> dict[str
     if not models:
         raise RepositoryError(f"{repo}: no models (no */config.pbtxt); run trt-spec repo")
     try:
-        validate_llmapi(repo, models, require_source=require_sources)
-    except LlmapiRepositoryError as e:
+        lr.validate(repo, models, require_source=require_sources)
+    except lr.LlmapiRepositoryError as e:
         raise RepositoryError(str(e)) from None
     for name, cfg in models.items():
         if name in ENGINE_MODELS and name not in llmapi_names:
@@ -539,11 +517,9 @@ def _check_ensemble(cfg: mc.ModelConfig, models: dict[str, mc.ModelConfig]) -> N
 # Writing
 
 
-def _python_sources(name: str, engine: str) -> Path:
-    src = {n: "reference_engine" for n in ENGINE_MODELS}.get(name, name)
-    if name in ENGINE_MODELS and engine == "tensorrt":
-        raise AssertionError("tensorrtllm backend models have no python source")
-    return model_repo_sources() / src / "1"
+def _python_sources(name: str) -> Path:
+    """A python-backend model's source: the shipped model of that name (the engine models: the reference engine's)."""
+    return model_repo_sources() / {n: "reference_engine" for n in ENGINE_MODELS}.get(name, name) / "1"
 
 
 def verify_engines(manifest: BuildManifest) -> None:
@@ -557,68 +533,41 @@ def verify_engines(manifest: BuildManifest) -> None:
 
 def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = True,
                      max_queue_size: int = 0) -> dict[str, mc.ModelConfig]:
-    """Write the repository atomically (temp dir, validate, rename). Safe to rerun over an existing one.
-    decoupled=False: every model non-decoupled (NVIDIA's DTM recipe; unary clients, no streaming).
-    max_queue_size > 0: requests waiting for an engine slot beyond it are refused with the executor's error.
-    Engines are verified against the manifest's checksums first (hashing reads every engine file once)."""
+    """Write the repository atomically (temp dir, validate, rename), by the manifest's runtime writer. Safe to rerun
+    over an existing one. decoupled=False: every model non-decoupled (NVIDIA's DTM recipe; unary clients, no
+    streaming). max_queue_size > 0: requests waiting for an engine slot beyond it are refused with the executor's
+    error. Engines are verified against the manifest's checksums first (hashing reads every engine file once)."""
     if max_queue_size < 0:
         raise RepositoryError(f"max_queue_size must be >= 0 (0 = unbounded), got {max_queue_size}")
-    if manifest.config.runtime == "llmapi":
-        return _write_llmapi(manifest, Path(dest), decoupled)
+    if manifest.config.recipe.writer == "llmapi":
+        plan = lr.repo_plan(manifest, decoupled)
+    else:
+        plan = engine_repo_plan(manifest, decoupled, max_queue_size)
+    return write_planned(manifest, plan, dest, validate_repository)
+
+
+def engine_repo_plan(manifest: BuildManifest, decoupled: bool, max_queue_size: int = 0) -> RepoPlan:
+    """runtime: engine's repository: the engine models, pre/postprocessing, the ensemble and the BLS."""
     verify_engines(manifest)
     settings = RepoSettings.from_manifest(manifest, decoupled, max_queue_size)
     configs = repository_configs(settings)
-    check_memory(manifest, configs, {}, repo_record(manifest, decoupled, settings, configs))
-    dest = Path(dest)
-    with replacing_dir(dest) as tmp:
-        tmp.mkdir()
+
+    def write(root: Path) -> None:
         for name, cfg in configs.items():
-            mdir = tmp / name
-            (mdir / "1").mkdir(parents=True)
-            (mdir / "config.pbtxt").write_text(text_format.MessageToString(cfg))
+            write_config(root / name, cfg)
             if cfg.backend == "python":
-                src = _python_sources(name, settings.engine)
-                for f in src.glob("*.py"):
-                    shutil.copy2(f, mdir / "1" / f.name)
-        repo_record(manifest, decoupled, settings, configs).write(tmp)
-        validate_repository(tmp)
-    return configs
+                for f in _python_sources(name).glob("*.py"):
+                    shutil.copy2(f, root / name / "1" / f.name)
 
-
-def _write_llmapi(manifest: BuildManifest, dest: Path, decoupled: bool) -> dict[str, mc.ModelConfig]:
-    """runtime: llmapi — TensorRT-LLM's LLM-API model, speculative and baseline (repository/llmapi.py)."""
-    from . import llmapi as lr
-
-    models = lr.llmapi_models(manifest, decoupled)
-    check_memory(manifest, {n: c for n, (c, _) in models.items()}, {n: y for n, (_, y) in models.items()},
-                 lr.record(manifest, decoupled, models))
-    with replacing_dir(dest) as tmp:
-        tmp.mkdir()
-        configs, _ = lr.write_models(manifest, tmp, decoupled)
-        lr.record(manifest, decoupled, configs).write(tmp)
-        validate_repository(tmp, require_sources=False)
-    return configs
-
-
-def check_memory(manifest: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict],
-                 record: RepoRecord) -> None:
-    """The repository's memory plan (repository/memory.py): RepositoryError, one line, when the models Triton holds at
-    once overflow a GPU; before anything is written."""
-    from .memory import overflow
-
-    line = overflow(manifest, configs, yamls, record)
-    if line is not None:
-        raise RepositoryError(line)
+    return RepoPlan(configs, repo_record(manifest, decoupled, settings, configs), write)
 
 
 def repo_record(manifest: BuildManifest, decoupled: bool = True, settings: Optional[RepoSettings] = None,
                 configs: Optional[dict[str, mc.ModelConfig]] = None) -> RepoRecord:
     """What `trt-spec repo` records next to the models (trt_spec_repo.json): how to launch the repository (processes
-    under mpirun, orchestrator mode, GPU ids), its models and the engines' sums. Pure: the launch line of a
-    repository that is not written yet (the Kubernetes chart's) is computed from it."""
-    if manifest.config.runtime == "llmapi":
-        from . import llmapi as lr
-
+    under mpirun, orchestrator mode, GPU ids), its models and the engines' sums, by the manifest's runtime writer.
+    Pure: the launch line of a repository that is not written yet (the Kubernetes chart's) is computed from it."""
+    if manifest.config.recipe.writer == "llmapi":
         return lr.record(manifest, decoupled, configs if configs is not None else lr.llmapi_models(manifest, decoupled))
     settings = settings or RepoSettings.from_manifest(manifest, decoupled)
     configs = configs if configs is not None else repository_configs(settings)
@@ -627,4 +576,3 @@ def repo_record(manifest: BuildManifest, decoupled: bool = True, settings: Optio
                       models=sorted(configs), decoupled=decoupled,
                       gpu_ids=sorted({d for e in settings.engines.values() for d in e.devices}),
                       engines=manifest.engine_sums())
-

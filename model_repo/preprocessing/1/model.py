@@ -10,11 +10,25 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.records.names import MAX_TOKENS, PREPROCESSING, TEXT_INPUT, Pre
-from trt_spec.in_triton.serving import (check_input_bytes, check_no_embedding_bias, decode_strings, default_end_id,
-                                     default_pad_id, enable_crash_traces, encode, input_byte_limit, load_tokenizer,
-                                     refuse_if_draining, resolve_path_parameters, respond_each, scalar, to_word_list)
+from trt_spec.in_triton.serving import (
+    check_input_bytes,
+    check_no_embedding_bias,
+    decode_strings,
+    default_end_id,
+    default_pad_id,
+    enable_crash_traces,
+    encode,
+    input_byte_limit,
+    load_tokenizer,
+    refuse_if_draining,
+    resolve_path_parameters,
+    respond_each,
+    scalar,
+    to_word_list,
+)
 from trt_spec.in_triton.speculative_loop import RequestError, check_prompt_len
+from trt_spec.records.bls_parameters import PreprocessingParameters
+from trt_spec.records.names import BAD_WORDS, MAX_TOKENS, PREPROCESSING, STOP_WORDS, TEXT_INPUT, Pre
 
 
 def _get(request, name):
@@ -26,15 +40,16 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_crash_traces(args["model_name"])
         params = resolve_path_parameters(json.loads(args["model_config"]), args["model_repository"])["parameters"]
-        self.tokenizer = load_tokenizer(params["tokenizer_dir"]["string_value"])
-        self.max_input_len = int(params["max_input_len"]["string_value"])
-        self.add_special = params.get("add_special_tokens", {}).get("string_value", "true") == "true"
+        p = PreprocessingParameters.from_parameters({k: v.get("string_value", "") for k, v in params.items()})
+        self.tokenizer = load_tokenizer(p.tokenizer_dir)
+        self.max_input_len = p.max_input_len
+        self.add_special = p.add_special_tokens
         self.byte_limit = input_byte_limit(self.tokenizer, self.max_input_len)  # checked before tokenizing
 
     def _one(self, request):
         refuse_if_draining()  # the ensemble's first step: a new request, refused while the server drains
         check_no_embedding_bias(_get(request, Pre.EMBEDDING_BIAS[0]), _get(request, Pre.EMBEDDING_BIAS[1]))
-        for name, client_name in ((Pre.QUERY, TEXT_INPUT), (Pre.STOP_WORDS, "stop_words"), (Pre.BAD_WORDS, "bad_words")):
+        for name, client_name in ((Pre.QUERY, TEXT_INPUT), (Pre.STOP_WORDS, STOP_WORDS), (Pre.BAD_WORDS, BAD_WORDS)):
             check_input_bytes(_get(request, name), self.byte_limit, client_name, self.max_input_len)
         queries = decode_strings(_get(request, Pre.QUERY))
         if not queries or any(not q for q in queries):

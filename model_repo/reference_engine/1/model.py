@@ -29,7 +29,7 @@ from trt_spec.reference.batching import QueueFullError
 from trt_spec.records.backend_contract import ContractError
 from trt_spec.reference.standin import INPUT_NAMES, StandIn, model_parameters
 from trt_spec.records import backend_contract as bc
-from trt_spec.in_triton.engine_metrics import EngineMetrics
+from trt_spec.in_triton.engine_metrics import EngineMetricsExporter
 from trt_spec.in_triton.serving import enable_crash_traces, error_line, request_inputs, resolve_path_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -73,8 +73,8 @@ class TritonPythonModel:
         self._last_report = time.monotonic()
         # nv_trt_llm_request_metrics, refreshed as the backend's stats thread does (engine_metrics.py)
         period = int(bc.parameter(self.standin.params, "stats_check_period_ms")) / 1000.0
-        self.metrics = EngineMetrics(pb_utils, self.name, str(args.get("model_version", "1")),
-                                     self.scheduler.request_counts, period, pb_utils.Logger.log_error)
+        self.metrics = EngineMetricsExporter(pb_utils, self.name, str(args.get("model_version", "1")),
+                                             self.scheduler.request_counts, period, pb_utils.Logger.log_error)
 
     def finalize(self):
         self.standin.close(timeout=5.0)  # unfinished requests resolve with an error: each still gets a final

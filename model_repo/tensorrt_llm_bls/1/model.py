@@ -13,7 +13,7 @@ one response. NVIDIA's clients' beam_width / num_return_sequences inputs are acc
 return_perf_metrics: every response (each streamed chunk too, as the backend writes them) carries the ten perf
 outputs NVIDIA's tensorrt_llm_bls declares, for the whole request so far: KV-cache blocks summed over every engine
 call of the speculative rounds (draft and target), timestamps from the first and last calls, acceptance from the
-loop (speculative_loop.EnginePerf, Metrics.perf_outputs).
+loop (speculative_loop.EnginePerf, LoopStats.perf_outputs).
 """
 
 import asyncio
@@ -23,18 +23,60 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.in_triton.serving import (IncrementalDetokenizer, check_input_bytes, check_no_embedding_bias, decode_strings,
-                                     input_byte_limit,
-                                     default_end_id, default_pad_id, enable_crash_traces, encode, end_if_cut, error_line,
-                                     load_tokenizer, refuse_if_draining, requested_only, resolve_path_parameters, scalar,
-                                     triton_error)
+from trt_spec.in_triton.serving import (
+    IncrementalDetokenizer,
+    check_input_bytes,
+    check_no_embedding_bias,
+    decode_strings,
+    default_end_id,
+    default_pad_id,
+    enable_crash_traces,
+    encode,
+    end_if_cut,
+    error_line,
+    input_byte_limit,
+    load_tokenizer,
+    refuse_if_draining,
+    requested_only,
+    resolve_path_parameters,
+    scalar,
+    triton_error,
+)
+from trt_spec.in_triton.spec_metrics import SpecMetricsExporter
+from trt_spec.in_triton.speculative_loop import (
+    Cancelled,
+    EngineError,
+    LoopConfig,
+    LoopStats,
+    RequestError,
+    SpecRequest,
+    SpeculativeLoop,
+    check_sampling,
+    validate,
+)
 from trt_spec.records import backend_contract as bc
-from trt_spec.records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BEAM_WIDTH, BLS, DRAFT_LEN_POLICY, DRAFT_LENGTHS,
-                                    EMBEDDING_BIAS, MAX_TOKENS, NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, STOP_WORDS,
-                                    STREAM, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
-from trt_spec.in_triton.speculative_loop import (Cancelled, EngineError, LoopConfig, Metrics, RequestError, SpecRequest,
-                                      SpeculativeLoop, check_sampling, validate)
-from trt_spec.in_triton.spec_metrics import SpecMetrics
+from trt_spec.records.bls_parameters import BlsParameters
+from trt_spec.records.names import (
+    ACCEPTED_LENGTH_HISTOGRAM,
+    BAD_WORDS,
+    BEAM_WIDTH,
+    BLS,
+    DRAFT_LEN_POLICY,
+    DRAFT_LENGTHS,
+    EMBEDDING_BIAS,
+    MAX_TOKENS,
+    NUM_DRAFT_TOKENS,
+    NUM_RETURN_SEQUENCES,
+    OUTPUT_IDS,
+    STOP_WORDS,
+    STREAM,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    TOP_K,
+    TOP_P,
+    TOTAL_STEPS,
+    USE_DRAFT_LOGITS,
+)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Client tensor -> engine tensor; forwarded only when the client sent it (TensorRT-LLM: absent top_k/top_p = greedy).
@@ -49,8 +91,8 @@ def _in(request, name):
 
 class _Responder:
     """respond(outputs: dict | error: str, flags) for one request. Sends only the outputs the request asked for
-    (trt_spec.in_triton.serving.requested_only: the 24.10 stub drops any other without the GIL). `closed` turns true just
-    before a final response is handed over: the backend deletes the request's response factory even when that
+    (trt_spec.in_triton.serving.requested_only: the 24.10 stub drops any other without the GIL). `closed` turns true
+    just before a final response is handed over: the backend deletes the request's response factory even when that
     send fails, so after it the request may be neither answered nor asked is_cancelled()."""
 
     def __init__(self, request, deliver):
@@ -72,22 +114,23 @@ class TritonPythonModel:
     def initialize(self, args):
         enable_crash_traces(args["model_name"])
         cfg = resolve_path_parameters(json.loads(args["model_config"]), args["model_repository"])
-        p = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
+        p = BlsParameters.from_parameters({k: v.get("string_value", "") for k, v in cfg["parameters"].items()})
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
-        self.loop = SpeculativeLoop(LoopConfig.from_parameters(p), self._call)
-        self.default_k = int(p["num_draft_tokens"])
-        self.tokenizer = load_tokenizer(p["tokenizer_dir"])
+        self.loop = SpeculativeLoop(LoopConfig.from_bls(p), self._call)
+        self.default_k = p.num_draft_tokens
+        self.tokenizer = load_tokenizer(p.tokenizer_dir)
         self._held: list = []  # finished engine response iterators, kept until a _checkpoint says they are safe
         # Each engine call in flight holds a default-executor worker (req.async_exec runs the blocking exec there
         # until the first response arrives); asyncio's default pool (min(32, cpus + 4) workers) would cap the
         # calls the engines' in-flight batching ever sees. One pool per event loop, installed on first execute.
         self._workers = max(64, 4 * int(cfg.get("max_batch_size", 0) or 0))
         self._pool_loop = None
-        self.add_special = p.get("add_special_tokens", "true") == "true"
+        self.add_special = p.add_special_tokens
         self.max_prompt_len = self.loop.cfg.max_prompt_len or self.loop.cfg.max_input_len
         self.byte_limit = input_byte_limit(self.tokenizer, self.max_prompt_len)  # checked before tokenizing
-        self.metrics = SpecMetrics(pb_utils, args["model_name"], self.loop.cfg.mode, self.loop.cfg.max_draft_len,
-                                   pb_utils.Logger.log_error)  # Prometheus: trt_spec_* on the metrics port
+        # Prometheus: trt_spec_* on the metrics port
+        self.metrics = SpecMetricsExporter(pb_utils, args["model_name"], self.loop.cfg.mode,
+                                           self.loop.cfg.max_draft_len, pb_utils.Logger.log_error)
 
     def finalize(self):
         self.metrics.close()  # metrics before their families, not left to the garbage collector
@@ -246,7 +289,7 @@ class TritonPythonModel:
         detok = IncrementalDetokenizer(self.tokenizer)
         # Streaming never sends the prompt, whatever exclude_input_in_output says: the engine ignores the flag when
         # streaming (backend_contract.response_tensors), so the ensemble's chunks concatenate to the completion alone.
-        m = Metrics()  # filled by the loop; a streamed chunk carries its perf outputs so far (return_perf_metrics)
+        m = LoopStats()  # filled by the loop; a streamed chunk carries its perf outputs so far (return_perf_metrics)
         perf = (lambda: m.perf_outputs()) if r.perf else dict
         emit = (lambda new: respond({**self._chunk(new, detok.add(new)), **perf()}, 0)) if r.stream else \
             (lambda new: None)

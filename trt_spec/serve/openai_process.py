@@ -1,0 +1,85 @@
+"""The OpenAI frontend as a child process of `trt-spec serve` (or the demo): its command line and its lifetime.
+
+The frontend runs in a process of its own (`python -m trt_spec.serve.openai_frontend`): `trt-spec serve` starts it
+with frontend_argv, and prints the same command line for a plain launch, so both start the same thing. The process is
+checked before it starts (the repository it would serve, its port), so a mistake is one line before Triton starts.
+trt_spec.serve.openai_frontend re-exports both names.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .openai_requests import FrontendSettings
+
+
+def frontend_argv(repo: Path, triton_url: str, port: int, host: str) -> list[str]:
+    return [sys.executable, "-m", "trt_spec.serve.openai_frontend", "--repository", str(repo), "--triton", triton_url,
+            "--port", str(port), "--host", host]
+
+
+class FrontendProcess:
+    """The frontend as a child process of `trt-spec serve` (it dies with the thread that started it), on host:port,
+    in front of a running Triton's gRPC endpoint. start() -> wait_ready() -> stop()."""
+
+    def __init__(self, repo: Path, triton_url: str, port: int, host: str, log_path: Path):
+        from .server import check_port_free
+
+        FrontendSettings.from_repository(repo, triton_url)  # a repository it cannot serve fails here, in one line
+        check_port_free(host if host != "0.0.0.0" else "", port, "openai")
+        self.argv = frontend_argv(repo, triton_url, port, host)
+        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        self.log_path = Path(log_path)
+        self.proc = None
+
+    def start(self) -> "FrontendProcess":
+        import signal
+        import subprocess
+
+        from ..records.procutil import die_with_parent
+
+        log = open(self.log_path, "w")
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
+        finally:
+            log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> "FrontendProcess":
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the OpenAI frontend exited with code {self.proc.returncode}: "
+                                   f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the OpenAI frontend was not ready at {self.url} within {timeout:.0f}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,303 @@
+"""The OpenAI frontend's requests: what a body may hold, its checks, and the text model's tensors it becomes.
+
+Every check runs before any model work, and a bad request is one OpenAIError naming the field and the fix, with
+OpenAI's status codes. The limits are the deployment's own, read from the BLS's parameters
+(records/bls_parameters.py): a prompt or max_tokens the engine could not serve is refused here, in OpenAI's words,
+instead of failing inside the model.
+
+Semantics (OpenAI's): temperature defaults to 1 (sampling, top_p 1); temperature 0 is greedy (the engine is then
+sent no sampling input: TensorRT-LLM's greedy, backend_contract.effective_top_k_top_p). Completions default to 16
+tokens, chat to what the context leaves. The speculation knobs `num_draft_tokens` and `draft_len_policy` (extra body
+fields) apply to the speculative model only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..in_triton.serving import input_byte_limit
+from ..records import backend_contract as bc
+from ..records.defaults import ADD_SPECIAL_TOKENS
+from ..records.names import (
+    BASELINE,
+    DRAFT_LEN_POLICY,
+    MAX_TOKENS,
+    NUM_DRAFT_TOKENS,
+    SPECULATIVE,
+    STOP_WORDS,
+    STREAM,
+    TEXT_INPUT,
+    TEXT_MODELS,
+    TOP_P,
+)
+from ..records.speculation import POLICIES
+
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+# Request fields accepted and ignored (no effect on the output)
+IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+                  "safety_identifier"}
+# Fields that change the output in ways this deployment does not serve: refused unless at their default
+UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+               "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+               "suffix": (None, ""), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
+               "response_format": (None, {"type": "text"}), "modalities": (None, ["text"]), "audio": (None,),
+               "prediction": (None,), "reasoning_effort": (None,)}
+COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
+                 NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY}
+
+
+class OpenAIError(Exception):
+    """One request's error, as OpenAI reports it: HTTP status and {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: Optional[str] = None,
+                 code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class FrontendSettings:
+    """What the frontend needs from the repository it fronts (the BLS's own parameters)."""
+
+    triton_url: str  # host:port of Triton's gRPC endpoint
+    tokenizer_dir: str
+    max_seq_len: int
+    max_draft_len: int
+    add_special_tokens: bool = ADD_SPECIAL_TOKENS
+    models: tuple[str, ...] = TEXT_MODELS
+    max_input_len: Optional[int] = None  # the deployment's prompt limit in tokens (None: max_seq_len)
+
+    @property
+    def prompt_limit(self) -> int:
+        return self.max_input_len or self.max_seq_len
+
+    @staticmethod
+    def from_repository(repo: Path, triton_url: str) -> "FrontendSettings":
+        from ..in_triton.serving import repo_path
+        from ..records.bls_parameters import BlsParameters, ParameterError
+        from ..repository.writer import RepositoryError, parse_config
+
+        path = Path(repo) / SPECULATIVE / "config.pbtxt"
+        if not path.is_file():
+            raise RepositoryError(f"{repo}: no {SPECULATIVE}/config.pbtxt: the OpenAI frontend serves the engine "
+                                  "runtime's repository (ensemble and the speculative BLS), which `trt-spec repo` "
+                                  "writes; a runtime llmapi repository is not served by it")
+        try:
+            p = BlsParameters.from_parameters({k: v.string_value for k, v in parse_config(path).parameters.items()})
+        except ParameterError as e:
+            raise RepositoryError(f"{path}: {e}") from None
+        return FrontendSettings(triton_url, repo_path(str(path.parent), p.tokenizer_dir), p.max_seq_len,
+                                p.max_draft_len, p.add_special_tokens, max_input_len=p.max_input_len)
+
+
+@dataclass
+class GenRequest:
+    """One validated OpenAI request, as the text models take it."""
+
+    model: str
+    chat: bool
+    text: str  # the prompt as sent to the model (chat: rendered with the tokenizer's chat template)
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool = False
+    include_usage: bool = False
+    temperature: Optional[float] = 1.0  # None: greedy
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    stop: list[str] = field(default_factory=list)
+    num_draft_tokens: Optional[int] = None
+    draft_len_policy: Optional[str] = None
+
+
+def _number(body: dict, name: str, kind, lo=None, hi=None, lo_open: bool = False):
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+        raise OpenAIError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {v!r}",
+                          param=name)
+    v = kind(v)
+    if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+        rng = f"{'(' if lo_open else '['}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+        raise OpenAIError(400, f"'{name}' must be in {rng}, got {v}", param=name)
+    return v
+
+
+def _check_fields(body: Any, s: FrontendSettings, chat: bool) -> str:
+    """The body's model (one this server has), every field known and served, and n = 1."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise OpenAIError(400, "'model' is required: one of " + ", ".join(s.models), param="model")
+    if model not in s.models:
+        raise OpenAIError(404, f"The model `{model}` does not exist; this server has {', '.join(s.models)} "
+                               f"({BASELINE}: the baseline, {SPECULATIVE}: speculative decoding)",
+                          param="model", code="model_not_found")
+    allowed = COMMON_FIELDS | IGNORED_FIELDS | set(UNSUPPORTED) | (
+        {"messages", "max_completion_tokens"} if chat else {"prompt"})
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise OpenAIError(400, f"unrecognized request argument: {unknown[0]!r}", param=unknown[0])
+    for name, defaults in UNSUPPORTED.items():
+        if name in body and body[name] not in defaults:
+            raise OpenAIError(400, f"'{name}' is not supported by this deployment; omit it", param=name)
+    choices = _number(body, "n", int)
+    if choices not in (None, 1):
+        raise OpenAIError(400, f"'n' must be 1 (one choice per request), got {choices}", param="n")
+    return model
+
+
+def _text_content(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: text only
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise OpenAIError(400, f"messages[{i}].content: only text parts are served", param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise OpenAIError(400, f"messages[{i}].content must be a string or a list of text parts", param="messages")
+
+
+def _chat_text(body: dict, tokenizer) -> str:
+    """The messages rendered with the tokenizer's chat template (developer: system)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
+    conv = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
+            raise OpenAIError(400, f"messages[{i}] needs a role of system, user or assistant", param="messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        conv.append({"role": role, "content": _text_content(m.get("content"), i)})
+    if not getattr(tokenizer, "chat_template", None):
+        raise OpenAIError(400, "the model's tokenizer has no chat template; use /v1/completions")
+    return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+
+
+def _prompt_text(body: dict, tokenizer, chat: bool) -> str:
+    """The text the model is sent: the chat rendered, or the one prompt; never empty."""
+    if chat:
+        text = _chat_text(body, tokenizer)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise OpenAIError(400, "'prompt' must be a string (one prompt per request)", param="prompt")
+        text = prompt
+    if not text:
+        raise OpenAIError(400, "the prompt is empty; send a non-empty prompt", param="messages" if chat else "prompt")
+    return text
+
+
+def _prompt_tokens(text: str, tokenizer, s: FrontendSettings, chat: bool, byte_limit: int) -> tuple[int, int]:
+    """(the prompt's tokens, the tokens the engine can still generate after it), or the prompt is too long."""
+    size = len(text.encode("utf-8"))
+    if size > byte_limit:  # before tokenizing: 10 MB would take seconds and a GB to count
+        raise OpenAIError(400, f"the prompt is {size} bytes: more than any text of at most {s.prompt_limit} tokens "
+                               f"can be ({byte_limit} bytes); shorten it", param="messages" if chat else "prompt")
+    prompt_tokens = len(tokenizer.encode(text, add_special_tokens=s.add_special_tokens))
+    room = s.max_seq_len - prompt_tokens - s.max_draft_len  # what the engine can still generate (OUTPUT_LEN_CLAMPED)
+    if room < 1:
+        raise OpenAIError(400, f"the prompt is {prompt_tokens} tokens; this deployment takes at most "
+                               f"{s.max_seq_len - s.max_draft_len - 1}; shorten it", param="prompt")
+    return prompt_tokens, room
+
+
+def _max_tokens(body: dict, s: FrontendSettings, chat: bool, prompt_tokens: int, room: int) -> int:
+    limit = _number(body, "max_completion_tokens", int, 1) if chat else None
+    limit = limit if limit is not None else _number(body, "max_tokens", int, 1)
+    if limit is None:
+        limit = room if chat else 16  # OpenAI: completions default to 16 tokens, chat to what the context leaves
+    if limit > room:
+        raise OpenAIError(400, f"max_tokens {limit} + the prompt's {prompt_tokens} tokens exceed this deployment's "
+                               f"context ({s.max_seq_len}, less max_draft_len {s.max_draft_len}); ask for at most "
+                               f"{room}", param="max_tokens")
+    return limit
+
+
+def _stop(body: dict, s: FrontendSettings, byte_limit: int) -> list[str]:
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop
+    if stop is not None and (not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop)
+                             or len(stop) > MAX_STOP_SEQUENCES):
+        raise OpenAIError(400, f"'stop' must be a string or a list of up to {MAX_STOP_SEQUENCES} non-empty strings",
+                          param="stop")
+    if stop and sum(len(x.encode("utf-8")) for x in stop) > byte_limit:
+        raise OpenAIError(400, f"'stop' is longer than any text of at most {s.prompt_limit} tokens can be "
+                               f"({byte_limit} bytes); shorten it", param="stop")
+    return list(stop or [])
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise OpenAIError(400, "'stream' must be true or false", param="stream")
+    options = body.get("stream_options")
+    if options is not None and (not stream or not isinstance(options, dict)):
+        raise OpenAIError(400, "'stream_options' is only allowed with stream: true", param="stream_options")
+    return stream, bool((options or {}).get("include_usage"))
+
+
+def _speculation(body: dict, s: FrontendSettings, model: str) -> tuple[Optional[int], Optional[str]]:
+    """(num_draft_tokens, draft_len_policy): the speculative model's knobs, None where the request leaves them."""
+    k = _number(body, NUM_DRAFT_TOKENS, int, 0, s.max_draft_len)
+    policy = body.get(DRAFT_LEN_POLICY)
+    if (k is not None or policy is not None) and model != SPECULATIVE:
+        name = NUM_DRAFT_TOKENS if k is not None else DRAFT_LEN_POLICY
+        raise OpenAIError(400, f"'{name}' applies to the speculative model {SPECULATIVE}, not {model}", param=name)
+    if policy is not None and policy not in POLICIES:
+        raise OpenAIError(400, f"'{DRAFT_LEN_POLICY}' must be one of {', '.join(POLICIES)}", param=DRAFT_LEN_POLICY)
+    return k, policy
+
+
+def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> GenRequest:
+    """A request body -> GenRequest, or OpenAIError naming the field and the fix (before any model work)."""
+    model = _check_fields(body, s, chat)
+    text = _prompt_text(body, tokenizer, chat)
+    byte_limit = input_byte_limit(tokenizer, s.prompt_limit)
+    prompt_tokens, room = _prompt_tokens(text, tokenizer, s, chat, byte_limit)
+    limit = _max_tokens(body, s, chat, prompt_tokens, room)
+    temperature = _number(body, "temperature", float, 0, 2)
+    top_p = _number(body, "top_p", float, 0, 1, lo_open=True)
+    seed = _number(body, "seed", int, 0, 2**64 - 1)
+    stop = _stop(body, s, byte_limit)
+    stream, include_usage = _stream(body)
+    k, policy = _speculation(body, s, model)
+    greedy = temperature == 0.0
+    return GenRequest(model, chat, text, prompt_tokens, limit, stream, include_usage,
+                      None if greedy else (1.0 if temperature is None else temperature),
+                      None if greedy else (1.0 if top_p is None else top_p), seed, stop, k, policy)
+
+
+def request_tensors(r: GenRequest) -> dict[str, np.ndarray]:
+    """The text model's inputs for one request ([1, …]: the batch dimension first)."""
+    t: dict[str, np.ndarray] = {
+        TEXT_INPUT: np.array([[r.text.encode("utf-8")]], dtype=object),
+        MAX_TOKENS: np.array([[r.max_tokens]], dtype=np.int32),
+        STREAM: np.array([[r.stream]], dtype=bool),
+        bc.EXCLUDE_INPUT_IN_OUTPUT: np.array([[True]], dtype=bool),
+    }
+    if r.temperature is not None:  # sampling: TensorRT-LLM samples only when top_k or top_p is set (top_p 1: all)
+        t[bc.TEMPERATURE] = np.array([[r.temperature]], dtype=np.float32)
+        t[TOP_P] = np.array([[r.top_p if r.top_p is not None else 1.0]], dtype=np.float32)
+    if r.seed is not None:
+        t[bc.SEED] = np.array([[r.seed]], dtype=np.uint64)
+    if r.stop:
+        t[STOP_WORDS] = np.array([[w.encode("utf-8") for w in r.stop]], dtype=object)
+    if r.num_draft_tokens is not None:
+        t[NUM_DRAFT_TOKENS] = np.array([[r.num_draft_tokens]], dtype=np.int32)
+    if r.draft_len_policy is not None:
+        t[DRAFT_LEN_POLICY] = np.array([[r.draft_len_policy.encode("utf-8")]], dtype=object)
+    return t

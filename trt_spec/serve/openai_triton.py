@@ -1,0 +1,98 @@
+"""The OpenAI frontend's way to the models: Triton's gRPC streaming API, one call per request.
+
+tritonclient's protobuf service stubs over grpc.aio, one channel for the whole frontend. Every call is a
+bidirectional stream of one request; the models answer with one response per streamed chunk, and the final one is
+flagged (`triton_enable_empty_final_response`), so the end of every generation is seen the same way, streamed or
+not, and closing a call early cancels the request in Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import AsyncIterator
+
+import numpy as np
+
+from ..records.names import OUTPUT_IDS
+
+
+class TritonCallError(Exception):
+    """A model's error response, or Triton unreachable: the message, and the HTTP status it is reported with."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def _encode_input(name: str, arr: np.ndarray, request) -> None:
+    from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+    t = request.inputs.add()
+    t.name, t.datatype = name, np_to_triton_dtype(arr.dtype) if arr.dtype != object else "BYTES"
+    t.shape.extend(arr.shape)
+    if arr.dtype == object:  # BYTES: each element length-prefixed (tritonclient's own encoding)
+        serialized = serialize_byte_tensor(arr)
+        request.raw_input_contents.append(serialized.item() if serialized.size > 0 else b"")
+    else:
+        request.raw_input_contents.append(arr.tobytes())
+
+
+class TritonModels:
+    """Requests to the text models over one gRPC channel (Triton's bidirectional stream, one call per request)."""
+
+    def __init__(self, url: str):
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+
+        self.url = url
+        self.channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 2**31 - 1),
+                                                               ("grpc.max_send_message_length", 2**31 - 1)])
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def ready(self) -> bool:
+        from tritonclient.grpc import service_pb2
+
+        try:
+            return (await self.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=5)).ready
+        except Exception:  # noqa: BLE001 - unreachable is not ready
+            return False
+
+    async def generate(self, model: str, tensors: dict[str, np.ndarray]) -> AsyncIterator[list[int]]:
+        """New token ids per response until the final one. Closing the iterator early (a client gone, a stop string
+        seen) cancels the call: Triton then cancels the request in the model (the BLS stops between rounds, the
+        engine between iterations)."""
+        import grpc
+        from tritonclient.grpc import InferResult, service_pb2
+
+        req = service_pb2.ModelInferRequest(model_name=model, id=uuid.uuid4().hex)
+        for name, arr in tensors.items():
+            _encode_input(name, arr, req)
+        req.outputs.add(name=OUTPUT_IDS)
+        req.parameters["triton_enable_empty_final_response"].bool_param = True  # the stream's end, always
+
+        async def one():
+            yield req
+
+        call = self.stub.ModelStreamInfer(one())
+        try:
+            async for resp in call:
+                if resp.error_message:
+                    msg = resp.error_message.strip()
+                    raise TritonCallError(msg, 500 if "internal error" in msg else 400)
+                result = InferResult(resp.infer_response)
+                ids = result.as_numpy(OUTPUT_IDS)
+                yield [int(x) for x in ids.reshape(-1)] if ids is not None else []
+                final = resp.infer_response.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED:
+                raise asyncio.CancelledError() from None
+            status = 503 if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else 500
+            raise TritonCallError(f"Triton at {self.url}: {e.details() or e.code().name}", status) from None
+        finally:
+            call.cancel()  # a no-op once the call is done

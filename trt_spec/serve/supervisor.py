@@ -1,0 +1,209 @@
+"""`trt-spec serve` as one plain function: run(options) -> exit code. It starts tritonserver on a repository (and the
+OpenAI frontend in front of it with openai_port), keeps both running until SIGTERM/Ctrl-C/SIGHUP, then drains and
+stops them.
+
+A signal once serving drains: new requests are refused with a "shutting down" line and readiness turns false, the
+requests in flight finish (up to drain_timeout, then they end with a clear error), then the server stops: exit 0. A
+second signal, or one before the server serves, stops at once. While serving, a watchdog stops everything when
+tritonserver or the frontend exits (exit 1) or a model's python-backend process dies (exit MODEL_DIED_EXIT: Triton
+would keep answering /v2/health/ready for a model that can no longer answer). A bad repository, key or busy port is
+a ServerError raised before anything starts (the CLI's exit 2).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..records import defaults
+from .errors import ServerError
+from .launch import launch_spec
+from .server import TritonServer
+from .watchdog import dead_models_message
+
+MODEL_DIED_EXIT = 3  # `trt-spec serve` exit code when a model's python-backend process died
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `trt-spec serve` runs: the repository, where to serve it, and how to stop."""
+
+    repository: Path
+    http_port: int = defaults.HTTP_PORT
+    grpc_port: int = defaults.GRPC_PORT
+    metrics_port: int = defaults.METRICS_PORT
+    host: str = defaults.HOST
+    timeout: Optional[float] = None  # readiness; None: the repository's (launch.repo_ready_timeout_s)
+    log_path: Optional[Path] = None  # tritonserver's log; None: server.default_log_path
+    admin_key_file: Optional[Path] = None
+    openai_port: Optional[int] = None  # also the OpenAI frontend, on this port
+    drain_timeout: float = defaults.DRAIN_TIMEOUT_S
+    verbose: bool = False
+    restart: str = "trt-spec serve"  # the command line that restarts it, named when a model died
+
+    @property
+    def triton_grpc(self) -> str:
+        """Where the frontend, a process on this machine, reaches the server's gRPC port."""
+        return f"{loopback(self.host)}:{self.grpc_port}"
+
+    @property
+    def frontend_log(self) -> Path:
+        return Path(f"{str(self.repository).rstrip('/')}.openai.{self.openai_port}.log")
+
+
+def loopback(host: str) -> str:
+    """Where a process on this machine reaches a server bound to `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def dry_run(o: ServeOptions) -> list[str]:
+    """The exact command line, then `# ` notes: the plain launch, and the frontend's command with openai_port."""
+    spec = launch_spec(o.repository, http_port=o.http_port, grpc_port=o.grpc_port, metrics_port=o.metrics_port,
+                       host=o.host, verbose=o.verbose, admin_key_file=o.admin_key_file)
+    lines = [spec.shell(), *(f"# {note}" for note in spec.notes), f"# plain: {spec.plain}"]
+    if spec.plain_backends is not None and not spec.plain_backends.is_dir():
+        lines.append(f"# {spec.plain_backends}: trt-spec repo and trt-spec serve make it (nvidia-pytriton's backends "
+                     "and this interpreter's python-backend stub)")
+    if o.openai_port is not None:
+        from ..records.procutil import shell_line
+        from .openai_process import frontend_argv
+
+        argv = frontend_argv(o.repository, o.triton_grpc, o.openai_port, o.host)
+        lines.append(f"# then, once it is ready: {shell_line(argv)}")
+    return lines
+
+
+@dataclass
+class _Running:
+    """The processes of one serve and its drain flag: the first signal once serving sets it; any other stops at once."""
+
+    drain: threading.Event = field(default_factory=threading.Event)
+    server: Optional[TritonServer] = None
+    frontend: Optional[object] = None  # openai_process.FrontendProcess
+
+    def on_signal(self, *_) -> None:
+        if self.drain.is_set() or self.server is None or not self.server.is_serving:
+            raise KeyboardInterrupt
+        self.drain.set()
+
+    def stop_all(self) -> None:
+        if self.frontend is not None:
+            self.frontend.stop()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _refuse_early(o: ServeOptions, run: _Running) -> None:
+    """The checks before any process starts: the engines are the ones the build made (the tensorrtllm backend itself
+    does not check), and the frontend's port and repository (one line, at once, not after a long load)."""
+    from ..records.integrity import IntegrityError, verify_repository_engines
+
+    try:
+        verify_repository_engines(Path(o.repository))
+    except IntegrityError as e:
+        raise ServerError(str(e)) from None
+    if o.openai_port is not None:
+        from ..repository.writer import RepositoryError
+        from .openai_process import FrontendProcess
+
+        try:
+            run.frontend = FrontendProcess(Path(o.repository), o.triton_grpc, o.openai_port, o.host, o.frontend_log)
+        except RepositoryError as e:
+            raise ServerError(str(e)) from None
+
+
+def _start(o: ServeOptions, run: _Running, err: Say) -> None:
+    run.server = TritonServer(Path(o.repository), http_port=o.http_port, grpc_port=o.grpc_port,
+                              metrics_port=o.metrics_port, host=o.host, verbose=o.verbose, log_path=o.log_path,
+                              admin_key_file=o.admin_key_file)
+    run.server.spec.prepare_plain()
+    err(f"plain command: {run.server.spec.plain}")
+    run.server.start()
+
+
+def _serve_until_signal(o: ServeOptions, run: _Running, out: Say, err: Say) -> int:
+    """Ready, then the watchdog once a second until a signal asks to drain; the exit code."""
+    server, frontend = run.server, run.frontend
+    server.wait_ready(o.timeout)
+    ready = f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}"
+    if frontend is not None:
+        frontend.start().wait_ready()
+        ready += f"  OpenAI {frontend.url}/v1"
+    out(f"{ready}  (log {server.log_path}); Ctrl-C or SIGTERM drains and stops")
+    server.is_serving = True
+    while not run.drain.wait(1.0):
+        if server.proc.poll() is not None:
+            err(f"error: {server.failure(f'tritonserver exited with code {server.proc.returncode}')}")
+            return 1
+        if frontend is not None and frontend.proc.poll() is not None:
+            err(f"error: the OpenAI frontend exited with code {frontend.proc.returncode} "
+                f"({frontend.log_tail()}); its log: {frontend.log_path}")
+            return 1
+        dead = server.dead_models()
+        if dead:
+            err(dead_models_message(dead, o.restart))
+            return MODEL_DIED_EXIT
+    drain(server, o.drain_timeout, err)
+    return 0
+
+
+def run(o: ServeOptions, *, out: Say, err: Say) -> int:
+    """Serve o.repository until a signal; the exit code (0 stopped, 1 the server or frontend failed or exited,
+    MODEL_DIED_EXIT). Raises ServerError before anything starts. out: the ready line; err: everything else."""
+    state = _Running()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
+        signal.signal(sig, state.on_signal)
+    _refuse_early(o, state)
+    try:
+        _start(o, state, err)
+    except KeyboardInterrupt:
+        state.stop_all()
+        err("stopped")
+        return 0
+    try:
+        code = _serve_until_signal(o, state, out, err)
+        state.stop_all()
+    except (ServerError, RuntimeError) as e:
+        err(f"error: {e}")
+        state.stop_all()
+        return 1
+    except KeyboardInterrupt:  # a second signal, while draining or stopping too
+        state.stop_all()
+        code = 0
+    if code == 0:
+        err("stopped")
+    return code
+
+
+def drain(server: TritonServer, drain_timeout: float, err: Say) -> None:
+    """Refuse new requests, let those in flight finish (up to drain_timeout), then end the rest with a clear error."""
+
+    def idle_within(seconds: float) -> bool:
+        deadline, zeros = time.monotonic() + seconds, 0
+        while zeros < 2:  # two zero reads in a row: nothing between two steps of a request either
+            if server.proc.poll() is not None:
+                return True
+            n = server.in_flight()
+            zeros = zeros + 1 if n == 0 else 0
+            if zeros < 2:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(defaults.DRAIN_POLL_S)
+        return True
+
+    t0 = time.monotonic()
+    err(f"draining: new requests are refused; the {max(server.in_flight(), 0)} in flight get up to "
+        f"{drain_timeout:.0f}s (a second signal stops at once)")
+    server.drain()
+    if idle_within(drain_timeout):
+        err(f"drained in {time.monotonic() - t0:.1f}s")
+        return
+    err(f"drain timeout ({drain_timeout:.0f}s): ending the {max(server.in_flight(), 0)} request(s) still running")
+    server.cancel_in_flight()
+    idle_within(defaults.DRAIN_CUT_GRACE_S)

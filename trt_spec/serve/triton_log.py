@@ -1,0 +1,60 @@
+"""The Triton log: the lines that say why the server stopped or never became ready (a failed model load and its
+reason first), for the one error a user reads; the log itself stays on disk."""
+
+from __future__ import annotations
+
+import json
+import re
+
+_LOG_LINE = re.compile(r"^([EWIF])\d{4} [\d:.]+\s+\d+ [^\]]*\] (.*)$")
+_GPU_ABSENT = re.compile(r"CudaDriverHelper|CUDA driver|NVML|DCGM", re.I)  # expected on a machine without a GPU
+
+
+def _log_message(raw: str) -> str:
+    """One-line form of a log record: the first line, plus the innermost frame of a Python backend's `At:` block."""
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raw = raw[1:-1].replace("\\n", "\n")
+    lines = [ln.strip() for ln in raw.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    first = lines[0]
+    if "At:" in lines[1:]:
+        frames = lines[lines.index("At:") + 1:]
+        if frames:
+            first += f" (at {frames[0]})"
+    return first
+
+
+def log_errors(text: str, limit: int = 8) -> list[str]:
+    """The error lines of a Triton log, cause first: each model's `failed to load …` (else every E-level record,
+    those a machine without a GPU always logs last), the last line of each Python traceback, and tritonserver's
+    final `error: …`."""
+    records: list[str] = []
+    tracebacks: list[str] = []
+    final: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _LOG_LINE.match(line)
+        if m and m.group(1) in "EF":
+            records.append(_log_message(m.group(2)))
+        elif line.startswith("error: "):
+            final.append(line.strip())
+        elif line.startswith("Traceback (most recent call last):"):
+            for nxt in lines[i + 1:]:
+                if nxt and not nxt[0].isspace():
+                    tracebacks.append(nxt.strip())
+                    break
+    loads = [r for r in records if r.startswith("failed to load")]
+    others = [r for r in records if r and r not in loads]
+    quiet = [r for r in others if _GPU_ABSENT.search(r)]
+    causes = loads or [r for r in others if r not in quiet] + quiet  # a failed load says it all
+    picked = causes + tracebacks + final
+    out: list[str] = []
+    for r in picked:
+        r = r if len(r) <= 500 else r[:497] + "..."
+        if r not in out:
+            out.append(r)
+    return out[:limit]

@@ -1,0 +1,120 @@
+"""The python-backend stubs below a running server, and which of them died.
+
+Triton 2.51 never restarts a stub that died, nor notices: every request to its model fails while /v2/health/ready
+still answers 200. So the launcher remembers each stub it sees (while loading too) and reports a watched one that
+exited; `trt-spec serve` then stops the server (serve/supervisor.py). The processes are read from /proc.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .locate import STUB_NAME
+
+
+def proc_stat(pid: int) -> Optional[tuple[str, int, int]]:
+    """(state, ppid, start time) of a live process, or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # comm may hold spaces and parentheses
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+    except OSError:
+        return []
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, zombies included (children, grandchildren: tritonserver under mpirun, its stubs)."""
+    children: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            st = proc_stat(int(p.name))
+            if st is not None:
+                children.setdefault(st[1], []).append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def stub_model(argv: list[str]) -> str:
+    """The model a python-backend stub serves. Its argv (Triton 2.51):
+    stub REPO/MODEL/VERSION/model.py SHM_REGION SHM_SIZE SHM_GROWTH PARENT_PID STUB_DIR IPC_SIZE INSTANCE RUNTIME;
+    the model is the directory two levels above the model file, else the instance name without `_GROUP_INDEX`."""
+    if len(argv) > 1 and argv[1].endswith(".py") and len(Path(argv[1]).parts) >= 4:
+        return Path(argv[1]).parent.parent.name
+    for a in reversed(argv[1:]):
+        m = re.fullmatch(r"(.+)_\d+_\d+", a)
+        if m:
+            return m.group(1)
+    return "?"
+
+
+def stubs_below(pid: int) -> dict[int, str]:
+    """pid -> model of every running python-backend stub below pid (under mpirun one level lower)."""
+    out = {}
+    for child in descendants(pid):
+        argv = cmdline(child)  # empty for a zombie
+        if argv and argv[0].endswith(STUB_NAME):
+            out[child] = stub_model(argv)
+    return out
+
+
+@dataclass(frozen=True)
+class DeadModel:
+    model: str
+    pid: int
+
+
+def dead_models_message(dead: list[DeadModel], restart: str) -> str:
+    """One line for `trt-spec serve` to print when a model's python-backend process died."""
+    names = ", ".join(sorted({d.model for d in dead}))
+    pids = ", ".join(str(d.pid) for d in dead)
+    what = f"model {names} stopped (its python-backend process {pids} died)" if len(dead) == 1 else \
+        f"models {names} stopped (their python-backend processes {pids} died)"
+    return f"error: {what}; stopping the server — restart it with: {restart}"
+
+
+class StubWatch:
+    """The stubs of one server: each seen (pid -> model, start time), and the watched ones. Every method takes the
+    stubs running now (stubs_below of the server's pid)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[str, int]] = {}
+        self._watched: Optional[dict[int, tuple[str, int]]] = None
+
+    @staticmethod
+    def _alive(pid: int, started: int) -> bool:
+        st = proc_stat(pid)
+        return st is not None and st[0] not in "ZX" and st[2] == started
+
+    def scan(self, running: dict[int, str]) -> None:
+        """Remember each stub seen (while loading too: one that dies before watch() is a zombie without argv)."""
+        for pid, model in running.items():
+            st = proc_stat(pid)
+            if st is not None and model != "?":  # a stub not (yet) showing a model's argv serves no model to watch
+                self._seen[pid] = (model, st[2])
+
+    def watch(self, running: dict[int, str]) -> None:
+        """Watch the stubs seen so far: the live ones, and dead ones whose model has no live stub now."""
+        self.scan(running)
+        live = {pid for pid, (_, started) in self._seen.items() if self._alive(pid, started)}
+        served = {self._seen[pid][0] for pid in live}
+        self._watched = {pid: v for pid, v in self._seen.items() if pid in live or v[0] not in served}
+
+    def dead(self, running: dict[int, str]) -> list[DeadModel]:
+        """Watched stubs that exited or are zombies (rescanned first: a model loaded again has a new live stub)."""
+        self.watch(running)
+        return [DeadModel(model, pid) for pid, (model, started) in (self._watched or {}).items()
+                if not self._alive(pid, started)]
