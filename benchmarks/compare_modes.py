@@ -24,10 +24,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ("build_configs/cpu-smollm2-eagle.yaml", "build_configs/cpu-smollm2-ngram.yaml",
-           "build_configs/cpu-smollm2-draft.yaml")
-SETS = ("chat-heldout=tests/data/chat_heldout.jsonl", "code-heldout=tests/data/code_heldout.jsonl", "chat=chat",
-        "code=code")
+CONFIGS = (
+    "build_configs/cpu-smollm2-eagle.yaml",
+    "build_configs/cpu-smollm2-ngram.yaml",
+    "build_configs/cpu-smollm2-draft.yaml",
+)
+SETS = (
+    "chat-heldout=tests/data/chat_heldout.jsonl",
+    "code-heldout=tests/data/code_heldout.jsonl",
+    "chat=chat",
+    "code=code",
+)
 
 
 def log(msg: str) -> None:
@@ -74,9 +81,15 @@ def costs_and_rounds(manifest, k: int, prompts, tokenizer) -> dict:
     from trt_spec.reference.engine import Sampling, measure_draft_costs
     from trt_spec.reference.standin import StandIn
 
-    params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": manifest.engines["target"].dir,
-              "enable_kv_cache_reuse": "true", "enable_chunked_context": "false", "tokenizer_dir": "",
-              "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
+    params = {
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": manifest.engines["target"].dir,
+        "enable_kv_cache_reuse": "true",
+        "enable_chunked_context": "false",
+        "tokenizer_dir": "",
+        "xgrammar_tokenizer_info_path": "",
+        "guided_decoding_backend": "",
+    }
     target = StandIn.from_engine_dir("tensorrt_llm", params)
     eng, out = target.engine, {}
     try:
@@ -89,35 +102,45 @@ def costs_and_rounds(manifest, k: int, prompts, tokenizer) -> dict:
                 rounds += target.scheduler.submit_generate(ids, p.max_tokens, Sampling()).result().rounds
             spec = [a for d, a in rounds if d]  # accepted per speculative round
             hist = [spec.count(i) for i in range(max(k, *spec) + 1)] if spec else []
-            acc = acceptance_summary(AcceptanceCounts(
-                requests=len(prompts), accepted=sum(spec), drafted=sum(d for d, _ in rounds), steps=len(rounds),
-                speculative_rounds=len(spec), rounds_without_speculation=len(rounds) - len(spec),
-                histogram=tuple(hist)))
+            acc = acceptance_summary(
+                AcceptanceCounts(
+                    requests=len(prompts),
+                    accepted=sum(spec),
+                    drafted=sum(d for d, _ in rounds),
+                    steps=len(rounds),
+                    speculative_rounds=len(spec),
+                    rounds_without_speculation=len(rounds) - len(spec),
+                    histogram=tuple(hist),
+                )
+            )
             out["rounds"] = len(spec)
-            out.update({key: acc[key] for key in ("per_position_acceptance", "mean_acceptance_length",
-                                                  "acceptance_rate")})
+            out.update(
+                {key: acc[key] for key in ("per_position_acceptance", "mean_acceptance_length", "acceptance_rate")}
+            )
             return out
         model = eng.model
         cache = model.new_cache(1, 256)
         with torch.inference_mode():
-            model.forward_packed(torch.zeros(64, dtype=torch.long), torch.arange(64), [(cache, 64)],
-                                 torch.tensor([63]))
+            model.forward_packed(torch.zeros(64, dtype=torch.long), torch.arange(64), [(cache, 64)], torch.tensor([63]))
 
             def fwd(m, c, n):
-                return lambda: m.forward_packed(torch.zeros(n, dtype=torch.long), torch.arange(64, 64 + n),
-                                                [(c, n)], torch.arange(n))
+                return lambda: m.forward_packed(
+                    torch.zeros(n, dtype=torch.long), torch.arange(64, 64 + n), [(c, n)], torch.arange(n)
+                )
 
             one = _median_s(fwd(model, cache, 1))
             out["r"] = _median_s(fwd(model, cache, k + 1)) / one
             out["c"] = 0.0
             if "draft" in manifest.engines:
-                d = StandIn.from_engine_dir("tensorrt_llm_draft", {**params,
-                                                                   "gpt_model_path": manifest.engines["draft"].dir})
+                d = StandIn.from_engine_dir(
+                    "tensorrt_llm_draft", {**params, "gpt_model_path": manifest.engines["draft"].dir}
+                )
                 try:
                     dm = d.engine.model
                     dc = dm.new_cache(1, 256)
-                    dm.forward_packed(torch.zeros(64, dtype=torch.long), torch.arange(64), [(dc, 64)],
-                                      torch.tensor([63]))
+                    dm.forward_packed(
+                        torch.zeros(64, dtype=torch.long), torch.arange(64), [(dc, 64)], torch.tensor([63])
+                    )
                     out["c"] = _median_s(fwd(dm, dc, 1)) / one
                 finally:
                     d.close()
@@ -149,16 +172,22 @@ def main(argv: list[str] | None = None) -> int:
     sets = {}
     for spec in a.set or SETS:
         name, src = spec.split("=", 1)
-        sets[name] = [Prompt(p.text, a.max_tokens, p.id) for p in load_prompts(str(ROOT / src) if "/" in src else src)
-                      [: a.limit]]
+        sets[name] = [
+            Prompt(p.text, a.max_tokens, p.id) for p in load_prompts(str(ROOT / src) if "/" in src else src)[: a.limit]
+        ]
     report: dict = {"sets": {n: len(p) for n, p in sets.items()}, "max_tokens": a.max_tokens, "modes": {}}
     for config in a.config or CONFIGS:
         config = ROOT / config
         k = load_config(config).speculative.max_draft_len
         repo, manifest = build_and_repo(config, a.build)
         tok = load_tokenizer(manifest.engines["target"].dir)
-        server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                              log_path=out / f"{config.stem}.log")
+        server = TritonServer(
+            repo,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            log_path=out / f"{config.stem}.log",
+        )
         res: dict = {"config": str(config.relative_to(ROOT)), "k": k, "sets": {}}
         try:
             server.start().wait_ready(600)
@@ -168,17 +197,21 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 r = paired_ab(client, with_chat_template(prompts, tok), warmup=1)
                 log(f"{config.stem} {name}: {r['speedup']:.2f}x ({time.monotonic() - t0:.0f} s)")
-                res["sets"][name] = {key: r[key] for key in ("speedup", "speedup_ci95", "acceptance", "baseline",
-                                                             "speculative")}
+                res["sets"][name] = {
+                    key: r[key] for key in ("speedup", "speedup_ci95", "acceptance", "baseline", "speculative")
+                }
             if a.sweep:
                 first = with_chat_template(next(iter(sets.values())), tok)
                 res["sweep"] = concurrency_sweep(client.clone, first, a.sweep, requests_per_level=len(first))
-                log(f"{config.stem} sweep: " + ", ".join(f"{row['concurrency']}: {row['speedup']:.2f}x"
-                                                        for row in res["sweep"]))
+                log(
+                    f"{config.stem} sweep: "
+                    + ", ".join(f"{row['concurrency']}: {row['speedup']:.2f}x" for row in res["sweep"])
+                )
         finally:
             server.stop()
-        res["in_process"] = {name: costs_and_rounds(manifest, k, with_chat_template(prompts, tok), tok)
-                             for name, prompts in sets.items()}
+        res["in_process"] = {
+            name: costs_and_rounds(manifest, k, with_chat_template(prompts, tok), tok) for name, prompts in sets.items()
+        }
         report["modes"][config.stem] = res
     (out / "compare.json").write_text(json.dumps(report, indent=2, default=float))
     print(markdown(report))
@@ -189,15 +222,29 @@ def markdown(rep: dict) -> str:
     from trt_spec.records.speculation import leviathan_bound, solve_alpha
 
     names = list(rep["sets"])
-    lines = [f"## EAGLE vs n-gram vs draft model: served, 1 in flight, greedy, {rep['max_tokens']} tokens, "
-             f"{', '.join(f'{n} ({c} prompts)' for n, c in rep['sets'].items())}", "",
-             "| config | " + " | ".join(f"{n}" for n in names) + " |", "|---|" + "---|" * len(names)]
+    lines = [
+        f"## EAGLE vs n-gram vs draft model: served, 1 in flight, greedy, {rep['max_tokens']} tokens, "
+        f"{', '.join(f'{n} ({c} prompts)' for n, c in rep['sets'].items())}",
+        "",
+        "| config | " + " | ".join(f"{n}" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for mode, r in rep["modes"].items():
-        lines.append(f"| {mode} | " + " | ".join(
-            f"**{r['sets'][n]['speedup']:.2f}x** ({r['sets'][n]['speedup_ci95'][0]:.2f}–"
-            f"{r['sets'][n]['speedup_ci95'][1]:.2f})" for n in names) + " |")
-    lines += ["", "| config | set | k | acceptance rate | mean acceptance length | per-position acceptance | c | r | "
-              "Leviathan bound |", "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {mode} | "
+            + " | ".join(
+                f"**{r['sets'][n]['speedup']:.2f}x** ({r['sets'][n]['speedup_ci95'][0]:.2f}–"
+                f"{r['sets'][n]['speedup_ci95'][1]:.2f})"
+                for n in names
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "| config | set | k | acceptance rate | mean acceptance length | per-position acceptance | c | r | "
+        "Leviathan bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for mode, r in rep["modes"].items():
         k = r["k"]
         for n in names:
@@ -208,14 +255,21 @@ def markdown(rep: dict) -> str:
                 ar, mal, pp = acc["acceptance_rate"], acc["mean_acceptance_length"], acc["per_position_acceptance"]
             alpha = solve_alpha(mal or 1.0, k)
             bound = leviathan_bound(alpha, k, ip["c"], ip["r"])
-            lines.append(f"| {mode} | {n} | {k} | {'n/a' if ar is None else format(ar, '.2f')} | "
-                         f"{'n/a' if mal is None else format(mal, '.2f')} | {', '.join(f'{x:.2f}' for x in pp)} | "
-                         f"{ip['c']:.3f} | {ip['r']:.2f} | {bound:.2f}x |")
+            lines.append(
+                f"| {mode} | {n} | {k} | {'n/a' if ar is None else format(ar, '.2f')} | "
+                f"{'n/a' if mal is None else format(mal, '.2f')} | {', '.join(f'{x:.2f}' for x in pp)} | "
+                f"{ip['c']:.3f} | {ip['r']:.2f} | {bound:.2f}x |"
+            )
     sweep = [r.get("sweep", []) for r in rep["modes"].values()]
     if any(sweep):
         levels = [row["concurrency"] for row in sweep[0]]
-        lines += ["", f"Concurrency sweep ({names[0]}): speculative / baseline total tok/s", "",
-                  "| config | " + " | ".join(f"{c} in flight" for c in levels) + " |", "|---|" + "---|" * len(levels)]
+        lines += [
+            "",
+            f"Concurrency sweep ({names[0]}): speculative / baseline total tok/s",
+            "",
+            "| config | " + " | ".join(f"{c} in flight" for c in levels) + " |",
+            "|---|" + "---|" * len(levels),
+        ]
         for mode, r in rep["modes"].items():
             lines.append(f"| {mode} | " + " | ".join(f"{row['speedup']:.2f}x" for row in r.get("sweep", [])) + " |")
     return "\n".join(lines)

@@ -24,19 +24,42 @@ os.environ["TRT_SPEC_CACHE_DIR"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, True)
 
 
-def make_checkpoint(d: Path, *, arch: str = "LlamaForCausalLM", vocab_size: int = 64, layers: int = 2,
-                    hidden: int = 64, heads: int = 4, kv_heads: int = 2, tokens: list[str] | None = None,
-                    bos: int = 1, eos=2, max_pos: int = 4096, tie: bool = True) -> Path:
+def make_checkpoint(
+    d: Path,
+    *,
+    arch: str = "LlamaForCausalLM",
+    vocab_size: int = 64,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    tokens: list[str] | None = None,
+    bos: int = 1,
+    eos=2,
+    max_pos: int = 4096,
+    tie: bool = True,
+) -> Path:
     """A checkpoint directory as preflight sees it: config.json and a fast-tokenizer tokenizer.json."""
     d.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": [arch], "hidden_size": hidden, "num_attention_heads": heads,
-           "num_key_value_heads": kv_heads, "num_hidden_layers": layers, "intermediate_size": hidden * 2,
-           "vocab_size": vocab_size, "tie_word_embeddings": tie, "max_position_embeddings": max_pos,
-           "bos_token_id": bos, "eos_token_id": eos}
+    cfg = {
+        "architectures": [arch],
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "num_hidden_layers": layers,
+        "intermediate_size": hidden * 2,
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": tie,
+        "max_position_embeddings": max_pos,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     tokens = tokens if tokens is not None else [f"tok{i}" for i in range(min(vocab_size, 60))]
-    tok = {"model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)}, "merges": []},
-           "added_tokens": [{"id": 0, "content": "<pad>"}, {"id": 1, "content": "<s>"}, {"id": 2, "content": "</s>"}]}
+    tok = {
+        "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)}, "merges": []},
+        "added_tokens": [{"id": 0, "content": "<pad>"}, {"id": 1, "content": "<s>"}, {"id": 2, "content": "</s>"}],
+    }
     (d / "tokenizer.json").write_text(json.dumps(tok))
     return d
 
@@ -77,14 +100,19 @@ def write_fake_tools(root: Path) -> dict:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(FAKE_TOOL.format(python=sys.executable, tool=name))
         p.chmod(p.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return {"examples_dir": str(root / "examples"), "trtllm_build": str(paths["trtllm_build"]),
-            "python": sys.executable}
+    return {
+        "examples_dir": str(root / "examples"),
+        "trtllm_build": str(paths["trtllm_build"]),
+        "python": sys.executable,
+    }
 
 
 @pytest.fixture
 def tiny_pair(tmp_path: Path) -> tuple[Path, Path]:
-    return (make_checkpoint(tmp_path / "target", layers=4, hidden=128),
-            make_checkpoint(tmp_path / "draft", layers=2, hidden=64))
+    return (
+        make_checkpoint(tmp_path / "target", layers=4, hidden=128),
+        make_checkpoint(tmp_path / "draft", layers=2, hidden=64),
+    )
 
 
 @pytest.fixture
@@ -93,11 +121,16 @@ def fake_build(tmp_path: Path, tiny_pair, monkeypatch) -> dict:
     tools = write_fake_tools(tmp_path / "tools")
     target, draft = tiny_pair
     out = tmp_path / "out"
-    cfg = {"engine": "tensorrt", "gpu": "h100:1",
-           "target": {"checkpoint": str(target)}, "draft": {"checkpoint": str(draft)},
-           "speculative": {"mode": "draft_target", "max_draft_len": 4},
-           "limits": {"max_batch_size": 2, "max_input_len": 256, "max_seq_len": 512, "max_num_tokens": 512},
-           "toolchain": tools, "output_dir": str(out)}
+    cfg = {
+        "engine": "tensorrt",
+        "gpu": "h100:1",
+        "target": {"checkpoint": str(target)},
+        "draft": {"checkpoint": str(draft)},
+        "speculative": {"mode": "draft_target", "max_draft_len": 4},
+        "limits": {"max_batch_size": 2, "max_input_len": 256, "max_seq_len": 512, "max_num_tokens": 512},
+        "toolchain": tools,
+        "output_dir": str(out),
+    }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     log = tmp_path / "tool-calls.jsonl"

@@ -8,8 +8,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from trt_spec.records import backend_contract as bc
 from trt_spec.in_triton.speculative_loop import EngineError
+from trt_spec.records import backend_contract as bc
 
 VOCAB = 50
 END_ID = 2
@@ -32,8 +32,15 @@ class ContractEngine:
     """One engine model. `in_engine_accept`: an engine that drafts by itself (Medusa-like), accepting that many
     tokens per step."""
 
-    def __init__(self, next_token: Callable[[list[int]], int], limits: bc.EngineLimits, *, decoupled: bool = True,
-                 params: Optional[dict] = None, in_engine_accept: int = 0):
+    def __init__(
+        self,
+        next_token: Callable[[list[int]], int],
+        limits: bc.EngineLimits,
+        *,
+        decoupled: bool = True,
+        params: Optional[dict] = None,
+        in_engine_accept: int = 0,
+    ):
         self.next_token = next_token
         self.limits = limits
         self.decoupled = decoupled
@@ -49,7 +56,7 @@ class ContractEngine:
             if t == req.end_id:  # finished; the end token is not output (backend_contract.EOS_EXCLUDED)
                 break
             out.append(t)
-            if any(out[-len(w):] == w for w in req.stop_words):
+            if any(out[-len(w) :] == w for w in req.stop_words):
                 break
         return out
 
@@ -76,17 +83,25 @@ class ContractEngine:
             if self.in_engine_accept:
                 steps = -(-len(tokens) // (self.in_engine_accept + 1))
                 drafted, accepted = steps * self.in_engine_accept, len(tokens) - steps
-            return [bc.response_tensors(req, tokens, perf=bc.PerfOutputs(accepted=accepted, drafted=drafted),
-                                        declared=self.declared)]
+            return [
+                bc.response_tensors(
+                    req, tokens, perf=bc.PerfOutputs(accepted=accepted, drafted=drafted), declared=self.declared
+                )
+            ]
         step = self.in_engine_accept + 1
-        chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
+        chunks = [tokens[i : i + step] for i in range(0, len(tokens), step)]
         out, done = [], 0
         for c in chunks:
             done += len(c)
             steps = len(out) + 1
-            out.append(bc.response_tensors(req, c, perf=bc.PerfOutputs(accepted=done - steps,
-                                                                        drafted=steps * self.in_engine_accept),
-                                           declared=self.declared))
+            out.append(
+                bc.response_tensors(
+                    req,
+                    c,
+                    perf=bc.PerfOutputs(accepted=done - steps, drafted=steps * self.in_engine_accept),
+                    declared=self.declared,
+                )
+            )
         return out
 
 

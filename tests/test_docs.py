@@ -49,6 +49,7 @@ def scan(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str, str]]]
 
 # ---- links and anchors -------------------------------------------------------------------------------------------
 
+
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: lowercase, punctuation dropped (but - and _), spaces -> -."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -85,6 +86,7 @@ def link_errors(path: Path) -> list[str]:
 
 
 # ---- commands ----------------------------------------------------------------------------------------------------
+
 
 def _placeholder(token: str) -> bool:
     """CONFIG, BUILD_DIR|CONFIG, HOST:PORT, NAME:COUNT, k=v, …: shown for the reader to fill in."""
@@ -148,8 +150,9 @@ def trt_spec_errors(args: list[str]) -> list[str]:
         if isinstance(cmd, click.Group) and not _placeholder(tok):
             errors.append(f"{name} has no subcommand {tok!r} (it has: {', '.join(sorted(cmd.commands))})")
         elif positional > _arguments(cmd):
-            errors.append(f"{name} takes no {'further ' if positional > 1 else ''}argument: {tok!r} is not a "
-                          "subcommand of it")
+            errors.append(
+                f"{name} takes no {'further ' if positional > 1 else ''}argument: {tok!r} is not a subcommand of it"
+            )
             break  # the words after it would only repeat the error
     return errors
 
@@ -184,9 +187,12 @@ def segment_errors(segment: str) -> list[str]:
 
 def command_errors(where: str, line: str) -> list[str]:
     line = re.split(r"\s+#\s", " " + line)[0].strip()  # a trailing comment is not part of the command
-    return [f"{where}: `{seg.strip()}`: {e}"
-            for seg in re.split(r"\s*(?:&&|\|\||;|\s\|\s|\s&(?:\s|$))\s*", line) if seg.strip()
-            for e in segment_errors(seg)]
+    return [
+        f"{where}: `{seg.strip()}`: {e}"
+        for seg in re.split(r"\s*(?:&&|\|\||;|\s\|\s|\s&(?:\s|$))\s*", line)
+        if seg.strip()
+        for e in segment_errors(seg)
+    ]
 
 
 def commands_shown(path: Path) -> list[tuple[str, str]]:
@@ -209,6 +215,7 @@ def commands_shown(path: Path) -> list[tuple[str, str]]:
 
 # ---- the tests ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: _rel(p))
 def test_every_relative_link_lands(path):
     errors = link_errors(path)
@@ -230,7 +237,8 @@ def test_every_docs_page_opens_with_a_title_and_what_it_covers():
     for path in DOCS:
         lines = path.read_text().splitlines()
         assert lines[0].startswith("# ") and lines[1] == "" and lines[2].strip(), (
-            f"{_rel(path)}:1: start with a one-line H1 title, a blank line, then a sentence saying what it covers")
+            f"{_rel(path)}:1: start with a one-line H1 title, a blank line, then a sentence saying what it covers"
+        )
 
 
 def test_the_checks_fail_on_what_they_guard(tmp_path):
@@ -258,9 +266,11 @@ def test_the_layout_map_names_every_module():
     """README's layout map is where a newcomer starts: every module of trt_spec/ is named in it, so a new or moved
     module cannot hide from it."""
     text = README.read_text()
-    layout = text[text.index("### Layout"):text.index("## Documentation")]
+    layout = text[text.index("### Layout") : text.index("## Documentation")]
     named = set(re.findall(r"\b(\w+\.py)\b", layout))
     missing = sorted(
-        str(p.relative_to(ROOT)) for p in (ROOT / "trt_spec").rglob("*.py")
-        if p.name != "__init__.py" and "__pycache__" not in p.parts and p.name not in named)
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "trt_spec").rglob("*.py")
+        if p.name != "__init__.py" and "__pycache__" not in p.parts and p.name not in named
+    )
     assert not missing, f"README.md, Layout: name these modules with what they hold: {missing}"

@@ -27,8 +27,11 @@ def imports(path: Path, module: str) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = module.split(".")[: -node.level] if path.name != "__init__.py" else \
-                    module.split(".")[: len(module.split(".")) - node.level + 1]
+                base = (
+                    module.split(".")[: -node.level]
+                    if path.name != "__init__.py"
+                    else module.split(".")[: len(module.split(".")) - node.level + 1]
+                )
                 target = ".".join(base + ([node.module] if node.module else []))
                 names = [target] if node.module else [f"{target}.{a.name}" for a in node.names]
                 out.update(names)
@@ -51,8 +54,9 @@ def modules():
 def test_stages_are_folders():
     flat = sorted(p.name for p in PKG.glob("*.py"))
     assert flat == ["__init__.py", "cli.py", "demo.py", "doctor.py", "gpu_smoke.py"]
-    assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__" and not p.is_symlink()} == \
-        set(ORDER) - {"cli"}
+    assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__" and not p.is_symlink()} == set(
+        ORDER
+    ) - {"cli"}
 
 
 def test_no_module_imports_a_later_stage():
@@ -75,7 +79,8 @@ def test_model_repo_holds_the_python_models_nvidia_style():
 
 def test_no_import_cycle():
     """No two modules reach each other through imports, lazy ones inside functions included (an import inside a
-    function hides a cycle from Python at import time, not from this test). A package's __init__ counts as the package."""
+    function hides a cycle from Python at import time, not from this test). A package's __init__ counts as the
+    package."""
     mods = dict((m, p) for p, m in modules())
     graph = {}
     for module, path in ((m, p) for m, p in mods.items()):
@@ -93,7 +98,7 @@ def test_no_import_cycle():
         stack.append(m)
         for t in sorted(graph[m]):
             if state.get(t) == "open":
-                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+                cycles.append(" -> ".join(stack[stack.index(t) :] + [t]))
             elif t not in state:
                 visit(t)
         stack.pop()

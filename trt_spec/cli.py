@@ -61,14 +61,20 @@ def _note(line: str) -> None:
 
 def _sigterm_as_ctrl_c() -> None:
     """SIGTERM unwinds like Ctrl-C, so a running server is stopped and its shared memory removed."""
+
     def _raise(*_):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _raise)
 
 
-def _plan_for(config: str, sets: tuple[str, ...], gpu: Optional[str], require_checkpoints: bool,
-              allow_offload: Optional[bool] = False):
+def _plan_for(
+    config: str,
+    sets: tuple[str, ...],
+    gpu: Optional[str],
+    require_checkpoints: bool,
+    allow_offload: Optional[bool] = False,
+):
     try:
         cfg = load_config(config, sets)
     except ConfigError as e:
@@ -115,12 +121,16 @@ class _Main(click.Group):
             with os.fdopen(fd, "w") as f:
                 f.write(f"trt-spec {' '.join(sys.argv[1:])}\n")
                 traceback.print_exception(type(e), e, e.__traceback__, file=f)
-            click.echo(f"error: internal error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                       f"the full trace is in {path} — please report it", err=True)
+            click.echo(
+                f"error: internal error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                f"the full trace is in {path} — please report it",
+                err=True,
+            )
             sys.exit(1)
 
 
 # --- options several commands share ----------------------------------------------------------------------------
+
 
 class _HiddenAliases(click.Option):
     """An option whose extra names (old spellings that still work) are kept out of --help."""
@@ -138,40 +148,67 @@ def _with(*options):
         for o in reversed(options):
             f = o(f)
         return f
+
     return deco
 
 
-_url_help = ("Triton endpoint HOST:PORT: the server's gRPC port with --protocol grpc, its HTTP port with "
-             "--protocol http.")
+_url_help = (
+    "Triton endpoint HOST:PORT: the server's gRPC port with --protocol grpc, its HTTP port with --protocol http."
+)
 _report_help = "Write report.json, report.md and PNG plots here."
 _tokenizer_help = "Wrap prompts in this tokenizer's chat template (as an instruct model is served)."
-_wait_help = ("Wait up to this many seconds for a server that is not up or still loading (default: only while "
-              f"the port answers but the models load, up to {defaults.LOADING_WAIT_S:.0f}s).")
+_wait_help = (
+    "Wait up to this many seconds for a server that is not up or still loading (default: only while "
+    f"the port answers but the models load, up to {defaults.LOADING_WAIT_S:.0f}s)."
+)
 
-_set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                           help="Override a config key, e.g. --set target.checkpoint=/models/llama (repeatable).")
+_set_option = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config key, e.g. --set target.checkpoint=/models/llama (repeatable).",
+)
 _gpu_option = click.option(
-    "--gpu", default=None, metavar="NAME[:COUNT]",
-    help="Plan for a named GPU (h100, h200, a100-80gb, l40s, ...) instead of the config/nvidia-smi.")
-_offload_option = click.option("--allow-offload", is_flag=True,
-                               help="Quantize a target bigger than the GPUs hold: accelerate offloads the rest to host "
-                                    "memory (slow). Without it such a build is refused.")
+    "--gpu",
+    default=None,
+    metavar="NAME[:COUNT]",
+    help="Plan for a named GPU (h100, h200, a100-80gb, l40s, ...) instead of the config/nvidia-smi.",
+)
+_offload_option = click.option(
+    "--allow-offload",
+    is_flag=True,
+    help="Quantize a target bigger than the GPUs hold: accelerate offloads the rest to host "
+    "memory (slow). Without it such a build is refused.",
+)
 _prompt_options = _with(  # --prompt-set: bench's old name, still accepted
-    click.option("--prompts", "--prompt-set", "prompt_set", cls=_HiddenAliases, metavar="SET|FILE",
-                 default=defaults.PROMPT_SET, help=f"Prompt set ({', '.join(PROMPT_SETS)}), a JSONL file (one "
-                 "{\"prompt\": ..., \"max_tokens\": ...} per line) or a ShareGPT-style JSON file."),
+    click.option(
+        "--prompts",
+        "--prompt-set",
+        "prompt_set",
+        cls=_HiddenAliases,
+        metavar="SET|FILE",
+        default=defaults.PROMPT_SET,
+        help=f"Prompt set ({', '.join(PROMPT_SETS)}), a JSONL file (one "
+        '{"prompt": ..., "max_tokens": ...} per line) or a ShareGPT-style JSON file.',
+    ),
     click.option("--max-tokens", type=int, default=None, help="Override every prompt's max_tokens."),
     click.option("--limit", type=int, default=None, help="Use only the first N prompts."),
 )
 # check / bench served / tune: the server at --url
-_protocol_option = click.option("--protocol", type=click.Choice(defaults.PROTOCOLS), default=defaults.PROTOCOL,
-                                help="How to reach --url.")
+_protocol_option = click.option(
+    "--protocol", type=click.Choice(defaults.PROTOCOLS), default=defaults.PROTOCOL, help="How to reach --url."
+)
 _wait_option = click.option("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS", help=_wait_help)
 _admin_key_option = click.option(  # the harness reads model configs, which `trt-spec serve` restricts
-    "--admin-key-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+    "--admin-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
     help="The admin key of the server at --url (the file `trt-spec serve --admin-key-file FILE` was given): "
-         "`trt-spec serve` restricts model configs to it. Default: the key a `trt-spec serve` on this host left for "
-         "--url's port.")
+    "`trt-spec serve` restricts model configs to it. Default: the key a `trt-spec serve` on this host left for "
+    "--url's port.",
+)
 
 
 def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int]):
@@ -187,8 +224,16 @@ def _progress(console, total: int, label: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
     if console.is_terminal:
-        prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), "ETA", TimeRemainingColumn(), console=console, transient=True)
+        prog = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            "ETA",
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
         task = prog.add_task(label, total=total)
         return prog, (lambda done, *_: prog.update(task, completed=done))
     t0, last = time.monotonic(), [time.monotonic()]
@@ -200,6 +245,7 @@ def _progress(console, total: int, label: str):
         last[0] = now
         eta = f", ~{(now - t0) / done * (total - done):.0f}s left" if 0 < done < total else ""
         click.echo(f"{label}: {done}/{total}, {now - t0:.0f}s{eta}", err=True)
+
     return contextlib.nullcontext(), line
 
 
@@ -227,6 +273,7 @@ def _print_report(rep: dict, fmt: str, out_dir: Optional[str]) -> None:
 
 # --- commands --------------------------------------------------------------------------------------------------
 
+
 @click.group(cls=_Main, context_settings={"show_default": True, "help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="trt-spec")
 def main() -> None:
@@ -241,8 +288,13 @@ def main() -> None:
 @_gpu_option
 @_set_option
 @_offload_option
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "sh"]), default="text",
-              help="text for people, json for tools, sh for a runnable bash script.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "sh"]),
+    default="text",
+    help="text for people, json for tools, sh for a runnable bash script.",
+)
 def plan(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload: bool, fmt: str) -> None:
     """Check CONFIG and print the build plan (runs nothing)."""
     # a plan builds nothing: a calibration that does not fit is a warning here (build refuses it without the flag)
@@ -294,6 +346,7 @@ def _build_events(console, log_dir: Path):
             secs = watch.stop()
             mark = "[green]done[/]" if event == "done" else "[red]FAILED[/]"
             console.print(f"[{i}/{n}] {step.name}: {mark} in {secs:.0f}s", highlight=False, soft_wrap=True)
+
     return on_event
 
 
@@ -305,8 +358,15 @@ def _build_events(console, log_dir: Path):
 @click.option("--dry-run", is_flag=True, help="Show which steps would run or are up to date; run nothing.")
 @click.option("--force", is_flag=True, help="Rerun steps even when their outputs are up to date.")
 @click.option("--only", metavar="STEP", default=None, help="Run a single step (its inputs must be built).")
-def build(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload: bool, dry_run: bool, force: bool,
-          only: Optional[str]) -> None:
+def build(
+    config: str,
+    gpu: Optional[str],
+    sets: tuple[str, ...],
+    allow_offload: bool,
+    dry_run: bool,
+    force: bool,
+    only: Optional[str],
+) -> None:
     """Preflight CONFIG, then quantize/convert and build every engine (incremental, resumable)."""
     from rich.console import Console
 
@@ -319,8 +379,14 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload:
     if p.report.memory:
         console.print("memory plan per GPU:\n" + p.report.memory_table(), highlight=False)
     try:
-        res = run_plan(p, config_path=Path(config), dry_run=dry_run, force=force, only=only,
-                       on_event=_build_events(console, Path(p.output_dir) / "logs"))
+        res = run_plan(
+            p,
+            config_path=Path(config),
+            dry_run=dry_run,
+            force=force,
+            only=only,
+            on_event=_build_events(console, Path(p.output_dir) / "logs"),
+        )
     except BuildError as e:
         _err(f"error: {e}")
         if e.tail:
@@ -336,24 +402,41 @@ def build(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload:
             click.echo(f"{s.name}: {s.status}")
         return
     ran = sum(1 for s in res.steps if s.status == "ran")
-    click.echo(f"build {p.name}: {ran} step(s) ran, {len(res.steps) - ran} up to date"
-               + (f"; manifest: {res.manifest}" if res.manifest else ""))
+    click.echo(
+        f"build {p.name}: {ran} step(s) ran, {len(res.steps) - ran} up to date"
+        + (f"; manifest: {res.manifest}" if res.manifest else "")
+    )
 
 
 @main.command()
 @click.argument("source", type=click.Path(exists=True))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help=f"Repository directory (default: BUILD_DIR/{defaults.REPO_SUBDIR}).")
-@click.option("--decoupled/--no-decoupled", default=True, show_default=True,
-              help="Decoupled engine models and BLS (streaming). --no-decoupled: NVIDIA's DTM recipe, for clients "
-                   "that call the models with unary infer (no streaming).")
-@click.option("--max-queue-size", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Requests an engine model queues for a batch slot before refusing new ones with the backend's "
-                   "'Maximum queue size' error (dynamic_batching.default_queue_policy). 0 = unbounded.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help=f"Repository directory (default: BUILD_DIR/{defaults.REPO_SUBDIR}).",
+)
+@click.option(
+    "--decoupled/--no-decoupled",
+    default=True,
+    show_default=True,
+    help="Decoupled engine models and BLS (streaming). --no-decoupled: NVIDIA's DTM recipe, for clients "
+    "that call the models with unary infer (no streaming).",
+)
+@click.option(
+    "--max-queue-size",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Requests an engine model queues for a batch slot before refusing new ones with the backend's "
+    "'Maximum queue size' error (dynamic_batching.default_queue_policy). 0 = unbounded.",
+)
 @_gpu_option
 @_set_option
-def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: int, gpu: Optional[str],
-         sets: tuple[str, ...]) -> None:
+def repo(
+    source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: int, gpu: Optional[str], sets: tuple[str, ...]
+) -> None:
     """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
     from .repository.llmapi import missing_sources
     from .repository.writer import RepositoryError, write_repository
@@ -375,37 +458,65 @@ def repo(source: str, out_dir: Optional[str], decoupled: bool, max_queue_size: i
         click.echo(f"or start tritonserver yourself, from any directory: {plain}")
 
 
+_serve_options = _with(
+    click.option("--http-port", default=defaults.HTTP_PORT, type=int, help="HTTP port."),
+    click.option("--grpc-port", default=defaults.GRPC_PORT, type=int, help="gRPC port."),
+    click.option("--metrics-port", default=defaults.METRICS_PORT, type=int, help="Metrics port."),
+    click.option(
+        "--host",
+        default=defaults.HOST,
+        help="Address to bind (0.0.0.0 for all interfaces: inference, metadata, statistics and metrics are "
+        "then open to the network).",
+    ),
+    click.option(
+        "--timeout",
+        default=None,
+        type=float,
+        help=f"Seconds to wait for the server and every model to be ready  [default: "
+        f"{defaults.READY_TIMEOUT_S:.0f} + {defaults.READY_S_PER_ENGINE_GIB:.0f} per GiB of engine files]",
+    ),
+    click.option(
+        "--log",
+        "log_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="tritonserver's log (kept after stop)  [default: REPOSITORY.tritonserver.HTTP_PORT.log]",
+    ),
+    click.option(
+        "--admin-key-file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Unlock the admin APIs (shared-memory, model-config, model-repository, trace, logging) for "
+        "requests whose header triton-admin-key (gRPC: triton-grpc-protocol-triton-admin-key) holds the key "
+        "in this file; a missing file is created with a random key, mode 0600. Without it the key is "
+        "random. Either way it is left, 0600, in trt-spec's cache for the HTTP and gRPC ports while the "
+        "server runs (check, bench and tune on this host find it there).",
+    ),
+    click.option(
+        "--openai-port",
+        type=click.IntRange(1, 65535),
+        default=None,
+        help="Also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics) on this "
+        "port, in front of the server's gRPC port; models: ensemble (baseline), tensorrt_llm_bls "
+        "(speculative).",
+    ),
+    click.option(
+        "--drain-timeout",
+        default=defaults.DRAIN_TIMEOUT_S,
+        type=click.FloatRange(0, None),
+        show_default=True,
+        help="On SIGTERM/Ctrl-C: seconds the requests in flight get to finish (no new ones are admitted and "
+        "/v2/health/ready turns false meanwhile); then those left end with a clear error.",
+    ),
+    click.option("--dry-run", is_flag=True, help="Print the exact command line(s) and exit."),
+    click.option("--verbose", is_flag=True, help="tritonserver --log-verbose=1."),
+)
+
+
 @main.command()
 @click.argument("repository", type=click.Path(file_okay=False))
-@click.option("--http-port", default=defaults.HTTP_PORT, type=int, help="HTTP port.")
-@click.option("--grpc-port", default=defaults.GRPC_PORT, type=int, help="gRPC port.")
-@click.option("--metrics-port", default=defaults.METRICS_PORT, type=int, help="Metrics port.")
-@click.option("--host", default=defaults.HOST,
-              help="Address to bind (0.0.0.0 for all interfaces: inference, metadata, statistics and metrics are "
-                   "then open to the network).")
-@click.option("--timeout", default=None, type=float,
-              help=f"Seconds to wait for the server and every model to be ready  [default: "
-                   f"{defaults.READY_TIMEOUT_S:.0f} + {defaults.READY_S_PER_ENGINE_GIB:.0f} per GiB of engine files]")
-@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
-              help="tritonserver's log (kept after stop)  [default: REPOSITORY.tritonserver.HTTP_PORT.log]")
-@click.option("--admin-key-file", type=click.Path(dir_okay=False), default=None,
-              help="Unlock the admin APIs (shared-memory, model-config, model-repository, trace, logging) for "
-                   "requests whose header triton-admin-key (gRPC: triton-grpc-protocol-triton-admin-key) holds the key "
-                   "in this file; a missing file is created with a random key, mode 0600. Without it the key is "
-                   "random. Either way it is left, 0600, in trt-spec's cache for the HTTP and gRPC ports while the "
-                   "server runs (check, bench and tune on this host find it there).")
-@click.option("--openai-port", type=click.IntRange(1, 65535), default=None,
-              help="Also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics) on this "
-                   "port, in front of the server's gRPC port; models: ensemble (baseline), tensorrt_llm_bls "
-                   "(speculative).")
-@click.option("--drain-timeout", default=defaults.DRAIN_TIMEOUT_S, type=click.FloatRange(0, None), show_default=True,
-              help="On SIGTERM/Ctrl-C: seconds the requests in flight get to finish (no new ones are admitted and "
-                   "/v2/health/ready turns false meanwhile); then those left end with a clear error.")
-@click.option("--dry-run", is_flag=True, help="Print the exact command line(s) and exit.")
-@click.option("--verbose", is_flag=True, help="tritonserver --log-verbose=1.")
-def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, host: str, timeout: Optional[float],
-          log_path: Optional[str], admin_key_file: Optional[str], openai_port: Optional[int], drain_timeout: float,
-          dry_run: bool, verbose: bool) -> None:
+@_serve_options
+def serve(repository: str, log_path: Optional[str], admin_key_file: Optional[str], dry_run: bool, **kw) -> None:
     """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until SIGTERM/Ctrl-C/SIGHUP.
 
     A signal drains: new requests are refused with a "shutting down" line and readiness turns false, the requests
@@ -415,10 +526,12 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
     the exit code is 3. Other exit codes: 1 the server failed or exited, 2 a bad argument or a busy port.
     """
     o = supervisor.ServeOptions(
-        Path(repository), http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host,
-        timeout=timeout, log_path=Path(log_path) if log_path else None,
-        admin_key_file=Path(admin_key_file) if admin_key_file else None, openai_port=openai_port,
-        drain_timeout=drain_timeout, verbose=verbose, restart="trt-spec " + shlex.join(sys.argv[1:]))
+        Path(repository),
+        log_path=Path(log_path) if log_path else None,
+        admin_key_file=Path(admin_key_file) if admin_key_file else None,
+        restart="trt-spec " + shlex.join(sys.argv[1:]),
+        **kw,  # the ports, host, timeouts and verbosity, named as ServeOptions names them
+    )
     try:
         if dry_run:
             for line in supervisor.dry_run(o):
@@ -435,27 +548,63 @@ def serve(repository: str, http_port: int, grpc_port: int, metrics_port: int, ho
 @_protocol_option
 @_prompt_options
 @click.option("--num-draft-tokens", type=int, default=None, help="k per request (default: the deployment's).")
-@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
-              help="Tokenizer dir: shows divergence context and enables the near-tie (top-2 logit margin) check.")
-@click.option("--near-tie-margin", type=click.FloatRange(min=0, min_open=True), default=None, metavar="LOGITS",
-              help="A divergence whose two tokens lie within this many logits of the baseline engine's best is a "
-                   f"near-tie (reported apart, passes); anything else fails  [default: {defaults.NEAR_TIE_MARGIN} for "
-                   f"a GPU engine, {defaults.NEAR_TIE_MARGIN_EXACT} for the CPU stand-in, whose numerics are exact]")
+@click.option(
+    "--tokenizer",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Tokenizer dir: shows divergence context and enables the near-tie (top-2 logit margin) check.",
+)
+@click.option(
+    "--near-tie-margin",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="LOGITS",
+    help="A divergence whose two tokens lie within this many logits of the baseline engine's best is a "
+    f"near-tie (reported apart, passes); anything else fails  [default: {defaults.NEAR_TIE_MARGIN} for "
+    f"a GPU engine, {defaults.NEAR_TIE_MARGIN_EXACT} for the CPU stand-in, whose numerics are exact]",
+)
 @click.option("--raw", is_flag=True, help="Send prompts as raw text (default with --tokenizer: its chat template).")
-@click.option("--temperature", type=float, default=0.0,
-              help="> 0: also a distribution-level (chi-square) check over seeded samples at this temperature.")
-@click.option("--samples", type=int, default=defaults.SAMPLING_SAMPLES,
-              help="Seeded samples per prompt and model for the distribution check.")
+@click.option(
+    "--temperature",
+    type=float,
+    default=0.0,
+    help="> 0: also a distribution-level (chi-square) check over seeded samples at this temperature.",
+)
+@click.option(
+    "--samples",
+    type=int,
+    default=defaults.SAMPLING_SAMPLES,
+    help="Seeded samples per prompt and model for the distribution check.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_wait_option
 @_admin_key_option
-def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
-          num_draft_tokens: Optional[int], tokenizer: Optional[str], near_tie_margin: Optional[float], raw: bool,
-          temperature: float, samples: int, fmt: str, wait: Optional[float], admin_key_file: Optional[str]) -> None:
+def check(
+    url: str,
+    protocol: str,
+    prompt_set: str,
+    max_tokens: Optional[int],
+    limit: Optional[int],
+    num_draft_tokens: Optional[int],
+    tokenizer: Optional[str],
+    near_tie_margin: Optional[float],
+    raw: bool,
+    temperature: float,
+    samples: int,
+    fmt: str,
+    wait: Optional[float],
+    admin_key_file: Optional[str],
+) -> None:
     """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch)."""
     prompts = _prompts(prompt_set, max_tokens, limit)
-    o = commands.CheckOptions(num_draft_tokens=num_draft_tokens, tokenizer=tokenizer, near_tie_margin=near_tie_margin,
-                     raw=raw, temperature=temperature, samples=samples)
+    o = commands.CheckOptions(
+        num_draft_tokens=num_draft_tokens,
+        tokenizer=tokenizer,
+        near_tie_margin=near_tie_margin,
+        raw=raw,
+        temperature=temperature,
+        samples=samples,
+    )
     try:
         client = commands.served_client(url, protocol, wait, admin_key_file, note=_note)
         rep = commands.run_check(client, prompts, o, stage=_stage(), note=_note)
@@ -469,26 +618,57 @@ def check(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], l
 
 _runs_options = _with(
     _prompt_options,
-    click.option("--k", "ks", multiple=True, type=int,
-                 help="Draft tokens per step (the cap under the adaptive policy); repeat to sweep (default: the "
-                      "deployment's num_draft_tokens)."),
-    click.option("--repeats", type=int, default=1,
-                 help="Repetitions of the prompt set (the concurrency sweep sends prompts × repeats per level)."),
-    click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
-                 help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the "
-                      "deployment's)."),
+    click.option(
+        "--k",
+        "ks",
+        multiple=True,
+        type=int,
+        help="Draft tokens per step (the cap under the adaptive policy); repeat to sweep (default: the "
+        "deployment's num_draft_tokens).",
+    ),
+    click.option(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Repetitions of the prompt set (the concurrency sweep sends prompts × repeats per level).",
+    ),
+    click.option(
+        "--policy",
+        "policies",
+        multiple=True,
+        type=click.Choice(POLICIES),
+        help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the deployment's).",
+    ),
     click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text"),
 )
 _load_options = _with(  # bench served / bench openai: a server takes load
-    click.option("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
-                 help="Also sweep these numbers of requests in flight (repeatable), at the first --k and --policy."),
-    click.option("--request-rate", "rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RPS",
-                 help="Also an open-loop run: requests at Poisson arrivals of RPS/s (seeded), to each model, with "
-                      "goodput."),
-    click.option("--num-requests", type=click.IntRange(min=1), default=None,
-                 help="Requests per model of the --request-rate run (default: prompts x repeats)."),
-    click.option("--slo-ttft-ms", type=click.FloatRange(min=0), default=None,
-                 help="Goodput: a request meets the SLO only with TTFT at most this."),
+    click.option(
+        "--concurrency",
+        "levels",
+        multiple=True,
+        type=click.IntRange(min=1),
+        help="Also sweep these numbers of requests in flight (repeatable), at the first --k and --policy.",
+    ),
+    click.option(
+        "--request-rate",
+        "rate",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        metavar="RPS",
+        help="Also an open-loop run: requests at Poisson arrivals of RPS/s (seeded), to each model, with goodput.",
+    ),
+    click.option(
+        "--num-requests",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Requests per model of the --request-rate run (default: prompts x repeats).",
+    ),
+    click.option(
+        "--slo-ttft-ms",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Goodput: a request meets the SLO only with TTFT at most this.",
+    ),
     click.option("--slo-tpot-ms", type=click.FloatRange(min=0), default=None, help="Goodput: … and TPOT at most this."),
     click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help),
     click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help),
@@ -521,38 +701,92 @@ def bench() -> None:
 @_admin_key_option
 @_runs_options
 @_load_options
-def bench_served(url: str, protocol: str, wait: Optional[float], admin_key_file: Optional[str], prompt_set: str,
-                 max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...], repeats: int,
-                 policies: tuple[str, ...], fmt: str, tokenizer: Optional[str], out_dir: Optional[str],
-                 **load) -> None:
+def bench_served(
+    url: str,
+    protocol: str,
+    wait: Optional[float],
+    admin_key_file: Optional[str],
+    prompt_set: str,
+    max_tokens: Optional[int],
+    limit: Optional[int],
+    ks: tuple[int, ...],
+    repeats: int,
+    policies: tuple[str, ...],
+    fmt: str,
+    tokenizer: Optional[str],
+    out_dir: Optional[str],
+    **load,
+) -> None:
     """Against a deployment served by Triton (trt-spec serve) at --url: speedup with a 95% interval, acceptance,
     TTFT/TPOT, optionally a concurrency sweep, a request-rate run with goodput, and report files."""
     prompts = _prompts(prompt_set, max_tokens, limit)
-    _bench_remote(lambda: commands.served_target(url, protocol, wait, admin_key_file, tokenizer, prompts, _note),
-                  _runs(ks, repeats, policies), load, fmt, out_dir)
+    _bench_remote(
+        lambda: commands.served_target(url, protocol, wait, admin_key_file, tokenizer, prompts, _note),
+        _runs(ks, repeats, policies),
+        load,
+        fmt,
+        out_dir,
+    )
 
 
 @bench.command("openai", short_help="Any OpenAI-compatible server(s) at --url (vLLM, SGLang, ...).")
-@click.option("--url", "urls", required=True, multiple=True, metavar="URL",
-              help="http://HOST:PORT[/v1]; once (both models on it) or twice (the baseline's server, then the "
-                   "speculative one's).")
-@click.option("--model", "models", multiple=True, help="Twice: the baseline's model name, then the speculative one's "
-              "(default: trt-spec's, ensemble and tensorrt_llm_bls).")
-@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat",
-              help="/v1/chat/completions (the server applies the chat template) or /v1/completions (raw prompts).")
-@click.option("--api-key", default="none", envvar="OPENAI_API_KEY", show_envvar=True,
-              help="Bearer token, if the server wants one.")
+@click.option(
+    "--url",
+    "urls",
+    required=True,
+    multiple=True,
+    metavar="URL",
+    help="http://HOST:PORT[/v1]; once (both models on it) or twice (the baseline's server, then the "
+    "speculative one's).",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="Twice: the baseline's model name, then the speculative one's "
+    "(default: trt-spec's, ensemble and tensorrt_llm_bls).",
+)
+@click.option(
+    "--api",
+    type=click.Choice(["chat", "completions"]),
+    default="chat",
+    help="/v1/chat/completions (the server applies the chat template) or /v1/completions (raw prompts).",
+)
+@click.option(
+    "--api-key",
+    default="none",
+    envvar="OPENAI_API_KEY",
+    show_envvar=True,
+    help="Bearer token, if the server wants one.",
+)
 @_runs_options
 @_load_options
-def bench_openai(urls: tuple[str, ...], models: tuple[str, ...], api: str, api_key: str, prompt_set: str,
-                 max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...], repeats: int,
-                 policies: tuple[str, ...], fmt: str, tokenizer: Optional[str], out_dir: Optional[str],
-                 **load) -> None:
+def bench_openai(
+    urls: tuple[str, ...],
+    models: tuple[str, ...],
+    api: str,
+    api_key: str,
+    prompt_set: str,
+    max_tokens: Optional[int],
+    limit: Optional[int],
+    ks: tuple[int, ...],
+    repeats: int,
+    policies: tuple[str, ...],
+    fmt: str,
+    tokenizer: Optional[str],
+    out_dir: Optional[str],
+    **load,
+) -> None:
     """Against any OpenAI-compatible server(s): trt-spec serve --openai-port, vLLM, SGLang, trtllm-serve,
     llama-server; the same runs and report as `bench served`."""
     prompts = _prompts(prompt_set, max_tokens, limit)
-    _bench_remote(lambda: commands.openai_target(urls, models, api, api_key, tokenizer, prompts, _note),
-                  _runs(ks, repeats, policies), load, fmt, out_dir)
+    _bench_remote(
+        lambda: commands.openai_target(urls, models, api, api_key, tokenizer, prompts, _note),
+        _runs(ks, repeats, policies),
+        load,
+        fmt,
+        out_dir,
+    )
 
 
 @bench.command("in-process", short_help="CONFIG's built reference engine, in this process, no server.")
@@ -562,9 +796,20 @@ def bench_openai(urls: tuple[str, ...], models: tuple[str, ...], api: str, api_k
 @click.option("--compare-hf", is_flag=True, help="Also time target-only greedy against HF generate.")
 @_set_option
 @_runs_options
-def bench_in_process(config: str, ignore_eos: bool, threads: Optional[int], compare_hf: bool, sets: tuple[str, ...],
-                     prompt_set: str, max_tokens: Optional[int], limit: Optional[int], ks: tuple[int, ...],
-                     repeats: int, policies: tuple[str, ...], fmt: str) -> None:
+def bench_in_process(
+    config: str,
+    ignore_eos: bool,
+    threads: Optional[int],
+    compare_hf: bool,
+    sets: tuple[str, ...],
+    prompt_set: str,
+    max_tokens: Optional[int],
+    limit: Optional[int],
+    ks: tuple[int, ...],
+    repeats: int,
+    policies: tuple[str, ...],
+    fmt: str,
+) -> None:
     """The same speculative loop and policy over CONFIG's reference engines (built with `trt-spec build CONFIG`) in
     this process, no server: speedup, decode speedup, token identity, acceptance, the policy's per-round k counts,
     the draft/target cost ratio and the Leviathan bound."""
@@ -572,9 +817,16 @@ def bench_in_process(config: str, ignore_eos: bool, threads: Optional[int], comp
 
     prompts = _prompts(prompt_set, max_tokens, limit)
     try:  # a bad config or build, the loop's request checks (RequestError), an engine's refusal
-        rep = commands.bench_in_process(Path(config), sets, prompts, _runs(ks, repeats, policies),
-                                        ignore_eos=ignore_eos, threads=threads, compare_hf=compare_hf,
-                                        progress=lambda s: _err(s) if fmt == "text" else None)
+        rep = commands.bench_in_process(
+            Path(config),
+            sets,
+            prompts,
+            _runs(ks, repeats, policies),
+            ignore_eos=ignore_eos,
+            threads=threads,
+            compare_hf=compare_hf,
+            progress=lambda s: _err(s) if fmt == "text" else None,
+        )
     except (ValueError, BuildError) as e:
         raise UserError(str(e)) from None
     click.echo(to_json(rep) if fmt == "json" else format_report(rep))
@@ -584,16 +836,32 @@ def bench_in_process(config: str, ignore_eos: bool, threads: Optional[int], comp
 @click.option("--url", default=defaults.URL, metavar="HOST:PORT", help=_url_help)
 @_protocol_option
 @_prompt_options
-@click.option("--k", "ks", multiple=True, type=int, default=defaults.TUNE_KS,
-              help="Fixed k values to try (repeatable); the adaptive policy then runs capped at the largest.")
+@click.option(
+    "--k",
+    "ks",
+    multiple=True,
+    type=int,
+    default=defaults.TUNE_KS,
+    help="Fixed k values to try (repeatable); the adaptive policy then runs capped at the largest.",
+)
 @click.option("--repeats", type=int, default=1, help="Repetitions of the prompt set per k.")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None, help=_tokenizer_help)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help=_report_help)
 @_wait_option
 @_admin_key_option
-def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], limit: Optional[int],
-         ks: tuple[int, ...], repeats: int, tokenizer: Optional[str], out_dir: Optional[str],
-         wait: Optional[float], admin_key_file: Optional[str]) -> None:
+def tune(
+    url: str,
+    protocol: str,
+    prompt_set: str,
+    max_tokens: Optional[int],
+    limit: Optional[int],
+    ks: tuple[int, ...],
+    repeats: int,
+    tokenizer: Optional[str],
+    out_dir: Optional[str],
+    wait: Optional[float],
+    admin_key_file: Optional[str],
+) -> None:
     """Sweep fixed num_draft_tokens (k), then the adaptive policy, against a served deployment; recommend a k and
     report adaptive against the best fixed k (speedups with 95% intervals, one run)."""
     prompts = _prompts(prompt_set, max_tokens, limit)
@@ -611,11 +879,18 @@ def tune(url: str, protocol: str, prompt_set: str, max_tokens: Optional[int], li
     _print_report(rep, "text", None)
 
 
-@main.command(help=f"End to end on this machine: build CONFIG (default: {defaults.DEMO_CONFIG}), repo, serve, "
-                   "check and bench over HTTP and gRPC, a concurrency sweep over gRPC, reports, stop.")
+@main.command(
+    help=f"End to end on this machine: build CONFIG (default: {defaults.DEMO_CONFIG}), repo, serve, "
+    "check and bench over HTTP and gRPC, a concurrency sweep over gRPC, reports, stop."
+)
 @click.argument("config", type=click.Path(dir_okay=False), default=defaults.DEMO_CONFIG)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=defaults.DEMO_OUT,
-              help="Where the repository, server log and reports go.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=defaults.DEMO_OUT,
+    help="Where the repository, server log and reports go.",
+)
 def demo(config: str, out_dir: str) -> None:
     from .demo import format_verdict, run_demo
 
@@ -641,24 +916,44 @@ def deploy() -> None:
 
 @deploy.command("k8s")
 @click.argument("source", type=click.Path())
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Chart directory to write (Chart.yaml, values.yaml, templates/, prometheus-adapter-values.yaml).")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
-              help="GPUs per node of the cluster; a plan needing more runs as a LeaderWorkerSet group  "
-                   "[default: the GPU count the plan was made for]")
-@click.option("--min-acceptance", type=click.FloatRange(0.0, 1.0), default=None,
-              help="Alert threshold on accepted/drafted draft tokens  [default: break-even c + (r-1)/k, r = "
-                   f"{defaults.VERIFY_COST_GPU}]")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Chart directory to write (Chart.yaml, values.yaml, templates/, prometheus-adapter-values.yaml).",
+)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPUs per node of the cluster; a plan needing more runs as a LeaderWorkerSet group  "
+    "[default: the GPU count the plan was made for]",
+)
+@click.option(
+    "--min-acceptance",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Alert threshold on accepted/drafted draft tokens  [default: break-even c + (r-1)/k, r = "
+    f"{defaults.VERIFY_COST_GPU}]",
+)
 @_gpu_option
 @_set_option
-def k8s(source: str, out_dir: str, gpus_per_node: Optional[int], min_acceptance: Optional[float],
-        gpu: Optional[str], sets: tuple[str, ...]) -> None:
+def k8s(
+    source: str,
+    out_dir: str,
+    gpus_per_node: Optional[int],
+    min_acceptance: Optional[float],
+    gpu: Optional[str],
+    sets: tuple[str, ...],
+) -> None:
     """Write a Helm chart for BUILD_DIR (its manifest.json) or CONFIG (its plan): pinned NGC image, build Job into a
     PersistentVolumeClaim, Deployment (or LeaderWorkerSet), Service, PodMonitor, HPA, PodDisruptionBudget and an
     acceptance alert."""
     try:
-        out = write_chart(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, min_acceptance=min_acceptance,
-                          sets=sets, gpu=gpu)
+        out = write_chart(
+            Path(source), Path(out_dir), gpus_per_node=gpus_per_node, min_acceptance=min_acceptance, sets=sets, gpu=gpu
+        )
     except (DeployError, ConfigError, PreflightError, HardwareError) as e:
         raise UserError(str(e)) from None
     click.echo(f"wrote {out} (Helm chart) and {out / ADAPTER_VALUES}")
@@ -681,24 +976,51 @@ def doctor() -> None:
         raise UserError(fatal.detail)
 
 
-@main.command(help="GPU host: the single-GPU chain on SmolLM2-135M in minutes (doctor; build, repo, the plain launch "
-                   "from another directory, serve, NVIDIA's clients, check and bench for runtime engine, then its "
-                   "llmapi twin); writes OUT/report.md and report.json: "
-                   "every link ok, or the first failure of each chain with the log lines that matter. "
-                   "`make gpu-smoke`.")
-@click.option("--gpu", default="auto", show_default=True, metavar="NAME[:COUNT]",
-              help="The GPU to plan for (auto: nvidia-smi), e.g. h100:1.")
+@main.command(
+    help="GPU host: the single-GPU chain on SmolLM2-135M in minutes (doctor; build, repo, the plain launch "
+    "from another directory, serve, NVIDIA's clients, check and bench for runtime engine, then its "
+    "llmapi twin); writes OUT/report.md and report.json: "
+    "every link ok, or the first failure of each chain with the log lines that matter. "
+    "`make gpu-smoke`."
+)
+@click.option(
+    "--gpu",
+    default="auto",
+    show_default=True,
+    metavar="NAME[:COUNT]",
+    help="The GPU to plan for (auto: nvidia-smi), e.g. h100:1.",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="build/gpu-smoke", show_default=True)
-@click.option("--calib-dataset", type=click.Path(file_okay=False), default=None,
-              help="Local calibration set for quantize.py (default: the one trt-spec ships).")
-@click.option("--engine-config", type=click.Path(dir_okay=False),
-              default="build_configs/smollm2-first-contact-fp8.yaml", show_default=True)
-@click.option("--llmapi-config", type=click.Path(dir_okay=False),
-              default="build_configs/smollm2-first-contact-llmapi.yaml", show_default=True)
+@click.option(
+    "--calib-dataset",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Local calibration set for quantize.py (default: the one trt-spec ships).",
+)
+@click.option(
+    "--engine-config",
+    type=click.Path(dir_okay=False),
+    default="build_configs/smollm2-first-contact-fp8.yaml",
+    show_default=True,
+)
+@click.option(
+    "--llmapi-config",
+    type=click.Path(dir_okay=False),
+    default="build_configs/smollm2-first-contact-llmapi.yaml",
+    show_default=True,
+)
 def smoke(gpu: str, out_dir: str, calib_dataset: Optional[str], engine_config: str, llmapi_config: str) -> None:
     _sigterm_as_ctrl_c()
-    rep = run_smoke(SmokeSettings(engine_config=engine_config, llmapi_config=llmapi_config, out_dir=out_dir, gpu=gpu,
-                                  calib_dataset=calib_dataset), say=_err)
+    rep = run_smoke(
+        SmokeSettings(
+            engine_config=engine_config,
+            llmapi_config=llmapi_config,
+            out_dir=out_dir,
+            gpu=gpu,
+            calib_dataset=calib_dataset,
+        ),
+        say=_err,
+    )
     for chain in rep.chains:
         click.echo(f"{chain}: {rep.chain_verdict(chain)}")
     click.echo(f"report: {Path(out_dir) / 'report.md'}")

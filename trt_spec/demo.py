@@ -42,13 +42,15 @@ class DemoSettings:
     openai_tokens: int = 32
 
 
-def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
-             say: Callable[[str], None] = print) -> dict:
+def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(), say: Callable[[str], None] = print) -> dict:
     cfg = load_config(config)
     say(f"[1/5] build {config} (incremental: reruns only what changed)")
     plan = plan_for(cfg, config)
-    run_plan(plan, config_path=config, on_event=lambda ev, st, i, n: say(f"      {st.name}: {ev}")
-             if ev in ("start", "skip", "done") else None)
+    run_plan(
+        plan,
+        config_path=config,
+        on_event=lambda ev, st, i, n: say(f"      {st.name}: {ev}") if ev in ("start", "skip", "done") else None,
+    )
     build_dir = Path(plan.output_dir)
     manifest = BuildManifest.read(build_dir)
     repo = out / REPO_SUBDIR
@@ -56,8 +58,9 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
     write_repository(manifest, repo)
     tokenizer_dir = manifest.target.dir
     say("[3/5] start tritonserver")
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          log_path=out / "tritonserver.log")
+    server = TritonServer(
+        repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=out / "tritonserver.log"
+    )
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"title": f"demo {cfg.resolved_name(config)}", "check": [], "bench": []}
     with server:
@@ -75,11 +78,17 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(),
             report["check"].append(rep.to_dict())
             say(f"[5/5] paired A/B benchmark over {proto} ({len(bench_prompts)} prompts, streaming)")
             report["bench"].append({"protocol": proto, **paired_ab(client, bench_prompts)})
-        say(f"      concurrency sweep over gRPC: {list(s.concurrency)} in flight, {s.concurrency_requests} requests "
-            f"of up to {s.concurrency_tokens} tokens per level and model")
+        say(
+            f"      concurrency sweep over gRPC: {list(s.concurrency)} in flight, {s.concurrency_requests} requests "
+            f"of up to {s.concurrency_tokens} tokens per level and model"
+        )
         conc_prompts = with_chat_template(load_prompts(s.prompt_set, s.concurrency_tokens), tok)
-        report["concurrency"] = concurrency_sweep(lambda: LLMClient(server.grpc_url, "grpc"), conc_prompts,
-                                                  s.concurrency, requests_per_level=s.concurrency_requests)
+        report["concurrency"] = concurrency_sweep(
+            lambda: LLMClient(server.grpc_url, "grpc"),
+            conc_prompts,
+            s.concurrency,
+            requests_per_level=s.concurrency_requests,
+        )
         url = f"http://{server.http_url.rsplit(':', 1)[0]}:{server.metrics_port}/metrics"
         say(f"      speculation metrics from the server: {url}")
         try:
@@ -107,17 +116,26 @@ def openai_call(repo: Path, server: TritonServer, out: Path, s: DemoSettings, sa
         client = openai.OpenAI(base_url=f"{fe.url}/v1", api_key="none", max_retries=0, timeout=300)
         question = load_prompts("chat", s.openai_tokens)[0].text
         text, usage = [], None
-        for c in client.chat.completions.create(model=SPECULATIVE, messages=[{"role": "user", "content": question}],
-                                                max_tokens=s.openai_tokens, temperature=0, stream=True,
-                                                stream_options={"include_usage": True}):
+        for c in client.chat.completions.create(
+            model=SPECULATIVE,
+            messages=[{"role": "user", "content": question}],
+            max_tokens=s.openai_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
             usage = c.usage or usage
             if c.choices and c.choices[0].delta.content:
                 text.append(c.choices[0].delta.content)
-        return {"url": f"{fe.url}/v1", "question": question, "answer": "".join(text),
-                "usage": usage.model_dump() if usage else None,
-                "curl": f"curl -s {fe.url}/v1/chat/completions -H 'Content-Type: application/json' -d "
-                        f"'{{\"model\": \"{SPECULATIVE}\", \"messages\": [{{\"role\": \"user\", \"content\": "
-                        f"\"Hello\"}}], \"max_tokens\": 32}}'"}
+        return {
+            "url": f"{fe.url}/v1",
+            "question": question,
+            "answer": "".join(text),
+            "usage": usage.model_dump() if usage else None,
+            "curl": f"curl -s {fe.url}/v1/chat/completions -H 'Content-Type: application/json' -d "
+            f'\'{{"model": "{SPECULATIVE}", "messages": [{{"role": "user", "content": '
+            f'"Hello"}}], "max_tokens": 32}}\'',
+        }
     except (openai.APIError, RuntimeError) as e:  # the demo's verdict stands without it
         return {"url": f"{fe.url}/v1", "error": str(e)}
     finally:
@@ -127,48 +145,61 @@ def openai_call(repo: Path, server: TritonServer, out: Path, s: DemoSettings, sa
 def format_sweep(rows: list[dict]) -> list[str]:
     """The concurrency sweep as a text table: total tok/s per model, speedup, acceptance, per-request TPOT p50
     and latency p99 per model."""
-    out = [f"{'in flight':>9}{'base tok/s':>12}{'spec tok/s':>12}{'speedup':>9}{'accept':>8}{'mean len':>9}"
-           f"{'TPOT ms base/spec':>19}{'p99 s base/spec':>17}"]
+    out = [
+        f"{'in flight':>9}{'base tok/s':>12}{'spec tok/s':>12}{'speedup':>9}{'accept':>8}{'mean len':>9}"
+        f"{'TPOT ms base/spec':>19}{'p99 s base/spec':>17}"
+    ]
     for r in rows:
         b, s = r[BASELINE], r[SPECULATIVE]
         tpot = f"{b['tpot_s']['p50'] * 1e3:.1f}/{s['tpot_s']['p50'] * 1e3:.1f}"
         p99 = f"{b['latency_s']['p99']:.2f}/{s['latency_s']['p99']:.2f}"
-        out.append(f"{r['concurrency']:>9}{b['tokens_per_s']:>12.1f}{s['tokens_per_s']:>12.1f}{r['speedup']:>8.2f}x"
-                   f"{fmt(r['acceptance']['acceptance_rate'], '>8.2f')}"
-                   f"{fmt(r['acceptance']['mean_acceptance_length'], '>9.2f')}"
-                   f"{tpot:>19}{p99:>17}")
+        out.append(
+            f"{r['concurrency']:>9}{b['tokens_per_s']:>12.1f}{s['tokens_per_s']:>12.1f}{r['speedup']:>8.2f}x"
+            f"{fmt(r['acceptance']['acceptance_rate'], '>8.2f')}"
+            f"{fmt(r['acceptance']['mean_acceptance_length'], '>9.2f')}"
+            f"{tpot:>19}{p99:>17}"
+        )
     return out
 
 
 def format_server_metrics(m: dict) -> list[str]:
     """What the BLS published to Prometheus over the whole demo (trt_spec_* on Triton's metrics port)."""
+
     def f(key: str, spec: str) -> str:
         return "n/a" if m[key] is None else format(m[key], spec)
 
     head = f"speculation metrics scraped from {m['url']} ({SPECULATIVE}, every request of the demo):"
     if "error" in m:
         return [head, f"  not available: {m['error']}"]
-    return [head,
-            f"  requests {m['requests']}, drafted {m['drafted']}, accepted {m['accepted']}, "
-            f"acceptance rate {f('acceptance_rate', '.2f')}",
-            f"  rounds {m['rounds']}, without speculation {f('no_speculation_share', '.1%')}, mean acceptance length "
-            f"{f('mean_acceptance_length', '.2f')} (1 + accepted / speculative rounds)"]
+    return [
+        head,
+        f"  requests {m['requests']}, drafted {m['drafted']}, accepted {m['accepted']}, "
+        f"acceptance rate {f('acceptance_rate', '.2f')}",
+        f"  rounds {m['rounds']}, without speculation {f('no_speculation_share', '.1%')}, mean acceptance length "
+        f"{f('mean_acceptance_length', '.2f')} (1 + accepted / speculative rounds)",
+    ]
 
 
 def format_verdict(rep: dict) -> str:
     lines = ["", "=" * 72]
     for c in rep["check"]:
-        lines.append(f"identity over {c['protocol']:<4}: {c['match_rate']:.0%} of prompts token-identical, "
-                     f"{c['real_mismatches']} real mismatch(es) -> {'PASS' if c['passed'] else 'FAIL'}")
+        lines.append(
+            f"identity over {c['protocol']:<4}: {c['match_rate']:.0%} of prompts token-identical, "
+            f"{c['real_mismatches']} real mismatch(es) -> {'PASS' if c['passed'] else 'FAIL'}"
+        )
     lines.append("")
-    lines.append(f"{'protocol':<9}{'baseline tok/s':>15}{'spec tok/s':>12}{'speedup':>9}{'95% CI':>15}"
-                 f"{'accept':>8}{'mean len':>9}{'TTFT ms':>9}")
+    lines.append(
+        f"{'protocol':<9}{'baseline tok/s':>15}{'spec tok/s':>12}{'speedup':>9}{'95% CI':>15}"
+        f"{'accept':>8}{'mean len':>9}{'TTFT ms':>9}"
+    )
     for b in rep["bench"]:
-        lines.append(f"{b['protocol']:<9}{b['baseline']['tokens_per_s']:>15.1f}{b['speculative']['tokens_per_s']:>12.1f}"
-                     f"{b['speedup']:>8.2f}x{b['speedup_ci95'][0]:>8.2f}-{b['speedup_ci95'][1]:<6.2f}"
-                     f"{fmt(b['acceptance']['acceptance_rate'], '>8.2f')}"
-                     f"{fmt(b['acceptance']['mean_acceptance_length'], '>9.2f')}"
-                     f"{b['speculative']['ttft_s']['p50'] * 1e3:>9.0f}")
+        lines.append(
+            f"{b['protocol']:<9}{b['baseline']['tokens_per_s']:>15.1f}{b['speculative']['tokens_per_s']:>12.1f}"
+            f"{b['speedup']:>8.2f}x{b['speedup_ci95'][0]:>8.2f}-{b['speedup_ci95'][1]:<6.2f}"
+            f"{fmt(b['acceptance']['acceptance_rate'], '>8.2f')}"
+            f"{fmt(b['acceptance']['mean_acceptance_length'], '>9.2f')}"
+            f"{b['speculative']['ttft_s']['p50'] * 1e3:>9.0f}"
+        )
     for b in rep["bench"]:
         if b.get("warning"):
             lines.append(f"WARNING ({b['protocol']}): {b['warning']}")
@@ -183,11 +214,12 @@ def format_verdict(rep: dict) -> str:
             lines.append(f"  not available: {o['error']}")
         else:
             u = o["usage"] or {}
-            lines += [f"  chat {SPECULATIVE}: {o['question'][:60]!r} -> {o['answer'][:100]!r}",
-                      f"  usage: {u.get('prompt_tokens')} prompt + {u.get('completion_tokens')} completion tokens",
-                      f"  try: {o['curl']}"]
+            lines += [
+                f"  chat {SPECULATIVE}: {o['question'][:60]!r} -> {o['answer'][:100]!r}",
+                f"  usage: {u.get('prompt_tokens')} prompt + {u.get('completion_tokens')} completion tokens",
+                f"  try: {o['curl']}",
+            ]
     lines.append("")
     lines.append(f"verdict: {'PASS' if rep['passed'] else 'FAIL'} — reports: " + ", ".join(rep.get("files", [])))
     lines.append("=" * 72)
     return "\n".join(lines)
-

@@ -43,8 +43,9 @@ def model_sources() -> Path:
     return Path(__file__).resolve().parents[1] / "model_repo"
 
 
-def served_imports(root: Optional[Path] = None,
-                   files: Optional[Iterable[tuple[str, Path]]] = None) -> dict[str, dict[str, set[str]]]:
+def served_imports(
+    root: Optional[Path] = None, files: Optional[Iterable[tuple[str, Path]]] = None
+) -> dict[str, dict[str, set[str]]]:
     """What the python models import, read from their source with ast (module level and inside functions): module ->
     {model -> names imported from it (empty for `import module`)}. The standard library and the stub's own module
     are left out; relative imports do not occur in a Triton model. Reads root/*/1/model.py (default: trt-spec's own
@@ -95,8 +96,9 @@ def served_import_checks(root: Optional[Path] = None) -> list[Check]:
             bad.append(Check(f"import {module}", False, err, f"the python model(s) {', '.join(sorted(by_model))}"))
     if bad:
         return bad
-    return [Check("served imports", True, f"the python models' {len(imports)} imports all load in {sys.executable}",
-                  "")]
+    return [
+        Check("served imports", True, f"the python models' {len(imports)} imports all load in {sys.executable}", "")
+    ]
 
 
 # -- NVIDIA's LLM-API model (runtime llmapi) and the image's TensorRT-LLM, each imported in a subprocess -------------
@@ -121,9 +123,12 @@ for module, names in json.loads(sys.argv[2]):
 """
 
 
-def probe_imports(modules: Iterable[tuple[str, Iterable[str]]], path: Iterable[Path] = (),
-                  timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S,
-                  python: str = sys.executable) -> tuple[dict[str, Optional[str]], Optional[str], float]:
+def probe_imports(
+    modules: Iterable[tuple[str, Iterable[str]]],
+    path: Iterable[Path] = (),
+    timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S,
+    python: str = sys.executable,
+) -> tuple[dict[str, Optional[str]], Optional[str], float]:
     """import_error for each (module, names) in a subprocess of `python` with `path` first on sys.path (a model
     directory, so its sibling modules resolve), under a timeout: a slow or hanging import (tensorrt_llm) cannot hang
     doctor. Returns ({module: error or None} for the modules it got to, the failure of the subprocess itself or None,
@@ -135,12 +140,29 @@ def probe_imports(modules: Iterable[tuple[str, Iterable[str]]], path: Iterable[P
     mods = [[m, sorted(n)] for m, n in modules]
     t0 = time.monotonic()
     try:
-        r = subprocess.run([python, "-c", _PROBE_SCRIPT, json.dumps([str(p) for p in path]), json.dumps(mods),
-                            json.dumps(sorted(STUB_MODULES))],
-                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-        out, failure = r.stdout, (None if r.returncode == 0 else
-                                  f"the import subprocess exited with code {r.returncode}: "
-                                  f"{_last_line(r.stderr) or _last_line(r.stdout)}")
+        r = subprocess.run(
+            [
+                python,
+                "-c",
+                _PROBE_SCRIPT,
+                json.dumps([str(p) for p in path]),
+                json.dumps(mods),
+                json.dumps(sorted(STUB_MODULES)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+        out, failure = (
+            r.stdout,
+            (
+                None
+                if r.returncode == 0
+                else f"the import subprocess exited with code {r.returncode}: "
+                f"{_last_line(r.stderr) or _last_line(r.stdout)}"
+            ),
+        )
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         failure = f"timed out after {timeout_s:.0f}s"
@@ -149,7 +171,7 @@ def probe_imports(modules: Iterable[tuple[str, Iterable[str]]], path: Iterable[P
     got: dict[str, Optional[str]] = {}
     for line in out.splitlines():
         if line.startswith(_PROBE_MARK):
-            module, err = json.loads(line[len(_PROBE_MARK):])
+            module, err = json.loads(line[len(_PROBE_MARK) :])
             got[module] = err
     return got, failure, time.monotonic() - t0
 
@@ -171,8 +193,9 @@ def nvidia_llmapi_dir(tc: Toolchain) -> tuple[Optional[Path], list[str], Optiona
     return llmapi_source(tc.llmapi_model_dir), places, None
 
 
-def nvidia_model_import_checks(tc: Toolchain, on_gpu_host: bool,
-                               timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S) -> list[Check]:
+def nvidia_model_import_checks(
+    tc: Toolchain, on_gpu_host: bool, timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S
+) -> list[Check]:
     """NVIDIA's LLM-API model (what runtime llmapi repositories run on a GPU): its model.py and sibling modules
     (helpers.py) read with served_imports, each module imported in a subprocess with that directory first on
     sys.path; one line per module that fails, naming the files that import it. Not found: one line saying where
@@ -181,26 +204,48 @@ def nvidia_model_import_checks(tc: Toolchain, on_gpu_host: bool,
     blocks = "runtime: llmapi repositories (their tensorrt_llm models run NVIDIA's LLM-API model.py)"
     if d is None:
         where = why or f"looked in {', '.join(places)}; set toolchain.llmapi_model_dir"
-        return [Check("NVIDIA LLM-API model", not on_gpu_host,
-                      f"not found ({where})" + ("" if on_gpu_host else "; needed on a GPU host only"), blocks)]
+        return [
+            Check(
+                "NVIDIA LLM-API model",
+                not on_gpu_host,
+                f"not found ({where})" + ("" if on_gpu_host else "; needed on a GPU host only"),
+                blocks,
+            )
+        ]
     files = sorted(d.glob("*.py"))
     imports = served_imports(files=[(f.name, f) for f in files])
     got, failure, secs = probe_imports(
-        [(m, set().union(*by.values())) for m, by in sorted(imports.items())], [d], timeout_s)
+        [(m, set().union(*by.values())) for m, by in sorted(imports.items())], [d], timeout_s
+    )
     bad = []
     for module, by_file in sorted(imports.items()):
         err = got.get(module, failure or "not imported")
         if err is not None:
-            bad.append(Check(f"import {module}", False, err,
-                             f"NVIDIA's LLM-API model {d} ({', '.join(sorted(by_file))}): {blocks}"))
+            bad.append(
+                Check(
+                    f"import {module}",
+                    False,
+                    err,
+                    f"NVIDIA's LLM-API model {d} ({', '.join(sorted(by_file))}): {blocks}",
+                )
+            )
     if bad:
         return bad
-    return [Check("NVIDIA LLM-API model", True, f"{d}: its {len(imports)} imports ({', '.join(f.name for f in files)}) "
-                  f"all load in {sys.executable} ({secs:.0f}s in a subprocess)", "")]
+    return [
+        Check(
+            "NVIDIA LLM-API model",
+            True,
+            f"{d}: its {len(imports)} imports ({', '.join(f.name for f in files)}) "
+            f"all load in {sys.executable} ({secs:.0f}s in a subprocess)",
+            "",
+        )
+    ]
 
 
-_PIP_REQ = re.compile(r"^(?P<who>\S+) (?P<ver>\S+) has requirement (?P<req>.+?), but you have (?P<have>\S+) "
-                      r"(?P<have_v>\S+?)\.?$")
+_PIP_REQ = re.compile(
+    r"^(?P<who>\S+) (?P<ver>\S+) has requirement (?P<req>.+?), but you have (?P<have>\S+) "
+    r"(?P<have_v>\S+?)\.?$"
+)
 _PIP_MISSING = re.compile(r"^(?P<who>\S+) (?P<ver>\S+) requires (?P<req>.+?), which is not installed\.?$")
 
 
@@ -217,17 +262,29 @@ def pip_check_lines(output: str) -> list[Check]:
         m = _PIP_REQ.match(line) or _PIP_MISSING.match(line)
         if m is not None:
             req = m.group("req")
-            fix = (f"fix: python3 -m pip install '{req}' (what {m.group('who')} {m.group('ver')} requires: the "
-                   "image's own version; `make gpu-setup` printed the versions it let move)")
+            fix = (
+                f"fix: python3 -m pip install '{req}' (what {m.group('who')} {m.group('ver')} requires: the "
+                "image's own version; `make gpu-setup` printed the versions it let move)"
+            )
         else:
             fix = "fix: reinstall the image's pinned version of what it names"
-        out.append(Check(f"pip check ({hit})", False, f"{line}; {fix}",
-                         "the image's TensorRT-LLM / torch / tritonclient as the image shipped them"))
+        out.append(
+            Check(
+                f"pip check ({hit})",
+                False,
+                f"{line}; {fix}",
+                "the image's TensorRT-LLM / torch / tritonclient as the image shipped them",
+            )
+        )
     return out
 
 
-def trtllm_import_checks(timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S, pip_timeout_s: float = PIP_CHECK_TIMEOUT_S,
-                         python: str = sys.executable, say: Callable[[str], None] = lambda m: None) -> list[Check]:
+def trtllm_import_checks(
+    timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S,
+    pip_timeout_s: float = PIP_CHECK_TIMEOUT_S,
+    python: str = sys.executable,
+    say: Callable[[str], None] = lambda m: None,
+) -> list[Check]:
     """Where tensorrt_llm is installed (importlib.metadata; nothing is imported here): `import tensorrt_llm` in a
     subprocess with a timeout, and `pip check`'s lines about tensorrt_llm, torch and tritonclient — after
     `make gpu-setup` let pip move grpcio/protobuf within tritonclient's range, the image's TensorRT-LLM must still
@@ -239,14 +296,26 @@ def trtllm_import_checks(timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S, pip_timeout
     say(f"doctor: importing tensorrt_llm in a subprocess (slow: torch, CUDA, MPI; up to {timeout_s:.0f}s) ...")
     got, failure, secs = probe_imports([("tensorrt_llm", ())], timeout_s=timeout_s, python=python)
     err = got.get("tensorrt_llm", failure or "not imported")
-    fix = ("; fix: `python3 -m pip check` names what moved: put back the image's versions (the pip check lines "
-           "below say which)")
-    checks = [Check("import tensorrt_llm", err is None,
-                    f"imports in {secs:.0f}s (a subprocess)" if err is None else f"{err}{fix}",
-                    "everything on the GPU: builds, the tensorrtllm backend's python models, runtime llmapi")]
+    fix = (
+        "; fix: `python3 -m pip check` names what moved: put back the image's versions (the pip check lines "
+        "below say which)"
+    )
+    checks = [
+        Check(
+            "import tensorrt_llm",
+            err is None,
+            f"imports in {secs:.0f}s (a subprocess)" if err is None else f"{err}{fix}",
+            "everything on the GPU: builds, the tensorrtllm backend's python models, runtime llmapi",
+        )
+    ]
     try:
-        r = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, timeout=pip_timeout_s,
-                           stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [python, "-m", "pip", "check"],
+            capture_output=True,
+            text=True,
+            timeout=pip_timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
         checks += pip_check_lines(r.stdout + "\n" + r.stderr)
     except subprocess.TimeoutExpired:
         checks.append(Check("pip check", False, f"timed out after {pip_timeout_s:.0f}s", "nothing by itself"))
@@ -255,49 +324,112 @@ def trtllm_import_checks(timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S, pip_timeout
     return checks
 
 
-def run_checks(toolchain: Toolchain | None = None, disk_path: Path = Path("."),
-               say: Callable[[str], None] = lambda m: None) -> list[Check]:
+def run_checks(
+    toolchain: Toolchain | None = None, disk_path: Path = Path("."), say: Callable[[str], None] = lambda m: None
+) -> list[Check]:
+    """Every doctor line, in report order: GPU and TensorRT-LLM, the build tools, serving, the python models' imports,
+    the image's TensorRT-LLM import, the python packages, disk."""
     tc = toolchain or Toolchain()
-    checks: list[Check] = []
-    gpu = detect_gpus()
-    checks.append(Check("GPU", gpu is not None, gpu.describe() if gpu else "no nvidia-smi / no GPU",
-                        "engine: tensorrt builds and serving (plan still works with --gpu NAME)"))
+    checks = [_gpu_check()]
     trt = trtllm.dist_version("tensorrt_llm")
-    mismatch = trtllm_mismatch(trt)
-    checks.append(Check("TensorRT-LLM", trt is not None and mismatch is None,
-                        mismatch or (f"{trt} (trt-spec targets {TRTLLM_VERSION})" if trt else
-                                     f"not installed (run in {NGC_IMAGE})"),
-                        "engine: tensorrt builds and serving (trt-spec build, the tensorrtllm backend)",
-                        fatal=mismatch is not None))
-    tb = shutil.which(tc.trtllm_build)
-    checks.append(Check("trtllm-build", tb is not None, tb or f"{tc.trtllm_build} not on PATH", "engine builds"))
-    qp = Path(tc.examples_dir) / "quantization" / "quantize.py"
-    checks.append(Check("quantize.py", qp.is_file(), str(qp) if qp.is_file() else f"{qp} missing "
-                        "(set toolchain.examples_dir)", "FP8/INT8/INT4 quantization steps"))
-    ts = find_tritonserver()
-    checks.append(Check("tritonserver", ts is not None, str(ts) if ts else "not found (pip install '.[serve]')",
-                        "trt-spec serve"))
-    stub = python_backend_stub()
-    checks.append(Check("python-backend stub", stub is not None,
-                        str(stub) if stub else f"no stub for Python {sys.version_info.major}.{sys.version_info.minor}",
-                        "python-backend models (preprocessing, BLS, reference engine)"))
-    tcv = trtllm.dist_version("tritonclient")
-    tc_err = import_error("tritonclient.grpc")  # its generated protobuf/grpc code checks the runtime versions at import
-    checks.append(Check("tritonclient", tcv is not None and tc_err is None,
-                        (f"{tcv}, but import tritonclient.grpc fails: {tc_err}" if tc_err and tcv else
-                         tcv or "not installed (make gpu-setup; pip install '.[serve]' on CPU)"),
-                        "trt-spec repo / check / bench (tritonclient.grpc)"))
+    checks.append(_trtllm_check(trt))
+    checks += _build_tool_checks(tc)
+    checks += _serving_checks()
     checks += served_import_checks()
     checks += nvidia_model_import_checks(tc, on_gpu_host=trt is not None)
     checks += trtllm_import_checks(say=say)
+    checks += _package_checks()
+    checks.append(_disk_check(disk_path))
+    return checks
+
+
+def _gpu_check() -> Check:
+    gpu = detect_gpus()
+    return Check(
+        "GPU",
+        gpu is not None,
+        gpu.describe() if gpu else "no nvidia-smi / no GPU",
+        "engine: tensorrt builds and serving (plan still works with --gpu NAME)",
+    )
+
+
+def _trtllm_check(trt: Optional[str]) -> Check:
+    """The installed TensorRT-LLM version `trt` against the one trt-spec targets: a mismatch is fatal."""
+    mismatch = trtllm_mismatch(trt)
+    return Check(
+        "TensorRT-LLM",
+        trt is not None and mismatch is None,
+        mismatch or (f"{trt} (trt-spec targets {TRTLLM_VERSION})" if trt else f"not installed (run in {NGC_IMAGE})"),
+        "engine: tensorrt builds and serving (trt-spec build, the tensorrtllm backend)",
+        fatal=mismatch is not None,
+    )
+
+
+def _build_tool_checks(tc: Toolchain) -> list[Check]:
+    """trtllm-build on PATH, the examples' quantize.py."""
+    tb = shutil.which(tc.trtllm_build)
+    qp = Path(tc.examples_dir) / "quantization" / "quantize.py"
+    return [
+        Check("trtllm-build", tb is not None, tb or f"{tc.trtllm_build} not on PATH", "engine builds"),
+        Check(
+            "quantize.py",
+            qp.is_file(),
+            str(qp) if qp.is_file() else f"{qp} missing (set toolchain.examples_dir)",
+            "FP8/INT8/INT4 quantization steps",
+        ),
+    ]
+
+
+def _serving_checks() -> list[Check]:
+    """tritonserver, the python backend stub for this Python, tritonclient (installed, tritonclient.grpc imports)."""
+    ts = find_tritonserver()
+    checks = [
+        Check("tritonserver", ts is not None, str(ts) if ts else "not found (pip install '.[serve]')", "trt-spec serve")
+    ]
+    stub = python_backend_stub()
+    checks.append(
+        Check(
+            "python-backend stub",
+            stub is not None,
+            str(stub) if stub else f"no stub for Python {sys.version_info.major}.{sys.version_info.minor}",
+            "python-backend models (preprocessing, BLS, reference engine)",
+        )
+    )
+    tcv = trtllm.dist_version("tritonclient")
+    tc_err = import_error("tritonclient.grpc")  # its generated protobuf/grpc code checks the runtime versions at import
+    checks.append(
+        Check(
+            "tritonclient",
+            tcv is not None and tc_err is None,
+            (
+                f"{tcv}, but import tritonclient.grpc fails: {tc_err}"
+                if tc_err and tcv
+                else tcv or "not installed (make gpu-setup; pip install '.[serve]' on CPU)"
+            ),
+            "trt-spec repo / check / bench (tritonclient.grpc)",
+        )
+    )
+    return checks
+
+
+def _package_checks() -> list[Check]:
+    """torch, transformers, numpy < 2."""
+    checks = []
     for dist, blocks in (("torch", "engine: reference (CPU)"), ("transformers", "tokenizers in preprocessing")):
         v = trtllm.dist_version(dist)
         checks.append(Check(dist, v is not None, v or "not installed (pip install '.[reference]')", blocks))
     np_v = trtllm.dist_version("numpy")
     np_ok = np_v is not None and int(np_v.split(".")[0]) < 2
     checks.append(Check("numpy<2", np_ok, np_v or "not installed", "Triton 2.51 python backend (numpy 2 breaks it)"))
+    return checks
+
+
+def _disk_check(disk_path: Path) -> Check:
     usage = shutil.disk_usage(disk_path if disk_path.exists() else Path("/"))
     free_gib = usage.free / 1024**3
-    checks.append(Check("disk", free_gib >= 20, f"{free_gib:.0f} GiB free at {disk_path.resolve()}",
-                        "engine builds (a 70B FP8 build needs ~150 GiB for checkpoints + engines)"))
-    return checks
+    return Check(
+        "disk",
+        free_gib >= 20,
+        f"{free_gib:.0f} GiB free at {disk_path.resolve()}",
+        "engine builds (a 70B FP8 build needs ~150 GiB for checkpoints + engines)",
+    )

@@ -53,7 +53,8 @@ EXCERPT_LINES = 12
 ERROR_LOOKING = re.compile(
     r"\[E\]|^E\d{4} |error|exception|traceback|fail|fatal|assert|refus|cannot|can't|unable|not found|no such|"
     r"out of memory|\boom\b|killed|denied|invalid|unsupported|what\(\)|core dumped|segmentation|timed out|timeout",
-    re.I)
+    re.I,
+)
 READY_LINE = re.compile(r"^ready: ", re.M)  # what `trt-spec serve` prints once every model is READY
 # what `trt-spec repo` prints after the repository: the real launch (serve.launch.plain_launch, LaunchSpec.plain)
 PLAIN_LINE = re.compile(r"^or start tritonserver yourself, from any directory: (.+)$", re.M)
@@ -63,7 +64,6 @@ PLAIN_CWD = tempfile.gettempdir()
 # doctor imports tensorrt_llm in subprocesses (its own check, NVIDIA's LLM-API model) and runs pip check
 DOCTOR_TIMEOUT_S = 900.0
 READY_MARGIN_S = 120.0  # the driver's own watchdog over serve's ready timeout (serve fails first, with its reason)
-
 
 
 def configured_calib_dataset(config: str) -> Optional[str]:
@@ -174,8 +174,9 @@ def _stop(proc: subprocess.Popen, grace_s: float = 60.0) -> bool:
     return False
 
 
-def run_chain(chain: str, links: list[Link], log_dir: Path, say: Callable[[str], None] = lambda m: None,
-              poll_s: float = 0.5) -> list[LinkResult]:
+def run_chain(
+    chain: str, links: list[Link], log_dir: Path, say: Callable[[str], None] = lambda m: None, poll_s: float = 0.5
+) -> list[LinkResult]:
     """Run the links in order; the first failure ends the chain (the rest: not run). Background links stop at the end,
     or at a link that `stops` them. `links` may grow while it runs (the plan link adds the build steps it reads)."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -198,8 +199,11 @@ def run_chain(chain: str, links: list[Link], log_dir: Path, say: Callable[[str],
             else:
                 res = _run_link(chain, link, log, cmd, running, poll_s)
             results.append(res)
-            say(f"[{chain}] {link.name}: {res.status}" + (f" ({res.reason})" if res.reason else "")
-                + f" in {res.seconds:.0f}s")
+            say(
+                f"[{chain}] {link.name}: {res.status}"
+                + (f" ({res.reason})" if res.reason else "")
+                + f" in {res.seconds:.0f}s"
+            )
             failed = res.status != "ok"
     finally:
         for proc in reversed(list(running.values())):
@@ -242,8 +246,14 @@ def _run_link(chain: str, link: Link, log: Path, cmd: str, running: list, poll_s
         f.write(f"$ {cmd}\n")
         f.flush()
         try:
-            proc = subprocess.Popen(link.argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **link.env},
-                                    start_new_session=True, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                link.argv,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **link.env},
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+            )
         except OSError as e:
             f.write(f"cannot start {link.argv[0]}: {e.strerror}\n")
             return fail(f"cannot start {link.argv[0]}: {e.strerror}")
@@ -312,80 +322,135 @@ def _ports(s: SmokeSettings) -> tuple[int, int, int]:
 def chain_links(kind: str, s: SmokeSettings, calib: Optional[str]) -> list[Link]:
     """The links of one chain (kind engine | llmapi). The plan link reads `trt-spec plan --format json` and inserts
     one build link per step (`trt-spec build CONFIG --only STEP`: the step's own log is build/NAME/logs/STEP.log)."""
-    config = s.engine_config if kind == "engine" else s.llmapi_config
-    out = Path(s.out_dir) / kind
-    cli = list(s.trt_spec)
-    sets = ["--gpu", s.gpu] + (["--set", f"quantization.calib_dataset={calib}"] if calib and kind == "engine"
-                               else [])
-    http, grpc, metrics = _ports(s)
-    url = f"127.0.0.1:{grpc}"
-    repo = out / "repo"
-    server_log = out / "tritonserver.log"
-    out.mkdir(parents=True, exist_ok=True)
-    links: list[Link] = []
-    found: dict = {}
+    return _ChainLinks(kind, s, calib).links()
 
-    def read_plan(stdout: str) -> None:
-        start = next((m.start() for m in re.finditer(r"^\{", stdout, re.M)), None)
-        try:
-            plan = json.JSONDecoder().raw_decode(stdout[start:])[0] if start is not None else None
-        except ValueError:
-            plan = None
-        if not isinstance(plan, dict) or "output_dir" not in plan:
-            raise ValueError("trt-spec plan --format json printed no plan")
+
+def _read_plan_json(stdout: str) -> dict:
+    """The plan `trt-spec plan --format json` printed: the JSON object on the first line that starts with `{`."""
+    start = next((m.start() for m in re.finditer(r"^\{", stdout, re.M)), None)
+    try:
+        plan = json.JSONDecoder().raw_decode(stdout[start:])[0] if start is not None else None
+    except ValueError:
+        plan = None
+    if not isinstance(plan, dict) or "output_dir" not in plan:
+        raise ValueError("trt-spec plan --format json printed no plan")
+    return plan
+
+
+class _ChainLinks:
+    """One chain's links and what they share (config, ports, repository, server log). Two links read their output into
+    the others: the plan link inserts the build links and fills in {BUILD_DIR} / {TOKENIZER}; the repo link gives the
+    plain launch its command line and the plain launch and serve their ready timeouts."""
+
+    def __init__(self, kind: str, s: SmokeSettings, calib: Optional[str]) -> None:
+        self.kind, self.s = kind, s
+        self.config = s.engine_config if kind == "engine" else s.llmapi_config
+        self.out = Path(s.out_dir) / kind
+        self.cli = list(s.trt_spec)
+        with_calib = calib and kind == "engine"
+        self.sets = ["--gpu", s.gpu] + (["--set", f"quantization.calib_dataset={calib}"] if with_calib else [])
+        self.http, self.grpc, self.metrics = _ports(s)
+        self.url = f"127.0.0.1:{self.grpc}"
+        self.repo = self.out / "repo"
+        self.server_log = self.out / "tritonserver.log"
+        self.chain: list[Link] = []  # the list run_chain runs and read_plan edits in place
+        plan_argv = self.cli + ["plan", self.config, *self.sets, "--format", "json"]
+        self.plan_link = Link("plan", plan_argv, 300.0, parse=self.read_plan)
+        # the launch a user copies from `repo`, from another directory, as it is but for the ports; ready when Triton
+        # says so on /v2/health/ready (it prints no line of trt-spec's)
+        self.plain_link = Link(
+            "plain-launch",
+            [],
+            s.ready_timeout_s or 900.0,
+            background=True,
+            probe=lambda: http_ready(f"127.0.0.1:{self.http}"),
+        )
+        self.serve_link = Link(
+            "serve",
+            self.serve_argv(),
+            (s.ready_timeout_s or 900.0) + READY_MARGIN_S,
+            logs=(str(self.server_log),),
+            background=True,
+        )
+
+    def links(self) -> list[Link]:
+        """plan -> repo -> the plain launch, a request to it, its stop -> serve -> what runs against serve."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.chain += [
+            self.plan_link,
+            Link("repo", self.cli + ["repo", "{BUILD_DIR}", "--out", str(self.repo)], 300.0, parse=self.read_repo),
+            self.plain_link,
+            self.plain_request_link(),
+            Link("plain-stop", [], self.s.stop_timeout_s, stops="plain-launch"),
+            self.serve_link,
+            *_served_links(self.kind, self.s, self.url, self.out, self.server_log),
+        ]
+        return self.chain
+
+    def serve_argv(self) -> list[str]:
+        """`trt-spec serve REPO` on this chain's ports, with --timeout only when the settings give one."""
+        ports = ["--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics)]
+        timeout = [] if self.s.ready_timeout_s is None else ["--timeout", str(int(self.s.ready_timeout_s))]
+        return self.cli + ["serve", str(self.repo), *ports, *timeout, "--log", str(self.server_log)]
+
+    def plain_request_link(self) -> Link:
+        """A request to the plain launch: NVIDIA's client (engine), NVIDIA's documented generate request (llmapi)."""
+        plain_log = str(Path(self.s.out_dir) / "logs" / f"{self.kind}-plain-launch.log")  # run_smoke's log_dir
+        if self.kind == "engine":
+            return Link(
+                "plain:nvidia-client:ensemble",
+                nvidia_client(self.s, self.url, "ensemble"),
+                self.s.client_timeout_s,
+                logs=(plain_log,),
+                failure_text=CLIENT_FAILURE,
+            )
+        return Link(
+            f"plain:generate:{LLMAPI_MODEL}",
+            llmapi_request(self.s, f"127.0.0.1:{self.http}"),
+            self.s.client_timeout_s,
+            logs=(plain_log,),
+            failure_text=GENERATE_FAILURE,
+            parse=expect_text_output,
+        )
+
+    def read_plan(self, stdout: str) -> None:
+        """The plan link's output -> one build link per step and the manifest link, right after the plan link; the
+        build directory and the tokenizer (the imported target, else the plan's target) into the links after them."""
+        plan = _read_plan_json(stdout)
         build_dir = Path(plan["output_dir"])
-        found["build_dir"] = build_dir
         steps = plan.get("steps") or []
         imported = next((st["output"] for st in steps if st["name"] == "import-target"), None)
-        found["tokenizer"] = str(Path(imported).resolve()) if imported else plan["engines"].get("target", "")
-        at = links.index(plan_link) + 1
-        builds = [Link(f"build:{st['name']}", cli + ["build", config, *sets, "--only", st["name"]],
-                       s.build_timeout_s, logs=(str(build_dir / "logs" / f"{st['name']}.log"),)) for st in steps]
+        tokenizer = str(Path(imported).resolve()) if imported else plan["engines"].get("target", "")
+        builds = [self.build_link(st["name"], build_dir) for st in steps]
         # the manifest (a runtime: llmapi plan may have no step at all; an up-to-date build just writes it)
-        builds.append(Link("build:manifest", cli + ["build", config, *sets], s.build_timeout_s))
-        links[at:at] = builds
-        tail = links[at + len(builds):]
-        for link in tail:  # now that the build directory and the tokenizer are known
-            link.argv = [a.replace("{BUILD_DIR}", str(build_dir)).replace("{TOKENIZER}", found["tokenizer"])
-                         for a in link.argv]
+        builds.append(Link("build:manifest", self.cli + ["build", self.config, *self.sets], self.s.build_timeout_s))
+        at = self.chain.index(self.plan_link) + 1
+        self.chain[at:at] = builds
+        for link in self.chain[at + len(builds) :]:  # now that the build directory and the tokenizer are known
+            link.argv = [a.replace("{BUILD_DIR}", str(build_dir)).replace("{TOKENIZER}", tokenizer) for a in link.argv]
 
-    plan_link = Link("plan", cli + ["plan", config, *sets, "--format", "json"], 300.0, parse=read_plan)
-    links.append(plan_link)
+    def build_link(self, step: str, build_dir: Path) -> Link:
+        return Link(
+            f"build:{step}",
+            self.cli + ["build", self.config, *self.sets, "--only", step],
+            self.s.build_timeout_s,
+            logs=(str(build_dir / "logs" / f"{step}.log"),),
+        )
 
-    def read_repo(stdout: str) -> None:
+    def read_repo(self, stdout: str) -> None:
         """The plain launch `repo` printed -> the plain-launch link: started from s.plain_cwd with only the ports
         added; the ready timeouts serve computes for this repository (its weights)."""
         m = PLAIN_LINE.search(stdout)
         if m is None:
-            raise ValueError("trt-spec repo printed no plain launch line ('or start tritonserver yourself, from any "
-                             "directory: ...'): no tritonserver found?")
-        line = with_ports(m.group(1).strip(), http, grpc, metrics)
-        plain_link.argv = ["bash", "-c", f"cd {shlex.quote(s.plain_cwd)} && {line}"]
-        wait = s.ready_timeout_s or serve_ready_timeout_s(repo)  # what serve waits for this repository
-        plain_link.timeout_s = wait
-        serve_link.timeout_s = wait + READY_MARGIN_S
-
-    links.append(Link("repo", cli + ["repo", "{BUILD_DIR}", "--out", str(repo)], 300.0, parse=read_repo))
-    # the launch a user copies from `repo`, from another directory, as it is but for the ports; ready when Triton says
-    # so on /v2/health/ready (it prints no line of trt-spec's)
-    plain_log = str(Path(s.out_dir) / "logs" / f"{kind}-plain-launch.log")  # run_smoke's log_dir; tritonserver's stdout
-    plain_link = Link("plain-launch", [], s.ready_timeout_s or 900.0, background=True,
-                      probe=lambda: http_ready(f"127.0.0.1:{http}"))
-    links.append(plain_link)
-    if kind == "engine":
-        links.append(Link("plain:nvidia-client:ensemble", nvidia_client(s, url, "ensemble"), s.client_timeout_s,
-                          logs=(plain_log,), failure_text=CLIENT_FAILURE))
-    else:
-        links.append(Link(f"plain:generate:{LLMAPI_MODEL}", llmapi_request(s, f"127.0.0.1:{http}"), s.client_timeout_s,
-                          logs=(plain_log,), failure_text=GENERATE_FAILURE, parse=expect_text_output))
-    links.append(Link("plain-stop", [], s.stop_timeout_s, stops="plain-launch"))
-    timeout = [] if s.ready_timeout_s is None else ["--timeout", str(int(s.ready_timeout_s))]
-    serve_link = Link("serve", cli + ["serve", str(repo), "--http-port", str(http), "--grpc-port", str(grpc),
-                                      "--metrics-port", str(metrics), *timeout, "--log", str(server_log)],
-                      (s.ready_timeout_s or 900.0) + READY_MARGIN_S, logs=(str(server_log),), background=True)
-    links.append(serve_link)
-    links.extend(_served_links(kind, s, url, out, server_log))  # the list read_plan edits in place
-    return links
+            raise ValueError(
+                "trt-spec repo printed no plain launch line ('or start tritonserver yourself, from any "
+                "directory: ...'): no tritonserver found?"
+            )
+        line = with_ports(m.group(1).strip(), self.http, self.grpc, self.metrics)
+        self.plain_link.argv = ["bash", "-c", f"cd {shlex.quote(self.s.plain_cwd)} && {line}"]
+        wait = self.s.ready_timeout_s or serve_ready_timeout_s(self.repo)  # what serve waits for this repository
+        self.plain_link.timeout_s = wait
+        self.serve_link.timeout_s = wait + READY_MARGIN_S
 
 
 def _served_links(kind: str, s: SmokeSettings, url: str, out: Path, server_log: Path) -> list[Link]:
@@ -395,14 +460,58 @@ def _served_links(kind: str, s: SmokeSettings, url: str, out: Path, server_log: 
         for streaming in (False, True):
             for model in ("ensemble", "tensorrt_llm_bls"):
                 name = f"nvidia-client{'-streaming' if streaming else ''}:{model}"
-                links.append(Link(name, nvidia_client(s, url, model, streaming), s.client_timeout_s,
-                                  logs=(str(server_log),), failure_text=CLIENT_FAILURE))
-    links.append(Link("check", cli + ["check", "--url", url, "--tokenizer", "{TOKENIZER}", "--limit", "2",
-                                      "--max-tokens", "32", "--wait", "60"], s.client_timeout_s,
-                      logs=(str(server_log),)))
-    links.append(Link("bench", cli + ["bench", "served", "--url", url, "--tokenizer", "{TOKENIZER}", "--limit", "2",
-                                      "--max-tokens", "64", "--out", str(out / "bench")], s.bench_timeout_s,
-                      logs=(str(server_log),)))
+                links.append(
+                    Link(
+                        name,
+                        nvidia_client(s, url, model, streaming),
+                        s.client_timeout_s,
+                        logs=(str(server_log),),
+                        failure_text=CLIENT_FAILURE,
+                    )
+                )
+    links.append(
+        Link(
+            "check",
+            cli
+            + [
+                "check",
+                "--url",
+                url,
+                "--tokenizer",
+                "{TOKENIZER}",
+                "--limit",
+                "2",
+                "--max-tokens",
+                "32",
+                "--wait",
+                "60",
+            ],
+            s.client_timeout_s,
+            logs=(str(server_log),),
+        )
+    )
+    links.append(
+        Link(
+            "bench",
+            cli
+            + [
+                "bench",
+                "served",
+                "--url",
+                url,
+                "--tokenizer",
+                "{TOKENIZER}",
+                "--limit",
+                "2",
+                "--max-tokens",
+                "64",
+                "--out",
+                str(out / "bench"),
+            ],
+            s.bench_timeout_s,
+            logs=(str(server_log),),
+        )
+    )
     return links
 
 
@@ -418,8 +527,16 @@ def llmapi_request(s: SmokeSettings, http: str) -> list[str]:
     """NVIDIA's documented request to the LLM-API model (tensorrtllm_backend docs/llmapi.md: curl to Triton's generate
     endpoint), on generate_stream: trt-spec writes the model decoupled, and /generate answers exactly one response."""
     body = json.dumps({"text_input": CLIENT_PROMPT, "sampling_param_max_tokens": 16})
-    return [s.curl, "-sS", "--fail-with-body", "-X", "POST", f"http://{http}/v2/models/{LLMAPI_MODEL}/generate_stream",
-            "-d", body]
+    return [
+        s.curl,
+        "-sS",
+        "--fail-with-body",
+        "-X",
+        "POST",
+        f"http://{http}/v2/models/{LLMAPI_MODEL}/generate_stream",
+        "-d",
+        body,
+    ]
 
 
 def expect_text_output(stdout: str) -> None:
@@ -481,18 +598,29 @@ class SmokeReport:
         return bool(self.links) and all(r.status == "ok" for r in self.links)
 
     def to_json(self) -> dict:
-        return {"ok": self.ok, "started": self.started, "finished": self.finished,
-                "calib_dataset": self.calib_dataset,
-                "chains": {c: self.chain_verdict(c) for c in self.chains},
-                "links": [asdict(r) for r in self.links]}
+        return {
+            "ok": self.ok,
+            "started": self.started,
+            "finished": self.finished,
+            "calib_dataset": self.calib_dataset,
+            "chains": {c: self.chain_verdict(c) for c in self.chains},
+            "links": [asdict(r) for r in self.links],
+        }
 
     def to_markdown(self) -> str:
-        md = ["# trt-spec GPU smoke", "",
-              f"{'**ok**: every link passed' if self.ok else '**failed**'} ({self.started} - {self.finished})", ""]
+        md = [
+            "# trt-spec GPU smoke",
+            "",
+            f"{'**ok**: every link passed' if self.ok else '**failed**'} ({self.started} - {self.finished})",
+            "",
+        ]
         md += [f"- {c}: {self.chain_verdict(c)}" for c in self.chains]
         md += ["", "| chain | link | status | seconds | log |", "|---|---|---|---|---|"]
-        md += [f"| {r.chain} | {r.name} | {r.status}{' (' + r.reason + ')' if r.reason else ''} | "
-               f"{r.seconds:.0f} | {r.log} |" for r in self.links]
+        md += [
+            f"| {r.chain} | {r.name} | {r.status}{' (' + r.reason + ')' if r.reason else ''} | "
+            f"{r.seconds:.0f} | {r.log} |"
+            for r in self.links
+        ]
         for r in self.links:
             if r.status != "failed":
                 continue
@@ -519,9 +647,18 @@ def run_smoke(s: SmokeSettings = SmokeSettings(), say: Callable[[str], None] = l
     rep = SmokeReport(_now(), calib_dataset=s.calib_dataset or configured)
     out, logs = Path(s.out_dir), Path(s.out_dir) / "logs"
     if not rep.calib_dataset:
-        rep.links.append(LinkResult("host", "calibration set", "failed", reason=(
-            f"{s.engine_config} names no quantization.calib_dataset and quantize.py would download cnn_dailymail; "
-            "give a local one: trt-spec smoke --calib-dataset DIR (a datasets directory with a text column)")))
+        rep.links.append(
+            LinkResult(
+                "host",
+                "calibration set",
+                "failed",
+                reason=(
+                    f"{s.engine_config} names no quantization.calib_dataset "
+                    "and quantize.py would download cnn_dailymail; "
+                    "give a local one: trt-spec smoke --calib-dataset DIR (a datasets directory with a text column)"
+                ),
+            )
+        )
     else:
         rep.links += run_chain("host", [Link("doctor", list(s.trt_spec) + ["doctor"], DOCTOR_TIMEOUT_S)], logs, say)
     host_ok = all(r.status == "ok" for r in rep.links)

@@ -39,8 +39,10 @@ def test_a_calibration_bigger_than_the_gpus_is_refused_unless_offload_is_allowed
     with pytest.raises(PreflightError) as e:
         preflight(allow_offload=False)
     msg = refusal(e)
-    assert msg.startswith("quantizing the target to fp8 (quantize.py) loads ~210 GiB of 16-bit weights at peak, more "
-                          "than the 159 GiB of 2x h100")
+    assert msg.startswith(
+        "quantizing the target to fp8 (quantize.py) loads ~210 GiB of 16-bit weights at peak, more "
+        "than the 159 GiB of 2x h100"
+    )
     assert ">= 3x h100" in msg and "--gpu h100:3" in msg and "--allow-offload" in msg
     r = preflight(allow_offload=True)
     assert any("--allow-offload: accelerate offloads the rest to host memory" in w for w in r.warnings)
@@ -62,10 +64,15 @@ def test_no_refusal_where_nothing_is_quantized():
     qwen = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"  # FP8: ~98 GiB to quantize on one H100
     with pytest.raises(PreflightError, match=r"~98 GiB .* more than the 80 GiB of 1x h100"):
         preflight(qwen, gpu="h100:1", allow_offload=False)
-    small = ["limits.max_batch_size=1", "limits.max_seq_len=4096", "limits.max_num_tokens=4096",
-             "limits.max_input_len=2048"]
-    r = preflight(qwen, ["quantization.weights=bf16", "quantization.kv_cache=auto", *small], gpu="h100:1",
-                  allow_offload=False)  # BF16: convert_checkpoint.py, nothing loaded to quantize
+    small = [
+        "limits.max_batch_size=1",
+        "limits.max_seq_len=4096",
+        "limits.max_num_tokens=4096",
+        "limits.max_input_len=2048",
+    ]
+    r = preflight(
+        qwen, ["quantization.weights=bf16", "quantization.kv_cache=auto", *small], gpu="h100:1", allow_offload=False
+    )  # BF16: convert_checkpoint.py, nothing loaded to quantize
     assert r.calibration is None and not any("quantizing" in w for w in r.warnings)
     llmapi = REPO / "build_configs" / "llama33-70b-eagle3-h200.yaml"  # the LLM API quantizes nothing
     run_preflight(load_config(llmapi), named_gpu("h200:1"), require_checkpoints=False, allow_offload=False)
@@ -106,6 +113,8 @@ def test_the_bundled_set_is_what_quantize_py_reads_offline():
     assert c.samples == len(rows) and c.files == ("train.jsonl",) and c.path == str(d)
     assert check(cal.BUNDLED_CALIB_DATASET, calib_size=64).samples == 64
     assert not any(w in str(d) for w in ("cnn_dailymail", "scienceqa", "science_qa"))  # quantize.py's name branches
+    # configs written before the build stage's folder was renamed (build/ -> builder/) still find it
+    assert cal.resolve("pkg:trt_spec/build/calib_sets/trt-spec-mixed-v1") == d
     # shipped in the wheel: pyproject's package-data globs it
     assert '"trt_spec.builder" = ["calib_sets/*/*.jsonl"]' in (REPO / "pyproject.toml").read_text()
     try:  # Hugging Face datasets, as quantize.py calls it, where it imports
@@ -133,21 +142,27 @@ def test_a_local_directory_in_the_layout_load_dataset_reads(tmp_path):
     assert check(tmp_path / "pq").samples is None  # parquet rows are not counted without pyarrow
 
 
-@pytest.mark.parametrize("layout, expect", [
-    ("file", r"a file; quantize.py takes a directory .*move it into a directory as train.jsonl"),
-    ("missing", r"directory not found .*bundled pkg:trt_spec/builder/calib_sets/trt-spec-mixed-v1"),
-    ("saved", r"a Dataset.save_to_disk folder, which quantize.py's datasets.load_dataset does not read; write it as "
-              r"DIR/train.jsonl"),
-    ("no_text", r"train.jsonl row 2 has no \"text\"; quantize.py tokenizes each row's \"text\" column"),
-    ("not_str", r"train.jsonl row 1 has a int"),
-    ("not_json", r"train.jsonl line 1 is not JSON"),
-    ("csv_column", r"train.csv has no \"text\" column \(columns: id, body\)"),
-    ("only_test", r"its files name splits but none is a train split"),
-    ("mixed", r"its train split mixes csv and json files"),
-    ("empty", r"no data files"),
-    ("cnn", r"a path containing 'cnn_dailymail' as the cnn_dailymail dataset \(config 3.0.0, column article\)"),
-    ("scienceqa", r"pileval/scienceqa"),
-])
+@pytest.mark.parametrize(
+    "layout, expect",
+    [
+        ("file", r"a file; quantize.py takes a directory .*move it into a directory as train.jsonl"),
+        ("missing", r"directory not found .*bundled pkg:trt_spec/builder/calib_sets/trt-spec-mixed-v1"),
+        (
+            "saved",
+            r"a Dataset.save_to_disk folder, which quantize.py's datasets.load_dataset does not read; write it as "
+            r"DIR/train.jsonl",
+        ),
+        ("no_text", r"train.jsonl row 2 has no \"text\"; quantize.py tokenizes each row's \"text\" column"),
+        ("not_str", r"train.jsonl row 1 has a int"),
+        ("not_json", r"train.jsonl line 1 is not JSON"),
+        ("csv_column", r"train.csv has no \"text\" column \(columns: id, body\)"),
+        ("only_test", r"its files name splits but none is a train split"),
+        ("mixed", r"its train split mixes csv and json files"),
+        ("empty", r"no data files"),
+        ("cnn", r"a path containing 'cnn_dailymail' as the cnn_dailymail dataset \(config 3.0.0, column article\)"),
+        ("scienceqa", r"pileval/scienceqa"),
+    ],
+)
 def test_a_calibration_set_quantize_py_cannot_read_is_refused_in_one_line(tmp_path, layout, expect):
     d = tmp_path / ("my_cnn_dailymail" if layout == "cnn" else "scienceqa_copy" if layout == "scienceqa" else "set")
     if layout == "file":
@@ -206,8 +221,10 @@ def test_preflight_checks_the_set_and_the_plan_passes_the_directory(tmp_path):
     assert any("downloaded from the Hugging Face Hub" in n and cal.BUNDLED_CALIB_DATASET in n for n in default.notes)
     absent = ["quantization.calib_dataset=/nowhere/calib"]
     assert preflight(sets=absent, gpu="h100:4").calibration.samples is None  # plan: checked by build
-    r = preflight(sets=["quantization.weights=bf16", "quantization.kv_cache=auto", "quantization.calib_dataset=/nowhere"],
-                  gpu="h200:4")
+    r = preflight(
+        sets=["quantization.weights=bf16", "quantization.kv_cache=auto", "quantization.calib_dataset=/nowhere"],
+        gpu="h200:4",
+    )
     assert r.calibration is None and any("calib_dataset is not used" in n for n in r.notes)
     with pytest.raises(PreflightError, match=r"no installed package 'no_such_pkg'"):
         preflight(sets=["quantization.calib_dataset=pkg:no_such_pkg/x"], gpu="h100:4")

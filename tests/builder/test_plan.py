@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trt_spec.builder import calibration
 from trt_spec.builder import trtllm as F
+from trt_spec.builder.hardware import resolve_gpu
+from trt_spec.builder.model_info import PreflightError
+from trt_spec.builder.plan import make_plan
+from trt_spec.builder.preflight import run_preflight
 from trt_spec.records.config import load_config
 from trt_spec.records.speculation import Mode
-from trt_spec.builder.model_info import PreflightError
-from trt_spec.builder.hardware import resolve_gpu
-from trt_spec.builder.plan import make_plan
-from trt_spec.builder import calibration
-from trt_spec.builder.preflight import run_preflight
 
 from ..conftest import BUILD_CONFIGS, REPO, tool_calls, write_fake_tools
 
@@ -43,8 +43,11 @@ def test_plan_matches_golden(path):
     # reference steps run this interpreter; the bundled calibration set lies inside this checkout or install
     bundled = str(calibration.resolve(calibration.BUNDLED_CALIB_DATASET))
     norm = lambda a: "PYTHON" if a == sys.executable else "BUNDLED_CALIB_DATASET" if a == bundled else a  # noqa: E731
-    got = {"quantization": p.to_json()["quantization"], "max_draft_len": p.report.max_draft_len,
-           "steps": [{"name": s.name, "argv": [norm(a) for a in s.argv]} for s in p.steps]}
+    got = {
+        "quantization": p.to_json()["quantization"],
+        "max_draft_len": p.report.max_draft_len,
+        "steps": [{"name": s.name, "argv": [norm(a) for a in s.argv]} for s in p.steps],
+    }
     golden = GOLDEN / f"{path.stem}.json"
     if UPDATE:
         golden.write_text(json.dumps(got, indent=2) + "\n")
@@ -65,15 +68,25 @@ def test_plan_follows_trtllm_recipe(path):
     for s in p.steps:
         argv = list(s.argv)
         if s.name in ("import-target", "distill-draft"):  # a GGUF target / distilled draft: trt-spec's own, this python
-            assert argv[:3] == [sys.executable, "-m", f"trt_spec.reference.{'checkpoints' if 'import' in s.name else 'distill'}"]
+            assert argv[:3] == [
+                sys.executable,
+                "-m",
+                f"trt_spec.reference.{'checkpoints' if 'import' in s.name else 'distill'}",
+            ]
             continue
         if s.name.startswith("engine-"):
             flags = {a for a in argv if a.startswith("--")}
             assert flags <= F.TRTLLM_BUILD_FLAGS
             assert arg(argv, "--use_paged_context_fmha") == "enable"  # KV-cache reuse (DTM rule)
             assert "--gather_context_logits" not in argv  # error with max_draft_len > 0
-            for explicit in ("--gpt_attention_plugin", "--gemm_plugin", "--use_fp8_context_fmha",
-                             "--tokens_per_block", "--remove_input_padding", "--kv_cache_type"):
+            for explicit in (
+                "--gpt_attention_plugin",
+                "--gemm_plugin",
+                "--use_fp8_context_fmha",
+                "--tokens_per_block",
+                "--remove_input_padding",
+                "--kv_cache_type",
+            ):
                 assert explicit in argv, explicit
             role = s.name.split("-", 1)[1]
             model = cfg.draft if role == "draft" else cfg.target  # the baseline is the target, built plain
@@ -99,8 +112,11 @@ def test_plan_follows_trtllm_recipe(path):
             assert argv[0] == cfg.toolchain.python
             allowed = {"quantize.py": F.QUANTIZE_FLAGS}.get(tool)
             if allowed is None:
-                allowed = F.MEDUSA_CONVERT_FLAGS if "medusa" in argv[1] else (
-                    F.EAGLE_CONVERT_FLAGS if "eagle" in argv[1] else F.CONVERT_CHECKPOINT_FLAGS)
+                allowed = (
+                    F.MEDUSA_CONVERT_FLAGS
+                    if "medusa" in argv[1]
+                    else (F.EAGLE_CONVERT_FLAGS if "eagle" in argv[1] else F.CONVERT_CHECKPOINT_FLAGS)
+                )
             assert {a for a in argv if a.startswith("--")} <= allowed
             role = s.name.split("-", 1)[1]
             model = cfg.draft if role == "draft" else cfg.target
@@ -165,8 +181,11 @@ def test_the_engine_that_serves_the_baseline_gathers_generation_logits():
     """`trt-spec check` reads the baseline engine's next-token logits at a divergence (return_generation_logits), which
     the executor answers only from an engine built with --gather_generation_logits: the target where the BLS runs the
     loop, the baseline engine where the target speculates inside itself (never the speculating engine)."""
-    cases = {"llama33-70b-fp8-h200.yaml": ("target", ["draft"]), "qwen25-coder-32b-ngram-h100.yaml": ("target", []),
-             "vicuna-7b-medusa-fp8-h100.yaml": ("baseline", ["target"])}
+    cases = {
+        "llama33-70b-fp8-h200.yaml": ("target", ["draft"]),
+        "qwen25-coder-32b-ngram-h100.yaml": ("target", []),
+        "vicuna-7b-medusa-fp8-h100.yaml": ("baseline", ["target"]),
+    }
     for name, (serves, plain) in cases.items():
         p = plan_of(REPO / "build_configs" / name)
         assert "--gather_generation_logits" in p.step(f"engine-{serves}").argv, name
@@ -182,8 +201,10 @@ def test_the_engine_that_serves_the_baseline_gathers_generation_logits():
 
 
 def test_bf16_uses_family_convert_checkpoint():
-    p = plan_of(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml",
-                ["quantization.weights=bf16", "quantization.kv_cache=auto", "limits.max_batch_size=2"])
+    p = plan_of(
+        REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml",
+        ["quantization.weights=bf16", "quantization.kv_cache=auto", "limits.max_batch_size=2"],
+    )
     argv = list(p.step("checkpoint-target").argv)
     assert argv[1].endswith("models/core/qwen/convert_checkpoint.py") and arg(argv, "--dtype") == "bfloat16"
 
@@ -193,9 +214,11 @@ def test_gemma_convert_uses_its_own_cli(tmp_path):
 
     g = make_checkpoint(tmp_path / "gemma", arch="GemmaForCausalLM")
     cfg_path = tmp_path / "g.yaml"
-    cfg_path.write_text(f"engine: tensorrt\ngpu: h100:2\ntarget: {{checkpoint: {g}, tp: 2}}\n"
-                        "quantization: {weights: bf16}\nspeculative: {mode: ngram}\n"
-                        "limits: {max_input_len: 1024, max_seq_len: 2048, max_num_tokens: 2048}\n")
+    cfg_path.write_text(
+        f"engine: tensorrt\ngpu: h100:2\ntarget: {{checkpoint: {g}, tp: 2}}\n"
+        "quantization: {weights: bf16}\nspeculative: {mode: ngram}\n"
+        "limits: {max_input_len: 1024, max_seq_len: 2048, max_num_tokens: 2048}\n"
+    )
     argv = list(plan_of(cfg_path).step("checkpoint-target").argv)
     assert argv[1].endswith("models/core/gemma/convert_checkpoint.py")
     assert arg(argv, "--ckpt-type") == "hf" and arg(argv, "--model-dir") == str(g)
@@ -206,16 +229,30 @@ def test_gemma_convert_uses_its_own_cli(tmp_path):
 def test_lookahead_and_eagle_modes(tmp_path):
     base = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"
     # a 32B target and its baseline engine do not fit one H100: refused with the knob that drops the baseline
-    with pytest.raises(PreflightError, match=r"baseline weights 32.0 .* drop the baseline engine \(speculative."
-                       r"baseline_engine: false; check and bench then have no baseline\)"):
+    with pytest.raises(
+        PreflightError,
+        match=r"baseline weights 32.0 .* drop the baseline engine \(speculative."
+        r"baseline_engine: false; check and bench then have no baseline\)",
+    ):
         plan_of(base, ["speculative.mode=lookahead", "speculative.max_draft_len=15"])
-    p = plan_of(base, ["speculative.mode=lookahead", "speculative.max_draft_len=15", "speculative.baseline_engine=false"])
+    p = plan_of(
+        base, ["speculative.mode=lookahead", "speculative.max_draft_len=15", "speculative.baseline_engine=false"]
+    )
     assert set(p.engines) == {"target"}
     t = list(p.step("engine-target").argv)
     assert arg(t, "--speculative_decoding_mode") == "lookahead_decoding" and arg(t, "--max_draft_len") == "15"
     heads = tmp_path / "eagle"
-    p = plan_of(base, ["speculative.mode=eagle", "speculative.max_draft_len=63", f"speculative.eagle.heads_dir={heads}",
-                       "quantization.weights=bf16", "limits.max_batch_size=2", "speculative.baseline_engine=false"])
+    p = plan_of(
+        base,
+        [
+            "speculative.mode=eagle",
+            "speculative.max_draft_len=63",
+            f"speculative.eagle.heads_dir={heads}",
+            "quantization.weights=bf16",
+            "limits.max_batch_size=2",
+            "speculative.baseline_engine=false",
+        ],
+    )
     c = list(p.step("checkpoint-target").argv)
     assert c[1].endswith("eagle/convert_checkpoint.py") and arg(c, "--eagle_model_dir") == str(heads)
     assert arg(list(p.step("engine-target").argv), "--speculative_decoding_mode") == "eagle"
@@ -237,15 +274,26 @@ def test_text_json_and_sh_formats():
 def test_sh_script_runs_with_tools(tmp_path, tiny_pair, monkeypatch):
     """The `sh` plan is a runnable script: run it with stand-in tools and check every output appears."""
     tools = write_fake_tools(tmp_path / "tools")
-    cfg = {"engine": "tensorrt", "gpu": "h100:1", "target": {"checkpoint": str(tiny_pair[0])},
-           "draft": {"checkpoint": str(tiny_pair[1])}, "toolchain": tools, "output_dir": str(tmp_path / "out"),
-           "limits": {"max_input_len": 256, "max_seq_len": 512}}
+    cfg = {
+        "engine": "tensorrt",
+        "gpu": "h100:1",
+        "target": {"checkpoint": str(tiny_pair[0])},
+        "draft": {"checkpoint": str(tiny_pair[1])},
+        "toolchain": tools,
+        "output_dir": str(tmp_path / "out"),
+        "limits": {"max_input_len": 256, "max_seq_len": 512},
+    }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     monkeypatch.setenv("FAKE_TOOL_LOG", str(tmp_path / "log.jsonl"))
     p = plan_of(path)
     subprocess.run(["bash", "-c", p.to_sh()], check=True, capture_output=True)
-    assert [c["tool"] for c in tool_calls(tmp_path / "log.jsonl")] == ["quantize", "quantize", "trtllm_build", "trtllm_build"]
+    assert [c["tool"] for c in tool_calls(tmp_path / "log.jsonl")] == [
+        "quantize",
+        "quantize",
+        "trtllm_build",
+        "trtllm_build",
+    ]
     for d in p.engines.values():
         assert (Path(d) / "config.json").is_file()
 

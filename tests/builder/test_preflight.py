@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_spec.records.config import ConfigError, load_config
 from trt_spec.builder.hardware import named_gpu
 from trt_spec.builder.memory import kv_cache_gib
 from trt_spec.builder.preflight import PreflightError, run_preflight
+from trt_spec.records.config import ConfigError, load_config
 
 from ..conftest import make_checkpoint
 
@@ -46,8 +46,9 @@ def test_compatible_pair_passes(tmp_path, tiny_pair):
     assert r.kv_cache_free_gpu_mem_fraction == 0.9  # a tiny draft: the executor's default 0.9 is the cap
     assert any("max_tokens_in_paged_kv_cache" in n for n in r.notes)
     # the draft's cap is whole 32-token KV blocks: 3 x 500 = 1500 tokens -> 47 blocks = 1504
-    odd = preflight(cfg_for(tmp_path, *tiny_pair,
-                            limits={"max_batch_size": 3, "max_input_len": 256, "max_seq_len": 500}))
+    odd = preflight(
+        cfg_for(tmp_path, *tiny_pair, limits={"max_batch_size": 3, "max_input_len": 256, "max_seq_len": 500})
+    )
     assert odd.draft_kv_tokens == 1504
     # a 20 GiB reserve per engine on a 79.6 GiB H100: 59.6 GiB left after the target's reserve, of which the
     # draft needs 20 (its weights and KV cache are < 0.01 GiB): (59.6 - 20) / 59.6 = 0.664, rounded down to 0.65
@@ -58,7 +59,11 @@ def test_compatible_pair_passes(tmp_path, tiny_pair):
 def test_missing_checkpoint_dir(tmp_path, tiny_pair):
     with pytest.raises(PreflightError) as e:
         preflight(cfg_for(tmp_path, tmp_path / "nope", tiny_pair[1]))
-    assert "target.checkpoint" in one_line(e) and "directory not found" in str(e.value) and "--set target.checkpoint" in str(e.value)
+    assert (
+        "target.checkpoint" in one_line(e)
+        and "directory not found" in str(e.value)
+        and "--set target.checkpoint" in str(e.value)
+    )
 
 
 def test_missing_config_json(tmp_path, tiny_pair):
@@ -69,7 +74,9 @@ def test_missing_config_json(tmp_path, tiny_pair):
 
 def test_unsupported_architecture(tmp_path, tiny_pair):
     t = make_checkpoint(tmp_path / "mamba", arch="MambaForCausalLM")
-    with pytest.raises(PreflightError, match="architecture MambaForCausalLM is not one TensorRT-LLM 1.2's engine flow builds"):
+    with pytest.raises(
+        PreflightError, match="architecture MambaForCausalLM is not one TensorRT-LLM 1.2's engine flow builds"
+    ):
         preflight(cfg_for(tmp_path, t, tiny_pair[1]))
 
 
@@ -105,8 +112,7 @@ def test_low_ids_are_not_compared(tmp_path):
     target = make_checkpoint(tmp_path / "t", tokens=toks)
     preflight(cfg_for(tmp_path, target, make_checkpoint(tmp_path / "d", tokens=other)))  # accepted
     other[4], other[5] = toks[4], "<unk-variant>"  # id 5 is the first one compared
-    with pytest.raises(PreflightError,
-                       match="tokenizers differ at token id 5: target 'tok5' vs draft '<unk-variant>'"):
+    with pytest.raises(PreflightError, match="tokenizers differ at token id 5: target 'tok5' vs draft '<unk-variant>'"):
         preflight(cfg_for(tmp_path, target, make_checkpoint(tmp_path / "d5", tokens=other)))
 
 
@@ -132,7 +138,9 @@ def test_max_draft_len_rules(tmp_path, tiny_pair):
 def test_tp_must_divide_kv_heads(tmp_path):
     t = make_checkpoint(tmp_path / "t", heads=8, kv_heads=2)
     d = make_checkpoint(tmp_path / "d")
-    with pytest.raises(PreflightError, match=r"target.tp 4 does not divide the 2 KV heads of target; use tp in \[1, 2\]"):
+    with pytest.raises(
+        PreflightError, match=r"target.tp 4 does not divide the 2 KV heads of target; use tp in \[1, 2\]"
+    ):
         preflight(cfg_for(tmp_path, t, d, target={"tp": 4}), gpu="h100:8")
 
 
@@ -150,16 +158,20 @@ def test_fp8_on_ampere_uses_configured_fallback_with_warning(tmp_path, tiny_pair
     assert any("no FP8" in w and "int8_sq" in w for w in r.warnings)
     assert any("KV cache kept 16-bit" in w for w in r.warnings)
     # a mode without external drafts keeps the INT8 KV cache
-    c = cfg_for(tmp_path, tiny_pair[0], None, quantization={"fallback": "int8_sq"},
-                speculative={"mode": "lookahead"})
+    c = cfg_for(tmp_path, tiny_pair[0], None, quantization={"fallback": "int8_sq"}, speculative={"mode": "lookahead"})
     assert preflight(c, gpu="a100-80gb:1").quant.kv_cache == "int8"
 
 
 @pytest.mark.parametrize("mode", ["draft_target", "ngram"])
 def test_int8_kv_cache_refused_for_external_draft_modes(tmp_path, tiny_pair, mode):
     draft = tiny_pair[1] if mode == "draft_target" else None
-    c = cfg_for(tmp_path, tiny_pair[0], draft, quantization={"weights": "int8_sq", "kv_cache": "int8"},
-                speculative={"mode": mode})
+    c = cfg_for(
+        tmp_path,
+        tiny_pair[0],
+        draft,
+        quantization={"weights": "int8_sq", "kv_cache": "int8"},
+        speculative={"mode": mode},
+    )
     with pytest.raises(PreflightError) as e:
         preflight(c, gpu="a100-80gb:1")
     msg = one_line(e)
@@ -231,6 +243,7 @@ def test_draft_costs_extra_memory_on_shared_gpu(tmp_path, tiny_pair):
 def test_kv_cache_formula():
     # L x kv_heads x head_dim x 2 (K and V) x bytes x batch x seq
     from trt_spec.builder.model_info import KNOWN_MODELS
+
     m = KNOWN_MODELS["llama-3.3-70b-instruct"]
     assert kv_cache_gib(m, "fp8", 8, 8192) == pytest.approx(80 * 8 * 128 * 2 * 1 * 8 * 8192 / 1024**3)
     assert kv_cache_gib(m, "none", 1, 1024) == pytest.approx(2 * kv_cache_gib(m, "fp8", 1, 1024))
@@ -243,8 +256,13 @@ def test_max_seq_len_beyond_model(tmp_path):
 
 
 def test_plan_mode_tolerates_absent_checkpoints_only_for_known_models(tmp_path):
-    c = cfg_for(tmp_path, Path("/nowhere/Llama-3.3-70B-Instruct"), Path("/nowhere/Llama-3.2-1B-Instruct"),
-                target={"tp": 2}, runtime={"gpu_device_ids": [0, 1]})
+    c = cfg_for(
+        tmp_path,
+        Path("/nowhere/Llama-3.3-70B-Instruct"),
+        Path("/nowhere/Llama-3.2-1B-Instruct"),
+        target={"tp": 2},
+        runtime={"gpu_device_ids": [0, 1]},
+    )
     r = run_preflight(c, named_gpu("h100:2"), require_checkpoints=False)
     assert "built-in table" in r.target.source
     with pytest.raises(PreflightError, match="directory not found"):
@@ -267,18 +285,25 @@ def test_lookahead_and_medusa_draft_len(tmp_path, tiny_pair):
 
 def test_eagle_refuses_fp8(tmp_path, tiny_pair):
     heads = make_checkpoint(tmp_path / "eh")
-    c = cfg_for(tmp_path, tiny_pair[0], None,
-                speculative={"mode": "eagle", "max_draft_len": 63, "eagle": {"heads_dir": str(heads)}})
+    c = cfg_for(
+        tmp_path,
+        tiny_pair[0],
+        None,
+        speculative={"mode": "eagle", "max_draft_len": 63, "eagle": {"heads_dir": str(heads)}},
+    )
     with pytest.raises(PreflightError, match="EAGLE engines are FP16/BF16 only"):
         preflight(c)
 
 
 def test_eagle_on_the_reference_engine_trains_or_takes_an_eagle3_head(tmp_path, tiny_pair):
     heads = make_checkpoint(tmp_path / "eh")  # a plain Llama directory, not an EAGLE-3 head
-    data = {"engine": "reference", "target": {"checkpoint": str(tiny_pair[0])},
-            "speculative": {"mode": "eagle", "max_draft_len": 4, "eagle": {"heads_dir": str(heads)}},
-            "quantization": {"weights": "fp32"},
-            "limits": {"max_batch_size": 2, "max_input_len": 256, "max_seq_len": 512}}
+    data = {
+        "engine": "reference",
+        "target": {"checkpoint": str(tiny_pair[0])},
+        "speculative": {"mode": "eagle", "max_draft_len": 4, "eagle": {"heads_dir": str(heads)}},
+        "quantization": {"weights": "fp32"},
+        "limits": {"max_batch_size": 2, "max_input_len": 256, "max_seq_len": 512},
+    }
     p = tmp_path / "r.yaml"
     p.write_text(yaml.safe_dump(data))
     with pytest.raises(PreflightError, match="is not an EAGLE-3 head"):

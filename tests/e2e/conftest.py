@@ -8,26 +8,34 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_spec.records.config import load_config
-from trt_spec.harness import client
-from trt_spec.records.manifest import BuildManifest
 from trt_spec.builder.plan import make_plan
 from trt_spec.builder.preflight import run_preflight
-from trt_spec.repository.writer import write_repository
 from trt_spec.builder.runner import run_plan
+from trt_spec.harness import client
+from trt_spec.records.config import load_config
+from trt_spec.records.manifest import BuildManifest
+from trt_spec.repository.writer import write_repository
 from trt_spec.serve.server import TritonServer, free_port
 
 from ..tiny import make_model, make_tokenizer
 
 
-def build_deployment(root: Path, mode: str, draft_dir: Path | None, target_dir: Path, k: int = 4,
-                     speculative: dict | None = None) -> Path:
-    cfg = {"engine": "reference", "target": {"checkpoint": str(target_dir)},
-           "quantization": {"weights": "fp32"},
-           "speculative": {"mode": mode, "max_draft_len": k, **({"ngram_size": 3} if mode == "ngram" else {}),
-                           **(speculative or {})},
-           "limits": {"max_batch_size": 4, "max_input_len": 384, "max_seq_len": 512, "max_num_tokens": 512},
-           "output_dir": str(root / "build")}
+def build_deployment(
+    root: Path, mode: str, draft_dir: Path | None, target_dir: Path, k: int = 4, speculative: dict | None = None
+) -> Path:
+    cfg = {
+        "engine": "reference",
+        "target": {"checkpoint": str(target_dir)},
+        "quantization": {"weights": "fp32"},
+        "speculative": {
+            "mode": mode,
+            "max_draft_len": k,
+            **({"ngram_size": 3} if mode == "ngram" else {}),
+            **(speculative or {}),
+        },
+        "limits": {"max_batch_size": 4, "max_input_len": 384, "max_seq_len": 512, "max_num_tokens": 512},
+        "output_dir": str(root / "build"),
+    }
     if draft_dir is not None:
         cfg["draft"] = {"checkpoint": str(draft_dir)}
     path = root / f"{mode}.yaml"
@@ -44,9 +52,12 @@ def tiny_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     tok = make_tokenizer(root / "tok")
     target = make_model(root / "target", tok, seed=0)
-    return {"tokenizer": tok, "target": target,
-            "draft_copy": make_model(root / "draft_copy", tok, copy_from=target),
-            "draft_other": make_model(root / "draft_other", tok, seed=1)}
+    return {
+        "tokenizer": tok,
+        "target": target,
+        "draft_copy": make_model(root / "draft_copy", tok, copy_from=target),
+        "draft_other": make_model(root / "draft_other", tok, seed=1),
+    }
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -105,9 +116,13 @@ def eagle_server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle")
     # fixed chains: the engine drafts every step whatever a loaded machine measures its costs to be at load (the
     # confidence policy, a unit-tested choice, may decide drafting does not pay there and draft nothing)
-    repo = build_deployment(root, "eagle", None, tiny_models["target"],
-                            speculative={"draft_len_policy": "fixed",
-                                         "eagle": {"train": {"steps": 40, "prompts": 32, "draft_vocab": 256}}})
+    repo = build_deployment(
+        root,
+        "eagle",
+        None,
+        tiny_models["target"],
+        speculative={"draft_len_policy": "fixed", "eagle": {"train": {"steps": 40, "prompts": 32, "draft_vocab": 256}}},
+    )
     server = _serve(repo, root / "server.log")
     yield server
     server.stop()

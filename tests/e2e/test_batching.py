@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from trt_spec.records import backend_contract as bc
 from trt_spec.harness.client import LLMClient
+from trt_spec.records import backend_contract as bc
 from trt_spec.records.manifest import BuildManifest
 from trt_spec.repository.writer import write_repository
 
@@ -41,8 +41,13 @@ def queue_server(tiny_models, tmp_path_factory):
 
 
 def engine_request(prompt_ids, n, stream=True):
-    return [("input_ids", [prompt_ids], np.int32), i32("input_lengths", len(prompt_ids)),
-            i32("request_output_len", n), i32("end_id", -1), b("streaming", stream)]
+    return [
+        ("input_ids", [prompt_ids], np.int32),
+        i32("input_lengths", len(prompt_ids)),
+        i32("request_output_len", n),
+        i32("end_id", -1),
+        b("streaming", stream),
+    ]
 
 
 class Stream:
@@ -55,9 +60,12 @@ class Stream:
         self._q: queue.Queue = queue.Queue()
         self._c = grpcclient.InferenceServerClient(url)
         self._c.start_stream(callback=lambda result, error: self._q.put((result, error)))
-        self._c.async_stream_infer("tensorrt_llm", [_tensor(*t) for t in tensors],
-                                   outputs=[grpcclient.InferRequestedOutput(n) for n in bc.MANDATORY_OUTPUTS],
-                                   enable_empty_final_response=True)
+        self._c.async_stream_infer(
+            "tensorrt_llm",
+            [_tensor(*t) for t in tensors],
+            outputs=[grpcclient.InferRequestedOutput(n) for n in bc.MANDATORY_OUTPUTS],
+            enable_empty_final_response=True,
+        )
         self.started = time.perf_counter()
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
@@ -128,8 +136,10 @@ def test_full_queue_gets_the_executors_error(queue_server):
         for _ in range(MAX_BATCH + MAX_QUEUE):
             streams.append(Stream(queue_server.grpc_url, engine_request(prompt, LONG)))
             time.sleep(0.02)  # one at a time through Triton's own queue (it applies the same bound)
-        refused = [raw(queue_server.grpc_url, "tensorrt_llm", engine_request(prompt, 8),
-                       outputs=list(bc.MANDATORY_OUTPUTS)) for _ in range(2)]
+        refused = [
+            raw(queue_server.grpc_url, "tensorrt_llm", engine_request(prompt, 8), outputs=list(bc.MANDATORY_OUTPUTS))
+            for _ in range(2)
+        ]
         for s in streams:
             s.wait()
     finally:
@@ -138,8 +148,9 @@ def test_full_queue_gets_the_executors_error(queue_server):
     assert refused == [("error", bc.QUEUE_FULL.format(max=MAX_QUEUE))] * 2, refused
     assert all(s.error is None and len(s.tokens) == LONG for s in streams), [(s.error, len(s.tokens)) for s in streams]
     # and the queue accepts again once it drained
-    kind, out = raw(queue_server.grpc_url, "tensorrt_llm", engine_request(prompt, 8),
-                    outputs=list(bc.MANDATORY_OUTPUTS))
+    kind, out = raw(
+        queue_server.grpc_url, "tensorrt_llm", engine_request(prompt, 8), outputs=list(bc.MANDATORY_OUTPUTS)
+    )
     assert kind == "ok", out
 
 
@@ -168,8 +179,12 @@ def test_cancelled_request_frees_its_slot_while_others_continue(queue_server):
             assert running[-1].error is None and running[-1].first is not None, running[-1].error
         queued = Stream(queue_server.grpc_url, engine_request(prompts[-1], LONG))
         time.sleep(pause)
-        assert queued.first is None, ("the queued request started before a slot was free", queued.first,
-                                      [(s.first, s.end, s.error, len(s.tokens)) for s in running], time.perf_counter())
+        assert queued.first is None, (
+            "the queued request started before a slot was free",
+            queued.first,
+            [(s.first, s.end, s.error, len(s.tokens)) for s in running],
+            time.perf_counter(),
+        )
         cancelled_at = time.perf_counter()
         running[0].cancel()
         others = running[1:]
@@ -182,5 +197,8 @@ def test_cancelled_request_frees_its_slot_while_others_continue(queue_server):
     for s, alone in zip(others, solo[1:]):
         assert s.error is None and s.tokens == alone
     # the queued request got its slot from the cancellation, not from a finished request
-    assert cancelled_at < queued.first < min(s.end for s in others), (cancelled_at, queued.first,
-                                                                      [s.end for s in others])
+    assert cancelled_at < queued.first < min(s.end for s in others), (
+        cancelled_at,
+        queued.first,
+        [s.end for s in others],
+    )

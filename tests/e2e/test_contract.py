@@ -11,8 +11,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from trt_spec.records import backend_contract as bc
 from trt_spec.harness.client import ClientError, LLMClient
+from trt_spec.records import backend_contract as bc
 from trt_spec.records.manifest import BuildManifest
 from trt_spec.repository.writer import write_repository
 from trt_spec.serve.errors import ServerError
@@ -26,15 +26,23 @@ GREEDY = {"exclude_input_in_output": True}
 
 def _inp(name, value, dtype):
     arr = np.asarray(value, dtype=dtype)
-    t = grpcclient.InferInput(name, list(arr.shape), "BYTES" if dtype is object else
-                              {np.int32: "INT32", np.float32: "FP32", bool: "BOOL", np.uint64: "UINT64"}[dtype])
+    t = grpcclient.InferInput(
+        name,
+        list(arr.shape),
+        "BYTES"
+        if dtype is object
+        else {np.int32: "INT32", np.float32: "FP32", bool: "BOOL", np.uint64: "UINT64"}[dtype],
+    )
     t.set_data_from_numpy(arr)
     return t
 
 
 def engine_request(ids, out_len, **extra):
-    ins = [_inp("input_ids", [ids], np.int32), _inp("input_lengths", [[len(ids)]], np.int32),
-           _inp("request_output_len", [[out_len]], np.int32)]
+    ins = [
+        _inp("input_ids", [ids], np.int32),
+        _inp("input_lengths", [[len(ids)]], np.int32),
+        _inp("request_output_len", [[out_len]], np.int32),
+    ]
     for k, (v, dt) in extra.items():
         ins.append(_inp(k, v, dt))
     return ins
@@ -47,8 +55,12 @@ def stream_call(url, model, inputs, outputs):
     q, got, errs = queue.Queue(), [], []
     c = grpcclient.InferenceServerClient(url)
     c.start_stream(callback=lambda result, error: q.put((result, error)))
-    c.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] or None,
-                         enable_empty_final_response=True)
+    c.async_stream_infer(
+        model,
+        inputs,
+        outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] or None,
+        enable_empty_final_response=True,
+    )
     while True:
         r, e = q.get(timeout=60)
         if e is not None:
@@ -75,8 +87,7 @@ def test_engine_refuses_a_request_without_the_mandatory_outputs(dtm_server):
     ids = prompt_ids(dtm_server)
     _, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", engine_request(ids, 4), ["output_ids"])
     assert errs and "sequence_length tensor must be present in list of output tensors" in errs[0]
-    got, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", engine_request(ids, 4),
-                            list(bc.MANDATORY_OUTPUTS))
+    got, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", engine_request(ids, 4), list(bc.MANDATORY_OUTPUTS))
     assert not errs
     out = next(g for g in got if "output_ids" in g)
     # non-streaming: [1, 1, prompt + 4], sequence_length [1, 1] (the backend's shapes)
@@ -88,8 +99,12 @@ def test_engine_refuses_more_draft_tokens_than_it_was_built_for(dtm_server):
     ins = engine_request(ids, 6, draft_input_ids=([[5, 6, 7, 8, 9]], np.int32))
     _, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", ins, list(bc.MANDATORY_OUTPUTS))
     assert errs and "Draft tokens length (5) exceeds maximum draft tokens length (4)." in errs[0]
-    _, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", engine_request(ids, 4, beam_width=([[2]], np.int32)),
-                          list(bc.MANDATORY_OUTPUTS))
+    _, errs = stream_call(
+        dtm_server.grpc_url,
+        "tensorrt_llm",
+        engine_request(ids, 4, beam_width=([[2]], np.int32)),
+        list(bc.MANDATORY_OUTPUTS),
+    )
     assert errs and "beamWidth (2) exceeds max_beam_width (1)" in errs[0]
 
 
@@ -97,21 +112,39 @@ def test_sampling_without_top_k_or_top_p_is_greedy_like_tensorrt_llm(dtm_server)
     c = LLMClient(dtm_server.grpc_url, "grpc")
     greedy = c.generate("ensemble", PROMPT, 12, **GREEDY).output_ids
     for seed in range(3):  # temperature 1 alone: TensorRT-LLM sets k = 1 -> greedy, on the ensemble and the BLS
-        assert c.generate("ensemble", PROMPT, 12, exclude_input_in_output=True, temperature=1.0, seed=seed).output_ids == greedy
-        assert c.generate("tensorrt_llm_bls", PROMPT, 12, exclude_input_in_output=True, temperature=1.0,
-                          seed=seed).output_ids == greedy
-    sampled = {tuple(c.generate("ensemble", PROMPT, 12, exclude_input_in_output=True, temperature=1.0, top_p=1.0,
-                                seed=seed).output_ids) for seed in range(4)}
+        assert (
+            c.generate("ensemble", PROMPT, 12, exclude_input_in_output=True, temperature=1.0, seed=seed).output_ids
+            == greedy
+        )
+        assert (
+            c.generate(
+                "tensorrt_llm_bls", PROMPT, 12, exclude_input_in_output=True, temperature=1.0, seed=seed
+            ).output_ids
+            == greedy
+        )
+    sampled = {
+        tuple(
+            c.generate(
+                "ensemble", PROMPT, 12, exclude_input_in_output=True, temperature=1.0, top_p=1.0, seed=seed
+            ).output_ids
+        )
+        for seed in range(4)
+    }
     assert sampled != {tuple(greedy)}  # top_p = 1.0 asks for sampling from the full distribution
 
 
 def _e2e_client_inputs(beam_width=1):
     """What inflight_batcher_llm/client/end_to_end_grpc_client.py sends: the stream API, text_input, max_tokens,
     stream, beam_width, temperature and exclude_input_in_output always; no top_k/top_p; it requests text_output."""
-    return [_inp("text_input", [[PROMPT.encode()]], object), _inp("max_tokens", [[12]], np.int32),
-            _inp("stream", [[False]], bool), _inp("beam_width", [[beam_width]], np.int32),
-            _inp("temperature", [[1.0]], np.float32), _inp("exclude_input_in_output", [[True]], bool),
-            _inp("num_return_sequences", [[1]], np.int32)]
+    return [
+        _inp("text_input", [[PROMPT.encode()]], object),
+        _inp("max_tokens", [[12]], np.int32),
+        _inp("stream", [[False]], bool),
+        _inp("beam_width", [[beam_width]], np.int32),
+        _inp("temperature", [[1.0]], np.float32),
+        _inp("exclude_input_in_output", [[True]], bool),
+        _inp("num_return_sequences", [[1]], np.int32),
+    ]
 
 
 def _text(got):
@@ -152,8 +185,9 @@ def test_engine_model_without_an_unguarded_parameter_fails_to_load(tiny_models, 
     cut = re.sub(r'parameters \{\n  key: "tokenizer_dir"\n  value \{\n    string_value: "[^"]*"\n  \}\n\}\n', "", text)
     assert cut != text
     cfg.write_text(cut)
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          log_path=tmp_path / "log")
+    server = TritonServer(
+        repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=tmp_path / "log"
+    )
     with pytest.raises(ServerError):
         server.start().wait_ready(120)
     log = (tmp_path / "log").read_text()
@@ -177,19 +211,25 @@ def test_nvidia_draft_target_client_calls_engines_with_unary_infer(unary_server)
     requested outputs (all come back), beam_width and temperature sent, draft_input_ids to the target."""
     c = grpcclient.InferenceServerClient(unary_server.grpc_url)
     ids = prompt_ids(unary_server)
-    common = {"beam_width": ([[1]], np.int32), "temperature": ([[1.0]], np.float32), "end_id": ([[2]], np.int32),
-              "pad_id": ([[2]], np.int32)}
+    common = {
+        "beam_width": ([[1]], np.int32),
+        "temperature": ([[1.0]], np.float32),
+        "end_id": ([[2]], np.int32),
+        "pad_id": ([[2]], np.int32),
+    }
     base = LLMClient(unary_server.grpc_url, "grpc").generate("tensorrt_llm_bls", PROMPT, 8, **GREEDY)
     seq = list(ids)
     while len(seq) < len(ids) + 8:
         d = c.infer("tensorrt_llm_draft", engine_request(seq, 3, **common))
         n = int(d.as_numpy("sequence_length").reshape(-1)[0])
-        draft = [int(x) for x in d.as_numpy("output_ids").reshape(-1)[len(seq):n]]
+        draft = [int(x) for x in d.as_numpy("output_ids").reshape(-1)[len(seq) : n]]
         t = c.infer("tensorrt_llm", engine_request(seq, len(draft) + 1, draft_input_ids=([draft], np.int32), **common))
         n = int(t.as_numpy("sequence_length").reshape(-1)[0])
         seq = [int(x) for x in t.as_numpy("output_ids").reshape(-1)[:n]]
-    assert seq[len(ids):len(ids) + 8] == base.output_ids
-    with pytest.raises(InferenceServerException, match="Streaming is only supported if model is deployed using decoupled"):
+    assert seq[len(ids) : len(ids) + 8] == base.output_ids
+    with pytest.raises(
+        InferenceServerException, match="Streaming is only supported if model is deployed using decoupled"
+    ):
         c.infer("tensorrt_llm", engine_request(ids, 4, streaming=([[True]], bool)))
     with pytest.raises(ClientError, match="stream=true needs the decoupled deployment"):
         LLMClient(unary_server.grpc_url, "grpc").generate("tensorrt_llm_bls", PROMPT, 8, stream=True, **GREEDY)
@@ -249,11 +289,16 @@ def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo,
         c = LLMClient(server.grpc_url, "grpc")
         assert c.generate("ensemble", PROMPT, 12, **GREEDY).output_ids == base.output_ids  # no perf metrics asked
         for stream in (False, True):  # the engine's final response, or its first streamed one
-            with pytest.raises(ClientError, match="Could not get response output for output tensor "
-                               "kv_cache_alloc_new_blocks: unexpected inference output 'kv_cache_alloc_new_blocks' for "
-                               "model 'tensorrt_llm'"):
+            with pytest.raises(
+                ClientError,
+                match="Could not get response output for output tensor "
+                "kv_cache_alloc_new_blocks: unexpected inference output 'kv_cache_alloc_new_blocks' for "
+                "model 'tensorrt_llm'",
+            ):
                 c.generate("tensorrt_llm_bls", PROMPT, 12, stream=stream, **GREEDY)
-        with pytest.raises(ClientError, match="no baseline: ensemble runs the speculative engine 'tensorrt_llm' itself"):
+        with pytest.raises(
+            ClientError, match="no baseline: ensemble runs the speculative engine 'tensorrt_llm' itself"
+        ):
             c.check_baseline()  # check / bench / tune refuse with this line
     finally:
         server.stop()
@@ -280,6 +325,9 @@ def test_an_output_past_max_seq_len_is_lowered_not_refused_by_the_engine(dtm_ser
     got = c.generate("ensemble", PROMPT, room + 5, end_id=-1, **GREEDY).output_ids
     assert len(got) == room
     assert "Number of requested output tokens is changed to" in dtm_server.log_tail(400)
-    with pytest.raises(ClientError, match=r"\+ max_draft_len \(4\) exceeds max_seq_len 512; lower max_tokens to at "
-                       rf"most {room}"):
+    with pytest.raises(
+        ClientError,
+        match=r"\+ max_draft_len \(4\) exceeds max_seq_len 512; lower max_tokens to at "
+        rf"most {room}",
+    ):
         c.generate("tensorrt_llm_bls", PROMPT, room + 5, **GREEDY)

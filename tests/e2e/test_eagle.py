@@ -17,8 +17,23 @@ from .test_harness import cli, tokenizer_dir
 
 def test_check_passes_and_bench_reports_in_engine_acceptance(eagle_server):
     for proto, url in (("grpc", eagle_server.grpc_url), ("http", eagle_server.http_url)):
-        r = cli("check", "--url", url, "--protocol", proto, "--prompts", "code", "--max-tokens", "24", "--limit", "3",
-                "--tokenizer", tokenizer_dir(eagle_server), "--format", "json")
+        r = cli(
+            "check",
+            "--url",
+            url,
+            "--protocol",
+            proto,
+            "--prompts",
+            "code",
+            "--max-tokens",
+            "24",
+            "--limit",
+            "3",
+            "--tokenizer",
+            tokenizer_dir(eagle_server),
+            "--format",
+            "json",
+        )
         assert r.returncode == 0, r.stderr
         rep = json.loads(r.stdout)
         assert rep["passed"] and rep["match_rate"] == 1.0
@@ -43,11 +58,13 @@ def test_the_engine_streams_whole_steps_with_its_draft_counts(eagle_server):
     def run(model, stream):
         c = grpcclient.InferenceServerClient(eagle_server.grpc_url.split("://")[-1])
         ins = []
-        for name, arr in ((bc.INPUT_IDS, np.asarray([prompt], np.int32)),
-                          (bc.INPUT_LENGTHS, np.asarray([[len(prompt)]], np.int32)),
-                          (bc.REQUEST_OUTPUT_LEN, np.asarray([[32]], np.int32)),
-                          (bc.STREAMING, np.asarray([[stream]], bool)),
-                          (bc.RETURN_PERF_METRICS, np.asarray([[True]], bool))):
+        for name, arr in (
+            (bc.INPUT_IDS, np.asarray([prompt], np.int32)),
+            (bc.INPUT_LENGTHS, np.asarray([[len(prompt)]], np.int32)),
+            (bc.REQUEST_OUTPUT_LEN, np.asarray([[32]], np.int32)),
+            (bc.STREAMING, np.asarray([[stream]], bool)),
+            (bc.RETURN_PERF_METRICS, np.asarray([[True]], bool)),
+        ):
             t = grpcclient.InferInput(name, list(arr.shape), "BOOL" if arr.dtype == bool else "INT32")
             t.set_data_from_numpy(arr)
             ins.append(t)

@@ -72,11 +72,24 @@ class Serve:
         self.tmpdir.mkdir(parents=True)
         self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         self.out, self.err = tmp / "serve.out", tmp / "serve.err"
-        cmd = [sys.executable, "-m", "trt_spec.cli", "serve", str(self.repo), "--http-port", str(self.http),
-               "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trt_spec.cli",
+            "serve",
+            str(self.repo),
+            "--http-port",
+            str(self.http),
+            "--grpc-port",
+            str(self.grpc),
+            "--metrics-port",
+            str(self.metrics),
+            *extra,
+        ]
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT,
-                                         env={**os.environ, "TMPDIR": str(self.tmpdir)})
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=err, cwd=ROOT, env={**os.environ, "TMPDIR": str(self.tmpdir)}
+            )
 
     def stderr(self) -> str:
         return self.err.read_text()
@@ -206,8 +219,12 @@ def test_python_backend_shared_memory_is_owner_only(keyed):
 
 
 def _http(s: Serve, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> int:
-    req = urllib.request.Request(f"http://127.0.0.1:{s.http}{path}", method=method, headers=headers or {},
-                                 data=None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{s.http}{path}",
+        method=method,
+        headers=headers or {},
+        data=None if body is None else json.dumps(body).encode(),
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status
@@ -274,13 +291,46 @@ def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
     moved = admin_key_path(s.grpc).with_suffix(".moved")
     os.replace(admin_key_path(s.grpc), moved)
     try:
-        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "check", "--url", f"127.0.0.1:{s.grpc}", "--limit",
-                            "1", "--max-tokens", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trt_spec.cli",
+                "check",
+                "--url",
+                f"127.0.0.1:{s.grpc}",
+                "--limit",
+                "1",
+                "--max-tokens",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: not checked that the baseline")]
         assert r.returncode == 0 and len(notes) == 1 and "--admin-key-file" in notes[0], r.stderr
-        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "check", "--url", f"127.0.0.1:{s.grpc}", "--limit",
-                            "1", "--max-tokens", "2", "--admin-key-file", str(key_file)],
-                           capture_output=True, text=True, timeout=180, cwd=ROOT)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trt_spec.cli",
+                "check",
+                "--url",
+                f"127.0.0.1:{s.grpc}",
+                "--limit",
+                "1",
+                "--max-tokens",
+                "2",
+                "--admin-key-file",
+                str(key_file),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+        )
         assert r.returncode == 0, r.stderr
     finally:
         os.replace(moved, admin_key_path(s.grpc))
@@ -294,8 +344,13 @@ def test_the_printed_plain_command_serves_from_another_directory(built_repo, tmp
 
     build = built_repo.parent / "build"
     repo = tmp_path / "repo"
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "repo", str(build), "--out", str(repo)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "trt_spec.cli", "repo", str(build), "--out", str(repo)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("or start tritonserver yourself"))
     plain = line.split(": ", 1)[1]
@@ -303,12 +358,15 @@ def test_the_printed_plain_command_serves_from_another_directory(built_repo, tmp
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     http, grpc, metrics = free_port(), free_port(), free_port()
-    cmd = (f"{plain} --http-port={http} --grpc-port={grpc} --metrics-port={metrics} --http-address=127.0.0.1 "
-           f"--grpc-address=127.0.0.1 --metrics-address=127.0.0.1 --exit-timeout-secs=5")
+    cmd = (
+        f"{plain} --http-port={http} --grpc-port={grpc} --metrics-port={metrics} --http-address=127.0.0.1 "
+        f"--grpc-address=127.0.0.1 --metrics-address=127.0.0.1 --exit-timeout-secs=5"
+    )
     log = tmp_path / "plain.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(["bash", "-c", cmd], cwd=elsewhere, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", cmd], cwd=elsewhere, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -392,14 +450,20 @@ class _Stream(threading.Thread):
             t = grpcclient.InferInput(name, list(arr.shape), dtype)
             t.set_data_from_numpy(arr)
             return t
+
         q: queue.Queue = queue.Queue()
         c = grpcclient.InferenceServerClient(self.url)
         c.start_stream(callback=lambda result, error: q.put((result, error)))
-        c.async_stream_infer(self.model, [
-            tensor("text_input", np.array([[b"Once upon a time"]], dtype=object), "BYTES"),
-            tensor("max_tokens", np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
-            tensor("end_id", np.array([[-1]], dtype=np.int32), "INT32"),
-            tensor("stream", np.array([[True]]), "BOOL")], enable_empty_final_response=True)
+        c.async_stream_infer(
+            self.model,
+            [
+                tensor("text_input", np.array([[b"Once upon a time"]], dtype=object), "BYTES"),
+                tensor("max_tokens", np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
+                tensor("end_id", np.array([[-1]], dtype=np.int32), "INT32"),
+                tensor("stream", np.array([[True]]), "BOOL"),
+            ],
+            enable_empty_final_response=True,
+        )
         try:
             while True:
                 result, error = q.get(timeout=120)
@@ -459,8 +523,9 @@ def test_the_drain_timeout_ends_what_is_left_with_a_clear_error(serve):
     s.proc.send_signal(signal.SIGTERM)
     for st in streams:
         st.join(60)
-    assert all(st.error and "drain timeout" in st.error and st.tokens < 400 for st in streams), \
-        [(st.error, st.tokens) for st in streams]
+    assert all(st.error and "drain timeout" in st.error and st.tokens < 400 for st in streams), [
+        (st.error, st.tokens) for st in streams
+    ]
     assert s.proc.wait(60) == 0, s.stderr()
     assert "drain timeout (1s): ending" in s.stderr()
 
@@ -470,8 +535,13 @@ def test_serve_refuses_a_build_directory_and_names_trt_spec_repo(built_repo, tmp
     before any server starts (it used to start tritonserver and print a CUDA driver error)."""
     build = built_repo.parent / "build"
     assert (build / "manifest.json").is_file()
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(build), "--http-port", str(free_port())],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "trt_spec.cli", "serve", str(build), "--http-port", str(free_port())],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "is a build directory, not a model repository" in r.stderr and f"trt-spec repo {build}" in r.stderr
     assert "plain command" not in r.stderr  # refused before any server process

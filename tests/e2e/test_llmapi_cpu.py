@@ -30,10 +30,15 @@ PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"
 @pytest.fixture(scope="module")
 def llmapi_server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("llmapi")
-    cfg = {"engine": "reference", "runtime": "llmapi", "target": {"checkpoint": str(tiny_models["target"])},
-           "quantization": {"weights": "fp32"}, "speculative": {"mode": "ngram", "max_draft_len": 4, "ngram_size": 3},
-           "limits": {"max_batch_size": 4, "max_input_len": 384, "max_seq_len": 512, "max_num_tokens": 512},
-           "output_dir": str(root / "build")}
+    cfg = {
+        "engine": "reference",
+        "runtime": "llmapi",
+        "target": {"checkpoint": str(tiny_models["target"])},
+        "quantization": {"weights": "fp32"},
+        "speculative": {"mode": "ngram", "max_draft_len": 4, "ngram_size": 3},
+        "limits": {"max_batch_size": 4, "max_input_len": 384, "max_seq_len": 512, "max_num_tokens": 512},
+        "output_dir": str(root / "build"),
+    }
     path = root / "ngram.yaml"
     path.write_text(yaml.safe_dump(cfg))
     c = load_config(path)
@@ -47,8 +52,11 @@ def llmapi_server(tiny_models, tmp_path_factory):
 
 def generate(server, model: str, body: dict) -> dict:
     """NVIDIA's documented request: POST /v2/models/tensorrt_llm/generate with text_input and sampling_param_*."""
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return json.loads(r.read())
@@ -71,25 +79,42 @@ def test_nvidias_documented_request_and_only_the_speculative_model_loaded(llmapi
     assert len(spec["text_output"]) > len(PROMPT)
     # the baseline, a second full copy of the target, is not loaded beside it (loaded for its phase only)
     assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
-    only = generate(llmapi_server, "tensorrt_llm",
-                    {**body, "sampling_param_exclude_input_from_output": True, "sampling_param_return_perf_metrics": True,
-                     "return_finish_reason": True})
+    only = generate(
+        llmapi_server,
+        "tensorrt_llm",
+        {
+            **body,
+            "sampling_param_exclude_input_from_output": True,
+            "sampling_param_return_perf_metrics": True,
+            "return_finish_reason": True,
+        },
+    )
     assert PROMPT + only["text_output"] == spec["text_output"]
     # the perf outputs are strings, as NVIDIA's model writes them; 1.2.1's PyTorch flow answers 0 for the speculative
     # ones even though n-gram speculation drafted on this prompt (NVIDIA/TensorRT-LLM#17082)
-    assert (only["total_draft_tokens"], only["total_accepted_draft_tokens"], only["acceptance_rate"]) == ("0", "0", "0.0")
+    assert (only["total_draft_tokens"], only["total_accepted_draft_tokens"], only["acceptance_rate"]) == (
+        "0",
+        "0",
+        "0.0",
+    )
     assert only["finish_reason"] in ("length", "stop")
 
 
 def test_streaming_over_grpc_concatenates_to_the_completion(llmapi_server):
-    whole = generate(llmapi_server, "tensorrt_llm", {"text_input": PROMPT, "sampling_param_max_tokens": 24,
-                                                     "sampling_param_exclude_input_from_output": True})["text_output"]
+    whole = generate(
+        llmapi_server,
+        "tensorrt_llm",
+        {"text_input": PROMPT, "sampling_param_max_tokens": 24, "sampling_param_exclude_input_from_output": True},
+    )["text_output"]
     c = grpcclient.InferenceServerClient(llmapi_server.grpc_url)
     got = []
     c.start_stream(callback=lambda result, error: got.append((result, error)))
     ins = []
-    for name, value, dtype in (("text_input", PROMPT.encode(), "BYTES"), ("streaming", True, "BOOL"),
-                               ("sampling_param_max_tokens", 24, "INT32")):
+    for name, value, dtype in (
+        ("text_input", PROMPT.encode(), "BYTES"),
+        ("streaming", True, "BOOL"),
+        ("sampling_param_max_tokens", 24, "INT32"),
+    ):
         arr = np.array([value], dtype=object if dtype == "BYTES" else (bool if dtype == "BOOL" else np.int32))
         t = grpcclient.InferInput(name, [1], dtype)
         t.set_data_from_numpy(arr)
@@ -98,8 +123,9 @@ def test_streaming_over_grpc_concatenates_to_the_completion(llmapi_server):
     import time
 
     deadline = time.time() + 60
-    while time.time() < deadline and not any(r is not None and r.get_response().parameters["triton_final_response"]
-                                             .bool_param for r, _ in got):
+    while time.time() < deadline and not any(
+        r is not None and r.get_response().parameters["triton_final_response"].bool_param for r, _ in got
+    ):
         time.sleep(0.05)
     c.stop_stream()
     assert all(e is None for _, e in got)
@@ -111,12 +137,22 @@ def test_streaming_over_grpc_concatenates_to_the_completion(llmapi_server):
 
 
 def test_stop_strings_and_refusals_in_the_models_words(llmapi_server):
-    full = generate(llmapi_server, "tensorrt_llm", {"text_input": PROMPT, "sampling_param_max_tokens": 24,
-                                                    "sampling_param_exclude_input_from_output": True})["text_output"]
+    full = generate(
+        llmapi_server,
+        "tensorrt_llm",
+        {"text_input": PROMPT, "sampling_param_max_tokens": 24, "sampling_param_exclude_input_from_output": True},
+    )["text_output"]
     stop = full[4:7]
-    cut = generate(llmapi_server, "tensorrt_llm", {"text_input": PROMPT, "sampling_param_max_tokens": 24,
-                                                   "sampling_param_exclude_input_from_output": True,
-                                                   "sampling_param_stop": [stop]})["text_output"]
+    cut = generate(
+        llmapi_server,
+        "tensorrt_llm",
+        {
+            "text_input": PROMPT,
+            "sampling_param_max_tokens": 24,
+            "sampling_param_exclude_input_from_output": True,
+            "sampling_param_stop": [stop],
+        },
+    )["text_output"]
     assert cut == full[: full.index(stop)]
     bad = generate(llmapi_server, "tensorrt_llm", {"text_input": PROMPT, "sampling_param_max_tokens": 100000})
     assert bad["status"] == 400 and bad["error"].startswith("Error generating request: ")
@@ -133,8 +169,8 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     from trt_spec.harness.bench import paired_ab
     from trt_spec.harness.client import ClientError, LLMClient
     from trt_spec.harness.prompts import Prompt
-    from trt_spec.records.names import TEXT_MODELS
     from trt_spec.in_triton.serving import load_tokenizer
+    from trt_spec.records.names import TEXT_MODELS
 
     tok_dir = str(next((llmapi_server.repo.parent / "build" / "engines").glob("target")))
     bare = LLMClient(llmapi_server.grpc_url, "grpc")
@@ -143,9 +179,32 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     with pytest.raises(ClientError, match="returns text only: pass --tokenizer"):
         bare.generate("tensorrt_llm_bls", PROMPT, 8)
     for proto, url in (("grpc", llmapi_server.grpc_url), ("http", llmapi_server.http_url)):
-        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "check", "--url", url, "--protocol", proto,
-                            "--prompts", "code-edit", "--limit", "2", "--max-tokens", "16", "--tokenizer", tok_dir,
-                            "--raw", "--format", "json"], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trt_spec.cli",
+                "check",
+                "--url",
+                url,
+                "--protocol",
+                proto,
+                "--prompts",
+                "code-edit",
+                "--limit",
+                "2",
+                "--max-tokens",
+                "16",
+                "--tokenizer",
+                tok_dir,
+                "--raw",
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         rep = json.loads(r.stdout)
         assert rep["passed"] and rep["match_rate"] == 1.0 and rep["order"].startswith("phased")
@@ -159,16 +218,44 @@ def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     acc = res["acceptance"]
     assert acc["drafted"] == 0 and acc["acceptance_rate"] is None and acc["source"] == lc.FROM_STREAMED_CHUNKS
     assert acc["mean_acceptance_length"] > 1.0 and res["order"].startswith("phased")
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "served", "--url", llmapi_server.grpc_url, "--tokenizer",
-                        tok_dir, "--prompts", "code-edit", "--limit", "1", "--max-tokens", "16", "--concurrency", "1",
-                        "--concurrency", "2", "--request-rate", "50", "--format", "json"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trt_spec.cli",
+            "bench",
+            "served",
+            "--url",
+            llmapi_server.grpc_url,
+            "--tokenizer",
+            tok_dir,
+            "--prompts",
+            "code-edit",
+            "--limit",
+            "1",
+            "--max-tokens",
+            "16",
+            "--concurrency",
+            "1",
+            "--concurrency",
+            "2",
+            "--request-rate",
+            "50",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     (ab,) = out["bench"]
     assert ab["speedup"] > 0 and ab["speculative"]["tokens"] == ab["baseline"]["tokens"] > 0
     # A/B, a two-level sweep and a request-rate run: one switch to the baseline and one back for the whole command
-    assert r.stderr.count(f"loading {lc.BASELINE_MODEL} (") == 1 and r.stderr.count(f"loading {lc.MODEL_NAME} back") == 1
+    assert (
+        r.stderr.count(f"loading {lc.BASELINE_MODEL} (") == 1 and r.stderr.count(f"loading {lc.MODEL_NAME} back") == 1
+    )
     assert [row["concurrency"] for row in out["concurrency"]] == [1, 2] and out["rate"]["order"].startswith("phased")
     assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
 
@@ -181,8 +268,8 @@ def test_phase_switch_needs_the_admin_key_and_restores_on_error(llmapi_server, m
     from trt_spec.harness.identity import check_greedy
     from trt_spec.harness.phases import speculative_then_baseline
     from trt_spec.harness.prompts import Prompt
-    from trt_spec.records.names import TEXT_MODELS
     from trt_spec.in_triton.serving import load_tokenizer
+    from trt_spec.records.names import TEXT_MODELS
 
     tok = load_tokenizer(str(llmapi_server.repo.parent / "build" / "engines" / "target"))
     for proto, url in (("grpc", llmapi_server.grpc_url), ("http", llmapi_server.http_url)):
@@ -205,6 +292,7 @@ def test_phase_switch_needs_the_admin_key_and_restores_on_error(llmapi_server, m
         # trt-spec serve's watchdog must not take the unloaded model's exited stub for a dead model (it exits 3 then)
         assert llmapi_server.dead_models() == []
         raise ClientError("the baseline phase failed")
+
     with pytest.raises(ClientError, match="the baseline phase failed"):
         speculative_then_baseline(c, lambda: None, broken)
     assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")

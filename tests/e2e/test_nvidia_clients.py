@@ -29,8 +29,10 @@ def deployments(tiny_models, tmp_path_factory):
     build_deployment(root, "draft_target", tiny_models["draft_other"], tiny_models["target"], k=5)
     unary_repo = root / "repo_unary"
     write_repository(BuildManifest.read(root / "build"), unary_repo, decoupled=False)
-    servers = {"decoupled": _serve(root / "repo", root / "decoupled.log"),
-               "unary": _serve(unary_repo, root / "unary.log")}
+    servers = {
+        "decoupled": _serve(root / "repo", root / "decoupled.log"),
+        "unary": _serve(unary_repo, root / "unary.log"),
+    }
     yield servers
     for s in servers.values():
         s.stop()
@@ -67,12 +69,16 @@ def test_end_to_end_grpc_client_streams_the_completion_alone(deployments, tiny_m
     server = deployments["decoupled"]
     for prompt in PROMPTS:
         done = _completion(server, prompt)
-        want = done.text if model == "tensorrt_llm_bls" else "".join(
-            tok.decode([t], skip_special_tokens=True) for t in done.output_ids)
+        want = (
+            done.text
+            if model == "tensorrt_llm_bls"
+            else "".join(tok.decode([t], skip_special_tokens=True) for t in done.output_ids)
+        )
         assert want
         for exclude in (False, True):
-            text, errors, _ = nv.e2e_grpc(server.grpc_url, prompt, OUT, model=model, streaming=True,
-                                          exclude_input_in_output=exclude)
+            text, errors, _ = nv.e2e_grpc(
+                server.grpc_url, prompt, OUT, model=model, streaming=True, exclude_input_in_output=exclude
+            )
             assert not errors and text == want
 
 
@@ -83,8 +89,12 @@ def test_end_to_end_grpc_client_reads_the_perf_metrics_of_the_ensemble(deploymen
     text, errors, perf = nv.e2e_grpc(server.grpc_url, PROMPTS[0], OUT, return_perf_metrics=True)
     assert not errors and text
     assert set(perf) == set(nv.PERF_OUTPUTS)
-    assert perf["arrival_time_ns"] <= perf["first_scheduled_time_ns"] <= perf["first_token_time_ns"] \
+    assert (
+        perf["arrival_time_ns"]
+        <= perf["first_scheduled_time_ns"]
+        <= perf["first_token_time_ns"]
         <= perf["last_token_time_ns"]
+    )
     assert perf["kv_cache_alloc_total_blocks"] >= 1 and perf["total_draft_tokens"] == 0  # the ensemble drafts nothing
 
 
@@ -96,12 +106,18 @@ def test_end_to_end_grpc_client_reads_the_perf_metrics_of_the_bls(deployments, s
     every engine call of the speculative rounds, the first call's arrival, the last target call's last token, and
     the loop's acceptance (what trt-spec's own client reads in the final response)."""
     server = deployments["decoupled"]
-    text, errors, perf = nv.e2e_grpc(server.grpc_url, PROMPTS[0], OUT, model="tensorrt_llm_bls", streaming=streaming,
-                                     return_perf_metrics=True)
+    text, errors, perf = nv.e2e_grpc(
+        server.grpc_url, PROMPTS[0], OUT, model="tensorrt_llm_bls", streaming=streaming, return_perf_metrics=True
+    )
     assert not errors and text
     assert set(perf) == set(nv.PERF_OUTPUTS)
-    assert 0 < perf["arrival_time_ns"] <= perf["first_scheduled_time_ns"] <= perf["first_token_time_ns"] \
+    assert (
+        0
+        < perf["arrival_time_ns"]
+        <= perf["first_scheduled_time_ns"]
+        <= perf["first_token_time_ns"]
         <= perf["last_token_time_ns"]
+    )
     assert perf["kv_cache_alloc_total_blocks"] >= 2  # a draft call and a target call at least, each >= one block
     assert perf["kv_cache_alloc_total_blocks"] == perf["kv_cache_alloc_new_blocks"] + perf["kv_cache_reused_blocks"]
     drafted, accepted = perf["total_draft_tokens"], perf["total_accepted_draft_tokens"]
@@ -116,8 +132,9 @@ def test_speculative_decoding_test_with_the_bls_finds_no_mismatch(deployments, k
     server = deployments[kind]
     for i, prompt in enumerate(PROMPTS, 1):
         for exclude in (False, True):  # the flag of the 1cee55d0 variant
-            control, spec = nv.speculative_decoding_test_row(server.grpc_url, prompt, OUT, bls=True,
-                                                             exclude_input_in_output=exclude, request_id=str(i))
+            control, spec = nv.speculative_decoding_test_row(
+                server.grpc_url, prompt, OUT, bls=True, exclude_input_in_output=exclude, request_id=str(i)
+            )
             assert control and control == spec
 
 
@@ -127,10 +144,15 @@ def test_speculative_client_and_decoding_test_on_the_unary_repository(deployment
     server = deployments["unary"]
     for i, prompt in enumerate(PROMPTS, 1):
         want = prompt + _completion(server, prompt).text
-        assert nv.speculative_client(server.grpc_url, prompt, OUT, draft_model="tensorrt_llm_draft",
-                                     target_model="tensorrt_llm") == want
-        control, spec = nv.speculative_decoding_test_row(server.grpc_url, prompt, OUT, bls=False,
-                                                         draft_model="tensorrt_llm_draft", request_id=str(i))
+        assert (
+            nv.speculative_client(
+                server.grpc_url, prompt, OUT, draft_model="tensorrt_llm_draft", target_model="tensorrt_llm"
+            )
+            == want
+        )
+        control, spec = nv.speculative_decoding_test_row(
+            server.grpc_url, prompt, OUT, bls=False, draft_model="tensorrt_llm_draft", request_id=str(i)
+        )
         assert control == spec == want
 
 
@@ -159,8 +181,7 @@ def test_unary_clients_on_the_decoupled_repository_get_tritons_refusal(deploymen
 def test_a_non_empty_embedding_bias_is_refused_in_one_line(deployments):
     server = deployments["decoupled"]
     for model in ("ensemble", "tensorrt_llm_bls"):
-        _, errors, _ = nv.e2e_grpc(server.grpc_url, PROMPTS[0], OUT, model=model,
-                                   embedding_bias=([" fox"], [-20.0]))
+        _, errors, _ = nv.e2e_grpc(server.grpc_url, PROMPTS[0], OUT, model=model, embedding_bias=([" fox"], [-20.0]))
         assert errors and "embedding_bias_words is not supported by this deployment" in errors[0]
     c = grpcclient.InferenceServerClient(server.grpc_url)
     assert c.is_server_live()  # and the server stays up

@@ -23,8 +23,10 @@ from trt_spec.serve.server import free_port  # noqa: E402
 from .conftest import build_deployment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 PROMPT = "def add(a, b):\n    return"
 
 
@@ -39,17 +41,39 @@ def openai_server(tiny_models, tmp_path_factory):
     repo = build_deployment(root, "ngram", None, target)
     ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
     err = open(root / "serve.err", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "serve", str(repo), "--http-port", str(ports["http"]),
-                             "--grpc-port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
-                             "--openai-port", str(ports["openai"])], stdout=subprocess.PIPE, stderr=err, text=True,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trt_spec.cli",
+            "serve",
+            str(repo),
+            "--http-port",
+            str(ports["http"]),
+            "--grpc-port",
+            str(ports["grpc"]),
+            "--metrics-port",
+            str(ports["metrics"]),
+            "--openai-port",
+            str(ports["openai"]),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        cwd=ROOT,
+    )
     line = proc.stdout.readline()  # "ready: … OpenAI http://127.0.0.1:P/v1 …" once everything is up
     if "OpenAI" not in line:
         proc.kill()
         pytest.fail(f"serve --openai-port did not come up: {line!r} {(root / 'serve.err').read_text()[-2000:]}")
     ns = type("Served", (), {})()
-    ns.url, ns.grpc, ns.repo, ns.proc, ns.log = f"http://127.0.0.1:{ports['openai']}", f"127.0.0.1:{ports['grpc']}", \
-        repo, proc, Path(f"{repo}.openai.log")
+    ns.url, ns.grpc, ns.repo, ns.proc, ns.log = (
+        f"http://127.0.0.1:{ports['openai']}",
+        f"127.0.0.1:{ports['grpc']}",
+        repo,
+        proc,
+        Path(f"{repo}.openai.log"),
+    )
     ns.tokenizer_dir = str(target)
     ns.triton_metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
     ns.client = openai.OpenAI(base_url=ns.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -82,15 +106,26 @@ def test_models_and_greedy_completions_equal_the_kserve_answers(openai_server):
 def test_streaming_matches_and_ends_with_usage_and_done(openai_server):
     s = openai_server
     whole = s.client.completions.create(model=SPECULATIVE, prompt=PROMPT, max_tokens=24, temperature=0)
-    chunks = list(s.client.completions.create(model=SPECULATIVE, prompt=PROMPT, max_tokens=24, temperature=0,
-                                              stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        s.client.completions.create(
+            model=SPECULATIVE,
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1  # it streamed
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     # the raw stream: server-sent events ending with [DONE]
-    req = urllib.request.Request(s.url + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": BASELINE, "prompt": PROMPT, "max_tokens": 4,
-                                                  "stream": True}).encode())
+    req = urllib.request.Request(
+        s.url + "/v1/completions",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": BASELINE, "prompt": PROMPT, "max_tokens": 4, "stream": True}).encode(),
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         events = [ln for ln in resp.read().decode().split("\n\n") if ln]
@@ -103,13 +138,17 @@ def test_chat_uses_the_chat_template_streaming_or_not(openai_server):
     s = openai_server
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Add two numbers."}]
     templated = AutoTokenizer.from_pretrained(s.tokenizer_dir).apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True)
+        messages, tokenize=False, add_generation_prompt=True
+    )
     want = kserve_greedy(s, SPECULATIVE, templated, 16)
     r = s.client.chat.completions.create(model=SPECULATIVE, messages=messages, max_completion_tokens=16, temperature=0)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == want
-    chunks = list(s.client.chat.completions.create(model=SPECULATIVE, messages=messages, max_tokens=16, temperature=0,
-                                                   stream=True))
+    chunks = list(
+        s.client.chat.completions.create(
+            model=SPECULATIVE, messages=messages, max_tokens=16, temperature=0, stream=True
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
@@ -123,8 +162,13 @@ def test_stop_strings_end_the_text_before_them(openai_server):
     for model in (BASELINE, SPECULATIVE):
         for stream in (False, True):
             if stream:
-                text = "".join(c.choices[0].text for c in s.client.completions.create(
-                    model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], stream=True) if c.choices)
+                text = "".join(
+                    c.choices[0].text
+                    for c in s.client.completions.create(
+                        model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], stream=True
+                    )
+                    if c.choices
+                )
             else:
                 r = s.client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop)
                 text = r.choices[0].text
@@ -137,20 +181,28 @@ def test_sampling_is_seeded_and_speculation_knobs_go_in_the_body(openai_server):
     kw = dict(model=SPECULATIVE, prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.9)
     a = s.client.completions.create(seed=7, **kw).choices[0].text
     assert a == s.client.completions.create(seed=7, **kw).choices[0].text
-    r = s.client.completions.create(model=SPECULATIVE, prompt=PROMPT, max_tokens=16, temperature=0,
-                                    extra_body={"num_draft_tokens": 2, "draft_len_policy": "fixed"})
+    r = s.client.completions.create(
+        model=SPECULATIVE,
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"num_draft_tokens": 2, "draft_len_policy": "fixed"},
+    )
     assert r.choices[0].text == kserve_greedy(s, BASELINE, PROMPT, 16)
 
 
-@pytest.mark.parametrize("kw,status,words", [
-    (dict(model="gpt-4"), 404, "does not exist"),
-    (dict(n=2), 400, "'n' must be 1"),
-    (dict(temperature=3), 400, "'temperature' must be in"),
-    (dict(max_tokens=100000), 400, "ask for at most"),
-    (dict(model=BASELINE, extra_body={"num_draft_tokens": 2}), 400, "applies to the speculative model"),
-    (dict(extra_body={"draft_len_policy": "greedy"}), 400, "must be one of adaptive, fixed"),
-    (dict(logprobs=2), 400, "'logprobs' is not supported"),
-])
+@pytest.mark.parametrize(
+    "kw,status,words",
+    [
+        (dict(model="gpt-4"), 404, "does not exist"),
+        (dict(n=2), 400, "'n' must be 1"),
+        (dict(temperature=3), 400, "'temperature' must be in"),
+        (dict(max_tokens=100000), 400, "ask for at most"),
+        (dict(model=BASELINE, extra_body={"num_draft_tokens": 2}), 400, "applies to the speculative model"),
+        (dict(extra_body={"draft_len_policy": "greedy"}), 400, "must be one of adaptive, fixed"),
+        (dict(logprobs=2), 400, "'logprobs' is not supported"),
+    ],
+)
 def test_bad_requests_get_openai_errors_and_the_server_stays_up(openai_server, kw, status, words):
     s = openai_server
     args = {"model": SPECULATIVE, "prompt": PROMPT, "max_tokens": 4, **kw}
@@ -198,11 +250,39 @@ def test_aiperf_profiles_the_chat_endpoint_without_errors(openai_server, tmp_pat
     # A local tokenizer directory: AIPerf 0.13 loads it by path when HF offline mode is NOT set (with HF_HUB_OFFLINE it
     # looks the name up in the hub cache only, aiperf/common/tokenizer.py _from_pretrained_local); nothing is fetched.
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    p = subprocess.run([aiperf, "profile", "--model", SPECULATIVE, "--url", s.url, "--endpoint-type", "chat",
-                        "--streaming", "--request-count", "8", "--concurrency", "2", "--isl", "24", "--osl", "12",
-                        "--tokenizer", s.tokenizer_dir, "--artifact-dir", str(out), "--ui", "none",
-                        "--extra-inputs", "temperature:0"],
-                       capture_output=True, text=True, timeout=600, env=env)
+    p = subprocess.run(
+        [
+            aiperf,
+            "profile",
+            "--model",
+            SPECULATIVE,
+            "--url",
+            s.url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--request-count",
+            "8",
+            "--concurrency",
+            "2",
+            "--isl",
+            "24",
+            "--osl",
+            "12",
+            "--tokenizer",
+            s.tokenizer_dir,
+            "--artifact-dir",
+            str(out),
+            "--ui",
+            "none",
+            "--extra-inputs",
+            "temperature:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rep = json.loads((out / "profile_export_aiperf.json").read_text())
     assert rep["request_count"]["avg"] == 8, sorted(rep)
@@ -211,8 +291,9 @@ def test_aiperf_profiles_the_chat_endpoint_without_errors(openai_server, tmp_pat
 
 
 def cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "trt_spec.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "trt_spec.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 @pytest.mark.slow
@@ -221,11 +302,33 @@ def test_bench_openai_paired_request_rate_and_a_sharegpt_file(openai_server, tmp
     ShareGPT-style file, with the served bench's report; two servers given as two URLs work the same."""
     s = openai_server
     data = tmp_path / "sharegpt.json"
-    data.write_text(json.dumps([{"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": "x" * 40}]}
-                                for p in ("def add(a, b):", "The quick brown fox", "for i in range(10):")]))
+    data.write_text(
+        json.dumps(
+            [
+                {"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": "x" * 40}]}
+                for p in ("def add(a, b):", "The quick brown fox", "for i in range(10):")
+            ]
+        )
+    )
     out = tmp_path / "rep"
-    r = cli("bench", "openai", "--url", s.url, "--prompts", str(data), "--request-rate", "4", "--num-requests", "4",
-            "--slo-ttft-ms", "60000", "--out", str(out), "--format", "json")
+    r = cli(
+        "bench",
+        "openai",
+        "--url",
+        s.url,
+        "--prompts",
+        str(data),
+        "--request-rate",
+        "4",
+        "--num-requests",
+        "4",
+        "--slo-ttft-ms",
+        "60000",
+        "--out",
+        str(out),
+        "--format",
+        "json",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(r.stdout)
     (ab,) = rep["bench"]
@@ -236,8 +339,26 @@ def test_bench_openai_paired_request_rate_and_a_sharegpt_file(openai_server, tmp
     assert rate["tensorrt_llm_bls"]["slo_met"] == 4 and rate["tensorrt_llm_bls"]["goodput_rps"] > 0
     md = (out / "report.md").read_text()
     assert "## Request rate 4/s (Poisson arrivals, 4 requests per model)" in md and "goodput ratio" in md
-    two = cli("bench", "openai", "--url", s.url, "--url", s.url + "/v1", "--model", BASELINE, "--model", SPECULATIVE,
-              "--api", "completions", "--prompts", str(data), "--limit", "1", "--format", "json")
+    two = cli(
+        "bench",
+        "openai",
+        "--url",
+        s.url,
+        "--url",
+        s.url + "/v1",
+        "--model",
+        BASELINE,
+        "--model",
+        SPECULATIVE,
+        "--api",
+        "completions",
+        "--prompts",
+        str(data),
+        "--limit",
+        "1",
+        "--format",
+        "json",
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert json.loads(two.stdout)["bench"][0]["protocol"] == "openai completions"
     bad = cli("bench", "openai", "--url", s.url, "--model", "a", "--model", "b", "--limit", "1")
@@ -250,12 +371,15 @@ def test_every_metric_the_grafana_dashboard_reads_is_served(openai_server):
     import re
 
     from trt_spec.deploy.k8s import CHART_SOURCES, QUEUE_COMPUTE_RULE
-    from trt_spec.records.defaults import QUEUE_COMPUTE_METRIC
     from trt_spec.in_triton.spec_metrics import parse_metrics
+    from trt_spec.records.defaults import QUEUE_COMPUTE_METRIC
 
     s = openai_server
-    served = {x.name for url in (s.triton_metrics, s.url + "/metrics")
-              for x in parse_metrics(urllib.request.urlopen(url, timeout=10).read().decode())}
+    served = {
+        x.name
+        for url in (s.triton_metrics, s.url + "/metrics")
+        for x in parse_metrics(urllib.request.urlopen(url, timeout=10).read().decode())
+    }
     dash = json.loads((CHART_SOURCES / "dashboards" / "trt-spec.json").read_text())
     for expr in (t["expr"] for p in dash["panels"] for t in p["targets"]):
         for name in re.findall(r"(?<![\w:$])([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+|trt_spec_[a-z_]+)", expr):

@@ -57,8 +57,13 @@ if _LOG:
 
 def _ignore(directory: str, names: list[str]) -> set[str]:
     top = Path(directory) == ROOT
-    return {n for n in names if n in ("__pycache__", ".pytest_cache") or n.endswith(".egg-info")
-            or (top and n in (".venv", ".git", "build", "dist"))}
+    return {
+        n
+        for n in names
+        if n in ("__pycache__", ".pytest_cache")
+        or n.endswith(".egg-info")
+        or (top and n in (".venv", ".git", "build", "dist"))
+    }
 
 
 def build_wheel(dest: Path) -> Path:
@@ -66,8 +71,25 @@ def build_wheel(dest: Path) -> Path:
     the tree it builds, and reuses a stale build/lib (a module deleted since an earlier build would still ship)."""
     src = dest / "src"
     shutil.copytree(ROOT, src, ignore=_ignore)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    "-w", str(dest / "dist"), str(src)], check=True, capture_output=True, text=True, cwd=dest)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(dest / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=dest,
+    )
     (wheel,) = (dest / "dist").glob("trt_spec-*.whl")
     return wheel
 
@@ -75,11 +97,32 @@ def build_wheel(dest: Path) -> Path:
 def make_venv(venv: Path, wheel: Path) -> Path:
     """venv with the wheel installed and the checkout venv's site-packages on sys.path; returns its site-packages."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
-                    "--no-index", "--no-compile", "-q", str(wheel)], check=True, capture_output=True, text=True)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
-                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "-q",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     deps = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))  # this (the checkout's) venv
     (site / "_import_audit.py").write_text(IMPORT_AUDIT)
     (site / "zz_checkout_deps.pth").write_text("import _import_audit\n" + "".join(f"{d}\n" for d in deps))
@@ -104,8 +147,11 @@ def _imports(log: Path) -> dict[int, tuple[str, set[Path]]]:
 def _module(site: Path, f: Path) -> str:
     """The module of a source or bytecode file under site (trt_spec/x/__pycache__/y.cpython-311.pyc: trt_spec.x.y)."""
     rel = f.relative_to(site)
-    parts = (rel.parent.parent.parts + (rel.name.split(".")[0],)) if rel.parent.name == "__pycache__" \
+    parts = (
+        (rel.parent.parent.parts + (rel.name.split(".")[0],))
+        if rel.parent.name == "__pycache__"
         else rel.with_suffix("").parts
+    )
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -126,23 +172,37 @@ def test_wheel_install_writes_and_serves_a_repository(ngram_server, tmp_path):
     site = make_venv(work / "venv", build_wheel(work / "wheel"))
     bin_dir = work / "venv" / "bin"
     log = work / "imports.tsv"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
-                                                              "VIRTUAL_ENV")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "VIRTUAL_ENV")
+    }
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONNOUSERSITE="1")
     env[IMPORT_LOG_VAR] = str(log)
 
     # `import trt_spec` in the new venv is the wheel's copy; the checkout is nowhere on its path
-    probe = json.loads(_run([str(bin_dir / "python"), "-c",
-                             "import json, sys, trt_spec; print(json.dumps({'file': trt_spec.__file__, "
-                             "'path': sys.path, 'editable': [m for m in sys.modules if m.startswith('__editable__')]}))"],
-                            env, work))
+    probe = json.loads(
+        _run(
+            [
+                str(bin_dir / "python"),
+                "-c",
+                "import json, sys, trt_spec; print(json.dumps({'file': trt_spec.__file__, "
+                "'path': sys.path, 'editable': [m for m in sys.modules if m.startswith('__editable__')]}))",
+            ],
+            env,
+            work,
+        )
+    )
     assert Path(probe["file"]) == site / "trt_spec" / "__init__.py"
     assert probe["editable"] == []
     others = [p for p in probe["path"] if p and Path(p) != site and (Path(p) / "trt_spec").exists()]
     assert others == [], f"another trt_spec on the new venv's sys.path: {others}"
     shipped = site / "trt_spec" / "model_repo"  # the checkout's top-level model_repo/, mapped by pyproject.toml
     assert sorted(p.parent.parent.name for p in shipped.glob("*/1/model.py")) == [
-        "llmapi", "postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]
+        "llmapi",
+        "postprocessing",
+        "preprocessing",
+        "reference_engine",
+        "tensorrt_llm_bls",
+    ]
 
     # the wheel's `trt-spec repo`, run outside the checkout, copies the wheel's model sources
     repo = work / "repo"
@@ -156,9 +216,25 @@ def test_wheel_install_writes_and_serves_a_repository(ngram_server, tmp_path):
     # served by the wheel's `trt-spec serve` with the new venv's interpreter (its bin leads the stubs' PATH)
     http, grpc, metrics = free_port(), free_port(), free_port()
     with open(work / "serve.out", "w") as out, open(work / "serve.err", "w") as err:
-        proc = subprocess.Popen([str(bin_dir / "trt-spec"), "serve", str(repo), "--http-port", str(http),
-                                 "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                                 "--log", str(work / "server.log")], stdout=out, stderr=err, env=env, cwd=work)
+        proc = subprocess.Popen(
+            [
+                str(bin_dir / "trt-spec"),
+                "serve",
+                str(repo),
+                "--http-port",
+                str(http),
+                "--grpc-port",
+                str(grpc),
+                "--metrics-port",
+                str(metrics),
+                "--log",
+                str(work / "server.log"),
+            ],
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=work,
+        )
 
     def server_said() -> str:
         tail = (work / "server.log").read_text()[-4000:] if (work / "server.log").exists() else ""

@@ -19,7 +19,7 @@ BEGIN, END = "<!-- quickstart:begin -->", "<!-- quickstart:end -->"
 def quickstart() -> tuple[list[str], str]:
     """(the commands, the output README shows) of the quick start."""
     text = (ROOT / "README.md").read_text()
-    block = text[text.index(BEGIN) + len(BEGIN): text.index(END)]
+    block = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
     code, shown = re.findall(r"```(?:bash|text)\n(.*?)```", block, re.S)[:2]
     commands = [ln.split("  #")[0].rstrip() for ln in code.splitlines() if ln.strip() and not ln.startswith("#")]
     return commands, shown
@@ -28,7 +28,9 @@ def quickstart() -> tuple[list[str], str]:
 def test_the_commands_are_the_pipeline():
     commands, _ = quickstart()
     verbs = [c.split()[1] if c.startswith("trt-spec") else c.split()[0] for c in commands]
-    assert verbs[:5] == ["build", "repo", "serve", "check", "bench"] and verbs.count("curl") >= 4 and verbs[-1] == "kill"
+    assert (
+        verbs[:5] == ["build", "repo", "serve", "check", "bench"] and verbs.count("curl") >= 4 and verbs[-1] == "kill"
+    )
 
 
 def _free(port: int) -> bool:
@@ -48,8 +50,9 @@ def test_the_readme_quick_start_runs_as_written(tmp_path):
         lines += [f"echo '>>> {i}'", c]
     lines += ["wait"]  # serve, after kill %1: it drains and exits 0
     script.write_text("\n".join(lines) + "\n")
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1800,
-                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    r = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert out.count(">>> ") == len(commands), out[-4000:]

@@ -7,14 +7,14 @@ as before. The long soak (`make soak`) runs the same checks with more streams an
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 import os
 import queue
 import re
 import socket
 import struct
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -22,8 +22,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from trt_spec.harness.client import LLMClient
-from trt_spec.records import backend_contract as bc
 from trt_spec.in_triton.spec_metrics import scrape, value
+from trt_spec.records import backend_contract as bc
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "import numpy as np\n", "Once upon a time"]
 GREEDY: dict = {}
@@ -35,9 +35,13 @@ DOUBLED = re.compile(r"\b([\w.]+): \1:")
 
 def _tensor(name, value, dtype):
     arr = np.asarray(value, dtype=dtype)
-    t = grpcclient.InferInput(name, list(arr.shape), "BYTES" if dtype is object else
-                              {np.int32: "INT32", np.int64: "INT64", np.uint64: "UINT64", np.float32: "FP32",
-                               np.bool_: "BOOL"}[dtype])
+    t = grpcclient.InferInput(
+        name,
+        list(arr.shape),
+        "BYTES"
+        if dtype is object
+        else {np.int32: "INT32", np.int64: "INT64", np.uint64: "UINT64", np.float32: "FP32", np.bool_: "BOOL"}[dtype],
+    )
     t.set_data_from_numpy(arr)
     return t
 
@@ -97,30 +101,50 @@ OK_TEXT = [text("def add(a, b):"), i32("max_tokens", 6)]
 # (model, tensors, requested outputs or None) — what clients get wrong, and a few odd-but-valid requests.
 BLS = "tensorrt_llm_bls"
 FRONT = [
-    [text("")], [i32("max_tokens", 4)], [("text_input", [[b"a", b"b"]], object), i32("max_tokens", 4)],
-    [text("hi")], [text("hi"), i32("max_tokens", 0)], [text("hi"), i32("max_tokens", -5)],
-    [text("hi"), i32("max_tokens", 2**31 - 1)], [text("word " * 600), i32("max_tokens", 4)],
-    [text("hi"), i32("max_tokens", 600)], [*OK_TEXT, f32("temperature", -1.0)],
-    [*OK_TEXT, f32("temperature", float("nan"))], [*OK_TEXT, f32("temperature", float("inf"))],
-    [*OK_TEXT, f32("temperature", 1e30)], [*OK_TEXT, i32("top_k", -1)], [*OK_TEXT, i32("top_k", 10**9)],
-    [*OK_TEXT, f32("top_p", -0.5)], [*OK_TEXT, f32("top_p", 1.5)], [*OK_TEXT, f32("top_p", float("nan"))],
+    [text("")],
+    [i32("max_tokens", 4)],
+    [("text_input", [[b"a", b"b"]], object), i32("max_tokens", 4)],
+    [text("hi")],
+    [text("hi"), i32("max_tokens", 0)],
+    [text("hi"), i32("max_tokens", -5)],
+    [text("hi"), i32("max_tokens", 2**31 - 1)],
+    [text("word " * 600), i32("max_tokens", 4)],
+    [text("hi"), i32("max_tokens", 600)],
+    [*OK_TEXT, f32("temperature", -1.0)],
+    [*OK_TEXT, f32("temperature", float("nan"))],
+    [*OK_TEXT, f32("temperature", float("inf"))],
+    [*OK_TEXT, f32("temperature", 1e30)],
+    [*OK_TEXT, i32("top_k", -1)],
+    [*OK_TEXT, i32("top_k", 10**9)],
+    [*OK_TEXT, f32("top_p", -0.5)],
+    [*OK_TEXT, f32("top_p", 1.5)],
+    [*OK_TEXT, f32("top_p", float("nan"))],
     [*OK_TEXT, ("seed", [[2**64 - 1]], np.uint64), f32("temperature", 0.7), i32("top_k", 5)],
-    [*OK_TEXT, i32("end_id", -5)], [*OK_TEXT, i32("end_id", 10**6)], [*OK_TEXT, i32("pad_id", -1)],
-    [*OK_TEXT, ("stop_words", [[b""]], object)], [*OK_TEXT, ("stop_words", [[b"x" * 5000]], object)],
-    [*OK_TEXT, ("bad_words", [[b"the"]], object)], [*OK_TEXT, i32("beam_width", 2)],
-    [*OK_TEXT, i32("num_return_sequences", 3)], [*OK_TEXT, ("max_tokens", [[4.0]], np.float32)],
+    [*OK_TEXT, i32("end_id", -5)],
+    [*OK_TEXT, i32("end_id", 10**6)],
+    [*OK_TEXT, i32("pad_id", -1)],
+    [*OK_TEXT, ("stop_words", [[b""]], object)],
+    [*OK_TEXT, ("stop_words", [[b"x" * 5000]], object)],
+    [*OK_TEXT, ("bad_words", [[b"the"]], object)],
+    [*OK_TEXT, i32("beam_width", 2)],
+    [*OK_TEXT, i32("num_return_sequences", 3)],
+    [*OK_TEXT, ("max_tokens", [[4.0]], np.float32)],
     [("text_input", [[b"\xff\xfe\x00broken utf-8"]], object), i32("max_tokens", 4)],
     [text("emoji \U0001f680 and NUL \x00 inside"), i32("max_tokens", 4)],
-    [*OK_TEXT, ("not_an_input", [[1]], np.int32)], [("text_input", [[[b"x"]]], object), i32("max_tokens", 4)],
+    [*OK_TEXT, ("not_an_input", [[1]], np.int32)],
+    [("text_input", [[[b"x"]]], object), i32("max_tokens", 4)],
     [*OK_TEXT, b("exclude_input_in_output", True), b("return_perf_metrics", True)],
 ]
 BLS_ONLY = [
-    [*OK_TEXT, i32("num_draft_tokens", -1)], [*OK_TEXT, i32("num_draft_tokens", 5)],
-    [*OK_TEXT, i32("num_draft_tokens", 1000)], [*OK_TEXT, b("use_draft_logits", True), f32("temperature", 0.8)],
+    [*OK_TEXT, i32("num_draft_tokens", -1)],
+    [*OK_TEXT, i32("num_draft_tokens", 5)],
+    [*OK_TEXT, i32("num_draft_tokens", 1000)],
+    [*OK_TEXT, b("use_draft_logits", True), f32("temperature", 0.8)],
     [*OK_TEXT, b("stream", True), i32("num_draft_tokens", 0)],
 ]
 ENGINE = [
-    [i32("request_output_len", 4)], [ids("input_ids", []), i32("input_lengths", 0), i32("request_output_len", 4)],
+    [i32("request_output_len", 4)],
+    [ids("input_ids", []), i32("input_lengths", 0), i32("request_output_len", 4)],
     [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 0)],
     [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", -3)],
     [ids("input_ids", [5, 10**6]), i32("input_lengths", 2), i32("request_output_len", 4)],
@@ -129,26 +153,60 @@ ENGINE = [
     [ids("input_ids", [5, 6]), i32("input_lengths", 900), i32("request_output_len", 4)],
     [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4), ids("draft_input_ids", [1] * 9)],
     [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4), ids("draft_input_ids", [10**6])],
-    [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4),
-     ("stop_words_list", [[[5, 6, 7]]], np.int32)],
-    [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4),
-     ("stop_words_list", [[[5, 6], [9, -1]]], np.int32)],
-    [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4),
-     ("stop_words_list", [[[5, 6, 7], [2, 1, -1]]], np.int32)],
-    [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4),
-     ("stop_words_list", [[[5, 6, 7], [1, -1, 3]]], np.int32)],
-    [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4), f32("temperature", float("inf")),
-     i32("runtime_top_k", 4)],
+    [
+        ids("input_ids", [5, 6]),
+        i32("input_lengths", 2),
+        i32("request_output_len", 4),
+        ("stop_words_list", [[[5, 6, 7]]], np.int32),
+    ],
+    [
+        ids("input_ids", [5, 6]),
+        i32("input_lengths", 2),
+        i32("request_output_len", 4),
+        ("stop_words_list", [[[5, 6], [9, -1]]], np.int32),
+    ],
+    [
+        ids("input_ids", [5, 6]),
+        i32("input_lengths", 2),
+        i32("request_output_len", 4),
+        ("stop_words_list", [[[5, 6, 7], [2, 1, -1]]], np.int32),
+    ],
+    [
+        ids("input_ids", [5, 6]),
+        i32("input_lengths", 2),
+        i32("request_output_len", 4),
+        ("stop_words_list", [[[5, 6, 7], [1, -1, 3]]], np.int32),
+    ],
+    [
+        ids("input_ids", [5, 6]),
+        i32("input_lengths", 2),
+        i32("request_output_len", 4),
+        f32("temperature", float("inf")),
+        i32("runtime_top_k", 4),
+    ],
     [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4), i32("runtime_top_k", -1)],
-    [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4), i32("runtime_top_k", 10**9),
-     f32("temperature", 1.0)],
+    [
+        ids("input_ids", [5, 6]),
+        i32("input_lengths", 2),
+        i32("request_output_len", 4),
+        i32("runtime_top_k", 10**9),
+        f32("temperature", 1.0),
+    ],
     [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4), i32("beam_width", 2)],
     [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4), i32("num_return_sequences", 2)],
     [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4), i32("end_id", 10**6)],
-    [ids("input_ids", [5, 6]), i32("input_lengths", 2), i32("request_output_len", 4),
-     ids("draft_input_ids", [7, 8]), ("draft_logits", [[[0.0] * 3]], np.float32)],
-    [("input_ids", [[5, 6], [7, 8]], np.int32), ("input_lengths", [[2], [2]], np.int32),
-     ("request_output_len", [[4], [4]], np.int32)],
+    [
+        ids("input_ids", [5, 6]),
+        i32("input_lengths", 2),
+        i32("request_output_len", 4),
+        ids("draft_input_ids", [7, 8]),
+        ("draft_logits", [[[0.0] * 3]], np.float32),
+    ],
+    [
+        ("input_ids", [[5, 6], [7, 8]], np.int32),
+        ("input_lengths", [[2], [2]], np.int32),
+        ("request_output_len", [[4], [4]], np.int32),
+    ],
 ]
 
 
@@ -179,8 +237,11 @@ def test_fuzzed_requests_get_one_clear_answer_and_change_nothing(dtm_server):
     results = []
     for case in cases:
         model, tensors = case[0], case[1]
-        outputs = case[2] if len(case) > 2 else (["output_ids", "sequence_length"] if "llm" in model and
-                                                   model != BLS else None)
+        outputs = (
+            case[2]
+            if len(case) > 2
+            else (["output_ids", "sequence_length"] if "llm" in model and model != BLS else None)
+        )
         kind, answer = raw(dtm_server.grpc_url, model, tensors, outputs)
         check_answer(kind, answer if kind == "error" else "", (model, [t[0] for t in tensors]))
         results.append(kind)
@@ -192,8 +253,16 @@ def soak(server, streams: int, rounds: int) -> dict:
     """`streams` concurrent greedy requests per round (BLS and ensemble, streaming and not, mixed k and lengths);
     every output must equal its solo run. Returns RSS growth of the server's processes."""
     rng = np.random.default_rng(0)
-    jobs = [(PROMPTS[i % len(PROMPTS)] + f" {i}", int(rng.integers(4, 24)), (BLS, "ensemble")[i % 3 == 0],
-             bool(i % 2), int(rng.integers(0, 5))) for i in range(streams)]
+    jobs = [
+        (
+            PROMPTS[i % len(PROMPTS)] + f" {i}",
+            int(rng.integers(4, 24)),
+            (BLS, "ensemble")[i % 3 == 0],
+            bool(i % 2),
+            int(rng.integers(0, 5)),
+        )
+        for i in range(streams)
+    ]
 
     def one(job):
         p, n, m, stream, k = job
@@ -227,8 +296,9 @@ def test_sixty_four_concurrent_streams_lose_nothing(dtm_server):
 
 @pytest.mark.soak
 def test_soak(dtm_server):
-    r = soak(dtm_server, streams=int(os.environ.get("SOAK_STREAMS", "96")), rounds=int(os.environ.get("SOAK_ROUNDS",
-                                                                                                       "8")))
+    r = soak(
+        dtm_server, streams=int(os.environ.get("SOAK_STREAMS", "96")), rounds=int(os.environ.get("SOAK_ROUNDS", "8"))
+    )
     print(f"soak rss: {r['rss_first'] / 2**20:.0f} MiB -> {r['rss_last'] / 2**20:.0f} MiB")
     assert r["rss_last"] < r["rss_first"] * 1.10 + 64 * 2**20
 
@@ -275,6 +345,7 @@ def test_cancelled_streams_stop_using_the_engine(dtm_server, model):
 
 # --- clients that go away -----------------------------------------------------------------------------------------
 
+
 def engine_active(server) -> float:
     """Requests holding a slot in the deployment's engines, as the backend publishes it (nv_trt_llm_request_metrics,
     request_type="active", refreshed every stats_check_period_ms)."""
@@ -288,8 +359,11 @@ def _reset_after_first_chunk(url, model, max_tokens):
     host, port = url.split(":")
     body = json.dumps({"text_input": PROMPTS[3], "max_tokens": max_tokens, "end_id": -1, "stream": True}).encode()
     with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sk:
-        sk.sendall(f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
-                   f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        sk.sendall(
+            f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         data = b""
         while b"data:" not in data:
             chunk = sk.recv(4096)
@@ -318,6 +392,7 @@ def test_reset_http_streams_leave_the_engine_idle(fixture, request):
 
 # --- oversized input ----------------------------------------------------------------------------------------------
 
+
 def _rss(pid: int) -> int:
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -331,12 +406,16 @@ def test_a_10_mb_prompt_is_refused_at_once_with_flat_memory(dtm_server, model):
     the limit within a second, before any tokenizing — the python models' memory stays flat (tokenizing 10 MB took
     12-15 s and 1.7 GB). (Over 4 MiB of JSON, Triton 2.51's own HTTP server crashes before any model sees the
     request: docs/reliability.md.)"""
+
     def models_rss() -> int:
         return sum(_rss(pid) for pid in dtm_server.stubs())
+
     ten_mb = b"word " * (2 * 2**20)
     before = models_rss()
-    for field, tensors in (("text_input", [text(ten_mb), i32("max_tokens", 4)]),
-                           ("stop_words", [text("hi"), i32("max_tokens", 4), ("stop_words", [[ten_mb]], object)])):
+    for field, tensors in (
+        ("text_input", [text(ten_mb), i32("max_tokens", 4)]),
+        ("stop_words", [text("hi"), i32("max_tokens", 4), ("stop_words", [[ten_mb]], object)]),
+    ):
         t0 = time.perf_counter()
         kind, message = raw(dtm_server.grpc_url, model, tensors)
         elapsed = time.perf_counter() - t0
@@ -344,8 +423,9 @@ def test_a_10_mb_prompt_is_refused_at_once_with_flat_memory(dtm_server, model):
         assert kind == "error" and f"{field} is 10485760 bytes" in message and "max_input_len" in message, message
         assert "\n" not in message and not LEAK.search(message) and elapsed < 1.0
     body = {"text_input": "word " * (7 * 2**20 // 10), "max_tokens": 4}  # 3.5 MiB of JSON
-    req = urllib.request.Request(f"http://{dtm_server.http_url}/v2/models/{model}/generate",
-                                 data=json.dumps(body).encode(), method="POST")
+    req = urllib.request.Request(
+        f"http://{dtm_server.http_url}/v2/models/{model}/generate", data=json.dumps(body).encode(), method="POST"
+    )
     t0 = time.perf_counter()
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=60)
@@ -383,8 +463,11 @@ def test_served_model_configs_are_the_admin_keys_only(dtm_server):
 def test_a_json_value_of_the_wrong_type_is_tritons_own_500(dtm_server):
     """docs/reliability.md says so: Triton's JSON reader answers a string max_tokens with HTTP 500 before any model
     sees it."""
-    req = urllib.request.Request(f"http://{dtm_server.http_url}/v2/models/{BLS}/generate", method="POST",
-                                 data=json.dumps({"text_input": "hi", "max_tokens": "8"}).encode())
+    req = urllib.request.Request(
+        f"http://{dtm_server.http_url}/v2/models/{BLS}/generate",
+        method="POST",
+        data=json.dumps({"text_input": "hi", "max_tokens": "8"}).encode(),
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 500

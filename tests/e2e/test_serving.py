@@ -11,8 +11,14 @@ import pytest
 
 from trt_spec.harness.client import ClientError, LLMClient
 
-PROMPTS = ["def add(a, b):\n    return", "class Stack:\n    def push(self, x):", "The quick brown fox",
-           "import numpy as np\nx =", "for i in range(10):\n   ", "Hello, world! What is"]
+PROMPTS = [
+    "def add(a, b):\n    return",
+    "class Stack:\n    def push(self, x):",
+    "The quick brown fox",
+    "import numpy as np\nx =",
+    "for i in range(10):\n   ",
+    "Hello, world! What is",
+]
 GREEDY = {"exclude_input_in_output": True}
 
 
@@ -31,8 +37,9 @@ def test_speculative_equals_baseline_token_for_token(dtm_server, proto):
         assert spec.text == base.text
         m = spec.metrics
         assert m["total_draft_tokens"] > 0
-        assert m["acceptance_rate"] == pytest.approx(m["total_accepted_draft_tokens"] / m["total_draft_tokens"],
-                                                     rel=1e-6)  # sent as float32
+        assert m["acceptance_rate"] == pytest.approx(
+            m["total_accepted_draft_tokens"] / m["total_draft_tokens"], rel=1e-6
+        )  # sent as float32
         # the histogram counts rounds that verified drafts; draft_lengths has every round, 0 where none was verified
         assert len(m["draft_lengths"]) == m["total_steps"]
         assert sum(m["accepted_length_histogram"]) == m["total_steps"] - m["draft_lengths"].count(0)
@@ -74,19 +81,30 @@ def test_sixteen_concurrent_requests(dtm_server):
     c = both(dtm_server, "grpc")
     expected = [c.generate("ensemble", p, 12, **GREEDY).output_ids for p in prompts]
     with ThreadPoolExecutor(16) as pool:
-        got = list(pool.map(lambda p: both(dtm_server, "grpc").generate("tensorrt_llm_bls", p, 12, num_draft_tokens=3,
-                                                                       **GREEDY).output_ids, prompts))
+        got = list(
+            pool.map(
+                lambda p: (
+                    both(dtm_server, "grpc")
+                    .generate("tensorrt_llm_bls", p, 12, num_draft_tokens=3, **GREEDY)
+                    .output_ids
+                ),
+                prompts,
+            )
+        )
     assert got == expected
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"prompt": ""}, "text_input is empty"),
-    ({"num_draft_tokens": 9}, "num_draft_tokens 9 is outside 0..max_draft_len (4)"),
-    ({"max_tokens": 0}, "max_tokens must be >= 1"),
-    ({"max_tokens": 5000}, "exceeds max_seq_len 512"),
-    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
-    ({"draft_len_policy": "greedy"}, "draft_len_policy 'greedy' is not one of adaptive, fixed"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"prompt": ""}, "text_input is empty"),
+        ({"num_draft_tokens": 9}, "num_draft_tokens 9 is outside 0..max_draft_len (4)"),
+        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"max_tokens": 5000}, "exceeds max_seq_len 512"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"draft_len_policy": "greedy"}, "draft_len_policy 'greedy' is not one of adaptive, fixed"),
+    ],
+)
 def test_bad_requests_get_errors_and_server_stays_up(dtm_server, kwargs, message):
     c = both(dtm_server, "http")
     args = {"prompt": PROMPTS[0], "max_tokens": 8, **kwargs}
@@ -119,6 +137,7 @@ def test_wrong_dtype_and_batch_rejected(dtm_server):
     mt2.set_data_from_numpy(np.array([[4], [4]], dtype=np.int32))
     c.async_stream_infer("tensorrt_llm_bls", [batch, mt2])
     import time
+
     deadline = time.time() + 30
     while len(errors) < 3 and time.time() < deadline:
         time.sleep(0.1)
@@ -128,8 +147,10 @@ def test_wrong_dtype_and_batch_rejected(dtm_server):
     assert "unexpected shape" in msgs
     assert "exactly one prompt per request (got 2)" in msgs
     after = both(dtm_server, "grpc")
-    assert after.generate("tensorrt_llm_bls", PROMPTS[2], 4, **GREEDY).output_ids == \
-        after.generate("ensemble", PROMPTS[2], 4, **GREEDY).output_ids  # the refused requests broke nothing
+    assert (
+        after.generate("tensorrt_llm_bls", PROMPTS[2], 4, **GREEDY).output_ids
+        == after.generate("ensemble", PROMPTS[2], 4, **GREEDY).output_ids
+    )  # the refused requests broke nothing
 
 
 def test_unknown_model_and_server_down(dtm_server):

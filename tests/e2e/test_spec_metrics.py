@@ -14,16 +14,25 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from trt_spec.records import names as n
 from trt_spec.harness.client import ClientError, LLMClient
 from trt_spec.in_triton.spec_metrics import LATENCY_BUCKETS, histogram, parse_metrics, scrape, scraped_acceptance, value
+from trt_spec.records import names as n
 
-PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return", "class Stack:\n    def push(self, x):",
-           "The quick brown fox jumps over the lazy dog. The quick brown", "for i in range(10):\n   "]
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return",
+    "class Stack:\n    def push(self, x):",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "for i in range(10):\n   ",
+]
 GREEDY = {"exclude_input_in_output": True}
 MAX_DRAFT_LEN = 4  # conftest.build_deployment's k
-COUNTERS = (n.METRIC_REQUESTS, n.METRIC_DRAFT_TOKENS, n.METRIC_ACCEPTED_TOKENS, n.METRIC_ROUNDS,
-            n.METRIC_ROUNDS_NO_SPEC)
+COUNTERS = (
+    n.METRIC_REQUESTS,
+    n.METRIC_DRAFT_TOKENS,
+    n.METRIC_ACCEPTED_TOKENS,
+    n.METRIC_ROUNDS,
+    n.METRIC_ROUNDS_NO_SPEC,
+)
 HISTOGRAMS = (n.METRIC_ACCEPTED_LENGTH, n.METRIC_DRAFT_LENGTH, n.METRIC_DRAFT_LATENCY, n.METRIC_VERIFY_LATENCY)
 
 
@@ -35,9 +44,13 @@ def send(server) -> list[dict]:
     """A mix: both protocols, streaming and not, k = 0 (no speculation), 1, 2 and the default (max_draft_len);
     the responses' metrics outputs."""
     grpc, http = LLMClient(server.grpc_url, "grpc"), LLMClient(server.http_url, "http")
-    sent = [(grpc, PROMPTS[0], 24, {}), (grpc, PROMPTS[1], 16, {"num_draft_tokens": 2}),
-            (http, PROMPTS[2], 20, {"num_draft_tokens": 0}), (grpc, PROMPTS[3], 12, {"num_draft_tokens": 1, "stream": True}),
-            (http, PROMPTS[0], 8, {"num_draft_tokens": 3})]
+    sent = [
+        (grpc, PROMPTS[0], 24, {}),
+        (grpc, PROMPTS[1], 16, {"num_draft_tokens": 2}),
+        (http, PROMPTS[2], 20, {"num_draft_tokens": 0}),
+        (grpc, PROMPTS[3], 12, {"num_draft_tokens": 1, "stream": True}),
+        (http, PROMPTS[0], 8, {"num_draft_tokens": 3}),
+    ]
     return [c.generate(n.BLS, p, max_tokens, **GREEDY, **kw).metrics for c, p, max_tokens, kw in sent]
 
 
@@ -110,7 +123,7 @@ def test_prometheus_metrics_equal_the_responses_own(request, fixture, mode):
     assert vdelta(n.VLLM_NUM_DRAFT_TOKENS) == drafted and vdelta(n.VLLM_NUM_ACCEPTED_TOKENS) == accepted
     assert vdelta(n.VLLM_NUM_DRAFTS) == rounds - ks[0]  # a draft = a speculative round
     per_pos = [vdelta(n.VLLM_NUM_ACCEPTED_PER_POS, position=str(i)) for i in range(MAX_DRAFT_LEN)]
-    assert per_pos == [sum(accepted_hist[i + 1:]) for i in range(MAX_DRAFT_LEN)] and sum(per_pos) == accepted
+    assert per_pos == [sum(accepted_hist[i + 1 :]) for i in range(MAX_DRAFT_LEN)] and sum(per_pos) == accepted
 
 
 def test_metric_names_and_types_as_published(ngram_server):
@@ -118,16 +131,27 @@ def test_metric_names_and_types_as_published(ngram_server):
     with urllib.request.urlopen(metrics_url(ngram_server), timeout=10) as r:
         text = r.read().decode()
     types = dict(re.findall(r"^# TYPE (trt_spec_\S+) (\S+)$", text, re.M))
-    assert types == {**{c: "counter" for c in COUNTERS}, **{h: "histogram" for h in HISTOGRAMS},
-                     n.METRIC_IN_FLIGHT: "gauge"}
+    assert types == {
+        **{c: "counter" for c in COUNTERS},
+        **{h: "histogram" for h in HISTOGRAMS},
+        n.METRIC_IN_FLIGHT: "gauge",
+    }
     # the engines' request metrics, as the tensorrtllm backend names and labels them
     assert re.search(r"^# TYPE nv_trt_llm_request_metrics gauge$", text, re.M)
     active = [s for s in parse_metrics(text) if s.name == "nv_trt_llm_request_metrics"]
     assert {(s.labels["model"], s.labels["request_type"]) for s in active} >= {
-        ("tensorrt_llm", t) for t in ("active", "max", "scheduled", "context", "waiting")}
+        ("tensorrt_llm", t) for t in ("active", "max", "scheduled", "context", "waiting")
+    }
     vllm = dict(re.findall(r"^# TYPE (vllm:\S+) (\S+)$", text, re.M))
-    assert vllm == {name: "counter" for name in (n.VLLM_NUM_DRAFTS, n.VLLM_NUM_DRAFT_TOKENS, n.VLLM_NUM_ACCEPTED_TOKENS,
-                                                 n.VLLM_NUM_ACCEPTED_PER_POS)}
+    assert vllm == {
+        name: "counter"
+        for name in (
+            n.VLLM_NUM_DRAFTS,
+            n.VLLM_NUM_DRAFT_TOKENS,
+            n.VLLM_NUM_ACCEPTED_TOKENS,
+            n.VLLM_NUM_ACCEPTED_PER_POS,
+        )
+    }
     samples = parse_metrics(text)
     assert {s.labels["mode"] for s in samples if s.name.startswith("trt_spec_")} == {"ngram"}
     assert {s.labels["model"] for s in samples if s.name.startswith("trt_spec_")} == {n.BLS}
@@ -147,9 +171,12 @@ def test_cancelled_requests_are_not_counted(ngram_server):
     got: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result, error: got.put((result, error)))
     inputs = []
-    for name, v, dtype, kind in (("text_input", [[PROMPTS[1].encode()]], object, "BYTES"),
-                                 ("max_tokens", [[400]], np.int32, "INT32"), ("stream", [[True]], bool, "BOOL"),
-                                 ("end_id", [[-1]], np.int32, "INT32")):
+    for name, v, dtype, kind in (
+        ("text_input", [[PROMPTS[1].encode()]], object, "BYTES"),
+        ("max_tokens", [[400]], np.int32, "INT32"),
+        ("stream", [[True]], bool, "BOOL"),
+        ("end_id", [[-1]], np.int32, "INT32"),
+    ):
         t = grpcclient.InferInput(name, [1, 1], kind)
         t.set_data_from_numpy(np.asarray(v, dtype=dtype))
         inputs.append(t)
@@ -160,5 +187,7 @@ def test_cancelled_requests_are_not_counted(ngram_server):
     time.sleep(1.5 * seconds + 0.5)
     after = scrape(url)
     assert value(after, n.METRIC_REQUESTS, **labels) - value(before, n.METRIC_REQUESTS, **labels) == 1
-    assert (value(after, n.METRIC_ROUNDS, **labels) - value(before, n.METRIC_ROUNDS, **labels)
-            == whole.metrics["total_steps"])
+    assert (
+        value(after, n.METRIC_ROUNDS, **labels) - value(before, n.METRIC_ROUNDS, **labels)
+        == whole.metrics["total_steps"]
+    )

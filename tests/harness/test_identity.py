@@ -24,16 +24,25 @@ from trt_spec.harness.identity import check_greedy, classify, format_check  # no
 from trt_spec.harness.inprocess import baseline_call, load_deployment, speculative_call  # noqa: E402
 from trt_spec.harness.prompts import Prompt  # noqa: E402
 from trt_spec.harness.report import markdown  # noqa: E402
+from trt_spec.in_triton.speculative_loop import EngineError, SpecRequest, SpeculativeLoop, engine_inputs  # noqa: E402
 from trt_spec.records import backend_contract as bc  # noqa: E402
 from trt_spec.records.defaults import GPU_NUMERICS_ENV, NEAR_TIE_MARGIN  # noqa: E402
 from trt_spec.records.names import BASELINE, BASELINE_ENGINE, DRAFT, NUM_DRAFT_TOKENS, TARGET  # noqa: E402
-from trt_spec.in_triton.speculative_loop import EngineError, SpeculativeLoop, engine_inputs, SpecRequest  # noqa: E402
 
 from ..e2e.conftest import build_deployment  # noqa: E402
 from ..tiny import make_model, make_tokenizer  # noqa: E402
 
-PROMPTS = [Prompt(t, 24) for t in ("def add(a, b):", "The quick brown fox", "class Stack:", "for i in range(10):",
-                                   "Hello, world! What is", "import numpy as np")]
+PROMPTS = [
+    Prompt(t, 24)
+    for t in (
+        "def add(a, b):",
+        "The quick brown fox",
+        "class Stack:",
+        "for i in range(10):",
+        "Hello, world! What is",
+        "import numpy as np",
+    )
+]
 FLIP_MARGIN = 4.0  # logits: the tiny models' margins are O(1), so a GPU-sized 0.05 would flip nothing in 6 prompts
 
 
@@ -170,8 +179,11 @@ def test_in_engine_modes_probe_the_baseline_engine_not_the_speculating_one(monke
     logits say nothing about the baseline's numerics. check asks the ensemble's engine step, teacher-forced on prompt
     (with the served special tokens) + the common prefix."""
     c = LLMClient("127.0.0.1:1", "grpc")
-    ensemble = {"ensemble_scheduling": {"step": [{"model_name": "preprocessing"}, {"model_name": BASELINE_ENGINE},
-                                                 {"model_name": "postprocessing"}]}}
+    ensemble = {
+        "ensemble_scheduling": {
+            "step": [{"model_name": "preprocessing"}, {"model_name": BASELINE_ENGINE}, {"model_name": "postprocessing"}]
+        }
+    }
     monkeypatch.setattr(c, "model_config", lambda model: ensemble)
     outputs = {BASELINE: [10, 11, 12], "tensorrt_llm_bls": [10, 11, 13]}
     monkeypatch.setattr(c, "generate", lambda model, text, n, **kw: Generation("", outputs[model], 0, 0, 1))

@@ -18,8 +18,17 @@ from trt_spec.records.speculation import leviathan_bound  # noqa: E402
 from ..e2e.conftest import build_deployment  # noqa: E402
 from ..tiny import make_model, make_tokenizer  # noqa: E402
 
-CONTRACT = ("speedup", "token_identity", "acceptance_rate", "mean_acceptance_length", "cost_ratio", "leviathan_bound",
-            "efficiency", "baseline_tok_s", "spec_tok_s")
+CONTRACT = (
+    "speedup",
+    "token_identity",
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "cost_ratio",
+    "leviathan_bound",
+    "efficiency",
+    "baseline_tok_s",
+    "spec_tok_s",
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +37,10 @@ def configs(tmp_path_factory):
     tok = make_tokenizer(root / "tok")
     target = make_model(root / "target", tok, seed=0)
     out = {}
-    for name, draft in (("copy", make_model(root / "draft_copy", tok, copy_from=target)),
-                        ("other", make_model(root / "draft_other", tok, seed=1))):
+    for name, draft in (
+        ("copy", make_model(root / "draft_copy", tok, copy_from=target)),
+        ("other", make_model(root / "draft_other", tok, seed=1)),
+    ):
         (root / name).mkdir()
         build_deployment(root / name, "draft_target", draft, target, k=4)
         out[name] = root / name / "draft_target.yaml"
@@ -40,9 +51,31 @@ def configs(tmp_path_factory):
 
 
 def bench(config, *args):
-    p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "in-process", str(config), "--format", "json",
-                        "--prompts", "code-edit", "--limit", "2", "--max-tokens", "24", "--ignore-eos",
-                        "--threads", "1", *args], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trt_spec.cli",
+            "bench",
+            "in-process",
+            str(config),
+            "--format",
+            "json",
+            "--prompts",
+            "code-edit",
+            "--limit",
+            "2",
+            "--max-tokens",
+            "24",
+            "--ignore-eos",
+            "--threads",
+            "1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout)
 
@@ -93,8 +126,10 @@ def test_a_wrong_draft_is_reported_as_slower(configs):
     # k draft passes + a verification for about one token each step: measured ~0.2x, far beyond timing noise
     assert rep["speedup"] < 1.0
     w = rep["warning"]
-    assert w.startswith(f"speculative decoding is SLOWER than the baseline here ({rep['speedup']:.2f}x); "
-                        f"acceptance α={rep['alpha']:.2f} at k=4")
+    assert w.startswith(
+        f"speculative decoding is SLOWER than the baseline here ({rep['speedup']:.2f}x); "
+        f"acceptance α={rep['alpha']:.2f} at k=4"
+    )
     assert "even a perfectly efficient implementation cannot beat the baseline" in w
     assert "lower num_draft_tokens (k=4)" in w
 
@@ -102,7 +137,11 @@ def test_a_wrong_draft_is_reported_as_slower(configs):
 def test_ngram_and_a_k_beyond_the_build_is_one_clear_error(configs):
     rep = bench(configs["ngram"], "--k", "2")
     assert rep["mode"] == "ngram" and rep["token_identity"] == 1.0
-    p = subprocess.run([sys.executable, "-m", "trt_spec.cli", "bench", "in-process", str(configs["copy"]),
-                        "--k", "9", "--limit", "1"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "trt_spec.cli", "bench", "in-process", str(configs["copy"]), "--k", "9", "--limit", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode != 0
     assert "max_draft_len" in p.stderr and "Traceback" not in p.stderr

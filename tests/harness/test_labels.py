@@ -17,10 +17,20 @@ def test_tune_says_how_to_apply_its_k():
 
 
 def _level(c, speedup):
-    side = {"requests": 4, "tokens_per_s": 10.0, "tpot_s": {"p50": 0.05}, "latency_s": {"p50": 1.0, "p99": 2.0},
-            "ttft_s": {"p50": 0.1}}
-    return {"concurrency": c, "speedup": speedup, "acceptance": {"acceptance_rate": 0.5, "mean_acceptance_length": 2.0},
-            "ensemble": side, "tensorrt_llm_bls": side}
+    side = {
+        "requests": 4,
+        "tokens_per_s": 10.0,
+        "tpot_s": {"p50": 0.05},
+        "latency_s": {"p50": 1.0, "p99": 2.0},
+        "ttft_s": {"p50": 0.1},
+    }
+    return {
+        "concurrency": c,
+        "speedup": speedup,
+        "acceptance": {"acceptance_rate": 0.5, "mean_acceptance_length": 2.0},
+        "ensemble": side,
+        "tensorrt_llm_bls": side,
+    }
 
 
 def test_slower_concurrency_levels_are_flagged():
@@ -30,7 +40,18 @@ def test_slower_concurrency_levels_are_flagged():
 
 def test_a_chi_square_with_no_degrees_of_freedom_is_inconclusive_not_ok():
     rep = CheckReport("grpc", None)
-    rep.distribution.append({"prompt": "p", "samples": 8, "tokens": 1, "temperature": 0.1, "chi2": 0.0, "dof": 0,
-                             "p_value": 1.0, "passed": True, "inconclusive": True})
+    rep.distribution.append(
+        {
+            "prompt": "p",
+            "samples": 8,
+            "tokens": 1,
+            "temperature": 0.1,
+            "chi2": 0.0,
+            "dof": 0,
+            "p_value": 1.0,
+            "passed": True,
+            "inconclusive": True,
+        }
+    )
     text = format_check(rep)
     assert "INCONCLUSIVE" in text and "-> ok" not in text

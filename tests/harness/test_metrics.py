@@ -30,10 +30,14 @@ def test_bootstrap_ci_covers_and_narrows():
 
 
 def test_histogram_summary_and_per_position():
-    s = [RequestSample("tensorrt_llm_bls", 0, 0, 10, 0.1, 1.0, 0.1, accepted=6, drafted=12, steps=4,
-                       histogram=[1, 1, 1, 1]),
-         RequestSample("tensorrt_llm_bls", 1, 0, 10, 0.1, 1.0, 0.1, accepted=0, drafted=6, steps=2,
-                       histogram=[2, 0, 0, 0])]
+    s = [
+        RequestSample(
+            "tensorrt_llm_bls", 0, 0, 10, 0.1, 1.0, 0.1, accepted=6, drafted=12, steps=4, histogram=[1, 1, 1, 1]
+        ),
+        RequestSample(
+            "tensorrt_llm_bls", 1, 0, 10, 0.1, 1.0, 0.1, accepted=0, drafted=6, steps=2, histogram=[2, 0, 0, 0]
+        ),
+    ]
     a = acceptance_summary(request_acceptance_counts(s))
     assert a["histogram"] == [3, 1, 1, 1] and a["steps"] == 6 and a["requests"] == 2
     assert a["acceptance_rate"] == pytest.approx(6 / 18) and a["mean_acceptance_length"] == pytest.approx(2.0)
@@ -44,8 +48,21 @@ def test_summarize_pairs_and_warns():
     samples = []
     for i in range(6):
         samples.append(RequestSample("ensemble", i, 0, 20, 0.1, 2.0, 0.1))
-        samples.append(RequestSample("tensorrt_llm_bls", i, 0, 20, 0.1, 2.5, 0.12, accepted=1, drafted=20, steps=19,
-                                     histogram=[18, 1, 0, 0, 0]))
+        samples.append(
+            RequestSample(
+                "tensorrt_llm_bls",
+                i,
+                0,
+                20,
+                0.1,
+                2.5,
+                0.12,
+                accepted=1,
+                drafted=20,
+                steps=19,
+                histogram=[18, 1, 0, 0, 0],
+            )
+        )
     out = summarize(samples, 4)
     assert out["speedup"] == pytest.approx(0.8)
     assert "SLOWER" in out["warning"] and "Advice" in out["warning"]
@@ -94,16 +111,24 @@ def test_prompt_sets_and_jsonl(tmp_path):
     with pytest.raises(ValueError, match=r"p.jsonl:1: expected a JSON object with a \"prompt\" key"):
         load_prompts(str(f))
     g = tmp_path / "sharegpt.json"  # ShareGPT: the first human turn, max_tokens from the answer's length
-    g.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "Write a poem."},
-                                                           {"from": "gpt", "value": "x" * 80}]},
-                             {"conversations": [{"from": "system", "value": "be brief"},
-                                                {"from": "human", "value": "Hi"}]}]))
-    assert [(p.text, p.max_tokens, p.id) for p in load_prompts(str(g))] == [("Write a poem.", 20, "a"), ("Hi", 128, "1")]
+    g.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [{"from": "human", "value": "Write a poem."}, {"from": "gpt", "value": "x" * 80}],
+                },
+                {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "Hi"}]},
+            ]
+        )
+    )
+    assert [(p.text, p.max_tokens, p.id) for p in load_prompts(str(g))] == [
+        ("Write a poem.", 20, "a"),
+        ("Hi", 128, "1"),
+    ]
     g.write_text('[{"turns": []}]')
-    with pytest.raises(ValueError, match="entry 0 has no \"conversations\" list"):
+    with pytest.raises(ValueError, match='entry 0 has no "conversations" list'):
         load_prompts(str(g))
     with pytest.raises(ValueError, match="not one of code-edit"):
         load_prompts("nope")
     assert all(p.max_tokens == 7 for p in load_prompts("chat", 7))
-
-

@@ -61,8 +61,9 @@ class FakeClient:
             raise ClientError(f"model {SERVED[model]!r} is not loaded")
         with self.lock:
             self.requests.append(model)
-        return Generation(text="x" * max_tokens, output_ids=list(range(max_tokens)), ttft_s=0.001, latency_s=0.002,
-                          chunks=1)
+        return Generation(
+            text="x" * max_tokens, output_ids=list(range(max_tokens)), ttft_s=0.001, latency_s=0.002, chunks=1
+        )
 
     def clone(self):
         return self  # one record of every request, whichever client sent it
@@ -81,6 +82,7 @@ def served(monkeypatch):
         monkeypatch.setattr(commands, "served_client", lambda *a, **k: fake)
         monkeypatch.setattr(phases, "require_control", lambda client: fake.ctl)
         return fake
+
     return make
 
 
@@ -88,10 +90,32 @@ def invoke(*args):
     return CliRunner().invoke(cli.main, list(args), catch_exceptions=False)
 
 
-BENCH = ["bench", "served", "--url", "127.0.0.1:9", "--prompts", "code-edit", "--limit", "2", "--max-tokens", "4",
-         "--concurrency", "1", "--concurrency", "2", "--request-rate", "100", "--format", "json"]
-ONE_CYCLE = [("unload", lc.MODEL_NAME), ("load", lc.BASELINE_MODEL), ("unload", lc.BASELINE_MODEL),
-             ("load", lc.MODEL_NAME)]
+BENCH = [
+    "bench",
+    "served",
+    "--url",
+    "127.0.0.1:9",
+    "--prompts",
+    "code-edit",
+    "--limit",
+    "2",
+    "--max-tokens",
+    "4",
+    "--concurrency",
+    "1",
+    "--concurrency",
+    "2",
+    "--request-rate",
+    "100",
+    "--format",
+    "json",
+]
+ONE_CYCLE = [
+    ("unload", lc.MODEL_NAME),
+    ("load", lc.BASELINE_MODEL),
+    ("unload", lc.BASELINE_MODEL),
+    ("load", lc.MODEL_NAME),
+]
 
 
 def test_one_bench_command_switches_once_for_ab_k_policy_sweep_and_rate(served):
@@ -106,10 +130,14 @@ def test_one_bench_command_switches_once_for_ab_k_policy_sweep_and_rate(served):
     assert set(fake.requests[first_base:]) == {BASELINE}  # paired after, not interleaved
     # speculative: 4 A/Bs x (1 warm-up + 2 prompts), sweep 2 + 2, rate 2; baseline: one A/B (3), sweep 4, rate 2
     assert first_base == 4 * 3 + 4 + 2 and fake.requests.count(BASELINE) == 3 + 4 + 2
-    rep = json.loads(r.stdout[r.stdout.index("{"):])
+    rep = json.loads(r.stdout[r.stdout.index("{") :])
     assert len(rep["bench"]) == 4 and all(b["order"].startswith("phased") for b in rep["bench"])
-    assert {(b["k"], b["draft_len_policy"]) for b in rep["bench"]} == {(2, "fixed"), (4, "fixed"), (2, "adaptive"),
-                                                                       (4, "adaptive")}
+    assert {(b["k"], b["draft_len_policy"]) for b in rep["bench"]} == {
+        (2, "fixed"),
+        (4, "fixed"),
+        (2, "adaptive"),
+        (4, "adaptive"),
+    }
     assert all(b["baseline"]["tokens"] == b["speculative"]["tokens"] == 8 for b in rep["bench"])
     assert [row["concurrency"] for row in rep["concurrency"]] == [1, 2] and rep["rate"]["order"].startswith("phased")
     assert fake.ctl.loaded == {lc.MODEL_NAME}
@@ -117,12 +145,27 @@ def test_one_bench_command_switches_once_for_ab_k_policy_sweep_and_rate(served):
 
 def test_one_check_command_switches_once_for_greedy_and_sampling(served):
     fake = served(True)
-    r = invoke("check", "--url", "127.0.0.1:9", "--prompts", "code-edit", "--limit", "2", "--max-tokens", "4",
-               "--temperature", "0.7", "--samples", "3", "--format", "json")
+    r = invoke(
+        "check",
+        "--url",
+        "127.0.0.1:9",
+        "--prompts",
+        "code-edit",
+        "--limit",
+        "2",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0.7",
+        "--samples",
+        "3",
+        "--format",
+        "json",
+    )
     assert r.exit_code == 0, r.output
     assert fake.ctl.calls == ONE_CYCLE
     assert fake.requests == [SPECULATIVE] * (2 + 2 * 3) + [BASELINE] * (2 + 2 * 3)
-    rep = json.loads(r.stdout[r.stdout.index("{"):])
+    rep = json.loads(r.stdout[r.stdout.index("{") :])
     assert rep["passed"] and rep["order"].startswith("phased") and len(rep["distribution"]) == 2
 
 
@@ -134,10 +177,27 @@ def test_both_models_served_keeps_the_interleaved_order(served):
     assert r.exit_code == 0, r.output
     assert fake.ctl.calls == []
     B, S = BASELINE, SPECULATIVE
-    assert fake.requests == [B, S, B, S, S, B,  # A/B: warm-up, prompt 0 baseline first, prompt 1 speculative first
-                    B, B, S, S, S, S, B, B,  # sweep: level 1 baseline first, level 2 speculative first
-                    B, B, S, S]  # request rate
-    rep = json.loads(r.stdout[r.stdout.index("{"):])
+    assert fake.requests == [
+        B,
+        S,
+        B,
+        S,
+        S,
+        B,  # A/B: warm-up, prompt 0 baseline first, prompt 1 speculative first
+        B,
+        B,
+        S,
+        S,
+        S,
+        S,
+        B,
+        B,  # sweep: level 1 baseline first, level 2 speculative first
+        B,
+        B,
+        S,
+        S,
+    ]  # request rate
+    rep = json.loads(r.stdout[r.stdout.index("{") :])
     assert "order" not in rep["bench"][0] and "order" not in rep["rate"]
 
 
@@ -156,8 +216,10 @@ def test_a_failed_baseline_load_is_the_error_and_the_speculative_model_comes_bac
 
 def test_a_restore_that_fails_names_the_state_and_the_fix(caplog):
     fake = FakeClient(True)
-    fake.ctl.fail = {("unload", lc.BASELINE_MODEL): ClientError("still READY 900s after unload"),
-                     ("load", lc.MODEL_NAME): ClientError("out of memory")}
+    fake.ctl.fail = {
+        ("unload", lc.BASELINE_MODEL): ClientError("still READY 900s after unload"),
+        ("load", lc.MODEL_NAME): ClientError("out of memory"),
+    }
     with pytest.raises(ClientError) as e:  # the block went well: the restore's failure is the error
         with phases.baseline_phase(fake, fake.ctl):
             pass
@@ -222,7 +284,8 @@ def test_streamed_acceptance_is_clamped_and_says_which_correction_applied():
     assert few.metrics["total_accepted_draft_tokens"] == 0 and few.metrics[lc.ACCEPTANCE_NOTE] == lc.STREAM_CLAMPED
     plain = c._llmapi_result(parts(["ab", "abcd"]), 0.5, stream=True)
     assert plain.metrics["total_accepted_draft_tokens"] == 2 and lc.ACCEPTANCE_NOTE not in plain.metrics
-    acc = acceptance_summary(request_acceptance_counts([RequestSample.of(SPECULATIVE, i, 0, g)
-                                                        for i, g in enumerate((cut, few, plain))]))
+    acc = acceptance_summary(
+        request_acceptance_counts([RequestSample.of(SPECULATIVE, i, 0, g) for i, g in enumerate((cut, few, plain))])
+    )
     assert acc["accepted"] == 5 and acc["mean_acceptance_length"] >= 1.0
     assert acc["notes"] == sorted([f"{lc.STREAM_CLAMPED} (1 of 3 requests)", f"{lc.STREAM_CUT} (1 of 3 requests)"])

@@ -42,8 +42,10 @@ def test_level_side_totals_over_wall_not_per_request():
 
 def test_sweep_row_speedup_and_acceptance():
     base = [RequestSample(BASE, i, 0, 20, 0.1, 2.0, 0.1) for i in range(2)]
-    spec = [RequestSample(SPEC, 0, 0, 20, 0.1, 1.0, 0.05, accepted=10, drafted=16, steps=8, histogram=[2, 2, 4]),
-            RequestSample(SPEC, 1, 0, 20, 0.1, 1.0, 0.05, accepted=2, drafted=8, steps=4, histogram=[2, 2, 0])]
+    spec = [
+        RequestSample(SPEC, 0, 0, 20, 0.1, 1.0, 0.05, accepted=10, drafted=16, steps=8, histogram=[2, 2, 4]),
+        RequestSample(SPEC, 1, 0, 20, 0.1, 1.0, 0.05, accepted=2, drafted=8, steps=4, histogram=[2, 2, 0]),
+    ]
     row = sweep_row(2, base, 4.0, spec, 1.6)
     assert row["concurrency"] == 2 and row["requests"] == 2
     assert row[BASE]["tokens_per_s"] == pytest.approx(10.0) and row[SPEC]["tokens_per_s"] == pytest.approx(25.0)
@@ -55,6 +57,7 @@ def test_sweep_row_speedup_and_acceptance():
 
 class FakeClient:
     """Answers after a fixed delay; records how many requests were in flight at once."""
+
     lock = threading.Lock()
     active = 0
     peak: dict = {}
@@ -70,10 +73,19 @@ class FakeClient:
         time.sleep(0.05)
         with FakeClient.lock:
             FakeClient.active -= 1
-        metrics = ({"total_accepted_draft_tokens": 3, "total_draft_tokens": 4, "total_steps": 2,
-                    "accepted_length_histogram": [0, 1, 1]} if model == SPEC else {})
-        return Generation(text="x", output_ids=list(range(max_tokens)), ttft_s=0.005, latency_s=0.02, chunks=1,
-                          metrics=metrics)
+        metrics = (
+            {
+                "total_accepted_draft_tokens": 3,
+                "total_draft_tokens": 4,
+                "total_steps": 2,
+                "accepted_length_histogram": [0, 1, 1],
+            }
+            if model == SPEC
+            else {}
+        )
+        return Generation(
+            text="x", output_ids=list(range(max_tokens)), ttft_s=0.005, latency_s=0.02, chunks=1, metrics=metrics
+        )
 
     def close(self):
         pass
@@ -98,8 +110,12 @@ def test_sweep_runs_each_level_in_flight_and_keeps_samples():
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
     r4 = rows[1]
     # 4 requests over 3 prompts: the 4th repeats prompt 0 as repeat 1
-    assert [(s["prompt"], s["repeat"], s["tokens"]) for s in r4[SPEC]["samples"]] == [(0, 0, 5), (1, 0, 7), (2, 0, 9),
-                                                                                    (0, 1, 5)]
+    assert [(s["prompt"], s["repeat"], s["tokens"]) for s in r4[SPEC]["samples"]] == [
+        (0, 0, 5),
+        (1, 0, 7),
+        (2, 0, 9),
+        (0, 1, 5),
+    ]
     assert r4["acceptance"]["acceptance_rate"] == pytest.approx(0.75)
     assert r4["acceptance"]["mean_acceptance_length"] == pytest.approx(2.5)
     assert r4[BASE]["tokens"] == 26 and r4["speedup"] > 0
@@ -113,13 +129,17 @@ def test_report_has_the_concurrency_table_samples_and_plots(tmp_path):
     rows = []
     for c, bw, sw in ((1, 4.0, 2.0), (4, 2.0, 1.6)):
         base = [RequestSample(BASE, i, 0, 20, 0.1, 2.0, 0.1) for i in range(2)]
-        spec = [RequestSample(SPEC, i, 0, 20, 0.1, 1.0, 0.05, accepted=6, drafted=8, steps=4, histogram=[0, 2, 2])
-                for i in range(2)]
+        spec = [
+            RequestSample(SPEC, i, 0, 20, 0.1, 1.0, 0.05, accepted=6, drafted=8, steps=4, histogram=[0, 2, 2])
+            for i in range(2)
+        ]
         rows.append(sweep_row(c, base, bw, spec, sw))
     files = write_reports({"title": "t", "concurrency": rows, "environment": {"time": "now"}}, tmp_path)
     md = (tmp_path / "report.md").read_text()
-    assert ("| in flight | model | requests | total tok/s | TPOT p50 (ms) | latency p50 (s) | latency p99 (s) | "
-            "TTFT p50 (ms) | speedup | acceptance rate | mean acceptance length |") in md
+    assert (
+        "| in flight | model | requests | total tok/s | TPOT p50 (ms) | latency p50 (s) | latency p99 (s) | "
+        "TTFT p50 (ms) | speedup | acceptance rate | mean acceptance length |"
+    ) in md
     assert "| 1 | ensemble | 2 | 10.0 | 100.0 | 2.00 | 2.00 | 100 | — | — | — |" in md
     assert "| 4 | tensorrt_llm_bls | 2 | 25.0 | 50.0 | 1.00 | 1.00 | 100 | **1.25x** | 0.75 | 2.50 |" in md
     rep = json.loads((tmp_path / "report.json").read_text())

@@ -126,8 +126,16 @@ def test_decisions_are_records_and_queries_change_nothing():
     before = dict(vars(r))
     a, b = r.decide(8, 1, 100, draft_free=False), r.decide(8, 1, 100, draft_free=False)
     assert a == b and vars(r) == before
-    assert (a.k, a.speculate, a.pays, a.probe, a.evaluated, a.run_len, a.doubling, a.load) == \
-        (0, False, False, False, True, dp.MIN_RUN, True, 1)
+    assert (a.k, a.speculate, a.pays, a.probe, a.evaluated, a.run_len, a.doubling, a.load) == (
+        0,
+        False,
+        False,
+        False,
+        True,
+        dp.MIN_RUN,
+        True,
+        1,
+    )
     r.confirm(r.decide(8, 1, 100, draft_free=True), 5, proposer_s=0.0)
     assert vars(r) == before
     r.observe(a, dp.Outcome(drafted=0, accepted=0, tokens=a.run_len, draft_s=0.0, target_s=0.044), draft_free=False)
@@ -175,7 +183,8 @@ def test_draft_free_run_length_is_the_square_root_rule():
 def test_draft_free_proposal_kept_only_when_verification_pays():
     c = costs()
     keep = lambda alpha: (lambda r: r.confirm(r.decide(6, 1, 100, draft_free=True), 6, 0.0002).speculate)(  # noqa
-        request(c, alpha))
+        request(c, alpha)
+    )
     assert keep(0.9) and not keep(0.1)
 
 

@@ -1,5 +1,5 @@
-"""trt_spec.in_triton.spec_metrics without Triton: what the BLS publishes per finished request (a fake of the python backend's
-MetricFamily records it; tests/e2e/test_spec_metrics.py checks the real one against a real tritonserver), that
+"""trt_spec.in_triton.spec_metrics without Triton: what the BLS publishes per finished request (a fake of the python
+backend's MetricFamily records it; tests/e2e/test_spec_metrics.py checks the real one against a real tritonserver), that
 publishing never fails a request, and the Prometheus text parser the demo and the e2e test read it with."""
 
 from __future__ import annotations
@@ -9,14 +9,22 @@ import math
 
 import pytest
 
-from trt_spec.in_triton.spec_metrics import (LATENCY_BUCKETS, MetricSample, SpecMetricsExporter, histogram,
-                                             parse_metrics, scraped_acceptance, value)
+from trt_spec.in_triton.spec_metrics import (
+    LATENCY_BUCKETS,
+    MetricSample,
+    SpecMetricsExporter,
+    histogram,
+    parse_metrics,
+    scraped_acceptance,
+    value,
+)
 from trt_spec.in_triton.speculative_loop import LoopStats, Round
 from trt_spec.records import names as n
 
 
 class FakeMetricFamily:
     """The python backend's custom metrics API as 24.10 has it (pb_utils.MetricFamily and its Metric)."""
+
     COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
     created: list["FakeMetricFamily"] = []
     fail_on: set[str] = set()
@@ -28,7 +36,9 @@ class FakeMetricFamily:
         FakeMetricFamily.created.append(self)
 
     def Metric(self, labels=None, buckets=None):  # noqa: N802 - the backend's name
-        if (buckets is None) == (self.kind == self.HISTOGRAM) or (buckets is not None and not isinstance(buckets, list)):
+        if (buckets is None) == (self.kind == self.HISTOGRAM) or (
+            buckets is not None and not isinstance(buckets, list)
+        ):
             raise RuntimeError("Failed to create metric. Missing required buckets / Unexpected buckets found.")
         m = FakeMetric(self.kind, labels, buckets)
         self.metrics.append(m)
@@ -68,23 +78,39 @@ def metric(name):
 
 
 def request_metrics() -> LoopStats:
-    rounds = [Round(k=4, drafted=4, accepted=2, tokens=3, draft_s=0.001, target_s=0.02),
-              Round(k=0, drafted=0, accepted=0, tokens=1, draft_s=0.0, target_s=0.01),
-              Round(k=4, drafted=3, accepted=3, tokens=4, draft_s=0.002, target_s=0.03)]
+    rounds = [
+        Round(k=4, drafted=4, accepted=2, tokens=3, draft_s=0.001, target_s=0.02),
+        Round(k=0, drafted=0, accepted=0, tokens=1, draft_s=0.0, target_s=0.01),
+        Round(k=4, drafted=3, accepted=3, tokens=4, draft_s=0.002, target_s=0.03),
+    ]
     return LoopStats(drafted=7, accepted=5, steps=3, hist=[1, 0, 1, 1, 0], rounds=rounds)
 
 
 def test_loop_mode_publishes_every_metric_with_model_and_mode_labels():
     sm = SpecMetricsExporter(FakePbUtils, "tensorrt_llm_bls", "ngram", 4)
     kinds = {f.name: f.kind for f in FakeMetricFamily.created}
-    assert kinds == {n.METRIC_REQUESTS: "counter", n.METRIC_DRAFT_TOKENS: "counter", n.METRIC_ACCEPTED_TOKENS: "counter",
-                     n.METRIC_ROUNDS: "counter", n.METRIC_ROUNDS_NO_SPEC: "counter",
-                     n.METRIC_ACCEPTED_LENGTH: "histogram", n.METRIC_DRAFT_LENGTH: "histogram",
-                     n.METRIC_DRAFT_LATENCY: "histogram", n.METRIC_VERIFY_LATENCY: "histogram",
-                     n.METRIC_IN_FLIGHT: "gauge", n.VLLM_NUM_DRAFTS: "counter", n.VLLM_NUM_DRAFT_TOKENS: "counter",
-                     n.VLLM_NUM_ACCEPTED_TOKENS: "counter", n.VLLM_NUM_ACCEPTED_PER_POS: "counter"}
-    assert all(m.labels == {"model": "tensorrt_llm_bls", "mode": "ngram"}
-               for f in FakeMetricFamily.created if not f.name.startswith("vllm:") for m in f.metrics)
+    assert kinds == {
+        n.METRIC_REQUESTS: "counter",
+        n.METRIC_DRAFT_TOKENS: "counter",
+        n.METRIC_ACCEPTED_TOKENS: "counter",
+        n.METRIC_ROUNDS: "counter",
+        n.METRIC_ROUNDS_NO_SPEC: "counter",
+        n.METRIC_ACCEPTED_LENGTH: "histogram",
+        n.METRIC_DRAFT_LENGTH: "histogram",
+        n.METRIC_DRAFT_LATENCY: "histogram",
+        n.METRIC_VERIFY_LATENCY: "histogram",
+        n.METRIC_IN_FLIGHT: "gauge",
+        n.VLLM_NUM_DRAFTS: "counter",
+        n.VLLM_NUM_DRAFT_TOKENS: "counter",
+        n.VLLM_NUM_ACCEPTED_TOKENS: "counter",
+        n.VLLM_NUM_ACCEPTED_PER_POS: "counter",
+    }
+    assert all(
+        m.labels == {"model": "tensorrt_llm_bls", "mode": "ngram"}
+        for f in FakeMetricFamily.created
+        if not f.name.startswith("vllm:")
+        for m in f.metrics
+    )
     assert metric(n.VLLM_NUM_DRAFTS).labels == {"model_name": "tensorrt_llm_bls", "engine": "0"}  # vLLM's labels
     assert metric(n.METRIC_ACCEPTED_LENGTH).buckets == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert metric(n.METRIC_DRAFT_LENGTH).buckets == [0.0, 1.0, 2.0, 3.0, 4.0]
@@ -115,12 +141,20 @@ def test_loop_mode_publishes_every_metric_with_model_and_mode_labels():
 
 def test_engine_mode_has_no_rounds():
     sm = SpecMetricsExporter(FakePbUtils, "tensorrt_llm_bls", "engine", 63)
-    assert {f.name for f in FakeMetricFamily.created} == {n.METRIC_REQUESTS, n.METRIC_DRAFT_TOKENS,
-                                                         n.METRIC_ACCEPTED_TOKENS, n.METRIC_IN_FLIGHT,
-                                                         n.VLLM_NUM_DRAFT_TOKENS, n.VLLM_NUM_ACCEPTED_TOKENS}
+    assert {f.name for f in FakeMetricFamily.created} == {
+        n.METRIC_REQUESTS,
+        n.METRIC_DRAFT_TOKENS,
+        n.METRIC_ACCEPTED_TOKENS,
+        n.METRIC_IN_FLIGHT,
+        n.VLLM_NUM_DRAFT_TOKENS,
+        n.VLLM_NUM_ACCEPTED_TOKENS,
+    }
     sm.observe(LoopStats(drafted=40, accepted=25, steps=15))
-    assert (metric(n.METRIC_REQUESTS).total, metric(n.METRIC_DRAFT_TOKENS).total,
-            metric(n.METRIC_ACCEPTED_TOKENS).total) == (1, 40, 25)
+    assert (
+        metric(n.METRIC_REQUESTS).total,
+        metric(n.METRIC_DRAFT_TOKENS).total,
+        metric(n.METRIC_ACCEPTED_TOKENS).total,
+    ) == (1, 40, 25)
 
 
 def test_publishing_never_fails_the_model_or_a_request():
@@ -133,6 +167,7 @@ def test_publishing_never_fails_the_model_or_a_request():
 
     def broken(v):
         raise RuntimeError("Failed to observe metric value: stub gone")
+
     metric(n.METRIC_DRAFT_LENGTH).observe = broken
     sm.observe(request_metrics())  # logged, not raised
     assert "Failed to observe metric value" in errors[-1]
@@ -148,7 +183,7 @@ def test_publish_runs_on_the_metrics_thread_and_close_stops_it():
     assert len(errors) == 1 and "not published" in errors[0]
 
 
-EXPOSITION = r'''# HELP trt_spec_requests_total Finished requests
+EXPOSITION = r"""# HELP trt_spec_requests_total Finished requests
 # TYPE trt_spec_requests_total counter
 trt_spec_requests_total{mode="ngram",model="tensorrt_llm_bls"} 3
 trt_spec_requests_total{mode="draft_target",model="other"} 5 1700000000000
@@ -161,7 +196,7 @@ trt_spec_accepted_length_bucket{mode="ngram",model="tensorrt_llm_bls",le="1"} 16
 trt_spec_accepted_length_bucket{mode="ngram",model="tensorrt_llm_bls",le="+Inf"} 20
 nv_inference_count{model="odd \"name\" \\ here",version="1"} 7
 process_up 1e+00
-'''
+"""
 
 
 def test_parse_the_text_exposition_format():
@@ -181,11 +216,25 @@ def test_acceptance_summary():
     # one definition (trt_spec.records.speculation): 1 + accepted / speculative rounds, the 5 rounds without
     # speculation apart; the bench's key set, plus the two keys demo's server_metrics had before it (rounds,
     # no_speculation_share)
-    assert s == {"requests": 3, "drafted": 40, "accepted": 10, "acceptance_rate": 0.25, "steps": 20,
-                 "speculative_rounds": 15, "rounds_without_speculation": 5, "rounds_without_speculation_share": 0.25,
-                 "mean_acceptance_length": pytest.approx(1 + 10 / 15), "histogram": [12, 4],
-                 "per_position_acceptance": [pytest.approx(4 / 15)], "draft_length_counts": [],
-                 "mean_draft_length": 0.0, "source": None, "notes": [], "rounds": 20, "no_speculation_share": 0.25}
+    assert s == {
+        "requests": 3,
+        "drafted": 40,
+        "accepted": 10,
+        "acceptance_rate": 0.25,
+        "steps": 20,
+        "speculative_rounds": 15,
+        "rounds_without_speculation": 5,
+        "rounds_without_speculation_share": 0.25,
+        "mean_acceptance_length": pytest.approx(1 + 10 / 15),
+        "histogram": [12, 4],
+        "per_position_acceptance": [pytest.approx(4 / 15)],
+        "draft_length_counts": [],
+        "mean_draft_length": 0.0,
+        "source": None,
+        "notes": [],
+        "rounds": 20,
+        "no_speculation_share": 0.25,
+    }
     empty = scraped_acceptance([])
     assert empty["requests"] == 0 and empty["acceptance_rate"] is None and empty["no_speculation_share"] is None
     assert empty["mean_acceptance_length"] is None and empty["rounds_without_speculation_share"] == 0.0
@@ -212,7 +261,12 @@ def test_engine_request_metrics_are_the_backends_gauges():
     assert (family.name, family.kind) == (bc.REQUEST_METRICS, "gauge")
     got = lambda: {m.labels["request_type"]: m.total for m in family.metrics}  # noqa: E731
     assert {m.labels["model"] for m in family.metrics} == {"tensorrt_llm"} and got() == {
-        "active": 3, "max": 8, "scheduled": 2, "context": 1, "waiting": 1}
+        "active": 3,
+        "max": 8,
+        "scheduled": 2,
+        "context": 1,
+        "waiting": 1,
+    }
     now[0] = RequestCounts(active=0, max=8, scheduled=0, context=0)
     em.update()
     assert got()["active"] == 0 and got()["waiting"] == 0

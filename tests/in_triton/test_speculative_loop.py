@@ -1,29 +1,57 @@
-"""The BLS's speculative loop (trt_spec/in_triton/speculative_loop.py) against a strict double of the tensorrtllm backend
-contract: every engine request it sends must pass the backend's checks, and the output must be the target's."""
+"""The BLS's speculative loop (trt_spec/in_triton/speculative_loop.py) against a strict double of the tensorrtllm
+backend contract: every engine request it sends must pass the backend's checks, and the output must be the target's."""
 
 import asyncio
 
 import numpy as np
 import pytest
 
+from trt_spec.in_triton.speculative_loop import (
+    Cancelled,
+    EngineError,
+    LoopConfig,
+    RequestError,
+    SpecRequest,
+    SpeculativeLoop,
+    validate,
+)
 from trt_spec.records import backend_contract as bc
-from trt_spec.in_triton.speculative_loop import (Cancelled, EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop,
-                                       validate)
 
 from ..engine_double import END_ID, ContractEngine, Router, draft_next, target_next
 
-LIMITS = bc.EngineLimits(max_batch_size=4, max_seq_len=256, max_num_tokens=256, max_draft_len=4,
-                         speculative_decoding_mode="draft_tokens_external")
+LIMITS = bc.EngineLimits(
+    max_batch_size=4,
+    max_seq_len=256,
+    max_num_tokens=256,
+    max_draft_len=4,
+    speculative_decoding_mode="draft_tokens_external",
+)
 PROMPTS = [[5, 9, 11], [7, 7, 7, 7, 3], [40, 41, 42, 43, 44, 45, 46, 47], [12]]
 
 
-def setup(mode="draft_target", k_max=4, limits=LIMITS, draft_limits=None, in_engine_accept=0, decoupled=True,
-          policy="fixed", proposer="prompt_lookup"):
+def setup(
+    mode="draft_target",
+    k_max=4,
+    limits=LIMITS,
+    draft_limits=None,
+    in_engine_accept=0,
+    decoupled=True,
+    policy="fixed",
+    proposer="prompt_lookup",
+):
     target = ContractEngine(target_next, limits, in_engine_accept=in_engine_accept, decoupled=decoupled)
     draft = ContractEngine(draft_next, draft_limits or bc.EngineLimits(4, 256, 256), decoupled=decoupled)
-    cfg = LoopConfig(target="tensorrt_llm", draft="tensorrt_llm_draft" if mode == "draft_target" else None, mode=mode,
-                     max_draft_len=k_max, ngram_size=3, max_seq_len=limits.max_seq_len,
-                     max_input_len=limits.input_limit(), draft_len_policy=policy, proposer=proposer)
+    cfg = LoopConfig(
+        target="tensorrt_llm",
+        draft="tensorrt_llm_draft" if mode == "draft_target" else None,
+        mode=mode,
+        max_draft_len=k_max,
+        ngram_size=3,
+        max_seq_len=limits.max_seq_len,
+        max_input_len=limits.input_limit(),
+        draft_len_policy=policy,
+        proposer=proposer,
+    )
     return SpeculativeLoop(cfg, Router(tensorrt_llm=target, tensorrt_llm_draft=draft)), target, draft
 
 
@@ -36,9 +64,13 @@ def run(loop, req):
 def baseline(prompt, n):
     """Target-only greedy decoding through the same strict double (what the ensemble returns)."""
     eng = ContractEngine(target_next, LIMITS)
-    ins = {"input_ids": np.asarray([prompt], np.int32), "input_lengths": np.asarray([[len(prompt)]], np.int32),
-           "request_output_len": np.asarray([[n]], np.int32), "end_id": np.asarray([[END_ID]], np.int32),
-           "exclude_input_in_output": np.asarray([[True]], bool)}
+    ins = {
+        "input_ids": np.asarray([prompt], np.int32),
+        "input_lengths": np.asarray([[len(prompt)]], np.int32),
+        "request_output_len": np.asarray([[n]], np.int32),
+        "end_id": np.asarray([[END_ID]], np.int32),
+        "exclude_input_in_output": np.asarray([[True]], bool),
+    }
     out = eng(ins, list(bc.MANDATORY_OUTPUTS))[0]
     return [int(x) for x in out["output_ids"].reshape(-1)]
 
@@ -56,7 +88,9 @@ def test_draft_target_equals_target_only(prompt, k):
     assert [t for c in chunks for t in c] == generated  # streaming chunks add up to the output
     assert all(1 <= len(c) <= k + 1 for c in chunks) and len(chunks) == m.steps
     # the histogram counts the rounds that verified drafts (not the last one-token round with nothing to draft)
-    assert sum(m.hist) == sum(1 for x in m.rounds if x.drafted) and m.accepted == sum(i * n for i, n in enumerate(m.hist))
+    assert sum(m.hist) == sum(1 for x in m.rounds if x.drafted) and m.accepted == sum(
+        i * n for i, n in enumerate(m.hist)
+    )
     assert len(m.rounds) == m.steps and m.draft_lengths == [x.k for x in m.rounds]
     assert 0 < m.accepted <= m.drafted
     if k == 4:
@@ -117,7 +151,9 @@ def test_more_draft_tokens_than_the_engine_takes_is_refused_with_the_executors_t
 def test_sequences_past_the_input_limit_are_refused_before_any_engine_call():
     limits = bc.EngineLimits(4, 256, 64, max_draft_len=4, speculative_decoding_mode="draft_tokens_external")
     loop, target, _ = setup(limits=limits)
-    with pytest.raises(RequestError, match=r"prompt \+ max_tokens - 1 \(66 tokens\) exceeds the engine's input limit 64"):
+    with pytest.raises(
+        RequestError, match=r"prompt \+ max_tokens - 1 \(66 tokens\) exceeds the engine's input limit 64"
+    ):
         validate(loop.cfg, 3, 64, 4, False)
     # without the check the engine would refuse the request mid-generation (what the check prevents)
     with pytest.raises(EngineError, match=r"Prompt length \(65\) exceeds maximum input length \(64\)"):
@@ -127,9 +163,13 @@ def test_sequences_past_the_input_limit_are_refused_before_any_engine_call():
 
 def test_request_validation_is_one_line_each():
     loop, _, _ = setup()
-    for args, msg in [((0, 8, 2, False), "text_input is empty"), ((3, 0, 2, False), "max_tokens must be >= 1"),
-                      ((3, 300, 2, False), "exceeds max_seq_len 256"), ((3, 8, 9, False), "outside 0..max_draft_len"),
-                      ((3, 8, -1, False), "outside 0..max_draft_len")]:
+    for args, msg in [
+        ((0, 8, 2, False), "text_input is empty"),
+        ((3, 0, 2, False), "max_tokens must be >= 1"),
+        ((3, 300, 2, False), "exceeds max_seq_len 256"),
+        ((3, 8, 9, False), "outside 0..max_draft_len"),
+        ((3, 8, -1, False), "outside 0..max_draft_len"),
+    ]:
         with pytest.raises(RequestError, match=msg) as e:
             validate(loop.cfg, *args)
         assert "\n" not in str(e.value)
@@ -154,8 +194,11 @@ def test_in_engine_modes_send_one_request_for_the_whole_generation(stream):
 
 def test_the_double_is_as_strict_as_the_backend():
     eng = ContractEngine(target_next, LIMITS, decoupled=False)
-    ins = {"input_ids": np.asarray([[5, 6]], np.int32), "input_lengths": np.asarray([[2]], np.int32),
-           "request_output_len": np.asarray([[4]], np.int32)}
+    ins = {
+        "input_ids": np.asarray([[5, 6]], np.int32),
+        "input_lengths": np.asarray([[2]], np.int32),
+        "request_output_len": np.asarray([[4]], np.int32),
+    }
     with pytest.raises(bc.ContractError, match="sequence_length tensor must be present in list of output tensors"):
         eng(ins, ["output_ids"])
     with pytest.raises(bc.ContractError, match="Streaming is only supported if model is deployed using decoupled mode"):
@@ -199,8 +242,16 @@ def test_a_cancelled_in_engine_stream_stops_at_the_next_response():
 
 
 def test_prompt_over_the_deployments_max_input_len_is_refused():
-    cfg = LoopConfig(target="t", draft=None, mode="ngram", max_draft_len=4, ngram_size=3, max_seq_len=256,
-                     max_input_len=255, max_prompt_len=100)
+    cfg = LoopConfig(
+        target="t",
+        draft=None,
+        mode="ngram",
+        max_draft_len=4,
+        ngram_size=3,
+        max_seq_len=256,
+        max_input_len=255,
+        max_prompt_len=100,
+    )
     validate(cfg, 100, 8, 4, False)
     with pytest.raises(RequestError, match="prompt is 101 tokens, more than max_input_len 100"):
         validate(cfg, 101, 8, 4, False)
@@ -283,19 +334,27 @@ def test_return_perf_metrics_sums_the_engines_perf_outputs_over_the_rounds():
         calls.append(model)
         for o in out:
             if "kv_cache_alloc_total_blocks" in o:
-                o.update({"kv_cache_alloc_new_blocks": np.asarray([[1]], np.int32),
-                          "kv_cache_reused_blocks": np.asarray([[2]], np.int32),
-                          "kv_cache_alloc_total_blocks": np.asarray([[3]], np.int32),
-                          "arrival_time_ns": np.asarray([[100 * n]], np.int64),
-                          "first_scheduled_time_ns": np.asarray([[100 * n + 1]], np.int64),
-                          "first_token_time_ns": np.asarray([[100 * n + 2]], np.int64),
-                          "last_token_time_ns": np.asarray([[100 * n + 3]], np.int64)})
+                o.update(
+                    {
+                        "kv_cache_alloc_new_blocks": np.asarray([[1]], np.int32),
+                        "kv_cache_reused_blocks": np.asarray([[2]], np.int32),
+                        "kv_cache_alloc_total_blocks": np.asarray([[3]], np.int32),
+                        "arrival_time_ns": np.asarray([[100 * n]], np.int64),
+                        "first_scheduled_time_ns": np.asarray([[100 * n + 1]], np.int64),
+                        "first_token_time_ns": np.asarray([[100 * n + 2]], np.int64),
+                        "last_token_time_ns": np.asarray([[100 * n + 3]], np.int64),
+                    }
+                )
         return out
+
     loop.call = stamped
     generated, m = asyncio.run(loop.generate(req(PROMPTS[0], 24, 4, perf=True), lambda new: None))
     assert generated == baseline(PROMPTS[0], 24)
-    assert all(bc.RETURN_PERF_METRICS in ins and set(bc.PERF_OUTPUTS) <= set(outs)
-               for eng in (target, draft) for ins, outs in eng.requests)
+    assert all(
+        bc.RETURN_PERF_METRICS in ins and set(bc.PERF_OUTPUTS) <= set(outs)
+        for eng in (target, draft)
+        for ins, outs in eng.requests
+    )
     perf = {k: v.item() for k, v in m.perf_outputs().items()}
     assert set(perf) == set(bc.PERF_OUTPUTS)
     n = len(calls)

@@ -20,7 +20,7 @@ def test_confidence_sets_the_length():
     # The longer the copied stretch matched so far, the longer the proposal (one token per matched token).
     for m in (2, 3, 5, 8):
         seq = block + [1] + block[:m]
-        assert SuffixProposer(16).propose(seq) == block[m:2 * m]
+        assert SuffixProposer(16).propose(seq) == block[m : 2 * m]
     # tokens_per_match scales it.
     assert SuffixProposer(16, tokens_per_match=2.0).propose(block + [1] + block[:3]) == block[3:9]
     assert SuffixProposer(16, tokens_per_match=0.5).propose(block + [1] + block[:4]) == block[4:6]

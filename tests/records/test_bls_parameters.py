@@ -14,10 +14,20 @@ from trt_spec.repository.writer import RepoSettings, bls_config, bls_parameters,
 from ..conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "repo"
-BLS = BlsParameters(tensorrt_llm_model_name="tensorrt_llm", tensorrt_llm_draft_model_name="tensorrt_llm_draft",
-                    speculative_mode="draft_target", max_draft_len=5, num_draft_tokens=4, ngram_size=3,
-                    draft_len_policy="adaptive", proposer="suffix", max_seq_len=8192, max_num_tokens=8192,
-                    max_input_len=4096, tokenizer_dir="/models/tok")
+BLS = BlsParameters(
+    tensorrt_llm_model_name="tensorrt_llm",
+    tensorrt_llm_draft_model_name="tensorrt_llm_draft",
+    speculative_mode="draft_target",
+    max_draft_len=5,
+    num_draft_tokens=4,
+    ngram_size=3,
+    draft_len_policy="adaptive",
+    proposer="suffix",
+    max_seq_len=8192,
+    max_num_tokens=8192,
+    max_input_len=4096,
+    tokenizer_dir="/models/tok",
+)
 
 
 def strings(cfg: mc.ModelConfig) -> dict[str, str]:
@@ -37,8 +47,11 @@ def test_round_trip():
 
 
 def test_the_readers_defaults():
-    p = {k: v for k, v in BLS.to_parameters().items()
-         if k not in ("tensorrt_llm_draft_model_name", "max_input_len", "add_special_tokens")}
+    p = {
+        k: v
+        for k, v in BLS.to_parameters().items()
+        if k not in ("tensorrt_llm_draft_model_name", "max_input_len", "add_special_tokens")
+    }
     got = BlsParameters.from_parameters(p)
     assert (got.tensorrt_llm_draft_model_name, got.max_input_len, got.add_special_tokens) == ("", None, True)
     assert BlsParameters.from_parameters({**p, "max_input_len": ""}).max_input_len is None  # empty: absent
@@ -46,17 +59,33 @@ def test_the_readers_defaults():
     assert PreprocessingParameters.from_parameters({"tokenizer_dir": "/t", "max_input_len": "9"}).add_special_tokens
 
 
-@pytest.mark.parametrize("key,value,line", [
-    ("max_draft_len", "five", "tensorrt_llm_bls parameter max_draft_len: expected an integer, got 'five'"),
-    ("add_special_tokens", "True", "tensorrt_llm_bls parameter add_special_tokens: expected true or false, got 'True'"),
-    ("speculative_mode", "medusa",
-     "tensorrt_llm_bls parameter speculative_mode: 'medusa' is not one of draft_target, ngram, engine"),
-    ("draft_len_policy", "confidence",
-     "tensorrt_llm_bls parameter draft_len_policy: 'confidence' is not one of adaptive, fixed"),
-    ("proposer", "bigram", "tensorrt_llm_bls parameter proposer: 'bigram' is not one of suffix, prompt_lookup"),
-    ("tokenizer_dir", None,
-     "tensorrt_llm_bls parameter tokenizer_dir is missing; write the repository again with `trt-spec repo`"),
-])
+@pytest.mark.parametrize(
+    "key,value,line",
+    [
+        ("max_draft_len", "five", "tensorrt_llm_bls parameter max_draft_len: expected an integer, got 'five'"),
+        (
+            "add_special_tokens",
+            "True",
+            "tensorrt_llm_bls parameter add_special_tokens: expected true or false, got 'True'",
+        ),
+        (
+            "speculative_mode",
+            "medusa",
+            "tensorrt_llm_bls parameter speculative_mode: 'medusa' is not one of draft_target, ngram, engine",
+        ),
+        (
+            "draft_len_policy",
+            "confidence",
+            "tensorrt_llm_bls parameter draft_len_policy: 'confidence' is not one of adaptive, fixed",
+        ),
+        ("proposer", "bigram", "tensorrt_llm_bls parameter proposer: 'bigram' is not one of suffix, prompt_lookup"),
+        (
+            "tokenizer_dir",
+            None,
+            "tensorrt_llm_bls parameter tokenizer_dir is missing; write the repository again with `trt-spec repo`",
+        ),
+    ],
+)
 def test_a_bad_value_is_one_line_naming_the_key(key, value, line):
     p = {k: v for k, v in BLS.to_parameters().items() if k != key}
     if value is not None:
@@ -83,8 +112,11 @@ def test_the_writers_dict_is_the_records(config):
     assert pre["max_input_len"] == written["max_input_len"]
 
 
-@pytest.mark.parametrize("golden", sorted(GOLDEN.glob("*.tensorrt_llm_bls.pbtxt")) +
-                         sorted(GOLDEN.glob("*.preprocessing.pbtxt")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "golden",
+    sorted(GOLDEN.glob("*.tensorrt_llm_bls.pbtxt")) + sorted(GOLDEN.glob("*.preprocessing.pbtxt")),
+    ids=lambda p: p.name,
+)
 def test_every_golden_block_reads_back_to_its_own_strings(golden):
     written = strings(text_format.Parse(golden.read_text(), mc.ModelConfig()))
     kind = BlsParameters if ".tensorrt_llm_bls." in golden.name else PreprocessingParameters

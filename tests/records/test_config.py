@@ -23,9 +23,13 @@ def test_every_shipped_config_validates(path):
 
     def unmatched(written, loaded, where=""):
         if isinstance(written, dict):
-            return [bad for k, v in written.items()
-                    for bad in unmatched(v, loaded.get(k, "<missing>") if isinstance(loaded, dict) else loaded,
-                                         f"{where}.{k}")]
+            return [
+                bad
+                for k, v in written.items()
+                for bad in unmatched(
+                    v, loaded.get(k, "<missing>") if isinstance(loaded, dict) else loaded, f"{where}.{k}"
+                )
+            ]
         return [] if written == loaded else [(where, written, loaded)]
 
     assert unmatched(yaml.safe_load(path.read_text()), load_config(path).model_dump()) == []
@@ -87,8 +91,11 @@ def test_mode_rules(tmp_path):
 
 def test_set_and_env_overrides(tmp_path):
     p = write(tmp_path, MINIMAL)
-    cfg = load_config(p, ["target.checkpoint=/other", "speculative.max_draft_len=7", "runtime.gpu_device_ids=[2,3]"],
-                      environ={"TRT_SPEC__DRAFT__CHECKPOINT": "/env/draft", "TRT_SPEC__TARGET__CHECKPOINT": "/env/t"})
+    cfg = load_config(
+        p,
+        ["target.checkpoint=/other", "speculative.max_draft_len=7", "runtime.gpu_device_ids=[2,3]"],
+        environ={"TRT_SPEC__DRAFT__CHECKPOINT": "/env/draft", "TRT_SPEC__TARGET__CHECKPOINT": "/env/t"},
+    )
     assert cfg.target.checkpoint == "/other"  # --set beats env
     assert cfg.draft.checkpoint == "/env/draft"
     assert cfg.speculative.max_draft_len == 7
@@ -113,7 +120,8 @@ def test_config_keys_table_matches_schema():
     text = (REPO / "docs" / "configs.md").read_text()
     table = text.split("<!-- config-table:begin -->")[1].split("<!-- config-table:end -->")[0]
     assert table.strip() == markdown_table(), (
-        "docs/configs.md drifted: paste the output of `python -m trt_spec.records.config`")
+        "docs/configs.md drifted: paste the output of `python -m trt_spec.records.config`"
+    )
 
 
 def test_policy_and_proposer_are_enums_that_read_and_write_the_words(tmp_path):
@@ -126,5 +134,7 @@ def test_policy_and_proposer_are_enums_that_read_and_write_the_words(tmp_path):
     cfg = load_config(write(tmp_path, MINIMAL + "speculative:\n  draft_len_policy: fixed\n  proposer: prompt_lookup\n"))
     assert cfg.speculative.draft_len_policy is Policy.FIXED and cfg.speculative.proposer is Proposer.PROMPT_LOOKUP
     assert json.loads(cfg.canonical_json())["speculative"]["draft_len_policy"] == "fixed"
-    with pytest.raises(ConfigError, match=r"draft_len_policy: Input should be 'adaptive' or 'fixed' \(got 'confidence'\)"):
+    with pytest.raises(
+        ConfigError, match=r"draft_len_policy: Input should be 'adaptive' or 'fixed' \(got 'confidence'\)"
+    ):
         load_config(write(tmp_path, MINIMAL + "speculative:\n  draft_len_policy: confidence\n"))

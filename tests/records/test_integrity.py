@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trt_spec.builder.plan import STEP_STAMP, make_plan
+from trt_spec.builder.preflight import run_preflight
+from trt_spec.builder.runner import is_up_to_date, run_plan
 from trt_spec.records.config import load_config
 from trt_spec.records.integrity import IntegrityError, file_sums, verify, verify_served_engine
 from trt_spec.records.manifest import BuildManifest, RepoRecord
-from trt_spec.builder.plan import STEP_STAMP, make_plan
-from trt_spec.builder.preflight import run_preflight
 from trt_spec.reference.export import export, save_safetensors
 from trt_spec.repository.writer import RepositoryError, write_repository
-from trt_spec.builder.runner import is_up_to_date, run_plan
 
 from ..tiny import make_model, make_tokenizer
 
@@ -36,16 +36,19 @@ def tiny_target(tmp_path_factory) -> Path:
 def built(tiny_target, tmp_path_factory) -> dict:
     """A built n-gram reference deployment (one step: export-target, FP8). Tests restore what they corrupt."""
     root = tmp_path_factory.mktemp("build")
-    cfg = {"engine": "reference", "target": {"checkpoint": str(tiny_target)}, "quantization": {"weights": "fp8"},
-           "speculative": {"mode": "ngram", "max_draft_len": 4, "ngram_size": 3},
-           "limits": {"max_batch_size": 2, "max_input_len": 128, "max_seq_len": 256, "max_num_tokens": 256},
-           "output_dir": str(root / "build")}
+    cfg = {
+        "engine": "reference",
+        "target": {"checkpoint": str(tiny_target)},
+        "quantization": {"weights": "fp8"},
+        "speculative": {"mode": "ngram", "max_draft_len": 4, "ngram_size": 3},
+        "limits": {"max_batch_size": 2, "max_input_len": 128, "max_seq_len": 256, "max_num_tokens": 256},
+        "output_dir": str(root / "build"),
+    }
     path = root / "ngram.yaml"
     path.write_text(yaml.safe_dump(cfg))
     plan = make_plan(load_config(path), run_preflight(load_config(path), None, require_checkpoints=True), path)
     run_plan(plan, config_path=path)
-    return {"config": path, "plan": plan, "build": root / "build", "engine": Path(plan.engines["target"]),
-            "root": root}
+    return {"config": path, "plan": plan, "build": root / "build", "engine": Path(plan.engines["target"]), "root": root}
 
 
 def plan_of(built):
@@ -62,7 +65,7 @@ def corrupted(f: Path, how: str):
             f.write_bytes(original[: len(original) // 2])
         else:
             mid = len(original) // 2
-            f.write_bytes(original[:mid] + bytes(b ^ 0xFF for b in original[mid:mid + 4]) + original[mid + 4:])
+            f.write_bytes(original[:mid] + bytes(b ^ 0xFF for b in original[mid : mid + 4]) + original[mid + 4 :])
         yield
     finally:
         f.write_bytes(original)
@@ -82,13 +85,19 @@ def test_truncated_engine_file_reruns_its_step(built):
     before = BuildManifest.read(built["build"]).target.files
     size = before["model.safetensors"]["size"]
     with corrupted(f, "truncate"):
-        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "build", str(built["config"])],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "trt_spec.cli", "build", str(built["config"])],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
         assert "up to date" not in r.stderr and "1 step(s) ran" in r.stdout
         lines = [ln for ln in r.stderr.splitlines() if "does not match the build" in ln]
-        assert lines == [f"step export-target: output file {f} does not match the build (size {size // 2} != {size} "
-                         "at build time); rerunning the step"]
+        assert lines == [
+            f"step export-target: output file {f} does not match the build (size {size // 2} != {size} "
+            "at build time); rerunning the step"
+        ]
         assert f.stat().st_size == size  # rebuilt
     # the reference export is byte-reproducible: the rebuilt engine has the same sums
     assert BuildManifest.read(built["build"]).target.files == before
@@ -120,13 +129,26 @@ def test_write_repository_refuses_a_changed_engine(built):
 def test_cli_repo_shows_the_one_line(built):
     f = built["engine"] / "config.json"
     with corrupted(f, "truncate"):
-        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "repo", str(built["build"]), "--out",
-                            str(built["root"] / "repo-cli")], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trt_spec.cli",
+                "repo",
+                str(built["build"]),
+                "--out",
+                str(built["root"] / "repo-cli"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"error: engine file {f} does not match the build (size {len(f.read_bytes()) // 2} != {f.stat().st_size} "
         f"at build time); rebuild it: trt-spec build {built['config']} --force --only export-target, then rerun "
-        "trt-spec repo"]
+        "trt-spec repo"
+    ]
 
 
 def test_engine_model_refuses_to_load_a_changed_engine(built):
@@ -137,9 +159,15 @@ def test_engine_model_refuses_to_load_a_changed_engine(built):
     assert record.engines[str(built["engine"])].files["model.safetensors"]["size"] > 0
     verify_served_engine(repo, str(built["engine"]))  # intact: loads
     f = built["engine"] / "model.safetensors"
-    with corrupted(f, "truncate"), pytest.raises(IntegrityError, match=rf"engine file {f} does not match the build "
-                                                 r"\(size \d+ != \d+ at build time\); rebuild it: .*--force --only "
-                                                 r"export-target"):
+    with (
+        corrupted(f, "truncate"),
+        pytest.raises(
+            IntegrityError,
+            match=rf"engine file {f} does not match the build "
+            r"\(size \d+ != \d+ at build time\); rebuild it: .*--force --only "
+            r"export-target",
+        ),
+    ):
         verify_served_engine(repo, str(built["engine"]))
     verify_served_engine(repo, "/some/other/engine")  # no recorded sums for it: not checked
 
@@ -156,17 +184,27 @@ def test_engine_model_initialize_runs_the_check(built, monkeypatch):
     repo = built["root"] / "repo-model"
     write_repository(BuildManifest.read(built["build"]), repo)
     mdir = repo / "tensorrt_llm"
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils",
-                        types.SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=1,
-                                              Logger=types.SimpleNamespace(log_error=print, log_info=print)))
+    monkeypatch.setitem(
+        sys.modules,
+        "triton_python_backend_utils",
+        types.SimpleNamespace(
+            TRITONSERVER_RESPONSE_COMPLETE_FINAL=1, Logger=types.SimpleNamespace(log_error=print, log_info=print)
+        ),
+    )
     spec = importlib.util.spec_from_file_location("reference_engine_model", mdir / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     cfg = MessageToDict(parse_config(mdir / "config.pbtxt"), preserving_proto_field_name=True)
-    args = {"model_config": json.dumps(cfg), "model_name": "tensorrt_llm", "model_repository": str(mdir),
-            "model_version": "1"}
-    with corrupted(built["engine"] / "model.safetensors", "flip"), \
-            pytest.raises(IntegrityError, match="does not match the build"):
+    args = {
+        "model_config": json.dumps(cfg),
+        "model_name": "tensorrt_llm",
+        "model_repository": str(mdir),
+        "model_version": "1",
+    }
+    with (
+        corrupted(built["engine"] / "model.safetensors", "flip"),
+        pytest.raises(IntegrityError, match="does not match the build"),
+    ):
         module.TritonPythonModel().initialize(args)
     module.TritonPythonModel().initialize(args)  # intact: loads
 
@@ -218,8 +256,12 @@ def test_cli_serve_refuses_a_changed_engine_before_starting_anything(built):
     write_repository(BuildManifest.read(built["build"]), repo)
     f = built["engine"] / "model.safetensors"
     with corrupted(f, "flip"):
-        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(repo), "--http-port", "1"],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "trt_spec.cli", "serve", str(repo), "--http-port", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(f"error: engine file {f} does not match the build")
     assert "plain command" not in r.stderr  # refused before any server process

@@ -8,12 +8,20 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from trt_spec.builder.pipeline import manifest_for_config
 from trt_spec.cli import main
 from trt_spec.records.integrity import IntegrityError, verify_repository_engines, verify_served_engine
-from trt_spec.records.manifest import (MANIFEST_VERSION_KEY, REPO_SCHEMA_VERSION, REPO_VERSION_KEY, SCHEMA_VERSION,
-                                       BuildManifest, EngineSums,
-                               ManifestError, RepoRecord, WorldSize)
-from trt_spec.builder.pipeline import manifest_for_config
+from trt_spec.records.manifest import (
+    MANIFEST_VERSION_KEY,
+    REPO_SCHEMA_VERSION,
+    REPO_VERSION_KEY,
+    SCHEMA_VERSION,
+    BuildManifest,
+    EngineSums,
+    ManifestError,
+    RepoRecord,
+    WorldSize,
+)
 from trt_spec.repository.writer import write_repository
 
 from ..conftest import REPO
@@ -21,12 +29,53 @@ from ..conftest import REPO
 GPU_CONFIG = REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml"  # draft + target, TP 2
 NGRAM_CONFIG = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"  # no draft
 # manifest.json's keys as trt-spec wrote them before the version field (users and scripts read them)
-MANIFEST_KEYS = ["name", "config_path", "config_hash", "config", "engine", "created", "tool_versions", "gpu",
-                 "speculative", "limits", "runtime", "world_size", "engines", "steps", "calibration"]
-ENGINE_KEYS = ["dir", "checkpoint", "tp", "pp", "world_size", "devices", "weights", "kv_cache", "argv", "fingerprint",
-               "max_draft_len", "gather_generation_logits", "step", "files"]
-REPO_KEYS = ["name", "config_hash", "engine", "world_size", "orchestrator", "mpi_ranks", "models", "decoupled",
-             "gpu_ids", "engines", "load_models", "phase_models"]
+MANIFEST_KEYS = [
+    "name",
+    "config_path",
+    "config_hash",
+    "config",
+    "engine",
+    "created",
+    "tool_versions",
+    "gpu",
+    "speculative",
+    "limits",
+    "runtime",
+    "world_size",
+    "engines",
+    "steps",
+    "calibration",
+]
+ENGINE_KEYS = [
+    "dir",
+    "checkpoint",
+    "tp",
+    "pp",
+    "world_size",
+    "devices",
+    "weights",
+    "kv_cache",
+    "argv",
+    "fingerprint",
+    "max_draft_len",
+    "gather_generation_logits",
+    "step",
+    "files",
+]
+REPO_KEYS = [
+    "name",
+    "config_hash",
+    "engine",
+    "world_size",
+    "orchestrator",
+    "mpi_ranks",
+    "models",
+    "decoupled",
+    "gpu_ids",
+    "engines",
+    "load_models",
+    "phase_models",
+]
 
 
 @pytest.fixture(scope="module")
@@ -73,32 +122,40 @@ def test_manifest_of_an_older_trt_spec_is_refused(manifest, tmp_path):
     f = written(tmp_path, old) / "manifest.json"
     assert refusal(tmp_path) == (
         f"{f}: build manifest from an older trt-spec (no trt_spec_manifest_version; this trt-spec reads version 1); "
-        f"rebuild with `trt-spec build {GPU_CONFIG}`")
+        f"rebuild with `trt-spec build {GPU_CONFIG}`"
+    )
 
 
 def test_manifest_of_another_version_is_refused(manifest, tmp_path):
     f = written(tmp_path, {**manifest.to_json(), MANIFEST_VERSION_KEY: 2}) / "manifest.json"
-    assert refusal(tmp_path) == (f"{f}: build manifest version 2, this trt-spec reads version 1; "
-                                 f"rebuild with `trt-spec build {GPU_CONFIG}`")
+    assert refusal(tmp_path) == (
+        f"{f}: build manifest version 2, this trt-spec reads version 1; rebuild with `trt-spec build {GPU_CONFIG}`"
+    )
 
 
-@pytest.mark.parametrize("content,why", [
-    ({"model_type": "llama", "hidden_size": 4096}, "no trt_spec_manifest_version field"),
-    ([1, 2, 3], "no trt_spec_manifest_version field"),
-    ("<html>", "not JSON: Expecting value: line 1 column 1 (char 0)"),
-])
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        ({"model_type": "llama", "hidden_size": 4096}, "no trt_spec_manifest_version field"),
+        ([1, 2, 3], "no trt_spec_manifest_version field"),
+        ("<html>", "not JSON: Expecting value: line 1 column 1 (char 0)"),
+    ],
+)
 def test_foreign_file_is_refused(tmp_path, content, why):
     f = written(tmp_path, content) / "manifest.json"
     assert refusal(tmp_path) == f"{f}: not a trt-spec build manifest ({why}); rebuild with `trt-spec build CONFIG`"
 
 
-@pytest.mark.parametrize("damage,why", [
-    (lambda d: d["engines"]["target"].pop("dir"), "engines.target.dir: missing"),
-    (lambda d: d["engines"].pop("target"), "engines.target: missing"),
-    (lambda d: d["engines"]["draft"].update(tp="2"), "engines.draft.tp: expected int, got str"),
-    (lambda d: d.update(engine="onnx"), "engine: 'onnx' is not one of 'tensorrt', 'reference'"),
-    (lambda d: d["config"]["limits"].update(bogus=1), "config.limits.bogus: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    "damage,why",
+    [
+        (lambda d: d["engines"]["target"].pop("dir"), "engines.target.dir: missing"),
+        (lambda d: d["engines"].pop("target"), "engines.target: missing"),
+        (lambda d: d["engines"]["draft"].update(tp="2"), "engines.draft.tp: expected int, got str"),
+        (lambda d: d.update(engine="onnx"), "engine: 'onnx' is not one of 'tensorrt', 'reference'"),
+        (lambda d: d["config"]["limits"].update(bogus=1), "config.limits.bogus: Extra inputs are not permitted"),
+    ],
+)
 def test_damaged_manifest_names_the_field(manifest, tmp_path, damage, why):
     data = manifest.to_json()
     damage(data)
@@ -107,8 +164,9 @@ def test_damaged_manifest_names_the_field(manifest, tmp_path, damage, why):
 
 
 def test_missing_manifest(tmp_path):
-    assert refusal(tmp_path) == (f"{tmp_path}: no manifest.json; run `trt-spec build CONFIG` first "
-                                 "(it writes the manifest)")
+    assert refusal(tmp_path) == (
+        f"{tmp_path}: no manifest.json; run `trt-spec build CONFIG` first (it writes the manifest)"
+    )
 
 
 def test_cli_repo_refuses_an_old_manifest_on_one_line(manifest, tmp_path):
@@ -118,7 +176,8 @@ def test_cli_repo_refuses_an_old_manifest_on_one_line(manifest, tmp_path):
     assert r.exit_code == 2
     assert r.stderr.splitlines() == [
         f"error: {f}: build manifest from an older trt-spec (no trt_spec_manifest_version; this trt-spec reads "
-        f"version 1); rebuild with `trt-spec build {GPU_CONFIG}`"]
+        f"version 1); rebuild with `trt-spec build {GPU_CONFIG}`"
+    ]
     assert not (tmp_path / "model_repo").exists()
 
 
@@ -148,9 +207,11 @@ def test_serve_and_the_engine_model_refuse_an_old_repo_record(manifest, tmp_path
     data = json.loads(f.read_text())
     del data[REPO_VERSION_KEY]
     f.write_text(json.dumps(data))
-    line = (f"{f}: repository record from an older trt-spec (no trt_spec_repo_version; this trt-spec reads version "
-            f"{REPO_SCHEMA_VERSION}); "
-            f"regenerate it with `trt-spec repo BUILD_DIR --out {repo}`")
+    line = (
+        f"{f}: repository record from an older trt-spec (no trt_spec_repo_version; this trt-spec reads version "
+        f"{REPO_SCHEMA_VERSION}); "
+        f"regenerate it with `trt-spec repo BUILD_DIR --out {repo}`"
+    )
     with pytest.raises(IntegrityError) as e:  # `trt-spec serve`, before starting anything
         verify_repository_engines(repo)
     assert str(e.value) == line
@@ -158,8 +219,11 @@ def test_serve_and_the_engine_model_refuse_an_old_repo_record(manifest, tmp_path
         verify_served_engine(repo, "/any/engine")
     assert str(e.value) == line
     f.write_text('{"format": "something else"}')
-    with pytest.raises(IntegrityError, match=r"trt_spec_repo\.json: not a trt-spec repository record \(no "
-                                             r"trt_spec_repo_version field\); regenerate it with"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"trt_spec_repo\.json: not a trt-spec repository record \(no "
+        r"trt_spec_repo_version field\); regenerate it with",
+    ):
         verify_repository_engines(repo)
 
 
@@ -170,8 +234,9 @@ def test_manifest_records_the_calibration_set(manifest, tmp_path):
 
     assert manifest.calibration.dataset == "cnn_dailymail" and manifest.calibration.path is None
     assert manifest.calibration.fingerprint is None and manifest.calibration.calib_size == 512
-    m = manifest_for_config(GPU_CONFIG, [f"quantization.calib_dataset={cal.BUNDLED_CALIB_DATASET}",
-                                         "quantization.calib_size=64"])
+    m = manifest_for_config(
+        GPU_CONFIG, [f"quantization.calib_dataset={cal.BUNDLED_CALIB_DATASET}", "quantization.calib_size=64"]
+    )
     c = m.calibration
     assert c.dataset == cal.BUNDLED_CALIB_DATASET and c.path == str(cal.resolve(cal.BUNDLED_CALIB_DATASET))
     assert c.fingerprint == cal.fingerprint(c.path) and c.fingerprint.startswith("sha256:") and c.samples == 64

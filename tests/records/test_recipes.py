@@ -11,19 +11,39 @@ def test_every_combination_has_one_row():
     assert len(RECIPES) == len(RUNTIMES) * len(ENGINES) * len(Mode)
     served = sorted((r.runtime, r.engine, r.mode.value) for r in RECIPES.values() if r.refused is None)
     assert [(rt, e, m) for rt, e, m in served if rt == "llmapi"] == [
-        ("llmapi", "reference", m) for m in ("draft_target", "ngram", "none")] + [
-        ("llmapi", "tensorrt", m) for m in ("draft_target", "eagle3", "mtp", "ngram", "none")]
+        ("llmapi", "reference", m) for m in ("draft_target", "ngram", "none")
+    ] + [("llmapi", "tensorrt", m) for m in ("draft_target", "eagle3", "mtp", "ngram", "none")]
     assert {m for rt, _, m in served if rt == "engine"} == {m.value for m in Mode if not m.llmapi_only}
 
 
-@pytest.mark.parametrize("runtime,engine,mode,line,fix", [
-    ("engine", "tensorrt", "eagle3", "speculative.mode eagle3 runs on TensorRT-LLM's LLM API only; set runtime: llmapi",
-     "runtime"),
-    ("llmapi", "reference", "medusa", "speculative.mode medusa is an engine-runtime mode (trtllm-build); set runtime: "
-     "engine, or use eagle3 / mtp / draft_target / ngram on the LLM API", "runtime"),
-    ("llmapi", "reference", "mtp", "speculative.mode mtp on the CPU stand-in of the LLM API: the reference engine has "
-     "no EAGLE-3 head or MTP layers; use ngram or draft_target here, or engine: tensorrt", "engine"),
-])
+@pytest.mark.parametrize(
+    "runtime,engine,mode,line,fix",
+    [
+        (
+            "engine",
+            "tensorrt",
+            "eagle3",
+            "speculative.mode eagle3 runs on TensorRT-LLM's LLM API only; set runtime: llmapi",
+            "runtime",
+        ),
+        (
+            "llmapi",
+            "reference",
+            "medusa",
+            "speculative.mode medusa is an engine-runtime mode (trtllm-build); set runtime: "
+            "engine, or use eagle3 / mtp / draft_target / ngram on the LLM API",
+            "runtime",
+        ),
+        (
+            "llmapi",
+            "reference",
+            "mtp",
+            "speculative.mode mtp on the CPU stand-in of the LLM API: the reference engine has "
+            "no EAGLE-3 head or MTP layers; use ngram or draft_target here, or engine: tensorrt",
+            "engine",
+        ),
+    ],
+)
 def test_a_refused_combination_is_one_line_naming_the_fix(runtime, engine, mode, line, fix):
     with pytest.raises(RecipeError) as e:
         recipe(runtime, engine, mode)

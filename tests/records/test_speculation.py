@@ -1,11 +1,20 @@
-"""Speculation's vocabulary and maths, defined once (trt_spec/records/speculation.py), and the places that must use them."""
+"""Speculation's vocabulary and maths, defined once (trt_spec/records/speculation.py), and the places that must use
+them."""
 
 import json
 
 import pytest
 
-from trt_spec.records.speculation import (LOOP_MODES, Mode, acceptance_rate, break_even_acceptance, expected_tokens,
-                                          leviathan_bound, mean_acceptance_length, solve_alpha)
+from trt_spec.records.speculation import (
+    LOOP_MODES,
+    Mode,
+    acceptance_rate,
+    break_even_acceptance,
+    expected_tokens,
+    leviathan_bound,
+    mean_acceptance_length,
+    solve_alpha,
+)
 
 
 def test_acceptance_definitions_are_vllms():
@@ -19,11 +28,13 @@ def test_expected_tokens_and_leviathan_bound_known_values():
     assert expected_tokens(1.0, 4) == 5.0 and expected_tokens(0.7, 0) == 1.0
     assert leviathan_bound(0.0, 4, 0.0) == pytest.approx(1.0)  # nothing accepted, free draft: no gain, no loss
     assert leviathan_bound(1.0, 4, 0.0) == pytest.approx(5.0)  # all accepted: k + 1 tokens per pass
-    assert leviathan_bound(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.2))
+    assert leviathan_bound(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
     assert leviathan_bound(0.2, 4, 0.3) < 1.0  # a costly, rarely right draft makes decoding slower
     assert leviathan_bound(0.5, 0, 0.3) == 1.0
     # verification that costs r decode steps instead of 1 lowers the bound by exactly (k·c + 1) / (k·c + r)
-    assert leviathan_bound(0.32, 1, 0.06, verify_cost=1.2) == pytest.approx(leviathan_bound(0.32, 1, 0.06) * 1.06 / 1.26)
+    assert leviathan_bound(0.32, 1, 0.06, verify_cost=1.2) == pytest.approx(
+        leviathan_bound(0.32, 1, 0.06) * 1.06 / 1.26
+    )
 
 
 def test_solve_alpha_inverts_expected_tokens():
@@ -76,8 +87,20 @@ def test_the_bench_and_the_server_metrics_give_one_acceptance_summary():
     from trt_spec.records.speculation import acceptance_summary
 
     # one request: 4 rounds, one of them without speculation (k = 0), 6 of 9 drafted tokens accepted
-    s = RequestSample("tensorrt_llm_bls", 0, 0, 10, 0.1, 1.0, 0.1, accepted=6, drafted=9, steps=4,
-                      histogram=[0, 1, 1, 1], draft_lengths=[3, 3, 0, 3])
+    s = RequestSample(
+        "tensorrt_llm_bls",
+        0,
+        0,
+        10,
+        0.1,
+        1.0,
+        0.1,
+        accepted=6,
+        drafted=9,
+        steps=4,
+        histogram=[0, 1, 1, 1],
+        draft_lengths=[3, 3, 0, 3],
+    )
     bench = acceptance_summary(request_acceptance_counts([s]))
     labels = 'model="tensorrt_llm_bls",mode="ngram"'
 
@@ -85,11 +108,17 @@ def test_the_bench_and_the_server_metrics_give_one_acceptance_summary():
         les = [*enumerate(cumulative), ("+Inf", cumulative[-1])]
         return [f'{name}_bucket{{{labels},le="{le}"}} {n}' for le, n in les]
 
-    exposition = "\n".join([
-        f"trt_spec_requests_total{{{labels}}} 1", f"trt_spec_draft_tokens_total{{{labels}}} 9",
-        f"trt_spec_accepted_draft_tokens_total{{{labels}}} 6", f"trt_spec_rounds_total{{{labels}}} 4",
-        f"trt_spec_rounds_without_speculation_total{{{labels}}} 1",
-        *buckets("trt_spec_accepted_length", [0, 1, 2, 3]), *buckets("trt_spec_draft_length", [1, 1, 1, 4])])
+    exposition = "\n".join(
+        [
+            f"trt_spec_requests_total{{{labels}}} 1",
+            f"trt_spec_draft_tokens_total{{{labels}}} 9",
+            f"trt_spec_accepted_draft_tokens_total{{{labels}}} 6",
+            f"trt_spec_rounds_total{{{labels}}} 4",
+            f"trt_spec_rounds_without_speculation_total{{{labels}}} 1",
+            *buckets("trt_spec_accepted_length", [0, 1, 2, 3]),
+            *buckets("trt_spec_draft_length", [1, 1, 1, 4]),
+        ]
+    )
     server = scraped_acceptance(parse_metrics(exposition))
     assert bench["mean_acceptance_length"] == server["mean_acceptance_length"] == 1 + 6 / 3
     assert {k: v for k, v in server.items() if k not in ("rounds", "no_speculation_share")} == bench
@@ -123,13 +152,21 @@ def test_every_bench_mode_reports_the_one_speedup():
 
     timings = [(2.0, 1.0), (3.0, 2.0)]  # (baseline, speculative) seconds per prompt
     expected = paired_speedup([b for b, _ in timings], [s for _, s in timings])
-    served = summarize([RequestSample(model, i, 0, 20, 0.1, t, 0.1) for i, pair in enumerate(timings)
-                        for model, t in zip(("ensemble", "tensorrt_llm_bls"), pair)], 4)
+    served = summarize(
+        [
+            RequestSample(model, i, 0, 20, 0.1, t, 0.1)
+            for i, pair in enumerate(timings)
+            for model, t in zip(("ensemble", "tensorrt_llm_bls"), pair)
+        ],
+        4,
+    )
     assert (served["speedup"], *served["speedup_ci95"]) == expected
 
     stats = LoopStats(drafted=4, accepted=2, steps=2, hist=[0, 0, 1], rounds=[Round(2, 2, 1, 2, 0.01, 0.1)] * 2)
-    pairs = [(i, 0, BaselineRun(list(range(10)), b, b * 0.9), SpecRun(list(range(5)), s, s * 0.9, stats))
-             for i, (b, s) in enumerate(timings)]
+    pairs = [
+        (i, 0, BaselineRun(list(range(10)), b, b * 0.9), SpecRun(list(range(5)), s, s * 0.9, stats))
+        for i, (b, s) in enumerate(timings)
+    ]
     row = _row(2, "fixed", pairs)
     assert (row["speedup"], *row["speedup_ci95"]) == expected
     assert row["spec_tok_s"] / row["baseline_tok_s"] == pytest.approx((10 / 3) / (20 / 5))  # the old formula's

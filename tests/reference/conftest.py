@@ -18,8 +18,13 @@ TINY = dict(
     eos_token_id=None,  # generation length is controlled by the tests
     pad_token_id=None,
 )
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 16}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 # kind -> (HF config class, extra config)
 KINDS = {
     "llama": ("LlamaConfig", {}),
@@ -113,8 +118,15 @@ def sharp_model():
     from trt_spec.reference.model import ReferenceModel
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        tie_word_embeddings=False,
+    )
     hf = LlamaForCausalLM(cfg)
     with torch.no_grad():
         hf.lm_head.weight.mul_(30)

@@ -10,8 +10,9 @@ def plain_greedy(model, prompt: list[int], n: int, end_id: int | None = None) ->
     """n greedy tokens after prompt (fewer when end_id comes: it is not output, as the engine does not output it)."""
     cache = model.new_cache(1, len(prompt) + n)
     seq = list(prompt)
-    logits = model.forward(torch.tensor([seq]), torch.arange(len(seq))[None], cache,
-                           logits_at=torch.tensor([[len(seq) - 1]]))
+    logits = model.forward(
+        torch.tensor([seq]), torch.arange(len(seq))[None], cache, logits_at=torch.tensor([[len(seq) - 1]])
+    )
     out: list[int] = []
     while len(out) < n:
         tok = int(logits[0, -1].argmax())

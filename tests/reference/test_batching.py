@@ -24,8 +24,9 @@ def test_packed_forward_matches_solo_forwards(checkpoints, kind, one_thread):
     caches = [model.new_cache(1, 32) for _ in prompts]
     tokens = torch.tensor([t for p in prompts for t in p])
     pos = torch.cat([torch.arange(len(p)) for p in prompts])
-    logits = model.forward_packed(tokens, pos, [(c, len(p)) for c, p in zip(caches, prompts)],
-                                  torch.arange(len(tokens)))
+    logits = model.forward_packed(
+        tokens, pos, [(c, len(p)) for c, p in zip(caches, prompts)], torch.arange(len(tokens))
+    )
     for got, want in zip(logits.split([len(p) for p in prompts]), solo_prefill):
         if want.shape[0] > 1:
             assert torch.equal(got, want)
@@ -33,8 +34,12 @@ def test_packed_forward_matches_solo_forwards(checkpoints, kind, one_thread):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
     # one decode step for every sequence at its own position
-    decode = model.forward_packed(torch.full((len(prompts),), 3), torch.tensor([len(p) for p in prompts]),
-                                  [(c, 1) for c in caches], torch.arange(len(prompts)))
+    decode = model.forward_packed(
+        torch.full((len(prompts),), 3),
+        torch.tensor([len(p) for p in prompts]),
+        [(c, 1) for c in caches],
+        torch.arange(len(prompts)),
+    )
     for got, want in zip(decode, solo_decode):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -42,8 +47,7 @@ def test_packed_forward_matches_solo_forwards(checkpoints, kind, one_thread):
 def test_two_row_packed_forward_is_exact(target):
     """Two rows run as three (a faster oneDNN kernel); the result is still the solo forward's, bit for bit."""
     want = target.forward(torch.tensor([[4, 9]]), torch.arange(2)[None], target.new_cache(1, 8))[0]
-    got = target.forward_packed(torch.tensor([4, 9]), torch.arange(2), [(target.new_cache(1, 8), 2)],
-                                torch.arange(2))
+    got = target.forward_packed(torch.tensor([4, 9]), torch.arange(2), [(target.new_cache(1, 8), 2)], torch.arange(2))
     assert torch.equal(got, want)
 
 
@@ -54,8 +58,7 @@ def test_packed_forward_rejects_bad_segments(target):
     with pytest.raises(ValueError, match="outside the cache"):
         target.forward_packed(torch.tensor([1]), torch.tensor([8]), [(cache, 1)], torch.tensor([0]))
     with pytest.raises(ValueError, match="batch-1"):
-        target.forward_packed(torch.tensor([1]), torch.tensor([0]), [(target.new_cache(2, 8), 1)],
-                              torch.tensor([0]))
+        target.forward_packed(torch.tensor([1]), torch.tensor([0]), [(target.new_cache(2, 8), 1)], torch.tensor([0]))
 
 
 # -- the scheduler ---------------------------------------------------------------------------------------------
@@ -87,14 +90,23 @@ def assert_same_tokens(model, prompt, got, want, label):
         return
     i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     seq = list(prompt) + list(want[:i])
-    logits = model.forward(torch.tensor([seq]), torch.arange(len(seq))[None], model.new_cache(1, len(seq)),
-                           logits_at=torch.tensor([[len(seq) - 1]]))[0, 0]
+    logits = model.forward(
+        torch.tensor([seq]),
+        torch.arange(len(seq))[None],
+        model.new_cache(1, len(seq)),
+        logits_at=torch.tensor([[len(seq) - 1]]),
+    )[0, 0]
     top2 = logits.topk(2).values
     margin = float(top2[0] - top2[1])
-    cause = ("a near-tie flipped by batch-size-dependent fp32 rounding" if margin < 1e-3
-             else "not a near-tie: a batching bug")
-    pytest.fail(f"{label}: batched {got} != alone {want}, first difference at token {i}; "
-                f"solo top-2 logit margin there {margin:.3g} ({cause})")
+    cause = (
+        "a near-tie flipped by batch-size-dependent fp32 rounding"
+        if margin < 1e-3
+        else "not a near-tie: a batching bug"
+    )
+    pytest.fail(
+        f"{label}: batched {got} != alone {want}, first difference at token {i}; "
+        f"solo top-2 logit margin there {margin:.3g} ({cause})"
+    )
 
 
 def mixed_requests(model, n=16, seed=0):
@@ -119,8 +131,15 @@ def mixed_requests(model, n=16, seed=0):
                 kw["end_id"] = ref[3]
             elif i % 5 == 3:
                 kw["stop_words"] = [ref[5:7]]
-            want = alone(model, "generate", prompt, kw["max_new"], GREEDY, end_id=kw.get("end_id"),
-                         stop_words=kw.get("stop_words", ()))
+            want = alone(
+                model,
+                "generate",
+                prompt,
+                kw["max_new"],
+                GREEDY,
+                end_id=kw.get("end_id"),
+                stop_words=kw.get("stop_words", ()),
+            )
             out.append(("generate", prompt, kw, want))
     return out
 
@@ -191,8 +210,9 @@ def test_mixed_requests_joining_mid_flight_are_token_identical(model, one_thread
 def test_full_slot_pool_queues_and_whole_contexts_wait_without_chunking(model, one_thread):
     prompts = [[7 + i] * (10 + 7 * i) for i in range(6)]  # 10..45 tokens
     want = [alone(model, "generate", p, 6, GREEDY).tokens for p in prompts]
-    with BatchScheduler(ReferenceEngine(model, MAX_SEQ), max_batch_size=2, max_num_tokens=48,
-                        chunked_context=False) as sch:
+    with BatchScheduler(
+        ReferenceEngine(model, MAX_SEQ), max_batch_size=2, max_num_tokens=48, chunked_context=False
+    ) as sch:
         with pytest.raises(ValueError, match="max_num_tokens 48"):
             sch.submit_generate([5] * 49, 2, GREEDY)
         handles = [sch.submit_generate(p, 6, GREEDY) for p in prompts]
@@ -233,15 +253,15 @@ def test_prefix_kv_reuse_per_sequence(model, one_thread):
     with BatchScheduler(eng, max_batch_size=4, max_num_tokens=256) as sch:
         first = [h.result(timeout=60).tokens for h in [sch.submit_generate(p, 6, GREEDY) for p in prompts]]
         before = eng.prefix_cache.reused_tokens
-        nxt = [h.result(timeout=60).tokens
-               for h in [sch.submit_generate(p + f, 6, GREEDY) for p, f in zip(prompts, first)]]
+        nxt = [
+            h.result(timeout=60).tokens for h in [sch.submit_generate(p + f, 6, GREEDY) for p, f in zip(prompts, first)]
+        ]
         reused = eng.prefix_cache.reused_tokens - before
-        ver = [sch.submit_verify(p + f + n, [1, 2], GREEDY).result(timeout=60)
-               for p, f, n in zip(prompts, first, nxt)]
+        ver = [sch.submit_verify(p + f + n, [1, 2], GREEDY).result(timeout=60) for p, f, n in zip(prompts, first, nxt)]
     assert reused >= sum(len(p) + 6 - 1 for p in prompts)
     for p, f, n, v in zip(prompts, first, nxt, ver):
         full = alone(model, "generate", p, 13, GREEDY).tokens
-        assert_same_tokens(model, p, f + n + v.tokens[v.accepted:], full, "continuation")
+        assert_same_tokens(model, p, f + n + v.tokens[v.accepted :], full, "continuation")
 
 
 def test_queue_limit_failing_callback_and_close(model, one_thread):

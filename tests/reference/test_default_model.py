@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # GGUF import + distillation + FP8 export of SmolLM2: ~2 min (make slow; CI runs it)
 
-from trt_spec.records.config import load_config  # noqa: E402
 from trt_spec.harness.inprocess import chat_ids  # noqa: E402
 from trt_spec.harness.prompts import load_prompts  # noqa: E402
+from trt_spec.records.config import load_config  # noqa: E402
 from trt_spec.reference import checkpoints, distill, export  # noqa: E402
 from trt_spec.reference.engine import load_engine  # noqa: E402
 from trt_spec.reference.model import ReferenceModel  # noqa: E402
@@ -34,9 +34,22 @@ def built(tmp_path_factory):
     hf_target, hf_draft = root / "hf" / "target", root / "hf" / "draft"
     checkpoints.import_gguf(checkpoints.resolve_package_file(cfg.target.checkpoint), hf_target)
     d = cfg.draft.distill
-    report = distill.run(distill.DistillConfig(
-        hf_target, hf_draft, hidden=d.hidden_size, layers=d.num_layers, steps=40, seed=d.seed, teacher_chunks=4,
-        raw_chunks=64, eval_chunks=1, chat_prompts=2, eval_chat_prompts=0, measure_cost=False))
+    report = distill.run(
+        distill.DistillConfig(
+            hf_target,
+            hf_draft,
+            hidden=d.hidden_size,
+            layers=d.num_layers,
+            steps=40,
+            seed=d.seed,
+            teacher_chunks=4,
+            raw_chunks=64,
+            eval_chunks=1,
+            chat_prompts=2,
+            eval_chat_prompts=0,
+            measure_cost=False,
+        )
+    )
     engines = {}
     for name, src in (("target", hf_target), ("draft", hf_draft)):
         export.export(src, root / "engines" / name, cfg.quantization.weights, check_agreement=False)
@@ -73,8 +86,9 @@ def test_sampling_with_the_distilled_draft_runs_and_is_seeded(built):
     ids = chat_ids(tok, load_prompts("chat")[0].text)
     served = Served(target, draft, k=3)
     try:
-        kw = dict(end_id=tok.eos_token_id, sampling={"temperature": 0.8, "runtime_top_p": 0.95}, seed=7,
-                  use_logits=True)
+        kw = dict(
+            end_id=tok.eos_token_id, sampling={"temperature": 0.8, "runtime_top_p": 0.95}, seed=7, use_logits=True
+        )
         (a, m), (b, _) = served.run(ids, 24, 3, **kw), served.run(ids, 24, 3, **kw)
     finally:
         served.close()
@@ -88,6 +102,7 @@ def test_lean_runtime_greedy_matches_hf_generate_on_the_default_model(built):
     ours = plain_greedy(ReferenceModel.from_pretrained(hf_target), ids, 24)
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_target, dtype=torch.float32)
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                          pad_token_id=tok.eos_token_id)
-    assert ours == out[0, len(ids):].tolist()
+        out = hf.generate(
+            torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=tok.eos_token_id
+        )
+    assert ours == out[0, len(ids) :].tolist()

@@ -30,11 +30,30 @@ def make_teacher(d: Path) -> Path:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                                                         "tokenizer_class": "PreTrainedTokenizerFast"}))
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0, tie_word_embeddings=True)
+    (d / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(str(d))
     return d
@@ -58,9 +77,28 @@ def built(tmp_path_factory):
     teacher = make_teacher(root / "teacher")
     files = make_corpus(root / "corpus")
     out = root / "draft"
-    cfg = distill.DistillConfig(teacher, out, hidden=32, layers=1, steps=40, seq_len=16, seed=0, lr=1e-2, batch=4,
-                                head_dim=16, teacher_chunks=4, raw_chunks=24, eval_chunks=1, topk=8, chat_prompts=2,
-                                chat_tokens=4, eval_chat_prompts=1, neg_samples=16, corpus_files=files, threads=1)
+    cfg = distill.DistillConfig(
+        teacher,
+        out,
+        hidden=32,
+        layers=1,
+        steps=40,
+        seq_len=16,
+        seed=0,
+        lr=1e-2,
+        batch=4,
+        head_dim=16,
+        teacher_chunks=4,
+        raw_chunks=24,
+        eval_chunks=1,
+        topk=8,
+        chat_prompts=2,
+        chat_tokens=4,
+        eval_chat_prompts=1,
+        neg_samples=16,
+        corpus_files=files,
+        threads=1,
+    )
     report = distill.run(cfg)
     return teacher, out, report
 
@@ -109,18 +147,27 @@ def test_report_fields_and_loss_decreases(built):
 
     # held-out code: the middle 16 tokens of the corpus file never trained on (a 3-file corpus holds out its last)
     ids = tok.encode((out.parent / "corpus" / "mod2.py").read_text(), add_special_tokens=False).ids
-    chunk = ids[(len(ids) - 16) // 2:][:16]
+    chunk = ids[(len(ids) - 16) // 2 :][:16]
     agree = int((argmax(draft, chunk) == argmax(teacher, chunk)).sum())
     assert report["heldout_code_positions"] == 16 and report["heldout_code_top1"] == agree / 16
     # chat: the teacher's greedy answer (at most chat_tokens = 4) to the first evaluation prompt
     prompt = tok.encode(distill.CHAT_FORMAT.format(distill.EVAL_CHAT_PROMPTS[0]), add_special_tokens=False).ids
     with torch.inference_mode():
-        seq = teacher.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)).long(),
-                               max_new_tokens=4, min_new_tokens=1, do_sample=False, pad_token_id=0, eos_token_id=2,
-                               top_p=None, top_k=None, temperature=None)[0].tolist()
-    answer = seq[len(prompt):]
-    answer = answer[:answer.index(2) + 1] if 2 in answer else answer
-    guessed = argmax(draft, prompt + answer[:-1])[len(prompt) - 1:]
+        seq = teacher.generate(
+            input_ids=torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt)).long(),
+            max_new_tokens=4,
+            min_new_tokens=1,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=2,
+            top_p=None,
+            top_k=None,
+            temperature=None,
+        )[0].tolist()
+    answer = seq[len(prompt) :]
+    answer = answer[: answer.index(2) + 1] if 2 in answer else answer
+    guessed = argmax(draft, prompt + answer[:-1])[len(prompt) - 1 :]
     assert report["chat_positions"] == len(answer)
     assert report["chat_top1"] == int((guessed == torch.tensor(answer)).sum()) / len(answer)
     assert 0 < report["cost"]["macs_ratio"] < 1
@@ -134,9 +181,25 @@ def test_report_fields_and_loss_decreases(built):
 def test_same_seed_same_bytes_other_seed_differs(built, tmp_path):
     teacher, _, _ = built
     files = sorted((teacher.parent / "corpus").glob("*.py"))
-    kw = dict(hidden=32, layers=1, steps=6, seq_len=16, batch=2, head_dim=16, teacher_chunks=2, raw_chunks=8,
-              eval_chunks=1, topk=4, chat_prompts=1, chat_tokens=3, eval_chat_prompts=0, neg_samples=8,
-              corpus_files=files, threads=1, measure_cost=False)
+    kw = dict(
+        hidden=32,
+        layers=1,
+        steps=6,
+        seq_len=16,
+        batch=2,
+        head_dim=16,
+        teacher_chunks=2,
+        raw_chunks=8,
+        eval_chunks=1,
+        topk=4,
+        chat_prompts=1,
+        chat_tokens=3,
+        eval_chat_prompts=0,
+        neg_samples=8,
+        corpus_files=files,
+        threads=1,
+        measure_cost=False,
+    )
     distill.run(distill.DistillConfig(teacher, tmp_path / "a", seed=0, **kw))
     distill.run(distill.DistillConfig(teacher, tmp_path / "b", seed=0, **kw))  # the same run again
     distill.run(distill.DistillConfig(teacher, tmp_path / "c", seed=1, **kw))
@@ -154,10 +217,30 @@ def test_dtype_bfloat16_saves_a_bf16_draft_the_gpu_plan_asks_for(built, tmp_path
     files = sorted((teacher.parent / "corpus").glob("*.py"))
     a = distill._parser().parse_args(["--teacher", "t", "--output_dir", "o", "--dtype", "bfloat16"])
     assert a.dtype == "bfloat16"
-    distill.run(distill.DistillConfig(teacher, tmp_path / "bf16", hidden=32, layers=1, steps=2, seq_len=16, batch=2,
-                                      head_dim=16, teacher_chunks=2, raw_chunks=8, eval_chunks=1, topk=4,
-                                      chat_prompts=1, chat_tokens=3, eval_chat_prompts=0, neg_samples=8,
-                                      corpus_files=files, threads=1, measure_cost=False, dtype="bfloat16"))
+    distill.run(
+        distill.DistillConfig(
+            teacher,
+            tmp_path / "bf16",
+            hidden=32,
+            layers=1,
+            steps=2,
+            seq_len=16,
+            batch=2,
+            head_dim=16,
+            teacher_chunks=2,
+            raw_chunks=8,
+            eval_chunks=1,
+            topk=4,
+            chat_prompts=1,
+            chat_tokens=3,
+            eval_chat_prompts=0,
+            neg_samples=8,
+            corpus_files=files,
+            threads=1,
+            measure_cost=False,
+            dtype="bfloat16",
+        )
+    )
     with safe_open(str(tmp_path / "bf16" / "model.safetensors"), "pt") as f:
         assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.bfloat16"}
     with pytest.raises(distill.DistillError, match="dtype 'int8'"):
@@ -169,8 +252,9 @@ def test_cli_defaults_are_the_configs_and_the_plans_argv_parses():
     a = distill._parser().parse_args(["--teacher", "t", "--output_dir", "o"])
     assert {k: getattr(a, k) for k in distill.CLI_OPTIONS} == {k: defaults[k] for k in distill.CLI_OPTIONS}
     # the argv trt_spec.builder.plan builds for the distill-draft step
-    a = distill._parser().parse_args(["--teacher", "t", "--output_dir", "o", "--hidden", "96", "--layers", "3",
-                                      "--steps", "7", "--seed", "5"])
+    a = distill._parser().parse_args(
+        ["--teacher", "t", "--output_dir", "o", "--hidden", "96", "--layers", "3", "--steps", "7", "--seed", "5"]
+    )
     assert (a.hidden, a.layers, a.steps, a.seed, a.lr) == (96, 3, 7, 5, defaults["lr"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         distill.DistillConfig("t", "o").steps = 1
@@ -197,8 +281,21 @@ def test_bad_teacher_dir_is_one_clear_error_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(distill.DistillError, match="no config.json"):
         distill.run(distill.DistillConfig(tmp_path / "empty", tmp_path / "out", hidden=32, steps=1, seq_len=8))
-    r = subprocess.run([sys.executable, "-m", "trt_spec.reference.distill", "--teacher", str(tmp_path / "empty"),
-                        "--output_dir", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trt_spec.reference.distill",
+            "--teacher",
+            str(tmp_path / "empty"),
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "no config.json" in lines[0], r.stderr

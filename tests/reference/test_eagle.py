@@ -27,13 +27,27 @@ from .test_sampling import chi_square  # noqa: E402
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 8, 61, 12, 40], [120, 7, 33], [64]]
 K = 4
-PARAMS = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": "(in memory)", "enable_kv_cache_reuse": "true",
-          "enable_chunked_context": "false", "tokenizer_dir": "", "xgrammar_tokenizer_info_path": "",
-          "guided_decoding_backend": ""}
-EAGLE3_NAMES = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.input_layernorm.weight",
-                "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
-                *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"),
-                *(f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down"))}
+PARAMS = {
+    "gpt_model_type": "inflight_fused_batching",
+    "gpt_model_path": "(in memory)",
+    "enable_kv_cache_reuse": "true",
+    "enable_chunked_context": "false",
+    "tokenizer_dir": "",
+    "xgrammar_tokenizer_info_path": "",
+    "guided_decoding_backend": "",
+}
+EAGLE3_NAMES = {
+    "fc.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight",
+    *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"),
+    *(f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
+}
 
 
 def new_head(model, vocab_ids=None) -> Eagle3Head:
@@ -46,8 +60,13 @@ def train_on_target(model, *, steps=300, seed=0, draft_vocab=96):
     to; trained on the test prompts' continuations, the head shows that the mechanism accepts what it learned.
     (Generalisation is measured on SmolLM2 and held-out prompts: docs/measurements.md.)"""
     gen = torch.Generator().manual_seed(1234)
-    prompts = [*PROMPTS, *(torch.randint(3, model.config.vocab_size, (int(n),), generator=gen).tolist()
-                           for n in torch.randint(2, 12, (45,), generator=gen))]
+    prompts = [
+        *PROMPTS,
+        *(
+            torch.randint(3, model.config.vocab_size, (int(n),), generator=gen).tolist()
+            for n in torch.randint(2, 12, (45,), generator=gen)
+        ),
+    ]
     aux = default_aux_layers(model.config.num_layers)
     data = te.generate_labelled(model, prompts, aux, max_new=40, end_id=None, batch=16, log=lambda m: None)
     seqs, labelled = [s for s, _, _ in data], [(f, t) for _, f, t in data]
@@ -67,8 +86,14 @@ def trained(target):
 
 
 def scheduler(model, head, *, k=K, reuse=False, max_seq_len=256, policy="fixed"):
-    eng = ReferenceEngine(model, max_seq_len, prefix_cache_bytes=(1 << 26) if reuse else 0, head=head, max_draft_len=k,
-                          draft_policy=policy)
+    eng = ReferenceEngine(
+        model,
+        max_seq_len,
+        prefix_cache_bytes=(1 << 26) if reuse else 0,
+        head=head,
+        max_draft_len=k,
+        draft_policy=policy,
+    )
     return BatchScheduler(eng, max_batch_size=4, max_num_tokens=512)
 
 
@@ -139,8 +164,10 @@ def test_end_token_and_stop_words_inside_a_step_end_like_greedy(target, trained)
 def test_streaming_sends_each_steps_tokens_and_batches_match_solo(target, trained):
     steps: list[list[int]] = []
     with scheduler(target, trained[0]) as sch:
-        handles = [sch.submit_generate(p, 24, Sampling(), on_tokens=steps.append if i == 0 else None)
-                   for i, p in enumerate(PROMPTS)]
+        handles = [
+            sch.submit_generate(p, 24, Sampling(), on_tokens=steps.append if i == 0 else None)
+            for i, p in enumerate(PROMPTS)
+        ]
         results = [h.result() for h in handles]
     for p, r in zip(PROMPTS, results):
         assert r.tokens == plain_greedy(target, p, 24)
@@ -171,8 +198,10 @@ def test_sampling_is_distributed_exactly_as_the_target(target, trained):
     assert sum(r.accepted for r in results) > n // 20  # drafts were verified and accepted, not only resampled
 
     def probs(seq):
-        return logits_to_probs(target.forward(torch.tensor([seq]), torch.arange(len(seq))[None],
-                                              target.new_cache(1, len(seq)))[0, -1], **rule)
+        return logits_to_probs(
+            target.forward(torch.tensor([seq]), torch.arange(len(seq))[None], target.new_cache(1, len(seq)))[0, -1],
+            **rule,
+        )
 
     p1 = probs(prompt)
     first = torch.nonzero(p1).flatten().tolist()
@@ -200,10 +229,12 @@ def test_standin_refuses_an_eagle_engine_without_head_and_reports_drafts(target,
     assert "EAGLE-3 head" in EAGLE_HEAD_MISSING
     s = standin(target, trained[0])
     try:
-        inputs = {bc.INPUT_IDS: np.asarray([PROMPTS[0]], dtype=np.int32),
-                  bc.INPUT_LENGTHS: np.asarray([[len(PROMPTS[0])]], dtype=np.int32),
-                  bc.REQUEST_OUTPUT_LEN: np.asarray([[24]], dtype=np.int32),
-                  bc.RETURN_PERF_METRICS: np.asarray([[True]])}
+        inputs = {
+            bc.INPUT_IDS: np.asarray([PROMPTS[0]], dtype=np.int32),
+            bc.INPUT_LENGTHS: np.asarray([[len(PROMPTS[0])]], dtype=np.int32),
+            bc.REQUEST_OUTPUT_LEN: np.asarray([[24]], dtype=np.int32),
+            bc.RETURN_PERF_METRICS: np.asarray([[True]]),
+        }
         req = s.parse(inputs, [*bc.MANDATORY_OUTPUTS, *bc.SPEC_PERF_OUTPUTS])
         res = s.submit(req).result()
         out = s.final(req, res)

@@ -123,6 +123,7 @@ def test_temperature_zero_on_half_logits_is_not_greedy_and_on_float_logits_it_is
     greedy) on an engine with ModelOpt's float16 logits picks among thousands of ties — the output is nonsense,
     visible here on CPU; on the float32 logits trt-spec builds, and with no temperature at all, it is greedy."""
     from trt_spec.records import backend_contract as bc
+
     eng = ReferenceEngine(model, max_seq_len=256)
     run = Solo(eng)
     prompt = [5, 17, 33, 2, 90, 41]

@@ -5,8 +5,15 @@ import json
 import pytest
 import torch
 
-from trt_spec.reference.export import (ENGINE_META, FP8_MAX, dequantize_fp8, export, load_engine_state_dict,
-                                       quantize_fp8, read_engine_meta)
+from trt_spec.reference.export import (
+    ENGINE_META,
+    FP8_MAX,
+    dequantize_fp8,
+    export,
+    load_engine_state_dict,
+    quantize_fp8,
+    read_engine_meta,
+)
 from trt_spec.reference.model import ReferenceModel
 
 
@@ -15,8 +22,16 @@ def tiny_hf(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=96, tie_word_embeddings=False, max_position_embeddings=256)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    )
     d = tmp_path_factory.mktemp("hf")
     LlamaForCausalLM(cfg).save_pretrained(d)
     return d

@@ -40,9 +40,13 @@ def test_greedy_tokens_match_hf_generate(checkpoints, kind):
     for prompt in prompts:
         got = plain_greedy(model, prompt, 20)
         with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-        assert got == out[0, len(prompt):].tolist()
+            out = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=20,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            )
+        assert got == out[0, len(prompt) :].tolist()
 
 
 def test_config_variants_are_read(checkpoints):
@@ -87,8 +91,10 @@ def test_sharded_checkpoint(checkpoints, tmp_path):
     hf.save_pretrained(tmp_path, max_shard_size="40KB")
     assert (tmp_path / "model.safetensors.index.json").exists()
     tokens = [7, 7, 1, 2, 3]
-    assert torch.equal(full_logits(ReferenceModel.from_pretrained(tmp_path), tokens),
-                       full_logits(ReferenceModel.from_pretrained(path), tokens))
+    assert torch.equal(
+        full_logits(ReferenceModel.from_pretrained(tmp_path), tokens),
+        full_logits(ReferenceModel.from_pretrained(path), tokens),
+    )
 
 
 def test_bad_checkpoints_are_clear_errors(checkpoints, tmp_path):
@@ -145,7 +151,7 @@ def test_batch_with_different_lengths_and_padding_matches_single_rows(target):
         n = 1 if i == 1 else 2
         alone = full_logits(target, p + step[i][:n])
         torch.testing.assert_close(batch_prefill[i], alone[len(p) - 1], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(batch_step[i, :n], alone[len(p):], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(batch_step[i, :n], alone[len(p) :], atol=1e-5, rtol=1e-5)
 
 
 def test_logits_at_selects_positions(target):

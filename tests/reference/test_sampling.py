@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from trt_spec.reference.sampling import logits_to_probs, select  # noqa: E402
 from trt_spec.reference.accept import speculative_accept, speculative_accept_batch  # noqa: E402
+from trt_spec.reference.sampling import logits_to_probs, select  # noqa: E402
 
 # Chi-square critical values at significance 0.001 by degrees of freedom (scipy.stats.chi2.ppf(0.999, df)).
 CHI2_CRIT = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322}
@@ -37,11 +37,13 @@ def assert_distributed_as(tokens: torch.Tensor, probs: torch.Tensor) -> None:
     assert chi_square(counts, shifted)[0] > CHI2_CRIT[df]
 
 
-TARGET_LOGITS = torch.tensor([
-    [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, float("-inf"), float("-inf")],  # tokens 6, 7 impossible at position 0
-    [0.0, 0.3, 1.5, -1.0, 0.2, 0.9, -0.4, 0.1],
-    [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-])  # [k + 1 = 3, V]
+TARGET_LOGITS = torch.tensor(
+    [
+        [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, float("-inf"), float("-inf")],  # tokens 6, 7 impossible at position 0
+        [0.0, 0.3, 1.5, -1.0, 0.2, 0.9, -0.4, 0.1],
+        [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    ]
+)  # [k + 1 = 3, V]
 
 
 def run_batch(draft_probs: torch.Tensor | None, drafts: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0, seed=0):
@@ -76,8 +78,9 @@ def test_rejection_sampling_matches_target_distribution(case):
     elif case == "never":  # all draft mass on tokens the target never emits at position 0
         q = torch.tensor([[0, 0, 0, 0, 0, 0, 0.5, 0.5], p[1].tolist()])
     else:
-        q = torch.softmax(torch.tensor([[0.0, 2.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0],
-                                        [1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.5]]), -1)
+        q = torch.softmax(
+            torch.tensor([[0.0, 2.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.5]]), -1
+        )
     drafts = sample_drafts(q)
     out, n = run_batch(q, drafts, temperature, top_k)
     rate0 = float((n >= 1).double().mean())
@@ -146,8 +149,7 @@ def test_logits_to_probs_filters():
     torch.testing.assert_close(logits_to_probs(logits, 1.0, top_k=2), torch.tensor([0.625, 0.375, 0.0, 0.0]))
     # top_p keeps the smallest prefix whose mass reaches top_p.
     torch.testing.assert_close(logits_to_probs(logits, 1.0, top_p=0.8), torch.tensor([0.625, 0.375, 0.0, 0.0]))
-    torch.testing.assert_close(logits_to_probs(logits, 1.0, top_p=0.81),
-                               torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
+    torch.testing.assert_close(logits_to_probs(logits, 1.0, top_p=0.81), torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
     torch.testing.assert_close(logits_to_probs(logits, 1.0, top_p=0.1), torch.tensor([1.0, 0.0, 0.0, 0.0]))
     hot = logits_to_probs(logits, 0.5)
     torch.testing.assert_close(hot, torch.softmax(logits / 0.5, -1))

@@ -13,48 +13,81 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from trt_spec.in_triton.local_engines import LocalEngines  # noqa: E402
+from trt_spec.in_triton.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop  # noqa: E402
 from trt_spec.records import backend_contract as bc  # noqa: E402
 from trt_spec.records.names import DRAFT, TARGET  # noqa: E402
 from trt_spec.reference.model import ReferenceModel  # noqa: E402
 from trt_spec.reference.standin import StandIn  # noqa: E402
-from trt_spec.in_triton.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop  # noqa: E402
 
 from .oracle import plain_greedy  # noqa: E402
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 8, 61, 12, 40], [120, 7, 33], [64]]
 MAX_SEQ_LEN = 256
 # What repository.writer writes for an engine model, as far as the backend reads it at load
-PARAMS = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": "(in memory)", "enable_kv_cache_reuse": "true",
-          "enable_chunked_context": "false", "tokenizer_dir": "", "xgrammar_tokenizer_info_path": "",
-          "guided_decoding_backend": ""}
+PARAMS = {
+    "gpt_model_type": "inflight_fused_batching",
+    "gpt_model_path": "(in memory)",
+    "enable_kv_cache_reuse": "true",
+    "enable_chunked_context": "false",
+    "tokenizer_dir": "",
+    "xgrammar_tokenizer_info_path": "",
+    "guided_decoding_backend": "",
+}
 
 
 class Served:
     """A draft-target or n-gram deployment of in-memory models: stand-ins for the engines, the BLS's loop over them."""
 
-    def __init__(self, target, draft=None, *, mode="draft_target", k=4, policy="fixed", proposer="prompt_lookup",
-                 numerics=None):
+    def __init__(
+        self, target, draft=None, *, mode="draft_target", k=4, policy="fixed", proposer="prompt_lookup", numerics=None
+    ):
         def standin(name, model, draft_len):
-            limits = bc.EngineLimits(4, MAX_SEQ_LEN, MAX_SEQ_LEN, draft_len,
-                                     speculative_decoding_mode="draft_tokens_external" if draft_len else None,
-                                     vocab_size=model.config.vocab_size,
-                                     gather_generation_logits=True)  # use_logits: as use_draft_logits builds the draft
+            limits = bc.EngineLimits(
+                4,
+                MAX_SEQ_LEN,
+                MAX_SEQ_LEN,
+                draft_len,
+                speculative_decoding_mode="draft_tokens_external" if draft_len else None,
+                vocab_size=model.config.vocab_size,
+                gather_generation_logits=True,
+            )  # use_logits: as use_draft_logits builds the draft
             return StandIn(name, model, limits, PARAMS, numerics=numerics)
 
         standins = {TARGET: standin(TARGET, target, k)}
         if draft is not None:
             standins[DRAFT] = standin(DRAFT, draft, 0)
         self.engines = LocalEngines(standins)
-        self.loop = SpeculativeLoop(LoopConfig(TARGET, DRAFT if draft is not None else None, mode, k, 3, MAX_SEQ_LEN,
-                                               bc.max_input_len(MAX_SEQ_LEN, MAX_SEQ_LEN), draft_len_policy=policy,
-                                               proposer=proposer), self.engines)
+        self.loop = SpeculativeLoop(
+            LoopConfig(
+                TARGET,
+                DRAFT if draft is not None else None,
+                mode,
+                k,
+                3,
+                MAX_SEQ_LEN,
+                bc.max_input_len(MAX_SEQ_LEN, MAX_SEQ_LEN),
+                draft_len_policy=policy,
+                proposer=proposer,
+            ),
+            self.engines,
+        )
 
     def run(self, prompt, n, k, *, end_id=-1, stop_words=(), sampling=None, seed=None, use_logits=False):
         """(tokens, loop metrics) of one request; sampling: engine tensors by name (absent: greedy)."""
-        r = SpecRequest(list(prompt), n, k, end_id, 0, sampling={name: np.asarray([[v]], dtype=np.float32 if
-                                                                      isinstance(v, float) else np.int32)
-                                                                for name, v in (sampling or {}).items()},
-                        seed=seed, stop_words=[list(w) for w in stop_words], use_logits=use_logits)
+        r = SpecRequest(
+            list(prompt),
+            n,
+            k,
+            end_id,
+            0,
+            sampling={
+                name: np.asarray([[v]], dtype=np.float32 if isinstance(v, float) else np.int32)
+                for name, v in (sampling or {}).items()
+            },
+            seed=seed,
+            stop_words=[list(w) for w in stop_words],
+            use_logits=use_logits,
+        )
         return asyncio.run(self.loop.generate(r, lambda new: None))
 
     def close(self):
@@ -108,8 +141,11 @@ def test_close_draft_accepts_partially(target, close_draft, served):
         tokens, m = s.run(p, 32, 4)
         assert tokens == plain_greedy(target, p, 32)
         hist = [a + b for a, b in zip(hist, m.hist)]
-        drafted, accepted, rounds = drafted + m.drafted, accepted + m.accepted, rounds + sum(
-            1 for rd in m.rounds if rd.drafted)
+        drafted, accepted, rounds = (
+            drafted + m.drafted,
+            accepted + m.accepted,
+            rounds + sum(1 for rd in m.rounds if rd.drafted),
+        )
     assert 0.2 < accepted / drafted < 0.8
     # the histogram counts speculative rounds (a round without speculation is counted apart)
     assert sum(hist) == rounds and sum(i * c for i, c in enumerate(hist)) == accepted
@@ -131,8 +167,9 @@ def test_gpu_numerics_flips_only_near_ties_of_the_verification(target, same, ser
         if i is None:
             continue
         flips += 1
-        logits = target.forward(torch.tensor([p + ref[:i]]), torch.arange(len(p) + i)[None],
-                                target.new_cache(1, len(p) + i + 1))[0, -1]
+        logits = target.forward(
+            torch.tensor([p + ref[:i]]), torch.arange(len(p) + i)[None], target.new_cache(1, len(p) + i + 1)
+        )[0, -1]
         assert float(logits.max() - logits[tokens[i]]) < margin, "a flip outside the stated margin"
     assert flips > 0, "the perturbation never flipped a verification: raise the margin for this model"
     for p in PROMPTS:  # off: exact
@@ -151,7 +188,7 @@ def test_end_id_inside_the_draft_stops_like_greedy(target, same, served):
 def test_stop_words_end_the_output(target, same, served):
     ref = plain_greedy(target, PROMPTS[1], 30)
     stop = ref[9:11]
-    first = next(i for i in range(len(ref) - 1) if ref[i:i + 2] == stop)
+    first = next(i for i in range(len(ref) - 1) if ref[i : i + 2] == stop)
     tokens, _ = served(target, same).run(PROMPTS[1], 30, 4, stop_words=[[127, 126, 125], stop])
     assert tokens == ref[: first + 2]  # the stop word is kept
 

@@ -23,11 +23,22 @@ from trt_spec.serve.launch import repo_info
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {  # the shipped LLM-API configs -> their mode's decoding_type
-    "llama33-70b-eagle3-h200": "Eagle", "llama33-70b-eagle3-h100-tp2": "Eagle", "llama31-8b-eagle3-a100": "Eagle",
-    "deepseek-v3-mtp-h200": "MTP", "llama31-8b-ngram-llmapi-h100": "NGram",
+    "llama33-70b-eagle3-h200": "Eagle",
+    "llama33-70b-eagle3-h100-tp2": "Eagle",
+    "llama31-8b-eagle3-a100": "Eagle",
+    "deepseek-v3-mtp-h200": "MTP",
+    "llama31-8b-ngram-llmapi-h100": "NGram",
 }
-LLAMA = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
-         "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 16384}
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "max_position_embeddings": 16384,
+}
 
 
 def write(tmp_path, body: str, name: str = "c.yaml") -> Path:
@@ -44,10 +55,13 @@ def checkpoint(d: Path, **config) -> str:
 
 def llmapi(tmp_path, spec: str, *, target=None, gpu="h200:1", weights="bf16", extra="") -> Path:
     target = target or checkpoint(tmp_path / "target", **LLAMA)
-    return write(tmp_path, f"engine: tensorrt\nruntime: llmapi\ngpu: {gpu}\ntarget:\n  checkpoint: {target}\n"
-                           f"quantization:\n  weights: {weights}\n  kv_cache: auto\nspeculative:\n{spec}\n"
-                           "limits:\n  max_batch_size: 4\n  max_input_len: 2048\n  max_seq_len: 4096\n"
-                           f"  max_num_tokens: 4096\n{extra}")
+    return write(
+        tmp_path,
+        f"engine: tensorrt\nruntime: llmapi\ngpu: {gpu}\ntarget:\n  checkpoint: {target}\n"
+        f"quantization:\n  weights: {weights}\n  kv_cache: auto\nspeculative:\n{spec}\n"
+        "limits:\n  max_batch_size: 4\n  max_input_len: 2048\n  max_seq_len: 4096\n"
+        f"  max_num_tokens: 4096\n{extra}",
+    )
 
 
 def preflight(path: Path):
@@ -59,31 +73,49 @@ def test_runtime_key_and_the_modes_it_serves(tmp_path):
     t = checkpoint(tmp_path / "t", **LLAMA)
     cfg = load_config(llmapi(tmp_path, "  mode: ngram\n  max_draft_len: 4", target=t))
     assert cfg.runtime == "llmapi" and cfg.serving.kv_cache_free_gpu_mem_fraction is None
-    assert load_config(write(tmp_path, f"target:\n  checkpoint: {t}\nspeculative:\n  mode: ngram\n")).runtime == "engine"
-    with pytest.raises(ConfigError, match="speculative.mode eagle3 runs on TensorRT-LLM's LLM API only; set runtime: "
-                                          "llmapi"):
-        load_config(write(tmp_path, f"target:\n  checkpoint: {t}\nspeculative:\n  mode: eagle3\n  eagle3:\n"
-                                    "    heads_dir: /h\n"))
+    assert (
+        load_config(write(tmp_path, f"target:\n  checkpoint: {t}\nspeculative:\n  mode: ngram\n")).runtime == "engine"
+    )
+    with pytest.raises(
+        ConfigError, match="speculative.mode eagle3 runs on TensorRT-LLM's LLM API only; set runtime: llmapi"
+    ):
+        load_config(
+            write(tmp_path, f"target:\n  checkpoint: {t}\nspeculative:\n  mode: eagle3\n  eagle3:\n    heads_dir: /h\n")
+        )
     with pytest.raises(ConfigError, match="medusa is an engine-runtime mode"):
         load_config(llmapi(tmp_path, "  mode: medusa\n  medusa:\n    heads_dir: /m", target=t))
     with pytest.raises(ConfigError, match="runtime: unknown|runtime: Input should be 'engine' or 'llmapi'"):
         load_config(write(tmp_path, f"runtime: pytorch\ntarget:\n  checkpoint: {t}\nspeculative:\n  mode: ngram\n"))
     # the old `runtime:` section still loads, as `serving:`
-    old = load_config(write(tmp_path, f"target:\n  checkpoint: {t}\nspeculative:\n  mode: ngram\nruntime:\n"
-                                      "  gpu_device_ids: [3]\n"))
+    old = load_config(
+        write(tmp_path, f"target:\n  checkpoint: {t}\nspeculative:\n  mode: ngram\nruntime:\n  gpu_device_ids: [3]\n")
+    )
     assert old.runtime == "engine" and old.serving.gpu_device_ids == [3]
-    both = load_config(write(tmp_path, f"target:\n  checkpoint: {t}\nspeculative:\n  mode: ngram\nserving:\n"
-                                       "  gpu_device_ids: [2]\n  memory_reserve_gib: 5\n"), ["runtime.gpu_device_ids=[3]"])
+    both = load_config(
+        write(
+            tmp_path,
+            f"target:\n  checkpoint: {t}\nspeculative:\n  mode: ngram\nserving:\n"
+            "  gpu_device_ids: [2]\n  memory_reserve_gib: 5\n",
+        ),
+        ["runtime.gpu_device_ids=[3]"],
+    )
     assert both.serving.gpu_device_ids == [3] and both.serving.memory_reserve_gib == 5  # --set runtime.X still works
 
 
-@pytest.mark.parametrize("head,match", [
-    ({**LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128, "num_hidden_layers": 1},
-     "the head's hidden_size 128 differs from the target's 256"),
-    ({**LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 999, "num_hidden_layers": 1},
-     "the head's vocab_size 999 differs from the target's 1000"),
-    (LLAMA, "is not an EAGLE-3 head"),
-])
+@pytest.mark.parametrize(
+    "head,match",
+    [
+        (
+            {**LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128, "num_hidden_layers": 1},
+            "the head's hidden_size 128 differs from the target's 256",
+        ),
+        (
+            {**LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 999, "num_hidden_layers": 1},
+            "the head's vocab_size 999 differs from the target's 1000",
+        ),
+        (LLAMA, "is not an EAGLE-3 head"),
+    ],
+)
 def test_eagle3_head_must_match_the_target(tmp_path, head, match):
     h = checkpoint(tmp_path / "head", **head)
     with pytest.raises(PreflightError, match=match):
@@ -91,10 +123,13 @@ def test_eagle3_head_must_match_the_target(tmp_path, head, match):
 
 
 def test_eagle3_head_that_matches_is_in_the_memory_plan(tmp_path):
-    h = checkpoint(tmp_path / "head", **{**LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-                                         "draft_vocab_size": 320})
-    r = preflight(llmapi(tmp_path, f"  mode: eagle3\n  max_draft_len: 3\n  eagle3:\n    heads_dir: {h}\n"
-                                   "    one_model: false"))
+    h = checkpoint(
+        tmp_path / "head",
+        **{**LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": 320},
+    )
+    r = preflight(
+        llmapi(tmp_path, f"  mode: eagle3\n  max_draft_len: 3\n  eagle3:\n    heads_dir: {h}\n    one_model: false")
+    )
     assert {m.role for m in r.memory} == {"target", "draft"} and r.draft_devices == r.target_devices
     assert any("EAGLE-3 two-model" in n for n in r.notes)
 
@@ -113,8 +148,13 @@ def test_mtp_needs_mtp_layers(tmp_path):
     ds = {**LLAMA, "architectures": ["DeepseekV3ForCausalLM"]}
     with pytest.raises(PreflightError, match="has no num_nextn_predict_layers"):
         preflight(llmapi(tmp_path, "  mode: mtp", target=checkpoint(tmp_path / "ds", **ds)))
-    r = preflight(llmapi(tmp_path, "  mode: mtp\n  mtp:\n    num_nextn_predict_layers: 2",
-                         target=checkpoint(tmp_path / "ds1", **ds, num_nextn_predict_layers=1)))
+    r = preflight(
+        llmapi(
+            tmp_path,
+            "  mode: mtp\n  mtp:\n    num_nextn_predict_layers: 2",
+            target=checkpoint(tmp_path / "ds1", **ds, num_nextn_predict_layers=1),
+        )
+    )
     assert r.max_draft_len == 2  # MTPDecodingConfig: max_draft_len = num_nextn_predict_layers
 
 
@@ -150,9 +190,12 @@ def test_shipped_configs_write_a_repository_the_contract_accepts(name, tmp_path)
 
 def test_eagle3_and_draft_target_name_their_speculative_model(tmp_path):
     m = manifest_for_config(REPO / "build_configs" / "llama31-8b-eagle3-a100.yaml")
-    assert lr.speculative_config(m) == {"decoding_type": "Eagle", "max_draft_len": 3,
-                                        "speculative_model_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B",
-                                        "eagle3_one_model": False}
+    assert lr.speculative_config(m) == {
+        "decoding_type": "Eagle",
+        "max_draft_len": 3,
+        "speculative_model_dir": "/models/EAGLE3-LLaMA3.1-Instruct-8B",
+        "eagle3_one_model": False,
+    }
     mtp = lr.speculative_config(manifest_for_config(REPO / "build_configs" / "deepseek-v3-mtp-h200.yaml"))
     assert mtp == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
 
@@ -162,17 +205,23 @@ def test_the_image_source_is_copied_and_a_tampered_model_is_refused(tmp_path):
     src.mkdir(parents=True)
     (src / "model.py").write_text("# NVIDIA's LLM-API model (stands in for the image's file in this test)\n")
     (src / "helpers.py").write_text("\n")
-    m = manifest_for_config(REPO / "build_configs" / "llama31-8b-ngram-llmapi-h100.yaml",
-                            [f"toolchain.llmapi_model_dir={src}"])
+    m = manifest_for_config(
+        REPO / "build_configs" / "llama31-8b-ngram-llmapi-h100.yaml", [f"toolchain.llmapi_model_dir={src}"]
+    )
     write_repository(m, tmp_path / "r")
-    assert sorted(p.name for p in (tmp_path / "r" / lc.MODEL_NAME / "1").iterdir()) == ["helpers.py", "model.py",
-                                                                                        "model.yaml"]
+    assert sorted(p.name for p in (tmp_path / "r" / lc.MODEL_NAME / "1").iterdir()) == [
+        "helpers.py",
+        "model.py",
+        "model.yaml",
+    ]
     assert repo_info(tmp_path / "r") == (1, False, [0])  # one tritonserver process: the LLM API spawns its ranks
     y = tmp_path / "r" / lc.MODEL_NAME / "1" / "model.yaml"
     good = y.read_text()
-    for bad, match in ((good.replace("decoding_type: NGram", "decoding_type: Eagle3"), "decoding_type 'Eagle3'"),
-                       (good + "quant_config:\n  quant_algo: FP8\n", "model.yaml key 'quant_config'"),
-                       (good.replace("decoupled: true", "decoupled: false"), "triton_config disagrees")):
+    for bad, match in (
+        (good.replace("decoding_type: NGram", "decoding_type: Eagle3"), "decoding_type 'Eagle3'"),
+        (good + "quant_config:\n  quant_algo: FP8\n", "model.yaml key 'quant_config'"),
+        (good.replace("decoupled: true", "decoupled: false"), "triton_config disagrees"),
+    ):
         y.write_text(bad)
         with pytest.raises(RepositoryError, match=match):
             validate_repository(tmp_path / "r")
@@ -211,14 +260,18 @@ def test_build_checks_the_checkpoints_and_writes_the_manifest_only(tmp_path):
 def test_a_full_batch_of_drafts_must_fit_one_forward_pass(tmp_path):
     """NVIDIA/TensorRT-LLM#16101 (#5076): max_batch_size x (max_draft_len + 1) tokens per step within max_num_tokens."""
     p = llmapi(tmp_path, "  mode: ngram\n  max_draft_len: 7")
-    cfg = load_config(p, ["limits.max_batch_size=64", "limits.max_num_tokens=500", "limits.max_input_len=256",
-                          "limits.max_seq_len=512"])
+    cfg = load_config(
+        p,
+        ["limits.max_batch_size=64", "limits.max_num_tokens=500", "limits.max_input_len=256", "limits.max_seq_len=512"],
+    )
     with pytest.raises(PreflightError) as e:
         run_preflight(cfg, resolve_gpu(cfg.gpu, None), require_checkpoints=True)
     assert str(e.value).startswith("limits.max_num_tokens 500 < max_batch_size x (max_draft_len + 1) = 64 x 8 = 512")
     assert "\n" not in str(e.value)
-    ok = load_config(p, ["limits.max_batch_size=64", "limits.max_num_tokens=512", "limits.max_input_len=256",
-                         "limits.max_seq_len=512"])
+    ok = load_config(
+        p,
+        ["limits.max_batch_size=64", "limits.max_num_tokens=512", "limits.max_input_len=256", "limits.max_seq_len=512"],
+    )
     run_preflight(ok, resolve_gpu(ok.gpu, None), require_checkpoints=True)
 
 
@@ -255,16 +308,22 @@ def test_acceptance_comes_from_the_streamed_responses_when_the_perf_outputs_are_
     """1.2.1's PyTorch flow answers 0 for the speculative perf outputs (NVIDIA/TensorRT-LLM#17082); each streamed
     response is one iteration with the whole text so far: 10 tokens in 4 responses = 2.5 tokens per iteration."""
     from trt_spec.harness.bench import RequestSample, request_acceptance_counts
-    from trt_spec.records.speculation import acceptance_summary
     from trt_spec.harness.client import LLMClient
+    from trt_spec.records.speculation import acceptance_summary
 
     c = LLMClient("127.0.0.1:1", "grpc").use_tokenizer(_Tok())
     zero = {"acceptance_rate": "0.0", "total_accepted_draft_tokens": "0", "total_draft_tokens": "0"}
-    parts = [({"text": t, "ids": [], "metrics": dict(zero) if i == 3 else {}}, 0.1 * (i + 1))
-             for i, t in enumerate(["a", "abcd", "abcdefg", "abcdefghij"])]
+    parts = [
+        ({"text": t, "ids": [], "metrics": dict(zero) if i == 3 else {}}, 0.1 * (i + 1))
+        for i, t in enumerate(["a", "abcd", "abcdefg", "abcdefghij"])
+    ]
     g = c._llmapi_result(parts, 0.5, stream=True)
     assert g.text == "abcdefghij" and g.num_tokens == 10 and g.ttft_s == pytest.approx(0.1) and g.chunks == 4
-    assert g.metrics == {"total_accepted_draft_tokens": 6, "total_steps": 4, lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS}
+    assert g.metrics == {
+        "total_accepted_draft_tokens": 6,
+        "total_steps": 4,
+        lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS,
+    }
     acc = acceptance_summary(request_acceptance_counts([RequestSample.of("tensorrt_llm_bls", 0, 0, g)]))
     assert acc["mean_acceptance_length"] == pytest.approx(2.5) and acc["acceptance_rate"] is None
     assert acc["source"] == lc.FROM_STREAMED_CHUNKS

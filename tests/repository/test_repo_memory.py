@@ -57,7 +57,8 @@ def test_the_old_llmapi_layout_that_co_loads_both_copies_is_refused(tmp_path):
     assert line.startswith("GPU 0 (h200, 140.4 GiB) would hold") and "tensorrt_llm_baseline" in line
     # on a GPU large enough for both copies' weights, the two shares of free memory still collide
     assert "each sizes its KV cache as a share of the free memory" in repository_overflow(
-        repo_memory.instances(m, configs, yamls), concurrent_sets(sorted(configs), [], {}), m.config, "big", 1e4, 1)
+        repo_memory.instances(m, configs, yamls), concurrent_sets(sorted(configs), [], {}), m.config, "big", 1e4, 1
+    )
 
 
 def test_repo_refuses_a_repository_that_overflows_a_gpu_before_writing(tmp_path):

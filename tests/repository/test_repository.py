@@ -8,9 +8,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trt_spec.builder.pipeline import manifest_for_config
 from trt_spec.records import backend_contract as bc
 from trt_spec.records.manifest import RepoRecord, WorldSize
-from trt_spec.builder.pipeline import manifest_for_config
 from trt_spec.repository.writer import RepositoryError, parse_config, validate_repository, write_repository
 
 from ..conftest import REPO
@@ -31,8 +31,9 @@ def normalized(text: str) -> str:
     return text.replace(str(REPO), "<REPO>")
 
 
-@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble",
-                                   "preprocessing", "postprocessing"])
+@pytest.mark.parametrize(
+    "model", ["tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble", "preprocessing", "postprocessing"]
+)
 def test_tensorrt_repository_goldens(gpu_repo, model):
     got = normalized((gpu_repo / model / "config.pbtxt").read_text())
     golden = GOLDEN / f"llama33-70b-fp8-h100-tp2.{model}.pbtxt"
@@ -54,8 +55,10 @@ def in_engine_repos(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_baseline", "tensorrt_llm_bls", "ensemble",
-                                   "preprocessing", "postprocessing"])
+@pytest.mark.parametrize(
+    "model",
+    ["tensorrt_llm", "tensorrt_llm_baseline", "tensorrt_llm_bls", "ensemble", "preprocessing", "postprocessing"],
+)
 @pytest.mark.parametrize("name", IN_ENGINE)
 def test_in_engine_repository_goldens(in_engine_repos, name, model):
     """EAGLE and lookahead on the engine path: the speculative engine (decoding_mode and its tree or (W, N, G)), the
@@ -64,22 +67,37 @@ def test_in_engine_repository_goldens(in_engine_repos, name, model):
     golden = GOLDEN / f"{name}.{model}.pbtxt"
     if UPDATE:
         golden.write_text(got)
-    assert golden.is_file(), f"missing golden {golden}; run TRT_SPEC_UPDATE_GOLDENS=1 pytest tests/repository/test_repository.py"
+    assert golden.is_file(), (
+        f"missing golden {golden}; run TRT_SPEC_UPDATE_GOLDENS=1 pytest tests/repository/test_repository.py"
+    )
     assert got == golden.read_text()
 
 
 def test_in_engine_repositories_speculate_in_the_engine(in_engine_repos):
-    eagle = {k: v.string_value for k, v in
-             parse_config(in_engine_repos["vicuna-7b-eagle-h100"] / "tensorrt_llm" / "config.pbtxt").parameters.items()}
+    eagle = {
+        k: v.string_value
+        for k, v in parse_config(
+            in_engine_repos["vicuna-7b-eagle-h100"] / "tensorrt_llm" / "config.pbtxt"
+        ).parameters.items()
+    }
     assert eagle["decoding_mode"] == "eagle" and "eagle_choices" not in eagle  # the backend's default EAGLE-1 tree
-    la = {k: v.string_value for k, v in parse_config(
-        in_engine_repos["llama31-8b-lookahead-fp8-h100"] / "tensorrt_llm" / "config.pbtxt").parameters.items()}
+    la = {
+        k: v.string_value
+        for k, v in parse_config(
+            in_engine_repos["llama31-8b-lookahead-fp8-h100"] / "tensorrt_llm" / "config.pbtxt"
+        ).parameters.items()
+    }
     assert la["decoding_mode"] == "lookahead"
-    assert (la["lookahead_window_size"], la["lookahead_ngram_size"], la["lookahead_verification_set_size"]) == \
-        ("4", "4", "4")  # (N-2) + (W-1+G)(N-1) = 23 = the engine's max_draft_len
+    assert (la["lookahead_window_size"], la["lookahead_ngram_size"], la["lookahead_verification_set_size"]) == (
+        "4",
+        "4",
+        "4",
+    )  # (N-2) + (W-1+G)(N-1) = 23 = the engine's max_draft_len
     for repo in in_engine_repos.values():
-        base = {k: v.string_value for k, v in parse_config(repo / "tensorrt_llm_baseline" / "config.pbtxt")
-                .parameters.items()}
+        base = {
+            k: v.string_value
+            for k, v in parse_config(repo / "tensorrt_llm_baseline" / "config.pbtxt").parameters.items()
+        }
         assert "decoding_mode" not in base and base["gpt_model_path"].endswith("engines/baseline")
         bls = parse_config(repo / "tensorrt_llm_bls" / "config.pbtxt").parameters
         assert bls["speculative_mode"].string_value == "engine" and not (repo / "tensorrt_llm_draft").exists()
@@ -102,17 +120,28 @@ def test_tensorrt_engine_parameters(gpu_repo):
     assert p["enable_kv_cache_reuse"] == "true" and p["exclude_input_in_output"] == "false"
     assert p["max_beam_width"] == "1" and p["gpu_device_ids"] == "0,1"
     assert p["kv_cache_free_gpu_mem_fraction"] == "0.85"  # leaves the draft (sharing GPU 0) its room
-    d = {k: v.string_value for k, v in parse_config(gpu_repo / "tensorrt_llm_draft" / "config.pbtxt").parameters.items()}
+    d = {
+        k: v.string_value for k, v in parse_config(gpu_repo / "tensorrt_llm_draft" / "config.pbtxt").parameters.items()
+    }
     assert d["gpu_device_ids"] == "0" and d["gpt_model_path"].endswith("build/llama33-70b-fp8-h100-tp2/engines/draft")
     assert d["max_tokens_in_paged_kv_cache"] == str(8 * 8192) and "max_tokens_in_paged_kv_cache" not in p
-    allowed = set(bc.REQUIRED_PARAMETERS) | set(bc.PARAMETER_DEFAULTS) | set(bc.LOOKAHEAD_PARAMETERS) | {
-        "medusa_choices", "eagle_choices", "participant_ids"}
+    allowed = (
+        set(bc.REQUIRED_PARAMETERS)
+        | set(bc.PARAMETER_DEFAULTS)
+        | set(bc.LOOKAHEAD_PARAMETERS)
+        | {"medusa_choices", "eagle_choices", "participant_ids"}
+    )
     assert set(p) <= allowed  # only the backend's own parameter keys
     names = {i.name: i for i in cfg.input}
     assert names["input_ids"].data_type == mc.TYPE_INT32 and list(names["input_ids"].dims) == [-1]
     assert names["draft_input_ids"].optional and names["seed"].data_type == mc.TYPE_UINT64
-    assert {o.name for o in cfg.output} >= {"output_ids", "sequence_length", "acceptance_rate",
-                                            "total_accepted_draft_tokens", "total_draft_tokens"}
+    assert {o.name for o in cfg.output} >= {
+        "output_ids",
+        "sequence_length",
+        "acceptance_rate",
+        "total_accepted_draft_tokens",
+        "total_draft_tokens",
+    }
     record = RepoRecord.read(gpu_repo)
     assert record.orchestrator is True and record.world_size == WorldSize(2, 1, 3) and record.mpi_ranks == 1
     assert record.engines == {}  # written from the config's plan: no engine built, no sums yet
@@ -144,7 +173,9 @@ def broken_copy(src: Path, dst: Path) -> Path:
 def test_validator_rejects_template_leftover(gpu_repo, tmp_path):
     r = broken_copy(gpu_repo, tmp_path / "r")
     f = r / "tensorrt_llm" / "config.pbtxt"
-    f.write_text(f.read_text().replace('string_value: "inflight_fused_batching"', 'string_value: "${batching_strategy}"'))
+    f.write_text(
+        f.read_text().replace('string_value: "inflight_fused_batching"', 'string_value: "${batching_strategy}"')
+    )
     with pytest.raises(RepositoryError, match=r"unfilled template variable \$\{batching_strategy\}"):
         validate_repository(r)
 
@@ -196,10 +227,25 @@ def test_cpu_and_gpu_engine_models_differ_only_in_backend(tmp_path, model):
     g, c = _engine_cfg(gpu, model), _engine_cfg(cpu, model)
     assert (g.backend, c.backend) == ("tensorrtllm", "python")
     assert set(g.parameters) == set(c.parameters) and set(bc.REQUIRED_PARAMETERS) <= set(c.parameters)
-    same = ("gpt_model_type", "max_beam_width", "enable_kv_cache_reuse", "enable_chunked_context",
-            "exclude_input_in_output", "batch_scheduler_policy", "xgrammar_tokenizer_info_path", "guided_decoding_backend")
+    same = (
+        "gpt_model_type",
+        "max_beam_width",
+        "enable_kv_cache_reuse",
+        "enable_chunked_context",
+        "exclude_input_in_output",
+        "batch_scheduler_policy",
+        "xgrammar_tokenizer_info_path",
+        "guided_decoding_backend",
+    )
     assert all(g.parameters[k].string_value == c.parameters[k].string_value for k in same)
-    for field in ("input", "output", "model_transaction_policy", "dynamic_batching", "instance_group", "max_batch_size"):
+    for field in (
+        "input",
+        "output",
+        "model_transaction_policy",
+        "dynamic_batching",
+        "instance_group",
+        "max_batch_size",
+    ):
         assert getattr(g, field) == getattr(c, field), field
 
 
@@ -243,8 +289,13 @@ def test_preprocessing_and_bls_admit_the_configured_prompt_limit(tmp_path):
 def test_make_engines_uses_the_images_python_and_downloads_no_torch():
     import subprocess
 
-    out = subprocess.run(["make", "-n", "engines", "gpu-setup", "CONFIG=build_configs/llama33-70b-fp8-h200.yaml"],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["make", "-n", "engines", "gpu-setup", "CONFIG=build_configs/llama33-70b-fp8-h200.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert ".venv" not in out and "torch" not in out and "-m trt_spec.cli build" in out
 
 

@@ -46,31 +46,33 @@ def test_openai_defaults():
     assert t["exclude_input_in_output"].tolist() == [[True]]
     chat = parse(chat=True, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
     assert chat.text == "<user>hi<assistant>" and chat.max_tokens == 64 - chat.prompt_tokens - 4  # the room left
-    sampled = request_tensors(parse(temperature=0.7, seed=3, stop="\n", num_draft_tokens=2,
-                                    draft_len_policy="fixed"))
+    sampled = request_tensors(parse(temperature=0.7, seed=3, stop="\n", num_draft_tokens=2, draft_len_policy="fixed"))
     assert sampled["top_p"].tolist() == [[1.0]] and sampled["seed"].dtype == np.uint64
     assert sampled["stop_words"].tolist() == [[b"\n"]] and sampled["num_draft_tokens"].tolist() == [[2]]
 
 
-@pytest.mark.parametrize("body,status,words", [
-    ({"model": "gpt-4"}, 404, "does not exist"),
-    ({"n": 3}, 400, "'n' must be 1"),
-    ({"max_tokens": 0}, 400, "'max_tokens' must be in [1"),
-    ({"max_tokens": 60}, 400, "ask for at most 54"),
-    ({"max_tokens": "8"}, 400, "'max_tokens' must be an integer"),
-    ({"temperature": -1}, 400, "'temperature' must be in [0"),
-    ({"top_p": 0}, 400, "'top_p' must be in (0"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, 400, "up to 4"),
-    ({"stream_options": {"include_usage": True}}, 400, "only allowed with stream"),
-    ({"num_draft_tokens": 5}, 400, "'num_draft_tokens' must be in [0, 4]"),
-    ({"model": BASELINE, "draft_len_policy": "fixed"}, 400, "applies to the speculative model"),
-    ({"echo": True}, 400, "'echo' is not supported"),
-    ({"frobnicate": 1}, 400, "unrecognized request argument: 'frobnicate'"),
-    ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
-    ({"prompt": ""}, 400, "the prompt is empty"),
-    ({"prompt": "x" * 600}, 400, "the prompt is 600 bytes: more than any text of at most 64 tokens can be (512"),
-    ({"prompt": "hi", "stop": "y" * 600}, 400, "'stop' is longer than any text of at most 64 tokens"),
-])
+@pytest.mark.parametrize(
+    "body,status,words",
+    [
+        ({"model": "gpt-4"}, 404, "does not exist"),
+        ({"n": 3}, 400, "'n' must be 1"),
+        ({"max_tokens": 0}, 400, "'max_tokens' must be in [1"),
+        ({"max_tokens": 60}, 400, "ask for at most 54"),
+        ({"max_tokens": "8"}, 400, "'max_tokens' must be an integer"),
+        ({"temperature": -1}, 400, "'temperature' must be in [0"),
+        ({"top_p": 0}, 400, "'top_p' must be in (0"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, 400, "up to 4"),
+        ({"stream_options": {"include_usage": True}}, 400, "only allowed with stream"),
+        ({"num_draft_tokens": 5}, 400, "'num_draft_tokens' must be in [0, 4]"),
+        ({"model": BASELINE, "draft_len_policy": "fixed"}, 400, "applies to the speculative model"),
+        ({"echo": True}, 400, "'echo' is not supported"),
+        ({"frobnicate": 1}, 400, "unrecognized request argument: 'frobnicate'"),
+        ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
+        ({"prompt": ""}, 400, "the prompt is empty"),
+        ({"prompt": "x" * 600}, 400, "the prompt is 600 bytes: more than any text of at most 64 tokens can be (512"),
+        ({"prompt": "hi", "stop": "y" * 600}, 400, "'stop' is longer than any text of at most 64 tokens"),
+    ],
+)
 def test_bad_requests_name_the_field(body, status, words):
     with pytest.raises(OpenAIError) as e:
         parse(**body)

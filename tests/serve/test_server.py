@@ -22,8 +22,7 @@ from ..conftest import REPO
 @pytest.fixture(scope="module")
 def tp2_repo(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp2") / "repo"
-    m = manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml",
-                            ["target.tp=2", "gpu=h100:2"])
+    m = manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml", ["target.tp=2", "gpu=h100:2"])
     write_repository(m, out)
     return out
 
@@ -43,7 +42,7 @@ def test_single_model_tp2_runs_one_tritonserver_per_rank_under_mpirun(tp2_repo, 
     # rank under mpirun, the workers loading only the engine, ranks apart in shared memory (launch_triton_server.py)
     assert not spec.plain.startswith("cd ") and " && " not in spec.plain
     words = shlex.split(spec.plain)
-    argv = words[words.index("mpirun"):]
+    argv = words[words.index("mpirun") :]
     assert argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and argv.count("-n") == 2 and argv.count(":") == 1
     rank0, rank1 = " ".join(argv).split(" : ")
     assert f"{find_tritonserver()} --model-repository={tp2_repo.resolve()}" in rank0
@@ -59,19 +58,27 @@ def test_two_models_with_tp_use_orchestrator_mode(tmp_path):
     # NVIDIA's launch_triton_server.py --multi-model: one server under mpirun -n 1, no memory pools of its own
     assert spec.argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and spec.argv.count("-n") == 1
     assert spec.env["TRTLLM_ORCHESTRATOR"] == "1" and spec.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
-    for flag in ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0",
-                 "--cuda-memory-pool-byte-size=1:0"):
+    for flag in (
+        "--pinned-memory-pool-byte-size=0",
+        "--enable-peer-access=false",
+        "--cuda-memory-pool-byte-size=0:0",
+        "--cuda-memory-pool-byte-size=1:0",
+    ):
         assert flag in spec.argv
     # the printed plain command is this launch too (it was `cd REPO && tritonserver --model-repository=.`, which loads
     # the TP2 target in leader mode: "MPI worldSize ... equal to tp*pp*cp" fails it)
     words = shlex.split(spec.plain)
-    env = dict(w.split("=", 1) for w in words[:words.index("mpirun")])
+    env = dict(w.split("=", 1) for w in words[: words.index("mpirun")])
     assert env["TRTLLM_ORCHESTRATOR"] == "1" and env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
-    argv = words[words.index("mpirun"):]
+    argv = words[words.index("mpirun") :]
     assert argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and argv.count("-n") == 1
     assert f"--model-repository={out.resolve()}" in argv
-    for flag in ("--pinned-memory-pool-byte-size=0", "--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0",
-                 "--cuda-memory-pool-byte-size=1:0"):
+    for flag in (
+        "--pinned-memory-pool-byte-size=0",
+        "--enable-peer-access=false",
+        "--cuda-memory-pool-byte-size=0:0",
+        "--cuda-memory-pool-byte-size=1:0",
+    ):
         assert flag in argv
 
 
@@ -115,8 +122,11 @@ def test_ready_timeout_grows_with_the_engines(tmp_path):
 
 
 def test_serve_dry_run_prints_exact_command(tp2_repo):
-    r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(tp2_repo), "--dry-run", "--host", "0.0.0.0"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "trt_spec.cli", "serve", str(tp2_repo), "--dry-run", "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and "mpirun --allow-run-as-root -n 1" in r.stdout
     assert "--http-address=0.0.0.0" in r.stdout and "# plain:" in r.stdout
 
@@ -128,8 +138,12 @@ def test_port_in_use_is_one_clear_error(tp2_repo):
         port = s.getsockname()[1]
         with pytest.raises(ServerError, match=f"http port {port} on 127.0.0.1 is already in use; pass --http-port"):
             check_port_free("127.0.0.1", port, "http")
-        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(tp2_repo), "--http-port", str(port)],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "trt_spec.cli", "serve", str(tp2_repo), "--http-port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2 and "already in use" in r.stderr and len(r.stderr.strip().splitlines()) <= 2
 
 
@@ -143,8 +157,13 @@ def test_dry_run_prepares_no_work_dir_and_shows_no_key(tp2_repo, tmp_path):
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
     for extra in ([], ["--admin-key-file", str(key_file)]):
-        r = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", str(tp2_repo), "--dry-run", *extra],
-                           capture_output=True, text=True, env=env, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "trt_spec.cli", "serve", str(tp2_repo), "--dry-run", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         assert list(tmp.iterdir()) == []
     assert not key_file.exists()  # dry-run reads and writes nothing
@@ -184,7 +203,7 @@ def test_admin_key_file(tmp_path):
         read_admin_key(tmp_path / "no" / "such" / "dir")
 
 
-FAILED_LOAD_LOG = r'''W1201 02:34:50.889 17163 pinned_memory_manager.cc:273] "Unable to allocate pinned system memory"
+FAILED_LOAD_LOG = r"""W1201 02:34:50.889 17163 pinned_memory_manager.cc:273] "Unable to allocate pinned system memory"
 E1201 02:34:50.890202 17163 server.cc:241] "CudaDriverHelper has not been initialized."
 I1201 02:34:53.115804 17163 pb_stub.cc:366] "Failed to initialize Python stub: ContractError: boom"
 E1201 02:34:54.183720 17163 backend_model.cc:692] "ERROR: Failed to create instance: ContractError: unexpected error when creating modelInstanceState: Cannot find parameter with name: tokenizer_dir\n\nAt:\n  /x/backend_contract.py(85): check_parameters\n  /r/tensorrt_llm/1/model.py(38): initialize\n"
@@ -196,7 +215,7 @@ Traceback (most recent call last):
 ModuleNotFoundError: No module named 'nope'
 I1201 02:34:56.113673 17163 server.cc:336] "All models are stopped, unloading models"
 error: creating server: Internal - failed to load all models
-'''  # noqa: E501 - a real Triton log, its lines as they are
+"""  # noqa: E501 - a real Triton log, its lines as they are
 
 
 def test_log_errors_put_the_failed_model_and_its_reason_first():
@@ -207,20 +226,34 @@ def test_log_errors_put_the_failed_model_and_its_reason_first():
         "modelInstanceState: Cannot find parameter with name: tokenizer_dir "
         "(at /x/backend_contract.py(85): check_parameters)",
         "ModuleNotFoundError: No module named 'nope'",
-        "error: creating server: Internal - failed to load all models"]
+        "error: creating server: Internal - failed to load all models",
+    ]
     # no model failed to load: every error record, the ones a machine without a GPU always logs last
-    other = 'E1201 1:2:3.4 1 server.cc:241] "CudaDriverHelper has not been initialized."\n' \
-            'E1201 1:2:3.5 1 http_server.cc:9] "failed to start HTTP service: address in use"\n'
-    assert log_errors(other) == ["failed to start HTTP service: address in use",
-                                 "CudaDriverHelper has not been initialized."]
+    other = (
+        'E1201 1:2:3.4 1 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+        'E1201 1:2:3.5 1 http_server.cc:9] "failed to start HTTP service: address in use"\n'
+    )
+    assert log_errors(other) == [
+        "failed to start HTTP service: address in use",
+        "CudaDriverHelper has not been initialized.",
+    ]
 
 
 def test_stub_model_name_from_its_command_line():
     from trt_spec.serve.watchdog import stub_model
 
-    argv = ["/w/backends/python/triton_python_backend_stub", "/repo/tensorrt_llm_draft/1/model.py",
-            "trtspec1_ab_0_c7a3", "1048576", "1048576", "16383", "/w/backends/python", "336",
-            "tensorrt_llm_draft_0_0", "DEFAULT"]
+    argv = [
+        "/w/backends/python/triton_python_backend_stub",
+        "/repo/tensorrt_llm_draft/1/model.py",
+        "trtspec1_ab_0_c7a3",
+        "1048576",
+        "1048576",
+        "16383",
+        "/w/backends/python",
+        "336",
+        "tensorrt_llm_draft_0_0",
+        "DEFAULT",
+    ]
     assert stub_model(argv) == "tensorrt_llm_draft"
     assert stub_model([argv[0], "model.py", *argv[2:]]) == "tensorrt_llm_draft"  # from the instance name
 
@@ -235,9 +268,11 @@ def test_serve_help_documents_the_dead_model_exit_code():
 
 def test_a_started_child_dies_with_its_launcher(tmp_path):
     """PR_SET_PDEATHSIG as TritonServer.start() sets it: kill -9 of the launcher -> SIGTERM to the child."""
-    code = ("import subprocess, sys, time\nfrom trt_spec.records.procutil import die_with_parent\n"
-            "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent(15), start_new_session=True)\n"
-            "print(p.pid, flush=True)\ntime.sleep(60)\n")
+    code = (
+        "import subprocess, sys, time\nfrom trt_spec.records.procutil import die_with_parent\n"
+        "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent(15), start_new_session=True)\n"
+        "print(p.pid, flush=True)\ntime.sleep(60)\n"
+    )
     launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     child = int(launcher.stdout.readline())
     try:

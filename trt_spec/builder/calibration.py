@@ -36,11 +36,21 @@ from .model_info import PreflightError
 from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED
 
 BUNDLED_CALIB_DATASET = "pkg:trt_spec/builder/calib_sets/trt-spec-mixed-v1"
+# The build stage's folder was trt_spec/build/ until issue 31 renamed it (tools skip folders named build/): configs and
+# manifests written before keep naming the bundled set by its old path, which still resolves.
+RENAMED_PKG_PREFIXES = {"pkg:trt_spec/build/": "pkg:trt_spec/builder/"}
 HUB_DEFAULT = "cnn_dailymail"  # quantize.py's default --calib_dataset
 
 # datasets' packaged builders by data-file extension (the ones a text calibration set can use)
-BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".txt": "text", ".parquet": "parquet",
-            ".arrow": "arrow"}
+BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".txt": "text",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
 _TRAIN_WORDS = {"train", "training"}
 _OTHER_SPLITS = {"test", "testing", "eval", "evaluation", "validation", "valid", "val", "dev"}
 _NOT_DATA = {"dataset_info.json", "dataset_infos.json"}  # dataset metadata, not rows
@@ -62,10 +72,16 @@ class CalibSet:
 
     def describe(self) -> str:
         if self.path is None:
-            return (f"{self.dataset} (quantize.py's default: downloaded from the Hugging Face Hub at build time; "
-                    f"{self.calib_size} samples x {self.max_seq_length} tokens)")
-        n = (f"up to {self.calib_size} samples" if self.samples is None else f"{self.samples} samples"
-             + (f" (all it has; calib_size {self.calib_size})" if self.samples < self.calib_size else ""))
+            return (
+                f"{self.dataset} (quantize.py's default: downloaded from the Hugging Face Hub at build time; "
+                f"{self.calib_size} samples x {self.max_seq_length} tokens)"
+            )
+        n = (
+            f"up to {self.calib_size} samples"
+            if self.samples is None
+            else f"{self.samples} samples"
+            + (f" (all it has; calib_size {self.calib_size})" if self.samples < self.calib_size else "")
+        )
         where = "" if self.dataset == self.path else f" at {self.path}"
         return f"{self.dataset}{where} ({n} x {self.max_seq_length} tokens, local)"
 
@@ -86,12 +102,17 @@ def resolve(spec: str) -> Path:
     absolute. Raises PreflightError when the package is not installed."""
     if not spec.startswith(PKG_PREFIX):
         return Path(spec).expanduser().absolute()
+    for old, new in RENAMED_PKG_PREFIXES.items():
+        if spec.startswith(old):
+            spec = new + spec[len(old) :]
     path = package_path(spec)
     if path is None:
-        module = spec[len(PKG_PREFIX):].partition("/")[0]
-        raise PreflightError(f"quantization.calib_dataset {spec}: no installed package {module!r} holds it; use "
-                             f"pkg:<module>/<dir> of an installed package (trt-spec's own: {BUNDLED_CALIB_DATASET}) "
-                             "or a local directory")
+        module = spec[len(PKG_PREFIX) :].partition("/")[0]
+        raise PreflightError(
+            f"quantization.calib_dataset {spec}: no installed package {module!r} holds it; use "
+            f"pkg:<module>/<dir> of an installed package (trt-spec's own: {BUNDLED_CALIB_DATASET}) "
+            "or a local directory"
+        )
     return path
 
 
@@ -119,23 +140,30 @@ def _readme_configs(d: Path) -> Optional[str]:
 
 
 def _train_files(d: Path, what: str) -> list[Path]:
-    files = sorted(p for p in d.rglob("*") if p.is_file()
-                   and not any(s.startswith((".", "__")) for s in p.relative_to(d).parts))
+    files = sorted(
+        p for p in d.rglob("*") if p.is_file() and not any(s.startswith((".", "__")) for s in p.relative_to(d).parts)
+    )
     data = [p for p in files if p.suffix.lower() in BUILDERS and p.name not in _NOT_DATA]
     if not data:
-        raise PreflightError(f"{what}: no data files ({', '.join(sorted(BUILDERS))}) in {d}; quantize.py reads it with "
-                             "datasets.load_dataset(DIR, split='train'): put the texts in DIR/train.jsonl, one "
-                             '{"text": "..."} a line')
+        raise PreflightError(
+            f"{what}: no data files ({', '.join(sorted(BUILDERS))}) in {d}; quantize.py reads it with "
+            "datasets.load_dataset(DIR, split='train'): put the texts in DIR/train.jsonl, one "
+            '{"text": "..."} a line'
+        )
     splits = {p: _split_of(p.relative_to(d)) for p in data}
     if any(s is not None for s in splits.values()):
         data = [p for p in data if splits[p] == "train"]
         if not data:
-            raise PreflightError(f"{what}: its files name splits but none is a train split; quantize.py reads "
-                                 "split='train': name the file train.jsonl (or train-*.parquet)")
+            raise PreflightError(
+                f"{what}: its files name splits but none is a train split; quantize.py reads "
+                "split='train': name the file train.jsonl (or train-*.parquet)"
+            )
     kinds = sorted({BUILDERS[p.suffix.lower()] for p in data})
     if len(kinds) > 1:
-        raise PreflightError(f"{what}: its train split mixes {' and '.join(kinds)} files; datasets.load_dataset reads "
-                             "one format per directory: keep one")
+        raise PreflightError(
+            f"{what}: its train split mixes {' and '.join(kinds)} files; datasets.load_dataset reads "
+            "one format per directory: keep one"
+        )
     return data
 
 
@@ -149,8 +177,10 @@ def _json_rows(f: Path, limit: int, what: str):
         obj = json.loads(text)  # one object: columns (datasets reads {"text": [...]} as a table)
         col = obj.get("text")
         if not isinstance(col, list):
-            raise PreflightError(f"{what}: {f.name} is one JSON object without a \"text\" list; write one "
-                                 '{"text": "..."} a line (JSON lines)')
+            raise PreflightError(
+                f'{what}: {f.name} is one JSON object without a "text" list; write one '
+                '{"text": "..."} a line (JSON lines)'
+            )
         yield from ((i + 1, {"text": t}) for i, t in enumerate(col[:limit]))
     else:
         n = 0
@@ -161,8 +191,9 @@ def _json_rows(f: Path, limit: int, what: str):
                 try:
                     yield i, json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise PreflightError(f"{what}: {f.name} line {i} is not JSON ({e.msg}); write one "
-                                         '{"text": "..."} a line') from None
+                    raise PreflightError(
+                        f'{what}: {f.name} line {i} is not JSON ({e.msg}); write one {{"text": "..."}} a line'
+                    ) from None
                 n += 1
 
 
@@ -177,19 +208,24 @@ def _count_rows(data: list[Path], kind: str, limit: int, what: str) -> Optional[
                 for line, row in _json_rows(f, limit - n, what):
                     text = row.get("text") if isinstance(row, dict) else None
                     if not isinstance(text, str):
-                        got = f"a {type(text).__name__}" if isinstance(row, dict) and "text" in row else "no \"text\""
-                        raise PreflightError(f"{what}: {f.name} row {line} has {got}; quantize.py tokenizes each row's "
-                                             "\"text\" column: every row needs a string \"text\"")
+                        got = f"a {type(text).__name__}" if isinstance(row, dict) and "text" in row else 'no "text"'
+                        raise PreflightError(
+                            f"{what}: {f.name} row {line} has {got}; quantize.py tokenizes each row's "
+                            '"text" column: every row needs a string "text"'
+                        )
                     n += 1
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise PreflightError(f"{what}: {f.name} is not UTF-8 JSON ({e}); write one "
-                                     '{"text": "..."} a line') from None
+                raise PreflightError(
+                    f'{what}: {f.name} is not UTF-8 JSON ({e}); write one {{"text": "..."}} a line'
+                ) from None
         elif kind == "csv":
             sep = "\t" if f.suffix.lower() == ".tsv" else ","
             reader = csv.DictReader(io.StringIO(f.read_text(encoding="utf-8", errors="replace")), delimiter=sep)
             if "text" not in (reader.fieldnames or []):
-                raise PreflightError(f"{what}: {f.name} has no \"text\" column (columns: "
-                                     f"{', '.join(reader.fieldnames or []) or 'none'}); quantize.py reads column text")
+                raise PreflightError(
+                    f'{what}: {f.name} has no "text" column (columns: '
+                    f"{', '.join(reader.fieldnames or []) or 'none'}); quantize.py reads column text"
+                )
             for _ in reader:
                 n += 1
                 if n >= limit:
@@ -201,8 +237,9 @@ def _count_rows(data: list[Path], kind: str, limit: int, what: str) -> Optional[
             if kind == "parquet" and not (raw[:4] == b"PAR1" and raw[-4:] == b"PAR1"):
                 raise PreflightError(f"{what}: {f.name} is not a parquet file (no PAR1 magic)")
             if b"text" not in (raw[-65536:] if kind == "parquet" else raw[:65536]):
-                raise PreflightError(f"{what}: {f.name} has no column named text in its schema; quantize.py reads "
-                                     "column text")
+                raise PreflightError(
+                    f"{what}: {f.name} has no column named text in its schema; quantize.py reads column text"
+                )
             return None
     return n
 
@@ -217,26 +254,36 @@ def check_calib_dataset(spec: Optional[str], calib_size: int, max_seq_length: in
     d = resolve(spec)
     s = str(d)
     if s == "pileval" or "scienceqa" in s.lower() or "science_qa" in s.lower():
-        raise PreflightError(f"{what}: quantize.py treats a path containing pileval/scienceqa as that hub dataset "
-                             "(ScienceQA: a multimodal path); rename the directory")
+        raise PreflightError(
+            f"{what}: quantize.py treats a path containing pileval/scienceqa as that hub dataset "
+            "(ScienceQA: a multimodal path); rename the directory"
+        )
     if not d.exists():
         if require or spec.startswith(PKG_PREFIX):
-            raise PreflightError(f"{what}: directory not found ({d}); point it at a local dataset directory, use "
-                                 f"the bundled {BUNDLED_CALIB_DATASET}, or remove it (quantize.py then downloads "
-                                 "cnn_dailymail)")
+            raise PreflightError(
+                f"{what}: directory not found ({d}); point it at a local dataset directory, use "
+                f"the bundled {BUNDLED_CALIB_DATASET}, or remove it (quantize.py then downloads "
+                "cnn_dailymail)"
+            )
         return CalibSet(spec, s, None, calib_size, max_seq_length)
     if not d.is_dir():
-        raise PreflightError(f"{what}: a file; quantize.py takes a directory (datasets.load_dataset(DIR, "
-                             f"split='train')): move it into a directory as train{d.suffix or '.jsonl'}")
+        raise PreflightError(
+            f"{what}: a file; quantize.py takes a directory (datasets.load_dataset(DIR, "
+            f"split='train')): move it into a directory as train{d.suffix or '.jsonl'}"
+        )
     if any((d / f).exists() for f in _SAVED):
-        raise PreflightError(f"{what}: a Dataset.save_to_disk folder, which quantize.py's datasets.load_dataset does "
-                             "not read; write it as DIR/train.jsonl (Dataset.to_json) and point calib_dataset at DIR")
+        raise PreflightError(
+            f"{what}: a Dataset.save_to_disk folder, which quantize.py's datasets.load_dataset does "
+            "not read; write it as DIR/train.jsonl (Dataset.to_json) and point calib_dataset at DIR"
+        )
     if "cnn_dailymail" in s:
         if not ((d / "3.0.0").is_dir() or re.search(r"config_name:\s*['\"]?3\.0\.0", _readme_configs(d) or "")):
-            raise PreflightError(f"{what}: quantize.py loads a path containing 'cnn_dailymail' as the cnn_dailymail "
-                                 "dataset (config 3.0.0, column article), but this directory has no 3.0.0 config; "
-                                 "copy the Hub repository abisee/cnn_dailymail whole, or rename the directory and "
-                                 "give it a train split with a text column")
+            raise PreflightError(
+                f"{what}: quantize.py loads a path containing 'cnn_dailymail' as the cnn_dailymail "
+                "dataset (config 3.0.0, column article), but this directory has no 3.0.0 config; "
+                "copy the Hub repository abisee/cnn_dailymail whole, or rename the directory and "
+                "give it a train split with a text column"
+            )
         return CalibSet(spec, s, None, calib_size, max_seq_length)
     if _readme_configs(d) is not None:  # datasets takes the layout from README.md: trusted, not inspected
         return CalibSet(spec, s, None, calib_size, max_seq_length)
@@ -255,8 +302,9 @@ def fingerprint(path: Optional[str]) -> Optional[str]:
         return None
     d = Path(path)
     h = hashlib.sha256()
-    for p in sorted(q for q in d.rglob("*") if q.is_file()
-                    and not any(s.startswith((".", "__")) for s in q.relative_to(d).parts)):
+    for p in sorted(
+        q for q in d.rglob("*") if q.is_file() and not any(s.startswith((".", "__")) for s in q.relative_to(d).parts)
+    ):
         h.update(p.relative_to(d).as_posix().encode() + b"\0")
         with p.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):

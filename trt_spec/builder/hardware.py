@@ -30,7 +30,10 @@ class GpuSpec:
 
     def describe(self) -> str:
         cc = f"{self.compute_capability[0]}.{self.compute_capability[1]}"
-        return f"{self.count}x {self.name} (SM {cc}, {self.memory_gib:.0f} GiB, FP8 {'yes' if self.has_fp8 else 'no'}, from {self.source})"
+        return (
+            f"{self.count}x {self.name} (SM {cc}, {self.memory_gib:.0f} GiB, "
+            f"FP8 {'yes' if self.has_fp8 else 'no'}, from {self.source})"
+        )
 
 
 # name -> (compute capability, memory GiB as nvidia-smi reports it / 1024)
@@ -84,7 +87,21 @@ def named_gpu(spec: str, source: str = "config") -> GpuSpec:
 
 def _canonical_name(smi_name: str) -> str:
     n = smi_name.lower().replace("nvidia ", "").strip()
-    for key in ("h200", "h100 nvl", "h100", "gh200", "h20", "b200", "gb200", "l40s", "l40", "l4", "a100", "a10g", "a10"):
+    for key in (
+        "h200",
+        "h100 nvl",
+        "h100",
+        "gh200",
+        "h20",
+        "b200",
+        "gb200",
+        "l40s",
+        "l40",
+        "l4",
+        "a100",
+        "a10g",
+        "a10",
+    ):
         if key in n:
             return key.replace(" ", "-")
     return n.replace(" ", "-")
@@ -106,7 +123,9 @@ def parse_nvidia_smi(csv_text: str) -> GpuSpec:
     name, cc, mem = parsed[0]
     # Plan for the smallest GPU of the node (mixed nodes are rare; be conservative).
     mem = min(p[2] for p in parsed)
-    return GpuSpec(name=_canonical_name(name), compute_capability=cc, memory_gib=mem, count=len(parsed), source="nvidia-smi")
+    return GpuSpec(
+        name=_canonical_name(name), compute_capability=cc, memory_gib=mem, count=len(parsed), source="nvidia-smi"
+    )
 
 
 def detect_gpus(timeout: float = 10.0) -> GpuSpec | None:
@@ -117,7 +136,10 @@ def detect_gpus(timeout: float = 10.0) -> GpuSpec | None:
     try:
         out = subprocess.run(
             [exe, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -140,8 +162,10 @@ def resolve_gpu(config_gpu: str, override: str | None = None) -> GpuSpec | None:
         if c_name == name and c_count:
             return named_gpu(f"{name}:{c_count}", f"--gpu {name}, count from the config's gpu: {config_gpu}")
         named_gpu(name)  # an unknown name is that error first
-        raise HardwareError(f"--gpu {name} names no GPU count and the config plans for gpu: {config_gpu}; say how "
-                            f"many: --gpu {name}:COUNT (e.g. {name}:1)")
+        raise HardwareError(
+            f"--gpu {name} names no GPU count and the config plans for gpu: {config_gpu}; say how "
+            f"many: --gpu {name}:COUNT (e.g. {name}:1)"
+        )
     if config_gpu != "auto":
         return named_gpu(config_gpu, "config")
     return detect_gpus()

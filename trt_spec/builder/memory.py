@@ -14,8 +14,16 @@ from .trtllm import DEFAULT_KV_FRACTION
 
 GIB = 1024**3
 
-BYTES_PER_WEIGHT = {"fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0, "int4_awq": 0.5, "int4_wo": 0.5,
-                    "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
+BYTES_PER_WEIGHT = {
+    "fp8": 1.0,
+    "int8_sq": 1.0,
+    "int8_wo": 1.0,
+    "int4_awq": 0.5,
+    "int4_wo": 0.5,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp32": 4.0,
+}
 BYTES_PER_KV = {"fp8": 1.0, "int8": 1.0, "none": 2.0}
 # runtime llmapi loads the draft or EAGLE-3 head checkpoint as it is, and published heads and drafts are 16-bit (the
 # FP8 of the target is its pre-quantized checkpoint's, not the build's): counted as bf16, the larger case
@@ -63,8 +71,9 @@ def kv_cache_gib(info: ModelInfo, kv: str, batch: int, seq: int) -> float:
     return info.num_layers * per_layer * BYTES_PER_KV[kv] * batch * seq / GIB
 
 
-def memory_rows(role: str, info: ModelInfo, weights: str, kv_cache: str, tp: int, pp: int, devices: list[int],
-                cfg: BuildConfig) -> list[MemoryRow]:
+def memory_rows(
+    role: str, info: ModelInfo, weights: str, kv_cache: str, tp: int, pp: int, devices: list[int], cfg: BuildConfig
+) -> list[MemoryRow]:
     """One row per GPU of the role: its shard of the weights and KV cache (max_batch_size full sequences)."""
     w = _weights_gib(info, weights) / (tp * pp)
     kv = kv_cache_gib(info, kv_cache, cfg.limits.max_batch_size, cfg.limits.max_seq_len) / (tp * pp)
@@ -123,7 +132,9 @@ def instance_rows(inst: Instance, cfg: BuildConfig) -> list[MemoryRow]:
     return [MemoryRow(r.gpu_id, r.role, r.weights_gib, min(r.kv_gib, kv), r.reserve_gib) for r in rows]
 
 
-def concurrent_sets(models: list[str], load_models: list[str], phase_models: dict[str, list[str]]) -> dict[str, list[str]]:
+def concurrent_sets(
+    models: list[str], load_models: list[str], phase_models: dict[str, list[str]]
+) -> dict[str, list[str]]:
     """The sets of models Triton holds at once: what the launch loads (load_models; empty: every model but the
     phase-only ones) and, per phase model, the launch set with the models it replaces swapped for it."""
     launch = list(load_models) or [m for m in models if m not in phase_models]
@@ -133,8 +144,14 @@ def concurrent_sets(models: list[str], load_models: list[str], phase_models: dic
     return out
 
 
-def repository_overflow(instances: list[Instance], sets: dict[str, list[str]], cfg: BuildConfig,
-                        gpu_name: str, gpu_gib: float, gpu_count: int) -> Optional[str]:
+def repository_overflow(
+    instances: list[Instance],
+    sets: dict[str, list[str]],
+    cfg: BuildConfig,
+    gpu_name: str,
+    gpu_gib: float,
+    gpu_count: int,
+) -> Optional[str]:
     """One line naming the first GPU a set of concurrently loaded models overflows (and the fix), else None:
     - every instance's weights + KV cache (max_batch_size full sequences, or its token cap) + reserve, summed per GPU;
     - at most one model per GPU sizes its KV cache as a share of free memory: two such models (two LLM-API copies of
@@ -145,8 +162,10 @@ def repository_overflow(instances: list[Instance], sets: dict[str, list[str]], c
         live = [i for i in instances if i.model in names]
         for i in live:
             if i.devices and max(i.devices) >= gpu_count:
-                return (f"{i.model}: GPU ids {i.devices} need {max(i.devices) + 1} GPUs but the plan has {gpu_count} "
-                        f"{gpu_name}; regenerate the repository for this node")
+                return (
+                    f"{i.model}: GPU ids {i.devices} need {max(i.devices) + 1} GPUs but the plan has {gpu_count} "
+                    f"{gpu_name}; regenerate the repository for this node"
+                )
         rows = {id(i): instance_rows(i, cfg) for i in live}
         for gid in sorted({d for i in live for d in i.devices}):
             here = [(i, [r for r in rows[id(i)] if r.gpu_id == gid]) for i in live if gid in i.devices]
@@ -154,23 +173,29 @@ def repository_overflow(instances: list[Instance], sets: dict[str, list[str]], c
             loaded = ", ".join(dict.fromkeys(i.model for i, _ in here))
             if total > gpu_gib:
                 parts = ", ".join(f"{i.model} ({i.role}) {sum(r.total_gib for r in rs):.1f}" for i, rs in here)
-                return (f"GPU {gid} ({gpu_name}, {gpu_gib:.1f} GiB) would hold {total:.1f} GiB at {what} ({parts} GiB: "
-                        "weights + KV cache for max_batch_size full sequences + reserve); lower limits.max_batch_size "
-                        "or limits.max_seq_len, raise tp, or use an FP8 KV cache")
+                return (
+                    f"GPU {gid} ({gpu_name}, {gpu_gib:.1f} GiB) would hold {total:.1f} GiB at {what} ({parts} GiB: "
+                    "weights + KV cache for max_batch_size full sequences + reserve); lower limits.max_batch_size "
+                    "or limits.max_seq_len, raise tp, or use an FP8 KV cache"
+                )
             share = {i.model: i.kv_fraction for i, _ in here if i.kv_fraction is not None and i.kv_tokens is None}
             if len(share) > 1:
                 a, b = list(share)[:2]
-                return (f"GPU {gid}: {a} and {b} are loaded together ({what}) and each sizes its KV cache as a share of "
-                        f"the free memory ({share[a]}, {share[b]}), so whichever loads second runs out of memory; load "
-                        "one of them for its phase only (trt-spec repo does for runtime llmapi), put them on other GPUs, "
-                        "or cap one with max_tokens_in_paged_kv_cache")
+                return (
+                    f"GPU {gid}: {a} and {b} are loaded together ({what}) and each sizes its KV cache as a share of "
+                    f"the free memory ({share[a]}, {share[b]}), so whichever loads second runs out of memory; load "
+                    "one of them for its phase only (trt-spec repo does for runtime llmapi), put them on other GPUs, "
+                    "or cap one with max_tokens_in_paged_kv_cache"
+                )
             if len(share) == 1:
-                (m, f), = share.items()
+                ((m, f),) = share.items()
                 own = [r for i, rs in here if i.model == m for r in rs]
                 others = sum(r.total_gib for i, rs in here if i.model != m for r in rs)
                 left = (1 - f) * (gpu_gib - sum(r.weights_gib + r.reserve_gib for r in own))
                 if others > left + 1e-9:
-                    return (f"GPU {gid}: {m} takes {f} of the free memory for its KV cache and leaves {left:.1f} GiB, "
-                            f"less than the {others:.1f} GiB the other models on it ({loaded}) need at {what}; lower "
-                            "runtime.kv_cache_free_gpu_mem_fraction or move the draft to another GPU")
+                    return (
+                        f"GPU {gid}: {m} takes {f} of the free memory for its KV cache and leaves {left:.1f} GiB, "
+                        f"less than the {others:.1f} GiB the other models on it ({loaded}) need at {what}; lower "
+                        "runtime.kv_cache_free_gpu_mem_fraction or move the draft to another GPU"
+                    )
     return None

@@ -33,18 +33,20 @@ class ModelInfo:
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple[int, ...] = ()
     source: str = "checkpoint"
-    kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek): cached elements per token and layer, K and V in one
+    kv_latent_dim: int = (
+        0  # multi-head latent attention (DeepSeek): cached elements per token and layer, K and V in one
+    )
 
     def param_counts(self) -> tuple[int, int]:
         """(parameters in quantizable linear layers, parameters in embedding + LM head)."""
-        h, l = self.hidden_size, self.num_layers
+        h, layers = self.hidden_size, self.num_layers
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h
         mlp = 3 * h * self.intermediate_size * self.num_experts
-        linear = l * (attn + mlp)
+        linear = layers * (attn + mlp)
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return linear, embed + (2 * l + 1) * h
+        return linear, embed + (2 * layers + 1) * h
 
     @property
     def num_params(self) -> int:
@@ -54,27 +56,104 @@ class ModelInfo:
 # Published config.json values of the models the shipped build configs name, so `trt-spec plan` can show a
 # memory plan on a machine that does not hold the checkpoints. `trt-spec build` always reads the real files.
 KNOWN_MODELS: dict[str, ModelInfo] = {
-    "llama-3.3-70b-instruct": ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
-                                        bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    "llama-3.3-70b-instruct": ModelInfo(
+        "LlamaForCausalLM",
+        80,
+        8192,
+        64,
+        8,
+        128,
+        28672,
+        128256,
+        False,
+        131072,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
+    ),
     # NVIDIA's pre-quantized FP8 checkpoint (runtime llmapi): the same dimensions
-    "llama-3.3-70b-instruct-fp8": ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
-                                            bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
-    "llama-3.1-8b-instruct": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072,
-                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
-    "llama-3.2-1b-instruct": ModelInfo("LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072,
-                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
-    "qwen2.5-coder-32b-instruct": ModelInfo("Qwen2ForCausalLM", 64, 5120, 40, 8, 128, 27648, 152064, False, 32768,
-                                            bos_token_id=151643, eos_token_ids=(151645,)),
-    "qwen2.5-coder-0.5b-instruct": ModelInfo("Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, True, 32768,
-                                             bos_token_id=151643, eos_token_ids=(151645,)),
-    "smollm2-135m-instruct": ModelInfo("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192,
-                                       bos_token_id=1, eos_token_ids=(2,)),
+    "llama-3.3-70b-instruct-fp8": ModelInfo(
+        "LlamaForCausalLM",
+        80,
+        8192,
+        64,
+        8,
+        128,
+        28672,
+        128256,
+        False,
+        131072,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
+    ),
+    "llama-3.1-8b-instruct": ModelInfo(
+        "LlamaForCausalLM",
+        32,
+        4096,
+        32,
+        8,
+        128,
+        14336,
+        128256,
+        False,
+        131072,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
+    ),
+    "llama-3.2-1b-instruct": ModelInfo(
+        "LlamaForCausalLM",
+        16,
+        2048,
+        32,
+        8,
+        64,
+        8192,
+        128256,
+        True,
+        131072,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
+    ),
+    "qwen2.5-coder-32b-instruct": ModelInfo(
+        "Qwen2ForCausalLM",
+        64,
+        5120,
+        40,
+        8,
+        128,
+        27648,
+        152064,
+        False,
+        32768,
+        bos_token_id=151643,
+        eos_token_ids=(151645,),
+    ),
+    "qwen2.5-coder-0.5b-instruct": ModelInfo(
+        "Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, True, 32768, bos_token_id=151643, eos_token_ids=(151645,)
+    ),
+    "smollm2-135m-instruct": ModelInfo(
+        "LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192, bos_token_id=1, eos_token_ids=(2,)
+    ),
     # MoE with multi-head latent attention: 256 routed experts + 1 shared of moe_intermediate_size 2048 (the 3 dense
     # layers are counted as MoE ones: within 2%), KV cache = kv_lora_rank 512 + qk_rope_head_dim 64 per token and layer.
-    "deepseek-v3": ModelInfo("DeepseekV3ForCausalLM", 61, 7168, 128, 128, 128, 2048, 129280, False, 163840,
-                             num_experts=257, bos_token_id=0, eos_token_ids=(1,), kv_latent_dim=576),
-    "vicuna-7b-v1.3": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048,
-                                bos_token_id=1, eos_token_ids=(2,)),
+    "deepseek-v3": ModelInfo(
+        "DeepseekV3ForCausalLM",
+        61,
+        7168,
+        128,
+        128,
+        128,
+        2048,
+        129280,
+        False,
+        163840,
+        num_experts=257,
+        bos_token_id=0,
+        eos_token_ids=(1,),
+        kv_latent_dim=576,
+    ),
+    "vicuna-7b-v1.3": ModelInfo(
+        "LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048, bos_token_id=1, eos_token_ids=(2,)
+    ),
 }
 
 
@@ -88,15 +167,21 @@ def _first(d: dict, *keys, default=None):
 def read_model_info(checkpoint: Path, role: str) -> ModelInfo:
     cfg_path = checkpoint / "config.json"
     if not checkpoint.is_dir():
-        raise PreflightError(f"{role}.checkpoint {checkpoint}: directory not found; download the Hugging Face "
-                             f"checkpoint there or point {role}.checkpoint at it (--set {role}.checkpoint=DIR)")
+        raise PreflightError(
+            f"{role}.checkpoint {checkpoint}: directory not found; download the Hugging Face "
+            f"checkpoint there or point {role}.checkpoint at it (--set {role}.checkpoint=DIR)"
+        )
     if not cfg_path.is_file():
-        raise PreflightError(f"{role}.checkpoint {checkpoint}: no config.json; point {role}.checkpoint at a "
-                             "Hugging Face model directory (the one with config.json and *.safetensors)")
+        raise PreflightError(
+            f"{role}.checkpoint {checkpoint}: no config.json; point {role}.checkpoint at a "
+            "Hugging Face model directory (the one with config.json and *.safetensors)"
+        )
     try:
         c = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
-        raise PreflightError(f"{cfg_path}: invalid JSON ({e.msg} at line {e.lineno}); re-download the checkpoint") from None
+        raise PreflightError(
+            f"{cfg_path}: invalid JSON ({e.msg} at line {e.lineno}); re-download the checkpoint"
+        ) from None
     archs = c.get("architectures") or []
     if not archs:
         raise PreflightError(f"{cfg_path}: no 'architectures' entry; this is not a causal-LM checkpoint")
@@ -116,7 +201,8 @@ def read_model_info(checkpoint: Path, role: str) -> ModelInfo:
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             max_position_embeddings=int(_first(c, "max_position_embeddings", default=0)),
             num_experts=int(_first(c, "num_local_experts", default=1)),
-            kv_latent_dim=int(c.get("kv_lora_rank") or 0) + int(c.get("qk_rope_head_dim") or 0) if c.get("kv_lora_rank")
+            kv_latent_dim=int(c.get("kv_lora_rank") or 0) + int(c.get("qk_rope_head_dim") or 0)
+            if c.get("kv_lora_rank")
             else 0,
             bos_token_id=c.get("bos_token_id"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
@@ -139,9 +225,13 @@ def _packaged_model_info(spec: str, role: str, require: bool) -> ModelInfo:
     key = Path(spec).name.split(".")[0].lower()
     known = KNOWN_MODELS.get(key)
     if known is None:
-        raise PreflightError(f"{role}.checkpoint {spec}: GGUF model {key!r} is not in the built-in model table; "
-                             "convert it to a Hugging Face directory and point the checkpoint there")
-    return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (GGUF source, imported at build time)"})
+        raise PreflightError(
+            f"{role}.checkpoint {spec}: GGUF model {key!r} is not in the built-in model table; "
+            "convert it to a Hugging Face directory and point the checkpoint there"
+        )
+    return ModelInfo(
+        **{**known.__dict__, "source": "model dimensions from the built-in table (GGUF source, imported at build time)"}
+    )
 
 
 def is_imported(checkpoint: str) -> bool:
@@ -163,7 +253,9 @@ def model_info_for(checkpoint: str, role: str, require: bool) -> ModelInfo:
             f"{role}.checkpoint {checkpoint}: not found, and {path.name!r} is not in the built-in model table; "
             f"point {role}.checkpoint at the Hugging Face directory (--set {role}.checkpoint=DIR)"
         )
-    return ModelInfo(**{**known.__dict__, "source": "model dimensions from the built-in table (checkpoint not on this machine)"})
+    return ModelInfo(
+        **{**known.__dict__, "source": "model dimensions from the built-in table (checkpoint not on this machine)"}
+    )
 
 
 def read_vocab(checkpoint: Path) -> dict[int, str]:

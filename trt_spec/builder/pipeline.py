@@ -7,17 +7,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ..records.config import load_config
-from .hardware import detect_gpus, resolve_gpu
-from ..records.config import BuildConfig
+from ..records.config import BuildConfig, load_config
 from ..records.manifest import BuildManifest
+from .hardware import detect_gpus, resolve_gpu
 from .plan import Plan, make_plan
 from .preflight import run_preflight
 from .runner import build_manifest
 
 
-def plan_for(cfg: BuildConfig, config_path: Path, gpu: Optional[str] = None, *,
-             require_checkpoints: bool = True, allow_offload: Optional[bool] = None) -> Plan:
+def plan_for(
+    cfg: BuildConfig,
+    config_path: Path,
+    gpu: Optional[str] = None,
+    *,
+    require_checkpoints: bool = True,
+    allow_offload: Optional[bool] = None,
+) -> Plan:
     """config -> preflight -> plan. The GPU (for engine: tensorrt) is `gpu` (NAME[:COUNT]) if given, else the
     config's. A build (require_checkpoints) checks that calibration fits the GPUs of this host (quantize.py sees them
     all; a build node may have more than the serving plan), a plan those it plans for; allow_offload: False refuses a
@@ -25,8 +30,9 @@ def plan_for(cfg: BuildConfig, config_path: Path, gpu: Optional[str] = None, *,
     PreflightError or HardwareError (one line each)."""
     gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.recipe.gpu else None
     host = detect_gpus() if require_checkpoints and cfg.recipe.gpu else None
-    report = run_preflight(cfg, gpu_spec, require_checkpoints=require_checkpoints, allow_offload=allow_offload,
-                           calibration_gpu=host)
+    report = run_preflight(
+        cfg, gpu_spec, require_checkpoints=require_checkpoints, allow_offload=allow_offload, calibration_gpu=host
+    )
     return make_plan(cfg, report, Path(config_path))
 
 

@@ -14,15 +14,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import trtllm
 from ..records.backend_contract import LOGITS_DTYPE
 from ..records.config import BuildConfig
-from .hardware import GpuSpec
-from .model_info import is_imported
 from ..records.defaults import TOKENS_PER_BLOCK
-from .preflight import PreflightReport
 from ..records.procutil import shell_line
 from ..records.speculation import Mode
+from . import trtllm
+from .hardware import GpuSpec
+from .model_info import is_imported
+from .preflight import PreflightReport
 from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED, SPEC_MODE_TO_TRTLLM, TRTLLM_ARCHITECTURES
 
 STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
@@ -73,12 +73,21 @@ class Plan:
             "config_hash": self.config_hash,
             "engine": self.engine,
             "output_dir": self.output_dir,
-            "gpu": None if self.gpu is None else {
-                "name": self.gpu.name, "compute_capability": list(self.gpu.compute_capability),
-                "memory_gib": self.gpu.memory_gib, "count": self.gpu.count, "source": self.gpu.source},
+            "gpu": None
+            if self.gpu is None
+            else {
+                "name": self.gpu.name,
+                "compute_capability": list(self.gpu.compute_capability),
+                "memory_gib": self.gpu.memory_gib,
+                "count": self.gpu.count,
+                "source": self.gpu.source,
+            },
             "quantization": {"weights": r.quant.weights, "kv_cache": r.quant.kv_cache, "fell_back": r.quant.fell_back},
-            "speculative": {"mode": spec.mode, "max_draft_len": spec.max_draft_len,
-                            "num_draft_tokens": spec.num_draft_tokens},
+            "speculative": {
+                "mode": spec.mode,
+                "max_draft_len": spec.max_draft_len,
+                "num_draft_tokens": spec.num_draft_tokens,
+            },
             "devices": {"target": r.target_devices, "draft": r.draft_devices},
             "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
             "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
@@ -97,16 +106,22 @@ class Plan:
         if self.gpu:
             lines.append(f"gpu: {self.gpu.describe()}")
         kv = {"none": "16-bit (not quantized)"}.get(r.quant.kv_cache, r.quant.kv_cache)
-        lines.append(f"quantization: weights {r.quant.weights}, KV cache {kv}"
-                     + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else "")
-                     + (", FP8 context FMHA (TensorRT-LLM enables it with FP8 weights + FP8 KV)"
-                        if "engine" in r.config.recipe.steps and r.quant.fp8_context_fmha
-                        else ""))
+        lines.append(
+            f"quantization: weights {r.quant.weights}, KV cache {kv}"
+            + (" (fallback: no FP8 on this GPU)" if r.quant.fell_back else "")
+            + (
+                ", FP8 context FMHA (TensorRT-LLM enables it with FP8 weights + FP8 KV)"
+                if "engine" in r.config.recipe.steps and r.quant.fp8_context_fmha
+                else ""
+            )
+        )
         lines.append(f"speculative: {r.config.speculative.mode}, max_draft_len {r.max_draft_len}")
         if r.config.recipe.llm_api:
-            lines.append("runtime: llmapi (TensorRT-LLM's LLM API, PyTorch): no engine to build"
-                         + (" (but the import/distill steps below)" if self.steps else "")
-                         + "; build checks the checkpoints and writes the manifest, repo writes model.yaml")
+            lines.append(
+                "runtime: llmapi (TensorRT-LLM's LLM API, PyTorch): no engine to build"
+                + (" (but the import/distill steps below)" if self.steps else "")
+                + "; build checks the checkpoints and writes the manifest, repo writes model.yaml"
+            )
         if r.memory:
             lines.append("memory plan per GPU:")
             lines += ["  " + ln for ln in r.memory_table().splitlines()]
@@ -201,44 +216,121 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
     is_medusa = role == "target" and spec.mode is Mode.MEDUSA  # the heads go into the target's checkpoint
     is_eagle = role == "target" and spec.mode is Mode.EAGLE
     if is_eagle:
-        argv = [tc.python, str(ex / "eagle" / "convert_checkpoint.py"),
-                "--model_dir", source, "--eagle_model_dir", spec.eagle.heads_dir,
-                "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
-                "--tp_size", str(model.tp), "--pp_size", str(model.pp),
-                "--max_draft_len", str(report.max_draft_len), "--num_eagle_layers", str(spec.eagle.num_layers),
-                "--max_non_leaves_per_layer", str(spec.eagle.max_non_leaves_per_layer)]
+        argv = [
+            tc.python,
+            str(ex / "eagle" / "convert_checkpoint.py"),
+            "--model_dir",
+            source,
+            "--eagle_model_dir",
+            spec.eagle.heads_dir,
+            "--output_dir",
+            str(out),
+            "--dtype",
+            DTYPE_FOR_FORMAT[q.weights],
+            "--tp_size",
+            str(model.tp),
+            "--pp_size",
+            str(model.pp),
+            "--max_draft_len",
+            str(report.max_draft_len),
+            "--num_eagle_layers",
+            str(spec.eagle.num_layers),
+            "--max_non_leaves_per_layer",
+            str(spec.eagle.max_non_leaves_per_layer),
+        ]
         _check_flags(argv, trtllm.EAGLE_CONVERT_FLAGS, "eagle/convert_checkpoint.py")
         inputs.append(spec.eagle.heads_dir)
-        return Step(f"checkpoint-{role}", f"convert {role} + EAGLE heads ({q.weights}, tp{model.tp} pp{model.pp})",
-                    tuple(argv), str(out), tuple(inputs))
+        return Step(
+            f"checkpoint-{role}",
+            f"convert {role} + EAGLE heads ({q.weights}, tp{model.tp} pp{model.pp})",
+            tuple(argv),
+            str(out),
+            tuple(inputs),
+        )
     if q.weights in DTYPE_FOR_FORMAT and is_medusa:
-        argv = [tc.python, str(ex / "medusa" / "convert_checkpoint.py"),
-                "--model_dir", source, "--medusa_model_dir", spec.medusa.heads_dir,
-                "--output_dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
-                "--tp_size", str(model.tp), "--pp_size", str(model.pp),
-                "--num_medusa_heads", str(spec.medusa.num_heads), "--max_medusa_token_len", str(report.max_draft_len)]
+        argv = [
+            tc.python,
+            str(ex / "medusa" / "convert_checkpoint.py"),
+            "--model_dir",
+            source,
+            "--medusa_model_dir",
+            spec.medusa.heads_dir,
+            "--output_dir",
+            str(out),
+            "--dtype",
+            DTYPE_FOR_FORMAT[q.weights],
+            "--tp_size",
+            str(model.tp),
+            "--pp_size",
+            str(model.pp),
+            "--num_medusa_heads",
+            str(spec.medusa.num_heads),
+            "--max_medusa_token_len",
+            str(report.max_draft_len),
+        ]
         _check_flags(argv, trtllm.MEDUSA_CONVERT_FLAGS, "medusa/convert_checkpoint.py")
         inputs.append(spec.medusa.heads_dir)
-        return Step(f"checkpoint-{role}", f"convert {role} + Medusa heads ({q.weights}, tp{model.tp} pp{model.pp})",
-                    tuple(argv), str(out), tuple(inputs))
+        return Step(
+            f"checkpoint-{role}",
+            f"convert {role} + Medusa heads ({q.weights}, tp{model.tp} pp{model.pp})",
+            tuple(argv),
+            str(out),
+            tuple(inputs),
+        )
     if q.weights in DTYPE_FOR_FORMAT:
         family = TRTLLM_ARCHITECTURES[info.architecture]
         script = str(ex / "models" / "core" / family / "convert_checkpoint.py")
         if family == "gemma":  # its own CLI: dashes, --ckpt-type, tensor parallelism only (--world-size)
-            argv = [tc.python, script, "--ckpt-type", "hf", "--model-dir", source,
-                    "--output-model-dir", str(out), "--dtype", DTYPE_FOR_FORMAT[q.weights],
-                    "--world-size", str(model.tp)]
+            argv = [
+                tc.python,
+                script,
+                "--ckpt-type",
+                "hf",
+                "--model-dir",
+                source,
+                "--output-model-dir",
+                str(out),
+                "--dtype",
+                DTYPE_FOR_FORMAT[q.weights],
+                "--world-size",
+                str(model.tp),
+            ]
             _check_flags(argv, trtllm.GEMMA_CONVERT_FLAGS, "gemma/convert_checkpoint.py")
         else:
-            argv = [tc.python, script, "--model_dir", source, "--output_dir", str(out),
-                    "--dtype", DTYPE_FOR_FORMAT[q.weights], "--tp_size", str(model.tp), "--pp_size", str(model.pp)]
+            argv = [
+                tc.python,
+                script,
+                "--model_dir",
+                source,
+                "--output_dir",
+                str(out),
+                "--dtype",
+                DTYPE_FOR_FORMAT[q.weights],
+                "--tp_size",
+                str(model.tp),
+                "--pp_size",
+                str(model.pp),
+            ]
             _check_flags(argv, trtllm.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
-        return Step(f"checkpoint-{role}", f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, "
-                    f"tp{model.tp} pp{model.pp})", tuple(argv), str(out), tuple(inputs))
+        return Step(
+            f"checkpoint-{role}",
+            f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, tp{model.tp} pp{model.pp})",
+            tuple(argv),
+            str(out),
+            tuple(inputs),
+        )
 
     # ModelOpt post-training quantization
-    argv = [tc.python, str(ex / "quantization" / "quantize.py"),
-            "--model_dir", source, "--dtype", model.dtype, "--qformat", q.weights]
+    argv = [
+        tc.python,
+        str(ex / "quantization" / "quantize.py"),
+        "--model_dir",
+        source,
+        "--dtype",
+        model.dtype,
+        "--qformat",
+        q.weights,
+    ]
     if q.kv_cache != "none":
         argv += ["--kv_cache_dtype", q.kv_cache]
     if q.weights in QUANTIZE_CALIBRATED or q.kv_cache != "none":
@@ -247,20 +339,37 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
         if cal is not None and cal.path is not None:  # the directory preflight checked (pkg: resolved, absolute)
             argv += ["--calib_dataset", cal.path]
             inputs.append(cal.path)
-        argv += ["--calib_size", str(cq.calib_size), "--calib_max_seq_length", str(cq.calib_max_seq_length),
-                 "--batch_size", "1"]
+        argv += [
+            "--calib_size",
+            str(cq.calib_size),
+            "--calib_max_seq_length",
+            str(cq.calib_max_seq_length),
+            "--batch_size",
+            "1",
+        ]
     argv += ["--tp_size", str(model.tp), "--pp_size", str(model.pp)]
     if is_medusa:
-        argv += ["--medusa_model_dir", spec.medusa.heads_dir, "--num_medusa_heads", str(spec.medusa.num_heads),
-                 "--max_draft_len", str(report.max_draft_len)]
+        argv += [
+            "--medusa_model_dir",
+            spec.medusa.heads_dir,
+            "--num_medusa_heads",
+            str(spec.medusa.num_heads),
+            "--max_draft_len",
+            str(report.max_draft_len),
+        ]
         inputs.append(spec.medusa.heads_dir)
     argv += ["--output_dir", str(out)]
     _check_flags(argv, trtllm.QUANTIZE_FLAGS, "quantize.py")
     if q.weights not in trtllm.QUANTIZE_QFORMATS:
         raise PlanError(f"internal: quantize.py has no --qformat {q.weights}")
     kv = f" + {q.kv_cache.upper()} KV cache" if q.kv_cache != "none" else ""
-    return Step(f"checkpoint-{role}", f"ModelOpt {q.weights.upper()} quantization of the {role}{kv} "
-                f"(tp{model.tp} pp{model.pp})", tuple(argv), str(out), tuple(inputs))
+    return Step(
+        f"checkpoint-{role}",
+        f"ModelOpt {q.weights.upper()} quantization of the {role}{kv} (tp{model.tp} pp{model.pp})",
+        tuple(argv),
+        str(out),
+        tuple(inputs),
+    )
 
 
 def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Path, out: Path) -> Step:
@@ -268,20 +377,44 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
     lim = cfg.limits
     q = report.quant
     ranks_on_node = min(model.world_size, report.gpu.count if report.gpu else model.world_size)
-    argv = [cfg.toolchain.trtllm_build,
-            "--checkpoint_dir", str(ckpt), "--output_dir", str(out),
-            "--max_batch_size", str(lim.max_batch_size), "--max_input_len", str(lim.max_input_len),
-            "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
-            "--max_beam_width", "1",
-            "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto",
-            "--remove_input_padding", "enable", "--context_fmha", "enable",
-            "--kv_cache_type", "paged", "--tokens_per_block", str(TOKENS_PER_BLOCK),
-            "--use_paged_context_fmha", "enable",
-            # what builder.py decides anyway (FP8 weights + FP8 KV + paged context FMHA on SM >= 89), made explicit
-            "--use_fp8_context_fmha", "enable" if q.fp8_context_fmha else "disable",
-            # FP32 logits (backend_contract.LOGITS_DTYPE): ModelOpt's export leaves float16, which the penalty kernel
-            # clamps at +-65504 after scaling by 1/(T + 1e-6): greedy and draft verification then pick among ties
-            "--logits_dtype", LOGITS_DTYPE]
+    argv = [
+        cfg.toolchain.trtllm_build,
+        "--checkpoint_dir",
+        str(ckpt),
+        "--output_dir",
+        str(out),
+        "--max_batch_size",
+        str(lim.max_batch_size),
+        "--max_input_len",
+        str(lim.max_input_len),
+        "--max_seq_len",
+        str(lim.max_seq_len),
+        "--max_num_tokens",
+        str(lim.max_num_tokens),
+        "--max_beam_width",
+        "1",
+        "--gpt_attention_plugin",
+        "auto",
+        "--gemm_plugin",
+        "auto",
+        "--remove_input_padding",
+        "enable",
+        "--context_fmha",
+        "enable",
+        "--kv_cache_type",
+        "paged",
+        "--tokens_per_block",
+        str(TOKENS_PER_BLOCK),
+        "--use_paged_context_fmha",
+        "enable",
+        # what builder.py decides anyway (FP8 weights + FP8 KV + paged context FMHA on SM >= 89), made explicit
+        "--use_fp8_context_fmha",
+        "enable" if q.fp8_context_fmha else "disable",
+        # FP32 logits (backend_contract.LOGITS_DTYPE): ModelOpt's export leaves float16, which the penalty kernel
+        # clamps at +-65504 after scaling by 1/(T + 1e-6): greedy and draft verification then pick among ties
+        "--logits_dtype",
+        LOGITS_DTYPE,
+    ]
     mode = cfg.speculative.mode
     what = "engine"
     if role == "target" and mode != "none":
@@ -289,14 +422,22 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
         what = f"{SPEC_MODE_TO_TRTLLM[mode]} engine, max_draft_len {report.max_draft_len}"
     if gathers_generation_logits(cfg, role):
         argv += ["--gather_generation_logits"]
-        what += (" with generation logits (rejection sampling)" if role == "draft" else
-                 " with generation logits (check's near-tie probe)")
+        what += (
+            " with generation logits (rejection sampling)"
+            if role == "draft"
+            else " with generation logits (check's near-tie probe)"
+        )
     argv += ["--workers", str(ranks_on_node)]
     _check_flags(argv, trtllm.TRTLLM_BUILD_FLAGS, "trtllm-build")
     if "--gather_context_logits" in argv and report.max_draft_len > 0:
         raise PlanError("internal: --gather_context_logits with max_draft_len > 0 is rejected by trtllm-build")
-    return Step(f"engine-{role}", f"trtllm-build {role} {what} ({model.world_size} rank(s))",
-                tuple(argv), str(out), (str(ckpt),))
+    return Step(
+        f"engine-{role}",
+        f"trtllm-build {role} {what} ({model.world_size} rank(s))",
+        tuple(argv),
+        str(out),
+        (str(ckpt),),
+    )
 
 
 # The Hugging Face dtype the import and distill steps write for engine: tensorrt (quantize.py --dtype auto would turn
@@ -316,22 +457,49 @@ def _source_steps(cfg: BuildConfig, out: Path, dtype: Optional[str] = None) -> t
     target_src = cfg.target.checkpoint
     if is_imported(target_src):
         hf["target"] = str(out / "hf" / "target")
-        steps.append(Step("import-target", f"convert {target_src} to a Hugging Face directory (dequantized "
-                          f"{dtype or 'fp32'})",
-                          (py, "-m", "trt_spec.reference.checkpoints", "--source", target_src,
-                           "--output_dir", hf["target"]) + as_dtype, hf["target"], (target_src,)))
+        steps.append(
+            Step(
+                "import-target",
+                f"convert {target_src} to a Hugging Face directory (dequantized {dtype or 'fp32'})",
+                (py, "-m", "trt_spec.reference.checkpoints", "--source", target_src, "--output_dir", hf["target"])
+                + as_dtype,
+                hf["target"],
+                (target_src,),
+            )
+        )
     else:
         hf["target"] = target_src
     if cfg.draft is not None:
         d = cfg.draft.distill
         if d is not None:
             hf["draft"] = str(out / "hf" / "draft")
-            steps.append(Step("distill-draft", f"distill a {d.num_layers}-layer, {d.hidden_size}-wide draft from the "
-                              f"target ({d.steps} steps, seed {d.seed})",
-                              (py, "-m", "trt_spec.reference.distill", "--teacher", hf["target"],
-                               "--output_dir", hf["draft"], "--hidden", str(d.hidden_size), "--layers",
-                               str(d.num_layers), "--steps", str(d.steps), "--seed", str(d.seed)) + as_dtype,
-                              hf["draft"], (hf["target"],)))
+            steps.append(
+                Step(
+                    "distill-draft",
+                    f"distill a {d.num_layers}-layer, {d.hidden_size}-wide draft from the "
+                    f"target ({d.steps} steps, seed {d.seed})",
+                    (
+                        py,
+                        "-m",
+                        "trt_spec.reference.distill",
+                        "--teacher",
+                        hf["target"],
+                        "--output_dir",
+                        hf["draft"],
+                        "--hidden",
+                        str(d.hidden_size),
+                        "--layers",
+                        str(d.num_layers),
+                        "--steps",
+                        str(d.steps),
+                        "--seed",
+                        str(d.seed),
+                    )
+                    + as_dtype,
+                    hf["draft"],
+                    (hf["target"],),
+                )
+            )
         else:
             hf["draft"] = cfg.draft.checkpoint
     return steps, hf
@@ -347,11 +515,32 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
     if eg is not None and eg.train is not None:
         t = eg.train
         head_dir = str(out / "heads" / "eagle3")
-        argv = (py, "-m", "trt_spec.reference.train_eagle", "--target", hf["target"], "--output_dir", head_dir,
-                "--weights", report.quant.weights, "--draft_vocab", str(t.draft_vocab), "--steps", str(t.steps),
-                "--seed", str(t.seed)) + (("--prompts", str(t.prompts)) if t.prompts else ())
-        steps.append(Step("train-eagle", f"train an EAGLE-3 head for the target by self-distillation ({t.steps} steps, "
-                          f"seed {t.seed})", argv, head_dir, (hf["target"],)))
+        argv = (
+            py,
+            "-m",
+            "trt_spec.reference.train_eagle",
+            "--target",
+            hf["target"],
+            "--output_dir",
+            head_dir,
+            "--weights",
+            report.quant.weights,
+            "--draft_vocab",
+            str(t.draft_vocab),
+            "--steps",
+            str(t.steps),
+            "--seed",
+            str(t.seed),
+        ) + (("--prompts", str(t.prompts)) if t.prompts else ())
+        steps.append(
+            Step(
+                "train-eagle",
+                f"train an EAGLE-3 head for the target by self-distillation ({t.steps} steps, seed {t.seed})",
+                argv,
+                head_dir,
+                (hf["target"],),
+            )
+        )
     elif eg is not None:
         head_dir = eg.heads_dir
     engines = {}
@@ -359,26 +548,52 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
     for role in sorted(engine_roles(cfg), key=["draft", "target", "baseline"].index):
         edir = out / "engines" / role
         lim = cfg.limits
-        argv = (py, "-m", "trt_spec.reference.export", "--checkpoint", hf[role], "--output_dir", str(edir),
-                "--weights", report.quant.weights, "--max_batch_size", str(lim.max_batch_size),
-                "--max_seq_len", str(lim.max_seq_len), "--max_num_tokens", str(lim.max_num_tokens),
-                "--logits_dtype", LOGITS_DTYPE)
+        argv = (
+            py,
+            "-m",
+            "trt_spec.reference.export",
+            "--checkpoint",
+            hf[role],
+            "--output_dir",
+            str(edir),
+            "--weights",
+            report.quant.weights,
+            "--max_batch_size",
+            str(lim.max_batch_size),
+            "--max_seq_len",
+            str(lim.max_seq_len),
+            "--max_num_tokens",
+            str(lim.max_num_tokens),
+            "--logits_dtype",
+            LOGITS_DTYPE,
+        )
         if gathers_generation_logits(cfg, role):  # as trtllm-build's flag: the stand-in refuses logits without it
             argv += ("--gather_generation_logits",)
         # The target's engine limits as trtllm-build bakes them for every speculative mode (max_draft_len also lowers
         # request_output_len near max_seq_len: backend_contract.OUTPUT_LEN_CLAMPED). In-engine modes (lookahead) run
         # as plain decoding on CPU, through the same in-engine contract (return_perf_metrics, streamed responses).
         if role == "target" and cfg.speculative.mode != "none":
-            argv += ("--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[cfg.speculative.mode],
-                     "--max_draft_len", str(report.max_draft_len))
+            argv += (
+                "--speculative_decoding_mode",
+                SPEC_MODE_TO_TRTLLM[cfg.speculative.mode],
+                "--max_draft_len",
+                str(report.max_draft_len),
+            )
         inputs: tuple[str, ...] = (hf[role],)
         if role == "target" and head_dir is not None:
             policy = cfg.speculative.draft_len_policy.eagle_chain  # the chain's member of the one vocabulary
             argv += ("--eagle_head", head_dir, "--eagle_draft_policy", policy.value)
             inputs += (head_dir,)
-        steps.append(Step(f"export-{role}", f"export the {role} to a reference engine ({report.quant.weights} "
-                          "weights, safetensors" + (", with its EAGLE-3 head" if role == "target" and head_dir else "")
-                          + ")", argv, str(edir), inputs))
+        steps.append(
+            Step(
+                f"export-{role}",
+                f"export the {role} to a reference engine ({report.quant.weights} "
+                "weights, safetensors" + (", with its EAGLE-3 head" if role == "target" and head_dir else "") + ")",
+                argv,
+                str(edir),
+                inputs,
+            )
+        )
         engines[role] = str(edir)
     return steps, engines
 
@@ -386,8 +601,11 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
 def engine_roles(cfg: BuildConfig) -> list[str]:
     """The engines a config builds: the target, the draft (draft-target mode) and, for modes that speculate inside
     the target engine, the non-speculative baseline the ensemble serves (speculation.Mode.in_engine)."""
-    return (["target"] + (["draft"] if cfg.draft is not None else [])
-            + (["baseline"] if cfg.speculative.has_baseline_engine else []))
+    return (
+        ["target"]
+        + (["draft"] if cfg.draft is not None else [])
+        + (["baseline"] if cfg.speculative.has_baseline_engine else [])
+    )
 
 
 def baseline_role(cfg: BuildConfig) -> Optional[str]:
@@ -430,18 +648,38 @@ def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) ->
     pre, hf = _source_steps(cfg, out, GPU_SOURCE_DTYPE)
     sources = {s.name.split("-", 1)[1]: s.output for s in pre}
     if "engine" not in rec.steps:  # runtime llmapi: nothing to build, the checkpoints are served as they are
-        return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(pre),
-                    llmapi_models(cfg, sources), sources)
+        return Plan(
+            name,
+            cfg.config_hash(),
+            cfg.engine,
+            str(out),
+            report.gpu,
+            report,
+            _finish(pre),
+            llmapi_models(cfg, sources),
+            sources,
+        )
     roles = engine_roles(cfg)
     ckpts = {r: out / "checkpoints" / r for r in roles}
     if "baseline" in roles and cfg.speculative.mode is Mode.LOOKAHEAD:
         ckpts["baseline"] = ckpts["target"]  # lookahead: the target's checkpoint is the plain base model
     engs = {r: out / "engines" / r for r in roles}
     src = {r: hf["draft" if r == "draft" else "target"] for r in roles}  # the baseline is built from the target's
-    steps = pre + [_checkpoint_step(cfg, report, r, ckpts[r], src[r]) for r in roles
-                   if r == "target" or ckpts[r] != ckpts["target"]]
+    steps = pre + [
+        _checkpoint_step(cfg, report, r, ckpts[r], src[r])
+        for r in roles
+        if r == "target" or ckpts[r] != ckpts["target"]
+    ]
     # Draft engine first: it is small and fails fast if the toolchain is broken.
     steps += [_engine_step(cfg, report, r, ckpts[r], engs[r]) for r in reversed(roles)]
-    return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps),
-                {r: str(p) for r, p in engs.items()}, {r: p for r, p in src.items() if r in sources or
-                                                       (r == "baseline" and "target" in sources)})
+    return Plan(
+        name,
+        cfg.config_hash(),
+        cfg.engine,
+        str(out),
+        report.gpu,
+        report,
+        _finish(steps),
+        {r: str(p) for r, p in engs.items()},
+        {r: p for r, p in src.items() if r in sources or (r == "baseline" and "target" in sources)},
+    )

@@ -15,18 +15,25 @@ from pathlib import Path
 from typing import Optional
 
 from ..records.backend_contract import generation_logits_cache_bytes
-from ..records.defaults import TOKENS_PER_BLOCK, served_num_draft_tokens
-from ..records.manifest import SpeculativeRecord
-from ..records.llmapi_contract import EAGLE3_SUPPORT, MTP_ARCHITECTURES
-from ..records.speculation import Mode
 from ..records.config import BuildConfig
+from ..records.defaults import TOKENS_PER_BLOCK, served_num_draft_tokens
+from ..records.llmapi_contract import EAGLE3_SUPPORT, MTP_ARCHITECTURES
+from ..records.manifest import SpeculativeRecord
 from ..records.recipes import RecipeError, recipe
+from ..records.speculation import Mode
+from .calibration import BUNDLED_CALIB_DATASET, CalibSet, calibrates, check_calib_dataset, quantizes
 from .hardware import GpuSpec
-from .memory import (GIB, LLMAPI_SPEC_MODEL_WEIGHTS, MemoryRow, calibration_peak_gib, memory_rows,
-                     shared_gpu_kv_fraction, totals_per_gpu)
+from .memory import (
+    GIB,
+    LLMAPI_SPEC_MODEL_WEIGHTS,
+    MemoryRow,
+    calibration_peak_gib,
+    memory_rows,
+    shared_gpu_kv_fraction,
+    totals_per_gpu,
+)
 from .model_info import ModelInfo, PreflightError, is_imported, model_info_for, read_vocab
 from .trtllm import DEFAULT_KV_FRACTION, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
-from .calibration import BUNDLED_CALIB_DATASET, CalibSet, calibrates, check_calib_dataset, quantizes
 
 # The CPU reference engine implements the Llama-style decoder (Llama, SmolLM2, Qwen2).
 REFERENCE_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
@@ -72,9 +79,13 @@ class PreflightReport:
         """Speculation as this build serves it (the manifest's record; the plan shows the same): the effective
         max_draft_len, and the k of a request that names none, the one place it is computed."""
         s = self.config.speculative
-        return SpeculativeRecord(mode=s.mode.value, max_draft_len=self.max_draft_len,
-                                 num_draft_tokens=served_num_draft_tokens(s.default_k, self.max_draft_len),
-                                 ngram_size=s.ngram_size, use_draft_logits=s.use_draft_logits)
+        return SpeculativeRecord(
+            mode=s.mode.value,
+            max_draft_len=self.max_draft_len,
+            num_draft_tokens=served_num_draft_tokens(s.default_k, self.max_draft_len),
+            ngram_size=s.ngram_size,
+            use_draft_logits=s.use_draft_logits,
+        )
 
     @property
     def shares_gpu(self) -> bool:
@@ -89,8 +100,10 @@ class PreflightReport:
         cap = self.gpu.memory_gib if self.gpu else float("nan")
         lines = [f"{'GPU':>3}  {'model':<8}  {'weights':>9}  {'KV cache':>9}  {'reserve':>8}  {'total':>8}"]
         for r in self.memory:
-            lines.append(f"{r.gpu_id:>3}  {r.role:<8}  {r.weights_gib:>7.1f}Gi  {r.kv_gib:>7.1f}Gi  "
-                         f"{r.reserve_gib:>6.1f}Gi  {r.total_gib:>6.1f}Gi")
+            lines.append(
+                f"{r.gpu_id:>3}  {r.role:<8}  {r.weights_gib:>7.1f}Gi  {r.kv_gib:>7.1f}Gi  "
+                f"{r.reserve_gib:>6.1f}Gi  {r.total_gib:>6.1f}Gi"
+            )
         for gid, tot in sorted(self.gpu_totals().items()):
             lines.append(f"{gid:>3}  {'sum':<8}  {'':>9}  {'':>9}  {'':>8}  {tot:>6.1f}Gi of {cap:.1f}Gi")
         return "\n".join(lines)
@@ -106,8 +119,10 @@ def check_tokenizers(target_dir: Path, draft_dir: Path, target: ModelInfo, draft
             f"{VOCAB_PAD_TOLERANCE} rows of padding allowed; pick a draft of the same family (same tokenizer)"
         )
     if diff:
-        notes.append(f"vocab padding: target {target.vocab_size} vs draft {draft.vocab_size} rows "
-                     f"({diff} padded embedding rows; token ids beyond the tokenizer are never produced)")
+        notes.append(
+            f"vocab padding: target {target.vocab_size} vs draft {draft.vocab_size} rows "
+            f"({diff} padded embedding rows; token ids beyond the tokenizer are never produced)"
+        )
     tv, dv = read_vocab(target_dir), read_vocab(draft_dir)
     shared = sorted(set(tv) & set(dv))
     for i in shared:
@@ -119,11 +134,15 @@ def check_tokenizers(target_dir: Path, draft_dir: Path, target: ModelInfo, draft
     if len(tv) != len(dv):
         notes.append(f"tokenizer sizes differ (target {len(tv)}, draft {len(dv)}); the {len(shared)} shared ids match")
     if target.bos_token_id != draft.bos_token_id:
-        raise PreflightError(f"BOS token differs (target {target.bos_token_id}, draft {draft.bos_token_id}); "
-                             "use a draft with the target's tokenizer and special tokens")
+        raise PreflightError(
+            f"BOS token differs (target {target.bos_token_id}, draft {draft.bos_token_id}); "
+            "use a draft with the target's tokenizer and special tokens"
+        )
     if set(target.eos_token_ids) != set(draft.eos_token_ids):
-        raise PreflightError(f"EOS tokens differ (target {list(target.eos_token_ids)}, draft {list(draft.eos_token_ids)}); "
-                             "use a draft with the target's tokenizer and special tokens")
+        raise PreflightError(
+            f"EOS tokens differ (target {list(target.eos_token_ids)}, draft {list(draft.eos_token_ids)}); "
+            "use a draft with the target's tokenizer and special tokens"
+        )
     return notes
 
 
@@ -134,8 +153,10 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
     if not cfg.recipe.gpu:
         w = "fp8" if q.weights == "auto" else q.weights
         if w not in ("fp8", "bf16", "fp16", "fp32"):
-            raise PreflightError(f"quantization.weights {w}: the reference engine exports fp8, bf16, fp16 or fp32; "
-                                 "set quantization.weights: fp8")
+            raise PreflightError(
+                f"quantization.weights {w}: the reference engine exports fp8, bf16, fp16 or fp32; "
+                "set quantization.weights: fp8"
+            )
         return QuantChoice(weights=w, kv_cache="none"), warnings
 
     has_fp8 = gpu.has_fp8 if gpu else True
@@ -162,26 +183,33 @@ def resolve_quantization(cfg: BuildConfig, gpu: Optional[GpuSpec]) -> tuple[Quan
         kv = {"fp8": "fp8", "int8_sq": "int8"}.get(weights, "none")
         if external and kv == "int8":
             kv = "none"
-            warnings.append(f"KV cache kept 16-bit with {weights} weights: an INT8 KV cache turns off paged context "
-                            f"FMHA and with it the KV-cache block reuse a {cfg.speculative.mode} target needs")
+            warnings.append(
+                f"KV cache kept 16-bit with {weights} weights: an INT8 KV cache turns off paged context "
+                f"FMHA and with it the KV-cache block reuse a {cfg.speculative.mode} target needs"
+            )
     elif kv == "fp8" and not has_fp8:
         if fell_back or q.fallback is not None:
             kv = "none" if external else "int8"
             warnings.append(f"{gname} has no FP8: KV cache falls back to {'16-bit' if external else 'int8'}")
         else:
-            raise PreflightError(f"quantization.kv_cache fp8 needs compute capability >= 8.9, but {gname} is SM {cc}; "
-                                 "set quantization.kv_cache: auto")
+            raise PreflightError(
+                f"quantization.kv_cache fp8 needs compute capability >= 8.9, but {gname} is SM {cc}; "
+                "set quantization.kv_cache: auto"
+            )
     if external and kv == "int8":
         raise PreflightError(
-            f"quantization.kv_cache int8 cannot serve speculative mode {cfg.speculative.mode}: TensorRT-LLM turns paged "
+            "quantization.kv_cache int8 cannot serve speculative mode "
+            f"{cfg.speculative.mode}: TensorRT-LLM turns paged "
             "context FMHA off with an INT8 KV cache, so KV-cache block reuse is off and the executor refuses the "
             "target ('KV cache block reuse must be enabled for speculative decoding target model'); set "
-            "quantization.kv_cache: auto (16-bit KV cache)")
+            "quantization.kv_cache: auto (16-bit KV cache)"
+        )
     if external and kv == "fp8" and weights != "fp8":
         raise PreflightError(
             f"quantization.kv_cache fp8 with {weights} weights cannot serve speculative mode {cfg.speculative.mode}: "
             "TensorRT-LLM turns paged context FMHA off for an FP8 KV cache without FP8 weights, so the target "
-            "cannot reuse KV-cache blocks and fails to load; set quantization.kv_cache: auto")
+            "cannot reuse KV-cache blocks and fails to load; set quantization.kv_cache: auto"
+        )
     return QuantChoice(weights=weights, kv_cache=kv, fell_back=fell_back), warnings
 
 
@@ -208,33 +236,45 @@ def _llmapi_quantization(cfg: BuildConfig, has_fp8: bool, gname: str, cc: str) -
     if weights == "auto":
         weights = "fp8" if method == "fp8" else "bf16"
     if weights == "fp8" and is_imported(cfg.target.checkpoint):
-        raise PreflightError(f"quantization.weights fp8 on runtime llmapi needs a pre-quantized FP8 checkpoint, but "
-                             f"target.checkpoint {cfg.target.checkpoint} is a GGUF file that the build imports as a "
-                             "BF16 Hugging Face directory; set quantization.weights: bf16 (the LLM API quantizes nothing "
-                             "itself; the engine twin, runtime: engine, runs it in FP8)")
+        raise PreflightError(
+            f"quantization.weights fp8 on runtime llmapi needs a pre-quantized FP8 checkpoint, but "
+            f"target.checkpoint {cfg.target.checkpoint} is a GGUF file that the build imports as a "
+            "BF16 Hugging Face directory; set quantization.weights: bf16 (the LLM API quantizes nothing "
+            "itself; the engine twin, runtime: engine, runs it in FP8)"
+        )
     if weights == "fp8":
         if not has_fp8:
-            raise PreflightError(f"FP8 weights need compute capability >= 8.9, but {gname} is SM {cc}; use a BF16 "
-                                 "checkpoint and quantization.weights: bf16 (the LLM API quantizes nothing itself)")
+            raise PreflightError(
+                f"FP8 weights need compute capability >= 8.9, but {gname} is SM {cc}; use a BF16 "
+                "checkpoint and quantization.weights: bf16 (the LLM API quantizes nothing itself)"
+            )
         if present and method != "fp8":
-            raise PreflightError(f"quantization.weights fp8 on runtime llmapi needs a pre-quantized FP8 checkpoint, but "
-                                 f"{cfg.target.checkpoint}/config.json has no FP8 quantization_config; point "
-                                 "target.checkpoint at an FP8 checkpoint (e.g. nvidia/Llama-3.3-70B-Instruct-FP8) or set "
-                                 "quantization.weights: bf16")
+            raise PreflightError(
+                f"quantization.weights fp8 on runtime llmapi needs a pre-quantized FP8 checkpoint, but "
+                f"{cfg.target.checkpoint}/config.json has no FP8 quantization_config; point "
+                "target.checkpoint at an FP8 checkpoint (e.g. nvidia/Llama-3.3-70B-Instruct-FP8) or set "
+                "quantization.weights: bf16"
+            )
         if not present:
             warnings.append("runtime llmapi: the target must be a pre-quantized FP8 checkpoint (checked by build)")
     elif weights not in ("bf16", "fp16"):
-        raise PreflightError(f"quantization.weights {weights}: runtime llmapi serves a checkpoint as it is (fp8 "
-                             "pre-quantized, bf16 or fp16); set quantization.weights: fp8, bf16 or auto")
+        raise PreflightError(
+            f"quantization.weights {weights}: runtime llmapi serves a checkpoint as it is (fp8 "
+            "pre-quantized, bf16 or fp16); set quantization.weights: fp8, bf16 or auto"
+        )
     kv = q.kv_cache
     if kv == "auto":
         kv = "fp8" if has_fp8 and weights == "fp8" else "none"
     elif kv == "fp8" and not has_fp8:
-        raise PreflightError(f"quantization.kv_cache fp8 needs compute capability >= 8.9, but {gname} is SM {cc}; set "
-                             "quantization.kv_cache: auto")
+        raise PreflightError(
+            f"quantization.kv_cache fp8 needs compute capability >= 8.9, but {gname} is SM {cc}; set "
+            "quantization.kv_cache: auto"
+        )
     elif kv == "int8":
-        raise PreflightError("quantization.kv_cache int8: runtime llmapi's KV cache is fp8 or the model's dtype; set "
-                             "quantization.kv_cache: auto or fp8")
+        raise PreflightError(
+            "quantization.kv_cache int8: runtime llmapi's KV cache is fp8 or the model's dtype; set "
+            "quantization.kv_cache: auto or fp8"
+        )
     return QuantChoice(weights=weights, kv_cache=kv), warnings
 
 
@@ -242,10 +282,12 @@ def _llmapi_quantization(cfg: BuildConfig, has_fp8: bool, gname: str, cc: str) -
 # e4m3 is not the same as input data type fp16" (kernels/fmhaDispatcher.cpp) on the first request; PR #8910 (merged
 # 2025-11-06) forces FP8 FMHA for that case. Whether the v1.2.1 tag carries it could not be read here (the tag is not
 # fetchable), so this is a warning with the way out, not a refusal.
-EAGLE3_FP8_KV_RISK = ("EAGLE-3 one-model with an FP8 KV cache: TensorRT-LLM #7842 (a 16-bit head over an FP8-KV target "
-                      "asserted 'KV cache data type e4m3 is not the same as input data type' on the first request) was "
-                      "fixed by PR #8910 in 2025-11, not verified in 1.2.1 here; if the first request fails so, set "
-                      "speculative.eagle3.one_model: false (two-model: the head keeps its own KV cache)")
+EAGLE3_FP8_KV_RISK = (
+    "EAGLE-3 one-model with an FP8 KV cache: TensorRT-LLM #7842 (a 16-bit head over an FP8-KV target "
+    "asserted 'KV cache data type e4m3 is not the same as input data type' on the first request) was "
+    "fixed by PR #8910 in 2025-11, not verified in 1.2.1 here; if the first request fails so, set "
+    "speculative.eagle3.one_model: false (two-model: the head keeps its own KV cache)"
+)
 
 
 def _llmapi_checks(cfg: BuildConfig, target: ModelInfo, require: bool) -> tuple[Optional[ModelInfo], list[str]]:
@@ -259,38 +301,54 @@ def _llmapi_checks(cfg: BuildConfig, target: ModelInfo, require: bool) -> tuple[
         form = "one-model" if s.eagle3.one_model else "two-model"
         if not (one if s.eagle3.one_model else two):
             supported = ", ".join(a for a, (o, t) in EAGLE3_SUPPORT.items() if (o if s.eagle3.one_model else t))
-            raise PreflightError(f"EAGLE-3 {form} is not served for {target.architecture} by TensorRT-LLM 1.2's LLM API "
-                                 f"(architectures: {supported}); pick another speculative.mode (draft_target, ngram)")
+            raise PreflightError(
+                f"EAGLE-3 {form} is not served for {target.architecture} by TensorRT-LLM 1.2's LLM API "
+                f"(architectures: {supported}); pick another speculative.mode (draft_target, ngram)"
+            )
         cfg_file = Path(s.eagle3.heads_dir) / "config.json"
         if cfg_file.is_file():
             hc = json.loads(cfg_file.read_text())
             arch = " ".join(hc.get("architectures") or [])
             if "eagle3" not in arch.lower() and "eagle_config" not in hc:
-                raise PreflightError(f"speculative.eagle3.heads_dir {s.eagle3.heads_dir}: config.json is not an EAGLE-3 "
-                                     f"head (architectures {arch or 'none'}); point it at an EAGLE-3 head for the target")
+                raise PreflightError(
+                    f"speculative.eagle3.heads_dir {s.eagle3.heads_dir}: config.json is not an EAGLE-3 "
+                    f"head (architectures {arch or 'none'}); point it at an EAGLE-3 head for the target"
+                )
             for key, want in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
                 if hc.get(key) != want:
-                    raise PreflightError(f"speculative.eagle3.heads_dir: the head's {key} {hc.get(key)} differs from the "
-                                         f"target's {want}: it was trained for another model; use the target's EAGLE-3 head")
-            head = replace(target, num_layers=int(hc.get("num_hidden_layers", 1)),
-                           vocab_size=int(hc.get("draft_vocab_size") or hc.get("vocab_size")), source="checkpoint")
+                    raise PreflightError(
+                        f"speculative.eagle3.heads_dir: the head's {key} {hc.get(key)} differs from the "
+                        f"target's {want}: it was trained for another model; use the target's EAGLE-3 head"
+                    )
+            head = replace(
+                target,
+                num_layers=int(hc.get("num_hidden_layers", 1)),
+                vocab_size=int(hc.get("draft_vocab_size") or hc.get("vocab_size")),
+                source="checkpoint",
+            )
         elif require:
-            raise PreflightError(f"speculative.eagle3.heads_dir {s.eagle3.heads_dir}: no config.json; point it at the "
-                                 "EAGLE-3 head checkpoint")
+            raise PreflightError(
+                f"speculative.eagle3.heads_dir {s.eagle3.heads_dir}: no config.json; point it at the "
+                "EAGLE-3 head checkpoint"
+            )
         else:
             head = replace(target, num_layers=1, source="estimated: one decoder layer + the head's LM head")
             notes.append("EAGLE-3 head not on this machine: its memory estimated as one decoder layer of the target")
         notes.append(f"EAGLE-3 {form}: the head runs beside the target on its GPUs (LLM API, decoding_type Eagle)")
     if s.mode is Mode.MTP:
         if target.architecture not in MTP_ARCHITECTURES:
-            raise PreflightError(f"speculative.mode mtp needs a model with MTP layers (DeepSeek-V3 family: "
-                                 f"{', '.join(MTP_ARCHITECTURES)}); {target.architecture} has none; use eagle3 or ngram")
+            raise PreflightError(
+                f"speculative.mode mtp needs a model with MTP layers (DeepSeek-V3 family: "
+                f"{', '.join(MTP_ARCHITECTURES)}); {target.architecture} has none; use eagle3 or ngram"
+            )
         f = Path(cfg.target.checkpoint) / "config.json"
         if f.is_file():
             layers = int(json.loads(f.read_text()).get("num_nextn_predict_layers") or 0)
             if layers < 1:
-                raise PreflightError(f"speculative.mode mtp: {cfg.target.checkpoint}/config.json has no "
-                                     "num_nextn_predict_layers; the checkpoint carries no MTP layers")
+                raise PreflightError(
+                    f"speculative.mode mtp: {cfg.target.checkpoint}/config.json has no "
+                    "num_nextn_predict_layers; the checkpoint carries no MTP layers"
+                )
     return head, notes
 
 
@@ -305,7 +363,8 @@ def effective_max_draft_len(cfg: BuildConfig) -> int:
         if "max_draft_len" in s.model_fields_set and s.max_draft_len != need:
             w, n, g = s.lookahead.window_size, s.lookahead.ngram_size, s.lookahead.verification_set_size
             raise PreflightError(
-                f"speculative.max_draft_len {s.max_draft_len} does not match lookahead (W={w}, N={n}, G={g}), which needs "
+                f"speculative.max_draft_len {s.max_draft_len} does not match lookahead "
+                f"(W={w}, N={n}, G={g}), which needs "
                 f"(N-2)+(W-1+G)*(N-1) = {need}; remove max_draft_len or set it to {need}"
             )
         return need
@@ -324,14 +383,18 @@ def _check_imported_sources(cfg: BuildConfig, target: ModelInfo, require: bool) 
     import importlib.util
 
     if cfg.draft is not None and cfg.draft.distill is not None and target.architecture != "LlamaForCausalLM":
-        raise PreflightError(f"draft.distill distills a LlamaForCausalLM draft from a Llama target, but the target is "
-                             f"{target.architecture}; give draft.checkpoint (a draft of the target's family) instead")
+        raise PreflightError(
+            f"draft.distill distills a LlamaForCausalLM draft from a Llama target, but the target is "
+            f"{target.architecture}; give draft.checkpoint (a draft of the target's family) instead"
+        )
     if require and is_imported(cfg.target.checkpoint):
         missing = [m for m in GGUF_IMPORT_MODULES if importlib.util.find_spec(m) is None]
         if missing:
-            raise PreflightError(f"target.checkpoint {cfg.target.checkpoint}: importing a GGUF file needs "
-                                 f"{' and '.join(missing)} in this python ({sys.executable}); run "
-                                 f"`{sys.executable} -m pip install {' '.join(missing)}` (make gpu-smoke does)")
+            raise PreflightError(
+                f"target.checkpoint {cfg.target.checkpoint}: importing a GGUF file needs "
+                f"{' and '.join(missing)} in this python ({sys.executable}); run "
+                f"`{sys.executable} -m pip install {' '.join(missing)}` (make gpu-smoke does)"
+            )
 
 
 def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
@@ -344,7 +407,9 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
             "every request; raise speculative.max_draft_len or lower num_draft_tokens"
         )
     if s.use_draft_logits and s.mode is not Mode.DRAFT_TARGET:
-        raise PreflightError("speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)")
+        raise PreflightError(
+            "speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)"
+        )
     lim = cfg.limits
     # runtime llmapi: every generation request of a full batch runs 1 + max_draft_len tokens per step, within
     # max_num_tokens; one-model drafters (EAGLE-3 one-model, MTP) do not reserve the draft tokens in the scheduler on
@@ -355,13 +420,15 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
             f"limits.max_num_tokens {lim.max_num_tokens} < max_batch_size x (max_draft_len + 1) = "
             f"{lim.max_batch_size} x {k_max + 1} = {lim.max_batch_size * (k_max + 1)}: a full batch of {s.mode} "
             "steps does not fit one forward pass of TensorRT-LLM's LLM API; raise limits.max_num_tokens to "
-            f"{lim.max_batch_size * (k_max + 1)} or lower limits.max_batch_size or max_draft_len")
+            f"{lim.max_batch_size * (k_max + 1)} or lower limits.max_batch_size or max_draft_len"
+        )
     if rec.loop_in_bls and lim.max_num_tokens < lim.max_seq_len - 1:
         raise PreflightError(
             f"limits.max_num_tokens {lim.max_num_tokens} < max_seq_len - 1 ({lim.max_seq_len - 1}): without chunked "
             f"context the engine takes at most min(max_seq_len - 1, max_num_tokens) input tokens, and the {s.mode} "
             "loop resends the whole sequence every round, so requests would fail mid-generation; set "
-            f"limits.max_num_tokens: {lim.max_seq_len} or lower limits.max_seq_len")
+            f"limits.max_num_tokens: {lim.max_seq_len} or lower limits.max_seq_len"
+        )
     if rec.tree:
         spec = s.medusa if s.mode is Mode.MEDUSA else s.eagle
         nodes = len(spec.choices) if spec.choices else MEDUSA_DEFAULT_TREE_NODES
@@ -374,8 +441,10 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
 
 def _check_parallel(role: str, tp: int, pp: int, info: ModelInfo) -> None:
     if pp > 1 and TRTLLM_ARCHITECTURES.get(info.architecture) == "gemma":
-        raise PreflightError(f"{role}.pp {pp}: Gemma's convert_checkpoint.py supports tensor parallelism only "
-                             "(--world-size = tp); set pp: 1")
+        raise PreflightError(
+            f"{role}.pp {pp}: Gemma's convert_checkpoint.py supports tensor parallelism only "
+            "(--world-size = tp); set pp: 1"
+        )
     if info.num_kv_heads % tp:
         raise PreflightError(
             f"{role}.tp {tp} does not divide the {info.num_kv_heads} KV heads of {role}; use tp in "
@@ -391,21 +460,30 @@ def _calibration_set(cfg: BuildConfig, quant: QuantChoice, require: bool) -> tup
     """The set quantize.py calibrates on, validated as it reads it (calibration.py), and a note saying which."""
     q = cfg.quantization
     if not calibrates(cfg.engine, cfg.runtime, quant.weights, quant.kv_cache):
-        unused = (f"quantization.calib_dataset is not used: nothing is calibrated ({quant.weights} weights, KV cache "
-                  f"{quant.kv_cache})") if q.calib_dataset else None
+        unused = (
+            (
+                f"quantization.calib_dataset is not used: nothing is calibrated ({quant.weights} weights, KV cache "
+                f"{quant.kv_cache})"
+            )
+            if q.calib_dataset
+            else None
+        )
         return None, [unused] if unused else []
     cal = check_calib_dataset(q.calib_dataset, q.calib_size, q.calib_max_seq_length, require=require)
     note = f"calibration set: {cal.describe()}"
     if cal.path is None:
-        note += (f"; an offline host needs quantization.calib_dataset: a local directory or the bundled "
-                 f"{BUNDLED_CALIB_DATASET}")
+        note += (
+            f"; an offline host needs quantization.calib_dataset: a local directory or the bundled "
+            f"{BUNDLED_CALIB_DATASET}"
+        )
     elif cal.samples is None and not Path(cal.path).exists():
         note += " (not on this machine: checked by build)"
     return cal, [note]
 
 
-def _check_calibration_fits(cfg: BuildConfig, quant: QuantChoice, target: ModelInfo, gpu: GpuSpec,
-                            allow_offload: Optional[bool]) -> list[str]:
+def _check_calibration_fits(
+    cfg: BuildConfig, quant: QuantChoice, target: ModelInfo, gpu: GpuSpec, allow_offload: Optional[bool]
+) -> list[str]:
     """quantize.py loads the 16-bit target on every GPU it sees (quantize_by_modelopt.get_model: device_map "auto"), so
     the calibration peak (CALIBRATION_PEAK_FACTOR x the 16-bit weights) must fit them; beyond that accelerate offloads
     to host memory: hours instead of minutes, and ModelOpt's export of offloaded modules is fragile. Refused unless
@@ -417,27 +495,39 @@ def _check_calibration_fits(cfg: BuildConfig, quant: QuantChoice, target: ModelI
     if need <= have:
         return []
     gpus = -(-need // gpu.memory_gib)
-    what = (f"quantizing the target to {quant.weights} (quantize.py) loads ~{need:.0f} GiB of 16-bit weights at peak, "
-            f"more than the {have:.0f} GiB of {gpu.describe()}")
+    what = (
+        f"quantizing the target to {quant.weights} (quantize.py) loads ~{need:.0f} GiB of 16-bit weights at peak, "
+        f"more than the {have:.0f} GiB of {gpu.describe()}"
+    )
     if allow_offload is None:
         return [f"{what}: the build is refused there without --allow-offload"]
     if allow_offload:
         return [f"{what}: --allow-offload: accelerate offloads the rest to host memory (slow)"]
-    raise PreflightError(f"{what}; build on a node whose GPUs hold it (>= {gpus:.0f}x {gpu.name}: trt-spec build counts "
-                         f"the GPUs it sees; trt-spec plan --gpu {gpu.name}:{gpus:.0f}), or pass --allow-offload to let "
-                         "accelerate offload the rest to host memory (hours, and ModelOpt's export of offloaded "
-                         "modules is fragile)")
+    raise PreflightError(
+        f"{what}; build on a node whose GPUs hold it (>= {gpus:.0f}x {gpu.name}: trt-spec build counts "
+        f"the GPUs it sees; trt-spec plan --gpu {gpu.name}:{gpus:.0f}), or pass --allow-offload to let "
+        "accelerate offload the rest to host memory (hours, and ModelOpt's export of offloaded "
+        "modules is fragile)"
+    )
 
 
-def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoints: bool,
-                  allow_offload: Optional[bool] = None, calibration_gpu: Optional[GpuSpec] = None) -> PreflightReport:
+def run_preflight(
+    cfg: BuildConfig,
+    gpu: Optional[GpuSpec],
+    *,
+    require_checkpoints: bool,
+    allow_offload: Optional[bool] = None,
+    calibration_gpu: Optional[GpuSpec] = None,
+) -> PreflightReport:
     """All checks, cheapest first. `require_checkpoints=False` (plan) tolerates absent checkpoints. allow_offload, for
     a target whose quantization needs more than the GPUs hold: False (plan, build) refuses it, True (--allow-offload)
     lets accelerate offload the rest to host memory, None (callers that build nothing: the repository, deploy) only
     warns. calibration_gpu: the GPUs quantize.py will see (this host's, at build time); None: `gpu`."""
     rec = cfg.recipe
     if rec.gpu and gpu is None:
-        raise PreflightError("no GPU found (nvidia-smi absent); pass --gpu NAME (e.g. h100, h200, a100-80gb) or set gpu: in the config")
+        raise PreflightError(
+            "no GPU found (nvidia-smi absent); pass --gpu NAME (e.g. h100, h200, a100-80gb) or set gpu: in the config"
+        )
     k_max = effective_max_draft_len(cfg)
     _check_speculative(cfg, k_max)
     quant, warnings = resolve_quantization(cfg, gpu)
@@ -464,25 +554,50 @@ def run_preflight(cfg: BuildConfig, gpu: Optional[GpuSpec], *, require_checkpoin
         notes += _serving_notes(cfg, target)
     else:
         kv_frac = kv_frac or DEFAULT_KV_FRACTION
-    return PreflightReport(cfg, gpu, target, draft, quant, dev.target, dev.draft, kv_frac, k_max, dev.draft_kv,
-                           memory, warnings, notes, head=head, calibration=calibration)
+    return PreflightReport(
+        cfg,
+        gpu,
+        target,
+        draft,
+        quant,
+        dev.target,
+        dev.draft,
+        kv_frac,
+        k_max,
+        dev.draft_kv,
+        memory,
+        warnings,
+        notes,
+        head=head,
+        calibration=calibration,
+    )
 
 
 def _check_mode_quantization(cfg: BuildConfig, quant: QuantChoice) -> None:
     """What a mode's engine takes of the resolved formats (TensorRT-LLM 1.2)."""
     if cfg.speculative.mode is Mode.EAGLE and cfg.recipe.gpu and quant.weights not in ("bf16", "fp16"):
-        raise PreflightError(f"EAGLE engines are FP16/BF16 only in TensorRT-LLM 1.2 (got {quant.weights}); "
-                             "set quantization.weights: bf16")
+        raise PreflightError(
+            f"EAGLE engines are FP16/BF16 only in TensorRT-LLM 1.2 (got {quant.weights}); "
+            "set quantization.weights: bf16"
+        )
     if cfg.speculative.mode is Mode.MEDUSA and cfg.speculative.use_draft_logits:
         raise PreflightError("Medusa is greedy-only in TensorRT-LLM; remove use_draft_logits")
 
 
 def _distilled_draft(target: ModelInfo, d) -> ModelInfo:
     """The facts of a draft distilled at build time (distill.DistillConfig's shape; the target's tokenizer)."""
-    return ModelInfo(**{**target.__dict__, "num_layers": d.num_layers, "hidden_size": d.hidden_size,
-                        "num_heads": max(1, d.hidden_size // 64), "num_kv_heads": 1,  # distill.DistillConfig
-                        "intermediate_size": d.hidden_size * 4, "tie_word_embeddings": True,
-                        "source": "distilled from the target at build time (same tokenizer by construction)"})
+    return ModelInfo(
+        **{
+            **target.__dict__,
+            "num_layers": d.num_layers,
+            "hidden_size": d.hidden_size,
+            "num_heads": max(1, d.hidden_size // 64),
+            "num_kv_heads": 1,  # distill.DistillConfig
+            "intermediate_size": d.hidden_size * 4,
+            "tie_word_embeddings": True,
+            "source": "distilled from the target at build time (same tokenizer by construction)",
+        }
+    )
 
 
 def _architectures(cfg: BuildConfig) -> tuple[set[str], str]:
@@ -514,8 +629,10 @@ def _model_facts(cfg: BuildConfig, require: bool) -> tuple[ModelInfo, Optional[M
         if info.source != "checkpoint":
             notes.append(f"{role}: {info.source}")
         if info.architecture not in allowed:
-            raise PreflightError(f"{role}: architecture {info.architecture} is not one {what} builds; supported: "
-                                 f"{', '.join(sorted(allowed))}")
+            raise PreflightError(
+                f"{role}: architecture {info.architecture} is not one {what} builds; supported: "
+                f"{', '.join(sorted(allowed))}"
+            )
         if info.max_position_embeddings and cfg.limits.max_seq_len > info.max_position_embeddings:
             raise PreflightError(
                 f"limits.max_seq_len {cfg.limits.max_seq_len} exceeds {role}'s max_position_embeddings "
@@ -524,8 +641,9 @@ def _model_facts(cfg: BuildConfig, require: bool) -> tuple[ModelInfo, Optional[M
     return target, draft, notes
 
 
-def _runtime_checks(cfg: BuildConfig, target: ModelInfo, quant: QuantChoice,
-                    require: bool) -> tuple[Optional[ModelInfo], list[str], list[str]]:
+def _runtime_checks(
+    cfg: BuildConfig, target: ModelInfo, quant: QuantChoice, require: bool
+) -> tuple[Optional[ModelInfo], list[str], list[str]]:
     """The runtime x engine x mode is one trt-spec serves (records/recipes.py; the config refused the runtime's
     own), and the LLM API's checks on a GPU. Returns (the EAGLE-3 head's facts, notes, warnings)."""
     try:
@@ -549,8 +667,7 @@ def _check_parallelism(cfg: BuildConfig, target: ModelInfo, draft: Optional[Mode
         raise PreflightError("the reference engine runs on one CPU process; set target.tp/pp and draft.tp/pp to 1")
 
 
-def _check_draft_compat(cfg: BuildConfig, target: ModelInfo,
-                        draft: Optional[ModelInfo]) -> tuple[list[str], list[str]]:
+def _check_draft_compat(cfg: BuildConfig, target: ModelInfo, draft: Optional[ModelInfo]) -> tuple[list[str], list[str]]:
     """The draft speaks the target's vocabulary: logits as wide, the same tokenizer. Returns (notes, warnings)."""
     notes: list[str] = []
     warnings: list[str] = []
@@ -558,7 +675,8 @@ def _check_draft_compat(cfg: BuildConfig, target: ModelInfo,
         raise PreflightError(
             f"speculative.use_draft_logits with different vocab sizes (target {target.vocab_size}, draft "
             f"{draft.vocab_size}): the draft's logits would be {draft.vocab_size} wide where the target expects "
-            f"{target.vocab_size}; set use_draft_logits: false (greedy and token-matching acceptance need no logits)")
+            f"{target.vocab_size}; set use_draft_logits: false (greedy and token-matching acceptance need no logits)"
+        )
     if draft is not None and cfg.draft.checkpoint is not None:
         tdir, ddir = Path(cfg.target.checkpoint), Path(cfg.draft.checkpoint)
         if tdir.is_dir() and ddir.is_dir():
@@ -576,15 +694,19 @@ def _check_heads(cfg: BuildConfig) -> None:
     for spec_name in ("medusa", "eagle"):
         spec = getattr(s, spec_name)
         if s.mode == spec_name and spec.heads_dir and not (Path(spec.heads_dir) / "config.json").is_file():
-            raise PreflightError(f"speculative.{spec_name}.heads_dir {spec.heads_dir}: no config.json; point it at "
-                                 f"the {spec_name} heads checkpoint")
+            raise PreflightError(
+                f"speculative.{spec_name}.heads_dir {spec.heads_dir}: no config.json; point it at "
+                f"the {spec_name} heads checkpoint"
+            )
     eg = s.eagle
     if not cfg.recipe.gpu and s.mode is Mode.EAGLE and eg.heads_dir:
         arch = json.loads((Path(eg.heads_dir) / "config.json").read_text()).get("architectures") or []
         if "LlamaForCausalLMEagle3" not in arch:
-            raise PreflightError(f"speculative.eagle.heads_dir {eg.heads_dir}: architectures {arch} is not an "
-                                 "EAGLE-3 head (LlamaForCausalLMEagle3), which the reference engine drafts with; "
-                                 "point it at one, or use speculative.eagle.train to train one at build time")
+            raise PreflightError(
+                f"speculative.eagle.heads_dir {eg.heads_dir}: architectures {arch} is not an "
+                "EAGLE-3 head (LlamaForCausalLMEagle3), which the reference engine drafts with; "
+                "point it at one, or use speculative.eagle.train to train one at build time"
+            )
 
 
 @dataclass(frozen=True)
@@ -599,8 +721,11 @@ def _devices(cfg: BuildConfig, head: Optional[ModelInfo]) -> _Devices:
     # The draft never needs more KV cache than max_batch_size full sequences: cap it, or the backend's fraction
     # of free memory lets a 1B draft that loads first take most of the GPU from the target.
     baseline = cfg.speculative.has_baseline_engine
-    draft_kv = (-(-cfg.limits.max_batch_size * cfg.limits.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
-                if cfg.draft is not None or baseline else None)
+    draft_kv = (
+        -(-cfg.limits.max_batch_size * cfg.limits.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
+        if cfg.draft is not None or baseline
+        else None
+    )
     t_dev = cfg.serving.gpu_device_ids or list(range(cfg.target.world_size))
     d_dev: list[int] = []
     if cfg.draft is not None:
@@ -610,26 +735,41 @@ def _devices(cfg: BuildConfig, head: Optional[ModelInfo]) -> _Devices:
     return _Devices(t_dev, d_dev, draft_kv)
 
 
-def _memory_plan(cfg: BuildConfig, gpu: GpuSpec, quant: QuantChoice, target: ModelInfo, draft: Optional[ModelInfo],
-                 head: Optional[ModelInfo], dev: _Devices) -> tuple[list[MemoryRow], float, list[str]]:
+def _memory_plan(
+    cfg: BuildConfig,
+    gpu: GpuSpec,
+    quant: QuantChoice,
+    target: ModelInfo,
+    draft: Optional[ModelInfo],
+    head: Optional[ModelInfo],
+    dev: _Devices,
+) -> tuple[list[MemoryRow], float, list[str]]:
     """GPU engines: the device lists fit the node, every GPU holds what loads on it. Returns (rows, the target's
     KV-cache fraction, notes)."""
     t_dev, d_dev, notes = dev.target, dev.draft, []
     if len(t_dev) != cfg.target.world_size:
-        raise PreflightError(f"runtime.gpu_device_ids has {len(t_dev)} ids but the target needs tp*pp = "
-                             f"{cfg.target.world_size}; list exactly {cfg.target.world_size} ids")
+        raise PreflightError(
+            f"runtime.gpu_device_ids has {len(t_dev)} ids but the target needs tp*pp = "
+            f"{cfg.target.world_size}; list exactly {cfg.target.world_size} ids"
+        )
     if cfg.draft is not None and len(d_dev) != cfg.draft.world_size:
-        raise PreflightError(f"runtime.draft_gpu_device_ids has {len(d_dev)} ids but the draft needs tp*pp = "
-                             f"{cfg.draft.world_size}; list exactly {cfg.draft.world_size} ids")
+        raise PreflightError(
+            f"runtime.draft_gpu_device_ids has {len(d_dev)} ids but the draft needs tp*pp = "
+            f"{cfg.draft.world_size}; list exactly {cfg.draft.world_size} ids"
+        )
     used = sorted(set(t_dev) | set(d_dev))
     if used and max(used) >= gpu.count:
-        raise PreflightError(f"GPU ids {used} need {max(used) + 1} GPUs but {gpu.describe()}; lower tp or use a "
-                             "bigger node (--gpu NAME:COUNT)")
+        raise PreflightError(
+            f"GPU ids {used} need {max(used) + 1} GPUs but {gpu.describe()}; lower tp or use a "
+            "bigger node (--gpu NAME:COUNT)"
+        )
     baseline = cfg.speculative.has_baseline_engine
     memory = _memory_rows(cfg, quant, target, draft, head, dev)
     if baseline:
-        notes.append(f"{cfg.speculative.mode} speculates inside the target engine, so the baseline (the ensemble's "
-                     f"engine) is a second, non-speculative engine of the target on GPU(s) {t_dev}")
+        notes.append(
+            f"{cfg.speculative.mode} speculates inside the target engine, so the baseline (the ensemble's "
+            f"engine) is a second, non-speculative engine of the target on GPU(s) {t_dev}"
+        )
     kv_frac = cfg.serving.kv_cache_free_gpu_mem_fraction
     if kv_frac is None:
         kv_frac = DEFAULT_KV_FRACTION
@@ -639,15 +779,23 @@ def _memory_plan(cfg: BuildConfig, gpu: GpuSpec, quant: QuantChoice, target: Mod
             kv_frac = shared_gpu_kv_fraction(memory, gpu.memory_gib)
             who = "draft" if shares else "baseline"
             where = sorted(set(t_dev) & set(d_dev)) if shares else t_dev
-            notes.append(f"{who} and target share GPU(s) {where}: the {who}'s KV cache is capped at {dev.draft_kv:,} "
-                         f"tokens (max_tokens_in_paged_kv_cache) and the target takes {kv_frac} of the memory left "
-                         "free (kv_cache_free_gpu_mem_fraction), so whichever loads first leaves room for the other")
+            notes.append(
+                f"{who} and target share GPU(s) {where}: the {who}'s KV cache is capped at {dev.draft_kv:,} "
+                f"tokens (max_tokens_in_paged_kv_cache) and the target takes {kv_frac} of the memory left "
+                "free (kv_cache_free_gpu_mem_fraction), so whichever loads first leaves room for the other"
+            )
     _check_fits(memory, gpu, baseline)
     return memory, kv_frac, notes
 
 
-def _memory_rows(cfg: BuildConfig, quant: QuantChoice, target: ModelInfo, draft: Optional[ModelInfo],
-                 head: Optional[ModelInfo], dev: _Devices) -> list[MemoryRow]:
+def _memory_rows(
+    cfg: BuildConfig,
+    quant: QuantChoice,
+    target: ModelInfo,
+    draft: Optional[ModelInfo],
+    head: Optional[ModelInfo],
+    dev: _Devices,
+) -> list[MemoryRow]:
     """One row per model per GPU: the target, the draft or the EAGLE-3 head, the baseline engine."""
     t_dev, d_dev = dev.target, dev.draft
     memory = memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
@@ -657,21 +805,29 @@ def _memory_rows(cfg: BuildConfig, quant: QuantChoice, target: ModelInfo, draft:
     if head is not None:  # the EAGLE-3 head: its weights and its own KV cache, on the target's GPUs
         memory += memory_rows("draft", head, spec_weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, d_dev, cfg)
     if cfg.speculative.has_baseline_engine:  # the non-speculative target the ensemble serves: its weights again
-        memory += memory_rows("baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp,
-                              t_dev, cfg)
+        memory += memory_rows(
+            "baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg
+        )
     return memory
 
 
 def _check_fits(memory: list[MemoryRow], gpu: GpuSpec, baseline: bool) -> None:
     for gid, total in sorted(totals_per_gpu(memory).items()):
         if total > gpu.memory_gib:
-            parts = ", ".join(f"{r.role} weights {r.weights_gib:.1f} + KV {r.kv_gib:.1f} + reserve {r.reserve_gib:.1f}"
-                              for r in memory if r.gpu_id == gid)
+            parts = ", ".join(
+                f"{r.role} weights {r.weights_gib:.1f} + KV {r.kv_gib:.1f} + reserve {r.reserve_gib:.1f}"
+                for r in memory
+                if r.gpu_id == gid
+            )
             raise PreflightError(
                 f"GPU {gid} ({gpu.name}, {gpu.memory_gib:.1f} GiB) needs {total:.1f} GiB ({parts}); lower "
                 "limits.max_batch_size or limits.max_seq_len, raise tp, use FP8/INT8 KV cache, or "
-                + ("drop the baseline engine (speculative.baseline_engine: false; check and bench then have no "
-                   "baseline)" if baseline else "move the draft to another GPU (runtime.draft_gpu_device_ids)")
+                + (
+                    "drop the baseline engine (speculative.baseline_engine: false; check and bench then have no "
+                    "baseline)"
+                    if baseline
+                    else "move the draft to another GPU (runtime.draft_gpu_device_ids)"
+                )
             )
 
 
@@ -683,8 +839,10 @@ def _serving_notes(cfg: BuildConfig, target: ModelInfo) -> list[str]:
     baseline = cfg.speculative.has_baseline_engine
     if not cfg.recipe.llm_api and (baseline or not cfg.speculative.mode.in_engine):  # plan.baseline_role
         logits_gib = generation_logits_cache_bytes(cfg.limits.max_batch_size, target.vocab_size) / GIB
-        notes.append(f"the {'baseline' if baseline else 'target'} engine serves the baseline and is built with "
-                     f"--gather_generation_logits (check reads its top-2 margin at a divergence): ~{logits_gib:.2f} "
-                     f"GiB of logits buffers per GPU at load, counted in the reserve "
-                     f"({cfg.serving.memory_reserve_gib} GiB), not as a row")
+        notes.append(
+            f"the {'baseline' if baseline else 'target'} engine serves the baseline and is built with "
+            f"--gather_generation_logits (check reads its top-2 margin at a divergence): ~{logits_gib:.2f} "
+            f"GiB of logits buffers per GPU at load, counted in the reserve "
+            f"({cfg.serving.memory_reserve_gib} GiB), not as a row"
+        )
     return notes

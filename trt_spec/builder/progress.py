@@ -55,6 +55,7 @@ class StepWatch:
                 last = last_line(log)
                 display.update(f"{label}: {time.monotonic() - self.t0:.0f}s" + (f" — {last}" if last else ""))
             display.stop()
+
         self._thread = threading.Thread(target=tick, daemon=True)
         self._thread.start()
 

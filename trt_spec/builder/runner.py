@@ -1,4 +1,5 @@
-"""Runner: executes a Plan incrementally, atomically and resumably, then writes manifest.json (trt_spec/records/manifest.py).
+"""Runner: executes a Plan incrementally, atomically and resumably, then writes manifest.json
+(trt_spec/records/manifest.py).
 
 - A step whose output carries a stamp with the same fingerprint is skipped.
 - Each step writes into a hidden temporary directory next to its output, renamed on success; a failure,
@@ -30,10 +31,18 @@ from typing import Callable, Optional
 
 from .. import __version__
 from ..records.integrity import IntegrityError, file_sums, verify
-from ..records.manifest import (BuildManifest, CalibrationRecord, EngineEntry, GpuRecord, LimitsRecord, RuntimeRecord,
-                                StepRecord, WorldSize)
-from .calibration import fingerprint as calibration_fingerprint
+from ..records.manifest import (
+    BuildManifest,
+    CalibrationRecord,
+    EngineEntry,
+    GpuRecord,
+    LimitsRecord,
+    RuntimeRecord,
+    StepRecord,
+    WorldSize,
+)
 from ..records.procutil import die_with_parent, stop_group
+from .calibration import fingerprint as calibration_fingerprint
 from .plan import STEP_STAMP, Plan, Step
 from .trtllm import dist_version, trtllm_mismatch
 
@@ -43,8 +52,9 @@ log = logging.getLogger(__name__)
 
 
 class BuildError(RuntimeError):
-    def __init__(self, message: str, step: Optional[str] = None, log: Optional[Path] = None,
-                 tail: str = "", rerun: str = ""):
+    def __init__(
+        self, message: str, step: Optional[str] = None, log: Optional[Path] = None, tail: str = "", rerun: str = ""
+    ):
         super().__init__(message)
         self.step, self.log, self.tail, self.rerun = step, log, tail, rerun
 
@@ -172,13 +182,24 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
         logf.write(f"$ {shlex.join(argv)}\n")
         logf.flush()
         try:  # own session (the build's Ctrl-C is handled below), but it dies with this thread (PDEATHSIG)
-            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    preexec_fn=die_with_parent(signal.SIGKILL))
+            proc = subprocess.Popen(
+                argv,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGKILL),
+            )
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise BuildError(f"step {step.name}: cannot start {argv[0]}: {e.strerror}; install it or fix "
-                             "toolchain.* in the config (trt-spec doctor shows what is missing)",
-                             step.name, log_path, "", rerun) from None
+            raise BuildError(
+                f"step {step.name}: cannot start {argv[0]}: {e.strerror}; install it or fix "
+                "toolchain.* in the config (trt-spec doctor shows what is missing)",
+                step.name,
+                log_path,
+                "",
+                rerun,
+            ) from None
         try:
             rc = proc.wait()
         except BaseException:  # Ctrl-C / SIGTERM / SIGHUP: stop the tool's whole process group, leave nothing behind
@@ -188,14 +209,29 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
     seconds = time.monotonic() - t0
     if rc != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise BuildError(f"step {step.name} failed (exit code {rc}) after {seconds:.1f}s; log: {log_path}",
-                         step.name, log_path, _tail(log_path), rerun)
+        raise BuildError(
+            f"step {step.name} failed (exit code {rc}) after {seconds:.1f}s; log: {log_path}",
+            step.name,
+            log_path,
+            _tail(log_path),
+            rerun,
+        )
     if not tmp.is_dir():
-        raise BuildError(f"step {step.name} exited 0 but wrote nothing to its output directory; log: {log_path}",
-                         step.name, log_path, _tail(log_path), rerun)
-    stamp = {"step": step.name, "fingerprint": step.fingerprint, "argv": list(step.argv),
-             "seconds": round(seconds, 3), "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-             "files": file_sums(tmp, skip={STEP_STAMP})}
+        raise BuildError(
+            f"step {step.name} exited 0 but wrote nothing to its output directory; log: {log_path}",
+            step.name,
+            log_path,
+            _tail(log_path),
+            rerun,
+        )
+    stamp = {
+        "step": step.name,
+        "fingerprint": step.fingerprint,
+        "argv": list(step.argv),
+        "seconds": round(seconds, 3),
+        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "files": file_sums(tmp, skip={STEP_STAMP}),
+    }
     (tmp / STEP_STAMP).write_text(json.dumps(stamp, indent=2))
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
@@ -222,10 +258,21 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
         if cfg.runtime == "llmapi" and plan.engine == "tensorrt":  # a checkpoint served as it is: no build sums
             spec = model or cfg.target  # the EAGLE-3 head: the target's parallelism
             engines[role] = EngineEntry(
-                dir=str(Path(edir).resolve()), checkpoint=edir, tp=spec.tp, pp=spec.pp, world_size=spec.world_size,
-                devices=list(r.draft_devices if role == "draft" else r.target_devices), weights=r.quant.weights,
-                kv_cache=r.quant.kv_cache, argv=[], fingerprint="", max_draft_len=r.max_draft_len if role == "target"
-                else 0, gather_generation_logits=False, step="", files=None)
+                dir=str(Path(edir).resolve()),
+                checkpoint=edir,
+                tp=spec.tp,
+                pp=spec.pp,
+                world_size=spec.world_size,
+                devices=list(r.draft_devices if role == "draft" else r.target_devices),
+                weights=r.quant.weights,
+                kv_cache=r.quant.kv_cache,
+                argv=[],
+                fingerprint="",
+                max_draft_len=r.max_draft_len if role == "target" else 0,
+                gather_generation_logits=False,
+                step="",
+                files=None,
+            )
             continue
         step = plan.step(f"engine-{role}" if plan.engine == "tensorrt" else f"export-{role}")
         stamp = read_stamp(Path(step.output)) or {}
@@ -234,36 +281,69 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
             # an imported / distilled source: its HF directory (the tokenizer the repository serves with)
             dir=str(Path(edir).resolve()),
             checkpoint=str(Path(plan.sources[role]).resolve()) if role in plan.sources else model.checkpoint,
-            tp=model.tp, pp=model.pp, world_size=model.world_size,
+            tp=model.tp,
+            pp=model.pp,
+            world_size=model.world_size,
             devices=list(r.draft_devices if role == "draft" else r.target_devices),
-            weights=r.quant.weights, kv_cache=r.quant.kv_cache, argv=list(step.argv), fingerprint=step.fingerprint,
+            weights=r.quant.weights,
+            kv_cache=r.quant.kv_cache,
+            argv=list(step.argv),
+            fingerprint=step.fingerprint,
             max_draft_len=r.max_draft_len if role == "target" else 0,
-            gather_generation_logits="--gather_generation_logits" in step.argv, step=step.name,
+            gather_generation_logits="--gather_generation_logits" in step.argv,
+            step=step.name,
             # as the build wrote it (verified by the run that writes this manifest); None before the engine is built
-            files=stamp.get("files") if built else None)
+            files=stamp.get("files") if built else None,
+        )
     g = plan.gpu
     draft_world = cfg.draft.world_size if cfg.draft else 0
     return BuildManifest(
-        name=plan.name, config_path=str(config_path) if config_path else None, config_hash=plan.config_hash,
-        config=cfg, engine=plan.engine, created=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+        name=plan.name,
+        config_path=str(config_path) if config_path else None,
+        config_hash=plan.config_hash,
+        config=cfg,
+        engine=plan.engine,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(),
         tool_versions=tool_versions(plan),
         gpu=None if g is None else GpuRecord(g.name, list(g.compute_capability), g.memory_gib, g.count, g.source),
         speculative=r.speculative_record(),
-        limits=LimitsRecord(max_batch_size=cfg.limits.max_batch_size, max_input_len=cfg.limits.max_input_len,
-                            max_seq_len=cfg.limits.max_seq_len, max_num_tokens=cfg.limits.max_num_tokens),
-        runtime=RuntimeRecord(kv_cache_free_gpu_mem_fraction=r.kv_cache_free_gpu_mem_fraction,
-                              draft_max_tokens_in_paged_kv_cache=r.draft_kv_tokens,
-                              target_devices=list(r.target_devices), draft_devices=list(r.draft_devices)),
+        limits=LimitsRecord(
+            max_batch_size=cfg.limits.max_batch_size,
+            max_input_len=cfg.limits.max_input_len,
+            max_seq_len=cfg.limits.max_seq_len,
+            max_num_tokens=cfg.limits.max_num_tokens,
+        ),
+        runtime=RuntimeRecord(
+            kv_cache_free_gpu_mem_fraction=r.kv_cache_free_gpu_mem_fraction,
+            draft_max_tokens_in_paged_kv_cache=r.draft_kv_tokens,
+            target_devices=list(r.target_devices),
+            draft_devices=list(r.draft_devices),
+        ),
         world_size=WorldSize(cfg.target.world_size, draft_world, cfg.target.world_size + draft_world),
         engines=engines,
         steps=[StepRecord(s.name, s.status, round(s.seconds, 3)) for s in results],
-        calibration=None if r.calibration is None else CalibrationRecord(
-            r.calibration.dataset, r.calibration.path, calibration_fingerprint(r.calibration.path),
-            r.calibration.samples, r.calibration.calib_size, r.calibration.max_seq_length))
+        calibration=None
+        if r.calibration is None
+        else CalibrationRecord(
+            r.calibration.dataset,
+            r.calibration.path,
+            calibration_fingerprint(r.calibration.path),
+            r.calibration.samples,
+            r.calibration.calib_size,
+            r.calibration.max_seq_length,
+        ),
+    )
 
 
-def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = False, force: bool = False,
-             only: Optional[str] = None, on_event: Optional[Event] = None) -> BuildResult:
+def run_plan(
+    plan: Plan,
+    *,
+    config_path: Optional[Path] = None,
+    dry_run: bool = False,
+    force: bool = False,
+    only: Optional[str] = None,
+    on_event: Optional[Event] = None,
+) -> BuildResult:
     out = Path(plan.output_dir)
     names = [s.name for s in plan.steps]
     if only is not None and only not in names:
@@ -296,8 +376,10 @@ def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = 
                 for dep in step.inputs:
                     producer = next((s for s in plan.steps if s.output == dep), None)
                     if producer is not None and not up_to_date(producer):
-                        raise BuildError(f"--only {only} needs the output of {producer.name}, which is missing or "
-                                         f"stale; run `trt-spec build {cfg_arg}` first")
+                        raise BuildError(
+                            f"--only {only} needs the output of {producer.name}, which is missing or "
+                            f"stale; run `trt-spec build {cfg_arg}` first"
+                        )
             if not force and up_to_date(step):
                 emit("skip", step, i, len(plan.steps))
                 result.steps.append(StepResult(step.name, "skipped"))
@@ -315,4 +397,3 @@ def run_plan(plan: Plan, *, config_path: Optional[Path] = None, dry_run: bool = 
         if all(up_to_date(s) for s in plan.steps):
             result.manifest = build_manifest(plan, config_path, result.steps).write(out)
     return result
-

@@ -36,10 +36,14 @@ def trtllm_mismatch(installed: Optional[str] = None) -> Optional[str]:
     v = installed if installed is not None else dist_version("tensorrt_llm")
     if v is None or v == TRTLLM_VERSION:
         return None
-    return (f"TensorRT-LLM {v} is installed, but trt-spec targets {TRTLLM_VERSION} (engines and the tensorrtllm "
-            f"backend must match it); use the image {NGC_IMAGE}")
+    return (
+        f"TensorRT-LLM {v} is installed, but trt-spec targets {TRTLLM_VERSION} (engines and the tensorrtllm "
+        f"backend must match it); use the image {NGC_IMAGE}"
+    )
 
-TRTLLM_BUILD_FLAGS = frozenset("""
+
+TRTLLM_BUILD_FLAGS = frozenset(
+    """
 --checkpoint_dir --model_config --build_config --model_cls_file --model_cls_name --output_dir
 --max_batch_size --max_input_len --max_seq_len --max_decoder_seq_len --max_beam_width --max_num_tokens
 --opt_num_tokens --max_encoder_input_len --max_prompt_embedding_table_size --kv_cache_type --paged_kv_cache
@@ -54,15 +58,18 @@ TRTLLM_BUILD_FLAGS = frozenset("""
 --remove_input_padding --tokens_per_block --use_paged_context_fmha --use_fp8_context_fmha --fuse_fp4_quant
 --multiple_profiles --paged_state --streamingllm --norm_quant_fusion --reduce_fusion --user_buffer
 --use_fused_mlp --pp_reduce_scatter
-""".split())
+""".split()
+)
 
-QUANTIZE_FLAGS = frozenset("""
+QUANTIZE_FLAGS = frozenset(
+    """
 --model_dir --nemo_ckpt_path --decoder_type --device --device_map --calib_dataset --calib_tp_size
 --calib_pp_size --dtype --qformat --seed --tokenizer_max_seq_length --batch_size --calib_size
 --calib_max_seq_length --output_dir --tp_size --pp_size --cp_size --awq_block_size --kv_cache_dtype
 --quantize_lm_head --num_medusa_heads --num_medusa_layers --max_draft_len --medusa_hidden_act
 --medusa_model_dir --quant_medusa_head --autoq_format --auto_quantize_bits
-""".split())
+""".split()
+)
 QUANTIZE_QFORMATS = frozenset("nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int8_wo int4_wo full_prec".split())
 QUANTIZE_KV_DTYPES = frozenset({"int8", "fp8"})
 

@@ -27,8 +27,9 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 IMAGE_EXTRA = "image"
 # Every distribution tritonclient 2.51..2.68 requires (base, grpc and http extras), but numpy: never pinned to the
 # image's version, so pip can satisfy tritonclient's bounds on them.
-TRITONCLIENT_BOUNDED = frozenset({"grpcio", "protobuf", "greenlet", "geventhttpclient", "aiohttp", "python-rapidjson",
-                                  "urllib3", "packaging"})
+TRITONCLIENT_BOUNDED = frozenset(
+    {"grpcio", "protobuf", "greenlet", "geventhttpclient", "aiohttp", "python-rapidjson", "urllib3", "packaging"}
+)
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)==\S+")
 
 
@@ -66,13 +67,20 @@ def install_argv(python: str, constraints: str, project: Optional[str] = ".") ->
 
 def main() -> int:
     py = sys.executable
-    freeze = subprocess.run([py, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True,
-                            check=True).stdout
+    freeze = subprocess.run(
+        [py, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, check=True
+    ).stdout
     Path(CONSTRAINTS_FILE).write_text(image_constraints(freeze))
-    free = sorted(f"{m.group(0)}" for m in (_PIN.match(x.strip()) for x in freeze.splitlines())
-                  if m and canonical(m.group(1)) in TRITONCLIENT_BOUNDED)
-    print(f"gpu-setup: {CONSTRAINTS_FILE} pins the image's packages; left free for tritonclient: "
-          f"{', '.join(free) or 'none installed'}", flush=True)
+    free = sorted(
+        f"{m.group(0)}"
+        for m in (_PIN.match(x.strip()) for x in freeze.splitlines())
+        if m and canonical(m.group(1)) in TRITONCLIENT_BOUNDED
+    )
+    print(
+        f"gpu-setup: {CONSTRAINTS_FILE} pins the image's packages; left free for tritonclient: "
+        f"{', '.join(free) or 'none installed'}",
+        flush=True,
+    )
     argv = install_argv(py, CONSTRAINTS_FILE)
     print("gpu-setup: " + " ".join(argv), flush=True)
     return subprocess.run(argv).returncode

@@ -4,7 +4,8 @@
 plus DIR/prometheus-adapter-values.yaml, following NVIDIA's guide (triton-inference-server/tutorials,
 Deployment/Kubernetes/TensorRT-LLM_Autoscaling_and_Load_Balancing): the pinned NGC image, a PersistentVolumeClaim
 with a Job that runs `trt-spec build` and `trt-spec repo` into it, one Deployment (one pod per replica, on one node)
-serving with trt-spec's own launch, a Service, a PodMonitor, an HPA on Triton's queue-to-compute ratio, a PodDisruptionBudget and an alert on speculative acceptance.
+serving with trt-spec's own launch, a Service, a PodMonitor, an HPA on Triton's queue-to-compute ratio, a
+PodDisruptionBudget and an alert on speculative acceptance.
 
 The templates are static package data (trt_spec/deploy/chart/templates); this module writes what the build decides
 (values.yaml: `plan` holds the facts, everything else is a knob) and checks, before writing anything, that the
@@ -19,20 +20,20 @@ import math
 import re
 import shlex
 import shutil
-from string import Template
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 from typing import Iterable, Optional
 
 import yaml
 
 from .. import __version__
-from ..records import defaults
-from ..records.atomic import replacing_dir
-from ..records.speculation import Mode, break_even_acceptance
-from ..records.manifest import BuildManifest, ManifestError
 from ..builder.model_info import is_imported
 from ..builder.trtllm import NGC_IMAGE
+from ..records import defaults
+from ..records.atomic import replacing_dir
+from ..records.manifest import BuildManifest, ManifestError
+from ..records.speculation import Mode, break_even_acceptance
 
 CHART_SOURCES = Path(__file__).parent / "chart"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
@@ -60,9 +61,11 @@ class Layout:
 # == tp x pp) and cannot use orchestrator mode (`--multi-model`: single node only, tensorrtllm_backend README), which
 # trt-spec needs for a draft beside a multi-GPU target. None of that can be tried here; a chart that cannot start
 # would be worse than this line.
-MULTI_NODE_REFUSED = ("{name}: the plan needs {ranks} GPUs but nodes have {per}; trt-spec serves a replica on one node "
-                      "(multi-node launch is not supported): use nodes with >= {ranks} GPUs, or lower the target's "
-                      "tp x pp")
+MULTI_NODE_REFUSED = (
+    "{name}: the plan needs {ranks} GPUs but nodes have {per}; trt-spec serves a replica on one node "
+    "(multi-node launch is not supported): use nodes with >= {ranks} GPUs, or lower the target's "
+    "tp x pp"
+)
 
 
 @dataclass(frozen=True)
@@ -85,16 +88,20 @@ def load_manifest(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = N
 
     source = Path(source)
     if not source.exists():
-        raise DeployError(f"{source}: no such build directory or config; pass a build directory (build/NAME, "
-                          "written by trt-spec build) or a config from build_configs/")
+        raise DeployError(
+            f"{source}: no such build directory or config; pass a build directory (build/NAME, "
+            "written by trt-spec build) or a config from build_configs/"
+        )
     try:
         m = manifest_from(source, tuple(sets), gpu)
     except ManifestError as e:
         raise DeployError(str(e)) from None
     if not m.config.recipe.gpu:
-        raise DeployError(f"{source}: engine {m.engine!r} is the CPU reference deployment; the Kubernetes bundle is "
-                          "for the GPU deployment (engine: tensorrt): pass a GPU config such as "
-                          "build_configs/llama33-70b-fp8-h200.yaml, or serve this one with trt-spec serve / make demo")
+        raise DeployError(
+            f"{source}: engine {m.engine!r} is the CPU reference deployment; the Kubernetes bundle is "
+            "for the GPU deployment (engine: tensorrt): pass a GPU config such as "
+            "build_configs/llama33-70b-fp8-h200.yaml, or serve this one with trt-spec serve / make demo"
+        )
     return m
 
 
@@ -124,8 +131,9 @@ def model_sizes(m: BuildManifest) -> tuple[int, Optional[int]]:
 
     cfg = m.config
     target = model_info_for(cfg.target.checkpoint, "target", False).num_params
-    draft = model_info_for(cfg.draft.checkpoint, "draft", False).num_params if cfg.draft and cfg.draft.checkpoint \
-        else None
+    draft = (
+        model_info_for(cfg.draft.checkpoint, "draft", False).num_params if cfg.draft and cfg.draft.checkpoint else None
+    )
     return target, draft
 
 
@@ -151,18 +159,28 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
     if m.config.recipe.llm_api:  # the LLM API builds at load: the Job only writes the repository
         return BuildResources(gpus, 64, "runtime llmapi builds nothing ahead: the serving pod's GPUs, 64 GiB")
     if m.gpu is None or weights in ("bf16", "fp16", "fp32"):
-        return BuildResources(gpus, memory, f"no calibration ({weights}): the serving pod's GPUs; host memory for the "
-                                            f"{weights16:.0f} GiB 16-bit checkpoint the conversion reads")
+        return BuildResources(
+            gpus,
+            memory,
+            f"no calibration ({weights}): the serving pod's GPUs; host memory for the "
+            f"{weights16:.0f} GiB 16-bit checkpoint the conversion reads",
+        )
     peak = calibration_peak_gib(target_params)
     need = max(gpus, math.ceil(peak / m.gpu.memory_gib))
     if gpus_per_node_given and need > lay.gpus_per_node:
-        raise DeployError(f"{m.name}: calibrating the target for {weights} loads ~{peak:.0f} GiB (16-bit weights x "
-                          f"{CALIBRATION_PEAK_FACTOR}), {need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB each), but "
-                          f"--gpus-per-node is {lay.gpus_per_node}; build on nodes with >= {need} GPUs "
-                          f"(--gpus-per-node {need}), or quantize elsewhere and point target.checkpoint at the result")
-    return BuildResources(need, memory, f"{weights} calibration loads ~{peak:.0f} GiB of 16-bit weights at peak: "
-                                        f"{need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB); host memory for the "
-                                        f"{weights16:.0f} GiB 16-bit checkpoint")
+        raise DeployError(
+            f"{m.name}: calibrating the target for {weights} loads ~{peak:.0f} GiB (16-bit weights x "
+            f"{CALIBRATION_PEAK_FACTOR}), {need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB each), but "
+            f"--gpus-per-node is {lay.gpus_per_node}; build on nodes with >= {need} GPUs "
+            f"(--gpus-per-node {need}), or quantize elsewhere and point target.checkpoint at the result"
+        )
+    return BuildResources(
+        need,
+        memory,
+        f"{weights} calibration loads ~{peak:.0f} GiB of 16-bit weights at peak: "
+        f"{need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB); host memory for the "
+        f"{weights16:.0f} GiB 16-bit checkpoint",
+    )
 
 
 def acceptance(m: BuildManifest, min_acceptance: Optional[float] = None) -> Acceptance:
@@ -193,8 +211,12 @@ def acceptance(m: BuildManifest, min_acceptance: Optional[float] = None) -> Acce
 
 def pod_paths(m: BuildManifest) -> dict[str, str]:
     mount = defaults.K8S_MOUNT_PATH
-    return {"mountPath": mount, "buildDir": f"{mount}/build/{m.name}", "repository": f"{mount}/repo/{m.name}",
-            "config": f"/etc/trt-spec/{m.name}.yaml"}
+    return {
+        "mountPath": mount,
+        "buildDir": f"{mount}/build/{m.name}",
+        "repository": f"{mount}/repo/{m.name}",
+        "config": f"/etc/trt-spec/{m.name}.yaml",
+    }
 
 
 def launch(m: BuildManifest, repository: str, *, admin_key: bool):
@@ -205,8 +227,14 @@ def launch(m: BuildManifest, repository: str, *, admin_key: bool):
     from ..serve.launch import launch_spec
     from ..serve.locate import NGC_TRITONSERVER
 
-    spec = launch_spec(Path(repository), record=repo_record(m), binary=NGC_TRITONSERVER, host="0.0.0.0",
-                       admin_key_file=Path(ADMIN_KEY_FILE) if admin_key else None, shm_prefix="trtspec_")
+    spec = launch_spec(
+        Path(repository),
+        record=repo_record(m),
+        binary=NGC_TRITONSERVER,
+        host="0.0.0.0",
+        admin_key_file=Path(ADMIN_KEY_FILE) if admin_key else None,
+        shm_prefix="trtspec_",
+    )
     return list(spec.argv), spec
 
 
@@ -232,11 +260,16 @@ def build_config_text(m: BuildManifest, paths: dict[str, str], gpu: Optional[str
 
 def build_script(paths: dict[str, str]) -> str:
     cli = "python3 -m trt_spec.cli"
-    return "\n".join([
-        "set -euo pipefail",
-        f"{cli} build {shlex.quote(paths['config'])}",
-        f"{cli} repo {shlex.quote(paths['buildDir'])} --out {shlex.quote(paths['repository'])}",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -euo pipefail",
+                f"{cli} build {shlex.quote(paths['config'])}",
+                f"{cli} repo {shlex.quote(paths['buildDir'])} --out {shlex.quote(paths['repository'])}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _j(v) -> str:
@@ -250,22 +283,36 @@ class _PlanDumper(yaml.SafeDumper):
     """Multi-line strings (the build script and config) as literal blocks: readable in values.yaml and in diffs."""
 
 
-_PlanDumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v,
-                                                                 style="|" if "\n" in v else None))
+_PlanDumper.add_representer(
+    str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v, style="|" if "\n" in v else None)
+)
 
 
 def plan_values(m: BuildManifest, lay: Layout, acc: Acceptance, *, gpu: Optional[str], env: dict) -> dict:
     """values.yaml's `plan` block: the build's facts the templates read (regenerate the chart to change them); env:
     the environment of the pod's launch line."""
     paths = pod_paths(m)
-    return {"name": m.name, "configHash": m.config_hash, "ranks": lay.ranks, "singleProcess": lay.single_process,
-            "speculativeMode": m.speculative.mode, "numDraftTokens": acc.k,
-            "queueComputeMetric": defaults.QUEUE_COMPUTE_METRIC, "queueComputeRule": QUEUE_COMPUTE_RULE,
-            "adminKeyFile": ADMIN_KEY_FILE,
-            "ports": {"http": defaults.HTTP_PORT, "grpc": defaults.GRPC_PORT, "metrics": defaults.METRICS_PORT,
-                      "openai": defaults.OPENAI_PORT},
-            "paths": dict(paths), "env": dict(env),
-            "buildScript": build_script(paths), "buildConfig": build_config_text(m, paths, gpu)}
+    return {
+        "name": m.name,
+        "configHash": m.config_hash,
+        "ranks": lay.ranks,
+        "singleProcess": lay.single_process,
+        "speculativeMode": m.speculative.mode,
+        "numDraftTokens": acc.k,
+        "queueComputeMetric": defaults.QUEUE_COMPUTE_METRIC,
+        "queueComputeRule": QUEUE_COMPUTE_RULE,
+        "adminKeyFile": ADMIN_KEY_FILE,
+        "ports": {
+            "http": defaults.HTTP_PORT,
+            "grpc": defaults.GRPC_PORT,
+            "metrics": defaults.METRICS_PORT,
+            "openai": defaults.OPENAI_PORT,
+        },
+        "paths": dict(paths),
+        "env": dict(env),
+        "buildScript": build_script(paths),
+        "buildConfig": build_config_text(m, paths, gpu),
+    }
 
 
 def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *, gpu: Optional[str]) -> str:
@@ -275,35 +322,60 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
     argv, spec = launch(m, paths["repository"], admin_key=False)
     res = build_resources(m, lay, False)
     image, tag = NGC_IMAGE.rsplit(":", 1)
-    checkpoints = [m.config.target.checkpoint] + ([m.config.draft.checkpoint] if m.config.draft and
-                                                  m.config.draft.checkpoint else [])
+    checkpoints = [m.config.target.checkpoint] + (
+        [m.config.draft.checkpoint] if m.config.draft and m.config.draft.checkpoint else []
+    )
     knobs = Template(VALUES_TEMPLATE.read_text()).substitute(
-        name=m.name, version=__version__, source=source, trtllm_version=m.tool_versions.get("tensorrt_llm") or "1.2.1",
-        image=image, tag=_j(tag), mount_path=paths["mountPath"],
-        pip_install=_j(f"--no-deps --no-index --find-links {paths['mountPath']}/wheels trt-spec rich markdown-it-py mdurl"),
-        gpus_per_node=lay.gpus_per_node, shm_size=defaults.K8S_SHM_SIZE, checkpoints=", ".join(checkpoints),
-        build_gpus=res.gpus, build_memory=f"{res.memory_gib}Gi", build_why=res.why, startup_s=defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES,
-        startup_period_s=defaults.K8S_STARTUP_PERIOD_S, startup_failures=defaults.K8S_STARTUP_FAILURES,
-        http_port=defaults.HTTP_PORT, grpc_port=defaults.GRPC_PORT, metrics_port=defaults.METRICS_PORT,
-        openai_port=defaults.OPENAI_PORT, openai_enabled="true" if m.config.recipe.openai else "false",
+        name=m.name,
+        version=__version__,
+        source=source,
+        trtllm_version=m.tool_versions.get("tensorrt_llm") or "1.2.1",
+        image=image,
+        tag=_j(tag),
+        mount_path=paths["mountPath"],
+        pip_install=_j(
+            f"--no-deps --no-index --find-links {paths['mountPath']}/wheels trt-spec rich markdown-it-py mdurl"
+        ),
+        gpus_per_node=lay.gpus_per_node,
+        shm_size=defaults.K8S_SHM_SIZE,
+        checkpoints=", ".join(checkpoints),
+        build_gpus=res.gpus,
+        build_memory=f"{res.memory_gib}Gi",
+        build_why=res.why,
+        startup_s=defaults.K8S_STARTUP_PERIOD_S * defaults.K8S_STARTUP_FAILURES,
+        startup_period_s=defaults.K8S_STARTUP_PERIOD_S,
+        startup_failures=defaults.K8S_STARTUP_FAILURES,
+        http_port=defaults.HTTP_PORT,
+        grpc_port=defaults.GRPC_PORT,
+        metrics_port=defaults.METRICS_PORT,
+        openai_port=defaults.OPENAI_PORT,
+        openai_enabled="true" if m.config.recipe.openai else "false",
         drain_timeout_s=int(defaults.DRAIN_TIMEOUT_S),
         stop_margin_s=int(defaults.DRAIN_CUT_GRACE_S + defaults.EXIT_TIMEOUT_S + 5),
         uid=TRITON_UID,
-        k=acc.k, r=acc.r, why=acc.why, min_acceptance=repr(acc.threshold))
+        k=acc.k,
+        r=acc.r,
+        why=acc.why,
+        min_acceptance=repr(acc.threshold),
+    )
     dev = m.runtime
     draft = f", draft on GPU(s) {dev.draft_devices}" if m.draft else ""
     shown = shlex.join(argv).replace(spec.admin_key, spec.admin_key_shown)
-    plan = yaml.dump({"plan": plan_values(m, lay, acc, gpu=gpu, env=spec.env)}, Dumper=_PlanDumper, sort_keys=False,
-                     width=1000)
-    return (f"{knobs}\n# -- The build's facts (do not edit: regenerate with trt-spec deploy k8s).\n"
-            f"# GPUs: target TP{m.target.tp} x PP{m.target.pp} on GPU(s) {dev.target_devices}{draft}. A pod runs "
-            f"`trt-spec serve`, which runs (trt-spec serve --dry-run):\n#   {shown}\n{plan}")
+    plan = yaml.dump(
+        {"plan": plan_values(m, lay, acc, gpu=gpu, env=spec.env)}, Dumper=_PlanDumper, sort_keys=False, width=1000
+    )
+    return (
+        f"{knobs}\n# -- The build's facts (do not edit: regenerate with trt-spec deploy k8s).\n"
+        f"# GPUs: target TP{m.target.tp} x PP{m.target.pp} on GPU(s) {dev.target_devices}{draft}. A pod runs "
+        f"`trt-spec serve`, which runs (trt-spec serve --dry-run):\n#   {shown}\n{plan}"
+    )
 
 
 # NVIDIA's recording rule (their autoscaling tutorial's triton-metrics_prometheus-rule.yaml): time requests spent
 # queued over time they spent computing, per series, over 1 minute. The chart's PrometheusRule records it.
-QUEUE_COMPUTE_RULE = ("rate(nv_inference_queue_duration_us[1m]) / "
-                      "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)")
+QUEUE_COMPUTE_RULE = (
+    "rate(nv_inference_queue_duration_us[1m]) / clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)"
+)
 
 
 def adapter_values_yaml() -> str:
@@ -346,23 +418,35 @@ kubeVersion: ">=1.27.0-0"
 """
 
 
-def write_chart(source: Path, out: Path, *, gpus_per_node: Optional[int] = None,
-                min_acceptance: Optional[float] = None, sets: Iterable[str] = (), gpu: Optional[str] = None) -> Path:
+def write_chart(
+    source: Path,
+    out: Path,
+    *,
+    gpus_per_node: Optional[int] = None,
+    min_acceptance: Optional[float] = None,
+    sets: Iterable[str] = (),
+    gpu: Optional[str] = None,
+) -> Path:
     """Write the chart to `out` atomically (temp dir, then rename; safe to rerun over an earlier chart). Every check
     runs before anything is written. Returns `out`."""
     m = load_manifest(source, sets, gpu)
     cfg = m.config
     if is_imported(cfg.target.checkpoint) or (cfg.draft is not None and cfg.draft.distill is not None):
-        raise DeployError(f"{m.name}: a GGUF target or a distilled draft is built on one host (the first-contact "
-                          "configs, make gpu-smoke), not by a cluster's build Job; deploy a config whose target.checkpoint "
-                          "and draft.checkpoint are Hugging Face directories")
+        raise DeployError(
+            f"{m.name}: a GGUF target or a distilled draft is built on one host (the first-contact "
+            "configs, make gpu-smoke), not by a cluster's build Job; deploy a config whose target.checkpoint "
+            "and draft.checkpoint are Hugging Face directories"
+        )
     lay = layout(m, gpus_per_node)
     build_resources(m, lay, gpus_per_node is not None)  # refused before anything is written
     if min_acceptance is not None and not 0.0 <= min_acceptance <= 1.0:
         raise DeployError(f"--min-acceptance must be in [0, 1], got {min_acceptance}")
     acc = acceptance(m, min_acceptance)
-    files = {"Chart.yaml": chart_yaml(m), "values.yaml": values_yaml(m, Path(source), lay, acc, gpu=gpu),
-             ADAPTER_VALUES: adapter_values_yaml()}
+    files = {
+        "Chart.yaml": chart_yaml(m),
+        "values.yaml": values_yaml(m, Path(source), lay, acc, gpu=gpu),
+        ADAPTER_VALUES: adapter_values_yaml(),
+    }
     out = Path(out)
     if out.exists() and not (out / "Chart.yaml").is_file():
         if not out.is_dir() or any(out.iterdir()):

@@ -67,11 +67,22 @@ class RequestSample:
     @staticmethod
     def of(model: str, i: int, r: int, g: Generation) -> "RequestSample":
         m = g.metrics
-        return RequestSample(model, i, r, g.num_tokens, g.ttft_s, g.latency_s,
-                             tpot(g.latency_s, g.ttft_s, g.num_tokens),
-                             int(m.get("total_accepted_draft_tokens", 0)), int(m.get("total_draft_tokens", 0)),
-                             int(m.get(TOTAL_STEPS, 0)), m.get(ACCEPTED_LENGTH_HISTOGRAM), m.get(DRAFT_LENGTHS),
-                             m.get(lc.ACCEPTANCE_SOURCE), m.get(lc.ACCEPTANCE_NOTE))
+        return RequestSample(
+            model,
+            i,
+            r,
+            g.num_tokens,
+            g.ttft_s,
+            g.latency_s,
+            tpot(g.latency_s, g.ttft_s, g.num_tokens),
+            int(m.get("total_accepted_draft_tokens", 0)),
+            int(m.get("total_draft_tokens", 0)),
+            int(m.get(TOTAL_STEPS, 0)),
+            m.get(ACCEPTED_LENGTH_HISTOGRAM),
+            m.get(DRAFT_LENGTHS),
+            m.get(lc.ACCEPTANCE_SOURCE),
+            m.get(lc.ACCEPTANCE_NOTE),
+        )
 
 
 def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int], policy: Optional[str] = None) -> Generation:
@@ -93,17 +104,30 @@ def request_acceptance_counts(spec: Sequence[RequestSample]) -> AcceptanceCounts
     sources = [s.acceptance_source for s in spec if s.acceptance_source]
     notes = [s.acceptance_note for s in spec if s.acceptance_note]
     return AcceptanceCounts(
-        requests=len(spec), accepted=sum(s.accepted for s in spec), drafted=sum(s.drafted for s in spec), steps=steps,
+        requests=len(spec),
+        accepted=sum(s.accepted for s in spec),
+        drafted=sum(s.drafted for s in spec),
+        steps=steps,
         # rounds that verified drafts (the histogram's); in-engine modes report no histogram: every step drafted
-        speculative_rounds=sum(hist) if hists else steps, rounds_without_speculation=counts[0] if counts else 0,
-        histogram=tuple(hist), draft_length_counts=tuple(counts),
+        speculative_rounds=sum(hist) if hists else steps,
+        rounds_without_speculation=counts[0] if counts else 0,
+        histogram=tuple(hist),
+        draft_length_counts=tuple(counts),
         source=max(set(sources), key=sources.count) if sources else None,
         # corrections to the streamed count, with how many requests each applied to (lc.STREAM_CUT, STREAM_CLAMPED)
-        notes=tuple(f"{n} ({notes.count(n)} of {len(spec)} requests)" for n in sorted(set(notes))))
+        notes=tuple(f"{n} ({notes.count(n)} of {len(spec)} requests)" for n in sorted(set(notes))),
+    )
 
 
-def ab_measurement(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] = None, repeats: int = 1,
-                   warmup: int = 1, policy: Optional[str] = None) -> Measurement:
+def ab_measurement(
+    client: LLMClient,
+    prompts: Sequence[Prompt],
+    *,
+    k: Optional[int] = None,
+    repeats: int = 1,
+    warmup: int = 1,
+    policy: Optional[str] = None,
+) -> Measurement:
     """The paired A/B (phases.measure runs it): interleaved, baseline and speculative alternate per request after a
     warm-up; in phases, every prompt on one model, then on the other (its baseline half is the same at any k and
     policy: one per phase cycle). Progress: (pairs or requests done, total)."""
@@ -120,6 +144,7 @@ def ab_measurement(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[
                     if progress:
                         progress(len(out), total)
             return out
+
         return run
 
     def interleaved(progress: Progress) -> dict:
@@ -139,9 +164,16 @@ def ab_measurement(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[
         return summarize(samples, k, policy)
 
     label = f"A/B k={k if k is not None else 'default'}" + (f" {policy}" if policy else "")
-    return Measurement(label, total, interleaved, side(SPECULATIVE), side(BASELINE),
-                       lambda spec, base: {**summarize(spec + base, k, policy), "order": PHASED_NOTE}, total,
-                       baseline_key=("A/B", tuple(prompts), repeats))
+    return Measurement(
+        label,
+        total,
+        interleaved,
+        side(SPECULATIVE),
+        side(BASELINE),
+        lambda spec, base: {**summarize(spec + base, k, policy), "order": PHASED_NOTE},
+        total,
+        baseline_key=("A/B", tuple(prompts), repeats),
+    )
 
 
 def _one(client, m: Measurement, progress: Progress = None):
@@ -149,8 +181,16 @@ def _one(client, m: Measurement, progress: Progress = None):
     return measure(client, [m], stage=lambda label, total: (contextlib.nullcontext(), progress))[0]
 
 
-def paired_ab(client: LLMClient, prompts: Sequence[Prompt], *, k: Optional[int] = None, repeats: int = 1,
-              warmup: int = 1, progress: Progress = None, policy: Optional[str] = None) -> dict:
+def paired_ab(
+    client: LLMClient,
+    prompts: Sequence[Prompt],
+    *,
+    k: Optional[int] = None,
+    repeats: int = 1,
+    warmup: int = 1,
+    progress: Progress = None,
+    policy: Optional[str] = None,
+) -> dict:
     return _one(client, ab_measurement(client, prompts, k=k, repeats=repeats, warmup=warmup, policy=policy), progress)
 
 
@@ -168,27 +208,43 @@ def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Option
     acc = acceptance_summary(request_acceptance_counts(spec))
 
     def side(xs: Sequence[RequestSample]) -> dict:
-        return {"ttft_s": Summary.of([x.ttft_s for x in xs]).__dict__,
-                "tpot_s": Summary.of([x.tpot_s for x in xs]).__dict__,
-                "latency_s": Summary.of([x.latency_s for x in xs]).__dict__,
-                "tokens_per_s": sum(x.tokens for x in xs) / sum(x.latency_s for x in xs),
-                "tokens": sum(x.tokens for x in xs)}
+        return {
+            "ttft_s": Summary.of([x.ttft_s for x in xs]).__dict__,
+            "tpot_s": Summary.of([x.tpot_s for x in xs]).__dict__,
+            "latency_s": Summary.of([x.latency_s for x in xs]).__dict__,
+            "tokens_per_s": sum(x.tokens for x in xs) / sum(x.latency_s for x in xs),
+            "tokens": sum(x.tokens for x in xs),
+        }
 
-    out = {"k": k, "draft_len_policy": policy, "requests": len(spec), "speedup": speedup, "speedup_ci95": [lo, hi],
-           "baseline": side(base), "speculative": side(spec), "acceptance": acc,
-           "samples": [s.__dict__ for s in samples]}
+    out = {
+        "k": k,
+        "draft_len_policy": policy,
+        "requests": len(spec),
+        "speedup": speedup,
+        "speedup_ci95": [lo, hi],
+        "baseline": side(base),
+        "speculative": side(spec),
+        "acceptance": acc,
+        "samples": [s.__dict__ for s in samples],
+    }
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
     if acc["source"] == lc.FROM_STREAMED_CHUNKS:  # a mean length without k or drafted counts: no α is claimed
-        out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x) at a mean "
-                          f"acceptance length of {acc['mean_acceptance_length']:.2f} (from {acc['source']})"
-                          if speedup < 1.0 and acc["mean_acceptance_length"] is not None else None)
+        out["warning"] = (
+            f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x) at a mean "
+            f"acceptance length of {acc['mean_acceptance_length']:.2f} (from {acc['source']})"
+            if speedup < 1.0 and acc["mean_acceptance_length"] is not None
+            else None
+        )
     elif acc["mean_acceptance_length"] is not None or any(x.draft_lengths for x in spec):
         out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)  # c is not measured here
     else:  # no per-round figures (the OpenAI API; an LLM-API model's perf outputs): no α is claimed
-        out["warning"] = (f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x); the model reports "
-                          "no per-round acceptance (acceptance rate: "
-                          f"{'n/a' if acc['acceptance_rate'] is None else format(acc['acceptance_rate'], '.2f')})"
-                          if speedup < 1.0 else None)
+        out["warning"] = (
+            f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x); the model reports "
+            "no per-round acceptance (acceptance rate: "
+            f"{'n/a' if acc['acceptance_rate'] is None else format(acc['acceptance_rate'], '.2f')})"
+            if speedup < 1.0
+            else None
+        )
     return out
 
 
@@ -196,8 +252,14 @@ def _alpha_from(acc: dict, k: int) -> float:
     return solve_alpha(acc["mean_acceptance_length"] or 1.0, k)
 
 
-def _nth_sample(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], i: int,
-                k: Optional[int], policy: Optional[str]) -> RequestSample:
+def _nth_sample(
+    client_factory: Callable[[], LLMClient],
+    model: str,
+    prompts: Sequence[Prompt],
+    i: int,
+    k: Optional[int],
+    policy: Optional[str],
+) -> RequestSample:
     """Request i of a run (prompts cycled: prompt i mod n, repeat i div n) on a client of its own."""
     p, r = i % len(prompts), i // len(prompts)
     cl = client_factory()
@@ -207,8 +269,15 @@ def _nth_sample(client_factory: Callable[[], LLMClient], model: str, prompts: Se
         cl.close()
 
 
-def run_level(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], concurrency: int,
-              n: int, k: Optional[int], policy: Optional[str] = None) -> tuple[list[RequestSample], float]:
+def run_level(
+    client_factory: Callable[[], LLMClient],
+    model: str,
+    prompts: Sequence[Prompt],
+    concurrency: int,
+    n: int,
+    k: Optional[int],
+    policy: Optional[str] = None,
+) -> tuple[list[RequestSample], float]:
     """n requests (prompts cycled) to one model with `concurrency` in flight: the samples and the wall time."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -220,27 +289,47 @@ def level_side(samples: Sequence[RequestSample], wall_s: float) -> dict:
     """One model at one level: total throughput over the level's wall time, per-request TTFT/TPOT/latency
     summaries (mean, p50, p90, p99) and every raw sample."""
     tokens = sum(s.tokens for s in samples)
-    return {"requests": len(samples), "tokens": tokens, "wall_s": wall_s,
-            "tokens_per_s": total_throughput(tokens, wall_s),
-            "ttft_s": Summary.of([s.ttft_s for s in samples]).__dict__,
-            "tpot_s": Summary.of([s.tpot_s for s in samples]).__dict__,
-            "latency_s": Summary.of([s.latency_s for s in samples]).__dict__,
-            "samples": [s.__dict__ for s in samples]}
+    return {
+        "requests": len(samples),
+        "tokens": tokens,
+        "wall_s": wall_s,
+        "tokens_per_s": total_throughput(tokens, wall_s),
+        "ttft_s": Summary.of([s.ttft_s for s in samples]).__dict__,
+        "tpot_s": Summary.of([s.tpot_s for s in samples]).__dict__,
+        "latency_s": Summary.of([s.latency_s for s in samples]).__dict__,
+        "samples": [s.__dict__ for s in samples],
+    }
 
 
-def sweep_row(concurrency: int, base: Sequence[RequestSample], base_wall_s: float, spec: Sequence[RequestSample],
-              spec_wall_s: float) -> dict:
+def sweep_row(
+    concurrency: int,
+    base: Sequence[RequestSample],
+    base_wall_s: float,
+    spec: Sequence[RequestSample],
+    spec_wall_s: float,
+) -> dict:
     """One level of the sweep: both sides, speedup = speculative / baseline total tok/s, and the speculative
     acceptance summed over the level's requests."""
     b, s = level_side(base, base_wall_s), level_side(spec, spec_wall_s)
-    return {"concurrency": concurrency, "requests": len(spec), BASELINE: b, SPECULATIVE: s,
-            "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else math.nan,
-            "acceptance": acceptance_summary(request_acceptance_counts(spec))}
+    return {
+        "concurrency": concurrency,
+        "requests": len(spec),
+        BASELINE: b,
+        SPECULATIVE: s,
+        "speedup": s["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else math.nan,
+        "acceptance": acceptance_summary(request_acceptance_counts(spec)),
+    }
 
 
-def sweep_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
-                      k: Optional[int] = None, requests_per_level: Optional[int] = None,
-                      policy: Optional[str] = None) -> Measurement:
+def sweep_measurement(
+    client_factory: Callable[[], LLMClient],
+    prompts: Sequence[Prompt],
+    levels: Sequence[int],
+    *,
+    k: Optional[int] = None,
+    requests_per_level: Optional[int] = None,
+    policy: Optional[str] = None,
+) -> Measurement:
     """The concurrency sweep (concurrency_sweep) as phases.measure runs it; in phases, every level on the speculative
     model, then every level on the baseline."""
     if not prompts:
@@ -258,6 +347,7 @@ def sweep_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence
                 if progress:
                     progress(li + 1, len(levels))
             return out
+
         return run
 
     def interleaved(progress: Progress) -> list[dict]:
@@ -272,10 +362,15 @@ def sweep_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence
             rows.append(sweep_row(c, *runs[BASELINE], *runs[SPECULATIVE]))
         return rows
 
-    return Measurement("concurrency sweep", 2 * len(levels), interleaved, every_level(SPECULATIVE),
-                       every_level(BASELINE),
-                       lambda spec, base: [{**sweep_row(c, *base[c], *spec[c]), "order": PHASED_NOTE} for c in levels],
-                       len(levels))
+    return Measurement(
+        "concurrency sweep",
+        2 * len(levels),
+        interleaved,
+        every_level(SPECULATIVE),
+        every_level(BASELINE),
+        lambda spec, base: [{**sweep_row(c, *base[c], *spec[c]), "order": PHASED_NOTE} for c in levels],
+        len(levels),
+    )
 
 
 def _probed(client_factory: Callable[[], LLMClient], m: Measurement, progress: Progress):
@@ -286,9 +381,16 @@ def _probed(client_factory: Callable[[], LLMClient], m: Measurement, progress: P
         probe.close()
 
 
-def concurrency_sweep(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], levels: Sequence[int], *,
-                      k: Optional[int] = None, requests_per_level: Optional[int] = None,
-                      progress: Progress = None, policy: Optional[str] = None) -> list[dict]:
+def concurrency_sweep(
+    client_factory: Callable[[], LLMClient],
+    prompts: Sequence[Prompt],
+    levels: Sequence[int],
+    *,
+    k: Optional[int] = None,
+    requests_per_level: Optional[int] = None,
+    progress: Progress = None,
+    policy: Optional[str] = None,
+) -> list[dict]:
     """At each level C: N requests (prompts cycled) with C in flight, to the baseline and to the speculative
     model in turn (which goes first alternates by level, so drift does not favour one side). N is
     requests_per_level (default len(prompts)) rounded up to a multiple of C: every in-flight slot serves the
@@ -305,8 +407,9 @@ class SLO:
     tpot_s: Optional[float] = None
 
     def met(self, s: RequestSample) -> bool:
-        return ((self.ttft_s is None or s.ttft_s <= self.ttft_s)
-                and (self.tpot_s is None or s.tpot_s is None or s.tpot_s <= self.tpot_s))
+        return (self.ttft_s is None or s.ttft_s <= self.ttft_s) and (
+            self.tpot_s is None or s.tpot_s is None or s.tpot_s <= self.tpot_s
+        )
 
 
 def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
@@ -321,10 +424,17 @@ def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
     return out
 
 
-def run_rate(client_factory: Callable[[], LLMClient], model: str, prompts: Sequence[Prompt], arrivals: Sequence[float],
-             k: Optional[int], policy: Optional[str] = None) -> tuple[list[RequestSample], float]:
+def run_rate(
+    client_factory: Callable[[], LLMClient],
+    model: str,
+    prompts: Sequence[Prompt],
+    arrivals: Sequence[float],
+    k: Optional[int],
+    policy: Optional[str] = None,
+) -> tuple[list[RequestSample], float]:
     """One request per arrival time (prompts cycled), each sent at its time whatever is still in flight (an open
     loop, as users arrive): the samples and the wall time from the first arrival to the last answer."""
+
     def one(i: int) -> RequestSample:
         delay = t0 + arrivals[i] - time.perf_counter()
         if delay > 0:
@@ -337,8 +447,14 @@ def run_rate(client_factory: Callable[[], LLMClient], model: str, prompts: Seque
     return samples, time.perf_counter() - t0 - arrivals[0]
 
 
-def rate_row(rate: float, base: Sequence[RequestSample], base_wall_s: float, spec: Sequence[RequestSample],
-             spec_wall_s: float, slo: SLO) -> dict:
+def rate_row(
+    rate: float,
+    base: Sequence[RequestSample],
+    base_wall_s: float,
+    spec: Sequence[RequestSample],
+    spec_wall_s: float,
+    slo: SLO,
+) -> dict:
     """Both sides at one request rate, with goodput: requests/s that met the SLO (vLLM bench's definition)."""
     row = sweep_row(0, base, base_wall_s, spec, spec_wall_s)
     del row["concurrency"]
@@ -346,14 +462,25 @@ def rate_row(rate: float, base: Sequence[RequestSample], base_wall_s: float, spe
         met = sum(slo.met(x) for x in samples)
         row[model].update(slo_met=met, goodput_rps=met / wall, request_rps=len(samples) / wall)
     g = row[BASELINE]["goodput_rps"]
-    row.update(request_rate=rate, slo={"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
-               goodput_ratio=row[SPECULATIVE]["goodput_rps"] / g if g else math.nan)
+    row.update(
+        request_rate=rate,
+        slo={"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+        goodput_ratio=row[SPECULATIVE]["goodput_rps"] / g if g else math.nan,
+    )
     return row
 
 
-def rate_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], rate: float, n: int, *,
-                     k: Optional[int] = None, policy: Optional[str] = None, slo: SLO = SLO(),
-                     seed: int = 0) -> Measurement:
+def rate_measurement(
+    client_factory: Callable[[], LLMClient],
+    prompts: Sequence[Prompt],
+    rate: float,
+    n: int,
+    *,
+    k: Optional[int] = None,
+    policy: Optional[str] = None,
+    slo: SLO = SLO(),
+    seed: int = 0,
+) -> Measurement:
     """The request-rate run (request_rate_run) as phases.measure runs it; in phases, the speculative model, then the
     same arrivals to the baseline."""
     if n < 1:
@@ -366,6 +493,7 @@ def rate_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence[
             if progress:
                 progress(1, 1)
             return out
+
         return run
 
     def interleaved(progress: Progress) -> dict:
@@ -376,27 +504,53 @@ def rate_measurement(client_factory: Callable[[], LLMClient], prompts: Sequence[
                 progress(j + 1, 2)
         return rate_row(rate, *runs[BASELINE], *runs[SPECULATIVE], slo)
 
-    return Measurement(f"request rate {rate:g}/s", 2, interleaved, side(SPECULATIVE), side(BASELINE),
-                       lambda spec, base: {**rate_row(rate, *base, *spec, slo), "order": PHASED_NOTE}, 1)
+    return Measurement(
+        f"request rate {rate:g}/s",
+        2,
+        interleaved,
+        side(SPECULATIVE),
+        side(BASELINE),
+        lambda spec, base: {**rate_row(rate, *base, *spec, slo), "order": PHASED_NOTE},
+        1,
+    )
 
 
-def request_rate_run(client_factory: Callable[[], LLMClient], prompts: Sequence[Prompt], rate: float, n: int, *,
-                     k: Optional[int] = None, policy: Optional[str] = None, slo: SLO = SLO(), seed: int = 0,
-                     progress: Progress = None) -> dict:
+def request_rate_run(
+    client_factory: Callable[[], LLMClient],
+    prompts: Sequence[Prompt],
+    rate: float,
+    n: int,
+    *,
+    k: Optional[int] = None,
+    policy: Optional[str] = None,
+    slo: SLO = SLO(),
+    seed: int = 0,
+    progress: Progress = None,
+) -> dict:
     """n requests at Poisson arrivals of `rate` requests/s to the baseline, then the same arrivals to the speculative
     model: throughput, per-request latency and goodput under the SLO, side by side."""
     m = rate_measurement(client_factory, prompts, rate, n, k=k, policy=policy, slo=slo, seed=seed)
     return _probed(client_factory, m, progress)
 
 
-def tune_k(client: LLMClient, prompts: Sequence[Prompt], ks: Sequence[int], *, repeats: int = 1,
-           progress: Progress = None, adaptive: bool = True, note: Callable[[str], None] = lambda s: None) -> dict:
+def tune_k(
+    client: LLMClient,
+    prompts: Sequence[Prompt],
+    ks: Sequence[int],
+    *,
+    repeats: int = 1,
+    progress: Progress = None,
+    adaptive: bool = True,
+    note: Callable[[str], None] = lambda s: None,
+) -> dict:
     """Fixed k for each k in ks, then (adaptive) the adaptive policy capped at max(ks): one paired A/B each, in one
     run (a baseline loaded for its phase only: one switch, one baseline half for all). Recommends the fastest fixed k
     (0 when none pays) and reports adaptive against it."""
     runs = [(Policy.FIXED.value, k) for k in ks] + ([(Policy.ADAPTIVE.value, max(ks))] if adaptive else [])
-    ms = [ab_measurement(client, prompts, k=k, repeats=repeats, warmup=1 if i == 0 else 0, policy=policy)
-          for i, (policy, k) in enumerate(runs)]
+    ms = [
+        ab_measurement(client, prompts, k=k, repeats=repeats, warmup=1 if i == 0 else 0, policy=policy)
+        for i, (policy, k) in enumerate(runs)
+    ]
     done = [0]
     stages = len(runs) + (1 if is_phased(client) else 0)  # phased: every speculative half, then one baseline half
 
@@ -411,23 +565,39 @@ def tune_k(client: LLMClient, prompts: Sequence[Prompt], ks: Sequence[int], *, r
     rows = []
     for (policy, k), res in zip(runs, results):
         acc = res["acceptance"]
-        rows.append({"policy": policy, "k": k, "speedup": res["speedup"], "speedup_ci95": res["speedup_ci95"],
-                     "acceptance_rate": acc["acceptance_rate"],
-                     "mean_acceptance_length": acc["mean_acceptance_length"],
-                     "mean_draft_length": acc["mean_draft_length"],
-                     "rounds_without_speculation_share": acc["rounds_without_speculation_share"],
-                     "spec_tokens_per_s": res["speculative"]["tokens_per_s"],
-                     "baseline_tokens_per_s": res["baseline"]["tokens_per_s"]})
+        rows.append(
+            {
+                "policy": policy,
+                "k": k,
+                "speedup": res["speedup"],
+                "speedup_ci95": res["speedup_ci95"],
+                "acceptance_rate": acc["acceptance_rate"],
+                "mean_acceptance_length": acc["mean_acceptance_length"],
+                "mean_draft_length": acc["mean_draft_length"],
+                "rounds_without_speculation_share": acc["rounds_without_speculation_share"],
+                "spec_tokens_per_s": res["speculative"]["tokens_per_s"],
+                "baseline_tokens_per_s": res["baseline"]["tokens_per_s"],
+            }
+        )
     fixed = [r for r in rows if r["policy"] == Policy.FIXED]
     best = max(fixed, key=lambda r: r["speedup"])
-    out = {"sweep": rows, "recommended_k": best["k"] if best["speedup"] > 1.0 else 0,
-           "note": ("speculation does not pay at any fixed k on this workload; serve the baseline (k=0) or the "
-                    "adaptive policy" if best["speedup"] <= 1.0
-                    else f"fixed k={best['k']} gives {best['speedup']:.2f}x")}
+    out = {
+        "sweep": rows,
+        "recommended_k": best["k"] if best["speedup"] > 1.0 else 0,
+        "note": (
+            "speculation does not pay at any fixed k on this workload; serve the baseline (k=0) or the adaptive policy"
+            if best["speedup"] <= 1.0
+            else f"fixed k={best['k']} gives {best['speedup']:.2f}x"
+        ),
+    }
     ad = next((r for r in rows if r["policy"] == Policy.ADAPTIVE), None)
     if ad is not None:
-        out["adaptive_vs_best_fixed"] = {"adaptive": ad["speedup"], "adaptive_ci95": ad["speedup_ci95"],
-                                         "best_fixed_k": best["k"], "best_fixed": best["speedup"],
-                                         "best_fixed_ci95": best["speedup_ci95"],
-                                         "ratio": ad["speedup"] / best["speedup"]}
+        out["adaptive_vs_best_fixed"] = {
+            "adaptive": ad["speedup"],
+            "adaptive_ci95": ad["speedup_ci95"],
+            "best_fixed_k": best["k"],
+            "best_fixed": best["speedup"],
+            "best_fixed_ci95": best["speedup_ci95"],
+            "ratio": ad["speedup"] / best["speedup"],
+        }
     return out

@@ -14,11 +14,11 @@ import http.client
 import json
 import queue
 import socket
-from pathlib import Path
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -26,10 +26,29 @@ import numpy as np
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
 from ..records.defaults import LOADING_WAIT_S, PROTOCOLS
-from ..records.names import BASELINE_ENGINE, ENGINE_MODELS, TARGET
-from ..records.names import (BASELINE, DRAFT_LEN_POLICY, ENSEMBLE, LIST_METRICS, MAX_TOKENS, METRIC_OUTPUTS,
-                             NUM_DRAFT_TOKENS, OUTPUT_IDS, SPECULATIVE, STOP_WORDS, STREAM, TEXT_INPUT, TEXT_MODELS,
-                             TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
+from ..records.names import (
+    BASELINE,
+    BASELINE_ENGINE,
+    DRAFT_LEN_POLICY,
+    ENGINE_MODELS,
+    ENSEMBLE,
+    LIST_METRICS,
+    MAX_TOKENS,
+    METRIC_OUTPUTS,
+    NUM_DRAFT_TOKENS,
+    OUTPUT_IDS,
+    SPECULATIVE,
+    STOP_WORDS,
+    STREAM,
+    TARGET,
+    TEXT_INPUT,
+    TEXT_MODELS,
+    TEXT_OUTPUT,
+    TOP_K,
+    TOP_P,
+    TOTAL_STEPS,
+    USE_DRAFT_LOGITS,
+)
 
 
 class ClientError(RuntimeError):
@@ -54,13 +73,25 @@ class Generation:
 
 # Request fields: JSON names == tensor names; numpy dtypes for gRPC.
 FIELD_TYPES = {
-    MAX_TOKENS: np.int32, TOP_K: np.int32, NUM_DRAFT_TOKENS: np.int32, bc.END_ID: np.int32, bc.PAD_ID: np.int32,
-    bc.TEMPERATURE: np.float32, TOP_P: np.float32, bc.SEED: np.uint64,
-    STREAM: np.bool_, bc.EXCLUDE_INPUT_IN_OUTPUT: np.bool_, bc.RETURN_PERF_METRICS: np.bool_,
+    MAX_TOKENS: np.int32,
+    TOP_K: np.int32,
+    NUM_DRAFT_TOKENS: np.int32,
+    bc.END_ID: np.int32,
+    bc.PAD_ID: np.int32,
+    bc.TEMPERATURE: np.float32,
+    TOP_P: np.float32,
+    bc.SEED: np.uint64,
+    STREAM: np.bool_,
+    bc.EXCLUDE_INPUT_IN_OUTPUT: np.bool_,
+    bc.RETURN_PERF_METRICS: np.bool_,
     USE_DRAFT_LOGITS: np.bool_,
 }
-LLMAPI_TYPES = {t.name: {"TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32,
-                         "TYPE_UINT64": np.uint64}.get(t.dtype, np.int32) for t in lc.INPUTS}
+LLMAPI_TYPES = {
+    t.name: {"TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32, "TYPE_UINT64": np.uint64}.get(
+        t.dtype, np.int32
+    )
+    for t in lc.INPUTS
+}
 # A greedy request as TensorRT-LLM defines greedy: neither top_k nor top_p, and no temperature. Never temperature 0:
 # the engine scales logits by 1/(T + 1e-6) (backend_contract.FP16_LOGITS), so 0 is a 1e6 scale, not a mode switch.
 GREEDY: dict = {"exclude_input_in_output": True}
@@ -80,8 +111,11 @@ def served_admin_key(url: str) -> Optional[str]:
     from ..serve.admin_key import admin_key_path
 
     host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
-    if not port.isdigit() or host not in {*LOCAL_HOSTS, socket.gethostname(), socket.getfqdn()} and \
-            not host.startswith("127."):
+    if (
+        not port.isdigit()
+        or host not in {*LOCAL_HOSTS, socket.gethostname(), socket.getfqdn()}
+        and not host.startswith("127.")
+    ):
         return None
     try:
         key = admin_key_path(int(port)).read_text().strip()
@@ -95,17 +129,20 @@ def read_key_file(path: str) -> str:
     try:
         key = Path(path).read_text().strip()
     except OSError as e:
-        raise ClientError(f"--admin-key-file {path}: {e.strerror}; give the file `trt-spec serve --admin-key-file` "
-                          "was started with") from None
+        raise ClientError(
+            f"--admin-key-file {path}: {e.strerror}; give the file `trt-spec serve --admin-key-file` was started with"
+        ) from None
     if not key:
-        raise ClientError(f"--admin-key-file {path} is empty; give the file `trt-spec serve --admin-key-file` was "
-                          "started with")
+        raise ClientError(
+            f"--admin-key-file {path} is empty; give the file `trt-spec serve --admin-key-file` was started with"
+        )
     return key
 
 
 class LLMClient:
-    def __init__(self, url: str, protocol: str = "grpc", timeout_s: Optional[float] = None,
-                 admin_key: Optional[str] = None):
+    def __init__(
+        self, url: str, protocol: str = "grpc", timeout_s: Optional[float] = None, admin_key: Optional[str] = None
+    ):
         """timeout_s: the longest wait for any one response (default REQUEST_TIMEOUT_S); past it the call is
         cancelled and raises ClientError. admin_key: what unlocks the server's restricted APIs (model config, model
         repository; serve.admin_key.RESTRICTED_APIS); None = the key `trt-spec serve` left on this host for the URL's
@@ -147,29 +184,41 @@ class LLMClient:
             except ClientError as e:
                 kind = probe_port(self.url)
                 if kind.startswith("http") and self.protocol == "grpc":
-                    raise ClientError(f"{self.url} is an HTTP port (it answered HTTP/1.1), not gRPC: add `--protocol "
-                                      "http`, or use the server's gRPC port (8001 by default)") from None
+                    raise ClientError(
+                        f"{self.url} is an HTTP port (it answered HTTP/1.1), not gRPC: add `--protocol "
+                        "http`, or use the server's gRPC port (8001 by default)"
+                    ) from None
                 if kind == "grpc" and self.protocol == "http":
-                    raise ClientError(f"{self.url} is a gRPC port (it answered HTTP/2), not HTTP: drop `--protocol "
-                                      "http` (gRPC is the default), or use the server's HTTP port (8000 by default)") \
-                        from None
+                    raise ClientError(
+                        f"{self.url} is a gRPC port (it answered HTTP/2), not HTTP: drop `--protocol "
+                        "http` (gRPC is the default), or use the server's HTTP port (8000 by default)"
+                    ) from None
                 up = kind == "grpc" or kind == "http:200"  # the right protocol answers: loading, or a model missing
-                loading = ("is not loaded" in str(e) and up and not self._server_ready()) or \
-                    ("no Triton server ready" in str(e) and up)
+                loading = ("is not loaded" in str(e) and up and not self._server_ready()) or (
+                    "no Triton server ready" in str(e) and up
+                )
                 if loading or "no Triton server ready" in str(e):
                     if time.monotonic() < (loading_deadline if up else deadline):
                         time.sleep(1.0)
                         continue
                 if loading:
-                    raise ClientError(f"the server at {self.url} is up but not ready after {wait_s or LOADING_WAIT_S:.0f}s: "
-                                      "its models are still loading (or one failed: see the server log); wait longer "
-                                      "with --wait SECONDS") from None
+                    raise ClientError(
+                        f"the server at {self.url} is up but not ready after {wait_s or LOADING_WAIT_S:.0f}s: "
+                        "its models are still loading (or one failed: see the server log); wait longer "
+                        "with --wait SECONDS"
+                    ) from None
                 if "no Triton server ready" in str(e):
-                    what = "nothing listens there" if kind == "refused" else f"the port answers {kind}" \
-                        if not kind.startswith("unreachable") else "the host cannot be reached"
-                    raise ClientError(f"no Triton server ready at {self.url} ({self.protocol}): {what}; start one "
-                                      "with `trt-spec serve REPO`, or pass --wait SECONDS for one that is starting") \
-                        from None
+                    what = (
+                        "nothing listens there"
+                        if kind == "refused"
+                        else f"the port answers {kind}"
+                        if not kind.startswith("unreachable")
+                        else "the host cannot be reached"
+                    )
+                    raise ClientError(
+                        f"no Triton server ready at {self.url} ({self.protocol}): {what}; start one "
+                        "with `trt-spec serve REPO`, or pass --wait SECONDS for one that is starting"
+                    ) from None
                 raise
 
     def _server_ready(self) -> bool:
@@ -197,12 +246,16 @@ class LLMClient:
             if not _http_ok(f"{base}/v2/health/ready"):
                 raise ClientError(f"no Triton server ready at {self.url} (HTTP); start one with `trt-spec serve REPO`")
             if not _is_triton_http(base):  # Triton's metrics port answers 200 with metrics text to any path
-                raise ClientError(f"{self.url} answers HTTP but is not Triton's HTTP API (its metrics port?); use the "
-                                  "server's HTTP port (8000 by default)")
+                raise ClientError(
+                    f"{self.url} answers HTTP but is not Triton's HTTP API (its metrics port?); use the "
+                    "server's HTTP port (8000 by default)"
+                )
             for m in models:
                 if not _http_ok(f"{base}/v2/models/{m}/ready"):
-                    raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: "
-                                      f"{', '.join(TEXT_MODELS)}) or the server log")
+                    raise ClientError(
+                        f"model {m!r} is not loaded on {self.url}; check the name (models: "
+                        f"{', '.join(TEXT_MODELS)}) or the server log"
+                    )
         else:
             c = self._grpc_client()
             try:
@@ -217,8 +270,10 @@ class LLMClient:
                 except Exception:
                     ok = False
                 if not ok:
-                    raise ClientError(f"model {m!r} is not loaded on {self.url}; check the name (models: "
-                                      f"{', '.join(TEXT_MODELS)}) or the server log")
+                    raise ClientError(
+                        f"model {m!r} is not loaded on {self.url}; check the name (models: "
+                        f"{', '.join(TEXT_MODELS)}) or the server log"
+                    )
 
     def _model_ready(self, model: str) -> bool:
         try:
@@ -243,10 +298,12 @@ class LLMClient:
     def restricted_error(self, what: str, message: str) -> ClientError:
         """One line for a restricted call the server refused (RESTRICTED_REFUSAL): which call, and --admin-key-file."""
         had = "the admin key given was refused" if self.admin_headers() else "no admin key was given"
-        return ClientError(f"{what}: the server at {self.url} restricts it to its admin key and {had}; pass "
-                           "--admin-key-file FILE (the file `trt-spec serve --admin-key-file FILE` was started with; "
-                           "on the server's own host `trt-spec serve` leaves its key where check, bench and tune find "
-                           f"it) ({message.strip()})")
+        return ClientError(
+            f"{what}: the server at {self.url} restricts it to its admin key and {had}; pass "
+            "--admin-key-file FILE (the file `trt-spec serve --admin-key-file FILE` was started with; "
+            "on the server's own host `trt-spec serve` leaves its key where check, bench and tune find "
+            f"it) ({message.strip()})"
+        )
 
     def model_config(self, model: str) -> dict:
         """A served model's configuration (Triton's JSON form). A restricted API under `trt-spec serve`: sent with
@@ -267,8 +324,9 @@ class LLMClient:
         from tritonclient.utils import InferenceServerException
 
         try:
-            return self._grpc_client().get_model_config(model, headers=self.admin_headers() or None,
-                                                        as_json=True)["config"]
+            return self._grpc_client().get_model_config(model, headers=self.admin_headers() or None, as_json=True)[
+                "config"
+            ]
         except InferenceServerException as e:
             if RESTRICTED_REFUSAL in _grpc_message(e):
                 raise self.restricted_error(what, _grpc_message(e)) from None
@@ -306,14 +364,18 @@ class LLMClient:
         except ClientError as e:
             if RESTRICTED_REFUSAL not in str(e):
                 raise
-            return ("not checked that the baseline is a non-speculative engine: the server restricts model configs to "
-                    "its admin key (pass --admin-key-file to check it)")
+            return (
+                "not checked that the baseline is a non-speculative engine: the server restricts model configs to "
+                "its admin key (pass --admin-key-file to check it)"
+            )
         param = lambda k: bls.get(k, {}).get("string_value", "")  # noqa: E731
         steps = {s.get("model_name") for s in base.get("ensemble_scheduling", {}).get("step", [])}
         if param("speculative_mode") == "engine" and param("tensorrt_llm_model_name") in steps:
-            raise ClientError(f"no baseline: {BASELINE} runs the speculative engine {param('tensorrt_llm_model_name')!r} "
-                              "itself, so identity and speedup would compare it with itself; rebuild with "
-                              "speculative.baseline_engine: true (a non-speculative engine for the ensemble)")
+            raise ClientError(
+                f"no baseline: {BASELINE} runs the speculative engine {param('tensorrt_llm_model_name')!r} "
+                "itself, so identity and speedup would compare it with itself; rebuild with "
+                "speculative.baseline_engine: true (a non-speculative engine for the ensemble)"
+            )
         return None
 
     def baseline_engine(self) -> Optional[str]:
@@ -357,14 +419,23 @@ class LLMClient:
         """One request to an LLM-API model (its tensors: sampling_param_*, streaming; no batch dimension). It returns
         text only, so the tokens are the target tokenizer's of that text (check and bench need --tokenizer)."""
         if self.tokenizer is None:
-            raise ClientError(f"{model} is TensorRT-LLM's LLM-API model, which returns text only: pass --tokenizer DIR "
-                              "(the target's) so its tokens can be counted and compared")
+            raise ClientError(
+                f"{model} is TensorRT-LLM's LLM-API model, which returns text only: pass --tokenizer DIR "
+                "(the target's) so its tokens can be counted and compared"
+            )
         for name in (NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY, USE_DRAFT_LOGITS):
             if name in params:
-                raise ClientError(f"{name}: the LLM-API model takes no per-request speculation settings (its "
-                                  "speculative_config is in model.yaml)")
-        fields = {lc.TEXT_INPUT: prompt, lc.MAX_TOKENS: int(max_tokens), lc.STREAMING: bool(stream),
-                  lc.EXCLUDE_INPUT: bool(params.pop(bc.EXCLUDE_INPUT_IN_OUTPUT, False)), lc.RETURN_PERF: True}
+                raise ClientError(
+                    f"{name}: the LLM-API model takes no per-request speculation settings (its "
+                    "speculative_config is in model.yaml)"
+                )
+        fields = {
+            lc.TEXT_INPUT: prompt,
+            lc.MAX_TOKENS: int(max_tokens),
+            lc.STREAMING: bool(stream),
+            lc.EXCLUDE_INPUT: bool(params.pop(bc.EXCLUDE_INPUT_IN_OUTPUT, False)),
+            lc.RETURN_PERF: True,
+        }
         params.pop(bc.RETURN_PERF_METRICS, None)
         for name in (bc.TEMPERATURE, TOP_K, TOP_P, bc.SEED):
             if name in params:
@@ -389,6 +460,7 @@ class LLMClient:
         _create_response sends CompletionOutput.text, which the LLM API accumulates: tensorrt_llm/executor/result.py
         DetokenizedGenerationResultBase, `text` vs `text_diff`), one response per iteration of the executor: the text
         is the last one's, and the tokens each added are the acceptance (lc.SPEC_PERF_ZERO)."""
+
         def number(v):  # the perf outputs arrive as strings (NVIDIA's model encodes them so)
             v = v.decode() if isinstance(v, bytes) else str(v)
             return float(v) if any(c in v for c in ".eEn") else int(v)
@@ -415,21 +487,41 @@ class LLMClient:
                 cut = len(texts[longest]) > len(text)
                 decoded = max(len(ids), counts[longest]) if cut else len(ids)
                 cases = [lc.STREAM_CUT] * cut + [lc.STREAM_CLAMPED] * (decoded < len(parts))
-                metrics.update({"total_accepted_draft_tokens": max(decoded - len(parts), 0), TOTAL_STEPS: len(parts),
-                                lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS,
-                                **({lc.ACCEPTANCE_NOTE: "; ".join(cases)} if cases else {})})
-        return Generation(text=text, output_ids=ids, ttft_s=times[0] if times else latency, latency_s=latency,
-                          chunks=len(times), chunk_times_s=times, metrics=metrics, tokens=len(ids))
+                metrics.update(
+                    {
+                        "total_accepted_draft_tokens": max(decoded - len(parts), 0),
+                        TOTAL_STEPS: len(parts),
+                        lc.ACCEPTANCE_SOURCE: lc.FROM_STREAMED_CHUNKS,
+                        **({lc.ACCEPTANCE_NOTE: "; ".join(cases)} if cases else {}),
+                    }
+                )
+        return Generation(
+            text=text,
+            output_ids=ids,
+            ttft_s=times[0] if times else latency,
+            latency_s=latency,
+            chunks=len(times),
+            chunk_times_s=times,
+            metrics=metrics,
+            tokens=len(ids),
+        )
 
     def engine_logits(self, model: str, input_ids: list[int]) -> Optional[np.ndarray]:
         """Next-token logits [V] from an engine model (core interface, return_generation_logits); None when
         the engine returns none (a TensorRT-LLM engine built without --gather_generation_logits)."""
-        fields = {bc.INPUT_IDS: [input_ids], bc.INPUT_LENGTHS: [[len(input_ids)]], bc.REQUEST_OUTPUT_LEN: [[1]],
-                  bc.RETURN_GENERATION_LOGITS: [[True]], bc.EXCLUDE_INPUT_IN_OUTPUT: [[True]], bc.STREAMING: [[False]]}
+        fields = {
+            bc.INPUT_IDS: [input_ids],
+            bc.INPUT_LENGTHS: [[len(input_ids)]],
+            bc.REQUEST_OUTPUT_LEN: [[1]],
+            bc.RETURN_GENERATION_LOGITS: [[True]],
+            bc.EXCLUDE_INPUT_IN_OUTPUT: [[True]],
+            bc.STREAMING: [[False]],
+        }
         if self.protocol == "http":
             body = json.dumps({k: v[0] if k == bc.INPUT_IDS else v[0][0] for k, v in fields.items()}).encode()
-            req = urllib.request.Request(f"http://{self.url}/v2/models/{model}/generate", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"http://{self.url}/v2/models/{model}/generate", data=body, headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     out = json.loads(resp.read()).get(bc.GENERATION_LOGITS)
@@ -457,8 +549,9 @@ class LLMClient:
         """raw: filled with (event, seconds) per response, as it came."""
         endpoint = "generate_stream" if stream else "generate"
         body = json.dumps({k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in fields.items()}).encode()
-        req = urllib.request.Request(f"http://{self.url}/v2/models/{model}/{endpoint}", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://{self.url}/v2/models/{model}/{endpoint}", data=body, headers={"Content-Type": "application/json"}
+        )
         t0 = time.perf_counter()
         events: list[dict] = []
         times: list[float] = []
@@ -536,7 +629,9 @@ class LLMClient:
                     finished = True
                     break
         except InferenceServerException as e:
-            raise ClientError(f"cannot reach {self.url} over gRPC ({_grpc_message(e)}); is the server running?") from None
+            raise ClientError(
+                f"cannot reach {self.url} over gRPC ({_grpc_message(e)}); is the server running?"
+            ) from None
         finally:
             try:
                 # Unfinished (timeout, error): cancel the call. A plain stop_stream() waits for the server to end
@@ -597,8 +692,8 @@ def _is_triton_http(base: str) -> bool:
 
 def probe_port(url: str, timeout: float = 2.0) -> str:
     """What answers at HOST:PORT: "refused", "unreachable", "http:STATUS" (an HTTP/1.1 server; STATUS of GET
-    /v2/health/live: 200 on Triton's HTTP port — and on its metrics port, which _is_triton_http tells apart), "grpc" (an HTTP/2 server: it answers an
-    HTTP/1.1 request with a SETTINGS or GOAWAY frame) or "other"."""
+    /v2/health/live: 200 on Triton's HTTP port — and on its metrics port, which _is_triton_http tells apart), "grpc"
+    (an HTTP/2 server: it answers an HTTP/1.1 request with a SETTINGS or GOAWAY frame) or "other"."""
     host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
     data = b""
     try:
@@ -641,7 +736,11 @@ def _http_outputs(ev: dict) -> dict:
 
 def _np_outputs(outs: dict) -> dict:
     text = outs.get(TEXT_OUTPUT)
-    text = "".join(x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in text.reshape(-1)) if text is not None else ""
+    text = (
+        "".join(x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in text.reshape(-1))
+        if text is not None
+        else ""
+    )
     ids = outs.get(OUTPUT_IDS)
     ids = [int(i) for i in ids.reshape(-1)] if ids is not None else []
     metrics = {}
@@ -660,5 +759,12 @@ def _assemble(parts: list[tuple[dict, float]], latency: float) -> Generation:
     for p, _ in parts:
         metrics.update(p["metrics"])
     ttft = token_times[0] if token_times else latency
-    return Generation(text=text, output_ids=ids, ttft_s=ttft, latency_s=latency, chunks=len(token_times),
-                      chunk_times_s=token_times, metrics=metrics)
+    return Generation(
+        text=text,
+        output_ids=ids,
+        ttft_s=ttft,
+        latency_s=latency,
+        chunks=len(token_times),
+        chunk_times_s=token_times,
+        metrics=metrics,
+    )

@@ -16,13 +16,16 @@ from .prompts import Prompt
 
 Note = Callable[[str], None]
 
-RAW_PROMPTS = ("prompts go out raw, without a chat template; an instruct model answers raw text differently from its "
-               "users' chat requests, and speculation pays differently on each. Pass --tokenizer DIR (the target's "
-               "tokenizer: tokenizer_dir in REPO/preprocessing/config.pbtxt) to send them as chat requests.")
+RAW_PROMPTS = (
+    "prompts go out raw, without a chat template; an instruct model answers raw text differently from its "
+    "users' chat requests, and speculation pays differently on each. Pass --tokenizer DIR (the target's "
+    "tokenizer: tokenizer_dir in REPO/preprocessing/config.pbtxt) to send them as chat requests."
+)
 
 
-def served_client(url: str, protocol: str, wait: Optional[float] = None, admin_key_file: Optional[str] = None, *,
-                  note: Note) -> LLMClient:
+def served_client(
+    url: str, protocol: str, wait: Optional[float] = None, admin_key_file: Optional[str] = None, *, note: Note
+) -> LLMClient:
     """A client for the baseline and speculative models at url; one clear ClientError if either is not ready (what is
     there instead, and the fix) after waiting up to `wait` seconds."""
     from ..records.names import TEXT_MODELS
@@ -51,6 +54,7 @@ def chat_prompts(prompts: list[Prompt], tokenizer: Optional[str], note: Note) ->
 
 # --- check ---------------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CheckOptions:
     num_draft_tokens: Optional[int] = None  # None: the deployment's
@@ -75,11 +79,17 @@ def run_check(client: LLMClient, prompts: list[Prompt], o: CheckOptions, *, stag
         client.use_tokenizer(tok)  # an LLM-API model returns text only: its tokens are this tokenizer's
         if not o.raw:
             prompts = with_chat_template(prompts, tok)
-    ms = [greedy_measurement(client, prompts, num_draft_tokens=o.num_draft_tokens, tokenizer=tok,
-                             near_tie_margin=o.near_tie_margin)]
+    ms = [
+        greedy_measurement(
+            client, prompts, num_draft_tokens=o.num_draft_tokens, tokenizer=tok, near_tie_margin=o.near_tie_margin
+        )
+    ]
     if o.temperature > 0:
-        ms.append(sampling_measurement(client, prompts, temperature=o.temperature, samples=o.samples,
-                                       num_draft_tokens=o.num_draft_tokens))
+        ms.append(
+            sampling_measurement(
+                client, prompts, temperature=o.temperature, samples=o.samples, num_draft_tokens=o.num_draft_tokens
+            )
+        )
     rep, *dist = measure(client, ms, stage=stage, note=note)  # a baseline loaded for its phase: one switch for both
     for rows in dist:
         rep.distribution.extend(rows)
@@ -87,6 +97,7 @@ def run_check(client: LLMClient, prompts: list[Prompt], o: CheckOptions, *, stag
 
 
 # --- bench ---------------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Runs:
@@ -120,8 +131,15 @@ class Target:
     prompts: list[Prompt]
 
 
-def served_target(url: str, protocol: str, wait: Optional[float], admin_key_file: Optional[str],
-                  tokenizer: Optional[str], prompts: list[Prompt], note: Note) -> Target:
+def served_target(
+    url: str,
+    protocol: str,
+    wait: Optional[float],
+    admin_key_file: Optional[str],
+    tokenizer: Optional[str],
+    prompts: list[Prompt],
+    note: Note,
+) -> Target:
     """A Triton deployment at url (`bench served`)."""
     client = served_client(url, protocol, wait, admin_key_file, note=note)
     if tokenizer:
@@ -131,8 +149,15 @@ def served_target(url: str, protocol: str, wait: Optional[float], admin_key_file
     return Target(client, client.clone, protocol, f"{url} ({protocol})", chat_prompts(prompts, tokenizer, note))
 
 
-def openai_target(urls: Sequence[str], models: Sequence[str], api: str, api_key: str, tokenizer: Optional[str],
-                  prompts: list[Prompt], note: Note) -> Target:
+def openai_target(
+    urls: Sequence[str],
+    models: Sequence[str],
+    api: str,
+    api_key: str,
+    tokenizer: Optional[str],
+    prompts: list[Prompt],
+    note: Note,
+) -> Target:
     """One or two OpenAI-compatible servers (`bench openai`); with the completions API the chat template is the
     client's to apply (--tokenizer)."""
     from .openai_client import client_factory, endpoints
@@ -156,27 +181,56 @@ def bench_remote(t: Target, runs: Runs, load: Load, *, stage: Stage, note: Note)
 
     prompts = t.prompts
     k0, policy0 = (runs.ks[0] if runs.ks else None), (runs.policies[0] if runs.policies else None)
-    ms = [ab_measurement(t.client, prompts, k=k, repeats=runs.repeats, policy=policy)
-          for policy in (list(runs.policies) or [None]) for k in (list(runs.ks) or [None])]
+    ms = [
+        ab_measurement(t.client, prompts, k=k, repeats=runs.repeats, policy=policy)
+        for policy in (list(runs.policies) or [None])
+        for k in (list(runs.ks) or [None])
+    ]
     n_ab = len(ms)
     if load.levels:
-        ms.append(sweep_measurement(t.new_client, prompts, load.levels, k=k0,
-                                    requests_per_level=len(prompts) * runs.repeats, policy=policy0))
+        ms.append(
+            sweep_measurement(
+                t.new_client, prompts, load.levels, k=k0, requests_per_level=len(prompts) * runs.repeats, policy=policy0
+            )
+        )
     if load.rate is not None:
-        slo = SLO(load.slo_ttft_ms / 1e3 if load.slo_ttft_ms is not None else None,
-                  load.slo_tpot_ms / 1e3 if load.slo_tpot_ms is not None else None)
-        ms.append(rate_measurement(t.new_client, prompts, load.rate, load.num_requests or len(prompts) * runs.repeats,
-                                   k=k0, policy=policy0, slo=slo))
+        slo = SLO(
+            load.slo_ttft_ms / 1e3 if load.slo_ttft_ms is not None else None,
+            load.slo_tpot_ms / 1e3 if load.slo_tpot_ms is not None else None,
+        )
+        ms.append(
+            rate_measurement(
+                t.new_client,
+                prompts,
+                load.rate,
+                load.num_requests or len(prompts) * runs.repeats,
+                k=k0,
+                policy=policy0,
+                slo=slo,
+            )
+        )
     results = measure(t.client, ms, stage=stage, note=note)
     conc = results[n_ab] if load.levels else []
     rate = results[-1] if load.rate is not None else None
-    return {"title": f"bench {t.title}", "bench": [{"protocol": t.protocol, **res} for res in results[:n_ab]],
-            "concurrency": conc, **({"rate": rate} if rate else {})}
+    return {
+        "title": f"bench {t.title}",
+        "bench": [{"protocol": t.protocol, **res} for res in results[:n_ab]],
+        "concurrency": conc,
+        **({"rate": rate} if rate else {}),
+    }
 
 
-def bench_in_process(config: Path, sets: Sequence[str], prompts: list[Prompt], runs: Runs, *, ignore_eos: bool = False,
-                     threads: Optional[int] = None, compare_hf: bool = False,
-                     progress: Optional[Callable[[str], None]] = None) -> dict:
+def bench_in_process(
+    config: Path,
+    sets: Sequence[str],
+    prompts: list[Prompt],
+    runs: Runs,
+    *,
+    ignore_eos: bool = False,
+    threads: Optional[int] = None,
+    compare_hf: bool = False,
+    progress: Optional[Callable[[str], None]] = None,
+) -> dict:
     """The served speculative loop and policy over CONFIG's built reference engines, in this process: the report of
     inprocess.run_inprocess (plus lean_vs_hf with compare_hf). A bad config, build or request is a ValueError
     (ConfigError) or BuildError line."""
@@ -191,8 +245,15 @@ def bench_in_process(config: Path, sets: Sequence[str], prompts: list[Prompt], r
         torch.set_num_threads(threads)
     dep = load_deployment(cfg.resolved_output_dir(Path(config)))
     try:
-        rep = run_inprocess(dep, prompts, list(runs.ks) or [dep.default_k], repeats=runs.repeats,
-                            policies=list(runs.policies) or [None], ignore_eos=ignore_eos, progress=progress)
+        rep = run_inprocess(
+            dep,
+            prompts,
+            list(runs.ks) or [dep.default_k],
+            repeats=runs.repeats,
+            policies=list(runs.policies) or [None],
+            ignore_eos=ignore_eos,
+            progress=progress,
+        )
         if compare_hf:
             rep["lean_vs_hf"] = hf_timing(dep, prompts)
     finally:

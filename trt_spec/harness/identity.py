@@ -86,11 +86,18 @@ class CheckReport:
         return self.real_mismatches == 0 and self.distribution_failures == 0
 
     def to_dict(self) -> dict:
-        return {"protocol": self.protocol, "num_draft_tokens": self.num_draft_tokens, "match_rate": self.match_rate,
-                "real_mismatches": self.real_mismatches, "near_ties": self.near_ties,
-                "near_tie_margin": self.near_tie_margin, "passed": self.passed,
-                "results": [asdict(r) for r in self.results], "distribution": self.distribution,
-                **({"order": self.order} if self.order else {})}
+        return {
+            "protocol": self.protocol,
+            "num_draft_tokens": self.num_draft_tokens,
+            "match_rate": self.match_rate,
+            "real_mismatches": self.real_mismatches,
+            "near_ties": self.near_ties,
+            "near_tie_margin": self.near_tie_margin,
+            "passed": self.passed,
+            "results": [asdict(r) for r in self.results],
+            "distribution": self.distribution,
+            **({"order": self.order} if self.order else {}),
+        }
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
@@ -100,8 +107,9 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def classify(logits: np.ndarray, tokens: Sequence[Optional[int]],
-             near_tie_margin: float = NEAR_TIE_MARGIN) -> tuple[str, float, Optional[float]]:
+def classify(
+    logits: np.ndarray, tokens: Sequence[Optional[int]], near_tie_margin: float = NEAR_TIE_MARGIN
+) -> tuple[str, float, Optional[float]]:
     """One divergence from the baseline engine's next-token logits [V] at it: (kind, top-2 margin, gap), gap = how far
     the farther of the two divergent tokens trails the best logit. A near-tie when both tokens lie within
     near_tie_margin of the best (then the top-2 margin is below it too); a mismatch otherwise, or when a token is
@@ -137,25 +145,39 @@ def default_near_tie_margin(client: LLMClient, engine: str) -> float:
     return NEAR_TIE_MARGIN_EXACT if platform == "python" else NEAR_TIE_MARGIN
 
 
-def check_greedy(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_tokens: Optional[int] = None,
-                 tokenizer=None, near_tie_margin: Optional[float] = None,
-                 progress: Optional[Callable[[int], None]] = None) -> CheckReport:
+def check_greedy(
+    client: LLMClient,
+    prompts: Sequence[Prompt],
+    *,
+    num_draft_tokens: Optional[int] = None,
+    tokenizer=None,
+    near_tie_margin: Optional[float] = None,
+    progress: Optional[Callable[[int], None]] = None,
+) -> CheckReport:
     """Greedy identity over `prompts`; divergences classified from the baseline engine's logits (module docstring).
     tokenizer: the served one (the probe needs the prompt's ids); without it every divergence is a mismatch.
     near_tie_margin None: by the probed engine's backend (default_near_tie_margin)."""
-    m = greedy_measurement(client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tokenizer,
-                           near_tie_margin=near_tie_margin)
+    m = greedy_measurement(
+        client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tokenizer, near_tie_margin=near_tie_margin
+    )
     return measure(client, [m], stage=lambda label, total: (contextlib.nullcontext(), progress))[0]
 
 
-def greedy_measurement(client: LLMClient, prompts: Sequence[Prompt], *, num_draft_tokens: Optional[int] = None,
-                       tokenizer=None, near_tie_margin: Optional[float] = None) -> Measurement:
+def greedy_measurement(
+    client: LLMClient,
+    prompts: Sequence[Prompt],
+    *,
+    num_draft_tokens: Optional[int] = None,
+    tokenizer=None,
+    near_tie_margin: Optional[float] = None,
+) -> Measurement:
     """check_greedy as phases.measure runs it: in phases, every prompt on the speculative model, then on the
     baseline, compared (and probed) once the speculative model is back. Progress: (prompts done)."""
     kw = dict(num_draft_tokens=num_draft_tokens, tokenizer=tokenizer, near_tie_margin=near_tie_margin)
     params = dict(GREEDY)
-    spec_params = dict(params, return_perf_metrics=True, **({} if num_draft_tokens is None else
-                                                             {NUM_DRAFT_TOKENS: num_draft_tokens}))
+    spec_params = dict(
+        params, return_perf_metrics=True, **({} if num_draft_tokens is None else {NUM_DRAFT_TOKENS: num_draft_tokens})
+    )
 
     def side(model: str, params: dict) -> Callable:
         def run(progress) -> list:
@@ -165,17 +187,30 @@ def greedy_measurement(client: LLMClient, prompts: Sequence[Prompt], *, num_draf
                 if progress:
                     progress(len(out))
             return out
+
         return run
 
-    return Measurement(f"identity ({client.protocol})", len(prompts),
-                       lambda progress: compare_greedy(client, prompts, None, progress=progress, **kw),
-                       side(SPECULATIVE, spec_params), side(BASELINE, params),
-                       lambda s_all, b_all: compare_greedy(client, prompts, list(zip(b_all, s_all)), **kw), len(prompts))
+    return Measurement(
+        f"identity ({client.protocol})",
+        len(prompts),
+        lambda progress: compare_greedy(client, prompts, None, progress=progress, **kw),
+        side(SPECULATIVE, spec_params),
+        side(BASELINE, params),
+        lambda s_all, b_all: compare_greedy(client, prompts, list(zip(b_all, s_all)), **kw),
+        len(prompts),
+    )
 
 
-def compare_greedy(client: LLMClient, prompts: Sequence[Prompt], pairs: Optional[list], *,
-                   num_draft_tokens: Optional[int] = None, tokenizer=None, near_tie_margin: Optional[float] = None,
-                   progress: Optional[Callable[[int], None]] = None) -> CheckReport:
+def compare_greedy(
+    client: LLMClient,
+    prompts: Sequence[Prompt],
+    pairs: Optional[list],
+    *,
+    num_draft_tokens: Optional[int] = None,
+    tokenizer=None,
+    near_tie_margin: Optional[float] = None,
+    progress: Optional[Callable[[int], None]] = None,
+) -> CheckReport:
     """The comparison of check_greedy: pairs [(baseline, speculative) Generation] per prompt, measured in phases; None:
     each prompt generated here, baseline then speculative (both models served)."""
     rep = CheckReport(client.protocol, num_draft_tokens, near_tie_margin=near_tie_margin or NEAR_TIE_MARGIN)
@@ -193,15 +228,21 @@ def compare_greedy(client: LLMClient, prompts: Sequence[Prompt], pairs: Optional
             base = client.generate(BASELINE, p.text, p.max_tokens, **params)
             spec = client.generate(SPECULATIVE, p.text, p.max_tokens, **spec_params)
         idx = first_divergence(base.output_ids, spec.output_ids)
-        res = PromptResult(p.text[:80], idx is None, len(base.output_ids), len(spec.output_ids),
-                           base.text == spec.text, acceptance_rate=spec.metrics.get("acceptance_rate"))
+        res = PromptResult(
+            p.text[:80],
+            idx is None,
+            len(base.output_ids),
+            len(spec.output_ids),
+            base.text == spec.text,
+            acceptance_rate=spec.metrics.get("acceptance_rate"),
+        )
         if idx is not None:
             bt = base.output_ids[idx] if idx < len(base.output_ids) else None
             st = spec.output_ids[idx] if idx < len(spec.output_ids) else None
             ctx, kind, margin, gap = "", "mismatch", None, None
             probe = "no tokenizer (pass --tokenizer to read the baseline engine's logits)"
             if tokenizer is not None:
-                ctx = tokenizer.decode(base.output_ids[max(0, idx - 12):idx])
+                ctx = tokenizer.decode(base.output_ids[max(0, idx - 12) : idx])
                 if probe_model is None:
                     probe_model = client.baseline_engine() or ""
                     if probe_model and near_tie_margin is None:
@@ -212,8 +253,9 @@ def compare_greedy(client: LLMClient, prompts: Sequence[Prompt], pairs: Optional
                     logits, probe = probe_logits(client, probe_model, prompt_ids + list(base.output_ids[:idx]))
                     if logits is not None:  # the shorter side ended there: its token was EOS (not output)
                         eos = getattr(tokenizer, "eos_token_id", None)
-                        kind, margin, gap = classify(logits, [eos if t is None else t for t in (bt, st)],
-                                                     rep.near_tie_margin)
+                        kind, margin, gap = classify(
+                            logits, [eos if t is None else t for t in (bt, st)], rep.near_tie_margin
+                        )
             res.divergence = Divergence(idx, bt, st, ctx, margin, kind, gap, probe)
         rep.results.append(res)
         if progress:
@@ -283,35 +325,78 @@ def chi2_homogeneity(a: Sequence, b: Sequence, min_expected: float = 5.0) -> tup
     return stat, dof, chi2_sf(stat, dof)
 
 
-def check_sampling(client: LLMClient, prompts: Sequence[Prompt], rep: CheckReport, *, temperature: float,
-                   top_p: float = 1.0, samples: int = SAMPLING_SAMPLES, dist_tokens: int = 1, alpha: float = 0.001,
-                   num_draft_tokens: Optional[int] = None, progress: Optional[Callable[[int], None]] = None) -> None:
+def check_sampling(
+    client: LLMClient,
+    prompts: Sequence[Prompt],
+    rep: CheckReport,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    samples: int = SAMPLING_SAMPLES,
+    dist_tokens: int = 1,
+    alpha: float = 0.001,
+    num_draft_tokens: Optional[int] = None,
+    progress: Optional[Callable[[int], None]] = None,
+) -> None:
     """The distribution check over `prompts`, appended to rep.distribution."""
-    m = sampling_measurement(client, prompts, temperature=temperature, top_p=top_p, samples=samples,
-                             dist_tokens=dist_tokens, alpha=alpha, num_draft_tokens=num_draft_tokens)
+    m = sampling_measurement(
+        client,
+        prompts,
+        temperature=temperature,
+        top_p=top_p,
+        samples=samples,
+        dist_tokens=dist_tokens,
+        alpha=alpha,
+        num_draft_tokens=num_draft_tokens,
+    )
     rep.distribution.extend(measure(client, [m], stage=lambda label, total: (contextlib.nullcontext(), progress))[0])
     if is_phased(client):
         rep.order = PHASED_NOTE
 
 
-def sampling_measurement(client: LLMClient, prompts: Sequence[Prompt], *, temperature: float, top_p: float = 1.0,
-                         samples: int = SAMPLING_SAMPLES, dist_tokens: int = 1, alpha: float = 0.001,
-                         num_draft_tokens: Optional[int] = None) -> Measurement:
+def sampling_measurement(
+    client: LLMClient,
+    prompts: Sequence[Prompt],
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    samples: int = SAMPLING_SAMPLES,
+    dist_tokens: int = 1,
+    alpha: float = 0.001,
+    num_draft_tokens: Optional[int] = None,
+) -> Measurement:
     """check_sampling as phases.measure runs it (its result: the rows of CheckReport.distribution): interleaved, each
     seed on the baseline then the speculative model; in phases, every sample of one model, then of the other."""
     extra = {} if num_draft_tokens is None else {NUM_DRAFT_TOKENS: num_draft_tokens}
 
     def one(model: str, p: Prompt, s: int) -> tuple:
-        g = client.generate(model, p.text, dist_tokens, exclude_input_in_output=True, temperature=temperature,
-                            top_p=top_p, seed=1_000 + s, **(extra if model == SPECULATIVE else {}))
+        g = client.generate(
+            model,
+            p.text,
+            dist_tokens,
+            exclude_input_in_output=True,
+            temperature=temperature,
+            top_p=top_p,
+            seed=1_000 + s,
+            **(extra if model == SPECULATIVE else {}),
+        )
         return tuple(g.output_ids[:dist_tokens])
 
     def row(p: Prompt, base: list, spec: list) -> dict:
         stat, dof, pval = chi2_homogeneity(base, spec)
         # dof 0: every sample of both models fell in one category (the distribution is near-deterministic at this
         # temperature): the test has nothing to compare — inconclusive, not a pass
-        return {"prompt": p.text[:80], "samples": samples, "tokens": dist_tokens, "temperature": temperature,
-                "chi2": stat, "dof": dof, "p_value": pval, "passed": pval >= alpha, "inconclusive": dof == 0}
+        return {
+            "prompt": p.text[:80],
+            "samples": samples,
+            "tokens": dist_tokens,
+            "temperature": temperature,
+            "chi2": stat,
+            "dof": dof,
+            "p_value": pval,
+            "passed": pval >= alpha,
+            "inconclusive": dof == 0,
+        }
 
     def side(model: str) -> Callable:
         def run(progress) -> list:
@@ -321,6 +406,7 @@ def sampling_measurement(client: LLMClient, prompts: Sequence[Prompt], *, temper
                 if progress:
                     progress(len(out))
             return out
+
         return run
 
     def interleaved(progress) -> list[dict]:
@@ -335,8 +421,15 @@ def sampling_measurement(client: LLMClient, prompts: Sequence[Prompt], *, temper
                 progress(i + 1)
         return rows
 
-    return Measurement(f"sampling T={temperature}", len(prompts), interleaved, side(SPECULATIVE), side(BASELINE),
-                       lambda s_all, b_all: [row(p, b, s) for p, b, s in zip(prompts, b_all, s_all)], len(prompts))
+    return Measurement(
+        f"sampling T={temperature}",
+        len(prompts),
+        interleaved,
+        side(SPECULATIVE),
+        side(BASELINE),
+        lambda s_all, b_all: [row(p, b, s) for p, b, s in zip(prompts, b_all, s_all)],
+        len(prompts),
+    )
 
 
 def describe(d: Divergence) -> str:
@@ -349,11 +442,18 @@ def describe(d: Divergence) -> str:
 
 
 def format_check(rep: CheckReport) -> str:
-    lines = [f"identity check over {rep.protocol}: {sum(r.identical for r in rep.results)}/{len(rep.results)} prompts "
-             f"token-identical ({rep.match_rate:.0%})"] + ([f"  order: {rep.order}"] if rep.order else [])
-    for kind, title in (("near-tie", f"near-ties (pass: both tokens within {rep.near_tie_margin} logits of the "
-                                     "baseline engine's best; GPU numerics may swap them)"),
-                        ("mismatch", "real mismatches (fail)")):
+    lines = [
+        f"identity check over {rep.protocol}: {sum(r.identical for r in rep.results)}/{len(rep.results)} prompts "
+        f"token-identical ({rep.match_rate:.0%})"
+    ] + ([f"  order: {rep.order}"] if rep.order else [])
+    for kind, title in (
+        (
+            "near-tie",
+            f"near-ties (pass: both tokens within {rep.near_tie_margin} logits of the "
+            "baseline engine's best; GPU numerics may swap them)",
+        ),
+        ("mismatch", "real mismatches (fail)"),
+    ):
         found = [r for r in rep.results if r.divergence is not None and r.divergence.kind == kind]
         if found:
             lines.append(f"  {title}:")
@@ -361,13 +461,19 @@ def format_check(rep: CheckReport) -> str:
             lines.append(f"    {kind.upper()}: DIVERGED {describe(r.divergence)}   [{r.prompt!r}]")
     for d in rep.distribution:
         if d.get("inconclusive"):
-            verdict = ("INCONCLUSIVE: every sample of both models was the same token(s), so there is no distribution "
-                       "to compare; raise --temperature or --samples")
+            verdict = (
+                "INCONCLUSIVE: every sample of both models was the same token(s), so there is no distribution "
+                "to compare; raise --temperature or --samples"
+            )
         else:
             verdict = "ok" if d["passed"] else "DIFFERENT DISTRIBUTIONS"
-        lines.append(f"  sampling T={d['temperature']}: chi2={d['chi2']:.2f} dof={d['dof']} p={d['p_value']:.4f} "
-                     f"over {d['samples']} samples -> {verdict}")
+        lines.append(
+            f"  sampling T={d['temperature']}: chi2={d['chi2']:.2f} dof={d['dof']} p={d['p_value']:.4f} "
+            f"over {d['samples']} samples -> {verdict}"
+        )
     verdict = "PASS" if rep.passed else "FAIL"
-    lines.append(f"verdict: {verdict} ({rep.real_mismatches} real mismatch(es), {rep.near_ties} near-tie(s), "
-                 f"{rep.distribution_failures} distribution failure(s))")
+    lines.append(
+        f"verdict: {verdict} ({rep.real_mismatches} real mismatch(es), {rep.near_ties} near-tie(s), "
+        f"{rep.distribution_failures} distribution failure(s))"
+    )
     return "\n".join(lines)

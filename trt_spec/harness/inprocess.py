@@ -36,11 +36,18 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..in_triton.local_engines import LocalEngines
+from ..in_triton.speculative_loop import (
+    LoopConfig,
+    SpecRequest,
+    SpeculativeLoop,
+    engine_inputs,
+    response_tokens,
+    validate,
+)
 from ..records import backend_contract as bc
 from ..records.names import BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
 from ..records.speculation import acceptance_summary, leviathan_bound, paired_speedup, solve_alpha
-from ..in_triton.local_engines import LocalEngines
-from ..in_triton.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop, engine_inputs, response_tokens, validate
 from .bench import RequestSample, request_acceptance_counts
 from .metrics import fmt, low_acceptance_advice, tpot
 from .prompts import Prompt
@@ -77,18 +84,22 @@ def load_deployment(build_dir: Path) -> Loaded:
     from google.protobuf import json_format
     from transformers import AutoTokenizer
 
+    from ..in_triton.serving import default_end_id, default_pad_id
     from ..records.bls_parameters import BlsParameters
     from ..records.manifest import BuildManifest
     from ..reference.standin import StandIn, model_parameters
     from ..repository.writer import RepoSettings, repository_configs
-    from ..in_triton.serving import default_end_id, default_pad_id
 
     m = BuildManifest.read(build_dir)
     if m.engine != "reference":
-        raise ValueError(f"{build_dir}: bench in-process runs the CPU reference engine; this build is {m.engine}. "
-                         "Benchmark a GPU deployment through Triton with `trt-spec bench served --url`")
-    configs = {name: json_format.MessageToDict(cfg, preserving_proto_field_name=True)
-               for name, cfg in repository_configs(RepoSettings.from_manifest(m, decoupled=False)).items()}
+        raise ValueError(
+            f"{build_dir}: bench in-process runs the CPU reference engine; this build is {m.engine}. "
+            "Benchmark a GPU deployment through Triton with `trt-spec bench served --url`"
+        )
+    configs = {
+        name: json_format.MessageToDict(cfg, preserving_proto_field_name=True)
+        for name, cfg in repository_configs(RepoSettings.from_manifest(m, decoupled=False)).items()
+    }
     standins = {}
     try:
         for name in ENGINE_MODELS:
@@ -99,18 +110,28 @@ def load_deployment(build_dir: Path) -> Loaded:
             s.close()
         raise
     bls = BlsParameters.from_parameters(model_parameters(configs[BLS]))
-    baseline = next(s["model_name"] for s in configs[ENSEMBLE]["ensemble_scheduling"]["step"]
-                    if s["model_name"] in ENGINE_MODELS)
+    baseline = next(
+        s["model_name"] for s in configs[ENSEMBLE]["ensemble_scheduling"]["step"] if s["model_name"] in ENGINE_MODELS
+    )
     tok = AutoTokenizer.from_pretrained(m.target.dir)
-    return Loaded(LocalEngines(standins), LoopConfig.from_bls(bls), baseline, bls.num_draft_tokens,
-                  tok, default_end_id(tok), default_pad_id(tok), m.target.dir)
+    return Loaded(
+        LocalEngines(standins),
+        LoopConfig.from_bls(bls),
+        baseline,
+        bls.num_draft_tokens,
+        tok,
+        default_end_id(tok),
+        default_pad_id(tok),
+        m.target.dir,
+    )
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
     """The prompt as the model expects it: its chat template when it has one, else plain text."""
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
         return list(out[bc.INPUT_IDS] if isinstance(out, dict) or hasattr(out, "keys") else out)
     return list(tokenizer.encode(text))
 
@@ -136,14 +157,15 @@ async def baseline_call(d: Loaded, prompt: list[int], max_tokens: int, end_id: i
     ins = engine_inputs(r, prompt, max_tokens, 0)
     ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
     t0 = time.perf_counter()
-    out, = await d.engines(d.baseline_model, ins, [*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS])
+    (out,) = await d.engines(d.baseline_model, ins, [*bc.MANDATORY_OUTPUTS, *bc.PERF_OUTPUTS])
     wall = time.perf_counter() - t0
     first, last = (int(np.asarray(out[n]).reshape(-1)[0]) for n in ("first_token_time_ns", "last_token_time_ns"))
     return BaselineRun(response_tokens(out), wall, (last - first) * NS)
 
 
-async def speculative_call(d: Loaded, loop: SpeculativeLoop, prompt: list[int], max_tokens: int, k: int,
-                           end_id: int, policy: Optional[str]) -> SpecRun:
+async def speculative_call(
+    d: Loaded, loop: SpeculativeLoop, prompt: list[int], max_tokens: int, k: int, end_id: int, policy: Optional[str]
+) -> SpecRun:
     """One request through the served loop, as the BLS runs it for a greedy client."""
     first: list[float] = []
     r = SpecRequest(prompt, max_tokens, k, end_id, d.pad_id, draft_len_policy=policy)
@@ -153,9 +175,17 @@ async def speculative_call(d: Loaded, loop: SpeculativeLoop, prompt: list[int], 
     return SpecRun(tokens, t1 - t0, t1 - (first[0] if first else t1), m)
 
 
-def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, repeats: int = 1,
-                  policies: Sequence[Optional[str]] = (None,), warmup: bool = True, ignore_eos: bool = False,
-                  progress: Optional[Callable[[str], None]] = None) -> dict:
+def run_inprocess(
+    d: Loaded,
+    prompts: Sequence[Prompt],
+    ks: Sequence[int],
+    *,
+    repeats: int = 1,
+    policies: Sequence[Optional[str]] = (None,),
+    warmup: bool = True,
+    ignore_eos: bool = False,
+    progress: Optional[Callable[[str], None]] = None,
+) -> dict:
     """Paired baseline/speculative runs per (policy, k), alternating per prompt. policy None: the deployment's."""
     import torch
 
@@ -178,20 +208,31 @@ def run_inprocess(d: Loaded, prompts: Sequence[Prompt], ks: Sequence[int], *, re
                 pairs = []
                 for r in range(repeats):
                     for i, (p, x) in enumerate(zip(prompts, ids)):
-                        say(f"k={k}{' ' + policy if policy else ''} rep {r + 1}/{repeats} prompt {i + 1}/{len(prompts)}")
+                        say(
+                            f"k={k}{' ' + policy if policy else ''} rep {r + 1}/{repeats} prompt {i + 1}/{len(prompts)}"
+                        )
                         runs = {}
-                        for which in (("base", "spec") if (i + r) % 2 == 0 else ("spec", "base")):  # no drift bias
-                            runs[which] = (await baseline_call(d, x, p.max_tokens, end_id) if which == "base" else
-                                           await speculative_call(d, loop, x, p.max_tokens, k, end_id, policy))
+                        for which in ("base", "spec") if (i + r) % 2 == 0 else ("spec", "base"):  # no drift bias
+                            runs[which] = (
+                                await baseline_call(d, x, p.max_tokens, end_id)
+                                if which == "base"
+                                else await speculative_call(d, loop, x, p.max_tokens, k, end_id, policy)
+                            )
                         pairs.append((p.id or i, r, runs["base"], runs["spec"]))
                 rows.append(_row(k, policy or d.loop_config.draft_len_policy, pairs))
         return rows
 
     results = asyncio.run(run())
     best = max(results, key=lambda row: row["speedup"])
-    return {"mode": d.mode, "prompts": len(prompts), "repeats": repeats, "ignore_eos": ignore_eos,
-            "threads": torch.get_num_threads(), "sweep": results,
-            **{key: v for key, v in best.items() if key != "samples"}}
+    return {
+        "mode": d.mode,
+        "prompts": len(prompts),
+        "repeats": repeats,
+        "ignore_eos": ignore_eos,
+        "threads": torch.get_num_threads(),
+        "sweep": results,
+        **{key: v for key, v in best.items() if key != "samples"},
+    }
 
 
 def _row(k: int, policy: str, pairs: list) -> dict:
@@ -201,10 +242,23 @@ def _row(k: int, policy: str, pairs: list) -> dict:
     base_t, spec_t = sum(b.wall_s for b in base), sum(s.wall_s for s in spec)
     base_n, spec_n = sum(len(b.tokens) for b in base), sum(len(s.tokens) for s in spec)
     base_dec, spec_dec = sum(b.decode_s for b in base), sum(s.decode_s for s in spec)
-    samples = [RequestSample(SPECULATIVE, i, r, len(s.tokens), s.wall_s - s.decode_s, s.wall_s,
-                             tpot(s.wall_s, s.wall_s - s.decode_s, len(s.tokens)), s.metrics.accepted,
-                             s.metrics.drafted, s.metrics.steps, list(s.metrics.hist), s.metrics.draft_lengths)
-               for i, r, _, s in pairs]
+    samples = [
+        RequestSample(
+            SPECULATIVE,
+            i,
+            r,
+            len(s.tokens),
+            s.wall_s - s.decode_s,
+            s.wall_s,
+            tpot(s.wall_s, s.wall_s - s.decode_s, len(s.tokens)),
+            s.metrics.accepted,
+            s.metrics.drafted,
+            s.metrics.steps,
+            list(s.metrics.hist),
+            s.metrics.draft_lengths,
+        )
+        for i, r, _, s in pairs
+    ]
     acc = acceptance_summary(request_acceptance_counts(samples))
     rounds = [rd for s in spec for rd in s.metrics.rounds]
     verifications = [rd for rd in rounds if rd.drafted]
@@ -213,74 +267,120 @@ def _row(k: int, policy: str, pairs: list) -> dict:
     # one baseline decode step: the target's seconds per token after the first
     base_step = base_dec / max(1, sum(max(0, len(b.tokens) - 1) for b in base))
     c = (draft_s / drafted) / base_step if drafted and base_step > 0 else 0.0
-    verify_cost = (sum(rd.target_s for rd in verifications) / len(verifications) / base_step
-                   if verifications and base_step > 0 else 1.0)
+    verify_cost = (
+        sum(rd.target_s for rd in verifications) / len(verifications) / base_step
+        if verifications and base_step > 0
+        else 1.0
+    )
     mean_len = acc["mean_acceptance_length"]
     alpha = solve_alpha(mean_len or 1.0, k)
     speedup, lo, hi = paired_speedup([b.wall_s for b in base], [s.wall_s for s in spec])  # the served bench's
     bound = leviathan_bound(alpha, k, c)
     adjusted = leviathan_bound(alpha, k, c, verify_cost=verify_cost)
     row = {
-        "k": k, "draft_len_policy": policy, "baseline_tok_s": base_n / base_t, "spec_tok_s": spec_n / spec_t,
-        "speedup": speedup, "speedup_ci95": [lo, hi],
+        "k": k,
+        "draft_len_policy": policy,
+        "baseline_tok_s": base_n / base_t,
+        "spec_tok_s": spec_n / spec_t,
+        "speedup": speedup,
+        "speedup_ci95": [lo, hi],
         "decode_speedup": base_dec / spec_dec if spec_dec > 0 else float("nan"),
         "ttft_share": (base_t - base_dec) / base_t,
         "token_identity": sum(b.tokens == s.tokens for b, s in zip(base, spec)) / len(pairs),
-        "acceptance_rate": acc["acceptance_rate"], "mean_acceptance_length": mean_len, "alpha": alpha,
-        "cost_ratio": c, "leviathan_bound": bound, "efficiency": speedup / bound if bound else 0.0,
-        "verify_cost": verify_cost, "adjusted_bound": adjusted,
+        "acceptance_rate": acc["acceptance_rate"],
+        "mean_acceptance_length": mean_len,
+        "alpha": alpha,
+        "cost_ratio": c,
+        "leviathan_bound": bound,
+        "efficiency": speedup / bound if bound else 0.0,
+        "verify_cost": verify_cost,
+        "adjusted_bound": adjusted,
         "adjusted_efficiency": speedup / adjusted if adjusted else 0.0,
-        "per_position_acceptance": acc["per_position_acceptance"], "accepted_histogram": acc["histogram"],
-        "drafted": acc["drafted"], "accepted": acc["accepted"], "steps": acc["steps"],
-        "speculative_rounds": acc["speculative_rounds"], "acceptance": acc,
-        "time_draft_s": draft_s, "time_target_s": sum(rd.target_s for rd in rounds),
-        "baseline_tokens": base_n, "spec_tokens": spec_n,
-        "samples": [{"prompt": i, "k": k, "repeat": r, "baseline_s": b.wall_s, "spec_s": s.wall_s,
-                     "tokens": len(b.tokens), "identical": b.tokens == s.tokens, "accepted": s.metrics.accepted,
-                     "drafted": s.metrics.drafted, "steps": s.metrics.steps, "draft_lengths": s.metrics.draft_lengths}
-                    for i, r, b, s in pairs],
+        "per_position_acceptance": acc["per_position_acceptance"],
+        "accepted_histogram": acc["histogram"],
+        "drafted": acc["drafted"],
+        "accepted": acc["accepted"],
+        "steps": acc["steps"],
+        "speculative_rounds": acc["speculative_rounds"],
+        "acceptance": acc,
+        "time_draft_s": draft_s,
+        "time_target_s": sum(rd.target_s for rd in rounds),
+        "baseline_tokens": base_n,
+        "spec_tokens": spec_n,
+        "samples": [
+            {
+                "prompt": i,
+                "k": k,
+                "repeat": r,
+                "baseline_s": b.wall_s,
+                "spec_s": s.wall_s,
+                "tokens": len(b.tokens),
+                "identical": b.tokens == s.tokens,
+                "accepted": s.metrics.accepted,
+                "drafted": s.metrics.drafted,
+                "steps": s.metrics.steps,
+                "draft_lengths": s.metrics.draft_lengths,
+            }
+            for i, r, b, s in pairs
+        ],
     }
     row["warning"] = low_acceptance_advice(alpha, k, c, speedup)
     return row
 
 
 def format_report(rep: dict) -> str:
-    lines = [f"in-process benchmark (the served loop, no server): mode {rep['mode']}, {rep['prompts']} prompts x "
-             f"{rep['repeats']}, {rep['threads']} torch threads, greedy"]
-    lines.append(f"{'k':>3} {'policy':>8} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'95% CI':>11} "
-                 f"{'decode':>7} "
-                 f"{'identity':>8} {'accept':>7} {'mean len':>8} {'alpha':>6} {'c':>6} {'bound':>6} {'effic.':>6} "
-                 f"{'r':>5} {'bound_r':>7} {'eff_r':>5}")
+    lines = [
+        f"in-process benchmark (the served loop, no server): mode {rep['mode']}, {rep['prompts']} prompts x "
+        f"{rep['repeats']}, {rep['threads']} torch threads, greedy"
+    ]
+    lines.append(
+        f"{'k':>3} {'policy':>8} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'95% CI':>11} "
+        f"{'decode':>7} "
+        f"{'identity':>8} {'accept':>7} {'mean len':>8} {'alpha':>6} {'c':>6} {'bound':>6} {'effic.':>6} "
+        f"{'r':>5} {'bound_r':>7} {'eff_r':>5}"
+    )
     for r in rep["sweep"]:
-        lines.append(f"{r['k']:>3} {r['draft_len_policy']:>8} {r['baseline_tok_s']:>10.1f} {r['spec_tok_s']:>10.1f} "
-                     f"{r['speedup']:>7.2f}x {_interval(r['speedup_ci95']):>11} {r['decode_speedup']:>6.2f}x "
-                     f"{r['token_identity']:>8.0%} {fmt(r['acceptance_rate'], '>7.2f')} "
-                     f"{fmt(r['mean_acceptance_length'], '>8.2f')} "
-                     f"{r['alpha']:>6.2f} {r['cost_ratio']:>6.3f} {r['leviathan_bound']:>5.2f}x {r['efficiency']:>6.2f} "
-                     f"{r['verify_cost']:>5.2f} {r['adjusted_bound']:>6.2f}x {r['adjusted_efficiency']:>5.2f}")
+        lines.append(
+            f"{r['k']:>3} {r['draft_len_policy']:>8} {r['baseline_tok_s']:>10.1f} {r['spec_tok_s']:>10.1f} "
+            f"{r['speedup']:>7.2f}x {_interval(r['speedup_ci95']):>11} {r['decode_speedup']:>6.2f}x "
+            f"{r['token_identity']:>8.0%} {fmt(r['acceptance_rate'], '>7.2f')} "
+            f"{fmt(r['mean_acceptance_length'], '>8.2f')} "
+            f"{r['alpha']:>6.2f} {r['cost_ratio']:>6.3f} {r['leviathan_bound']:>5.2f}x {r['efficiency']:>6.2f} "
+            f"{r['verify_cost']:>5.2f} {r['adjusted_bound']:>6.2f}x {r['adjusted_efficiency']:>5.2f}"
+        )
     lines.append("draft lengths chosen per round (k: rounds; 0 = a round without speculation):")
     for r in rep["sweep"]:
         a = r["acceptance"]
         counts = ", ".join(f"{i}: {n}" for i, n in enumerate(a["draft_length_counts"]) if n)
-        lines.append(f"  k={r['k']} {r['draft_len_policy']}: {counts or 'none'}; mean k when speculating "
-                     f"{a['mean_draft_length']:.2f}, rounds without speculation "
-                     f"{a['rounds_without_speculation_share']:.0%}")
-    lines.append(f"best k={rep['k']} ({rep['draft_len_policy']}): {rep['speedup']:.2f}x end to end "
-                 f"(95% CI {_interval(rep['speedup_ci95'])}; {rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} "
-                 f"tok/s), {rep['decode_speedup']:.2f}x in decode (after the first token; the first token is "
-                 f"{rep['ttft_share']:.0%} of the baseline's time)")
-    lines.append("speedup = Σ baseline / Σ speculative seconds over the paired prompts, as the served bench reports "
-                 "it (95% CI: paired bootstrap); decode = the same ratio after the first token")
-    lines.append("bound = Leviathan et al. at the cap k (verification costs one decode step); r = measured cost of one "
-                 "verification in decode steps; bound_r = the bound with that cost; eff_r = speedup / bound_r")
+        lines.append(
+            f"  k={r['k']} {r['draft_len_policy']}: {counts or 'none'}; mean k when speculating "
+            f"{a['mean_draft_length']:.2f}, rounds without speculation "
+            f"{a['rounds_without_speculation_share']:.0%}"
+        )
+    lines.append(
+        f"best k={rep['k']} ({rep['draft_len_policy']}): {rep['speedup']:.2f}x end to end "
+        f"(95% CI {_interval(rep['speedup_ci95'])}; {rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} "
+        f"tok/s), {rep['decode_speedup']:.2f}x in decode (after the first token; the first token is "
+        f"{rep['ttft_share']:.0%} of the baseline's time)"
+    )
+    lines.append(
+        "speedup = Σ baseline / Σ speculative seconds over the paired prompts, as the served bench reports "
+        "it (95% CI: paired bootstrap); decode = the same ratio after the first token"
+    )
+    lines.append(
+        "bound = Leviathan et al. at the cap k (verification costs one decode step); r = measured cost of one "
+        "verification in decode steps; bound_r = the bound with that cost; eff_r = speedup / bound_r"
+    )
     for r in rep["sweep"]:
         if r.get("warning"):
             lines.append(f"WARNING (k={r['k']} {r['draft_len_policy']}): {r['warning']}")
     if "lean_vs_hf" in rep:
         c = rep["lean_vs_hf"]
-        lines.append(f"target-only greedy, {c['prompts']} prompts x {c['max_tokens']} tokens: lean runtime "
-                     f"{c['lean_tok_s']:.1f} tok/s vs HF generate {c['hf_tok_s']:.1f} tok/s = {c['ratio']:.2f}x "
-                     f"({c['identical_prompts']}/{c['prompts']} prompts token-identical)")
+        lines.append(
+            f"target-only greedy, {c['prompts']} prompts x {c['max_tokens']} tokens: lean runtime "
+            f"{c['lean_tok_s']:.1f} tok/s vs HF generate {c['hf_tok_s']:.1f} tok/s = {c['ratio']:.2f}x "
+            f"({c['identical_prompts']}/{c['prompts']} prompts token-identical)"
+        )
     return "\n".join(lines)
 
 
@@ -301,8 +401,13 @@ def compare_hf(d: Loaded, prompts: Sequence[Prompt], *, max_tokens: int = 64) ->
     from ..reference.export import load_engine_state_dict
 
     engine_dir = Path(d.target_dir)
-    cfg = AutoConfig.for_model(**{k: v for k, v in json.loads((engine_dir / "config.json").read_text()).items()
-                                  if k not in ("quantization_config",)})
+    cfg = AutoConfig.for_model(
+        **{
+            k: v
+            for k, v in json.loads((engine_dir / "config.json").read_text()).items()
+            if k not in ("quantization_config",)
+        }
+    )
     hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     hf.load_state_dict(load_engine_state_dict(engine_dir), strict=False)
     hf.eval()
@@ -316,15 +421,22 @@ def compare_hf(d: Loaded, prompts: Sequence[Prompt], *, max_tokens: int = 64) ->
             await baseline_call(d, ids[0], 2, -1)
             for x in ids:
                 t0 = time.perf_counter()
-                out = hf.generate(torch.tensor([x]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                  do_sample=False)
+                out = hf.generate(
+                    torch.tensor([x]), max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False
+                )
                 hf_t += time.perf_counter() - t0
-                h = out[0, len(x):].tolist()
+                h = out[0, len(x) :].tolist()
                 lean = await baseline_call(d, x, max_tokens, -1)
                 lean_t += lean.wall_s
                 hf_n, lean_n = hf_n + len(h), lean_n + len(lean.tokens)
                 same += h == lean.tokens
-        return {"hf_tok_s": hf_n / hf_t, "lean_tok_s": lean_n / lean_t, "ratio": (lean_n / lean_t) / (hf_n / hf_t),
-                "identical_prompts": same, "prompts": len(ids), "max_tokens": max_tokens}
+        return {
+            "hf_tok_s": hf_n / hf_t,
+            "lean_tok_s": lean_n / lean_t,
+            "ratio": (lean_n / lean_t) / (hf_n / hf_t),
+            "identical_prompts": same,
+            "prompts": len(ids),
+            "max_tokens": max_tokens,
+        }
 
     return asyncio.run(run())

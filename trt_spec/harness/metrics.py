@@ -73,8 +73,11 @@ def low_acceptance_advice(alpha: float, k: int, c: Optional[float], speedup: flo
     if speedup >= 1.0 and alpha >= 0.3:
         return None
     bound = leviathan_bound(alpha, k, c) if c is not None else None
-    cost = (f"draft/target cost c={c:.2f}, Leviathan bound {bound:.2f}x" if bound is not None else
-            "draft/target cost unknown (not measured by the served bench; `bench in-process` measures it)")
+    cost = (
+        f"draft/target cost c={c:.2f}, Leviathan bound {bound:.2f}x"
+        if bound is not None
+        else "draft/target cost unknown (not measured by the served bench; `bench in-process` measures it)"
+    )
     reasons = [f"acceptance α={alpha:.2f} at k={k}, {cost}"]
     if speedup < 1.0:
         reasons.insert(0, f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x)")
@@ -82,5 +85,7 @@ def low_acceptance_advice(alpha: float, k: int, c: Optional[float], speedup: flo
         reasons.append("even a perfectly efficient implementation cannot beat the baseline at this α and c")
     advice = ([f"lower num_draft_tokens (k={k})"] if k > 1 else []) + [
         "use a draft closer to the target (same family, distilled)",
-        "use n-gram mode for prompts whose answers copy the prompt", "or disable speculation for this workload"]
+        "use n-gram mode for prompts whose answers copy the prompt",
+        "or disable speculation for this workload",
+    ]
     return "; ".join(reasons) + ". Advice: " + ", ".join(advice)

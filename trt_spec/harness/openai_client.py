@@ -47,15 +47,18 @@ def endpoints(urls: tuple[str, ...], models: tuple[str, ...]) -> dict[str, Endpo
 class OpenAIClient:
     """LLMClient's interface over the OpenAI API. `generate` takes the role (BASELINE / SPECULATIVE) as `model`."""
 
-    def __init__(self, roles: dict[str, Endpoint], *, api: str = "chat", api_key: str = "none",
-                 timeout_s: float = 600.0):
+    def __init__(
+        self, roles: dict[str, Endpoint], *, api: str = "chat", api_key: str = "none", timeout_s: float = 600.0
+    ):
         import openai
 
         if api not in APIS:
             raise ValueError(f"api {api!r}: use one of {', '.join(APIS)}")
         self.roles, self.api = roles, api
-        self._clients = {role: openai.OpenAI(base_url=e.base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
-                         for role, e in roles.items()}
+        self._clients = {
+            role: openai.OpenAI(base_url=e.base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
+            for role, e in roles.items()
+        }
         self.url = " / ".join(sorted({e.base_url for e in roles.values()}))
 
     def check_ready(self, models: list[str]) -> None:
@@ -66,11 +69,15 @@ class OpenAIClient:
             try:
                 served = {m.id for m in self._clients[role].models.list().data}
             except openai.APIError as err:
-                raise ClientError(f"no OpenAI-compatible server answers at {e.base_url} ({_message(err)}); start one "
-                                  "(trt-spec serve REPO --openai-port PORT)") from None
+                raise ClientError(
+                    f"no OpenAI-compatible server answers at {e.base_url} ({_message(err)}); start one "
+                    "(trt-spec serve REPO --openai-port PORT)"
+                ) from None
             if e.model not in served:
-                raise ClientError(f"model {e.model!r} is not served at {e.base_url} (it has: {', '.join(sorted(served))});"
-                                  " pass --model BASELINE --model SPECULATIVE")
+                raise ClientError(
+                    f"model {e.model!r} is not served at {e.base_url} (it has: {', '.join(sorted(served))});"
+                    " pass --model BASELINE --model SPECULATIVE"
+                )
 
     def close(self) -> None:
         for c in self._clients.values():
@@ -94,13 +101,23 @@ class OpenAIClient:
         tokens = None
         try:
             if self.api == "chat":
-                it = client.chat.completions.create(model=e.model, messages=[{"role": "user", "content": prompt}],
-                                                    stream=True, stream_options={"include_usage": True},
-                                                    extra_body=extra or None, **body)
+                it = client.chat.completions.create(
+                    model=e.model,
+                    messages=[{"role": "user", "content": prompt}],
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body=extra or None,
+                    **body,
+                )
             else:
-                it = client.completions.create(model=e.model, prompt=prompt, stream=True,
-                                               stream_options={"include_usage": True}, extra_body=extra or None,
-                                               **body)
+                it = client.completions.create(
+                    model=e.model,
+                    prompt=prompt,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body=extra or None,
+                    **body,
+                )
             for c in it:
                 if c.usage is not None:
                     tokens = c.usage.completion_tokens
@@ -114,9 +131,15 @@ class OpenAIClient:
             raise ClientError(f"{e.model} at {e.base_url}: {_message(err)}") from None
         latency = time.perf_counter() - t0
         times = [t for _, t in chunks]
-        return Generation(text="".join(x for x, _ in chunks), output_ids=[], ttft_s=times[0] if times else latency,
-                          latency_s=latency, chunks=len(chunks), chunk_times_s=times,
-                          tokens=tokens if tokens is not None else len(chunks))
+        return Generation(
+            text="".join(x for x, _ in chunks),
+            output_ids=[],
+            ttft_s=times[0] if times else latency,
+            latency_s=latency,
+            chunks=len(chunks),
+            chunk_times_s=times,
+            tokens=tokens if tokens is not None else len(chunks),
+        )
 
 
 def _message(err) -> str:
@@ -128,5 +151,3 @@ def _message(err) -> str:
 
 def client_factory(roles: dict[str, Endpoint], api: str, api_key: str):
     return lambda: OpenAIClient(roles, api=api, api_key=api_key)
-
-

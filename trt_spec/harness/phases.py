@@ -61,12 +61,16 @@ _log = logging.getLogger(__name__)
 PHASE_LOCKS_SUBDIR = "phase-locks"
 UNLOAD_WAIT_S = 900.0  # a 70B LLM-API model's shutdown included
 LOAD_TIMEOUT_S = 3600.0  # one HTTP load call: a cold 70B load from network storage
-PHASED_NOTE = ("phased: the speculative model over every prompt first, then the baseline (loaded for its phase only, "
-               "in place of the speculative model) over the same prompts; paired by prompt, not interleaved in time")
-MISSING_KEY = ("{url}: the baseline {base} is loaded for its phase only (it is a second full copy of the target, "
-               "which does not fit beside {spec}), and switching models needs the server's admin key: pass "
-               "--admin-key-file FILE (the file `trt-spec serve --admin-key-file FILE` was started with; on the "
-               "server's own host `trt-spec serve` leaves its key where check and bench find it)")
+PHASED_NOTE = (
+    "phased: the speculative model over every prompt first, then the baseline (loaded for its phase only, "
+    "in place of the speculative model) over the same prompts; paired by prompt, not interleaved in time"
+)
+MISSING_KEY = (
+    "{url}: the baseline {base} is loaded for its phase only (it is a second full copy of the target, "
+    "which does not fit beside {spec}), and switching models needs the server's admin key: pass "
+    "--admin-key-file FILE (the file `trt-spec serve --admin-key-file FILE` was started with; on the "
+    "server's own host `trt-spec serve` leaves its key where check and bench find it)"
+)
 
 
 class ModelControl:
@@ -77,8 +81,12 @@ class ModelControl:
 
     def _http(self, path: str, body: Optional[dict] = None, timeout: float = 60.0):
         c = self.client
-        req = urllib.request.Request(f"http://{c.url}/v2/repository{path}", data=json.dumps(body or {}).encode(),
-                                     method="POST", headers={"Content-Type": "application/json", **c.admin_headers()})
+        req = urllib.request.Request(
+            f"http://{c.url}/v2/repository{path}",
+            data=json.dumps(body or {}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", **c.admin_headers()},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 raw = r.read()
@@ -135,8 +143,9 @@ class ModelControl:
             if not any(s in ("READY", "LOADING", "UNLOADING") for s in states):
                 return
             if time.monotonic() > deadline:
-                raise ClientError(f"{self.client.url}: {name} still {states[0]} {wait_s:.0f}s after unload; see the "
-                                  "server log")
+                raise ClientError(
+                    f"{self.client.url}: {name} still {states[0]} {wait_s:.0f}s after unload; see the server log"
+                )
             time.sleep(0.2)
 
 
@@ -167,15 +176,19 @@ def require_control(client: LLMClient) -> ModelControl:
     ctl = ModelControl(client)
     names = {m.get("name") for m in ctl.index()}
     if lc.BASELINE_MODEL not in names:
-        raise ClientError(f"{client.url}: {lc.BASELINE_MODEL} is neither loaded nor in the server's repository; "
-                          "regenerate the repository with trt-spec repo")
+        raise ClientError(
+            f"{client.url}: {lc.BASELINE_MODEL} is neither loaded nor in the server's repository; "
+            "regenerate the repository with trt-spec repo"
+        )
     return ctl
 
 
-RESTORE_FAILED = ("{url}: {spec} did not load back after the baseline's phase ({error}); the server is left with "
-                  "{state}, and {spec} is not served until it loads: load it with the repository API (POST "
-                  "/v2/repository/models/{spec}/load on the server's HTTP port, with its admin key in the {header} "
-                  "header) or restart `trt-spec serve`")
+RESTORE_FAILED = (
+    "{url}: {spec} did not load back after the baseline's phase ({error}); the server is left with "
+    "{state}, and {spec} is not served until it loads: load it with the repository API (POST "
+    "/v2/repository/models/{spec}/load on the server's HTTP port, with its admin key in the {header} "
+    "header) or restart `trt-spec serve`"
+)
 
 
 def _states(ctl: ModelControl) -> str:
@@ -200,8 +213,11 @@ def _restore(ctl: ModelControl, note: Callable[[str], None]) -> Optional[ClientE
     try:
         ctl.load(lc.MODEL_NAME)
     except Exception as e:  # noqa: BLE001 - one line, with the state and the fix
-        return ClientError(RESTORE_FAILED.format(url=ctl.client.url, spec=lc.MODEL_NAME, error=e, state=_states(ctl),
-                                                 header=ADMIN_HEADER))
+        return ClientError(
+            RESTORE_FAILED.format(
+                url=ctl.client.url, spec=lc.MODEL_NAME, error=e, state=_states(ctl), header=ADMIN_HEADER
+            )
+        )
     return None
 
 
@@ -247,8 +263,9 @@ def switch_lock(url: str):
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as e:
-        _log.warning("no phase lock for %s (%s: %s): another run could switch its models at the same time", url, path,
-                     e.strerror)
+        _log.warning(
+            "no phase lock for %s (%s: %s): another run could switch its models at the same time", url, path, e.strerror
+        )
         yield
         return
     try:
@@ -256,8 +273,10 @@ def switch_lock(url: str):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
-            raise ClientError(f"{url}: another trt-spec run on this host is switching this server's models (pid "
-                              f"{holder}; lock {path}); run again when it is done") from None
+            raise ClientError(
+                f"{url}: another trt-spec run on this host is switching this server's models (pid "
+                f"{holder}; lock {path}); run again when it is done"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {' '.join(sys.argv[:3])}\n".encode(), 0)
         yield
@@ -294,11 +313,17 @@ class Measurement:
     baseline_key: Optional[Hashable] = None
 
 
-def measure(client, measurements: Sequence[Measurement], *, stage: Stage = _no_stage,
-            note: Callable[[str], None] = lambda s: None) -> list:
+def measure(
+    client,
+    measurements: Sequence[Measurement],
+    *,
+    stage: Stage = _no_stage,
+    note: Callable[[str], None] = lambda s: None,
+) -> list:
     """Each measurement's result, in order. Both models served: each measurement interleaved, one after the other.
     The baseline loaded for its phase only: one phase cycle for all of them (module docstring), under switch_lock.
     stage(label, total) -> (context, progress callback) wraps each run (a progress bar)."""
+
     def run(fn: Callable, label: str, total: int):
         ctx, cb = stage(label, total)
         with ctx:
@@ -324,8 +349,12 @@ def _cycle(client, measurements: Sequence[Measurement], run: Callable, note: Cal
     return [m.pair(s, base[key]) for m, s, key in zip(measurements, spec, keys)]
 
 
-def speculative_then_baseline(client: LLMClient, speculative: Callable[[], T], baseline: Callable[[], T],
-                              note: Callable[[str], None] = lambda s: None) -> tuple[T, T]:
+def speculative_then_baseline(
+    client: LLMClient,
+    speculative: Callable[[], T],
+    baseline: Callable[[], T],
+    note: Callable[[str], None] = lambda s: None,
+) -> tuple[T, T]:
     """speculative() with the launch's models, then baseline() in the baseline's phase: one cycle."""
     m = Measurement("", 0, speculative, lambda _: speculative(), lambda _: baseline(), lambda s, b: (s, b), 0)
     return _cycle(client, [m], lambda fn, label, total: fn(None), note)[0]

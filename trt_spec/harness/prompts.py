@@ -23,7 +23,7 @@ class Prompt:
 
 
 _SNIPPETS = {
-    "stats": '''def mean(values):
+    "stats": """def mean(values):
     total = 0
     for v in values:
         total += v
@@ -40,8 +40,8 @@ def variance(values):
 
 def describe(values):
     return {"mean": mean(values), "variance": variance(values), "count": len(values)}
-''',
-    "inventory": '''class Inventory:
+""",
+    "inventory": """class Inventory:
     def __init__(self):
         self.items = {}
 
@@ -55,8 +55,8 @@ def describe(values):
 
     def total(self):
         return sum(self.items.values())
-''',
-    "http": '''import json
+""",
+    "http": """import json
 import urllib.request
 
 
@@ -72,8 +72,8 @@ def fetch_user(base_url, user_id):
 
 def fetch_posts(base_url, user_id):
     return fetch_json(base_url + "/users/" + str(user_id) + "/posts")
-''',
-    "matrix": '''def transpose(matrix):
+""",
+    "matrix": """def transpose(matrix):
     rows = len(matrix)
     cols = len(matrix[0])
     result = [[0] * rows for _ in range(cols)]
@@ -90,30 +90,55 @@ def multiply(a, b):
             for k in range(len(b)):
                 result[i][j] += a[i][k] * b[k][j]
     return result
-''',
+""",
 }
 
 CODE_EDIT = [
-    Prompt(f"Rename the function `mean` to `average` everywhere in this code and reply with the complete updated "
-           f"code only.\n\n```python\n{_SNIPPETS['stats']}```", id="rename-mean"),
-    Prompt(f"Rename the method `total` to `count_all` and reply with the full class, nothing else.\n\n"
-           f"```python\n{_SNIPPETS['inventory']}```", id="rename-method"),
-    Prompt(f"Change the default timeout from 10 to 30 seconds and reply with the whole file.\n\n"
-           f"```python\n{_SNIPPETS['http']}```", id="change-default"),
-    Prompt(f"Rename the variable `result` to `out` in both functions and return the full code.\n\n"
-           f"```python\n{_SNIPPETS['matrix']}```", id="rename-variable"),
-    Prompt(f"Add type hints (list[float] -> float) to every function and reply with the complete code.\n\n"
-           f"```python\n{_SNIPPETS['stats']}```", id="type-hints"),
-    Prompt(f"Fix the bug: `remove` should delete the key when the count reaches zero. Reply with the full class."
-           f"\n\n```python\n{_SNIPPETS['inventory']}```", id="fix-bug"),
+    Prompt(
+        f"Rename the function `mean` to `average` everywhere in this code and reply with the complete updated "
+        f"code only.\n\n```python\n{_SNIPPETS['stats']}```",
+        id="rename-mean",
+    ),
+    Prompt(
+        f"Rename the method `total` to `count_all` and reply with the full class, nothing else.\n\n"
+        f"```python\n{_SNIPPETS['inventory']}```",
+        id="rename-method",
+    ),
+    Prompt(
+        f"Change the default timeout from 10 to 30 seconds and reply with the whole file.\n\n"
+        f"```python\n{_SNIPPETS['http']}```",
+        id="change-default",
+    ),
+    Prompt(
+        f"Rename the variable `result` to `out` in both functions and return the full code.\n\n"
+        f"```python\n{_SNIPPETS['matrix']}```",
+        id="rename-variable",
+    ),
+    Prompt(
+        f"Add type hints (list[float] -> float) to every function and reply with the complete code.\n\n"
+        f"```python\n{_SNIPPETS['stats']}```",
+        id="type-hints",
+    ),
+    Prompt(
+        f"Fix the bug: `remove` should delete the key when the count reaches zero. Reply with the full class."
+        f"\n\n```python\n{_SNIPPETS['inventory']}```",
+        id="fix-bug",
+    ),
 ]
 
 CODE = [
-    Prompt("Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.", id="palindrome"),
-    Prompt("Write a Python function `fizzbuzz(n)` that returns the FizzBuzz sequence from 1 to n as a list.", id="fizzbuzz"),
+    Prompt(
+        "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
+        id="palindrome",
+    ),
+    Prompt(
+        "Write a Python function `fizzbuzz(n)` that returns the FizzBuzz sequence from 1 to n as a list.", id="fizzbuzz"
+    ),
     Prompt("Write a Python class `Stack` with push, pop, peek and is_empty methods.", id="stack"),
     Prompt("Write a Python function that returns the n-th Fibonacci number iteratively.", id="fibonacci"),
-    Prompt("Write a Python function that counts the words in a text file and returns the 10 most common.", id="wordcount"),
+    Prompt(
+        "Write a Python function that counts the words in a text file and returns the 10 most common.", id="wordcount"
+    ),
     Prompt("Write a binary search function in Python that returns the index of a target or -1.", id="bsearch"),
 ]
 
@@ -127,26 +152,40 @@ CHAT = [
 ]
 
 SUMMARIZATION = [
-    Prompt("Summarize in two sentences: The Python programming language was created by Guido van Rossum and first "
-           "released in 1991. Python emphasizes code readability with significant indentation. It supports multiple "
-           "programming paradigms, including structured, object-oriented and functional programming. Python is often "
-           "described as a batteries included language because of its comprehensive standard library.", id="python"),
-    Prompt("Summarize: Speculative decoding speeds up text generation from large language models. A small draft "
-           "model proposes several tokens, and the large target model checks all of them in a single forward pass. "
-           "Tokens that agree with the target are kept, so the output is exactly what the target would produce, but "
-           "fewer slow target steps are needed when the draft is often right.", id="specdec"),
-    Prompt("Summarize in one sentence: The Amazon rainforest covers much of the Amazon basin of South America. The "
-           "majority of the forest is contained within Brazil, with smaller parts in Peru, Colombia and other "
-           "countries. It represents over half of the planet's remaining rainforests and is the largest and most "
-           "biodiverse tract of tropical rainforest in the world.", id="amazon"),
-    Prompt("Summarize the key points: Regular exercise improves cardiovascular health, strengthens muscles and "
-           "bones, and helps control weight. It also reduces the risk of chronic diseases such as diabetes, and it "
-           "improves mood and sleep quality. Experts recommend at least 150 minutes of moderate activity per week.",
-           id="exercise"),
+    Prompt(
+        "Summarize in two sentences: The Python programming language was created by Guido van Rossum and first "
+        "released in 1991. Python emphasizes code readability with significant indentation. It supports multiple "
+        "programming paradigms, including structured, object-oriented and functional programming. Python is often "
+        "described as a batteries included language because of its comprehensive standard library.",
+        id="python",
+    ),
+    Prompt(
+        "Summarize: Speculative decoding speeds up text generation from large language models. A small draft "
+        "model proposes several tokens, and the large target model checks all of them in a single forward pass. "
+        "Tokens that agree with the target are kept, so the output is exactly what the target would produce, but "
+        "fewer slow target steps are needed when the draft is often right.",
+        id="specdec",
+    ),
+    Prompt(
+        "Summarize in one sentence: The Amazon rainforest covers much of the Amazon basin of South America. The "
+        "majority of the forest is contained within Brazil, with smaller parts in Peru, Colombia and other "
+        "countries. It represents over half of the planet's remaining rainforests and is the largest and most "
+        "biodiverse tract of tropical rainforest in the world.",
+        id="amazon",
+    ),
+    Prompt(
+        "Summarize the key points: Regular exercise improves cardiovascular health, strengthens muscles and "
+        "bones, and helps control weight. It also reduces the risk of chronic diseases such as diabetes, and it "
+        "improves mood and sleep quality. Experts recommend at least 150 minutes of moderate activity per week.",
+        id="exercise",
+    ),
 ]
 
 PROMPT_SETS: dict[str, list[Prompt]] = {
-    "code-edit": CODE_EDIT, "code": CODE, "chat": CHAT, "summarization": SUMMARIZATION,
+    "code-edit": CODE_EDIT,
+    "code": CODE,
+    "chat": CHAT,
+    "summarization": SUMMARIZATION,
 }
 
 
@@ -189,9 +228,9 @@ def _jsonl(p: Path, text: str) -> list[Prompt]:
             key = next(k for k in PROMPT_KEYS if k in obj)
             prompt = obj[key]
         except (json.JSONDecodeError, StopIteration, TypeError):
-            raise ValueError(f"{p}:{i}: expected a JSON object with a \"prompt\" key (or \"text\")") from None
+            raise ValueError(f'{p}:{i}: expected a JSON object with a "prompt" key (or "text")') from None
         if not isinstance(prompt, str) or not prompt:
-            raise ValueError(f"{p}:{i}: \"{key}\" must be a non-empty string")
+            raise ValueError(f'{p}:{i}: "{key}" must be a non-empty string')
         mt = next((obj[k] for k in LENGTH_KEYS if k in obj), DEFAULT_MAX_TOKENS)
         if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
             raise ValueError(f"{p}:{i}: the output length must be a positive integer, got {mt!r}")
@@ -203,21 +242,32 @@ def _sharegpt(p: Path, text: str) -> list[Prompt]:
     try:
         rows = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); a ShareGPT file is one JSON list") from None
+        raise ValueError(
+            f"{p}: not valid JSON ({e.msg} at line {e.lineno}); a ShareGPT file is one JSON list"
+        ) from None
     if not isinstance(rows, list):
-        raise ValueError(f"{p}: a ShareGPT file is a JSON list of {{\"conversations\": [...]}}")
+        raise ValueError(f'{p}: a ShareGPT file is a JSON list of {{"conversations": [...]}}')
     prompts = []
     for i, row in enumerate(rows):
         turns = row.get("conversations") if isinstance(row, dict) else None
         if not isinstance(turns, list):
-            raise ValueError(f"{p}: entry {i} has no \"conversations\" list")
+            raise ValueError(f'{p}: entry {i} has no "conversations" list')
         for j, t in enumerate(turns):
-            if (isinstance(t, dict) and t.get("from") in SHAREGPT_HUMAN and isinstance(t.get("value"), str)
-                    and t["value"]):
+            if (
+                isinstance(t, dict)
+                and t.get("from") in SHAREGPT_HUMAN
+                and isinstance(t.get("value"), str)
+                and t["value"]
+            ):
                 answer = turns[j + 1] if j + 1 < len(turns) else {}
                 length = len(answer.get("value", "")) if answer.get("from") in SHAREGPT_ANSWER else 0
-                prompts.append(Prompt(t["value"], max(1, length // CHARS_PER_TOKEN) if length else DEFAULT_MAX_TOKENS,
-                                      str(row.get("id", i))))
+                prompts.append(
+                    Prompt(
+                        t["value"],
+                        max(1, length // CHARS_PER_TOKEN) if length else DEFAULT_MAX_TOKENS,
+                        str(row.get("id", i)),
+                    )
+                )
                 break  # the first human turn of each conversation
     return prompts
 
@@ -227,5 +277,13 @@ def with_chat_template(prompts: list[Prompt], tokenizer) -> list[Prompt]:
     unchanged when the tokenizer has no template."""
     if not getattr(tokenizer, "chat_template", None):
         return list(prompts)
-    return [Prompt(tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
-                                                 add_generation_prompt=True), p.max_tokens, p.id) for p in prompts]
+    return [
+        Prompt(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True
+            ),
+            p.max_tokens,
+            p.id,
+        )
+        for p in prompts
+    ]

@@ -18,37 +18,56 @@ from .metrics import fmt
 def environment() -> dict:
     from ..builder.trtllm import dist_version as v
 
-    return {"time": datetime.now(timezone.utc).isoformat(), "python": sys.version.split()[0],
-            "platform": platform.platform(), "cpus": os.cpu_count(),
-            "packages": {d: v(d) for d in ("trt-spec", "tritonclient", "nvidia-pytriton", "torch", "tensorrt_llm")}}
-
+    return {
+        "time": datetime.now(timezone.utc).isoformat(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "packages": {d: v(d) for d in ("trt-spec", "tritonclient", "nvidia-pytriton", "torch", "tensorrt_llm")},
+    }
 
 
 def markdown(rep: dict) -> str:
     out = [f"# trt-spec report — {rep.get('title', '')}", "", f"Generated {rep['environment']['time']}.", ""]
     check = rep.get("check")
     if check:
-        out += ["## Identity", "", "| protocol | prompts identical | real mismatches | near-ties | verdict |",
-                "|---|---|---|---|---|"]
+        out += [
+            "## Identity",
+            "",
+            "| protocol | prompts identical | real mismatches | near-ties | verdict |",
+            "|---|---|---|---|---|",
+        ]
         for c in check:
-            out.append(f"| {c['protocol']} | {c['match_rate']:.0%} | {c['real_mismatches']} | {c['near_ties']} | "
-                       f"{'PASS' if c['passed'] else 'FAIL'} |")
+            out.append(
+                f"| {c['protocol']} | {c['match_rate']:.0%} | {c['real_mismatches']} | {c['near_ties']} | "
+                f"{'PASS' if c['passed'] else 'FAIL'} |"
+            )
         out.append("")
         out += divergence_table(check)
     for b in rep.get("bench", []):
         a = b["acceptance"]
         pol = f", {b['draft_len_policy']}" if b.get("draft_len_policy") else ""
-        out += [f"## Speedup ({b['protocol']}, {k_label(b['k'])}{pol})", "",
-                "| | baseline | speculative |", "|---|---|---|",
-                f"| output tokens/s | {b['baseline']['tokens_per_s']:.1f} | {b['speculative']['tokens_per_s']:.1f} |",
-                f"| TTFT p50 (ms) | {b['baseline']['ttft_s']['p50'] * 1e3:.0f} | {b['speculative']['ttft_s']['p50'] * 1e3:.0f} |",
-                f"| TPOT p50 (ms) | {b['baseline']['tpot_s']['p50'] * 1e3:.1f} | {b['speculative']['tpot_s']['p50'] * 1e3:.1f} |",
-                f"| latency p50 (s) | {b['baseline']['latency_s']['p50']:.2f} | {b['speculative']['latency_s']['p50']:.2f} |",
-                "", f"**Speedup {b['speedup']:.2f}x** (95% CI {b['speedup_ci95'][0]:.2f}–{b['speedup_ci95'][1]:.2f}), "
-                f"acceptance rate {fmt(a['acceptance_rate'], '.2f')}, mean acceptance length {fmt(a['mean_acceptance_length'], '.2f')}, "
-                f"histogram {a['histogram']}; k chosen per round {a.get('draft_length_counts', [])} (counts of k = 0, "
-                f"1, …), mean k when speculating {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
-                f"{a.get('rounds_without_speculation_share', 0):.0%}.", ""]
+        out += [
+            f"## Speedup ({b['protocol']}, {k_label(b['k'])}{pol})",
+            "",
+            "| | baseline | speculative |",
+            "|---|---|---|",
+            f"| output tokens/s | {b['baseline']['tokens_per_s']:.1f} | {b['speculative']['tokens_per_s']:.1f} |",
+            f"| TTFT p50 (ms) | {b['baseline']['ttft_s']['p50'] * 1e3:.0f} | "
+            f"{b['speculative']['ttft_s']['p50'] * 1e3:.0f} |",
+            f"| TPOT p50 (ms) | {b['baseline']['tpot_s']['p50'] * 1e3:.1f} | "
+            f"{b['speculative']['tpot_s']['p50'] * 1e3:.1f} |",
+            f"| latency p50 (s) | {b['baseline']['latency_s']['p50']:.2f} | "
+            f"{b['speculative']['latency_s']['p50']:.2f} |",
+            "",
+            f"**Speedup {b['speedup']:.2f}x** (95% CI {b['speedup_ci95'][0]:.2f}–{b['speedup_ci95'][1]:.2f}), "
+            f"acceptance rate {fmt(a['acceptance_rate'], '.2f')}, "
+            f"mean acceptance length {fmt(a['mean_acceptance_length'], '.2f')}, "
+            f"histogram {a['histogram']}; k chosen per round {a.get('draft_length_counts', [])} (counts of k = 0, "
+            f"1, …), mean k when speculating {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
+            f"{a.get('rounds_without_speculation_share', 0):.0%}.",
+            "",
+        ]
         if a.get("source"):
             out += [f"Acceptance from {a['source']}" + "".join(f"; {n}" for n in a.get("notes", [])) + ".", ""]
         if b.get("order"):
@@ -61,20 +80,35 @@ def markdown(rep: dict) -> str:
         out += rate_table(rep["rate"])
     if rep.get("tune"):
         t = rep["tune"]
-        out += ["## k sweep", "", "| policy | k (cap) | speedup | 95% CI | acceptance | mean length | mean k when speculating | "
-                "rounds without speculation |", "|---|---|---|---|---|---|---|---|"]
+        out += [
+            "## k sweep",
+            "",
+            "| policy | k (cap) | speedup | 95% CI | acceptance | mean length | mean k when speculating | "
+            "rounds without speculation |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in t["sweep"]:
             lo, hi = r["speedup_ci95"]
-            out.append(f"| {r.get('policy', 'fixed')} | {r['k']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
-                       f"{fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
-                       f"{r.get('mean_draft_length', r['k']):.2f} | {r.get('rounds_without_speculation_share', 0):.0%} |")
-        out += ["", f"Recommended num_draft_tokens (fixed): **{t['recommended_k']}** ({t['note']}).", "",
-                apply_k(t["recommended_k"]), ""]
+            out.append(
+                f"| {r.get('policy', 'fixed')} | {r['k']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
+                f"{fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
+                f"{r.get('mean_draft_length', r['k']):.2f} | {r.get('rounds_without_speculation_share', 0):.0%} |"
+            )
+        out += [
+            "",
+            f"Recommended num_draft_tokens (fixed): **{t['recommended_k']}** ({t['note']}).",
+            "",
+            apply_k(t["recommended_k"]),
+            "",
+        ]
         a = t.get("adaptive_vs_best_fixed")
         if a:
-            out += [f"Adaptive {a['adaptive']:.2f}x (95% CI {a['adaptive_ci95'][0]:.2f}–{a['adaptive_ci95'][1]:.2f}) vs "
-                    f"the best fixed k={a['best_fixed_k']} {a['best_fixed']:.2f}x (95% CI {a['best_fixed_ci95'][0]:.2f}–"
-                    f"{a['best_fixed_ci95'][1]:.2f}): ratio {a['ratio']:.2f}.", ""]
+            out += [
+                f"Adaptive {a['adaptive']:.2f}x (95% CI {a['adaptive_ci95'][0]:.2f}–{a['adaptive_ci95'][1]:.2f}) vs "
+                f"the best fixed k={a['best_fixed_k']} {a['best_fixed']:.2f}x (95% CI {a['best_fixed_ci95'][0]:.2f}–"
+                f"{a['best_fixed_ci95'][1]:.2f}): ratio {a['ratio']:.2f}.",
+                "",
+            ]
     return "\n".join(out)
 
 
@@ -85,21 +119,29 @@ def divergence_table(check: list[dict]) -> list[str]:
     if not rows:
         return []
     f = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-    out = ["| protocol | kind | token | baseline | speculative | top-2 margin | gap to best | near-tie below | "
-           "probe | prompt |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| protocol | kind | token | baseline | speculative | top-2 margin | gap to best | near-tie below | "
+        "probe | prompt |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c, r in sorted(rows, key=lambda cr: cr[1]["divergence"]["kind"] != "near-tie"):
         d = r["divergence"]
-        out.append(f"| {c['protocol']} | {d['kind']} | {d['index']} | {d['baseline_token']} | {d['speculative_token']} "
-                   f"| {f(d.get('margin'))} | {f(d.get('gap'))} | {c.get('near_tie_margin', 'n/a')} | "
-                   f"{d.get('probe', '')} | {repr(r['prompt'][:40]).replace('|', chr(92) + '|')} |")
+        out.append(
+            f"| {c['protocol']} | {d['kind']} | {d['index']} | {d['baseline_token']} | {d['speculative_token']} "
+            f"| {f(d.get('margin'))} | {f(d.get('gap'))} | {c.get('near_tie_margin', 'n/a')} | "
+            f"{d.get('probe', '')} | {repr(r['prompt'][:40]).replace('|', chr(92) + '|')} |"
+        )
     return out + [""]
 
 
 def apply_k(k: int) -> str:
     """How to apply a recommended k: per request, or as the deployment's default."""
-    return (f"Apply it per request with the `num_draft_tokens` input ({k}; OpenAI API: `extra_body={{\"num_draft_tokens\": "
-            f"{k}}}`, `trt-spec bench --k {k}`), or as the deployment's default: `speculative.num_draft_tokens: {k}` "
-            f"in the build config (or `--set speculative.num_draft_tokens={k}`), then `trt-spec repo` and serve again.")
+    return (
+        f'Apply it per request with the `num_draft_tokens` input ({k}; OpenAI API: `extra_body={{"num_draft_tokens": '
+        f"{k}}}`, `trt-spec bench served --k {k}`), or as the deployment's default: "
+        f"`speculative.num_draft_tokens: {k}` in the build config (or `--set speculative.num_draft_tokens={k}`), "
+        "then `trt-spec repo` and serve again."
+    )
 
 
 def k_label(k) -> str:
@@ -109,39 +151,64 @@ def k_label(k) -> str:
 
 def concurrency_table(rows: list[dict]) -> list[str]:
     """Markdown lines: per level, one row per model; speedup and acceptance on the speculative row."""
-    out = ["## Concurrency sweep", "",
-           "| in flight | model | requests | total tok/s | TPOT p50 (ms) | latency p50 (s) | latency p99 (s) | "
-           "TTFT p50 (ms) | speedup | acceptance rate | mean acceptance length |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "## Concurrency sweep",
+        "",
+        "| in flight | model | requests | total tok/s | TPOT p50 (ms) | latency p50 (s) | latency p99 (s) | "
+        "TTFT p50 (ms) | speedup | acceptance rate | mean acceptance length |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         a = r["acceptance"]
         slower = " (slower)" if r["speedup"] < 1.0 else ""
-        for model, extra in ((BASELINE, "— | — | —"), (SPECULATIVE, f"**{r['speedup']:.2f}x{slower}** | "
-                             f"{fmt(a['acceptance_rate'], '.2f')} | {fmt(a['mean_acceptance_length'], '.2f')}")):
+        for model, extra in (
+            (BASELINE, "— | — | —"),
+            (
+                SPECULATIVE,
+                f"**{r['speedup']:.2f}x{slower}** | "
+                f"{fmt(a['acceptance_rate'], '.2f')} | {fmt(a['mean_acceptance_length'], '.2f')}",
+            ),
+        ):
             m = r[model]
-            out.append(f"| {r['concurrency']} | {model} | {m['requests']} | {m['tokens_per_s']:.1f} | "
-                       f"{m['tpot_s']['p50'] * 1e3:.1f} | {m['latency_s']['p50']:.2f} | {m['latency_s']['p99']:.2f} | "
-                       f"{m['ttft_s']['p50'] * 1e3:.0f} | {extra} |")
-    out += ["", "Total tok/s: every generated token of the level over its wall time (all requests in flight "
-            "together). TPOT, latency and TTFT: per request. Speedup: speculative / baseline total tok/s. "
-            "Acceptance: summed over the level's speculative requests. (slower): speculation loses at that level. "
-            "Raw samples: report.json.", ""]
+            out.append(
+                f"| {r['concurrency']} | {model} | {m['requests']} | {m['tokens_per_s']:.1f} | "
+                f"{m['tpot_s']['p50'] * 1e3:.1f} | {m['latency_s']['p50']:.2f} | {m['latency_s']['p99']:.2f} | "
+                f"{m['ttft_s']['p50'] * 1e3:.0f} | {extra} |"
+            )
+    out += [
+        "",
+        "Total tok/s: every generated token of the level over its wall time (all requests in flight "
+        "together). TPOT, latency and TTFT: per request. Speedup: speculative / baseline total tok/s. "
+        "Acceptance: summed over the level's speculative requests. (slower): speculation loses at that level. "
+        "Raw samples: report.json.",
+        "",
+    ]
     return out
 
 
 def rate_table(r: dict) -> list[str]:
     """Markdown lines of a request-rate run: per model, throughput, latency and goodput under the SLO."""
     slo = ", ".join(f"{k.split('_')[0].upper()} <= {v * 1e3:.0f} ms" for k, v in r["slo"].items() if v is not None)
-    out = [f"## Request rate {r['request_rate']:g}/s (Poisson arrivals, {r['requests']} requests per model)", "",
-           "| model | requests/s | total tok/s | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | latency p99 (s) | "
-           "met SLO | goodput (req/s) |", "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"## Request rate {r['request_rate']:g}/s (Poisson arrivals, {r['requests']} requests per model)",
+        "",
+        "| model | requests/s | total tok/s | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | latency p99 (s) | "
+        "met SLO | goodput (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for model in (BASELINE, SPECULATIVE):
         m = r[model]
-        out.append(f"| {model} | {m['request_rps']:.2f} | {m['tokens_per_s']:.1f} | {m['ttft_s']['p50'] * 1e3:.0f} | "
-                   f"{m['ttft_s']['p99'] * 1e3:.0f} | {m['tpot_s']['p50'] * 1e3:.1f} | {m['latency_s']['p99']:.2f} | "
-                   f"{m['slo_met']}/{m['requests']} | {m['goodput_rps']:.2f} |")
-    out += ["", f"Speedup (total tok/s) **{r['speedup']:.2f}x**, goodput ratio {r['goodput_ratio']:.2f} "
-            f"(SLO: {slo or 'none: every request counts'}).", ""]
+        out.append(
+            f"| {model} | {m['request_rps']:.2f} | {m['tokens_per_s']:.1f} | {m['ttft_s']['p50'] * 1e3:.0f} | "
+            f"{m['ttft_s']['p99'] * 1e3:.0f} | {m['tpot_s']['p50'] * 1e3:.1f} | {m['latency_s']['p99']:.2f} | "
+            f"{m['slo_met']}/{m['requests']} | {m['goodput_rps']:.2f} |"
+        )
+    out += [
+        "",
+        f"Speedup (total tok/s) **{r['speedup']:.2f}x**, goodput ratio {r['goodput_ratio']:.2f} "
+        f"(SLO: {slo or 'none: every request counts'}).",
+        "",
+    ]
     return out
 
 
@@ -174,8 +241,11 @@ def plots(rep: dict, out_dir: Path) -> list[Path]:
     if bench:
         b = bench[0]
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.bar(["baseline", "speculative"], [b["baseline"]["tokens_per_s"], b["speculative"]["tokens_per_s"]],
-               color=["#888888", "#76b900"])
+        ax.bar(
+            ["baseline", "speculative"],
+            [b["baseline"]["tokens_per_s"], b["speculative"]["tokens_per_s"]],
+            color=["#888888", "#76b900"],
+        )
         ax.set_ylabel("output tokens/s")
         ax.set_title(f"tokens/s ({b['protocol']}, speedup {b['speedup']:.2f}x)")
         save(fig, "tokens_per_s.png")
@@ -199,8 +269,13 @@ def plots(rep: dict, out_dir: Path) -> list[Path]:
         save(fig, "speedup_vs_concurrency.png")
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for model, label, color in ((BASELINE, "baseline", "#888888"), (SPECULATIVE, "speculative", "#76b900")):
-            ax.plot([r["concurrency"] for r in rows], [r[model]["tokens_per_s"] for r in rows], "o-", color=color,
-                    label=label)
+            ax.plot(
+                [r["concurrency"] for r in rows],
+                [r[model]["tokens_per_s"] for r in rows],
+                "o-",
+                color=color,
+                label=label,
+            )
         _levels_axis(ax, rows)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("requests in flight")

@@ -1,7 +1,8 @@
-"""How many tokens to draft each round: fixed k, or adaptive k chosen from measured costs and acceptance (k = 0 included).
+"""How many tokens to draft each round: fixed k, or adaptive k chosen from measured costs and acceptance (k = 0
+included).
 
-Pure Python, no Triton, no torch: it runs inside the `tensorrt_llm_bls` model (trt_spec/in_triton/speculative_loop.py calls it)
-and decides the same way over the CPU reference engine and the TensorRT-LLM engines.
+Pure Python, no Triton, no torch: it runs inside the `tensorrt_llm_bls` model (trt_spec/in_triton/speculative_loop.py
+calls it) and decides the same way over the CPU reference engine and the TensorRT-LLM engines.
 
 Fixed (`draft_len_policy: fixed`): every round drafts k = the request's num_draft_tokens (a draft-free proposer may
 offer fewer); a round with nothing to verify asks the target for one token. This is what trt-spec did before.
@@ -190,6 +191,7 @@ class Outcome:
 @dataclass
 class RequestPolicy:
     """One request's side of the policy: its acceptance history and its run length."""
+
     policy: str
     costs: CostModel
     prior_alpha: float
@@ -266,8 +268,9 @@ class RequestPolicy:
         speculate = pays or self.probe
         if pays and doubling:  # speculation pays: the doubling run starts over (should the draft come back empty)
             base = replace(base, run_len=max(1, min(MIN_RUN, remaining)))
-        return replace(base, k=k if speculate else 0, speculate=speculate, pays=pays, probe=speculate and not pays,
-                       evaluated=True)
+        return replace(
+            base, k=k if speculate else 0, speculate=speculate, pays=pays, probe=speculate and not pays, evaluated=True
+        )
 
     def confirm(self, decision: Decision, drafted: int, proposer_s: float) -> Decision:
         """Draft-free: verify the `drafted` proposed tokens, or run without speculation instead."""

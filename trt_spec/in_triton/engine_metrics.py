@@ -20,8 +20,15 @@ from ..records import backend_contract as bc
 class EngineMetricsExporter:
     """The engine stand-in's exporter of nv_trt_llm_request_metrics (see the module doc); close() at finalize."""
 
-    def __init__(self, pb_utils: Any, model: str, version: str, counts: Callable[[], Any], period_s: float,
-                 log_error: Callable[[str], None] = print):
+    def __init__(
+        self,
+        pb_utils: Any,
+        model: str,
+        version: str,
+        counts: Callable[[], Any],
+        period_s: float,
+        log_error: Callable[[str], None] = print,
+    ):
         """counts() -> reference.batching.RequestCounts, read every period_s seconds."""
         self.counts, self.period_s, self.log_error = counts, max(period_s, 0.01), log_error
         self._family = None
@@ -29,8 +36,9 @@ class EngineMetricsExporter:
         self._last: dict[str, int] = {}
         self._stop = threading.Event()
         try:
-            self._family = pb_utils.MetricFamily(name=bc.REQUEST_METRICS, description=bc.REQUEST_METRICS_HELP,
-                                                 kind=pb_utils.MetricFamily.GAUGE)
+            self._family = pb_utils.MetricFamily(
+                name=bc.REQUEST_METRICS, description=bc.REQUEST_METRICS_HELP, kind=pb_utils.MetricFamily.GAUGE
+            )
             for t in bc.REQUEST_TYPES:
                 self._m[t] = self._family.Metric(labels={"model": model, "version": version, "request_type": t})
         except Exception as e:  # noqa: BLE001 - a server without metrics: serve anyway

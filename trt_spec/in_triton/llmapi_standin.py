@@ -29,10 +29,27 @@ from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
 from ..records.speculation import Mode, Policy, Proposer
 from .local_engines import LocalEngines
-from .serving import (IncrementalDetokenizer, StopCutter, check_input_bytes, decode_strings, encode, input_byte_limit,
-                      load_tokenizer, scalar)
-from .speculative_loop import (EngineError, LoopConfig, RequestError, SpecRequest, SpeculativeLoop, check_sampling,
-                               engine_inputs, response_tokens, validate)
+from .serving import (
+    IncrementalDetokenizer,
+    StopCutter,
+    check_input_bytes,
+    decode_strings,
+    encode,
+    input_byte_limit,
+    load_tokenizer,
+    scalar,
+)
+from .speculative_loop import (
+    EngineError,
+    LoopConfig,
+    RequestError,
+    SpecRequest,
+    SpeculativeLoop,
+    check_sampling,
+    engine_inputs,
+    response_tokens,
+    validate,
+)
 
 DEFAULT_MAX_TOKENS = 32  # tensorrt_llm SamplingParams.max_tokens default
 TARGET, DRAFT = "target", "draft"
@@ -60,9 +77,15 @@ class LlmRequest:
 def _engine(name: str, engine_dir: str, decoupled: bool):
     from ..reference.standin import StandIn
 
-    params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": engine_dir,
-              "enable_kv_cache_reuse": "true", "enable_chunked_context": "false", "tokenizer_dir": engine_dir,
-              "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
+    params = {
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": engine_dir,
+        "enable_kv_cache_reuse": "true",
+        "enable_chunked_context": "false",
+        "tokenizer_dir": engine_dir,
+        "xgrammar_tokenizer_info_path": "",
+        "guided_decoding_backend": "",
+    }
     return StandIn.from_engine_dir(name, params, decoupled=decoupled)
 
 
@@ -74,8 +97,10 @@ class LlmapiStandIn:
         if spec is not None:
             self.mode = MODES.get(spec.get("decoding_type"))
             if self.mode is None:
-                raise LlmapiError(f"speculative_config decoding_type {spec.get('decoding_type')!r} is not served by the "
-                                  f"CPU stand-in ({', '.join(MODES)}); EAGLE-3 and MTP need TensorRT-LLM on a GPU")
+                raise LlmapiError(
+                    f"speculative_config decoding_type {spec.get('decoding_type')!r} is not served by the "
+                    f"CPU stand-in ({', '.join(MODES)}); EAGLE-3 and MTP need TensorRT-LLM on a GPU"
+                )
         standins = {TARGET: _engine(TARGET, y["model"], True)}
         if self.mode == Mode.DRAFT_TARGET:
             standins[DRAFT] = _engine(DRAFT, spec[lc.SPEC_MODEL_DIR], True)
@@ -83,11 +108,20 @@ class LlmapiStandIn:
         lim = standins[TARGET].limits
         k = int(spec.get("max_draft_len", 0)) if spec else 0
         self.k = k
-        self.loop = SpeculativeLoop(LoopConfig(
-            TARGET, DRAFT if self.mode == Mode.DRAFT_TARGET else None, self.mode or Mode.NGRAM.value, max(k, 1),
-            int((spec or {}).get(lc.NGRAM_MATCH, 3)), lim.max_seq_len, bc.max_input_len(lim.max_seq_len,
-                                                                                        lim.max_num_tokens),
-            draft_len_policy=Policy.FIXED.value, proposer=Proposer.PROMPT_LOOKUP.value), self.engines)
+        self.loop = SpeculativeLoop(
+            LoopConfig(
+                TARGET,
+                DRAFT if self.mode == Mode.DRAFT_TARGET else None,
+                self.mode or Mode.NGRAM.value,
+                max(k, 1),
+                int((spec or {}).get(lc.NGRAM_MATCH, 3)),
+                lim.max_seq_len,
+                bc.max_input_len(lim.max_seq_len, lim.max_num_tokens),
+                draft_len_policy=Policy.FIXED.value,
+                proposer=Proposer.PROMPT_LOOKUP.value,
+            ),
+            self.engines,
+        )
         self.tokenizer = load_tokenizer(y["model"])
         self.byte_limit = input_byte_limit(self.tokenizer, self.loop.cfg.max_input_len)  # checked before tokenizing
 
@@ -112,23 +146,42 @@ class LlmapiStandIn:
         def param(name, kind):
             return scalar(inputs.get(lc.SAMPLING_PREFIX + name), None, kind)
 
-        temperature, top_k, top_p, seed = param("temperature", float), param("top_k", int), param("top_p", float), \
-            param("seed", int)
+        temperature, top_k, top_p, seed = (
+            param("temperature", float),
+            param("top_k", int),
+            param("top_p", float),
+            param("seed", int),
+        )
         max_tokens = param("max_tokens", int)
-        r = LlmRequest(text, encode(self.tokenizer, text) if text else [],
-                       DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, streaming,
-                       bool(param("exclude_input_from_output", bool) or False),
-                       bool(param("return_perf_metrics", bool) or False),
-                       bool(scalar(inputs.get("return_finish_reason"), False)), seed=seed,
-                       stop=[s for s in decode_strings(inputs.get(lc.SAMPLING_PREFIX + "stop")) if s])
+        r = LlmRequest(
+            text,
+            encode(self.tokenizer, text) if text else [],
+            DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+            streaming,
+            bool(param("exclude_input_from_output", bool) or False),
+            bool(param("return_perf_metrics", bool) or False),
+            bool(scalar(inputs.get("return_finish_reason"), False)),
+            seed=seed,
+            stop=[s for s in decode_strings(inputs.get(lc.SAMPLING_PREFIX + "stop")) if s],
+        )
         try:
-            check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, end_id=self.end_id, pad_id=0,
-                           vocab_size=len(self.tokenizer))
+            check_sampling(
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                end_id=self.end_id,
+                pad_id=0,
+                vocab_size=len(self.tokenizer),
+            )
             validate(self.loop.cfg, len(r.prompt), r.max_tokens, self.k, False)
         except RequestError as e:
             raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
-        for value, engine_name, dtype in ((temperature, bc.TEMPERATURE, np.float32), (top_k, bc.RUNTIME_TOP_K, np.int32),
-                                          (top_p, bc.RUNTIME_TOP_P, np.float32)):
+        for value, engine_name, dtype in (
+            (temperature, bc.TEMPERATURE, np.float32),
+            (top_k, bc.RUNTIME_TOP_K, np.int32),
+            (top_p, bc.RUNTIME_TOP_P, np.float32),
+        ):
             if value is not None:
                 r.sampling[engine_name] = np.asarray([[value]], dtype=dtype)
         return r
@@ -137,8 +190,9 @@ class LlmapiStandIn:
     def end_id(self) -> int:
         return int(self.tokenizer.eos_token_id)
 
-    async def generate(self, r: LlmRequest, emit: Callable[[dict], None],
-                       cancelled: Callable[[], bool] = lambda: False) -> dict:
+    async def generate(
+        self, r: LlmRequest, emit: Callable[[dict], None], cancelled: Callable[[], bool] = lambda: False
+    ) -> dict:
         """Streamed chunks go to emit (streaming requests); returns the final response's tensors."""
         detok = IncrementalDetokenizer(self.tokenizer)
         cut = StopCutter(r.stop)
@@ -162,8 +216,16 @@ class LlmapiStandIn:
             if self.mode is None:
                 tokens, drafted, accepted = await self._decode(r, stop_ids, on_tokens), 0, 0
             else:
-                spec = SpecRequest(r.prompt, r.max_tokens, self.k, self.end_id, 0, sampling=r.sampling, seed=r.seed,
-                                   stop_words=stop_ids)
+                spec = SpecRequest(
+                    r.prompt,
+                    r.max_tokens,
+                    self.k,
+                    self.end_id,
+                    0,
+                    sampling=r.sampling,
+                    seed=r.seed,
+                    stop_words=stop_ids,
+                )
                 tokens, m = await self.loop.generate(spec, on_tokens, cancelled)
                 drafted, accepted = m.drafted, m.accepted
         except (EngineError, RequestError) as e:
@@ -176,21 +238,29 @@ class LlmapiStandIn:
             reason = "length" if len(tokens) >= r.max_tokens and not cut.stopped else "stop"
             out["finish_reason"] = np.array([reason.encode()], dtype=object)
         if r.return_perf:  # MODEL _create_response: every value as a string
-            perf = {"arrival_time_ns": arrival, "first_scheduled_time_ns": arrival,
-                    "first_token_time_ns": times[0] if times else 0, "last_token_time_ns": times[-1] if times else 0,
-                    # 1.2.1's PyTorch flow: zero, drafting or not (lc.SPEC_PERF_ZERO, NVIDIA/TensorRT-LLM#17082)
-                    "acceptance_rate": 0.0 if lc.SPEC_PERF_ZERO else (accepted / drafted if drafted else 0.0),
-                    "total_accepted_draft_tokens": 0 if lc.SPEC_PERF_ZERO else accepted,
-                    "total_draft_tokens": 0 if lc.SPEC_PERF_ZERO else drafted,
-                    "kv_cache_reused_block": 0, "kv_cache_hit_rate": 0.0, "kv_cache_alloc_new_blocks": 0,
-                    "kv_cache_alloc_total_blocks": 0, "kv_cache_missed_block": 0}
+            perf = {
+                "arrival_time_ns": arrival,
+                "first_scheduled_time_ns": arrival,
+                "first_token_time_ns": times[0] if times else 0,
+                "last_token_time_ns": times[-1] if times else 0,
+                # 1.2.1's PyTorch flow: zero, drafting or not (lc.SPEC_PERF_ZERO, NVIDIA/TensorRT-LLM#17082)
+                "acceptance_rate": 0.0 if lc.SPEC_PERF_ZERO else (accepted / drafted if drafted else 0.0),
+                "total_accepted_draft_tokens": 0 if lc.SPEC_PERF_ZERO else accepted,
+                "total_draft_tokens": 0 if lc.SPEC_PERF_ZERO else drafted,
+                "kv_cache_reused_block": 0,
+                "kv_cache_hit_rate": 0.0,
+                "kv_cache_alloc_new_blocks": 0,
+                "kv_cache_alloc_total_blocks": 0,
+                "kv_cache_missed_block": 0,
+            }
             out.update({k: np.array([str(v).encode()], dtype=object) for k, v in perf.items()})
         return out
 
     async def _decode(self, r: LlmRequest, stop_ids, on_tokens) -> list[int]:
         """The baseline: one decode of the target, streamed token by token."""
-        spec = SpecRequest(r.prompt, r.max_tokens, 0, self.end_id, 0, sampling=r.sampling, seed=r.seed,
-                           stop_words=stop_ids)
+        spec = SpecRequest(
+            r.prompt, r.max_tokens, 0, self.end_id, 0, sampling=r.sampling, seed=r.seed, stop_words=stop_ids
+        )
         ins = engine_inputs(spec, r.prompt, r.max_tokens, 0, streaming=True)
         if stop_ids:
             ins[bc.STOP_WORDS_LIST] = bc.word_list_array(stop_ids)[None]

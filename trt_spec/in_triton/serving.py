@@ -32,7 +32,7 @@ class ShuttingDown(RuntimeError):
 
 
 def shutdown_state() -> str:
-    """"" while serving, DRAINING or CANCELLING once `trt-spec serve` is shutting down (a file read, ~10 µs)."""
+    """ "" while serving, DRAINING or CANCELLING once `trt-spec serve` is shutting down (a file read, ~10 µs)."""
     path = os.environ.get(DRAIN_FILE_ENV)
     if not path:
         return ""
@@ -93,8 +93,11 @@ def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
         try:
             responses.append(one(request))
         except Exception as e:  # noqa: BLE001 - every request gets an answer
-            responses.append(pb_utils.InferenceResponse(error=triton_error(
-                pb_utils, error_line(model, e, pb_utils.Logger.log_error), e)))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    error=triton_error(pb_utils, error_line(model, e, pb_utils.Logger.log_error), e)
+                )
+            )
     return responses
 
 
@@ -175,8 +178,10 @@ def check_input_bytes(arr, limit: int, name: str, max_input_len: int) -> None:
     if size > limit:
         from .speculative_loop import RequestError
 
-        raise RequestError(f"{name} is {size} bytes: more than any text of at most {max_input_len} tokens "
-                           f"(max_input_len) can be ({limit} bytes); shorten it")
+        raise RequestError(
+            f"{name} is {size} bytes: more than any text of at most {max_input_len} tokens "
+            f"(max_input_len) can be ({limit} bytes); shorten it"
+        )
 
 
 def encode(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -221,16 +226,19 @@ def check_no_embedding_bias(words, weights) -> None:
 
     for name, arr in zip(EMBEDDING_BIAS, (words, weights)):
         if arr is not None and np.asarray(arr).size:
-            raise ValueError(f"{name} is not supported by this deployment (no embedding bias); send it empty or omit "
-                             "it")
+            raise ValueError(
+                f"{name} is not supported by this deployment (no embedding bias); send it empty or omit it"
+            )
 
 
 def decode_strings(arr) -> list[str]:
     """A Triton BYTES tensor (any shape) -> flat list of str."""
     if arr is None:
         return []
-    return [x.decode("utf-8", errors="replace") if isinstance(x, (bytes, bytearray)) else str(x)
-            for x in np.asarray(arr, dtype=object).reshape(-1)]
+    return [
+        x.decode("utf-8", errors="replace") if isinstance(x, (bytes, bytearray)) else str(x)
+        for x in np.asarray(arr, dtype=object).reshape(-1)
+    ]
 
 
 def scalar(arr, default, kind=None):
@@ -258,13 +266,13 @@ class IncrementalDetokenizer:
         text = self.tok.decode(self.tokens, skip_special_tokens=self.skip)
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next tokens
             return ""
-        delta = text[len(self.emitted):] if text.startswith(self.emitted) else text
+        delta = text[len(self.emitted) :] if text.startswith(self.emitted) else text
         self.emitted = text
         return delta
 
     def flush(self) -> str:
         text = self.tok.decode(self.tokens, skip_special_tokens=self.skip)
-        delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        delta = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
         self.emitted = text
         return delta
 
@@ -287,14 +295,14 @@ class StopCutter:
         hits = [i for i in (self.text.find(x) for x in self.stops) if i >= 0]
         if hits:
             self.stopped = True
-            out, self.sent = self.text[self.sent:min(hits)], min(hits)
+            out, self.sent = self.text[self.sent : min(hits)], min(hits)
             return out
         upto = max(self.sent, len(self.text) - self.hold)
-        out, self.sent = self.text[self.sent:upto], upto
+        out, self.sent = self.text[self.sent : upto], upto
         return out
 
     def flush(self) -> str:
         if self.stopped:
             return ""
-        out, self.sent = self.text[self.sent:], len(self.text)
+        out, self.sent = self.text[self.sent :], len(self.text)
         return out

@@ -27,10 +27,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..records.names import (BLS, METRIC_ACCEPTED_LENGTH, METRIC_ACCEPTED_TOKENS, METRIC_DRAFT_LATENCY,
-                             METRIC_DRAFT_LENGTH, METRIC_DRAFT_TOKENS, METRIC_IN_FLIGHT, METRIC_REQUESTS, METRIC_ROUNDS,
-                             METRIC_ROUNDS_NO_SPEC, METRIC_VERIFY_LATENCY, VLLM_NUM_ACCEPTED_PER_POS,
-                             VLLM_NUM_ACCEPTED_TOKENS, VLLM_NUM_DRAFT_TOKENS, VLLM_NUM_DRAFTS)
+from ..records.names import (
+    BLS,
+    METRIC_ACCEPTED_LENGTH,
+    METRIC_ACCEPTED_TOKENS,
+    METRIC_DRAFT_LATENCY,
+    METRIC_DRAFT_LENGTH,
+    METRIC_DRAFT_TOKENS,
+    METRIC_IN_FLIGHT,
+    METRIC_REQUESTS,
+    METRIC_ROUNDS,
+    METRIC_ROUNDS_NO_SPEC,
+    METRIC_VERIFY_LATENCY,
+    VLLM_NUM_ACCEPTED_PER_POS,
+    VLLM_NUM_ACCEPTED_TOKENS,
+    VLLM_NUM_DRAFT_TOKENS,
+    VLLM_NUM_DRAFTS,
+)
 from ..records.speculation import LOOP_MODES, AcceptanceCounts, acceptance_summary
 from .speculative_loop import LoopStats
 
@@ -51,8 +64,9 @@ class SpecMetricsExporter:
     Publishing never fails a request or the model's load: a failure is logged (log_error) and the metric is
     skipped."""
 
-    def __init__(self, pb_utils: Any, model: str, mode: str, max_draft_len: int,
-                 log_error: Callable[[str], None] = print):
+    def __init__(
+        self, pb_utils: Any, model: str, mode: str, max_draft_len: int, log_error: Callable[[str], None] = print
+    ):
         self.log_error = log_error
         self.rounds = mode in LOOP_MODES
         self._families: list = []
@@ -64,7 +78,8 @@ class SpecMetricsExporter:
         published = [
             (METRIC_REQUESTS, "Finished requests of the speculative model", counter, None),
             (METRIC_DRAFT_TOKENS, "Draft tokens proposed", counter, None),
-            (METRIC_ACCEPTED_TOKENS, "Draft tokens accepted by the target", counter, None)]
+            (METRIC_ACCEPTED_TOKENS, "Draft tokens accepted by the target", counter, None),
+        ]
         if self.rounds:
             published += [
                 (METRIC_ROUNDS, "Target calls of the speculative loop (rounds)", counter, None),
@@ -72,26 +87,36 @@ class SpecMetricsExporter:
                 (METRIC_ACCEPTED_LENGTH, "Accepted draft tokens per round with a draft (k > 0)", histogram, lengths),
                 (METRIC_DRAFT_LENGTH, "Draft length k chosen per round", histogram, lengths),
                 (METRIC_DRAFT_LATENCY, "Seconds proposing the draft, per round", histogram, list(LATENCY_BUCKETS)),
-                (METRIC_VERIFY_LATENCY, "Seconds of the target call, per round", histogram, list(LATENCY_BUCKETS))]
-        published.append((METRIC_IN_FLIGHT, "Requests the speculative model holds now", pb_utils.MetricFamily.GAUGE,
-                          None))
+                (METRIC_VERIFY_LATENCY, "Seconds of the target call, per round", histogram, list(LATENCY_BUCKETS)),
+            ]
+        published.append(
+            (METRIC_IN_FLIGHT, "Requests the speculative model holds now", pb_utils.MetricFamily.GAUGE, None)
+        )
         for name, description, kind, buckets in published:
             try:
                 family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
                 self._families.append(family)
-                self._m[name] = (family.Metric(labels=labels) if buckets is None else
-                                 family.Metric(labels=labels, buckets=buckets))
+                self._m[name] = (
+                    family.Metric(labels=labels) if buckets is None else family.Metric(labels=labels, buckets=buckets)
+                )
             except Exception as e:  # noqa: BLE001 - e.g. a server without metrics: serve anyway
                 log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
         # vLLM's names (records/names.py): the same counts, for dashboards written for vLLM
         vllm = {"model_name": model, "engine": "0"}
         self.positions = max_draft_len if self.rounds else 0
-        vllm_published = [(VLLM_NUM_DRAFT_TOKENS, "Draft tokens proposed", [None]),
-                          (VLLM_NUM_ACCEPTED_TOKENS, "Draft tokens accepted", [None])]
+        vllm_published = [
+            (VLLM_NUM_DRAFT_TOKENS, "Draft tokens proposed", [None]),
+            (VLLM_NUM_ACCEPTED_TOKENS, "Draft tokens accepted", [None]),
+        ]
         if self.rounds:
-            vllm_published += [(VLLM_NUM_DRAFTS, "Speculative rounds (drafts)", [None]),
-                               (VLLM_NUM_ACCEPTED_PER_POS, "Speculative rounds that accepted the draft token at each "
-                                                           "position", list(range(self.positions)))]
+            vllm_published += [
+                (VLLM_NUM_DRAFTS, "Speculative rounds (drafts)", [None]),
+                (
+                    VLLM_NUM_ACCEPTED_PER_POS,
+                    "Speculative rounds that accepted the draft token at each position",
+                    list(range(self.positions)),
+                ),
+            ]
         for name, description, positions in vllm_published:
             try:
                 family = pb_utils.MetricFamily(name=name, description=description, kind=counter)
@@ -179,7 +204,7 @@ class MetricSample:
     value: float
 
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?\s*')
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|Inf|NaN)")
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
@@ -196,8 +221,13 @@ def parse_metrics(text: str) -> list[MetricSample]:
         if match is None or not _NUMBER.fullmatch(match.group(3)):
             raise ValueError(f"not a Prometheus sample line: {line!r}")
         name, labels, number = match.groups()
-        out.append(MetricSample(name, {k: re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group()], v)
-                                 for k, v in _LABEL.findall(labels or "")}, float(number)))
+        out.append(
+            MetricSample(
+                name,
+                {k: re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group()], v) for k, v in _LABEL.findall(labels or "")},
+                float(number),
+            )
+        )
     return out
 
 
@@ -241,10 +271,13 @@ def scraped_acceptance_counts(samples: list[MetricSample], model: str = BLS) -> 
     return AcceptanceCounts(
         requests=int(value(samples, METRIC_REQUESTS, model=model)),
         accepted=int(value(samples, METRIC_ACCEPTED_TOKENS, model=model)),
-        drafted=int(value(samples, METRIC_DRAFT_TOKENS, model=model)), steps=rounds,
-        speculative_rounds=rounds - no_spec, rounds_without_speculation=no_spec,
+        drafted=int(value(samples, METRIC_DRAFT_TOKENS, model=model)),
+        steps=rounds,
+        speculative_rounds=rounds - no_spec,
+        rounds_without_speculation=no_spec,
         histogram=_per_value(histogram(samples, METRIC_ACCEPTED_LENGTH, model=model)),
-        draft_length_counts=_per_value(histogram(samples, METRIC_DRAFT_LENGTH, model=model)))
+        draft_length_counts=_per_value(histogram(samples, METRIC_DRAFT_LENGTH, model=model)),
+    )
 
 
 def scraped_acceptance(samples: list[MetricSample], model: str = BLS) -> dict:
@@ -252,5 +285,8 @@ def scraped_acceptance(samples: list[MetricSample], model: str = BLS) -> dict:
     (the bench's key set), plus the two keys this summary had before that one key set, which `trt-spec demo`'s
     report.json (server_metrics) carries: rounds (= steps) and no_speculation_share (None without rounds)."""
     c = scraped_acceptance_counts(samples, model)
-    return {**acceptance_summary(c), "rounds": c.steps,
-            "no_speculation_share": c.rounds_without_speculation / c.steps if c.steps else None}
+    return {
+        **acceptance_summary(c),
+        "rounds": c.steps,
+        "no_speculation_share": c.rounds_without_speculation / c.steps if c.steps else None,
+    }

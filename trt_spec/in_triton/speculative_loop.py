@@ -29,9 +29,10 @@ import numpy as np
 from ..records import backend_contract as bc
 from ..records.bls_parameters import BlsParameters
 from ..records.names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
-from .draft_policy import DraftLengthPolicy, Outcome
+from ..records.speculation import BLS_MODES as MODES
+from ..records.speculation import LOOP_MODES, POLICIES, PROPOSERS, Policy
 from ..reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
-from ..records.speculation import BLS_MODES as MODES, LOOP_MODES, POLICIES, PROPOSERS, Policy
+from .draft_policy import DraftLengthPolicy, Outcome
 from .suffix import SuffixProposer  # pure Python
 
 # The suffix proposer as served: a one-token match may propose, each matched token buys two proposed tokens (chosen by
@@ -54,8 +55,13 @@ class Cancelled(Exception):
 
 
 class EngineCall(Protocol):
-    async def __call__(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
-                       on_response: Optional[Callable[[dict[str, np.ndarray]], None]] = None) -> list[dict[str, np.ndarray]]:
+    async def __call__(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        outputs: Sequence[str],
+        on_response: Optional[Callable[[dict[str, np.ndarray]], None]] = None,
+    ) -> list[dict[str, np.ndarray]]:
         """Send one request; return every response's outputs (calling on_response for each as it arrives).
         Raises EngineError on an error response."""
 
@@ -78,10 +84,17 @@ class LoopConfig:
         """The loop of a `tensorrt_llm_bls` model's parameters (records/bls_parameters.py; repository.writer writes
         them): the BLS in Triton and `bench in-process` alike."""
         return LoopConfig(
-            target=p.tensorrt_llm_model_name, draft=p.tensorrt_llm_draft_model_name or None, mode=p.speculative_mode,
-            max_draft_len=p.max_draft_len, ngram_size=p.ngram_size, max_seq_len=p.max_seq_len,
-            max_prompt_len=p.max_input_len, max_input_len=bc.max_input_len(p.max_seq_len, p.max_num_tokens),
-            draft_len_policy=p.draft_len_policy, proposer=p.proposer)
+            target=p.tensorrt_llm_model_name,
+            draft=p.tensorrt_llm_draft_model_name or None,
+            mode=p.speculative_mode,
+            max_draft_len=p.max_draft_len,
+            ngram_size=p.ngram_size,
+            max_seq_len=p.max_seq_len,
+            max_prompt_len=p.max_input_len,
+            max_input_len=bc.max_input_len(p.max_seq_len, p.max_num_tokens),
+            draft_len_policy=p.draft_len_policy,
+            proposer=p.proposer,
+        )
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -114,6 +127,7 @@ class SpecRequest:
 @dataclass(frozen=True)
 class Round:
     """One round of the loop (one target call): what the policy chose and what it cost."""
+
     k: int  # the draft length chosen; 0 = a round without speculation (a plain decode of `tokens` tokens)
     drafted: int  # tokens proposed (a proposer may offer fewer than k)
     accepted: int  # of those, accepted by the target
@@ -139,18 +153,29 @@ class EnginePerf:
         out = next((o for o in reversed(responses) if "kv_cache_alloc_total_blocks" in o), None)
         if out is None:
             return
-        v = {k: int(np.asarray(out[k]).reshape(-1)[0]) for k in (
-            "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
-            "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")}
+        v = {
+            k: int(np.asarray(out[k]).reshape(-1)[0])
+            for k in (
+                "kv_cache_alloc_new_blocks",
+                "kv_cache_reused_blocks",
+                "kv_cache_alloc_total_blocks",
+                "arrival_time_ns",
+                "first_scheduled_time_ns",
+                "first_token_time_ns",
+                "last_token_time_ns",
+            )
+        }
         t = self.total
         self.total = replace(
-            t, kv_new_blocks=t.kv_new_blocks + v["kv_cache_alloc_new_blocks"],
+            t,
+            kv_new_blocks=t.kv_new_blocks + v["kv_cache_alloc_new_blocks"],
             kv_reused_blocks=t.kv_reused_blocks + v["kv_cache_reused_blocks"],
             kv_total_blocks=t.kv_total_blocks + v["kv_cache_alloc_total_blocks"],
             arrival_ns=t.arrival_ns or v["arrival_time_ns"],
             first_scheduled_ns=t.first_scheduled_ns or v["first_scheduled_time_ns"],
             first_token_ns=(t.first_token_ns or v["first_token_time_ns"]) if output else t.first_token_ns,
-            last_token_ns=(v["last_token_time_ns"] or t.last_token_ns) if output else t.last_token_ns)
+            last_token_ns=(v["last_token_time_ns"] or t.last_token_ns) if output else t.last_token_ns,
+        )
 
 
 @dataclass
@@ -181,12 +206,15 @@ class LoopStats:
 def check_prompt_len(prompt_len: int, max_input_len: int) -> None:
     """The deployment's prompt limit, the same words from the ensemble's preprocessing and the BLS."""
     if prompt_len > max_input_len:
-        raise RequestError(f"prompt is {prompt_len} tokens, more than max_input_len {max_input_len}; shorten it "
-                           "(or rebuild with a larger limits.max_input_len)")
+        raise RequestError(
+            f"prompt is {prompt_len} tokens, more than max_input_len {max_input_len}; shorten it "
+            "(or rebuild with a larger limits.max_input_len)"
+        )
 
 
-def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logits: bool,
-             policy: Optional[str] = None) -> None:
+def validate(
+    cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logits: bool, policy: Optional[str] = None
+) -> None:
     """Request checks before any engine call (one line each: the problem and the fix)."""
     if prompt_len == 0:
         raise RequestError(f"{TEXT_INPUT} is empty; send a non-empty prompt")
@@ -197,28 +225,44 @@ def validate(cfg: LoopConfig, prompt_len: int, max_tokens: int, k: int, use_logi
     # The executor lowers request_output_len when prompt + it + the engine's max_draft_len exceeds max_seq_len
     # (backend_contract.OUTPUT_LEN_CLAMPED): refused here instead of answered short.
     if prompt_len + max_tokens + cfg.max_draft_len > cfg.max_seq_len:
-        raise RequestError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) + max_draft_len "
-                           f"({cfg.max_draft_len}) exceeds max_seq_len {cfg.max_seq_len}; lower max_tokens to at most "
-                           f"{max(0, cfg.max_seq_len - prompt_len - cfg.max_draft_len)}")
+        raise RequestError(
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) + max_draft_len "
+            f"({cfg.max_draft_len}) exceeds max_seq_len {cfg.max_seq_len}; lower max_tokens to at most "
+            f"{max(0, cfg.max_seq_len - prompt_len - cfg.max_draft_len)}"
+        )
     # Loop modes resend prompt + everything generated so far; the last round's input is prompt + max_tokens - 1.
     longest = prompt_len + max_tokens - 1 if cfg.mode in LOOP_MODES else prompt_len
     if longest > cfg.max_input_len:
         what = "prompt + max_tokens - 1" if cfg.mode in LOOP_MODES else "prompt"
-        raise RequestError(f"{what} ({longest} tokens) exceeds the engine's input limit {cfg.max_input_len} "
-                           "(min(max_seq_len - 1, max_num_tokens)); the speculative loop resends the whole sequence "
-                           "every round, so lower max_tokens or shorten the prompt")
+        raise RequestError(
+            f"{what} ({longest} tokens) exceeds the engine's input limit {cfg.max_input_len} "
+            "(min(max_seq_len - 1, max_num_tokens)); the speculative loop resends the whole sequence "
+            "every round, so lower max_tokens or shorten the prompt"
+        )
     if not 0 <= k <= cfg.max_draft_len:
-        raise RequestError(f"{NUM_DRAFT_TOKENS} {k} is outside 0..max_draft_len ({cfg.max_draft_len}); the engine "
-                           "was built for at most max_draft_len draft tokens")
+        raise RequestError(
+            f"{NUM_DRAFT_TOKENS} {k} is outside 0..max_draft_len ({cfg.max_draft_len}); the engine "
+            "was built for at most max_draft_len draft tokens"
+        )
     if policy is not None and policy not in POLICIES:
-        raise RequestError(f"{DRAFT_LEN_POLICY} {policy!r} is not one of {', '.join(POLICIES)}; send one or omit it "
-                           f"(the deployment's default: {cfg.draft_len_policy})")
+        raise RequestError(
+            f"{DRAFT_LEN_POLICY} {policy!r} is not one of {', '.join(POLICIES)}; send one or omit it "
+            f"(the deployment's default: {cfg.draft_len_policy})"
+        )
     if use_logits and cfg.mode != "draft_target":
         raise RequestError("use_draft_logits needs draft-target mode (this deployment has no draft model)")
 
 
-def check_sampling(*, temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
-                   seed: Optional[int], end_id: int, pad_id: int, vocab_size: int) -> None:
+def check_sampling(
+    *,
+    temperature: Optional[float],
+    top_k: Optional[int],
+    top_p: Optional[float],
+    seed: Optional[int],
+    end_id: int,
+    pad_id: int,
+    vocab_size: int,
+) -> None:
     """Sampling and token-id values, checked before any engine call (the engine's own checks name engine tensors
     a client never sent; these name the client's inputs)."""
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
@@ -235,8 +279,9 @@ def check_sampling(*, temperature: Optional[float], top_k: Optional[int], top_p:
         raise RequestError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab_size})")
 
 
-def engine_inputs(r: SpecRequest, tokens: Sequence[int], out_len: int, seed_offset: int, *,
-                  streaming: bool = False) -> dict[str, np.ndarray]:
+def engine_inputs(
+    r: SpecRequest, tokens: Sequence[int], out_len: int, seed_offset: int, *, streaming: bool = False
+) -> dict[str, np.ndarray]:
     """One engine request in the backend's tensor format ([1, …]: batch dimension first)."""
     ins = {
         bc.INPUT_IDS: np.asarray([list(tokens)], dtype=np.int32),
@@ -283,7 +328,7 @@ def find_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]], start:
         if n == 0:
             continue
         for end in range(max(start, n), len(tokens) + 1):
-            if list(tokens[end - n:end]) == list(sw):
+            if list(tokens[end - n : end]) == list(sw):
                 best = end if best is None else min(best, end)
                 break
     return best
@@ -296,9 +341,13 @@ class SpeculativeLoop:
         self.ngram = NgramDraft(max_ngram=cfg.ngram_size, k=cfg.max_draft_len)
         self.policy = DraftLengthPolicy(cfg.draft_len_policy)  # shared costs; `active` = requests in the loop
 
-    async def generate(self, r: SpecRequest, emit: Callable[[list[int]], None],
-                       cancelled: Callable[[], bool] = lambda: False,
-                       metrics: Optional[LoopStats] = None) -> tuple[list[int], LoopStats]:
+    async def generate(
+        self,
+        r: SpecRequest,
+        emit: Callable[[list[int]], None],
+        cancelled: Callable[[], bool] = lambda: False,
+        metrics: Optional[LoopStats] = None,
+    ) -> tuple[list[int], LoopStats]:
         """Generated tokens and metrics; `emit(new_tokens)` is called once per accepted chunk (streaming).
         `cancelled()` is checked before every round: once true the loop raises Cancelled and sends no more
         engine calls. In-engine modes make one call: `cancelled()` is checked at each streamed response, and the
@@ -314,8 +363,9 @@ class SpeculativeLoop:
         finally:
             self.policy.active -= 1
 
-    async def _draft(self, r: SpecRequest, tokens: list[int], k: int, step: int, proposer,
-                     m: LoopStats) -> tuple[list[int], Optional[np.ndarray]]:
+    async def _draft(
+        self, r: SpecRequest, tokens: list[int], k: int, step: int, proposer, m: LoopStats
+    ) -> tuple[list[int], Optional[np.ndarray]]:
         if k <= 0:
             return [], None
         if proposer is not None:
@@ -341,11 +391,13 @@ class SpeculativeLoop:
         if self.cfg.proposer == "prompt_lookup":
             return self.ngram
         # per request: it indexes the request's own sequence
-        return SuffixProposer(k_max=self.cfg.max_draft_len, min_match=SUFFIX_MIN_MATCH,
-                              tokens_per_match=SUFFIX_TOKENS_PER_MATCH)
+        return SuffixProposer(
+            k_max=self.cfg.max_draft_len, min_match=SUFFIX_MIN_MATCH, tokens_per_match=SUFFIX_TOKENS_PER_MATCH
+        )
 
-    async def _loop(self, r: SpecRequest, emit, cancelled: Callable[[], bool],
-                    m: LoopStats) -> tuple[list[int], LoopStats]:
+    async def _loop(
+        self, r: SpecRequest, emit, cancelled: Callable[[], bool], m: LoopStats
+    ) -> tuple[list[int], LoopStats]:
         tokens = list(r.prompt)
         generated: list[int] = []
         m.hist = [0] * (r.k + 1)
@@ -375,8 +427,9 @@ class SpeculativeLoop:
                 ins[bc.DRAFT_INPUT_IDS] = np.asarray([draft], dtype=np.int32)
                 if logits is not None:
                     ins[bc.DRAFT_LOGITS] = logits[None]
-            responses = await self.call(self.cfg.target, ins,
-                                        list(bc.MANDATORY_OUTPUTS) + (list(bc.PERF_OUTPUTS) if r.perf else []))
+            responses = await self.call(
+                self.cfg.target, ins, list(bc.MANDATORY_OUTPUTS) + (list(bc.PERF_OUTPUTS) if r.perf else [])
+            )
             t2 = time.perf_counter()
             m.engine.add(responses, output=True)
             new = [t for out in responses for t in response_tokens(out)][:remaining]
@@ -384,10 +437,12 @@ class SpeculativeLoop:
             while acc < min(len(draft), len(new)) and new[acc] == draft[acc]:
                 acc += 1
             k_used = decision.k if draft else 0
-            policy.observe(decision, Outcome(len(draft), acc, len(new), t1 - t0, t2 - t1, empty=empty),
-                           draft_free=draft_free)
-            m.rounds.append(Round(k=k_used, drafted=len(draft), accepted=acc, tokens=len(new),
-                                  draft_s=t1 - t0, target_s=t2 - t1))
+            policy.observe(
+                decision, Outcome(len(draft), acc, len(new), t1 - t0, t2 - t1, empty=empty), draft_free=draft_free
+            )
+            m.rounds.append(
+                Round(k=k_used, drafted=len(draft), accepted=acc, tokens=len(new), draft_s=t1 - t0, target_s=t2 - t1)
+            )
             m.steps += 1
             m.drafted += len(draft)
             m.accepted += acc
@@ -407,8 +462,9 @@ class SpeculativeLoop:
                 emit(new)
         return generated, m
 
-    async def _in_engine(self, r: SpecRequest, emit, cancelled: Callable[[], bool],
-                         m: LoopStats) -> tuple[list[int], LoopStats]:
+    async def _in_engine(
+        self, r: SpecRequest, emit, cancelled: Callable[[], bool], m: LoopStats
+    ) -> tuple[list[int], LoopStats]:
         ins = engine_inputs(r, r.prompt, r.max_tokens, 0, streaming=r.stream)
         ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
         if r.stop_words:
@@ -430,7 +486,11 @@ class SpeculativeLoop:
                 emit(new)
 
         # The perf outputs must be requested too: Triton returns only requested outputs.
-        await self.call(self.cfg.target, ins, [*bc.MANDATORY_OUTPUTS, *(bc.PERF_OUTPUTS if r.perf else
-                                                                       bc.SPEC_PERF_OUTPUTS)], on_response)
+        await self.call(
+            self.cfg.target,
+            ins,
+            [*bc.MANDATORY_OUTPUTS, *(bc.PERF_OUTPUTS if r.perf else bc.SPEC_PERF_OUTPUTS)],
+            on_response,
+        )
         m.steps = max(0, len(generated) - m.accepted)  # each engine step yields its accepted tokens + 1
         return generated, m

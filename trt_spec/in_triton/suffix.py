@@ -57,7 +57,7 @@ class _Index:
         toks.extend(int(t) for t in new)
         ends = self.ends
         for e in range(max(first, a), len(toks) + 1):
-            key = tuple(toks[e - a:e])
+            key = tuple(toks[e - a : e])
             hit = ends.get(key)
             if hit is None:
                 ends[key] = [e]
@@ -101,7 +101,7 @@ class SuffixStore:
         return self._tokens
 
     def add(self, tokens: Sequence[int]) -> None:
-        toks = [int(t) for t in tokens][-self.max_tokens:]
+        toks = [int(t) for t in tokens][-self.max_tokens :]
         if len(toks) <= self.anchor_len:
             return  # no anchor with a continuation: nothing to find
         self._seqs.append((self._serial, _Index(self.anchor_len, toks)))
@@ -119,8 +119,17 @@ class SuffixProposer:
     """Per-request suffix proposer (see the module docstring for the policy). Reuse one object across the rounds
     of a request: its index of the request's own sequence is extended incrementally."""
 
-    def __init__(self, k_max: int = 8, *, min_match: int = 2, max_match: int = 32, tokens_per_match: float = 1.0,
-                 min_agreement: float = 0.0, max_candidates: int = 256, store: SuffixStore | None = None):
+    def __init__(
+        self,
+        k_max: int = 8,
+        *,
+        min_match: int = 2,
+        max_match: int = 32,
+        tokens_per_match: float = 1.0,
+        min_agreement: float = 0.0,
+        max_candidates: int = 256,
+        store: SuffixStore | None = None,
+    ):
         _check_int("k_max", k_max, 0)
         _check_int("min_match", min_match, 1)
         _check_int("max_match", max_match, min_match)
@@ -130,8 +139,10 @@ class SuffixProposer:
         if not 0.0 <= min_agreement <= 1.0:
             raise ValueError(f"min_agreement must be in [0, 1], got {min_agreement!r}")
         if store is not None and store.anchor_len != min_match:
-            raise ValueError(f"store.anchor_len ({store.anchor_len}) must equal min_match ({min_match}): "
-                             f"create the store with SuffixStore(..., anchor_len={min_match})")
+            raise ValueError(
+                f"store.anchor_len ({store.anchor_len}) must equal min_match ({min_match}): "
+                f"create the store with SuffixStore(..., anchor_len={min_match})"
+            )
         self.k_max = k_max
         self.min_match = min_match
         self.max_match = max_match
@@ -142,11 +153,12 @@ class SuffixProposer:
         self._own = _Index(min_match)
 
     def __repr__(self) -> str:
-        return (f"SuffixProposer(k_max={self.k_max}, min_match={self.min_match}, max_match={self.max_match}, "
-                f"tokens_per_match={self.tokens_per_match}, min_agreement={self.min_agreement})")
+        return (
+            f"SuffixProposer(k_max={self.k_max}, min_match={self.min_match}, max_match={self.max_match}, "
+            f"tokens_per_match={self.tokens_per_match}, min_agreement={self.min_agreement})"
+        )
 
-    def propose(self, tokens: Sequence[int], k: int | None = None,
-                eos_token_ids: Collection[int] = ()) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int | None = None, eos_token_ids: Collection[int] = ()) -> list[int]:
         """Up to min(k_max, k) proposed tokens; [] when no suffix of at least min_match tokens occurred before."""
         cap = self.k_max if k is None else min(self.k_max, k)
         toks = [int(t) for t in tokens]
@@ -155,19 +167,19 @@ class SuffixProposer:
         if cap <= 0 or L < a:
             return []
         self._own.sync(toks)
-        key = tuple(toks[L - a:])
+        key = tuple(toks[L - a :])
         # Sources, least recent first; the rank orders recency across sources.
         sources: list[tuple[list[int], list[int]]] = []
         if self.store is not None:
             for _, idx in self.store.sources():
                 sources.append((idx.tokens, idx.ends.get(key, [])))
-        sources.append((toks, [e for e in self._own.ends.get(key, ())[-self.max_candidates - 1:] if e < L]))
+        sources.append((toks, [e for e in self._own.ends.get(key, ())[-self.max_candidates - 1 :] if e < L]))
 
         # 1. the longest match m and its occurrences (rank, end).
         m, occ = 0, []
         mmax = self.max_match
         for rank, (src, ends) in enumerate(sources):
-            for e in reversed(ends[-self.max_candidates:]):
+            for e in reversed(ends[-self.max_candidates :]):
                 if e >= len(src):
                     continue  # no continuation
                 j = a
@@ -212,6 +224,7 @@ class SuffixProposer:
             toks.append(tok)  # the sequence's own occurrences read on into the proposal (periodic text)
             if tok in eos_token_ids:
                 break
-            live = [(rank, pos + 1) for rank, pos in live
-                    if pos < len(sources[rank][0]) and sources[rank][0][pos] == tok]
+            live = [
+                (rank, pos + 1) for rank, pos in live if pos < len(sources[rank][0]) and sources[rank][0][pos] == tok
+            ]
         return out

@@ -1,1 +1,2 @@
-"""What every stage reads: the config schema, the build manifest and repository record, names, defaults, the tensorrtllm backend's contract, speculation's vocabulary and maths, integrity sums, atomic writes."""
+"""What every stage reads: the config schema, the build manifest and repository record, names, defaults, the
+tensorrtllm backend's contract, speculation's vocabulary and maths, integrity sums, atomic writes."""

@@ -44,8 +44,10 @@ INVALID_MODEL_TYPE = "Invalid gpt_model_type. Must be v1/inflight_batching/infli
 GUIDED_DECODING_OFF = ""
 # Read only when decoding_mode == lookahead, then mandatory (MIS getExecutorConfigFromParams L627-647).
 LOOKAHEAD_PARAMETERS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
-LOOKAHEAD_MISSING = ("Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
-                     "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size.")
+LOOKAHEAD_MISSING = (
+    "Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
+    "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size."
+)
 DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
 # Parameters read inside try/catch: missing, empty or unparsable -> this default (MIS, MS LoadParameters).
 PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
@@ -60,10 +62,14 @@ PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
     "max_tokens_in_paged_kv_cache": (None, "MIS getKvCacheConfigFromParams L83-94 (min with the fraction)"),
     "decoding_mode": (None, "MIS L545-592 (unset: top_k_top_p with beam width 1)"),
     "gpu_device_ids": (None, "MS LoadParameters L95-120 ('0,1;2,3': per-instance device groups)"),
-    "gpt_model_path": ("", "MIS constructor L743-755 (missing/nonexistent -> '', then 'Both encoder and decoder "
-                           "model paths are empty')"),
-    "executor_worker_path": ("/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
-                             "MS GetExecutorWorkerPath L180-188 (orchestrator mode only)"),
+    "gpt_model_path": (
+        "",
+        "MIS constructor L743-755 (missing/nonexistent -> '', then 'Both encoder and decoder model paths are empty')",
+    ),
+    "executor_worker_path": (
+        "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+        "MS GetExecutorWorkerPath L180-188 (orchestrator mode only)",
+    ),
 }
 MODEL_PATHS_EMPTY = "Both encoder and decoder model paths are empty"  # MIS constructor L771-772
 
@@ -216,11 +222,16 @@ INPUTS: tuple[TensorSpec, ...] = (
 # fillTritonResponse (MIS L1255-1306, the same in TensorRT-LLM 1.x triton_backend): with return_perf_metrics the backend
 # writes these ten [1, 1] outputs on EVERY response (streaming ones too), without looking at the requested outputs.
 PERF_OUTPUT_TYPES: dict[str, str] = {
-    "kv_cache_alloc_new_blocks": "TYPE_INT32", "kv_cache_reused_blocks": "TYPE_INT32",
+    "kv_cache_alloc_new_blocks": "TYPE_INT32",
+    "kv_cache_reused_blocks": "TYPE_INT32",
     "kv_cache_alloc_total_blocks": "TYPE_INT32",
-    "arrival_time_ns": "TYPE_INT64", "first_scheduled_time_ns": "TYPE_INT64",  # steady_clock ns, not Unix time
-    "first_token_time_ns": "TYPE_INT64", "last_token_time_ns": "TYPE_INT64",
-    "acceptance_rate": "TYPE_FP32", "total_accepted_draft_tokens": "TYPE_INT32", "total_draft_tokens": "TYPE_INT32",
+    "arrival_time_ns": "TYPE_INT64",
+    "first_scheduled_time_ns": "TYPE_INT64",  # steady_clock ns, not Unix time
+    "first_token_time_ns": "TYPE_INT64",
+    "last_token_time_ns": "TYPE_INT64",
+    "acceptance_rate": "TYPE_FP32",
+    "total_accepted_draft_tokens": "TYPE_INT32",
+    "total_draft_tokens": "TYPE_INT32",
 }
 PERF_OUTPUTS = tuple(PERF_OUTPUT_TYPES)
 SPEC_PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")  # what speculation reads
@@ -235,21 +246,26 @@ OUTPUTS: tuple[TensorSpec, ...] = (
 MANDATORY_OUTPUTS = (OUTPUT_IDS, SEQUENCE_LENGTH)
 MISSING_OUTPUT = "Error encountered while populating response: {name} tensor must be present in list of output tensors"
 # An output the backend writes that the model config does not declare: Triton core's Model::GetOutput (core
-# src/model.cc L56-68, r24.10, r25.12 and r26.04) refuses it ("unexpected inference output"); the backend's getResponseBuffer
-# (utils.h L320-349) throws, and fillTritonResponse answers with one final INTERNAL error (MIS L1318-1323). A python
-# model's undeclared outputs are silently pruned instead (python_backend PruneOutputTensors), so the stand-in checks its
-# own config and fails the way the C++ backend does.
-UNDECLARED_OUTPUT = ("Error encountered while populating response: Could not get response output for output tensor "
-                     "{name}: unexpected inference output '{name}' for model '{model}'")
+# src/model.cc L56-68, r24.10, r25.12 and r26.04) refuses it ("unexpected inference output"); the backend's
+# getResponseBuffer (utils.h L320-349) throws, and fillTritonResponse answers with one final INTERNAL error (MIS
+# L1318-1323). A python model's undeclared outputs are silently pruned instead (python_backend PruneOutputTensors), so
+# the stand-in checks its own config and fails the way the C++ backend does.
+UNDECLARED_OUTPUT = (
+    "Error encountered while populating response: Could not get response output for output tensor "
+    "{name}: unexpected inference output '{name}' for model '{model}'"
+)
 
-# Logits cross the backend only in the config's logits type (`logits_datatype` in NVIDIA's template; trt-spec: TYPE_FP32):
-# Triton core refuses a draft_logits input of another dtype; the executor copies draft logits into the target's logits
-# buffer only when the dtypes match (runtime BufferManager::copy, "Incompatible data types"), and the backend asserts the
-# engine's logits dtype equals the config's before it writes generation_logits (MIS fillTritonResponse,
-# TLLM_CHECK(...LogitsType == model_state_->getLogitsDataType())). An engine with ModelOpt's float16 logits behind a
-# TYPE_FP32 config fails every use_draft_logits request; trt-spec builds float32 logits so the two always agree.
-LOGITS_DTYPE_MISMATCH = ("Incompatible data types: the engine's logits are {engine} but the model config declares "
-                         "{config} logits; rebuild the engine with --logits_dtype {config} (trt-spec's plan does)")
+# Logits cross the backend only in the config's logits type (`logits_datatype` in NVIDIA's template; trt-spec:
+# TYPE_FP32): Triton core refuses a draft_logits input of another dtype; the executor copies draft logits into the
+# target's logits buffer only when the dtypes match (runtime BufferManager::copy, "Incompatible data types"), and the
+# backend asserts the engine's logits dtype equals the config's before it writes generation_logits (MIS
+# fillTritonResponse, TLLM_CHECK(...LogitsType == model_state_->getLogitsDataType())). An engine with ModelOpt's float16
+# logits behind a TYPE_FP32 config fails every use_draft_logits request; trt-spec builds float32 logits so the two
+# always agree.
+LOGITS_DTYPE_MISMATCH = (
+    "Incompatible data types: the engine's logits are {engine} but the model config declares "
+    "{config} logits; rebuild the engine with --logits_dtype {config} (trt-spec's plan does)"
+)
 TYPE_TO_LOGITS_DTYPE = {"TYPE_FP32": LOGITS_DTYPE, "TYPE_FP16": FP16_LOGITS}
 
 # End of sequence (TensorRT-LLM samplers, e.g. kernels/samplingTopKKernels.cu: "Do not increase seq len when EOS is
@@ -264,7 +280,8 @@ EOS_EXCLUDED = True
 # +-HALF_FLT_MAX (65504) for half logits (+-FLT_MAX for float). Temperature 0 is therefore a 1e6 scale, not greedy: on
 # FP16 logits everything above ~0.066 clamps to 65504 and greedy picks the lowest id among the ties (tensorrtllm_backend
 # #158). ModelOpt's export writes logits_dtype float16 for bf16 checkpoints (modelopt torch/export/
-# tensorrt_llm_utils.py L146, L217); trt-spec builds float32 (LOGITS_DTYPE) and its clients send no temperature for greedy.
+# tensorrt_llm_utils.py L146, L217); trt-spec builds float32 (LOGITS_DTYPE) and its clients send no temperature for
+# greedy.
 TEMPERATURE_EPS = 1e-6
 HALF_MAX = 65504.0
 
@@ -272,15 +289,20 @@ HALF_MAX = 65504.0
 # Request rules
 
 STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."  # U L905-908
-BATCH_NEEDS_DECOUPLED = ("Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction "
-                         "policy")  # U L900-903
+BATCH_NEEDS_DECOUPLED = (
+    "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"  # U L900-903
+)
 NO_OUTPUT_LEN = "request_output_len is not present in the request"  # U L946-950
 NO_INPUT_IDS = "input_ids or encoder_input_features is not present in the request."  # U L938-945
 INVALID_SIZE = "Invalid size for tensor {name}"
-EMPTY_INPUT = "input_ids is empty; send at least one token"  # trt-spec's own (stricter) check  # utils.h extractSingleton (L241)
+EMPTY_INPUT = (
+    "input_ids is empty; send at least one token"  # trt-spec's own (stricter) check  # utils.h extractSingleton (L241)
+)
 EXECUTOR_ERROR = "Encountered an error when fetching new request: {msg}"  # executorImpl fetchNewRequests
-PROMPT_TOO_LONG = ("Prompt length ({n}) exceeds maximum input length ({max}). Set log level to info and check "
-                   "TRTGptModel logs for how maximum input length is set")  # llmRequest.cpp LlmRequest::validate
+PROMPT_TOO_LONG = (
+    "Prompt length ({n}) exceeds maximum input length ({max}). Set log level to info and check "
+    "TRTGptModel logs for how maximum input length is set"
+)  # llmRequest.cpp LlmRequest::validate
 DRAFT_TOO_LONG = "Draft tokens length ({n}) exceeds maximum draft tokens length ({max})."  # LlmRequest::validate
 # Generation logits (TensorRT-LLM executorImpl.cpp Executor::Impl::fetchNewRequests, right after LlmRequest::validate,
 # read at the 1.2 line's stored commit b35ac1b6): `if (newReq->getReturnGenerationLogits()) TLLM_CHECK_WITH_INFO(
@@ -300,13 +322,17 @@ NO_GENERATION_LOGITS = "To return generation logits, gather_generation_logits mu
 # speculative mode none or draft_tokens_external, every last-pipeline-stage rank keeps a logits cache of
 # GENERATION_LOGITS_CACHE_STEPS x max_batch_size x vocab_padded and a transposed copy of at most that size, in the
 # logits dtype; allocated at load, outside the KV cache.
-GENERATION_LOGITS_CACHE_STEPS = 8  # GenerationLogitsCache::kCACHE_LENGTH (CacheBufferSize GENERATION_LOGITS_BUFFER_LENGTH)
+GENERATION_LOGITS_CACHE_STEPS = (
+    8  # GenerationLogitsCache::kCACHE_LENGTH (CacheBufferSize GENERATION_LOGITS_BUFFER_LENGTH)
+)
 BEAM_WIDTH = "Assertion failed: beamWidth ({n}) exceeds max_beam_width ({max})"  # SamplingConfig::checkBeamWidth
 TEMPERATURE_NEGATIVE = "Assertion failed: temperature.value() >= 0.f"  # SamplingConfig::checkTemperature
 # LlmRequest::validate: prompt + request_output_len + draftLenPerEngineStep (the engine's max_draft_len) over
 # max_seq_len is not an error: the executor logs this warning and generates fewer tokens.
-OUTPUT_LEN_CLAMPED = ("Prompt length + number of requested output tokens + draft tokens per step ({p} + {n} + {d}) "
-                      "exceeds maximum sequence length ({max}). Number of requested output tokens is changed to ({new}).")
+OUTPUT_LEN_CLAMPED = (
+    "Prompt length + number of requested output tokens + draft tokens per step ({p} + {n} + {d}) "
+    "exceeds maximum sequence length ({max}). Number of requested output tokens is changed to ({new})."
+)
 TOP_P_RANGE = "Assertion failed: topP.value() <= 1.f"  # SamplingConfig::checkTopP
 TOP_K_NEGATIVE = "Assertion failed: topK.value() >= 0"  # SamplingConfig::checkTopK
 # U convertWordList (L416-449): the [2, L] stop/bad word list, flattened, is checked before the request is made.
@@ -316,17 +342,21 @@ WORD_LIST_OUT_OF_BOUND = "Sparse list must not have out-of-bound offsets: {list}
 WORD_LIST_NOT_INCREASING = "Sparse list must not have non-increasing offsets: {list}"
 # trt-spec's stand-in is stricter than the backend where the backend silently does something a caller did not
 # mean (it ignores input_lengths at batch size 1, U splitBatchInputsTensors) or fails deep inside a kernel.
-INPUT_LENGTHS_MISMATCH = ("input_lengths {n} does not match input_ids ({m} tokens); send input_lengths = the "
-                          "number of tokens in input_ids")
+INPUT_LENGTHS_MISMATCH = (
+    "input_lengths {n} does not match input_ids ({m} tokens); send input_lengths = the number of tokens in input_ids"
+)
 OUTPUT_LEN_INVALID = "request_output_len must be >= 1, got {n}"
 TEMPERATURE_NOT_FINITE = "temperature must be a finite number >= 0, got {t}"
-TOKEN_OUT_OF_VOCAB = ("{name} holds token id {t} outside the vocabulary [0, {v}); send ids the model's tokenizer "
-                      "produced")
+TOKEN_OUT_OF_VOCAB = (
+    "{name} holds token id {t} outside the vocabulary [0, {v}); send ids the model's tokenizer produced"
+)
 END_ID_OUT_OF_VOCAB = "end_id {t} is outside [-1, {v}) (the vocabulary); send the tokenizer's EOS id or -1"
 SEED_RANGE = "seed {s} is outside 0..2^64-1 (the backend's UINT64 seed)"
 # Stricter than the backend (it would fan a request out into N child requests): trt-spec never asks for more.
-RETURN_SEQUENCES = ("num_return_sequences {n} is not supported by trt-spec's deployment (beam width 1, one "
-                    "sequence per request); send 1 or omit it")
+RETURN_SEQUENCES = (
+    "num_return_sequences {n} is not supported by trt-spec's deployment (beam width 1, one "
+    "sequence per request); send 1 or omit it"
+)
 
 
 def generation_logits_cache_bytes(max_batch_size: int, vocab_size: int, logits_dtype: str = LOGITS_DTYPE) -> int:
@@ -359,10 +389,17 @@ class EngineLimits:
 
     @classmethod
     def from_build_config(cls, bc: Mapping, vocab_size: Optional[int] = None) -> "EngineLimits":
-        return cls(int(bc["max_batch_size"]), int(bc["max_seq_len"]), int(bc["max_num_tokens"]),
-                   int(bc.get("max_draft_len", 0)), int(bc.get("max_beam_width", 1)),
-                   bc.get("speculative_decoding_mode"), bool(bc.get("gather_generation_logits", False)), vocab_size,
-                   bc.get("logits_dtype", LOGITS_DTYPE))
+        return cls(
+            int(bc["max_batch_size"]),
+            int(bc["max_seq_len"]),
+            int(bc["max_num_tokens"]),
+            int(bc.get("max_draft_len", 0)),
+            int(bc.get("max_beam_width", 1)),
+            bc.get("speculative_decoding_mode"),
+            bool(bc.get("gather_generation_logits", False)),
+            vocab_size,
+            bc.get("logits_dtype", LOGITS_DTYPE),
+        )
 
     def input_limit(self, chunked_context: bool = False) -> int:
         return max_input_len(self.max_seq_len, self.max_num_tokens, chunked_context)
@@ -453,7 +490,7 @@ def word_list(arr: Optional[np.ndarray]) -> list[list[int]]:
     words, start = [], 0
     for i, end in enumerate(offsets):
         if end == -1:
-            if any(o != -1 for o in offsets[i + 1:]):
+            if any(o != -1 for o in offsets[i + 1 :]):
                 raise ContractError(WORD_LIST_EXTRA_END.format(list=shown))
             break
         if end > n:
@@ -482,8 +519,15 @@ def word_list_array(words: Sequence[Sequence[int]]) -> np.ndarray:
     return out
 
 
-def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs: Iterable[str], limits: EngineLimits,
-                  params: Mapping[str, str], *, decoupled: bool, config_logits_dtype: str = LOGITS_DTYPE) -> EngineRequest:
+def parse_request(
+    inputs: Mapping[str, Optional[np.ndarray]],
+    requested_outputs: Iterable[str],
+    limits: EngineLimits,
+    params: Mapping[str, str],
+    *,
+    decoupled: bool,
+    config_logits_dtype: str = LOGITS_DTYPE,
+) -> EngineRequest:
     """Every check the backend (U createRequestsFromInputTensors, MIS fillTritonResponse) and the executor
     (LlmRequest::validate, SamplingConfig) make on the inputs trt-spec uses, in their order. Raises
     ContractError with their message. `inputs`: name -> array with the batch dimension ([1, …])."""
@@ -494,8 +538,10 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     if ids.ndim >= 2 and ids.shape[0] > 1 and not decoupled:
         raise ContractError(BATCH_NEEDS_DECOUPLED)
     if ids.ndim >= 2 and ids.shape[0] > 1:
-        raise ContractError(f"batch of {ids.shape[0]} sequences in one request: trt-spec's engines take one "
-                            "sequence per request; send one request per prompt")
+        raise ContractError(
+            f"batch of {ids.shape[0]} sequences in one request: trt-spec's engines take one "
+            "sequence per request; send one request per prompt"
+        )
     streaming = bool(_scalar(inputs, STREAMING) or False)
     if streaming and not decoupled:
         raise ContractError(STREAMING_NEEDS_DECOUPLED)
@@ -535,17 +581,22 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
     draft_tokens = [int(x) for x in np.asarray(draft).reshape(-1)] if draft is not None else []
     # LlmRequest::validate (executor): prompt length, then draft length.
     if len(input_ids) > limits.input_limit():
-        raise ContractError(EXECUTOR_ERROR.format(msg=PROMPT_TOO_LONG.format(n=len(input_ids), max=limits.input_limit())))
+        raise ContractError(
+            EXECUTOR_ERROR.format(msg=PROMPT_TOO_LONG.format(n=len(input_ids), max=limits.input_limit()))
+        )
     warning = None
     if int(out_len) > limits.output_limit(len(input_ids)):
         room = limits.output_limit(len(input_ids))
-        warning = OUTPUT_LEN_CLAMPED.format(p=len(input_ids), n=int(out_len), d=limits.max_draft_len,
-                                            max=limits.max_seq_len, new=room)
+        warning = OUTPUT_LEN_CLAMPED.format(
+            p=len(input_ids), n=int(out_len), d=limits.max_draft_len, max=limits.max_seq_len, new=room
+        )
         if room < 1:  # trt-spec's own (stricter) refusal: the executor would go on with no room to generate
             raise ContractError(EXECUTOR_ERROR.format(msg=warning.replace("is changed to", "would be")))
         out_len = room
     if draft_tokens and len(draft_tokens) > limits.max_draft_len:
-        raise ContractError(EXECUTOR_ERROR.format(msg=DRAFT_TOO_LONG.format(n=len(draft_tokens), max=limits.max_draft_len)))
+        raise ContractError(
+            EXECUTOR_ERROR.format(msg=DRAFT_TOO_LONG.format(n=len(draft_tokens), max=limits.max_draft_len))
+        )
     return_logits = bool(_scalar(inputs, RETURN_GENERATION_LOGITS) or False)
     if return_logits and not limits.gather_generation_logits:  # fetchNewRequests, after validate (NO_GENERATION_LOGITS)
         raise ContractError(EXECUTOR_ERROR.format(msg=NO_GENERATION_LOGITS))
@@ -569,15 +620,24 @@ def parse_request(inputs: Mapping[str, Optional[np.ndarray]], requested_outputs:
         if end_id is not None and not -1 <= int(end_id) < v:
             raise ContractError(END_ID_OUT_OF_VOCAB.format(t=int(end_id), v=v))
     return EngineRequest(
-        input_ids=input_ids, output_len=int(out_len), draft_tokens=draft_tokens,
+        input_ids=input_ids,
+        output_len=int(out_len),
+        draft_tokens=draft_tokens,
         draft_logits=None if dl is None else np.asarray(dl).reshape(-1, np.asarray(dl).shape[-1]),
-        end_id=None if end_id is None else int(end_id), streaming=streaming, exclude_input=bool(exclude),
-        temperature=None if temperature is None else float(temperature), top_k=k, top_p=p,
+        end_id=None if end_id is None else int(end_id),
+        streaming=streaming,
+        exclude_input=bool(exclude),
+        temperature=None if temperature is None else float(temperature),
+        top_k=k,
+        top_p=p,
         seed=None if seed is None else int(seed),
-        stop_words=word_list(inputs.get(STOP_WORDS_LIST)), bad_words=word_list(inputs.get(BAD_WORDS_LIST)),
+        stop_words=word_list(inputs.get(STOP_WORDS_LIST)),
+        bad_words=word_list(inputs.get(BAD_WORDS_LIST)),
         return_generation_logits=return_logits,
         return_perf_metrics=bool(_scalar(inputs, RETURN_PERF_METRICS) or False),
-        requested_outputs=requested, warning=warning)
+        requested_outputs=requested,
+        warning=warning,
+    )
 
 
 @dataclass(frozen=True)
@@ -595,16 +655,31 @@ class PerfOutputs:
     drafted: int = 0
 
     def tensors(self) -> dict[str, np.ndarray]:
-        values = (self.kv_new_blocks, self.kv_reused_blocks, self.kv_total_blocks, self.arrival_ns,
-                  self.first_scheduled_ns, self.first_token_ns, self.last_token_ns,
-                  self.accepted / self.drafted if self.drafted else 0.0, self.accepted, self.drafted)
+        values = (
+            self.kv_new_blocks,
+            self.kv_reused_blocks,
+            self.kv_total_blocks,
+            self.arrival_ns,
+            self.first_scheduled_ns,
+            self.first_token_ns,
+            self.last_token_ns,
+            self.accepted / self.drafted if self.drafted else 0.0,
+            self.accepted,
+            self.drafted,
+        )
         np_types = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}
         return {name: np.asarray([[v]], dtype=np_types[t]) for (name, t), v in zip(PERF_OUTPUT_TYPES.items(), values)}
 
 
-def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfOutputs = PerfOutputs(),
-                     logits: Optional[np.ndarray] = None, declared: Optional[Iterable[str]] = None,
-                     model: str = "tensorrt_llm") -> dict[str, np.ndarray]:
+def response_tensors(
+    req: EngineRequest,
+    tokens: Sequence[int],
+    *,
+    perf: PerfOutputs = PerfOutputs(),
+    logits: Optional[np.ndarray] = None,
+    declared: Optional[Iterable[str]] = None,
+    model: str = "tensorrt_llm",
+) -> dict[str, np.ndarray]:
     """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]
     (non-streaming: prompt + generated unless exclude_input_in_output; streaming: only this chunk's new
     tokens, never the prompt), sequence_length [1, 1] = tokens in this response, generation_logits when asked
@@ -615,8 +690,10 @@ def response_tensors(req: EngineRequest, tokens: Sequence[int], *, perf: PerfOut
     Triton returns requested outputs only, and a python stand-in must not even send the others
     (trt_spec.in_triton.serving.requested_only)."""
     ids = list(tokens) if (req.streaming or req.exclude_input) else list(req.input_ids) + list(tokens)
-    out = {OUTPUT_IDS: np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
-           SEQUENCE_LENGTH: np.asarray([[len(ids)]], dtype=np.int32)}
+    out = {
+        OUTPUT_IDS: np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),
+        SEQUENCE_LENGTH: np.asarray([[len(ids)]], dtype=np.int32),
+    }
     if logits is not None and req.return_generation_logits and GENERATION_LOGITS in req.requested_outputs:
         out[GENERATION_LOGITS] = np.asarray(logits, dtype=np.float32)[None, None]
     if req.return_perf_metrics:

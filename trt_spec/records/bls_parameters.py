@@ -72,8 +72,9 @@ class _Parameters:
             raw = p.get(f.name)
             if raw is None or raw == "":
                 if f.default is MISSING:
-                    raise ParameterError(f"{cls.MODEL} parameter {f.name} is missing; write the repository again "
-                                         "with `trt-spec repo`")
+                    raise ParameterError(
+                        f"{cls.MODEL} parameter {f.name} is missing; write the repository again with `trt-spec repo`"
+                    )
                 continue
             kind = next((t for t in get_args(hints[f.name]) if t is not type(None)), hints[f.name])  # Optional[X]: X
             values[f.name] = _parse(cls.MODEL, f.name, raw, kind, cls.CHOICES.get(f.name))
@@ -86,7 +87,10 @@ class BlsParameters(_Parameters):
 
     MODEL: ClassVar[str] = BLS
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "speculative_mode": BLS_MODES, "draft_len_policy": POLICIES, "proposer": PROPOSERS}
+        "speculative_mode": BLS_MODES,
+        "draft_len_policy": POLICIES,
+        "proposer": PROPOSERS,
+    }
 
     tensorrt_llm_model_name: str  # the target engine model
     tensorrt_llm_draft_model_name: str = ""  # the draft engine model (draft_target mode); "" for none

@@ -41,8 +41,9 @@ def _one_of(allowed: tuple[Policy, ...], value: Any) -> Any:
     if isinstance(value, str) and value in allowed:
         return value
     choices = [f"'{p.value}'" for p in allowed]
-    raise PydanticCustomError("enum", "Input should be {expected}",
-                              {"expected": " or ".join([", ".join(choices[:-1]), choices[-1]])})
+    raise PydanticCustomError(
+        "enum", "Input should be {expected}", {"expected": " or ".join([", ".join(choices[:-1]), choices[-1]])}
+    )
 
 
 class _Strict(BaseModel):
@@ -52,8 +53,10 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """One Hugging Face checkpoint (a local directory with config.json) and how to shard it."""
 
-    checkpoint: str = Field(description="Hugging Face checkpoint directory, or pkg:<module>/<file>.gguf (a GGUF file in "
-                            "an installed package, imported to a Hugging Face directory at build time)")
+    checkpoint: str = Field(
+        description="Hugging Face checkpoint directory, or pkg:<module>/<file>.gguf (a GGUF file in "
+        "an installed package, imported to a Hugging Face directory at build time)"
+    )
     tp: int = Field(1, ge=1, description="tensor-parallel size")
     pp: int = Field(1, ge=1, description="pipeline-parallel size")
     dtype: CheckpointDtype = Field("auto", description="activation dtype for conversion (auto = config.json)")
@@ -87,14 +90,17 @@ class DraftSpec(ModelSpec):
 
 class Quantization(_Strict):
     weights: WeightFormat = Field("fp8", description="weight format (auto = fp8 where the GPU has FP8, else fallback)")
-    kv_cache: KvCacheFormat = Field("auto", description="KV-cache format (auto = fp8 with fp8, int8 with int8_sq, else model dtype)")
+    kv_cache: KvCacheFormat = Field(
+        "auto", description="KV-cache format (auto = fp8 with fp8, int8 with int8_sq, else model dtype)"
+    )
     fallback: Optional[Literal["int8_sq", "int4_awq", "int8_wo", "int4_wo", "bf16", "fp16"]] = Field(
         None, description="format used when the GPU has no FP8 (null = refuse to build)"
     )
     calib_dataset: Optional[str] = Field(
-        None, description="the calibration set quantize.py reads: a local directory (datasets' layout, a text column) "
+        None,
+        description="the calibration set quantize.py reads: a local directory (datasets' layout, a text column) "
         "or pkg:<module>/<dir> (trt-spec's bundled set: pkg:trt_spec/builder/calib_sets/trt-spec-mixed-v1); null = "
-        "cnn_dailymail, downloaded from the Hugging Face Hub at build time (offline hosts cannot)"
+        "cnn_dailymail, downloaded from the Hugging Face Hub at build time (offline hosts cannot)",
     )
     calib_size: int = Field(512, ge=1, description="calibration samples")
     calib_max_seq_length: int = Field(512, ge=16, description="calibration sequence length")
@@ -103,9 +109,11 @@ class Quantization(_Strict):
     @classmethod
     def _fmha_removed(cls, data):
         if isinstance(data, dict) and "fp8_context_fmha" in data:
-            raise ValueError("fp8_context_fmha was removed: TensorRT-LLM 1.2's builder turns FP8 context FMHA on by "
-                             "itself with FP8 weights + FP8 KV cache + paged context FMHA on SM >= 89 (and off "
-                             "otherwise), whatever the flag says; delete the key")
+            raise ValueError(
+                "fp8_context_fmha was removed: TensorRT-LLM 1.2's builder turns FP8 context FMHA on by "
+                "itself with FP8 weights + FP8 KV cache + paged context FMHA on SM >= 89 (and off "
+                "otherwise), whatever the flag says; delete the key"
+            )
         return data
 
 
@@ -118,18 +126,23 @@ class MedusaSpec(_Strict):
 class EagleTrain(_Strict):
     """engine: reference. Train an EAGLE-3 head for the target at build time (trt_spec/reference/train_eagle.py)."""
 
-    draft_vocab: int = Field(EAGLE_DRAFT_VOCAB, ge=16, description="draft vocabulary: the most frequent target tokens "
-                             "in the data")
+    draft_vocab: int = Field(
+        EAGLE_DRAFT_VOCAB, ge=16, description="draft vocabulary: the most frequent target tokens in the data"
+    )
     steps: int = Field(EAGLE_TRAIN_STEPS, ge=1, description="optimizer steps")
     seed: int = Field(0, description="seed (data order, initialisation): the same seed gives the same head")
     prompts: Optional[int] = Field(None, ge=1, description="bundled training prompts to use (null = all)")
 
 
 class EagleSpec(_Strict):
-    heads_dir: Optional[str] = Field(None, description="EAGLE draft-head checkpoint directory (engine: tensorrt: "
-                                     "EAGLE-1/2 heads for eagle/convert_checkpoint.py; engine: reference: an EAGLE-3 head)")
-    train: Optional[EagleTrain] = Field(None, description="engine: reference: train an EAGLE-3 head at build time "
-                                        "instead of heads_dir")
+    heads_dir: Optional[str] = Field(
+        None,
+        description="EAGLE draft-head checkpoint directory (engine: tensorrt: "
+        "EAGLE-1/2 heads for eagle/convert_checkpoint.py; engine: reference: an EAGLE-3 head)",
+    )
+    train: Optional[EagleTrain] = Field(
+        None, description="engine: reference: train an EAGLE-3 head at build time instead of heads_dir"
+    )
     num_layers: int = Field(4, ge=1, description="EAGLE tree depth (--num_eagle_layers)")
     max_non_leaves_per_layer: int = Field(10, ge=1, description="--max_non_leaves_per_layer")
     choices: Optional[list[list[int]]] = Field(None, description="EAGLE-1 tree (null = TRT-LLM's default)")
@@ -139,8 +152,11 @@ class Eagle3Spec(_Strict):
     """runtime: llmapi. An EAGLE-3 draft head for the target (e.g. yuhuili/EAGLE3-LLaMA3.3-Instruct-70B, downloaded)."""
 
     heads_dir: str = Field(description="EAGLE-3 head checkpoint directory (config.json: LlamaForCausalLMEagle3)")
-    one_model: bool = Field(True, description="TensorRT-LLM's eagle3_one_model: head and target in one model "
-                                              "(false: two models, the head as a separate draft)")
+    one_model: bool = Field(
+        True,
+        description="TensorRT-LLM's eagle3_one_model: head and target in one model "
+        "(false: two models, the head as a separate draft)",
+    )
 
 
 class MtpSpec(_Strict):
@@ -166,17 +182,27 @@ class Speculative(_Strict):
     num_draft_tokens: Optional[int] = Field(
         None, ge=0, description="default per-request k (null = max_draft_len); must be <= max_draft_len"
     )
-    ngram_size: int = Field(3, ge=1, description="n-gram mode, prompt_lookup proposer: tokens matched at the tail of the sequence")
+    ngram_size: int = Field(
+        3, ge=1, description="n-gram mode, prompt_lookup proposer: tokens matched at the tail of the sequence"
+    )
     proposer: Proposer = Field(
-        Proposer.SUFFIX, description="n-gram mode's draft-free proposer: suffix (longest suffix match, by frequency) or prompt_lookup")
+        Proposer.SUFFIX,
+        description="n-gram mode's draft-free proposer: suffix (longest suffix match, by frequency) or prompt_lookup",
+    )
     draft_len_policy: Policy = Field(
-        Policy.ADAPTIVE, description="draft-target / n-gram: adaptive k per round from measured costs and acceptance (k = 0 "
-        "included), or fixed k = num_draft_tokens")
-    use_draft_logits: bool = Field(False, description="rejection sampling with draft logits (draft gathers generation logits)")
+        Policy.ADAPTIVE,
+        description="draft-target / n-gram: adaptive k per round from measured costs and acceptance (k = 0 "
+        "included), or fixed k = num_draft_tokens",
+    )
+    use_draft_logits: bool = Field(
+        False, description="rejection sampling with draft logits (draft gathers generation logits)"
+    )
     baseline_engine: bool = Field(
-        True, description="medusa / eagle / lookahead: build a non-speculative engine of the target for the ensemble "
+        True,
+        description="medusa / eagle / lookahead: build a non-speculative engine of the target for the ensemble "
         "(the baseline check and bench compare against; it needs the target's weights a second time); false = no "
-        "baseline, and check / bench refuse to compare")
+        "baseline, and check / bench refuse to compare",
+    )
     medusa: Optional[MedusaSpec] = None
 
     @field_validator("draft_len_policy", mode="before")
@@ -190,6 +216,7 @@ class Speculative(_Strict):
         (speculation.Mode.in_engine) unless baseline_engine is false. (runtime: llmapi builds nothing: its baseline
         is a second model name over the same checkpoint.)"""
         return self.mode.in_engine and not self.mode.llmapi_only and self.baseline_engine
+
     eagle: Optional[EagleSpec] = None
     lookahead: Optional[LookaheadSpec] = None
     eagle3: Optional[Eagle3Spec] = None
@@ -218,7 +245,10 @@ class Limits(_Strict):
 
 class Serving(_Strict):
     kv_cache_free_gpu_mem_fraction: Optional[float] = Field(
-        None, gt=0, le=1, description="KV-cache share of free GPU memory (null = 0.9, or what leaves room for a draft sharing the GPU)"
+        None,
+        gt=0,
+        le=1,
+        description="KV-cache share of free GPU memory (null = 0.9, or what leaves room for a draft sharing the GPU)",
     )
     gpu_device_ids: Optional[list[int]] = Field(None, description="target GPUs (null = 0..world-1)")
     draft_gpu_device_ids: Optional[list[int]] = Field(None, description="draft GPUs (null = the target's first GPUs)")
@@ -233,19 +263,28 @@ class Toolchain(_Strict):
     python: str = Field("python3", description="interpreter that runs the TensorRT-LLM example scripts")
     examples_dir: str = Field("/app/examples", description="TensorRT-LLM examples directory (NGC image: /app/examples)")
     trtllm_build: str = Field("trtllm-build", description="trtllm-build executable")
-    llmapi_model_dir: str = Field("", description="runtime llmapi: NVIDIA's LLM-API Triton model source (its "
-                                  "model.py) in the image; \"\" = look in the NGC image's known places")
+    llmapi_model_dir: str = Field(
+        "",
+        description="runtime llmapi: NVIDIA's LLM-API Triton model source (its "
+        'model.py) in the image; "" = look in the NGC image\'s known places',
+    )
 
 
 class BuildConfig(_Strict):
     name: Optional[str] = Field(None, description="deployment name (null = config file stem)")
     engine: Engine = Field("tensorrt", description="tensorrt (GPU, TensorRT-LLM 1.2) or reference (CPU, PyTorch)")
-    runtime: RuntimeKind = Field("engine", description="engine (trtllm-build engines, the tensorrtllm backend, the "
-                                 "speculative BLS) or llmapi (TensorRT-LLM's LLM API on PyTorch: no build step, "
-                                 "speculation inside the model; EAGLE-3, MTP)")
-    gpu: str = Field("auto", description="auto (nvidia-smi) or a named GPU such as h100, h200, a100-80gb, l40s; "
-                     "NAME:COUNT (a name without a count is labelled \"an 8-GPU node assumed\"; `--gpu NAME` on the "
-                     "command line takes this count when it names the same GPU, and otherwise must say `NAME:COUNT`)")
+    runtime: RuntimeKind = Field(
+        "engine",
+        description="engine (trtllm-build engines, the tensorrtllm backend, the "
+        "speculative BLS) or llmapi (TensorRT-LLM's LLM API on PyTorch: no build step, "
+        "speculation inside the model; EAGLE-3, MTP)",
+    )
+    gpu: str = Field(
+        "auto",
+        description="auto (nvidia-smi) or a named GPU such as h100, h200, a100-80gb, l40s; "
+        'NAME:COUNT (a name without a count is labelled "an 8-GPU node assumed"; `--gpu NAME` on the '
+        "command line takes this count when it names the same GPU, and otherwise must say `NAME:COUNT`)",
+    )
     target: ModelSpec
     draft: Optional[DraftSpec] = None
     quantization: Quantization = Field(default_factory=Quantization)
@@ -276,18 +315,24 @@ class BuildConfig(_Strict):
     def _mode_needs(self) -> "BuildConfig":
         s = self.speculative
         if s.mode == Mode.DRAFT_TARGET and self.draft is None:
-            raise ValueError("speculative.mode draft_target needs a `draft:` model; add draft.checkpoint or pick mode ngram")
+            raise ValueError(
+                "speculative.mode draft_target needs a `draft:` model; add draft.checkpoint or pick mode ngram"
+            )
         if s.mode != Mode.DRAFT_TARGET and self.draft is not None:
             raise ValueError(f"speculative.mode {s.mode} uses no draft model; remove `draft:` or set mode draft_target")
         if s.mode == Mode.MEDUSA and s.medusa is None:
             raise ValueError("speculative.mode medusa needs speculative.medusa.heads_dir")
         if s.mode == Mode.EAGLE and (s.eagle is None or (s.eagle.heads_dir is None) == (s.eagle.train is None)):
-            raise ValueError("speculative.mode eagle needs exactly one of speculative.eagle.heads_dir (a head) or "
-                             "speculative.eagle.train (engine: reference: train an EAGLE-3 head at build time)")
+            raise ValueError(
+                "speculative.mode eagle needs exactly one of speculative.eagle.heads_dir (a head) or "
+                "speculative.eagle.train (engine: reference: train an EAGLE-3 head at build time)"
+            )
         if s.eagle is not None and s.eagle.train is not None and self.engine != "reference":
-            raise ValueError("speculative.eagle.train is for engine: reference; trtllm-build's eagle mode loads "
-                             "EAGLE-1/2 heads (give speculative.eagle.heads_dir), and a trained EAGLE-3 head is served "
-                             "by runtime: llmapi mode eagle3 (speculative.eagle3.heads_dir)")
+            raise ValueError(
+                "speculative.eagle.train is for engine: reference; trtllm-build's eagle mode loads "
+                "EAGLE-1/2 heads (give speculative.eagle.heads_dir), and a trained EAGLE-3 head is served "
+                "by runtime: llmapi mode eagle3 (speculative.eagle3.heads_dir)"
+            )
         if s.mode == Mode.LOOKAHEAD and s.lookahead is None:
             s.lookahead = LookaheadSpec()
         try:
@@ -296,7 +341,9 @@ class BuildConfig(_Strict):
             if e.fix == "runtime":  # (a mode the engine refuses is preflight's, after the model checks)
                 raise ValueError(str(e)) from None
         if s.mode == Mode.EAGLE3 and s.eagle3 is None:
-            raise ValueError("speculative.mode eagle3 needs speculative.eagle3.heads_dir (an EAGLE-3 head for the target)")
+            raise ValueError(
+                "speculative.mode eagle3 needs speculative.eagle3.heads_dir (an EAGLE-3 head for the target)"
+            )
         if s.mode == Mode.MTP and s.mtp is None:
             s.mtp = MtpSpec()
         return self
@@ -358,10 +405,23 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         return f"{where}: required key is missing"
     msg = e["msg"]
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     got = e.get("input")
-    if e["type"] in ("literal_error", "enum", "int_parsing", "float_parsing", "bool_parsing", "int_type", "string_type",
-                     "greater_than_equal", "greater_than", "less_than_equal", "list_type", "dict_type", "model_type"):
+    if e["type"] in (
+        "literal_error",
+        "enum",
+        "int_parsing",
+        "float_parsing",
+        "bool_parsing",
+        "int_type",
+        "string_type",
+        "greater_than_equal",
+        "greater_than",
+        "less_than_equal",
+        "list_type",
+        "dict_type",
+        "model_type",
+    ):
         msg = f"{msg} (got {got!r})"
     extra = f" ({len(err.errors()) - 1} more error(s) after fixing this one)" if len(err.errors()) > 1 else ""
     return f"{where}: {msg}{extra}"
@@ -405,7 +465,7 @@ def env_overrides(environ: dict[str, str] | None = None) -> list[tuple[str, Any]
     out = []
     for k, v in sorted(environ.items()):
         if k.startswith(ENV_PREFIX) and len(k) > len(ENV_PREFIX):
-            out.append((k[len(ENV_PREFIX):].lower().replace("__", "."), _parse_scalar(v)))
+            out.append((k[len(ENV_PREFIX) :].lower().replace("__", "."), _parse_scalar(v)))
     return out
 
 
@@ -426,7 +486,9 @@ def load_config(
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{p}:{where}: invalid YAML: {problem}; fix the syntax") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: top level must be a mapping of keys (target:, speculative:, ...), got {type(data).__name__}")
+        raise ConfigError(
+            f"{p}: top level must be a mapping of keys (target:, speculative:, ...), got {type(data).__name__}"
+        )
     for key, value in env_overrides(environ) + parse_set_items(overrides):
         apply_override(data, key, value)
     try:

@@ -6,6 +6,8 @@ Standard library only: the CLI imports this module at startup.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # -- Build ---------------------------------------------------------------------------------------------------
 BUILD_ROOT = "build"  # a config without output_dir builds into BUILD_ROOT/NAME
 TOKENS_PER_BLOCK = 32  # KV-cache block size (trtllm-build --tokens_per_block): small blocks reuse more prefix
@@ -39,12 +41,11 @@ def ready_timeout_s(engine_bytes: int = 0) -> float:
     return READY_TIMEOUT_S + READY_S_PER_ENGINE_GIB * engine_bytes / 2**30
 
 
-def cache_dir() -> "Path":
+def cache_dir() -> Path:
     """trt-spec's per-user cache ($TRT_SPEC_CACHE_DIR, else $XDG_CACHE_HOME/trt-spec, else ~/.cache/trt-spec):
     ADMIN_KEYS_SUBDIR (the key of each `trt-spec serve` on this host, by port) and PLAIN_BACKENDS_SUBDIR (the backend
     directory the printed plain command names on nvidia-pytriton). Read at call time (tests point it elsewhere)."""
     import os
-    from pathlib import Path
 
     if os.environ.get(CACHE_DIR_ENV):
         return Path(os.environ[CACHE_DIR_ENV])
@@ -54,7 +55,9 @@ def cache_dir() -> "Path":
 CACHE_DIR_ENV = "TRT_SPEC_CACHE_DIR"
 
 
-ADMIN_KEYS_SUBDIR = "admin-keys"  # PORT.key: written 0600 by `trt-spec serve` for its HTTP and gRPC ports, removed on stop
+ADMIN_KEYS_SUBDIR = (
+    "admin-keys"  # PORT.key: written 0600 by `trt-spec serve` for its HTTP and gRPC ports, removed on stop
+)
 PLAIN_BACKENDS_SUBDIR = "backends"
 # SIGTERM: serve stops admitting and lets requests in flight finish for at most this long, then ends the rest with a
 # clear error and stops. 60 s: a 2k-token answer at the slow end of a loaded replica.

@@ -94,11 +94,17 @@ def verify_served_engine(repository: Path, engine_dir: str) -> None:
     the build) are not checked; a record from another trt-spec version is refused."""
     record = _repo_record(repository)
     real = os.path.realpath(engine_dir)  # the repository names its engines through symlinks (repository.link_paths)
-    entry = next((e for d, e in record.engines.items() if d == engine_dir or os.path.realpath(d) == real), None) \
-        if record else None
+    entry = (
+        next((e for d, e in record.engines.items() if d == engine_dir or os.path.realpath(d) == real), None)
+        if record
+        else None
+    )
     if entry and entry.files:
-        verify(Path(engine_dir), entry.files, rebuild_hint(entry.config_path, entry.step or "STEP")
-               + ", then rerun trt-spec repo")
+        verify(
+            Path(engine_dir),
+            entry.files,
+            rebuild_hint(entry.config_path, entry.step or "STEP") + ", then rerun trt-spec repo",
+        )
 
 
 def verify_repository_engines(repository: Path) -> int:

@@ -6,7 +6,8 @@ serves text in, text out. Sources read (NVIDIA/TensorRT-LLM; the v1.2.1 tag itse
 nearest stored commits of the 1.2 line were read — `trt-spec doctor` on the image and docs/serving.md's first-run
 checklist confirm them on the pinned image):
 - CFG   = triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @ c8c6df08
-- MODEL = .../tensorrt_llm/1/model.py @ b35ac1b6 (version.py there: 1.2.0rc2); helpers.py get_sampling_params_from_request
+- MODEL = .../tensorrt_llm/1/model.py @ b35ac1b6 (version.py there: 1.2.0rc2); helpers.py
+          get_sampling_params_from_request
 - YAML  = .../tensorrt_llm/1/model.yaml @ c8c6df08
 - ARGS  = tensorrt_llm/llmapi/llm_args.py of the 1.2 line: DecodingBaseConfig.from_dict, EagleDecodingConfig,
           NGramDecodingConfig, DraftTargetDecodingConfig, MTPDecodingConfig, KvCacheConfig, CudaGraphConfig,
@@ -94,13 +95,17 @@ OUTPUTS: tuple[Tensor, ...] = (
 SPEC_PERF_ZERO = True
 ACCEPTANCE_SOURCE = "acceptance_source"  # the harness's metric naming where acceptance came from
 FROM_PERF_OUTPUTS = "the model's perf outputs"
-FROM_STREAMED_CHUNKS = ("streamed responses: tokens per response = tokens per iteration (avg_decoded_tokens_per_iter, "
-                        "the first iteration included; a stream_interval above 1, fewer responses than iterations, "
-                        "would overstate it); TensorRT-LLM 1.2.1 reports 0 accepted/drafted on the PyTorch flow "
-                        "(NVIDIA/TensorRT-LLM#17082)")
+FROM_STREAMED_CHUNKS = (
+    "streamed responses: tokens per response = tokens per iteration (avg_decoded_tokens_per_iter, "
+    "the first iteration included; a stream_interval above 1, fewer responses than iterations, "
+    "would overstate it); TensorRT-LLM 1.2.1 reports 0 accepted/drafted on the PyTorch flow "
+    "(NVIDIA/TensorRT-LLM#17082)"
+)
 ACCEPTANCE_NOTE = "acceptance_note"  # the harness's metric naming a correction to FROM_STREAMED_CHUNKS' count
-STREAM_CUT = ("a stop string cut the final text: accepted tokens counted up to the longest streamed text (the stop "
-              "string's own tokens are not seen: a low bound)")
+STREAM_CUT = (
+    "a stop string cut the final text: accepted tokens counted up to the longest streamed text (the stop "
+    "string's own tokens are not seen: a low bound)"
+)
 STREAM_CLAMPED = "fewer tokens than streamed responses: accepted tokens clamped at 0"
 TEXT_INPUT, TEXT_OUTPUT, STREAMING = "text_input", "text_output", "streaming"
 MAX_TOKENS = "sampling_param_max_tokens"
@@ -121,8 +126,19 @@ SPEC_MODEL_DIR = "speculative_model_dir"  # DecodingBaseConfig (DraftTarget, Eag
 EAGLE3_ONE_MODEL = "eagle3_one_model"  # EagleDecodingConfig, default True
 NUM_NEXTN = "num_nextn_predict_layers"  # MTPDecodingConfig (max_draft_len = it, from_dict)
 NGRAM_MATCH = "max_matching_ngram_size"  # NGramDecodingConfig
-LLM_KEYS = ("model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_seq_len",
-            "max_num_tokens", "kv_cache_config", "cuda_graph_config", "speculative_config", "return_perf_metrics")
+LLM_KEYS = (
+    "model",
+    "backend",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "max_batch_size",
+    "max_seq_len",
+    "max_num_tokens",
+    "kv_cache_config",
+    "cuda_graph_config",
+    "speculative_config",
+    "return_perf_metrics",
+)
 KV_CACHE_KEYS = ("free_gpu_memory_fraction", "enable_block_reuse", "dtype")  # KvCacheConfig
 CUDA_GRAPH_KEYS = ("max_batch_size", "enable_padding")  # CudaGraphConfig
 # TorchLlmArgs has no quant_config field (TrtLlmArgs only): FP8 weights come from a pre-quantized checkpoint (its

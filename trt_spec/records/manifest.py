@@ -191,8 +191,9 @@ class BuildManifest:
     def read(cls, build_dir: Path) -> "BuildManifest":
         f = Path(build_dir) / MANIFEST
         if not f.is_file():
-            raise ManifestError(f"{build_dir}: no {MANIFEST}; run `trt-spec build CONFIG` first "
-                                "(it writes the manifest)")
+            raise ManifestError(
+                f"{build_dir}: no {MANIFEST}; run `trt-spec build CONFIG` first (it writes the manifest)"
+            )
         return cls.from_json(_load_json(f, _MANIFEST_KIND), f)
 
 
@@ -261,10 +262,12 @@ class _Kind:
     fix: Callable[[object, Path], str]  # (parsed file, its path) -> the command that writes a current one
 
 
-_MANIFEST_KIND = _Kind("build manifest", MANIFEST_VERSION_KEY, SCHEMA_VERSION, ("config_hash", "engines", "steps"),
-                       _rebuild)
-_REPO_KIND = _Kind("repository record", REPO_VERSION_KEY, REPO_SCHEMA_VERSION, ("config_hash", "engines", "mpi_ranks"),
-                   _rewrite_repo)
+_MANIFEST_KIND = _Kind(
+    "build manifest", MANIFEST_VERSION_KEY, SCHEMA_VERSION, ("config_hash", "engines", "steps"), _rebuild
+)
+_REPO_KIND = _Kind(
+    "repository record", REPO_VERSION_KEY, REPO_SCHEMA_VERSION, ("config_hash", "engines", "mpi_ranks"), _rewrite_repo
+)
 
 
 def _load_json(f: Path, kind: _Kind) -> object:
@@ -281,12 +284,15 @@ def _from_json(cls: type, data: object, source: Path, kind: _Kind, ns: dict):
     version = data.get(kind.version_key) if isinstance(data, dict) else None
     if version is None:
         if isinstance(data, dict) and all(k in data for k in kind.old_keys):
-            raise ManifestError(f"{source}: {kind.what} from an older trt-spec (no {kind.version_key}; this trt-spec "
-                                f"reads version {kind.version}); {fix}")
+            raise ManifestError(
+                f"{source}: {kind.what} from an older trt-spec (no {kind.version_key}; this trt-spec "
+                f"reads version {kind.version}); {fix}"
+            )
         raise ManifestError(f"{source}: not a trt-spec {kind.what} (no {kind.version_key} field); {fix}")
     if version != kind.version:
-        raise ManifestError(f"{source}: {kind.what} version {version!r}, this trt-spec reads version {kind.version}; "
-                            f"{fix}")
+        raise ManifestError(
+            f"{source}: {kind.what} version {version!r}, this trt-spec reads version {kind.version}; {fix}"
+        )
     body = {k: v for k, v in data.items() if k != kind.version_key}
     try:
         return _build(cls, body, "", ns)

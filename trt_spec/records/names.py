@@ -47,7 +47,12 @@ class Pre:
     BAD_WORDS, STOP_WORDS = "BAD_WORDS_DICT", "STOP_WORDS_DICT"
     EMBEDDING_BIAS = ("EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS")
     INPUT_ID, DECODER_INPUT_ID, REQUEST_INPUT_LEN = "INPUT_ID", "DECODER_INPUT_ID", "REQUEST_INPUT_LEN"
-    BAD_WORDS_IDS, STOP_WORDS_IDS, OUT_END_ID, OUT_PAD_ID = "BAD_WORDS_IDS", "STOP_WORDS_IDS", "OUT_END_ID", "OUT_PAD_ID"
+    BAD_WORDS_IDS, STOP_WORDS_IDS, OUT_END_ID, OUT_PAD_ID = (
+        "BAD_WORDS_IDS",
+        "STOP_WORDS_IDS",
+        "OUT_END_ID",
+        "OUT_PAD_ID",
+    )
 
 
 class Post:
@@ -73,8 +78,16 @@ METRIC_OUTPUTS = (*bc.SPEC_PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
 # (in_triton/serving.py repo_path); gpt_model_path is never resolved so: the tensorrtllm backend, and so the stand-in,
 # resolves it against the server's working directory.
 PATH_PARAMETERS = ("tokenizer_dir",)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "generation_config.json", "chat_template.jinja", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+)
 
 # -- Prometheus metrics the BLS publishes (Triton's metrics port, /metrics) ---------------------------------
 # A Kubernetes alert rule and autoscaler read these names; labels: model (the BLS as served), mode (the loop's

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Callable, Optional
 
+
 def shell_line(argv, env: Optional[dict] = None) -> str:
     """A command as one pasteable bash line: VAR=value ... argv, every word quoted as the shell needs."""
     import shlex

@@ -93,11 +93,17 @@ def _refusal(runtime: str, engine: str, mode: Mode) -> tuple[Optional[str], Opti
     if runtime == "engine" and mode.llmapi_only:
         return f"speculative.mode {mode} runs on TensorRT-LLM's LLM API only; set runtime: llmapi", "runtime"
     if runtime == "llmapi" and mode.engine_only:
-        return (f"speculative.mode {mode} is an engine-runtime mode (trtllm-build); set runtime: engine, or use "
-                "eagle3 / mtp / draft_target / ngram on the LLM API", "runtime")
+        return (
+            f"speculative.mode {mode} is an engine-runtime mode (trtllm-build); set runtime: engine, or use "
+            "eagle3 / mtp / draft_target / ngram on the LLM API",
+            "runtime",
+        )
     if runtime == "llmapi" and engine == "reference" and mode.llmapi_only:
-        return (f"speculative.mode {mode} on the CPU stand-in of the LLM API: the reference engine has no EAGLE-3 head "
-                "or MTP layers; use ngram or draft_target here, or engine: tensorrt", "engine")
+        return (
+            f"speculative.mode {mode} on the CPU stand-in of the LLM API: the reference engine has no EAGLE-3 head "
+            "or MTP layers; use ngram or draft_target here, or engine: tensorrt",
+            "engine",
+        )
     return None, None
 
 
@@ -108,24 +114,31 @@ def _row(runtime: str, engine: str, mode: Mode) -> Recipe:
         steps = ("import", "distill", "checkpoint", "engine")
     else:  # the LLM API serves the checkpoints as they are
         steps = ("import", "distill")
-    models = ("target",) + (("draft",) if mode is Mode.DRAFT_TARGET else ()) \
-        + (("heads",) if mode in (Mode.MEDUSA, Mode.EAGLE, Mode.EAGLE3) else ()) \
-        + (("baseline",) if runtime == "engine" and mode.in_engine else ())  # unless speculative.baseline_engine false
+    models = (
+        ("target",)
+        + (("draft",) if mode is Mode.DRAFT_TARGET else ())
+        + (("heads",) if mode in (Mode.MEDUSA, Mode.EAGLE, Mode.EAGLE3) else ())
+        + (("baseline",) if runtime == "engine" and mode.in_engine else ())
+    )  # unless speculative.baseline_engine false
     launcher = "llmapi" if runtime == "llmapi" else "mpirun" if engine == "tensorrt" else "plain"
     refused, fix = _refusal(runtime, engine, mode)
     return Recipe(runtime, engine, mode, steps, models, launcher, refused, fix)
 
 
-RECIPES: dict[tuple[str, str, Mode], Recipe] = {(r, e, m): _row(r, e, m)
-                                                 for r, e, m in product(RUNTIMES, ENGINES, Mode)}
+RECIPES: dict[tuple[str, str, Mode], Recipe] = {
+    (r, e, m): _row(r, e, m) for r, e, m in product(RUNTIMES, ENGINES, Mode)
+}
 
 
 def recipe(runtime: str, engine: str, mode: str | Mode) -> Recipe:
     """The row of a served runtime x engine x mode; RecipeError (one line) for one trt-spec does not serve."""
     row = RECIPES.get((runtime, engine, Mode(mode)))
     if row is None:
-        raise RecipeError(f"runtime {runtime}, engine {engine}: not one of runtime {' | '.join(RUNTIMES)}, engine "
-                          f"{' | '.join(ENGINES)}", "runtime" if runtime not in RUNTIMES else "engine")
+        raise RecipeError(
+            f"runtime {runtime}, engine {engine}: not one of runtime {' | '.join(RUNTIMES)}, engine "
+            f"{' | '.join(ENGINES)}",
+            "runtime" if runtime not in RUNTIMES else "engine",
+        )
     if row.refused:
         raise RecipeError(row.refused, row.fix or "runtime")
     return row

@@ -80,8 +80,13 @@ class Mode(_Word):
 
 # trtllm-build --speculative_decoding_mode per mode (TensorRT-LLM 1.2 `trtllm-build --help`; n-gram is a draft-target
 # target whose drafts come from the BLS's proposer).
-TRTLLM_SPECULATIVE_MODES = {"draft_target": "draft_tokens_external", "ngram": "draft_tokens_external",
-                            "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead_decoding"}
+TRTLLM_SPECULATIVE_MODES = {
+    "draft_target": "draft_tokens_external",
+    "ngram": "draft_tokens_external",
+    "medusa": "medusa",
+    "eagle": "eagle",
+    "lookahead": "lookahead_decoding",
+}
 LOOP_MODES = tuple(m.value for m in Mode if m.loop_in_bls)
 BLS_MODES = (*LOOP_MODES, "engine")  # the BLS's speculative_mode parameter
 
@@ -182,15 +187,23 @@ class Speedup(NamedTuple):
     high: float
 
 
-def paired_speedup(baseline_s: Sequence[float], speculative_s: Sequence[float], *, iters: int = 2000, seed: int = 0,
-                   level: float = 0.95) -> Speedup:
+def paired_speedup(
+    baseline_s: Sequence[float],
+    speculative_s: Sequence[float],
+    *,
+    iters: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Speedup:
     """THE speedup: Σ baseline seconds / Σ speculative seconds over paired requests (pair i: the same prompt, repeat
     and parameters on each side; greedy, so the same tokens), with a paired bootstrap interval at `level` (pairs
     resampled, seeded: the same timings give the same interval). A ratio of sums, not a mean of per-request ratios:
     each request weighs by its time, as a user's wait does."""
     if len(baseline_s) != len(speculative_s) or not baseline_s:
-        raise ValueError(f"a paired speedup needs as many baseline as speculative timings (at least one), got "
-                         f"{len(baseline_s)} and {len(speculative_s)}")
+        raise ValueError(
+            f"a paired speedup needs as many baseline as speculative timings (at least one), got "
+            f"{len(baseline_s)} and {len(speculative_s)}"
+        )
     n = len(baseline_s)
     rng = random.Random(seed)
     stats = []
@@ -232,14 +245,22 @@ def acceptance_summary(c: AcceptanceCounts) -> dict:
     positions = max(len(hist) - 1, 0)
     chosen = sum(ks[1:])
     rounds = sum(ks) if ks else c.steps
-    return {"source": c.source, "notes": list(c.notes), "accepted": c.accepted, "drafted": c.drafted,
-            "steps": c.steps, "speculative_rounds": c.speculative_rounds,
-            "acceptance_rate": acceptance_rate(c.accepted, c.drafted),
-            "mean_acceptance_length": mean_acceptance_length(c.accepted, c.speculative_rounds),
-            "histogram": hist,
-            "per_position_acceptance": [sum(hist[i + 1:]) / c.speculative_rounds if c.speculative_rounds else 0.0
-                                        for i in range(positions)],
-            "draft_length_counts": ks,
-            "mean_draft_length": sum(k * n for k, n in enumerate(ks)) / chosen if chosen else 0.0,
-            "rounds_without_speculation_share": c.rounds_without_speculation / rounds if rounds else 0.0,
-            "requests": c.requests, "rounds_without_speculation": c.rounds_without_speculation}
+    return {
+        "source": c.source,
+        "notes": list(c.notes),
+        "accepted": c.accepted,
+        "drafted": c.drafted,
+        "steps": c.steps,
+        "speculative_rounds": c.speculative_rounds,
+        "acceptance_rate": acceptance_rate(c.accepted, c.drafted),
+        "mean_acceptance_length": mean_acceptance_length(c.accepted, c.speculative_rounds),
+        "histogram": hist,
+        "per_position_acceptance": [
+            sum(hist[i + 1 :]) / c.speculative_rounds if c.speculative_rounds else 0.0 for i in range(positions)
+        ],
+        "draft_length_counts": ks,
+        "mean_draft_length": sum(k * n for k, n in enumerate(ks)) / chosen if chosen else 0.0,
+        "rounds_without_speculation_share": c.rounds_without_speculation / rounds if rounds else 0.0,
+        "requests": c.requests,
+        "rounds_without_speculation": c.rounds_without_speculation,
+    }

@@ -122,6 +122,7 @@ class IterationStats:
 class RequestCounts:
     """The executor's request counts as the backend publishes them (backend_contract.REQUEST_METRICS): requests
     holding a slot, the slots, those in the last forward (in their context phase), and active - scheduled."""
+
     active: int
     max: int
     scheduled: int
@@ -132,16 +133,29 @@ class RequestCounts:
         return self.active - self.scheduled
 
     def as_labels(self) -> dict[str, int]:
-        return {"active": self.active, "max": self.max, "scheduled": self.scheduled, "context": self.context,
-                "waiting": self.waiting}
+        return {
+            "active": self.active,
+            "max": self.max,
+            "scheduled": self.scheduled,
+            "context": self.context,
+            "waiting": self.waiting,
+        }
 
 
 class BatchScheduler:
     """In-flight batching over a ReferenceEngine (its model and PrefixCache); see the module docstring."""
 
-    def __init__(self, engine: ReferenceEngine, *, max_batch_size: int = 8, max_num_tokens: int = 2048,
-                 max_queue_size: Optional[int] = None, chunked_context: bool = True, stats_window: int = 4096,
-                 on_iteration: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        engine: ReferenceEngine,
+        *,
+        max_batch_size: int = 8,
+        max_num_tokens: int = 2048,
+        max_queue_size: Optional[int] = None,
+        chunked_context: bool = True,
+        stats_window: int = 4096,
+        on_iteration: Optional[Callable[[], None]] = None,
+    ):
         """on_iteration: called on the engine thread before each iteration while requests are queued or active
         (a server polls its clients' cancellations there); an exception from it is ignored."""
         if max_batch_size < 1:
@@ -167,27 +181,64 @@ class BatchScheduler:
         self._thread.start()
 
     # -- client side (any thread) ----------------------------------------------------------------------
-    def submit_generate(self, input_ids: Sequence[int], max_new: int, sampling: Sampling, *,
-                        end_id: Optional[int] = None, stop_words: Sequence[Sequence[int]] = (),
-                        return_logits: bool = False, on_token: Optional[Callable[[int], None]] = None,
-                        should_stop: Optional[Callable[[], bool]] = None,
-                        on_tokens: Optional[Callable[[list[int]], None]] = None) -> Handle:
+    def submit_generate(
+        self,
+        input_ids: Sequence[int],
+        max_new: int,
+        sampling: Sampling,
+        *,
+        end_id: Optional[int] = None,
+        stop_words: Sequence[Sequence[int]] = (),
+        return_logits: bool = False,
+        on_token: Optional[Callable[[int], None]] = None,
+        should_stop: Optional[Callable[[], bool]] = None,
+        on_tokens: Optional[Callable[[list[int]], None]] = None,
+    ) -> Handle:
         """Decode up to max_new tokens (greedy or sampled), stopping at end_id (not output, backend_contract.
         EOS_EXCLUDED) or after a stop word (kept); should_stop() ends it early with the tokens so far (a cancelled
         request, as the executor finishes one). On an EAGLE engine every step drafts with the head and verifies in
         the next forward, yielding 1..k + 1 tokens. on_token (per token) / on_tokens (per step) / should_stop run
         on the engine thread."""
         self._check(input_ids, max_new, 0)
-        return self._submit(_Seq(Handle(self), list(input_ids), sampling, 0, max_new=max_new, end_id=end_id,
-                                 stop_words=[list(w) for w in stop_words], return_logits=return_logits,
-                                 on_token=on_token, on_tokens=on_tokens, should_stop=should_stop))
+        return self._submit(
+            _Seq(
+                Handle(self),
+                list(input_ids),
+                sampling,
+                0,
+                max_new=max_new,
+                end_id=end_id,
+                stop_words=[list(w) for w in stop_words],
+                return_logits=return_logits,
+                on_token=on_token,
+                on_tokens=on_tokens,
+                should_stop=should_stop,
+            )
+        )
 
-    def submit_verify(self, input_ids: Sequence[int], draft: Sequence[int], sampling: Sampling, *,
-                      draft_logits: Optional[torch.Tensor] = None, end_id: Optional[int] = None) -> Handle:
+    def submit_verify(
+        self,
+        input_ids: Sequence[int],
+        draft: Sequence[int],
+        sampling: Sampling,
+        *,
+        draft_logits: Optional[torch.Tensor] = None,
+        end_id: Optional[int] = None,
+    ) -> Handle:
         """One target forward over the draft: its accepted prefix + one target token (accept.py's rule)."""
         self._check(input_ids, len(draft) + 1, len(draft))
-        return self._submit(_Seq(Handle(self), list(input_ids), sampling, 0, draft=list(draft),
-                                 draft_logits=draft_logits, end_id=end_id, need=len(draft) + 1))
+        return self._submit(
+            _Seq(
+                Handle(self),
+                list(input_ids),
+                sampling,
+                0,
+                draft=list(draft),
+                draft_logits=draft_logits,
+                end_id=end_id,
+                need=len(draft) + 1,
+            )
+        )
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Stop the engine thread; requests not finished resolve with EngineClosedError."""
@@ -205,8 +256,10 @@ class BatchScheduler:
     def _check(self, input_ids: Sequence[int], new: int, extra_fed: int) -> None:
         self.engine._check_len(input_ids, new)
         if not self.chunked_context and len(input_ids) + extra_fed > self.max_num_tokens:
-            raise ValueError(f"input ({len(input_ids)} tokens) + draft ({extra_fed}) exceeds max_num_tokens "
-                             f"{self.max_num_tokens}; without chunked context a context runs in one iteration")
+            raise ValueError(
+                f"input ({len(input_ids)} tokens) + draft ({extra_fed}) exceeds max_num_tokens "
+                f"{self.max_num_tokens}; without chunked context a context runs in one iteration"
+            )
 
     def _submit(self, seq: _Seq) -> Handle:
         seq.handle.progress = seq.result
@@ -277,7 +330,7 @@ class BatchScheduler:
             seq.entry = self.engine._acquire(seq.input_ids, need)
             seq.feat_pos = len(seq.entry.tokens)
             seq.result.scheduled_ns, seq.result.reused_tokens = time.monotonic_ns(), len(seq.entry.tokens)
-            seq.pending = seq.input_ids[len(seq.entry.tokens):] + (seq.draft or [])
+            seq.pending = seq.input_ids[len(seq.entry.tokens) :] + (seq.draft or [])
             if seq.draft is None:
                 seq.generator = seq.sampling.generator()
             else:
@@ -310,8 +363,12 @@ class BatchScheduler:
         head = self.engine.head
         try:
             with self.engine._compute:
-                args = (torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long), segments,
-                        torch.tensor(logits_at, dtype=torch.long))
+                args = (
+                    torch.tensor(tokens, dtype=torch.long),
+                    torch.tensor(positions, dtype=torch.long),
+                    segments,
+                    torch.tensor(logits_at, dtype=torch.long),
+                )
                 if head is None:
                     logits = self.engine.model.forward_packed(*args)
                 else:  # the head reads the target's features at its aux layers, for every fed token
@@ -320,8 +377,7 @@ class BatchScheduler:
             for seq, _ in plan:
                 self._finish(seq, error=e)
             return
-        self.stats.append(IterationStats(len(plan), len(tokens), len(self._active), waiting,
-                                         time.perf_counter() - t0))
+        self.stats.append(IterationStats(len(plan), len(tokens), len(self._active), waiting, time.perf_counter() - t0))
         row = fed = 0
         for seq, n in plan:
             first_needed = len(seq.pending) - seq.need
@@ -364,8 +420,15 @@ class BatchScheduler:
             self._complete_eagle(seq, logits)
             return
         last = logits[-1]
-        tok = int(select(seq.sampling.logits(last), seq.sampling.temperature, seq.sampling.top_k,
-                         seq.sampling.top_p, seq.generator)[0])
+        tok = int(
+            select(
+                seq.sampling.logits(last),
+                seq.sampling.temperature,
+                seq.sampling.top_k,
+                seq.sampling.top_p,
+                seq.generator,
+            )[0]
+        )
         if seq.return_logits:
             res.logits.append(last.clone())
         res.token_time()
@@ -402,8 +465,13 @@ class BatchScheduler:
             res.accepted += accepted
             res.rounds.append((k, accepted))
         else:
-            new = [int(select(sampling.logits(logits[-1]), sampling.temperature, sampling.top_k, sampling.top_p,
-                              seq.generator)[0])]
+            new = [
+                int(
+                    select(
+                        sampling.logits(logits[-1]), sampling.temperature, sampling.top_k, sampling.top_p, seq.generator
+                    )[0]
+                )
+            ]
         res.token_time()
         out: list[int] = []
         done = False
@@ -454,8 +522,15 @@ class BatchScheduler:
                     dl = head.logits(g[0])  # [draft vocab]
                     if seq.sampling.temperature > 0:
                         full_logits = head.to_target(dl)
-                        d = int(select(seq.sampling.logits(full_logits), seq.sampling.temperature, seq.sampling.top_k,
-                                       seq.sampling.top_p, seq.generator)[0])
+                        d = int(
+                            select(
+                                seq.sampling.logits(full_logits),
+                                seq.sampling.temperature,
+                                seq.sampling.top_k,
+                                seq.sampling.top_p,
+                                seq.generator,
+                            )[0]
+                        )
                         rows.append(full_logits)
                     else:
                         d = int(head.target_ids[int(dl.argmax())])

@@ -52,16 +52,21 @@ def prompt_ids(engine_dir: Path, n: int) -> list[list[int]]:
     return [tok.encode(f"Question {i}: {PROMPTS[i % len(PROMPTS)]}\nAnswer:") for i in range(n)]
 
 
-def bench_concurrency(model: ReferenceModel, prompts: Sequence[Sequence[int]], levels: Sequence[int] = (1, 2, 4, 8),
-                      max_new: int = 64, rounds: int = 3, max_seq_len: int = 2048) -> list[LevelResult]:
+def bench_concurrency(
+    model: ReferenceModel,
+    prompts: Sequence[Sequence[int]],
+    levels: Sequence[int] = (1, 2, 4, 8),
+    max_new: int = 64,
+    rounds: int = 3,
+    max_seq_len: int = 2048,
+) -> list[LevelResult]:
     """Total greedy tokens/s at each concurrency level (EOS ignored: every request makes max_new tokens)."""
     if not levels or min(levels) < 1:
         raise ValueError(f"levels must be >= 1, got {list(levels)}")
     if len(prompts) < max(levels):
         raise ValueError(f"need {max(levels)} prompts, got {len(prompts)}")
     # warm-up (oneDNN primitives for the row counts seen here are created once)
-    with BatchScheduler(ReferenceEngine(model, max_seq_len, prefix_cache_bytes=0),
-                        max_batch_size=max(levels)) as sch:
+    with BatchScheduler(ReferenceEngine(model, max_seq_len, prefix_cache_bytes=0), max_batch_size=max(levels)) as sch:
         for h in [sch.submit_generate(p, 4, Sampling()) for p in prompts[: max(levels)]]:
             h.result()
     runs: dict[int, list[tuple[float, int, list]]] = {c: [] for c in levels}
@@ -77,8 +82,17 @@ def bench_concurrency(model: ReferenceModel, prompts: Sequence[Sequence[int]], l
     for c in levels:
         wall, n, stats = sorted(runs[c], key=lambda r: r[0])[len(runs[c]) // 2]  # the median round
         tps = n / wall
-        out.append(LevelResult(c, n, wall, tps, tps / out[0].tokens_per_s if out else 1.0, len(stats),
-                               sum(s.sequences for s in stats) / max(len(stats), 1)))
+        out.append(
+            LevelResult(
+                c,
+                n,
+                wall,
+                tps,
+                tps / out[0].tokens_per_s if out else 1.0,
+                len(stats),
+                sum(s.sequences for s in stats) / max(len(stats), 1),
+            )
+        )
     return out
 
 
@@ -96,15 +110,18 @@ def main(argv: Sequence[str] | None = None) -> list[LevelResult]:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_engine(args.engine_dir)
-    results = bench_concurrency(model, prompt_ids(args.engine_dir, max(args.concurrency)), args.concurrency,
-                                args.max_new, args.rounds)
+    results = bench_concurrency(
+        model, prompt_ids(args.engine_dir, max(args.concurrency)), args.concurrency, args.max_new, args.rounds
+    )
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
     else:
         print(f"{'in flight':>9} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'ratio':>6} {'mean batch':>10}")
         for r in results:
-            print(f"{r.concurrency:>9} {r.new_tokens:>7} {r.wall_s:>7.2f} {r.tokens_per_s:>7.1f} {r.ratio:>5.2f}x "
-                  f"{r.mean_batch:>10.2f}")
+            print(
+                f"{r.concurrency:>9} {r.new_tokens:>7} {r.wall_s:>7.2f} {r.tokens_per_s:>7.1f} {r.ratio:>5.2f}x "
+                f"{r.mean_batch:>10.2f}"
+            )
     return results
 
 

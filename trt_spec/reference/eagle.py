@@ -66,22 +66,39 @@ class HeadConfig:
     def to_hf(self, target_cfg: dict) -> dict:
         """config.json of the head (EAGLE-3 layout)."""
         return {
-            "architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
-            "hidden_size": self.hidden_size, "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size, "hidden_act": "silu", "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta, "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+            "architectures": [ARCHITECTURE],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
             "max_position_embeddings": target_cfg.get("max_position_embeddings", 2048),
-            "bos_token_id": target_cfg.get("bos_token_id"), "eos_token_id": target_cfg.get("eos_token_id"),
-            "tie_word_embeddings": False, "torch_dtype": "float32", "target_hidden_size": self.hidden_size,
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True,
-                             "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True},
+            "bos_token_id": target_cfg.get("bos_token_id"),
+            "eos_token_id": target_cfg.get("eos_token_id"),
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+            "target_hidden_size": self.hidden_size,
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
+                "use_aux_hidden_state": True,
+                "use_input_layernorm_in_first_layer": True,
+                "use_last_layernorm": True,
+            },
         }
 
     @classmethod
     def from_hf(cls, cfg: dict, target_num_layers: Optional[int] = None) -> "HeadConfig":
         if ARCHITECTURE not in (cfg.get("architectures") or []):
-            raise ValueError(f"not an EAGLE-3 head: architectures {cfg.get('architectures')}, expected [{ARCHITECTURE!r}]")
+            raise ValueError(
+                f"not an EAGLE-3 head: architectures {cfg.get('architectures')}, expected [{ARCHITECTURE!r}]"
+            )
         ec = cfg.get("eagle_config") or {}
         aux = ec.get("eagle_aux_hidden_state_layer_ids")
         if aux is None:
@@ -89,10 +106,18 @@ class HeadConfig:
                 raise ValueError("the head's config names no eagle_aux_hidden_state_layer_ids")
             aux = default_aux_layers(target_num_layers)
         heads = cfg["num_attention_heads"]
-        return cls(cfg["hidden_size"], heads, cfg.get("num_key_value_heads") or heads,
-                   cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"], cfg["vocab_size"],
-                   cfg.get("draft_vocab_size") or cfg["vocab_size"], float(cfg.get("rms_norm_eps", 1e-6)),
-                   float(cfg.get("rope_theta", 10000.0)), tuple(int(i) for i in aux))
+        return cls(
+            cfg["hidden_size"],
+            heads,
+            cfg.get("num_key_value_heads") or heads,
+            cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            cfg["intermediate_size"],
+            cfg["vocab_size"],
+            cfg.get("draft_vocab_size") or cfg["vocab_size"],
+            float(cfg.get("rms_norm_eps", 1e-6)),
+            float(cfg.get("rope_theta", 10000.0)),
+            tuple(int(i) for i in aux),
+        )
 
 
 class _RMSNorm(nn.Module):
@@ -140,8 +165,9 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.register_buffer("inv_freq", 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2).float() / D)),
-                             persistent=False)
+        self.register_buffer(
+            "inv_freq", 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2).float() / D)), persistent=False
+        )
 
     # -- pieces shared by training and drafting -----------------------------------------------------------------
     def qkv(self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor):

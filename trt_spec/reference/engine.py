@@ -30,11 +30,11 @@ import torch
 
 from ..records.defaults import PREFIX_CACHE_BYTES
 from ..records.speculation import Policy
+from .accept import speculative_accept
 from .eagle import Eagle3Head, HeadState
 from .model import KVCache, ReferenceModel
 from .numerics import GpuNumerics
 from .sampling import logits_to_probs
-from .accept import speculative_accept
 
 CAPACITY_STEP = 256  # KV-cache capacity grows in multiples of this many positions
 DIVERGE_SLACK = 16  # default: a request may diverge this close to the end of a cached sequence and take it over
@@ -49,8 +49,10 @@ def load_head(engine_dir: str | Path, model: ReferenceModel) -> Optional[Eagle3H
         return None
     head = Eagle3Head.load(d, model.config.num_layers)
     if head.cfg.hidden_size != model.config.hidden_size or head.cfg.vocab_size != model.config.vocab_size:
-        raise ValueError(f"{d}: the EAGLE-3 head (hidden {head.cfg.hidden_size}, vocab {head.cfg.vocab_size}) does not "
-                         f"fit the target (hidden {model.config.hidden_size}, vocab {model.config.vocab_size})")
+        raise ValueError(
+            f"{d}: the EAGLE-3 head (hidden {head.cfg.hidden_size}, vocab {head.cfg.vocab_size}) does not "
+            f"fit the target (hidden {model.config.hidden_size}, vocab {model.config.vocab_size})"
+        )
     return head
 
 
@@ -108,8 +110,9 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def take(self, tokens: Sequence[int], copy: Callable[[CacheEntry, int], CacheEntry],
-             slack: int = DIVERGE_SLACK) -> tuple[Optional[CacheEntry], int]:
+    def take(
+        self, tokens: Sequence[int], copy: Callable[[CacheEntry, int], CacheEntry], slack: int = DIVERGE_SLACK
+    ) -> tuple[Optional[CacheEntry], int]:
         """The entry sharing the longest prefix with `tokens`, and that length.
 
         An entry that `tokens` extends (or leaves within `slack` positions of its end: the same request's
@@ -192,12 +195,20 @@ class ReferenceEngine:
     """One loaded model + its prefix cache. Calls run on a batching.BatchScheduler over it (a solo call is a
     one-request batch); `_compute` serializes forwards."""
 
-    def __init__(self, model: ReferenceModel, max_seq_len: int, prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
-                 diverge_slack: int = DIVERGE_SLACK, head: Optional[Eagle3Head] = None, max_draft_len: int = 0,
-                 draft_policy: str = Policy.CONFIDENCE.value, numerics: Optional[GpuNumerics] = None):
+    def __init__(
+        self,
+        model: ReferenceModel,
+        max_seq_len: int,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        diverge_slack: int = DIVERGE_SLACK,
+        head: Optional[Eagle3Head] = None,
+        max_draft_len: int = 0,
+        draft_policy: str = Policy.CONFIDENCE.value,
+        numerics: Optional[GpuNumerics] = None,
+    ):
         """numerics: the GPU-numerics mode (numerics.py): every verification forward's logits perturbed below its
-        margin; None = exact. diverge_slack: set to the deployment's max draft length + 1 (how far a request's own rejected
-        drafts can reach back). head: an EAGLE-3 head (eagle.py): every decode then speculates in the engine,
+        margin; None = exact. diverge_slack: set to the deployment's max draft length + 1 (how far a request's own
+        rejected drafts can reach back). head: an EAGLE-3 head (eagle.py): every decode then speculates in the engine,
         max_draft_len tokens per step (a chain), as a TensorRT-LLM engine built with speculative_decoding_mode eagle.
         draft_policy: "fixed" verifies every chain of max_draft_len drafts; "confidence" (EAGLE-2's signal: the head's
         own probabilities estimate acceptance) verifies the prefix with the best expected tokens per unit of cost
@@ -207,8 +218,11 @@ class ReferenceEngine:
         self.max_draft_len = max_draft_len if head is not None else 0
         self.draft_policy = draft_policy
         # EAGLE draft length by confidence: forward cost by tokens fed and the head step's, in decode steps
-        self.costs: Optional[DraftCosts] = (measure_draft_costs(model, head, self.max_draft_len)
-                                            if head is not None and draft_policy == Policy.CONFIDENCE else None)
+        self.costs: Optional[DraftCosts] = (
+            measure_draft_costs(model, head, self.max_draft_len)
+            if head is not None and draft_policy == Policy.CONFIDENCE
+            else None
+        )
         self.slack = diverge_slack
         self.max_seq_len = max_seq_len
         self.prefix_cache = PrefixCache(prefix_cache_bytes, kv_bytes_per_position(model))
@@ -313,12 +327,14 @@ def measure_draft_costs(model: ReferenceModel, head: Eagle3Head, k: int, repeats
     aux = head.cfg.aux_layers
 
     def fwd(n: int) -> None:
-        model.forward_packed(torch.zeros(n, dtype=torch.long), torch.arange(ctx, ctx + n), [(cache, n)],
-                             torch.arange(n), aux_layers=aux)
+        model.forward_packed(
+            torch.zeros(n, dtype=torch.long), torch.arange(ctx, ctx + n), [(cache, n)], torch.arange(n), aux_layers=aux
+        )
 
     with torch.inference_mode():
-        model.forward_packed(torch.zeros(ctx, dtype=torch.long), torch.arange(ctx), [(cache, ctx)],
-                             torch.tensor([ctx - 1]))
+        model.forward_packed(
+            torch.zeros(ctx, dtype=torch.long), torch.arange(ctx), [(cache, ctx)], torch.tensor([ctx - 1])
+        )
         one = median(lambda: fwd(1))
         verify = tuple(median(lambda n=n: fwd(n + 1)) / one for n in range(1, k + 1))
         state = HeadState.new(head, ctx + k + 2)
@@ -328,17 +344,26 @@ def measure_draft_costs(model: ReferenceModel, head: Eagle3Head, k: int, repeats
     return DraftCosts(verify, step / one)
 
 
-def accept_draft(draft: Sequence[int], draft_logits: Optional[torch.Tensor], logits: torch.Tensor,
-                 sampling: Sampling) -> tuple[list[int], int]:
+def accept_draft(
+    draft: Sequence[int], draft_logits: Optional[torch.Tensor], logits: torch.Tensor, sampling: Sampling
+) -> tuple[list[int], int]:
     """One verification: logits [k + 1, V] of the target after x_last, d1..dk -> (accepted drafts + one target
     token, number accepted). Both logits go through the kernel's transform first (Sampling.logits)."""
     k = len(draft)
     draft_probs = None
     if draft_logits is not None and sampling.temperature > 0:
-        draft_probs = logits_to_probs(sampling.logits(draft_logits[:k].float()), sampling.temperature,
-                                      sampling.top_k, sampling.top_p)
-    return speculative_accept(torch.tensor(list(draft), dtype=torch.long), draft_probs, sampling.logits(logits),
-                              sampling.temperature, sampling.top_k, sampling.top_p, sampling.generator())
+        draft_probs = logits_to_probs(
+            sampling.logits(draft_logits[:k].float()), sampling.temperature, sampling.top_k, sampling.top_p
+        )
+    return speculative_accept(
+        torch.tensor(list(draft), dtype=torch.long),
+        draft_probs,
+        sampling.logits(logits),
+        sampling.temperature,
+        sampling.top_k,
+        sampling.top_p,
+        sampling.generator(),
+    )
 
 
 def cut_at_end(new: Sequence[int], accepted: int, end_id: Optional[int]) -> tuple[list[int], int]:
@@ -350,5 +375,4 @@ def cut_at_end(new: Sequence[int], accepted: int, end_id: Optional[int]) -> tupl
 
 
 def _ends_with_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]]) -> bool:
-    return any(len(sw) and list(tokens[-len(sw):]) == list(sw) for sw in stop_words)
-
+    return any(len(sw) and list(tokens[-len(sw) :]) == list(sw) for sw in stop_words)

@@ -88,8 +88,11 @@ def export_state_dict(sd: dict[str, torch.Tensor], weights: str) -> tuple[dict[s
         rel = (e / max(r, 1e-30)) ** 0.5
         if rel > worst[1]:
             worst = (name, rel)
-    stats = {"relative_weight_error": (err_sq / max(ref_sq, 1e-30)) ** 0.5,
-             "worst_tensor": worst[0], "worst_tensor_relative_error": worst[1]}
+    stats = {
+        "relative_weight_error": (err_sq / max(ref_sq, 1e-30)) ** 0.5,
+        "worst_tensor": worst[0],
+        "worst_tensor_relative_error": worst[1],
+    }
     return out, stats
 
 
@@ -117,8 +120,9 @@ def read_engine_meta(engine_dir: Path) -> dict:
     return meta
 
 
-def top1_agreement(config: dict, full: dict[str, torch.Tensor], quant: dict[str, torch.Tensor],
-                   tokenizer_dir: Path) -> dict:
+def top1_agreement(
+    config: dict, full: dict[str, torch.Tensor], quant: dict[str, torch.Tensor], tokenizer_dir: Path
+) -> dict:
     """Fraction of positions where the exported model's argmax equals the full-precision argmax."""
     from transformers import AutoTokenizer
 
@@ -156,8 +160,14 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
         f.write(text + b" " * (n - len(text)))
 
 
-def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = True,
-           build_config: dict | None = None, eagle_head: Path | None = None) -> dict:
+def export(
+    checkpoint: Path,
+    out: Path,
+    weights: str,
+    check_agreement: bool = True,
+    build_config: dict | None = None,
+    eagle_head: Path | None = None,
+) -> dict:
     if weights not in ("fp8", *STORE_DTYPES):
         raise ValueError(f"weights {weights!r}: the reference engine exports fp8, bf16, fp16 or fp32")
     t0 = time.monotonic()
@@ -178,10 +188,19 @@ def export(checkpoint: Path, out: Path, weights: str, check_agreement: bool = Tr
             shutil.copy2(eagle_head / name, out / HEAD_DIR / name)
     report = {"weights": weights, **stats}
     if check_agreement and (checkpoint / "tokenizer.json").is_file():
-        report.update(top1_agreement(config, {k: v.float() for k, v in sd.items()}, load_engine_state_dict(out), checkpoint))
-    meta = {"format": ENGINE_FORMAT, "version": 1, "weights": weights, "source": str(checkpoint),
-            "architecture": (config.get("architectures") or ["?"])[0], "quantization_report": report,
-            "bytes": (out / "model.safetensors").stat().st_size, "build_config": build_config or {}}
+        report.update(
+            top1_agreement(config, {k: v.float() for k, v in sd.items()}, load_engine_state_dict(out), checkpoint)
+        )
+    meta = {
+        "format": ENGINE_FORMAT,
+        "version": 1,
+        "weights": weights,
+        "source": str(checkpoint),
+        "architecture": (config.get("architectures") or ["?"])[0],
+        "quantization_report": report,
+        "bytes": (out / "model.safetensors").stat().st_size,
+        "build_config": build_config or {},
+    }
     (out / ENGINE_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
     return {**meta, "seconds": round(time.monotonic() - t0, 1)}  # not in the file: it would change its bytes
 
@@ -199,9 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speculative_decoding_mode", default=None)
     ap.add_argument("--max_draft_len", type=int, default=0)
     ap.add_argument("--eagle_head", default=None, help="an EAGLE-3 head directory to carry (speculative mode eagle)")
-    ap.add_argument("--eagle_draft_policy", default=Policy.CONFIDENCE.value,
-                    choices=[p.value for p in EAGLE_CHAIN_POLICIES],
-                    help="mode eagle: verify the chain's best prefix by the head's confidence, or always all of it")
+    ap.add_argument(
+        "--eagle_draft_policy",
+        default=Policy.CONFIDENCE.value,
+        choices=[p.value for p in EAGLE_CHAIN_POLICIES],
+        help="mode eagle: verify the chain's best prefix by the head's confidence, or always all of it",
+    )
     # trtllm-build's --logits_dtype: the stand-in applies the kernels' temperature rule and clamp in this dtype
     ap.add_argument("--logits_dtype", default=LOGITS_DTYPE, choices=LOGITS_DTYPES)
     # trtllm-build's flag: without it the stand-in refuses return_generation_logits as the executor does
@@ -209,13 +231,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gather_generation_logits", action="store_true")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    build_config = {"max_batch_size": a.max_batch_size, "max_seq_len": a.max_seq_len, "max_num_tokens": a.max_num_tokens,
-                    "max_beam_width": 1, "speculative_decoding_mode": a.speculative_decoding_mode,
-                    "max_draft_len": a.max_draft_len, "gather_generation_logits": a.gather_generation_logits, "logits_dtype": a.logits_dtype}
+    build_config = {
+        "max_batch_size": a.max_batch_size,
+        "max_seq_len": a.max_seq_len,
+        "max_num_tokens": a.max_num_tokens,
+        "max_beam_width": 1,
+        "speculative_decoding_mode": a.speculative_decoding_mode,
+        "max_draft_len": a.max_draft_len,
+        "gather_generation_logits": a.gather_generation_logits,
+        "logits_dtype": a.logits_dtype,
+    }
     if a.eagle_head:
         build_config["eagle_draft_policy"] = a.eagle_draft_policy
-    meta = export(Path(a.checkpoint), Path(a.output_dir), a.weights, not a.no_agreement_check, build_config,
-                  Path(a.eagle_head) if a.eagle_head else None)
+    meta = export(
+        Path(a.checkpoint),
+        Path(a.output_dir),
+        a.weights,
+        not a.no_agreement_check,
+        build_config,
+        Path(a.eagle_head) if a.eagle_head else None,
+    )
     print(json.dumps({**meta["quantization_report"], "seconds": meta["seconds"]}))
     return 0
 

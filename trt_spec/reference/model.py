@@ -242,8 +242,9 @@ class ReferenceModel:
                     ),
                     o=_Linear(sd[a + "o_proj.weight"], sd.get(a + "o_proj.bias")),
                     mlp_norm=sd[p + "post_attention_layernorm.weight"],
-                    gate_up=_Linear(cat(m + "gate_proj.weight", m + "up_proj.weight"),
-                                    cat(m + "gate_proj.bias", m + "up_proj.bias")),
+                    gate_up=_Linear(
+                        cat(m + "gate_proj.weight", m + "up_proj.weight"), cat(m + "gate_proj.bias", m + "up_proj.bias")
+                    ),
                     down=_Linear(sd[m + "down_proj.weight"], sd.get(m + "down_proj.bias")),
                     window=config.sliding_windows[i],
                 )
@@ -359,10 +360,11 @@ class ReferenceModel:
         tokens, input_pos: [T] int64, the new tokens of every sequence concatenated; segments: (cache, n) per
         sequence in that order, its n tokens at contiguous positions; logits_at: [N] indices into T.
         Returns logits [N, V]; with aux_layers, also the inputs of those layers at every token, concatenated in that
-        order ([T, len(aux_layers) * H]: the features an EAGLE-3 head reads, eagle.py). The linear layers (the weight reads) run once over all T rows; attention runs
-        per sequence against its own cache, exactly as `forward` runs it for that sequence alone. Row results
-        of the oneDNN linear do not depend on the row count, so a sequence's logits equal its solo `forward`
-        bit for bit except where the solo call had one row (decode: MKL gemv; ~1e-6 relative difference).
+        order ([T, len(aux_layers) * H]: the features an EAGLE-3 head reads, eagle.py). The linear layers (the weight
+        reads) run once over all T rows; attention runs per sequence against its own cache, exactly as `forward` runs it
+        for that sequence alone. Row results of the oneDNN linear do not depend on the row count, so a sequence's logits
+        equal its solo `forward` bit for bit except where the solo call had one row (decode: MKL gemv; ~1e-6 relative
+        difference).
         """
         c = self.config
         T = tokens.shape[0]
@@ -382,8 +384,9 @@ class ReferenceModel:
             pos = input_pos[start : start + n][None]  # [1, n]
             kv_len = int(pos.max()) + 1
             if int(pos.min()) < 0 or kv_len > cache.max_len:
-                raise ValueError(f"positions {int(pos.min())}..{kv_len - 1} outside the cache "
-                                 f"(max_len={cache.max_len})")
+                raise ValueError(
+                    f"positions {int(pos.min())}..{kv_len - 1} outside the cache (max_len={cache.max_len})"
+                )
             q_pos = pos[:, None, :, None]
             k_pos = torch.arange(kv_len)
             masks: dict[int | None, torch.Tensor | None] = {}
@@ -440,8 +443,15 @@ def _expected_keys(config: ModelConfig, sd: Mapping[str, torch.Tensor]) -> dict[
         p = f"model.layers.{i}."
         keys[p + "input_layernorm.weight"] = True
         keys[p + "post_attention_layernorm.weight"] = True
-        for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+        for proj in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ):
             keys[p + proj + ".weight"] = True
             keys[p + proj + ".bias"] = False
         # Fused biases need all parts: q/k/v biases come together (Qwen2), gate/up together (mlp_bias).

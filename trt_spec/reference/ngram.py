@@ -26,9 +26,7 @@ class NgramDraft:
     def __repr__(self) -> str:
         return f"NgramDraft(max_ngram={self.max_ngram}, k={self.k}, min_ngram={self.min_ngram})"
 
-    def propose(
-        self, tokens: Sequence[int], k: int | None = None, eos_token_ids: Collection[int] = ()
-    ) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int | None = None, eos_token_ids: Collection[int] = ()) -> list[int]:
         """Up to k (default self.k) proposed tokens, [] when no n-gram matches.
 
         The proposal ends at the first EOS it contains (EOS included): nothing past an EOS is proposed.

@@ -45,8 +45,9 @@ class GpuNumerics:
             margin = float(parts[0])
             seed = int(parts[1]) if len(parts) > 1 else 0
         except ValueError:
-            raise ValueError(f"{GPU_NUMERICS_ENV}={raw!r}: use MARGIN[,SEED], e.g. {NEAR_TIE_MARGIN} or "
-                             f"{NEAR_TIE_MARGIN},7") from None
+            raise ValueError(
+                f"{GPU_NUMERICS_ENV}={raw!r}: use MARGIN[,SEED], e.g. {NEAR_TIE_MARGIN} or {NEAR_TIE_MARGIN},7"
+            ) from None
         if len(parts) > 2:
             raise ValueError(f"{GPU_NUMERICS_ENV}={raw!r}: use MARGIN[,SEED]")
         return cls(margin, seed)

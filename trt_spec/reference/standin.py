@@ -21,9 +21,9 @@ from ..records import backend_contract as bc
 from ..records.defaults import PREFIX_CACHE_TOKENS, TOKENS_PER_BLOCK
 from ..records.speculation import Policy
 from .batching import BatchScheduler, Handle
+from .eagle import Eagle3Head
 from .engine import CallResult, ReferenceEngine, Sampling, kv_bytes_per_position, load_engine, load_head
 from .export import read_engine_meta
-from .eagle import Eagle3Head
 from .model import ReferenceModel
 from .numerics import GpuNumerics
 
@@ -33,8 +33,10 @@ INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
 REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding target model"
 # The reference engine's own load error for an eagle engine exported without its head (not a TensorRT-LLM message:
 # trtllm-build bakes the heads into the engine, so a TensorRT-LLM eagle engine cannot lack them).
-EAGLE_HEAD_MISSING = ("the engine was built with speculative_decoding_mode eagle but carries no EAGLE-3 head "
-                      "(eagle3/ in the engine directory); rebuild it with `trt-spec build CONFIG`")
+EAGLE_HEAD_MISSING = (
+    "the engine was built with speculative_decoding_mode eagle but carries no EAGLE-3 head "
+    "(eagle3/ in the engine directory); rebuild it with `trt-spec build CONFIG`"
+)
 
 
 def model_parameters(model_config: Mapping) -> dict[str, str]:
@@ -46,11 +48,22 @@ class StandIn:
     """One `tensorrt_llm` model on the reference engine: `StandIn.load(model_config, name)` as Triton loads it, or
     built from a model in memory (tests)."""
 
-    def __init__(self, name: str, model: ReferenceModel, limits: bc.EngineLimits, params: Mapping[str, str], *,
-                 decoupled: bool = False, declared: Optional[Iterable[str]] = None,
-                 config_logits_dtype: str = bc.LOGITS_DTYPE, max_queue_size: Optional[int] = None,
-                 on_iteration: Optional[Callable[[], None]] = None, head: Optional[Eagle3Head] = None,
-                 draft_policy: str = Policy.CONFIDENCE.value, numerics: Optional[GpuNumerics] = None):
+    def __init__(
+        self,
+        name: str,
+        model: ReferenceModel,
+        limits: bc.EngineLimits,
+        params: Mapping[str, str],
+        *,
+        decoupled: bool = False,
+        declared: Optional[Iterable[str]] = None,
+        config_logits_dtype: str = bc.LOGITS_DTYPE,
+        max_queue_size: Optional[int] = None,
+        on_iteration: Optional[Callable[[], None]] = None,
+        head: Optional[Eagle3Head] = None,
+        draft_policy: str = Policy.CONFIDENCE.value,
+        numerics: Optional[GpuNumerics] = None,
+    ):
         """Raises bc.ContractError (the backend's load error) for parameters a GPU would not load either. head: the
         EAGLE-3 head of an engine built with speculative_decoding_mode eagle (it speculates in every decode).
         numerics: the GPU-numerics mode (reference/numerics.py; None = exact)."""
@@ -69,17 +82,27 @@ class StandIn:
         budget = (int(tokens) if tokens else PREFIX_CACHE_TOKENS) * kv_bytes_per_position(model) if reuse else 0
         if limits.speculative_decoding_mode == "eagle" and head is None:
             raise bc.ContractError(bc.LOAD_ERROR.format(msg=EAGLE_HEAD_MISSING))
-        self.engine = ReferenceEngine(model, limits.max_seq_len, budget, diverge_slack=limits.max_draft_len + 1,
-                                      head=head if limits.speculative_decoding_mode == "eagle" else None,
-                                      max_draft_len=limits.max_draft_len, draft_policy=draft_policy,
-                                      numerics=numerics)
+        self.engine = ReferenceEngine(
+            model,
+            limits.max_seq_len,
+            budget,
+            diverge_slack=limits.max_draft_len + 1,
+            head=head if limits.speculative_decoding_mode == "eagle" else None,
+            max_draft_len=limits.max_draft_len,
+            draft_policy=draft_policy,
+            numerics=numerics,
+        )
         self.scheduler = BatchScheduler(
-            self.engine, max_batch_size=limits.max_batch_size, max_num_tokens=limits.max_num_tokens,
-            max_queue_size=max_queue_size, chunked_context=chunked, on_iteration=on_iteration)
+            self.engine,
+            max_batch_size=limits.max_batch_size,
+            max_num_tokens=limits.max_num_tokens,
+            max_queue_size=max_queue_size,
+            chunked_context=chunked,
+            on_iteration=on_iteration,
+        )
 
     @classmethod
-    def load(cls, model_config: Mapping, name: str, *,
-             on_iteration: Optional[Callable[[], None]] = None) -> "StandIn":
+    def load(cls, model_config: Mapping, name: str, *, on_iteration: Optional[Callable[[], None]] = None) -> "StandIn":
         """From the model config Triton hands the backend (JSON): its parameters, outputs, transaction policy and
         queue policy, and the engine directory its gpt_model_path names."""
         params = model_parameters(model_config)
@@ -88,11 +111,15 @@ class StandIn:
         logits_type = next((o["data_type"] for o in outputs if o["name"] == bc.GENERATION_LOGITS), bc.LOGITS_TYPE)
         check_engine_path(params["gpt_model_path"])
         return cls.from_engine_dir(
-            name, params, decoupled=bool(model_config.get("model_transaction_policy", {}).get("decoupled", False)),
+            name,
+            params,
+            decoupled=bool(model_config.get("model_transaction_policy", {}).get("decoupled", False)),
             declared={o["name"] for o in outputs},  # what Triton core lets a backend write
             config_logits_dtype=bc.TYPE_TO_LOGITS_DTYPE.get(logits_type, logits_type),
-            max_queue_size=bc.max_queue_size(model_config), on_iteration=on_iteration,
-            numerics=GpuNumerics.from_env())  # GPU_NUMERICS_ENV in the loading process's environment
+            max_queue_size=bc.max_queue_size(model_config),
+            on_iteration=on_iteration,
+            numerics=GpuNumerics.from_env(),
+        )  # GPU_NUMERICS_ENV in the loading process's environment
 
     @classmethod
     def from_engine_dir(cls, name: str, params: Mapping[str, str], **kw) -> "StandIn":
@@ -102,25 +129,42 @@ class StandIn:
         model = load_engine(engine_dir)
         build = read_engine_meta(engine_dir)["build_config"]
         limits = bc.EngineLimits.from_build_config(build, vocab_size=model.config.vocab_size)
-        return cls(name, model, limits, params, head=load_head(engine_dir, model),
-                   draft_policy=build.get("eagle_draft_policy", Policy.CONFIDENCE.value), **kw)
+        return cls(
+            name,
+            model,
+            limits,
+            params,
+            head=load_head(engine_dir, model),
+            draft_policy=build.get("eagle_draft_policy", Policy.CONFIDENCE.value),
+            **kw,
+        )
 
     def close(self, timeout: Optional[float] = None) -> None:
         self.scheduler.close(timeout)
 
     def parse(self, inputs: Mapping[str, Optional[np.ndarray]], requested: Iterable[str]) -> bc.EngineRequest:
         """The backend's and the executor's checks of one request (raises bc.ContractError with their text)."""
-        return bc.parse_request({n: inputs[n] for n in INPUT_NAMES if inputs.get(n) is not None}, requested,
-                                self.limits, self.params, decoupled=self.decoupled,
-                                config_logits_dtype=self.config_logits_dtype)
+        return bc.parse_request(
+            {n: inputs[n] for n in INPUT_NAMES if inputs.get(n) is not None},
+            requested,
+            self.limits,
+            self.params,
+            decoupled=self.decoupled,
+            config_logits_dtype=self.config_logits_dtype,
+        )
 
     def sampling(self, req: bc.EngineRequest) -> Sampling:
         """TensorRT-LLM's kernels scale by the sent temperature and clamp to the logits dtype first (kernel_logits);
         the sampling rule then runs at temperature 1 (or argmax when greedy)."""
         greedy = req.greedy
-        return Sampling(0.0 if greedy else 1.0, 0 if greedy else req.top_k,
-                        1.0 if greedy or req.top_p == 0.0 else req.top_p, req.seed,
-                        kernel_temperature=req.temperature, logits_dtype=self.limits.logits_dtype)
+        return Sampling(
+            0.0 if greedy else 1.0,
+            0 if greedy else req.top_k,
+            1.0 if greedy or req.top_p == 0.0 else req.top_p,
+            req.seed,
+            kernel_temperature=req.temperature,
+            logits_dtype=self.limits.logits_dtype,
+        )
 
     def submit(self, req: bc.EngineRequest, on_tokens: Optional[Callable[[list[int]], None]] = None) -> Handle:
         """Hand a checked request to the scheduler: a verification when it carries draft tokens, else a decode
@@ -133,16 +177,28 @@ class StandIn:
             dl = torch.from_numpy(req.draft_logits) if req.draft_logits is not None else None
             draft = req.draft_tokens[: req.output_len - 1] if req.output_len > 1 else []
             return self.scheduler.submit_verify(req.input_ids, draft, sampling, draft_logits=dl, end_id=req.end_id)
-        return self.scheduler.submit_generate(req.input_ids, req.output_len, sampling, end_id=req.end_id,
-                                              stop_words=req.stop_words, return_logits=req.return_generation_logits,
-                                              on_tokens=on_tokens)
+        return self.scheduler.submit_generate(
+            req.input_ids,
+            req.output_len,
+            sampling,
+            end_id=req.end_id,
+            stop_words=req.stop_words,
+            return_logits=req.return_generation_logits,
+            on_tokens=on_tokens,
+        )
 
-    def response(self, req: bc.EngineRequest, tokens: list[int], progress: Optional[CallResult] = None,
-                 logits: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+    def response(
+        self,
+        req: bc.EngineRequest,
+        tokens: list[int],
+        progress: Optional[CallResult] = None,
+        logits: Optional[np.ndarray] = None,
+    ) -> dict[str, np.ndarray]:
         """One response in the backend's outputs for the request's flags; an output the backend would write that the
         config does not declare fails it with Triton core's error (backend_contract.UNDECLARED_OUTPUT)."""
-        return bc.response_tensors(req, tokens, perf=perf_metrics(req, progress), logits=logits,
-                                   declared=self.declared, model=self.name)
+        return bc.response_tensors(
+            req, tokens, perf=perf_metrics(req, progress), logits=logits, declared=self.declared, model=self.name
+        )
 
     def final(self, req: bc.EngineRequest, res: CallResult) -> Optional[dict[str, np.ndarray]]:
         """The final response of a finished call; None for a streamed decode (its tokens went out one by one)."""
@@ -160,10 +216,14 @@ def check_engine_path(path: str) -> None:
     if os.path.isdir(path):
         return
     where = "" if os.path.isabs(path) else f" from the server's working directory {os.getcwd()}"
-    raise bc.ContractError(bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY) + (
-        f" (trt-spec: gpt_model_path {path!r} is not an engine directory{where}; the backend resolves a relative path "
-        "against tritonserver's working directory: write the repository again with `trt-spec repo` (absolute engine "
-        "paths) or give the engine's absolute path)"))
+    raise bc.ContractError(
+        bc.LOAD_ERROR.format(msg=bc.MODEL_PATHS_EMPTY)
+        + (
+            f" (trt-spec: gpt_model_path {path!r} is not an engine directory{where}; the backend resolves a relative "
+            "path against tritonserver's working directory: write the repository again with `trt-spec repo` (absolute "
+            "engine paths) or give the engine's absolute path)"
+        )
+    )
 
 
 def perf_metrics(req: bc.EngineRequest, progress: Optional[CallResult]) -> bc.PerfOutputs:
@@ -176,7 +236,14 @@ def perf_metrics(req: bc.EngineRequest, progress: Optional[CallResult]) -> bc.Pe
     positions = len(req.input_ids) + (len(req.draft_tokens) if req.draft_tokens else len(progress.tokens))
     total = -(-positions // TOKENS_PER_BLOCK)
     reused = progress.reused_tokens // TOKENS_PER_BLOCK
-    return bc.PerfOutputs(kv_new_blocks=total - reused, kv_reused_blocks=reused, kv_total_blocks=total,
-                          arrival_ns=progress.arrival_ns, first_scheduled_ns=progress.scheduled_ns,
-                          first_token_ns=progress.first_token_ns, last_token_ns=progress.last_token_ns,
-                          accepted=progress.accepted, drafted=progress.drafted)
+    return bc.PerfOutputs(
+        kv_new_blocks=total - reused,
+        kv_reused_blocks=reused,
+        kv_total_blocks=total,
+        arrival_ns=progress.arrival_ns,
+        first_scheduled_ns=progress.scheduled_ns,
+        first_token_ns=progress.first_token_ns,
+        last_token_ns=progress.last_token_ns,
+        accepted=progress.accepted,
+        drafted=progress.drafted,
+    )

@@ -42,56 +42,124 @@ from .eagle import REPORT_NAME, Eagle3Head, HeadConfig, default_aux_layers
 # Training prompts: code-writing tasks and explanations, disjoint from the benchmark sets (trt_spec.harness.prompts),
 # the held-out sets (tests/data/*_heldout.jsonl) and the distilled draft's prompts (tests/reference/test_eagle.py).
 _CODE_TASKS = (
-    "reverses a string", "returns the second largest number in a list", "checks whether a number is prime",
-    "computes the factorial of n recursively", "merges two dictionaries", "removes all whitespace from a string",
-    "returns the median of a list of numbers", "finds the longest word in a sentence", "rotates a list by k positions",
-    "counts how many times each word appears in a text", "checks whether a list is sorted",
-    "converts a binary string to an integer", "returns all even numbers from a list", "capitalizes every word in a string",
-    "computes the average of a list, returning 0 for an empty list", "finds the intersection of two lists",
-    "returns the n-th triangular number", "validates an email address with a regular expression",
-    "parses a date string in the format YYYY-MM-DD", "reads a JSON file and returns its contents",
-    "writes a list of rows to a CSV file", "computes the power set of a list", "finds the mode of a list",
-    "converts kilometers to miles", "returns the running sum of a list", "checks whether parentheses are balanced",
-    "computes the dot product of two vectors", "removes None values from a dictionary",
-    "groups a list of words by their first letter", "returns the indices of all occurrences of a value in a list",
-    "implements insertion sort", "implements quicksort", "implements merge sort", "computes the nth power of two",
-    "returns the unique characters of a string in order", "sums all numbers in a nested list",
-    "checks whether a year string is a valid four-digit number", "truncates a string to n characters with an ellipsis",
-    "computes compound interest", "converts a list of tuples to a dictionary",
+    "reverses a string",
+    "returns the second largest number in a list",
+    "checks whether a number is prime",
+    "computes the factorial of n recursively",
+    "merges two dictionaries",
+    "removes all whitespace from a string",
+    "returns the median of a list of numbers",
+    "finds the longest word in a sentence",
+    "rotates a list by k positions",
+    "counts how many times each word appears in a text",
+    "checks whether a list is sorted",
+    "converts a binary string to an integer",
+    "returns all even numbers from a list",
+    "capitalizes every word in a string",
+    "computes the average of a list, returning 0 for an empty list",
+    "finds the intersection of two lists",
+    "returns the n-th triangular number",
+    "validates an email address with a regular expression",
+    "parses a date string in the format YYYY-MM-DD",
+    "reads a JSON file and returns its contents",
+    "writes a list of rows to a CSV file",
+    "computes the power set of a list",
+    "finds the mode of a list",
+    "converts kilometers to miles",
+    "returns the running sum of a list",
+    "checks whether parentheses are balanced",
+    "computes the dot product of two vectors",
+    "removes None values from a dictionary",
+    "groups a list of words by their first letter",
+    "returns the indices of all occurrences of a value in a list",
+    "implements insertion sort",
+    "implements quicksort",
+    "implements merge sort",
+    "computes the nth power of two",
+    "returns the unique characters of a string in order",
+    "sums all numbers in a nested list",
+    "checks whether a year string is a valid four-digit number",
+    "truncates a string to n characters with an ellipsis",
+    "computes compound interest",
+    "converts a list of tuples to a dictionary",
 )
-_CLASSES = ("BankAccount with deposit, withdraw and balance methods", "Rectangle with area and perimeter methods",
-            "TodoList with add, remove and list methods", "Timer that measures elapsed time as a context manager",
-            "Matrix with add and multiply methods", "LRUCache with get and put methods",
-            "Student with a name and a list of grades and an average method", "Point with a distance method")
+_CLASSES = (
+    "BankAccount with deposit, withdraw and balance methods",
+    "Rectangle with area and perimeter methods",
+    "TodoList with add, remove and list methods",
+    "Timer that measures elapsed time as a context manager",
+    "Matrix with add and multiply methods",
+    "LRUCache with get and put methods",
+    "Student with a name and a list of grades and an average method",
+    "Point with a distance method",
+)
 _CONCEPTS = (
-    "a Python list comprehension", "the difference between `==` and `is` in Python", "what a lambda function is",
-    "how exceptions work in Python", "what a virtual environment is", "the difference between a process and a thread",
-    "what an API is", "what Big-O notation means", "what a database index is", "how garbage collection works",
-    "what a REST API is", "the difference between a stack and a queue", "what version control is",
-    "what a compiler does", "what object-oriented programming is", "what a linked list is",
-    "how HTTP cookies work", "what JSON is", "what unit tests are for", "what a race condition is",
-    "what photosynthesis is", "how the heart pumps blood", "why the seasons change", "what inflation is",
-    "how a refrigerator keeps food cold", "what causes thunder", "how airplanes stay in the air",
-    "what DNA does", "why we need sleep", "how solar panels work", "what a black hole is",
-    "how memory works in the human brain", "what climate change is", "how a bicycle stays upright",
-    "what an ecosystem is", "why leaves change color in autumn", "how electricity reaches a home",
-    "what the water cycle is", "how a camera captures an image", "what gravity is",
+    "a Python list comprehension",
+    "the difference between `==` and `is` in Python",
+    "what a lambda function is",
+    "how exceptions work in Python",
+    "what a virtual environment is",
+    "the difference between a process and a thread",
+    "what an API is",
+    "what Big-O notation means",
+    "what a database index is",
+    "how garbage collection works",
+    "what a REST API is",
+    "the difference between a stack and a queue",
+    "what version control is",
+    "what a compiler does",
+    "what object-oriented programming is",
+    "what a linked list is",
+    "how HTTP cookies work",
+    "what JSON is",
+    "what unit tests are for",
+    "what a race condition is",
+    "what photosynthesis is",
+    "how the heart pumps blood",
+    "why the seasons change",
+    "what inflation is",
+    "how a refrigerator keeps food cold",
+    "what causes thunder",
+    "how airplanes stay in the air",
+    "what DNA does",
+    "why we need sleep",
+    "how solar panels work",
+    "what a black hole is",
+    "how memory works in the human brain",
+    "what climate change is",
+    "how a bicycle stays upright",
+    "what an ecosystem is",
+    "why leaves change color in autumn",
+    "how electricity reaches a home",
+    "what the water cycle is",
+    "how a camera captures an image",
+    "what gravity is",
 )
 _ASKS = (
-    "Give me five tips for learning a new language.", "Write a haiku about autumn.",
-    "List three healthy breakfast ideas.", "Write a short thank-you note to a teacher.",
-    "What are the pros and cons of working from home?", "Describe a good morning routine.",
-    "Give me a simple recipe for pancakes.", "How can I improve my focus while studying?",
-    "Write a limerick about a cat.", "What makes a good presentation?", "Suggest three names for a coffee shop.",
-    "How do I start running as a beginner?", "Write a two-line motto for a library.",
-    "What should I consider when buying a laptop?", "Describe the city of Rome in three sentences.",
-    "Give me four ideas for a rainy weekend.", "How do I write a good cover letter?",
-    "What are some ways to reduce stress?", "Write a short product description for a water bottle.",
+    "Give me five tips for learning a new language.",
+    "Write a haiku about autumn.",
+    "List three healthy breakfast ideas.",
+    "Write a short thank-you note to a teacher.",
+    "What are the pros and cons of working from home?",
+    "Describe a good morning routine.",
+    "Give me a simple recipe for pancakes.",
+    "How can I improve my focus while studying?",
+    "Write a limerick about a cat.",
+    "What makes a good presentation?",
+    "Suggest three names for a coffee shop.",
+    "How do I start running as a beginner?",
+    "Write a two-line motto for a library.",
+    "What should I consider when buying a laptop?",
+    "Describe the city of Rome in three sentences.",
+    "Give me four ideas for a rainy weekend.",
+    "How do I write a good cover letter?",
+    "What are some ways to reduce stress?",
+    "Write a short product description for a water bottle.",
     "Explain the rules of chess briefly.",
 )
 TRAIN_PROMPTS: tuple[str, ...] = (
     *(f"Write a Python function that {t}." for t in _CODE_TASKS),
-    *(f"Write a Python class `{c.split()[0]}` {c[len(c.split()[0]) + 1:]}." for c in _CLASSES),
+    *(f"Write a Python class `{c.split()[0]}` {c[len(c.split()[0]) + 1 :]}." for c in _CLASSES),
     *(f"Explain {c}." for c in _CONCEPTS),
     *_ASKS,
 )
@@ -130,16 +198,33 @@ class TrainConfig:
 
     def validate(self) -> None:
         if self.steps < 1 or self.ttt < 1 or self.seq_len < 8 or self.batch < 1 or self.draft_vocab < 16:
-            raise TrainError(f"bad sizes: steps={self.steps} ttt={self.ttt} seq_len={self.seq_len} batch={self.batch} "
-                             f"draft_vocab={self.draft_vocab}")
+            raise TrainError(
+                f"bad sizes: steps={self.steps} ttt={self.ttt} seq_len={self.seq_len} batch={self.batch} "
+                f"draft_vocab={self.draft_vocab}"
+            )
         if not 1 <= self.prompts <= len(TRAIN_PROMPTS):
             raise TrainError(f"prompts {self.prompts}: 1..{len(TRAIN_PROMPTS)} training prompts are bundled")
         if not (self.target_dir / "config.json").is_file():
-            raise TrainError(f"{self.target_dir}: no config.json; point --target at the target's Hugging Face directory")
+            raise TrainError(
+                f"{self.target_dir}: no config.json; point --target at the target's Hugging Face directory"
+            )
 
 
-CLI_OPTIONS = ("weights", "draft_vocab", "steps", "ttt", "seq_len", "batch", "lr", "seed", "prompts", "answer_tokens",
-               "samples_per_prompt", "gen_batch", "threads")
+CLI_OPTIONS = (
+    "weights",
+    "draft_vocab",
+    "steps",
+    "ttt",
+    "seq_len",
+    "batch",
+    "lr",
+    "seed",
+    "prompts",
+    "answer_tokens",
+    "samples_per_prompt",
+    "gen_batch",
+    "threads",
+)
 
 
 def load_target(cfg: TrainConfig):
@@ -151,8 +236,11 @@ def load_target(cfg: TrainConfig):
 
     tcfg = json.loads((cfg.target_dir / "config.json").read_text())
     stored, _ = export_state_dict(load_hf_state_dict(cfg.target_dir), cfg.weights)
-    sd = {n: (dequantize_fp8(t, stored[n + ".scale"]) if n + ".scale" in stored else t.float())
-          for n, t in stored.items() if not n.endswith(".scale")}
+    sd = {
+        n: (dequantize_fp8(t, stored[n + ".scale"]) if n + ".scale" in stored else t.float())
+        for n, t in stored.items()
+        if not n.endswith(".scale")
+    }
     return ReferenceModel.from_state_dict(tcfg, sd), tcfg, AutoTokenizer.from_pretrained(str(cfg.target_dir))
 
 
@@ -160,14 +248,26 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     """The prompt as the served chat template formats it (plain text for a tokenizer without one)."""
     if not getattr(tokenizer, "chat_template", None):
         return list(tokenizer.encode(prompt))
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=False))
+    return list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
 
 
 @torch.inference_mode()
-def generate_labelled(model, prompts: list[list[int]], aux: tuple[int, ...], *, max_new: int, end_id: Optional[int],
-                      batch: int, log: Callable[[str], None], temperature: float = 0.0,
-                      seed: int = 0) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+def generate_labelled(
+    model,
+    prompts: list[list[int]],
+    aux: tuple[int, ...],
+    *,
+    max_new: int,
+    end_id: Optional[int],
+    batch: int,
+    log: Callable[[str], None],
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
     """The target's answers (greedy, or sampled at `temperature` from a seeded generator: more on-policy data per
     prompt), with what training needs gathered on the way (no second pass): per sequence (prompt + answer tokens,
     features [N, len(aux) * H] at every position, the target's argmax [N] at every position: the label either way).
@@ -190,8 +290,9 @@ def generate_labelled(model, prompts: list[list[int]], aux: tuple[int, ...], *, 
                 toks += feed[i]
                 pos += range(start, start + len(feed[i]))
                 segs.append((caches[i], len(feed[i])))
-            logits, f = model.forward_packed(torch.tensor(toks), torch.tensor(pos), segs, torch.arange(len(toks)),
-                                             aux_layers=aux)
+            logits, f = model.forward_packed(
+                torch.tensor(toks), torch.tensor(pos), segs, torch.arange(len(toks)), aux_layers=aux
+            )
             top = logits.argmax(-1)
             row, still = 0, []
             for i in active:
@@ -233,8 +334,20 @@ def new_head(model, ids: torch.Tensor, seed: int) -> Eagle3Head:
     """A head for the target over the draft vocabulary `ids`, initialised from the target (init_head) under `seed`."""
     c = model.config
     torch.manual_seed(seed)
-    head = Eagle3Head(HeadConfig(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                                 c.vocab_size, len(ids), c.rms_norm_eps, c.rope_theta, default_aux_layers(c.num_layers)))
+    head = Eagle3Head(
+        HeadConfig(
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.vocab_size,
+            len(ids),
+            c.rms_norm_eps,
+            c.rope_theta,
+            default_aux_layers(c.num_layers),
+        )
+    )
     init_head(head, model, ids)
     return head
 
@@ -315,15 +428,17 @@ def train(cfg: TrainConfig, head: Eagle3Head, embed: torch.Tensor, rows: Rows, l
         loss = 0.0
         for j, logits in enumerate(outs):
             target = rows.labels[idx, 1 + j : 1 + j + T]
-            loss = loss + 0.8 ** j * F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
+            loss = loss + 0.8**j * F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(float(loss.detach()))
         if (step + 1) % 25 == 0 or step + 1 == cfg.steps:
-            log(f"train: step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f} "
-                f"({time.monotonic() - t0:.0f} s)")
+            log(
+                f"train: step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f} "
+                f"({time.monotonic() - t0:.0f} s)"
+            )
     head.eval()
     return losses
 
@@ -350,16 +465,27 @@ def run(cfg: TrainConfig, log: Optional[Callable[[str], None]] = None) -> dict:
     model, tcfg, tok = load_target(cfg)
     c = model.config
     aux = default_aux_layers(c.num_layers)
-    log(f"target: {c.num_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}, {cfg.weights} weights; "
-        f"features from layers {list(aux)}")
+    log(
+        f"target: {c.num_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}, {cfg.weights} weights; "
+        f"features from layers {list(aux)}"
+    )
     prompts = [chat_ids(tok, p) for p in TRAIN_PROMPTS[: cfg.prompts]]
     end_id = tcfg.get("eos_token_id")
     end_id = end_id[0] if isinstance(end_id, list) else end_id
     t_gen = time.monotonic()
     data = []
     for i in range(cfg.samples_per_prompt):  # the first greedy, the others sampled (SAMPLE_TEMPERATURE)
-        data += generate_labelled(model, prompts, aux, max_new=cfg.answer_tokens, end_id=end_id, batch=cfg.gen_batch,
-                                  log=log, temperature=SAMPLE_TEMPERATURE if i else 0.0, seed=cfg.seed + i)
+        data += generate_labelled(
+            model,
+            prompts,
+            aux,
+            max_new=cfg.answer_tokens,
+            end_id=end_id,
+            batch=cfg.gen_batch,
+            log=log,
+            temperature=SAMPLE_TEMPERATURE if i else 0.0,
+            seed=cfg.seed + i,
+        )
     seqs = [s for s, _, _ in data]
     labelled = [(f, t) for _, f, t in data]
     t_label = time.monotonic()
@@ -375,8 +501,10 @@ def run(cfg: TrainConfig, log: Optional[Callable[[str], None]] = None) -> dict:
     head = new_head(model, ids, cfg.seed)
     embed = model.embed.detach()
     t_train = time.monotonic()
-    log(f"train: {rows.feats.shape[0]} rows of {cfg.seq_len} positions, draft vocabulary {len(ids)} "
-        f"(covers {covered:.1%} of labels), {cfg.steps} steps")
+    log(
+        f"train: {rows.feats.shape[0]} rows of {cfg.seq_len} positions, draft vocabulary {len(ids)} "
+        f"(covers {covered:.1%} of labels), {cfg.steps} steps"
+    )
     losses = train(cfg, head, embed, rows, log)
     t_eval = time.monotonic()
     acc = step_accuracy(head, embed, hrows, cfg.ttt, cfg.seq_len)
@@ -387,15 +515,25 @@ def run(cfg: TrainConfig, log: Optional[Callable[[str], None]] = None) -> dict:
     head.save(tmp, tcfg)
     params = sum(p.numel() for p in head.parameters())
     report = {
-        "architecture": "LlamaForCausalLMEagle3", "aux_layers": list(aux), "draft_vocab": len(ids),
-        "label_coverage": round(covered, 4), "params": params,
-        "bytes": (tmp / "model.safetensors").stat().st_size, "steps": cfg.steps,
-        "first_loss": round(losses[0], 4), "final_loss": round(sum(losses[-25:]) / len(losses[-25:]), 4),
-        "heldout_agreement_per_step": [round(a, 4) for a in acc], "heldout_sequences": len(held),
-        "train_sequences": len(trn), "positions": sum(len(s) for s in seqs),
-        "seconds": {"load": round(t_gen - t0, 1), "generate": round(t_label - t_gen, 1),
-                    "train": round(t_eval - t_train, 1),
-                    "total": round(time.monotonic() - t0, 1)},
+        "architecture": "LlamaForCausalLMEagle3",
+        "aux_layers": list(aux),
+        "draft_vocab": len(ids),
+        "label_coverage": round(covered, 4),
+        "params": params,
+        "bytes": (tmp / "model.safetensors").stat().st_size,
+        "steps": cfg.steps,
+        "first_loss": round(losses[0], 4),
+        "final_loss": round(sum(losses[-25:]) / len(losses[-25:]), 4),
+        "heldout_agreement_per_step": [round(a, 4) for a in acc],
+        "heldout_sequences": len(held),
+        "train_sequences": len(trn),
+        "positions": sum(len(s) for s in seqs),
+        "seconds": {
+            "load": round(t_gen - t0, 1),
+            "generate": round(t_label - t_gen, 1),
+            "train": round(t_eval - t_train, 1),
+            "total": round(time.monotonic() - t0, 1),
+        },
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
     }
     (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -425,8 +563,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: report[k] for k in ("steps", "final_loss", "heldout_agreement_per_step", "params", "bytes",
-                                              "seconds")}))
+    print(
+        json.dumps(
+            {k: report[k] for k in ("steps", "final_loss", "heldout_agreement_per_step", "params", "bytes", "seconds")}
+        )
+    )
     return 0
 
 

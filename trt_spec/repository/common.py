@@ -43,7 +43,9 @@ def parse_config(path: Path) -> mc.ModelConfig:
     text = path.read_text()
     leftover = TEMPLATE_VAR.search(text)
     if leftover:
-        raise RepositoryError(f"{path}: unfilled template variable {leftover.group(0)}; set it or regenerate with trt-spec repo")
+        raise RepositoryError(
+            f"{path}: unfilled template variable {leftover.group(0)}; set it or regenerate with trt-spec repo"
+        )
     try:
         return text_format.Parse(text, mc.ModelConfig())
     except text_format.ParseError as e:
@@ -56,8 +58,9 @@ def write_config(model_dir: Path, cfg: mc.ModelConfig) -> None:
     (model_dir / "config.pbtxt").write_text(text_format.MessageToString(cfg))
 
 
-def check_memory(manifest: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict],
-                 record: RepoRecord) -> None:
+def check_memory(
+    manifest: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict], record: RepoRecord
+) -> None:
     """The repository's memory plan (repository/memory.py): RepositoryError, one line, when the models Triton holds at
     once overflow a GPU; before anything is written."""
     line = overflow(manifest, configs, yamls, record)
@@ -76,8 +79,9 @@ class RepoPlan:
     require_sources: bool = True  # validate: every python model has its model.py (LLM-API: NVIDIA's may be absent)
 
 
-def write_planned(manifest: BuildManifest, plan: RepoPlan, dest: Path,
-                  validate: Callable[..., dict[str, mc.ModelConfig]]) -> dict[str, mc.ModelConfig]:
+def write_planned(
+    manifest: BuildManifest, plan: RepoPlan, dest: Path, validate: Callable[..., dict[str, mc.ModelConfig]]
+) -> dict[str, mc.ModelConfig]:
     """Check the plan's memory, then write it atomically (temp dir, validate, rename). Safe to rerun over an
     existing repository."""
     check_memory(manifest, plan.configs, plan.yamls, plan.record)

@@ -34,9 +34,11 @@ CANCELLATION_CHECK_PERIOD_MS = 100
 # Where NVIDIA's LLM-API model source may be in the NGC image: tried in order when the config names none (unverified
 # on the image: docs/serving.md's first-run checklist finds it with
 # `find / -path '*all_models/llmapi/tensorrt_llm/1/model.py'`).
-LLMAPI_SOURCE_CANDIDATES = ("/app/all_models/llmapi/tensorrt_llm/1",
-                            "/app/tensorrt_llm/triton_backend/all_models/llmapi/tensorrt_llm/1",
-                            "/opt/tritonserver/tensorrtllm_backend/all_models/llmapi/tensorrt_llm/1")
+LLMAPI_SOURCE_CANDIDATES = (
+    "/app/all_models/llmapi/tensorrt_llm/1",
+    "/app/tensorrt_llm/triton_backend/all_models/llmapi/tensorrt_llm/1",
+    "/opt/tritonserver/tensorrtllm_backend/all_models/llmapi/tensorrt_llm/1",
+)
 
 
 # What the launch loads, and the phase-only models with the launch models each replaces while loaded (RepoRecord)
@@ -76,8 +78,13 @@ def model_yaml(m: BuildManifest, *, speculative: bool, decoupled: bool) -> dict:
     if t.kv_cache == "fp8":
         kv["dtype"] = "fp8"
     y: dict = {
-        "model": t.dir, "backend": "pytorch", "tensor_parallel_size": t.tp, "pipeline_parallel_size": t.pp,
-        "max_batch_size": lim.max_batch_size, "max_seq_len": lim.max_seq_len, "max_num_tokens": lim.max_num_tokens,
+        "model": t.dir,
+        "backend": "pytorch",
+        "tensor_parallel_size": t.tp,
+        "pipeline_parallel_size": t.pp,
+        "max_batch_size": lim.max_batch_size,
+        "max_seq_len": lim.max_seq_len,
+        "max_num_tokens": lim.max_num_tokens,
         "kv_cache_config": kv,
         "cuda_graph_config": {"max_batch_size": lim.max_batch_size, "enable_padding": True},
         "return_perf_metrics": True,  # the perf outputs, acceptance included, for requests that ask for them
@@ -87,8 +94,11 @@ def model_yaml(m: BuildManifest, *, speculative: bool, decoupled: bool) -> dict:
         y["speculative_config"] = spec
     # NVIDIA's template: triton max_batch_size 0 (the LLM batches in flight by itself; Triton-level batching is not
     # supported by this model, YAML L17-19).
-    y[lc.TRITON_KEY] = {"max_batch_size": 0, "decoupled": decoupled,
-                        "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS}
+    y[lc.TRITON_KEY] = {
+        "max_batch_size": 0,
+        "decoupled": decoupled,
+        "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
+    }
     return y
 
 
@@ -116,7 +126,7 @@ def model_repo_llmapi() -> Path:
 
 def llmapi_source(configured: str) -> Optional[Path]:
     """NVIDIA's LLM-API model directory (its model.py) on this machine, or None."""
-    for d in ([configured] if configured else LLMAPI_SOURCE_CANDIDATES):
+    for d in [configured] if configured else LLMAPI_SOURCE_CANDIDATES:
         if (Path(d) / "model.py").is_file():
             return Path(d)
     return None
@@ -124,18 +134,32 @@ def llmapi_source(configured: str) -> Optional[Path]:
 
 def llmapi_models(m: BuildManifest, decoupled: bool) -> dict[str, tuple[mc.ModelConfig, dict]]:
     """name -> (config.pbtxt, model.yaml) of the repository."""
-    return {lc.MODEL_NAME: (model_config(lc.MODEL_NAME, decoupled), model_yaml(m, speculative=True, decoupled=decoupled)),
-            lc.BASELINE_MODEL: (model_config(lc.BASELINE_MODEL, decoupled),
-                                model_yaml(m, speculative=False, decoupled=decoupled))}
+    return {
+        lc.MODEL_NAME: (model_config(lc.MODEL_NAME, decoupled), model_yaml(m, speculative=True, decoupled=decoupled)),
+        lc.BASELINE_MODEL: (
+            model_config(lc.BASELINE_MODEL, decoupled),
+            model_yaml(m, speculative=False, decoupled=decoupled),
+        ),
+    }
 
 
 def record(m: BuildManifest, decoupled: bool, names) -> RepoRecord:
     """trt_spec_repo.json of the LLM-API repository: one tritonserver process (the LLM API spawns its own ranks), the
     launch loading the speculative model only and the baseline as a phase model."""
-    return RepoRecord(name=m.name, config_hash=m.config_hash, engine=m.engine, world_size=m.world_size,
-                      orchestrator=False, mpi_ranks=1, models=sorted(names), decoupled=decoupled,
-                      gpu_ids=sorted(set(m.runtime.target_devices)), engines={}, load_models=list(LAUNCH_MODELS),
-                      phase_models={k: list(v) for k, v in PHASE_MODELS.items()})
+    return RepoRecord(
+        name=m.name,
+        config_hash=m.config_hash,
+        engine=m.engine,
+        world_size=m.world_size,
+        orchestrator=False,
+        mpi_ranks=1,
+        models=sorted(names),
+        decoupled=decoupled,
+        gpu_ids=sorted(set(m.runtime.target_devices)),
+        engines={},
+        load_models=list(LAUNCH_MODELS),
+        phase_models={k: list(v) for k, v in PHASE_MODELS.items()},
+    )
 
 
 def write_models(m: BuildManifest, root: Path, decoupled: bool) -> tuple[dict[str, mc.ModelConfig], Optional[Path]]:
@@ -162,8 +186,13 @@ def repo_plan(m: BuildManifest, decoupled: bool) -> RepoPlan:
     def write(root: Path) -> None:
         write_models(m, root, decoupled)
 
-    return RepoPlan(configs={n: c for n, (c, _) in models.items()}, record=record(m, decoupled, models), write=write,
-                    yamls={n: y for n, (_, y) in models.items()}, require_sources=False)
+    return RepoPlan(
+        configs={n: c for n, (c, _) in models.items()},
+        record=record(m, decoupled, models),
+        write=write,
+        yamls={n: y for n, (_, y) in models.items()},
+        require_sources=False,
+    )
 
 
 def check_model(cfg: mc.ModelConfig, y: dict, where: str) -> None:
@@ -174,8 +203,10 @@ def check_model(cfg: mc.ModelConfig, y: dict, where: str) -> None:
     for name, t in want_in.items():
         i = have_in.get(name)
         if i is None or mc.DataType.Name(i.data_type) != t.dtype or list(i.dims) != list(t.dims):
-            raise LlmapiRepositoryError(f"{where}: input {name} is not the LLM-API model's ({t.dtype} {list(t.dims)}); "
-                                        "regenerate with trt-spec repo")
+            raise LlmapiRepositoryError(
+                f"{where}: input {name} is not the LLM-API model's ({t.dtype} {list(t.dims)}); "
+                "regenerate with trt-spec repo"
+            )
     extra = sorted(set(have_in) - set(want_in))
     if extra:
         raise LlmapiRepositoryError(f"{where}: input {extra[0]} is not one the LLM-API model reads")
@@ -188,11 +219,15 @@ def check_model(cfg: mc.ModelConfig, y: dict, where: str) -> None:
         raise LlmapiRepositoryError(f"{where}: model.yaml key {unknown[0]!r} is not an LLM argument trt-spec writes")
     tc = y.get(lc.TRITON_KEY) or {}
     if set(tc) - set(lc.TRITON_KEYS) or bool(tc.get("decoupled")) != cfg.model_transaction_policy.decoupled:
-        raise LlmapiRepositoryError(f"{where}: triton_config disagrees with config.pbtxt; regenerate with trt-spec repo")
+        raise LlmapiRepositoryError(
+            f"{where}: triton_config disagrees with config.pbtxt; regenerate with trt-spec repo"
+        )
     spec = y.get("speculative_config")
     if spec is not None and spec.get("decoding_type") not in lc.DECODING_TYPES.values():
-        raise LlmapiRepositoryError(f"{where}: speculative_config decoding_type {spec.get('decoding_type')!r} is not one "
-                                    f"of {', '.join(lc.DECODING_TYPES.values())} (TensorRT-LLM 1.2)")
+        raise LlmapiRepositoryError(
+            f"{where}: speculative_config decoding_type {spec.get('decoding_type')!r} is not one "
+            f"of {', '.join(lc.DECODING_TYPES.values())} (TensorRT-LLM 1.2)"
+        )
     for key in ("kv_cache_config", "cuda_graph_config"):
         allowed = lc.KV_CACHE_KEYS if key == "kv_cache_config" else lc.CUDA_GRAPH_KEYS
         bad = sorted(set(y.get(key) or {}) - set(allowed))
@@ -200,15 +235,20 @@ def check_model(cfg: mc.ModelConfig, y: dict, where: str) -> None:
             raise LlmapiRepositoryError(f"{where}: {key}.{bad[0]} is not a field trt-spec writes")
 
 
-SOURCE_MISSING = ("{name}: no 1/model.py: copy NVIDIA's LLM-API model (TensorRT-LLM triton_backend/all_models/llmapi/"
-                  "tensorrt_llm/1/*.py, in the NGC image) into {dir}, or rerun trt-spec repo on the GPU host with "
-                  "toolchain.llmapi_model_dir set to it")
+SOURCE_MISSING = (
+    "{name}: no 1/model.py: copy NVIDIA's LLM-API model (TensorRT-LLM triton_backend/all_models/llmapi/"
+    "tensorrt_llm/1/*.py, in the NGC image) into {dir}, or rerun trt-spec repo on the GPU host with "
+    "toolchain.llmapi_model_dir set to it"
+)
 
 
 def missing_sources(repo: Path) -> list[str]:
     """One line per LLM-API model of the repository that lacks NVIDIA's model.py."""
-    return [SOURCE_MISSING.format(name=f.parent.parent.name, dir=f.parent)
-            for f in sorted(Path(repo).glob(f"*/1/{lc.YAML_FILE}")) if not (f.parent / "model.py").is_file()]
+    return [
+        SOURCE_MISSING.format(name=f.parent.parent.name, dir=f.parent)
+        for f in sorted(Path(repo).glob(f"*/1/{lc.YAML_FILE}"))
+        if not (f.parent / "model.py").is_file()
+    ]
 
 
 def validate(repo: Path, models: dict[str, mc.ModelConfig], *, require_source: bool) -> None:

@@ -13,8 +13,7 @@ from typing import Optional
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..builder.hardware import GpuSpec
-from ..builder.memory import (LLMAPI_SPEC_MODEL_WEIGHTS, Instance, concurrent_sets, instance_rows,
-                            repository_overflow)
+from ..builder.memory import LLMAPI_SPEC_MODEL_WEIGHTS, Instance, concurrent_sets, instance_rows, repository_overflow
 from ..builder.model_info import PreflightError
 from ..records import llmapi_contract as lc
 from ..records.manifest import BuildManifest, RepoRecord
@@ -34,8 +33,11 @@ def instances(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[
     if not m.config.recipe.gpu or m.gpu is None:
         return []
     g = m.gpu
-    pre = run_preflight(m.config, GpuSpec(g.name, tuple(g.compute_capability), g.memory_gib, g.count, g.source),
-                        require_checkpoints=False)
+    pre = run_preflight(
+        m.config,
+        GpuSpec(g.name, tuple(g.compute_capability), g.memory_gib, g.count, g.source),
+        require_checkpoints=False,
+    )
     out: list[Instance] = []
     for name, y in yamls.items():  # runtime llmapi: one LLM per model.yaml (target + its draft or head, one process)
         tp, pp = int(y.get("tensor_parallel_size", 1)), int(y.get("pipeline_parallel_size", 1))
@@ -58,13 +60,26 @@ def instances(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[
         info = pre.draft if role == "draft" else pre.target
         devices = [int(d) for d in _param(cfg, "gpu_device_ids").split(",") if d.strip()] or list(e.devices)
         frac, tokens = _param(cfg, "kv_cache_free_gpu_mem_fraction"), _param(cfg, "max_tokens_in_paged_kv_cache")
-        out.append(Instance(name, role, info, e.weights, e.kv_cache, e.tp, e.pp, devices,
-                            kv_fraction=float(frac) if frac else 0.9, kv_tokens=int(tokens) if tokens else None))
+        out.append(
+            Instance(
+                name,
+                role,
+                info,
+                e.weights,
+                e.kv_cache,
+                e.tp,
+                e.pp,
+                devices,
+                kv_fraction=float(frac) if frac else 0.9,
+                kv_tokens=int(tokens) if tokens else None,
+            )
+        )
     return out
 
 
-def overflow(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict],
-             record: RepoRecord) -> Optional[str]:
+def overflow(
+    m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict], record: RepoRecord
+) -> Optional[str]:
     """One line naming what overflows which GPU when the repository is served as its record says, else None."""
     try:
         inst = instances(m, configs, yamls)
@@ -79,5 +94,7 @@ def overflow(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[s
 def plan_rows(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict], record: RepoRecord):
     """(set name, rows) per set of models held at once: what `trt-spec repo` counts (for tests and display)."""
     inst = instances(m, configs, yamls)
-    return {what: [r for i in inst if i.model in names for r in instance_rows(i, m.config)]
-            for what, names in concurrent_sets(sorted(configs), record.load_models, record.phase_models).items()}
+    return {
+        what: [r for i in inst if i.model in names for r in instance_rows(i, m.config)]
+        for what, names in concurrent_sets(sorted(configs), record.load_models, record.phase_models).items()
+    }

@@ -48,22 +48,58 @@ from typing import TYPE_CHECKING, Optional
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..builder.memory import SHARING_ROLES
 from ..records import backend_contract as bc
+from ..records.bls_parameters import BlsParameters, PreprocessingParameters
 from ..records.integrity import IntegrityError, rebuild_hint, verify
 from ..records.manifest import BuildManifest, EngineEntry, RepoRecord
-from ..records.bls_parameters import BlsParameters, PreprocessingParameters
-from ..builder.memory import SHARING_ROLES
+from ..records.names import (
+    ACCEPTED_LENGTH_HISTOGRAM,
+    BAD_WORDS,
+    BASELINE_ENGINE,
+    BEAM_WIDTH,
+    BLS,
+    DRAFT,
+    DRAFT_LEN_POLICY,
+    DRAFT_LENGTHS,
+    EMBEDDING_BIAS,
+    ENGINE_MODELS,
+    ENSEMBLE,
+    MAX_TOKENS,
+    NUM_DRAFT_TOKENS,
+    NUM_RETURN_SEQUENCES,
+    OUTPUT_IDS,
+    POST_OUTPUT_IDS,
+    SEQUENCE_LENGTH,
+    STOP_WORDS,
+    STREAM,
+    TARGET,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    TOP_K,
+    TOP_P,
+    TOTAL_STEPS,
+    USE_DRAFT_LOGITS,
+    Post,
+    Pre,
+)
+from ..records.names import (
+    POSTPROCESSING as POST,
+)
+from ..records.names import (
+    PREPROCESSING as PRE,
+)
 from ..records.recipes import RECIPES, Recipe
 from ..records.speculation import Mode
-from ..records.names import (ACCEPTED_LENGTH_HISTOGRAM, BAD_WORDS, BASELINE_ENGINE, BEAM_WIDTH, BLS, DRAFT,
-                             DRAFT_LENGTHS, DRAFT_LEN_POLICY, EMBEDDING_BIAS, ENGINE_MODELS, ENSEMBLE, MAX_TOKENS,
-                             NUM_DRAFT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, POSTPROCESSING as POST,
-                             POST_OUTPUT_IDS, PREPROCESSING as PRE, Post, Pre, SEQUENCE_LENGTH, STOP_WORDS, STREAM,
-                             TARGET, TEXT_INPUT, TEXT_OUTPUT, TOP_K, TOP_P, TOTAL_STEPS, USE_DRAFT_LOGITS)
-
 from . import llmapi as lr
-from .common import (RepoPlan, RepositoryError, model_repo_sources, parse_config, write_config,  # noqa: F401
-                     write_planned)
+from .common import (
+    RepoPlan,
+    RepositoryError,
+    model_repo_sources,
+    parse_config,
+    write_config,  # noqa: F401
+    write_planned,
+)
 
 if TYPE_CHECKING:
     from ..records.config import LookaheadSpec
@@ -75,8 +111,16 @@ LOGITS_TYPE = bc.LOGITS_TYPE
 T = mc.DataType.Value
 
 
-def _io(cls, name: str, dtype: str, dims: list[int], *, optional: bool = False, ragged: bool = False,
-        reshape: Optional[list[int]] = None):
+def _io(
+    cls,
+    name: str,
+    dtype: str,
+    dims: list[int],
+    *,
+    optional: bool = False,
+    ragged: bool = False,
+    reshape: Optional[list[int]] = None,
+):
     m = cls(name=name, data_type=T(dtype), dims=dims)
     if cls is mc.ModelInput:
         m.optional = optional
@@ -106,8 +150,7 @@ def _params(cfg: mc.ModelConfig, params: dict[str, object]) -> None:
 def _spec(t: bc.TensorSpec, cls):
     if cls is mc.ModelOutput:
         return out(t.name, t.dtype, list(t.dims))
-    return inp(t.name, t.dtype, list(t.dims), optional=t.optional, ragged=t.ragged,
-               reshape=[] if t.scalar else None)
+    return inp(t.name, t.dtype, list(t.dims), optional=t.optional, ragged=t.ragged, reshape=[] if t.scalar else None)
 
 
 # The `tensorrt_llm` model's tensor interface (names, types and shapes as in NVIDIA's template; the subset
@@ -161,18 +204,28 @@ class RepoSettings:
         tok = tok if tok.startswith("pkg:") else os.path.abspath(tok)  # ABSOLUTE_PATHS
         multi_gpu = any(e.world_size > 1 for e in m.engines.values())
         return RepoSettings(
-            engine=m.engine, max_batch_size=lim.max_batch_size, max_seq_len=lim.max_seq_len,
+            engine=m.engine,
+            max_batch_size=lim.max_batch_size,
+            max_seq_len=lim.max_seq_len,
             max_input_len=min(lim.max_input_len, bc.max_input_len(lim.max_seq_len, lim.max_num_tokens)),
             max_num_tokens=lim.max_num_tokens,
-            mode=built.mode, max_draft_len=built.max_draft_len,
-            num_draft_tokens=built.num_draft_tokens, ngram_size=built.ngram_size, tokenizer_dir=tok,
-            draft_len_policy=spec.draft_len_policy, proposer=spec.proposer,
-            engines=m.engines, kv_fraction=m.runtime.kv_cache_free_gpu_mem_fraction,
+            mode=built.mode,
+            max_draft_len=built.max_draft_len,
+            num_draft_tokens=built.num_draft_tokens,
+            ngram_size=built.ngram_size,
+            tokenizer_dir=tok,
+            draft_len_policy=spec.draft_len_policy,
+            proposer=spec.proposer,
+            engines=m.engines,
+            kv_fraction=m.runtime.kv_cache_free_gpu_mem_fraction,
             medusa_choices=spec.medusa.choices if spec.medusa else None,
             eagle_choices=spec.eagle.choices if spec.eagle else None,
-            lookahead=spec.lookahead, orchestrator=multi_gpu and len(m.engines) > 1,
-            draft_kv_tokens=m.runtime.draft_max_tokens_in_paged_kv_cache, decoupled=decoupled,
-            max_queue_size=max_queue_size)
+            lookahead=spec.lookahead,
+            orchestrator=multi_gpu and len(m.engines) > 1,
+            draft_kv_tokens=m.runtime.draft_max_tokens_in_paged_kv_cache,
+            decoupled=decoupled,
+            max_queue_size=max_queue_size,
+        )
 
 
 def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
@@ -212,8 +265,12 @@ def engine_config(name: str, role: str, s: RepoSettings) -> mc.ModelConfig:
             params["eagle_choices"] = _choices(s.eagle_choices)
         case Mode.LOOKAHEAD:
             la = s.lookahead  # the config sets it for mode lookahead
-            params.update(decoding_mode="lookahead", lookahead_window_size=la.window_size,
-                          lookahead_ngram_size=la.ngram_size, lookahead_verification_set_size=la.verification_set_size)
+            params.update(
+                decoding_mode="lookahead",
+                lookahead_window_size=la.window_size,
+                lookahead_ngram_size=la.ngram_size,
+                lookahead_verification_set_size=la.verification_set_size,
+            )
     _params(cfg, params)
     return cfg
 
@@ -227,25 +284,31 @@ def _choices(choices: Optional[list]) -> Optional[str]:
 
 def preprocessing_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=PRE, backend="python", max_batch_size=s.max_batch_size)
-    cfg.input.extend([
-        inp(Pre.QUERY, "TYPE_STRING", [1]),
-        inp(Pre.REQUEST_OUTPUT_LEN, "TYPE_INT32", [1]),
-        inp(Pre.BAD_WORDS, "TYPE_STRING", [-1], optional=True),
-        inp(Pre.STOP_WORDS, "TYPE_STRING", [-1], optional=True),
-        inp(Pre.END_ID, "TYPE_INT32", [1], optional=True),
-        inp(Pre.PAD_ID, "TYPE_INT32", [1], optional=True),
-        *embedding_bias_inputs(Pre.EMBEDDING_BIAS[0], Pre.EMBEDDING_BIAS[1]),
-    ])
-    cfg.output.extend([
-        out(Pre.INPUT_ID, "TYPE_INT32", [-1]),
-        out(Pre.DECODER_INPUT_ID, "TYPE_INT32", [-1]),  # [[pad_id]]: NVIDIA's end_to_end_test.py reads and forwards it
-        out(Pre.REQUEST_INPUT_LEN, "TYPE_INT32", [1]),
-        out(Pre.REQUEST_OUTPUT_LEN, "TYPE_INT32", [1]),
-        out(Pre.BAD_WORDS_IDS, "TYPE_INT32", [2, -1]),
-        out(Pre.STOP_WORDS_IDS, "TYPE_INT32", [2, -1]),
-        out(Pre.OUT_END_ID, "TYPE_INT32", [1]),
-        out(Pre.OUT_PAD_ID, "TYPE_INT32", [1]),
-    ])
+    cfg.input.extend(
+        [
+            inp(Pre.QUERY, "TYPE_STRING", [1]),
+            inp(Pre.REQUEST_OUTPUT_LEN, "TYPE_INT32", [1]),
+            inp(Pre.BAD_WORDS, "TYPE_STRING", [-1], optional=True),
+            inp(Pre.STOP_WORDS, "TYPE_STRING", [-1], optional=True),
+            inp(Pre.END_ID, "TYPE_INT32", [1], optional=True),
+            inp(Pre.PAD_ID, "TYPE_INT32", [1], optional=True),
+            *embedding_bias_inputs(Pre.EMBEDDING_BIAS[0], Pre.EMBEDDING_BIAS[1]),
+        ]
+    )
+    cfg.output.extend(
+        [
+            out(Pre.INPUT_ID, "TYPE_INT32", [-1]),
+            out(
+                Pre.DECODER_INPUT_ID, "TYPE_INT32", [-1]
+            ),  # [[pad_id]]: NVIDIA's end_to_end_test.py reads and forwards it
+            out(Pre.REQUEST_INPUT_LEN, "TYPE_INT32", [1]),
+            out(Pre.REQUEST_OUTPUT_LEN, "TYPE_INT32", [1]),
+            out(Pre.BAD_WORDS_IDS, "TYPE_INT32", [2, -1]),
+            out(Pre.STOP_WORDS_IDS, "TYPE_INT32", [2, -1]),
+            out(Pre.OUT_END_ID, "TYPE_INT32", [1]),
+            out(Pre.OUT_PAD_ID, "TYPE_INT32", [1]),
+        ]
+    )
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     _params(cfg, PreprocessingParameters(tokenizer_dir=s.tokenizer_dir, max_input_len=s.max_input_len).to_parameters())
     return cfg
@@ -288,39 +351,77 @@ def text_inputs(bls: bool) -> list:
         *embedding_bias_inputs(*EMBEDDING_BIAS),
     ]
     if bls:
-        ins += [inp(NUM_DRAFT_TOKENS, "TYPE_INT32", [1], optional=True),
-                inp(USE_DRAFT_LOGITS, "TYPE_BOOL", [1], optional=True),
-                inp(DRAFT_LEN_POLICY, "TYPE_STRING", [1], optional=True)]
+        ins += [
+            inp(NUM_DRAFT_TOKENS, "TYPE_INT32", [1], optional=True),
+            inp(USE_DRAFT_LOGITS, "TYPE_BOOL", [1], optional=True),
+            inp(DRAFT_LEN_POLICY, "TYPE_STRING", [1], optional=True),
+        ]
     return ins
 
 
 def ensemble_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=ENSEMBLE, platform="ensemble", max_batch_size=s.max_batch_size)
     cfg.input.extend(text_inputs(bls=False))
-    cfg.output.extend([out(TEXT_OUTPUT, "TYPE_STRING", [-1]), out(OUTPUT_IDS, "TYPE_INT32", [-1, -1]),
-                       *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS)])
+    cfg.output.extend(
+        [
+            out(TEXT_OUTPUT, "TYPE_STRING", [-1]),
+            out(OUTPUT_IDS, "TYPE_INT32", [-1, -1]),
+            *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS),
+        ]
+    )
     steps = cfg.ensemble_scheduling.step
     pre = steps.add(model_name=PRE, model_version=-1)
-    pre.input_map.update({Pre.QUERY: TEXT_INPUT, Pre.REQUEST_OUTPUT_LEN: MAX_TOKENS, Pre.BAD_WORDS: BAD_WORDS,
-                          Pre.STOP_WORDS: STOP_WORDS, Pre.END_ID: bc.END_ID, Pre.PAD_ID: bc.PAD_ID,
-                          Pre.EMBEDDING_BIAS[0]: EMBEDDING_BIAS[0], Pre.EMBEDDING_BIAS[1]: EMBEDDING_BIAS[1]})
-    pre.output_map.update({Pre.INPUT_ID: "_INPUT_ID", Pre.REQUEST_INPUT_LEN: "_REQUEST_INPUT_LEN",
-                           Pre.REQUEST_OUTPUT_LEN: "_REQUEST_OUTPUT_LEN", Pre.BAD_WORDS_IDS: "_BAD_WORDS_IDS",
-                           Pre.STOP_WORDS_IDS: "_STOP_WORDS_IDS", Pre.OUT_END_ID: "_END_ID", Pre.OUT_PAD_ID: "_PAD_ID"})
+    pre.input_map.update(
+        {
+            Pre.QUERY: TEXT_INPUT,
+            Pre.REQUEST_OUTPUT_LEN: MAX_TOKENS,
+            Pre.BAD_WORDS: BAD_WORDS,
+            Pre.STOP_WORDS: STOP_WORDS,
+            Pre.END_ID: bc.END_ID,
+            Pre.PAD_ID: bc.PAD_ID,
+            Pre.EMBEDDING_BIAS[0]: EMBEDDING_BIAS[0],
+            Pre.EMBEDDING_BIAS[1]: EMBEDDING_BIAS[1],
+        }
+    )
+    pre.output_map.update(
+        {
+            Pre.INPUT_ID: "_INPUT_ID",
+            Pre.REQUEST_INPUT_LEN: "_REQUEST_INPUT_LEN",
+            Pre.REQUEST_OUTPUT_LEN: "_REQUEST_OUTPUT_LEN",
+            Pre.BAD_WORDS_IDS: "_BAD_WORDS_IDS",
+            Pre.STOP_WORDS_IDS: "_STOP_WORDS_IDS",
+            Pre.OUT_END_ID: "_END_ID",
+            Pre.OUT_PAD_ID: "_PAD_ID",
+        }
+    )
     # The baseline decodes without speculation: the target itself, or for Medusa/EAGLE/lookahead (whose target engine
     # always speculates) the plain engine built beside it (speculation.Mode.in_engine).
     llm = steps.add(model_name=BASELINE_ENGINE if "baseline" in s.engines else TARGET, model_version=-1)
-    llm.input_map.update({bc.INPUT_IDS: "_INPUT_ID", bc.INPUT_LENGTHS: "_REQUEST_INPUT_LEN",
-                          bc.REQUEST_OUTPUT_LEN: "_REQUEST_OUTPUT_LEN", bc.END_ID: "_END_ID", bc.PAD_ID: "_PAD_ID",
-                          bc.BAD_WORDS_LIST: "_BAD_WORDS_IDS", bc.STOP_WORDS_LIST: "_STOP_WORDS_IDS",
-                          bc.RUNTIME_TOP_K: TOP_K, bc.RUNTIME_TOP_P: TOP_P, bc.TEMPERATURE: bc.TEMPERATURE,
-                          bc.SEED: bc.SEED, bc.STREAMING: STREAM, bc.EXCLUDE_INPUT_IN_OUTPUT: bc.EXCLUDE_INPUT_IN_OUTPUT,
-                          bc.RETURN_PERF_METRICS: bc.RETURN_PERF_METRICS, BEAM_WIDTH: BEAM_WIDTH,
-                          NUM_RETURN_SEQUENCES: NUM_RETURN_SEQUENCES})
+    llm.input_map.update(
+        {
+            bc.INPUT_IDS: "_INPUT_ID",
+            bc.INPUT_LENGTHS: "_REQUEST_INPUT_LEN",
+            bc.REQUEST_OUTPUT_LEN: "_REQUEST_OUTPUT_LEN",
+            bc.END_ID: "_END_ID",
+            bc.PAD_ID: "_PAD_ID",
+            bc.BAD_WORDS_LIST: "_BAD_WORDS_IDS",
+            bc.STOP_WORDS_LIST: "_STOP_WORDS_IDS",
+            bc.RUNTIME_TOP_K: TOP_K,
+            bc.RUNTIME_TOP_P: TOP_P,
+            bc.TEMPERATURE: bc.TEMPERATURE,
+            bc.SEED: bc.SEED,
+            bc.STREAMING: STREAM,
+            bc.EXCLUDE_INPUT_IN_OUTPUT: bc.EXCLUDE_INPUT_IN_OUTPUT,
+            bc.RETURN_PERF_METRICS: bc.RETURN_PERF_METRICS,
+            BEAM_WIDTH: BEAM_WIDTH,
+            NUM_RETURN_SEQUENCES: NUM_RETURN_SEQUENCES,
+        }
+    )
     # The engine's outputs are internal tensors, never ensemble outputs: Triton core prunes a step once every
     # ensemble output it produces is unrequested, without asking whether a later step consumes them (ENSEMBLE_PRUNING).
-    llm.output_map.update({OUTPUT_IDS: "_TOKENS_BATCH", SEQUENCE_LENGTH: "_SEQUENCE_LENGTH",
-                           **{name: name for name in bc.PERF_OUTPUTS}})  # with return_perf_metrics, as NVIDIA's
+    llm.output_map.update(
+        {OUTPUT_IDS: "_TOKENS_BATCH", SEQUENCE_LENGTH: "_SEQUENCE_LENGTH", **{name: name for name in bc.PERF_OUTPUTS}}
+    )  # with return_perf_metrics, as NVIDIA's
     post = steps.add(model_name=POST, model_version=-1)
     post.input_map.update({Post.TOKENS_BATCH: "_TOKENS_BATCH", Post.SEQUENCE_LENGTH: "_SEQUENCE_LENGTH"})
     post.output_map.update({Post.OUTPUT: TEXT_OUTPUT, POST_OUTPUT_IDS: OUTPUT_IDS})
@@ -331,17 +432,20 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=BLS, backend="python", max_batch_size=s.max_batch_size)
     cfg.model_transaction_policy.decoupled = s.decoupled
     cfg.input.extend(text_inputs(bls=True))
-    cfg.output.extend([
-        out(TEXT_OUTPUT, "TYPE_STRING", [-1]),
-        out(OUTPUT_IDS, "TYPE_INT32", [-1]),
-        # the ten perf outputs of NVIDIA's tensorrt_llm_bls config (all_models/inflight_batcher_llm/tensorrt_llm_bls/
-        # config.pbtxt): E2E --return-perf-metrics requests them all, and Triton core refuses a request for an
-        # undeclared output; filled with return_perf_metrics, summed over the rounds (speculative_loop.EnginePerf)
-        *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS),
-        out(TOTAL_STEPS, "TYPE_INT32", [1]),
-        out(ACCEPTED_LENGTH_HISTOGRAM, "TYPE_INT32", [-1]),
-        out(DRAFT_LENGTHS, "TYPE_INT32", [-1]),
-    ])
+    cfg.output.extend(
+        [
+            out(TEXT_OUTPUT, "TYPE_STRING", [-1]),
+            out(OUTPUT_IDS, "TYPE_INT32", [-1]),
+            # the ten perf outputs of NVIDIA's tensorrt_llm_bls config
+            # (all_models/inflight_batcher_llm/tensorrt_llm_bls/config.pbtxt): E2E --return-perf-metrics requests them
+            # all, and Triton core refuses a request for an undeclared output; filled with return_perf_metrics, summed
+            # over the rounds (speculative_loop.EnginePerf)
+            *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS),
+            out(TOTAL_STEPS, "TYPE_INT32", [1]),
+            out(ACCEPTED_LENGTH_HISTOGRAM, "TYPE_INT32", [-1]),
+            out(DRAFT_LENGTHS, "TYPE_INT32", [-1]),
+        ]
+    )
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     _params(cfg, bls_parameters(s).to_parameters())
     return cfg
@@ -350,11 +454,19 @@ def bls_config(s: RepoSettings) -> mc.ModelConfig:
 def bls_parameters(s: RepoSettings) -> BlsParameters:
     """The BLS's parameters block (records/bls_parameters.py: the BLS, the loop, the frontend read it back)."""
     return BlsParameters(
-        tensorrt_llm_model_name=TARGET, tensorrt_llm_draft_model_name=DRAFT if s.mode == "draft_target" else "",
+        tensorrt_llm_model_name=TARGET,
+        tensorrt_llm_draft_model_name=DRAFT if s.mode == "draft_target" else "",
         speculative_mode=Mode(s.mode).bls_mode,  # medusa/eagle/lookahead: "engine", the engine drafts
-        max_draft_len=s.max_draft_len, num_draft_tokens=s.num_draft_tokens, ngram_size=s.ngram_size,
-        draft_len_policy=s.draft_len_policy, proposer=s.proposer, max_seq_len=s.max_seq_len,
-        max_num_tokens=s.max_num_tokens, max_input_len=s.max_input_len, tokenizer_dir=s.tokenizer_dir)
+        max_draft_len=s.max_draft_len,
+        num_draft_tokens=s.num_draft_tokens,
+        ngram_size=s.ngram_size,
+        draft_len_policy=s.draft_len_policy,
+        proposer=s.proposer,
+        max_seq_len=s.max_seq_len,
+        max_num_tokens=s.max_num_tokens,
+        max_input_len=s.max_input_len,
+        tokenizer_dir=s.tokenizer_dir,
+    )
 
 
 def mpi_ranks(s: RepoSettings) -> int:
@@ -408,8 +520,9 @@ def validate_repository(repo: Path, *, require_sources: bool = True) -> dict[str
             try:  # what the tensorrtllm backend checks at load (the CPU stand-in checks the same)
                 bc.check_parameters({k: v.string_value for k, v in cfg.parameters.items()})
             except bc.ContractError as e:
-                raise RepositoryError(f"{name}: the tensorrtllm backend would refuse to load it: {e}; regenerate with "
-                                      "trt-spec repo") from None
+                raise RepositoryError(
+                    f"{name}: the tensorrtllm backend would refuse to load it: {e}; regenerate with trt-spec repo"
+                ) from None
         if cfg.platform == "ensemble":
             _check_ensemble(cfg, models)
         for key in ("tensorrt_llm_model_name", "tensorrt_llm_draft_model_name"):
@@ -490,12 +603,16 @@ def _check_ensemble(cfg: mc.ModelConfig, models: dict[str, mc.ModelConfig]) -> N
             if model_tensor not in m_in:
                 raise RepositoryError(f"{cfg.name}: step {step.model_name} maps unknown input {model_tensor!r}")
             if ens_tensor not in available:
-                raise RepositoryError(f"{cfg.name}: step {step.model_name} reads {ens_tensor!r}, which no earlier "
-                                      "step or ensemble input provides")
+                raise RepositoryError(
+                    f"{cfg.name}: step {step.model_name} reads {ens_tensor!r}, which no earlier "
+                    "step or ensemble input provides"
+                )
         required = {i.name for i in m.input if not i.optional}
         missing = required - set(step.input_map)
         if missing:
-            raise RepositoryError(f"{cfg.name}: step {step.model_name} leaves required input(s) {sorted(missing)} unmapped")
+            raise RepositoryError(
+                f"{cfg.name}: step {step.model_name} leaves required input(s) {sorted(missing)} unmapped"
+            )
         for model_tensor, ens_tensor in step.output_map.items():
             if model_tensor not in m_out:
                 raise RepositoryError(f"{cfg.name}: step {step.model_name} maps unknown output {model_tensor!r}")
@@ -508,9 +625,10 @@ def _check_ensemble(cfg: mc.ModelConfig, models: dict[str, mc.ModelConfig]) -> N
         lost = _needed_steps(cfg, o.name) & pruned_steps(cfg, {o.name})
         if lost:
             raise RepositoryError(
-                f"{cfg.name}: a request for {o.name!r} alone loses step {steps[max(lost)].model_name}: Triton's ensemble "
-                "scheduler prunes a step once every ensemble output it maps is unrequested, even when a later step "
-                "reads them; map its outputs to internal tensors (\"_NAME\") instead")
+                f"{cfg.name}: a request for {o.name!r} alone loses step {steps[max(lost)].model_name}: "
+                "Triton's ensemble scheduler prunes a step once every ensemble output it maps is unrequested, even "
+                'when a later step reads them; map its outputs to internal tensors ("_NAME") instead'
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -531,8 +649,9 @@ def verify_engines(manifest: BuildManifest) -> None:
             raise RepositoryError(str(e)) from None
 
 
-def write_repository(manifest: BuildManifest, dest: Path, *, decoupled: bool = True,
-                     max_queue_size: int = 0) -> dict[str, mc.ModelConfig]:
+def write_repository(
+    manifest: BuildManifest, dest: Path, *, decoupled: bool = True, max_queue_size: int = 0
+) -> dict[str, mc.ModelConfig]:
     """Write the repository atomically (temp dir, validate, rename), by the manifest's runtime writer. Safe to rerun
     over an existing one. decoupled=False: every model non-decoupled (NVIDIA's DTM recipe; unary clients, no
     streaming). max_queue_size > 0: requests waiting for an engine slot beyond it are refused with the executor's
@@ -562,8 +681,12 @@ def engine_repo_plan(manifest: BuildManifest, decoupled: bool, max_queue_size: i
     return RepoPlan(configs, repo_record(manifest, decoupled, settings, configs), write)
 
 
-def repo_record(manifest: BuildManifest, decoupled: bool = True, settings: Optional[RepoSettings] = None,
-                configs: Optional[dict[str, mc.ModelConfig]] = None) -> RepoRecord:
+def repo_record(
+    manifest: BuildManifest,
+    decoupled: bool = True,
+    settings: Optional[RepoSettings] = None,
+    configs: Optional[dict[str, mc.ModelConfig]] = None,
+) -> RepoRecord:
     """What `trt-spec repo` records next to the models (trt_spec_repo.json): how to launch the repository (processes
     under mpirun, orchestrator mode, GPU ids), its models and the engines' sums, by the manifest's runtime writer.
     Pure: the launch line of a repository that is not written yet (the Kubernetes chart's) is computed from it."""
@@ -571,8 +694,15 @@ def repo_record(manifest: BuildManifest, decoupled: bool = True, settings: Optio
         return lr.record(manifest, decoupled, configs if configs is not None else lr.llmapi_models(manifest, decoupled))
     settings = settings or RepoSettings.from_manifest(manifest, decoupled)
     configs = configs if configs is not None else repository_configs(settings)
-    return RepoRecord(name=manifest.name, config_hash=manifest.config_hash, engine=manifest.engine,
-                      world_size=manifest.world_size, orchestrator=settings.orchestrator, mpi_ranks=mpi_ranks(settings),
-                      models=sorted(configs), decoupled=decoupled,
-                      gpu_ids=sorted({d for e in settings.engines.values() for d in e.devices}),
-                      engines=manifest.engine_sums())
+    return RepoRecord(
+        name=manifest.name,
+        config_hash=manifest.config_hash,
+        engine=manifest.engine,
+        world_size=manifest.world_size,
+        orchestrator=settings.orchestrator,
+        mpi_ranks=mpi_ranks(settings),
+        models=sorted(configs),
+        decoupled=decoupled,
+        gpu_ids=sorted({d for e in settings.engines.values() for d in e.devices}),
+        engines=manifest.engine_sums(),
+    )

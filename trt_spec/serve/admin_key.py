@@ -40,8 +40,11 @@ def restricted_arg(key: str) -> str:
 
 def shown_key(admin_key_file: Optional[Path]) -> str:
     """What a printed command line shows in place of the key: the file's contents, or a fresh random key."""
-    return (f'"$(cat {shlex.quote(str(admin_key_file))})"' if admin_key_file else
-            "\"$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')\"")
+    return (
+        f'"$(cat {shlex.quote(str(admin_key_file))})"'
+        if admin_key_file
+        else "\"$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')\""
+    )
 
 
 def read_admin_key(path: Path) -> str:
@@ -57,9 +60,11 @@ def read_admin_key(path: Path) -> str:
     except OSError as e:
         raise ServerError(f"admin key file {path}: {e.strerror}") from None
     if not ADMIN_KEY_RE.fullmatch(key):
-        raise ServerError(f"admin key file {path}: the key must be one line of at least 16 characters from "
-                          f"A-Z a-z 0-9 . _ ~ + / -; make one with: python -c 'import secrets; "
-                          f"print(secrets.token_urlsafe(32))' > {shlex.quote(str(path))}")
+        raise ServerError(
+            f"admin key file {path}: the key must be one line of at least 16 characters from "
+            f"A-Z a-z 0-9 . _ ~ + / -; make one with: python -c 'import secrets; "
+            f"print(secrets.token_urlsafe(32))' > {shlex.quote(str(path))}"
+        )
     return key
 
 

@@ -55,12 +55,15 @@ def repo_info(repo: Path, record: Optional[RepoRecord] = None) -> tuple[int, boo
     is refused with one line."""
     if record is None:
         if not Path(repo).is_dir():
-            raise ServerError(f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out "
-                              f"{repo}`")
+            raise ServerError(
+                f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out {repo}`"
+            )
         if (Path(repo) / "manifest.json").is_file() and not (Path(repo) / "trt_spec_repo.json").is_file():
-            raise ServerError(f"{repo} is a build directory, not a model repository; write one from it, then serve "
-                              f"that: trt-spec repo {repo} --out {Path(repo) / 'repo'} && trt-spec serve "
-                              f"{Path(repo) / 'repo'}")
+            raise ServerError(
+                f"{repo} is a build directory, not a model repository; write one from it, then serve "
+                f"that: trt-spec repo {repo} --out {Path(repo) / 'repo'} && trt-spec serve "
+                f"{Path(repo) / 'repo'}"
+            )
         from ..repository.llmapi import missing_sources
 
         missing = missing_sources(Path(repo))
@@ -107,16 +110,25 @@ class _Ranks:
             if self.world > 1 and not self.orchestrator:
                 a += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
         else:
-            a = [str(self.binary), f"--model-repository={self.repo}", *self.backend_args,
-                 "--disable-auto-complete-config",
-                 f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}{rank}_",
-                 f"--exit-timeout-secs={defaults.EXIT_TIMEOUT_S}"]
+            a = [
+                str(self.binary),
+                f"--model-repository={self.repo}",
+                *self.backend_args,
+                "--disable-auto-complete-config",
+                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}{rank}_",
+                f"--exit-timeout-secs={defaults.EXIT_TIMEOUT_S}",
+            ]
         if self.orchestrator:
             a += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
             a += [f"--cuda-memory-pool-byte-size={g}:0" for g in self.gpu_ids]
         if rank > 0:  # worker ranks load only the engine and expose no endpoints
-            a += ["--model-control-mode=explicit", "--load-model=tensorrt_llm",
-                  "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+            a += [
+                "--model-control-mode=explicit",
+                "--load-model=tensorrt_llm",
+                "--allow-http=false",
+                "--allow-grpc=false",
+                "--allow-metrics=false",
+            ]
         elif plain and self.loads:  # a repository with phase-only models: load the launch's models only, never all
             a += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in self.loads)]
         elif not plain:
@@ -148,8 +160,10 @@ def _backends(binary: Path, workdir: Optional[Path], prepare: bool):
     notes, spec_workdir = [], None
     if workdir is None:
         _, backends, env = pytriton_layout(Path("WORKDIR"))
-        notes.append("WORKDIR: trt-spec serve copies nvidia-pytriton's backends and this interpreter's "
-                     "python-backend stub into a private temporary directory and removes it on stop")
+        notes.append(
+            "WORKDIR: trt-spec serve copies nvidia-pytriton's backends and this interpreter's "
+            "python-backend stub into a private temporary directory and removes it on stop"
+        )
     elif prepare:
         backends, env = prepare_pytriton_backends(Path(workdir))
     else:
@@ -158,12 +172,22 @@ def _backends(binary: Path, workdir: Optional[Path], prepare: bool):
     return [f"--backend-directory={backends}"], env, notes, spec_workdir
 
 
-def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: int = defaults.GRPC_PORT,
-                metrics_port: int = defaults.METRICS_PORT, host: str = defaults.HOST,
-                workdir: Optional[Path] = None, binary: Optional[Path] = None, verbose: bool = False,
-                prepare: bool = True,
-                admin_key: Optional[str] = None, admin_key_file: Optional[Path] = None,
-                record: Optional[RepoRecord] = None, shm_prefix: Optional[str] = None) -> LaunchSpec:
+def launch_spec(
+    repo: Path,
+    *,
+    http_port: int = defaults.HTTP_PORT,
+    grpc_port: int = defaults.GRPC_PORT,
+    metrics_port: int = defaults.METRICS_PORT,
+    host: str = defaults.HOST,
+    workdir: Optional[Path] = None,
+    binary: Optional[Path] = None,
+    verbose: bool = False,
+    prepare: bool = True,
+    admin_key: Optional[str] = None,
+    admin_key_file: Optional[Path] = None,
+    record: Optional[RepoRecord] = None,
+    shm_prefix: Optional[str] = None,
+) -> LaunchSpec:
     """The exact command line(s); world size and orchestrator mode come from the repository's record (`record`: the
     record of a repository that need not exist here, e.g. a pod's; computed, nothing read or written).
 
@@ -187,20 +211,43 @@ def launch_spec(repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: i
     # unique per server, also within one process; a fixed one for a pod (its own /dev/shm)
     prefix = shm_prefix or f"trtspec{os.getpid()}_{secrets.token_hex(3)}_"
     key = launch_key(admin_key)
-    serving = [f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
-               f"--http-address={host}", f"--grpc-address={host}", f"--metrics-address={host}",
-               f"--http-restricted-api={restricted_arg(key)}", f"--grpc-restricted-protocol={restricted_arg(key)}"]
+    serving = [
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        f"--http-address={host}",
+        f"--grpc-address={host}",
+        f"--metrics-address={host}",
+        f"--http-restricted-api={restricted_arg(key)}",
+        f"--grpc-restricted-protocol={restricted_arg(key)}",
+    ]
     # The plain launch (what `repo` and `serve` print): the same processes, environment, repository (its configs name
     # absolute paths, so any working directory does), backends and pools, without serve's own extras (addresses,
     # restricted APIs, explicit model control, drain); ranks get NVIDIA's launch_triton_server.py shm prefixes.
     plain_backends = plain_backends_dir() if backend_args else None
-    ranks = _Ranks(binary, repo, world, orchestrator, gpu_ids, loads, backend_args,
-                   [f"--backend-directory={plain_backends}"] if plain_backends else [], prefix,
-                   serving + (["--log-verbose=1"] if verbose else []))
-    return LaunchSpec(ranks.processes(False), env, shm_prefix=prefix, plain=shell_line(ranks.processes(True), env),
-                      plain_backends=plain_backends, workdir=spec_workdir, admin_key=key,
-                      admin_key_shown=shown_key(admin_key_file), notes=notes)
-
+    ranks = _Ranks(
+        binary,
+        repo,
+        world,
+        orchestrator,
+        gpu_ids,
+        loads,
+        backend_args,
+        [f"--backend-directory={plain_backends}"] if plain_backends else [],
+        prefix,
+        serving + (["--log-verbose=1"] if verbose else []),
+    )
+    return LaunchSpec(
+        ranks.processes(False),
+        env,
+        shm_prefix=prefix,
+        plain=shell_line(ranks.processes(True), env),
+        plain_backends=plain_backends,
+        workdir=spec_workdir,
+        admin_key=key,
+        admin_key_shown=shown_key(admin_key_file),
+        notes=notes,
+    )
 
 
 def plain_launch(repo: Path, engine: str) -> Optional[str]:
@@ -214,7 +261,9 @@ def plain_launch(repo: Path, engine: str) -> Optional[str]:
         return None
     return spec.plain
 
+
 # --- what the launch loads -----------------------------------------------------------------------------------------
+
 
 def _dir_bytes(d: str) -> int:
     total = 0
@@ -263,6 +312,9 @@ def repo_ready_timeout_s(repo: Path) -> float:
         record = None
     from ..records import llmapi_contract as lc
 
-    llmapi_gpu = bool(record and record.engine == "tensorrt"
-                      and any((Path(repo) / m / "1" / lc.YAML_FILE).is_file() for m in record.load_models or []))
+    llmapi_gpu = bool(
+        record
+        and record.engine == "tensorrt"
+        and any((Path(repo) / m / "1" / lc.YAML_FILE).is_file() for m in record.load_models or [])
+    )
     return defaults.ready_timeout_s(engine_bytes(repo)) + (defaults.LLMAPI_READY_EXTRA_S if llmapi_gpu else 0.0)

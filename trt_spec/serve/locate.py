@@ -71,12 +71,15 @@ def pytriton_layout(workdir: Path) -> tuple[Path, Path, dict[str, str]]:
     """(stub to copy, backend dir in workdir, env) for the binary bundled in nvidia-pytriton; copies nothing."""
     d = pytriton_dir()
     if d is None:
-        raise ServerError("no tritonserver: not in the NGC image and nvidia-pytriton is not installed; "
-                          "pip install 'trt-spec[serve]' (or run `make setup`)")
+        raise ServerError(
+            "no tritonserver: not in the NGC image and nvidia-pytriton is not installed; "
+            "pip install 'trt-spec[serve]' (or run `make setup`)"
+        )
     stub = _pytriton_stub(d)
     if not stub.is_file():
-        raise ServerError(f"nvidia-pytriton has no python-backend stub for Python {PYTHON_VERSION}; "
-                          "use Python 3.8-3.13")
+        raise ServerError(
+            f"nvidia-pytriton has no python-backend stub for Python {PYTHON_VERSION}; use Python 3.8-3.13"
+        )
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     libs = d.parent.parent / "nvidia_pytriton.libs"
     env = {

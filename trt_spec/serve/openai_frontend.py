@@ -76,8 +76,12 @@ class Frontend:
                     if not ids:
                         continue
                     now = time.perf_counter()
-                    self.metrics.token_times(r.model, now - t0 if last is None else None,
-                                             None if last is None else (now - last) / len(ids), len(ids))
+                    self.metrics.token_times(
+                        r.model,
+                        now - t0 if last is None else None,
+                        None if last is None else (now - last) / len(ids),
+                        len(ids),
+                    )
                     last = now
                     done.tokens += len(ids)
                     delta = cut.add(detok.add(ids))
@@ -99,33 +103,48 @@ class Frontend:
 
 # -- Response bodies -------------------------------------------------------------------------------------------
 
+
 def _usage(r: GenRequest, c: Completion) -> dict:
-    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": c.tokens,
-            "total_tokens": r.prompt_tokens + c.tokens}
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": c.tokens, "total_tokens": r.prompt_tokens + c.tokens}
 
 
-def _chunk(r: GenRequest, rid: str, created: int, delta: Optional[str], finish: Optional[str],
-           role: bool = False) -> dict:
+def _chunk(
+    r: GenRequest, rid: str, created: int, delta: Optional[str], finish: Optional[str], role: bool = False
+) -> dict:
     if r.chat:
         d: dict = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
         choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": r.model,
-                "choices": [choice]}
-    return {"id": rid, "object": "text_completion", "created": created, "model": r.model,
-            "choices": [{"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}]}
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": r.model, "choices": [choice]}
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": r.model,
+        "choices": [{"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}],
+    }
 
 
 def _completion(r: GenRequest, rid: str, c: Completion) -> dict:
     """A whole (non-streamed) answer."""
     if r.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                  "finish_reason": c.finish_reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+        }
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
         obj = "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": r.model, "choices": [choice],
-            "usage": _usage(r, c)}
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": r.model,
+        "choices": [choice],
+        "usage": _usage(r, c),
+    }
 
 
 def _sse(obj: Any) -> str:
@@ -139,6 +158,7 @@ def _error(e: OpenAIError):
 
 
 # -- Serving one completion request -----------------------------------------------------------------------------
+
 
 async def _body_of(request) -> Any:
     try:
@@ -173,11 +193,20 @@ async def _stream(fe: Frontend, r: GenRequest, rid: str):
                 yield _sse(_chunk(r, rid, created, delta, None))
         yield _sse(_chunk(r, rid, created, None, c.finish_reason))
         if r.include_usage:
-            yield _sse({"id": rid, "object": "chat.completion.chunk" if r.chat else "text_completion",
-                        "created": created, "model": r.model, "choices": [], "usage": _usage(r, c)})
+            yield _sse(
+                {
+                    "id": rid,
+                    "object": "chat.completion.chunk" if r.chat else "text_completion",
+                    "created": created,
+                    "model": r.model,
+                    "choices": [],
+                    "usage": _usage(r, c),
+                }
+            )
     except TritonCallError as e:  # mid-stream: the status is sent already; the error goes in the stream
-        yield _sse(OpenAIError(e.status, str(e), type="server_error" if e.status >= 500 else
-                               "invalid_request_error").body())
+        yield _sse(
+            OpenAIError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error").body()
+        )
     yield "data: [DONE]\n\n"
 
 
@@ -191,8 +220,9 @@ async def _complete(fe: Frontend, request, chat: bool):
         return _error(e)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if r.stream:
-        return StreamingResponse(_stream(fe, r, rid), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            _stream(fe, r, rid), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
     task = asyncio.ensure_future(_collect(fe, r))
     watch = asyncio.ensure_future(_disconnected(request))
     finished, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -209,6 +239,7 @@ async def _complete(fe: Frontend, request, chat: bool):
 
 # -- The app ----------------------------------------------------------------------------------------------------
 
+
 def _add_error_handlers(app) -> None:
     """Every error as OpenAI's error JSON: HTTP errors, validation errors, and anything unexpected (as a 500)."""
     from fastapi.exceptions import RequestValidationError
@@ -224,8 +255,11 @@ def _add_error_handlers(app) -> None:
 
     @app.exception_handler(Exception)
     async def internal_error(request, exc):
-        return _error(OpenAIError(500, f"internal error ({type(exc).__name__}); the frontend's log has the details",
-                                  type="internal_error"))
+        return _error(
+            OpenAIError(
+                500, f"internal error ({type(exc).__name__}); the frontend's log has the details", type="internal_error"
+            )
+        )
 
 
 def _add_routes(app, fe: Frontend) -> None:
@@ -245,14 +279,19 @@ def _add_routes(app, fe: Frontend) -> None:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": fe.created, "owned_by": "trt-spec"}
-                                           for m in models_served]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": fe.created, "owned_by": "trt-spec"} for m in models_served
+            ],
+        }
 
     @app.get("/v1/models/{model}")
     async def model(model: str):
         if model not in models_served:
-            return _error(OpenAIError(404, f"The model `{model}` does not exist", param="model",
-                                      code="model_not_found"))
+            return _error(
+                OpenAIError(404, f"The model `{model}` does not exist", param="model", code="model_not_found")
+            )
         return {"id": model, "object": "model", "created": fe.created, "owned_by": "trt-spec"}
 
     @app.post("/v1/completions")
@@ -278,8 +317,9 @@ def create_app(settings: FrontendSettings, tokenizer=None):
         yield
         await fe.models.close()
 
-    app = FastAPI(title="trt-spec OpenAI-compatible frontend", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="trt-spec OpenAI-compatible frontend", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.frontend = fe
     _add_error_handlers(app)
     _add_routes(app, fe)

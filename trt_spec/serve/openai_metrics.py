@@ -11,10 +11,36 @@ from typing import Optional
 
 from ..records import names as n
 
-FRONTEND_METRICS = (n.VLLM_TTFT, n.VLLM_ITL, n.VLLM_E2E, n.VLLM_PROMPT_TOKENS, n.VLLM_GENERATION_TOKENS,
-                    n.VLLM_REQUEST_SUCCESS, n.VLLM_RUNNING)
-LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                     40.0, 80.0)
+FRONTEND_METRICS = (
+    n.VLLM_TTFT,
+    n.VLLM_ITL,
+    n.VLLM_E2E,
+    n.VLLM_PROMPT_TOKENS,
+    n.VLLM_GENERATION_TOKENS,
+    n.VLLM_REQUEST_SUCCESS,
+    n.VLLM_RUNNING,
+)
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class FrontendMetricsExporter:

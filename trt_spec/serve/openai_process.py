@@ -16,8 +16,19 @@ from .openai_requests import FrontendSettings
 
 
 def frontend_argv(repo: Path, triton_url: str, port: int, host: str) -> list[str]:
-    return [sys.executable, "-m", "trt_spec.serve.openai_frontend", "--repository", str(repo), "--triton", triton_url,
-            "--port", str(port), "--host", host]
+    return [
+        sys.executable,
+        "-m",
+        "trt_spec.serve.openai_frontend",
+        "--repository",
+        str(repo),
+        "--triton",
+        triton_url,
+        "--port",
+        str(port),
+        "--host",
+        host,
+    ]
 
 
 class FrontendProcess:
@@ -42,8 +53,14 @@ class FrontendProcess:
 
         log = open(self.log_path, "w")
         try:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM),
+            )
         finally:
             log.close()
         return self
@@ -55,8 +72,7 @@ class FrontendProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the OpenAI frontend exited with code {self.proc.returncode}: "
-                                   f"{self.log_tail()}")
+                raise RuntimeError(f"the OpenAI frontend exited with code {self.proc.returncode}: {self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
                     if r.status == 200:

@@ -38,23 +38,61 @@ from ..records.speculation import POLICIES
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 # Request fields accepted and ignored (no effect on the output)
-IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-                  "safety_identifier"}
+IGNORED_FIELDS = {
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
+}
 # Fields that change the output in ways this deployment does not serve: refused unless at their default
-UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-               "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-               "suffix": (None, ""), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
-               "response_format": (None, {"type": "text"}), "modalities": (None, ["text"]), "audio": (None,),
-               "prediction": (None,), "reasoning_effort": (None,)}
-COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
-                 NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY}
+UNSUPPORTED = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+}
+COMMON_FIELDS = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    NUM_DRAFT_TOKENS,
+    DRAFT_LEN_POLICY,
+}
 
 
 class OpenAIError(Exception):
     """One request's error, as OpenAI reports it: HTTP status and {"error": {message, type, param, code}}."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: Optional[str] = None,
-                 code: Optional[str] = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -86,15 +124,23 @@ class FrontendSettings:
 
         path = Path(repo) / SPECULATIVE / "config.pbtxt"
         if not path.is_file():
-            raise RepositoryError(f"{repo}: no {SPECULATIVE}/config.pbtxt: the OpenAI frontend serves the engine "
-                                  "runtime's repository (ensemble and the speculative BLS), which `trt-spec repo` "
-                                  "writes; a runtime llmapi repository is not served by it")
+            raise RepositoryError(
+                f"{repo}: no {SPECULATIVE}/config.pbtxt: the OpenAI frontend serves the engine "
+                "runtime's repository (ensemble and the speculative BLS), which `trt-spec repo` "
+                "writes; a runtime llmapi repository is not served by it"
+            )
         try:
             p = BlsParameters.from_parameters({k: v.string_value for k, v in parse_config(path).parameters.items()})
         except ParameterError as e:
             raise RepositoryError(f"{path}: {e}") from None
-        return FrontendSettings(triton_url, repo_path(str(path.parent), p.tokenizer_dir), p.max_seq_len,
-                                p.max_draft_len, p.add_special_tokens, max_input_len=p.max_input_len)
+        return FrontendSettings(
+            triton_url,
+            repo_path(str(path.parent), p.tokenizer_dir),
+            p.max_seq_len,
+            p.max_draft_len,
+            p.add_special_tokens,
+            max_input_len=p.max_input_len,
+        )
 
 
 @dataclass
@@ -121,8 +167,7 @@ def _number(body: dict, name: str, kind, lo=None, hi=None, lo_open: bool = False
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-        raise OpenAIError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {v!r}",
-                          param=name)
+        raise OpenAIError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {v!r}", param=name)
     v = kind(v)
     if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
         rng = f"{'(' if lo_open else '['}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
@@ -138,11 +183,19 @@ def _check_fields(body: Any, s: FrontendSettings, chat: bool) -> str:
     if not isinstance(model, str) or not model:
         raise OpenAIError(400, "'model' is required: one of " + ", ".join(s.models), param="model")
     if model not in s.models:
-        raise OpenAIError(404, f"The model `{model}` does not exist; this server has {', '.join(s.models)} "
-                               f"({BASELINE}: the baseline, {SPECULATIVE}: speculative decoding)",
-                          param="model", code="model_not_found")
-    allowed = COMMON_FIELDS | IGNORED_FIELDS | set(UNSUPPORTED) | (
-        {"messages", "max_completion_tokens"} if chat else {"prompt"})
+        raise OpenAIError(
+            404,
+            f"The model `{model}` does not exist; this server has {', '.join(s.models)} "
+            f"({BASELINE}: the baseline, {SPECULATIVE}: speculative decoding)",
+            param="model",
+            code="model_not_found",
+        )
+    allowed = (
+        COMMON_FIELDS
+        | IGNORED_FIELDS
+        | set(UNSUPPORTED)
+        | ({"messages", "max_completion_tokens"} if chat else {"prompt"})
+    )
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise OpenAIError(400, f"unrecognized request argument: {unknown[0]!r}", param=unknown[0])
@@ -204,13 +257,21 @@ def _prompt_tokens(text: str, tokenizer, s: FrontendSettings, chat: bool, byte_l
     """(the prompt's tokens, the tokens the engine can still generate after it), or the prompt is too long."""
     size = len(text.encode("utf-8"))
     if size > byte_limit:  # before tokenizing: 10 MB would take seconds and a GB to count
-        raise OpenAIError(400, f"the prompt is {size} bytes: more than any text of at most {s.prompt_limit} tokens "
-                               f"can be ({byte_limit} bytes); shorten it", param="messages" if chat else "prompt")
+        raise OpenAIError(
+            400,
+            f"the prompt is {size} bytes: more than any text of at most {s.prompt_limit} tokens "
+            f"can be ({byte_limit} bytes); shorten it",
+            param="messages" if chat else "prompt",
+        )
     prompt_tokens = len(tokenizer.encode(text, add_special_tokens=s.add_special_tokens))
     room = s.max_seq_len - prompt_tokens - s.max_draft_len  # what the engine can still generate (OUTPUT_LEN_CLAMPED)
     if room < 1:
-        raise OpenAIError(400, f"the prompt is {prompt_tokens} tokens; this deployment takes at most "
-                               f"{s.max_seq_len - s.max_draft_len - 1}; shorten it", param="prompt")
+        raise OpenAIError(
+            400,
+            f"the prompt is {prompt_tokens} tokens; this deployment takes at most "
+            f"{s.max_seq_len - s.max_draft_len - 1}; shorten it",
+            param="prompt",
+        )
     return prompt_tokens, room
 
 
@@ -220,22 +281,32 @@ def _max_tokens(body: dict, s: FrontendSettings, chat: bool, prompt_tokens: int,
     if limit is None:
         limit = room if chat else 16  # OpenAI: completions default to 16 tokens, chat to what the context leaves
     if limit > room:
-        raise OpenAIError(400, f"max_tokens {limit} + the prompt's {prompt_tokens} tokens exceed this deployment's "
-                               f"context ({s.max_seq_len}, less max_draft_len {s.max_draft_len}); ask for at most "
-                               f"{room}", param="max_tokens")
+        raise OpenAIError(
+            400,
+            f"max_tokens {limit} + the prompt's {prompt_tokens} tokens exceed this deployment's "
+            f"context ({s.max_seq_len}, less max_draft_len {s.max_draft_len}); ask for at most "
+            f"{room}",
+            param="max_tokens",
+        )
     return limit
 
 
 def _stop(body: dict, s: FrontendSettings, byte_limit: int) -> list[str]:
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop
-    if stop is not None and (not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop)
-                             or len(stop) > MAX_STOP_SEQUENCES):
-        raise OpenAIError(400, f"'stop' must be a string or a list of up to {MAX_STOP_SEQUENCES} non-empty strings",
-                          param="stop")
+    if stop is not None and (
+        not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop) or len(stop) > MAX_STOP_SEQUENCES
+    ):
+        raise OpenAIError(
+            400, f"'stop' must be a string or a list of up to {MAX_STOP_SEQUENCES} non-empty strings", param="stop"
+        )
     if stop and sum(len(x.encode("utf-8")) for x in stop) > byte_limit:
-        raise OpenAIError(400, f"'stop' is longer than any text of at most {s.prompt_limit} tokens can be "
-                               f"({byte_limit} bytes); shorten it", param="stop")
+        raise OpenAIError(
+            400,
+            f"'stop' is longer than any text of at most {s.prompt_limit} tokens can be "
+            f"({byte_limit} bytes); shorten it",
+            param="stop",
+        )
     return list(stop or [])
 
 
@@ -276,9 +347,21 @@ def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> G
     stream, include_usage = _stream(body)
     k, policy = _speculation(body, s, model)
     greedy = temperature == 0.0
-    return GenRequest(model, chat, text, prompt_tokens, limit, stream, include_usage,
-                      None if greedy else (1.0 if temperature is None else temperature),
-                      None if greedy else (1.0 if top_p is None else top_p), seed, stop, k, policy)
+    return GenRequest(
+        model,
+        chat,
+        text,
+        prompt_tokens,
+        limit,
+        stream,
+        include_usage,
+        None if greedy else (1.0 if temperature is None else temperature),
+        None if greedy else (1.0 if top_p is None else top_p),
+        seed,
+        stop,
+        k,
+        policy,
+    )
 
 
 def request_tensors(r: GenRequest) -> dict[str, np.ndarray]:

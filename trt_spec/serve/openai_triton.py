@@ -46,8 +46,9 @@ class TritonModels:
         from tritonclient.grpc import service_pb2_grpc
 
         self.url = url
-        self.channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 2**31 - 1),
-                                                               ("grpc.max_send_message_length", 2**31 - 1)])
+        self.channel = grpc.aio.insecure_channel(
+            url, options=[("grpc.max_receive_message_length", 2**31 - 1), ("grpc.max_send_message_length", 2**31 - 1)]
+        )
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
 
     async def close(self) -> None:

@@ -49,12 +49,18 @@ WORKDIR_PREFIX = "trt-spec-triton-"
 
 # The model `drain()` asks the server to load: it refuses to, so the server reports not ready while it drains.
 DRAIN_MODEL = "trt_spec_draining"
-DRAIN_MODEL_CONFIG = {"name": DRAIN_MODEL, "backend": "python", "max_batch_size": 0,
-                      "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
-                      "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}]}
-DRAIN_MODEL_PY = ("class TritonPythonModel:\n"
-                  "    def initialize(self, args):\n"
-                  "        raise RuntimeError('trt-spec serve is draining: the server is shutting down')\n")
+DRAIN_MODEL_CONFIG = {
+    "name": DRAIN_MODEL,
+    "backend": "python",
+    "max_batch_size": 0,
+    "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
+    "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}],
+}
+DRAIN_MODEL_PY = (
+    "class TritonPythonModel:\n"
+    "    def initialize(self, args):\n"
+    "        raise RuntimeError('trt-spec serve is draining: the server is shutting down')\n"
+)
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -63,8 +69,10 @@ def check_port_free(host: str, port: int, what: str) -> None:
         try:
             s.bind((host, port))
         except OSError:
-            raise ServerError(f"{what} port {port} on {host} is already in use; pass --{what}-port with a free port "
-                              "or stop the other server") from None
+            raise ServerError(
+                f"{what} port {port} on {host} is already in use; pass --{what}-port with a free port "
+                "or stop the other server"
+            ) from None
 
 
 def free_port(host: str = defaults.HOST) -> int:
@@ -106,9 +114,18 @@ class TritonServer:
     The server gets SIGTERM when the thread that called start() exits: start it from a thread that outlives it.
     """
 
-    def __init__(self, repo: Path, *, http_port: int = defaults.HTTP_PORT, grpc_port: int = defaults.GRPC_PORT,
-                 metrics_port: int = defaults.METRICS_PORT, host: str = defaults.HOST,
-                 log_path: Optional[Path] = None, verbose: bool = False, admin_key_file: Optional[Path] = None):
+    def __init__(
+        self,
+        repo: Path,
+        *,
+        http_port: int = defaults.HTTP_PORT,
+        grpc_port: int = defaults.GRPC_PORT,
+        metrics_port: int = defaults.METRICS_PORT,
+        host: str = defaults.HOST,
+        log_path: Optional[Path] = None,
+        verbose: bool = False,
+        admin_key_file: Optional[Path] = None,
+    ):
         self.repo = Path(repo)
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
         # created by start(), removed by stop(); the pid in the name lets a later launcher remove it after a kill -9
@@ -116,9 +133,18 @@ class TritonServer:
         self.log_path = Path(log_path) if log_path else default_log_path(self.repo, http_port)
         repo_info(self.repo)  # a missing repository is the error, before the key file is touched
         key = read_admin_key(Path(admin_key_file)) if admin_key_file else None  # else random: admin APIs off
-        self.spec = launch_spec(self.repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                                host=host, workdir=self.workdir, prepare=False, verbose=verbose, admin_key=key,
-                                admin_key_file=admin_key_file)
+        self.spec = launch_spec(
+            self.repo,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            host=host,
+            workdir=self.workdir,
+            prepare=False,
+            verbose=verbose,
+            admin_key=key,
+            admin_key_file=admin_key_file,
+        )
         # serving.DRAIN_FILE_ENV: the models read it (drain()); in the private work dir, with the backends copy
         self.drain_file = self.workdir / "drain"
         self.spec.env[DRAIN_FILE_ENV] = str(self.drain_file)
@@ -156,9 +182,16 @@ class TritonServer:
             # not: boost sets them 0644 explicitly, so wait_ready() narrows them).
             # the configs name absolute paths: tritonserver runs in the launcher's working directory, as the plain
             # command does (the tensorrtllm backend resolves a relative gpt_model_path against it)
-            self.proc = subprocess.Popen(self.spec.argv, env={**os.environ, **self.spec.env}, stdout=self._log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                         umask=0o077, preexec_fn=die_with_parent(signal.SIGTERM))
+            self.proc = subprocess.Popen(
+                self.spec.argv,
+                env={**os.environ, **self.spec.env},
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                umask=0o077,
+                preexec_fn=die_with_parent(signal.SIGTERM),
+            )
             self._key_files = write_admin_key_files(self.spec.admin_key, [self.http_port, self.grpc_port])
         except BaseException:
             self._cleanup()
@@ -235,8 +268,12 @@ class TritonServer:
 
     def ready_models(self) -> Optional[set[str]]:
         """The models Triton's repository index calls READY (the admin API: serve's key); None if it cannot tell."""
-        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
-                                     headers={ADMIN_HEADER: self.spec.admin_key, "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/index",
+            data=b"{}",
+            method="POST",
+            headers={ADMIN_HEADER: self.spec.admin_key, "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return {m.get("name") for m in json.loads(r.read() or b"[]") if m.get("state") == "READY"}
@@ -256,11 +293,20 @@ class TritonServer:
         threading.Thread(target=self._load_drain_model, name="trt-spec-drain", daemon=True).start()
 
     def _load_drain_model(self) -> None:
-        body = json.dumps({"parameters": {"config": json.dumps(DRAIN_MODEL_CONFIG),
-                                          "file:1/model.py": base64.b64encode(DRAIN_MODEL_PY.encode()).decode()}})
-        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{DRAIN_MODEL}/load",
-                                     data=body.encode(), method="POST",
-                                     headers={ADMIN_HEADER: self.spec.admin_key, "Content-Type": "application/json"})
+        body = json.dumps(
+            {
+                "parameters": {
+                    "config": json.dumps(DRAIN_MODEL_CONFIG),
+                    "file:1/model.py": base64.b64encode(DRAIN_MODEL_PY.encode()).decode(),
+                }
+            }
+        )
+        req = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/models/{DRAIN_MODEL}/load",
+            data=body.encode(),
+            method="POST",
+            headers={ADMIN_HEADER: self.spec.admin_key, "Content-Type": "application/json"},
+        )
         try:
             urllib.request.urlopen(req, timeout=30).close()
         except urllib.error.HTTPError as e:  # 400 "load failed for model ...": what we asked for
@@ -290,8 +336,11 @@ class TritonServer:
             samples = scrape(f"http://{self._client_host()}:{self.metrics_port}/metrics", timeout_s=5.0)
         except (OSError, ValueError):
             return -1
-        return int(value(samples, REQUEST_METRICS, request_type="active") + value(samples, METRIC_IN_FLIGHT)
-                   + value(samples, "nv_inference_pending_request_count"))
+        return int(
+            value(samples, REQUEST_METRICS, request_type="active")
+            + value(samples, METRIC_IN_FLIGHT)
+            + value(samples, "nv_inference_pending_request_count")
+        )
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is not None and self.proc.poll() is None:

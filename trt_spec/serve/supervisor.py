@@ -64,12 +64,21 @@ def loopback(host: str) -> str:
 
 def dry_run(o: ServeOptions) -> list[str]:
     """The exact command line, then `# ` notes: the plain launch, and the frontend's command with openai_port."""
-    spec = launch_spec(o.repository, http_port=o.http_port, grpc_port=o.grpc_port, metrics_port=o.metrics_port,
-                       host=o.host, verbose=o.verbose, admin_key_file=o.admin_key_file)
+    spec = launch_spec(
+        o.repository,
+        http_port=o.http_port,
+        grpc_port=o.grpc_port,
+        metrics_port=o.metrics_port,
+        host=o.host,
+        verbose=o.verbose,
+        admin_key_file=o.admin_key_file,
+    )
     lines = [spec.shell(), *(f"# {note}" for note in spec.notes), f"# plain: {spec.plain}"]
     if spec.plain_backends is not None and not spec.plain_backends.is_dir():
-        lines.append(f"# {spec.plain_backends}: trt-spec repo and trt-spec serve make it (nvidia-pytriton's backends "
-                     "and this interpreter's python-backend stub)")
+        lines.append(
+            f"# {spec.plain_backends}: trt-spec repo and trt-spec serve make it (nvidia-pytriton's backends "
+            "and this interpreter's python-backend stub)"
+        )
     if o.openai_port is not None:
         from ..records.procutil import shell_line
         from .openai_process import frontend_argv
@@ -119,9 +128,16 @@ def _refuse_early(o: ServeOptions, run: _Running) -> None:
 
 
 def _start(o: ServeOptions, run: _Running, err: Say) -> None:
-    run.server = TritonServer(Path(o.repository), http_port=o.http_port, grpc_port=o.grpc_port,
-                              metrics_port=o.metrics_port, host=o.host, verbose=o.verbose, log_path=o.log_path,
-                              admin_key_file=o.admin_key_file)
+    run.server = TritonServer(
+        Path(o.repository),
+        http_port=o.http_port,
+        grpc_port=o.grpc_port,
+        metrics_port=o.metrics_port,
+        host=o.host,
+        verbose=o.verbose,
+        log_path=o.log_path,
+        admin_key_file=o.admin_key_file,
+    )
     run.server.spec.prepare_plain()
     err(f"plain command: {run.server.spec.plain}")
     run.server.start()
@@ -142,8 +158,10 @@ def _serve_until_signal(o: ServeOptions, run: _Running, out: Say, err: Say) -> i
             err(f"error: {server.failure(f'tritonserver exited with code {server.proc.returncode}')}")
             return 1
         if frontend is not None and frontend.proc.poll() is not None:
-            err(f"error: the OpenAI frontend exited with code {frontend.proc.returncode} "
-                f"({frontend.log_tail()}); its log: {frontend.log_path}")
+            err(
+                f"error: the OpenAI frontend exited with code {frontend.proc.returncode} "
+                f"({frontend.log_tail()}); its log: {frontend.log_path}"
+            )
             return 1
         dead = server.dead_models()
         if dead:
@@ -198,8 +216,10 @@ def drain(server: TritonServer, drain_timeout: float, err: Say) -> None:
         return True
 
     t0 = time.monotonic()
-    err(f"draining: new requests are refused; the {max(server.in_flight(), 0)} in flight get up to "
-        f"{drain_timeout:.0f}s (a second signal stops at once)")
+    err(
+        f"draining: new requests are refused; the {max(server.in_flight(), 0)} in flight get up to "
+        f"{drain_timeout:.0f}s (a second signal stops at once)"
+    )
     server.drain()
     if idle_within(drain_timeout):
         err(f"drained in {time.monotonic() - t0:.1f}s")

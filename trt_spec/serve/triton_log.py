@@ -22,7 +22,7 @@ def _log_message(raw: str) -> str:
         return ""
     first = lines[0]
     if "At:" in lines[1:]:
-        frames = lines[lines.index("At:") + 1:]
+        frames = lines[lines.index("At:") + 1 :]
         if frames:
             first += f" (at {frames[0]})"
     return first
@@ -43,7 +43,7 @@ def log_errors(text: str, limit: int = 8) -> list[str]:
         elif line.startswith("error: "):
             final.append(line.strip())
         elif line.startswith("Traceback (most recent call last):"):
-            for nxt in lines[i + 1:]:
+            for nxt in lines[i + 1 :]:
                 if nxt and not nxt[0].isspace():
                     tracebacks.append(nxt.strip())
                     break

@@ -21,7 +21,7 @@ def proc_stat(pid: int) -> Optional[tuple[str, int, int]]:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # comm may hold spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()  # comm may hold spaces and parentheses
     return fields[0], int(fields[1]), int(fields[19])
 
 
@@ -81,8 +81,11 @@ def dead_models_message(dead: list[DeadModel], restart: str) -> str:
     """One line for `trt-spec serve` to print when a model's python-backend process died."""
     names = ", ".join(sorted({d.model for d in dead}))
     pids = ", ".join(str(d.pid) for d in dead)
-    what = f"model {names} stopped (its python-backend process {pids} died)" if len(dead) == 1 else \
-        f"models {names} stopped (their python-backend processes {pids} died)"
+    what = (
+        f"model {names} stopped (its python-backend process {pids} died)"
+        if len(dead) == 1
+        else f"models {names} stopped (their python-backend processes {pids} died)"
+    )
     return f"error: {what}; stopping the server — restart it with: {restart}"
 
 
@@ -116,5 +119,8 @@ class StubWatch:
     def dead(self, running: dict[int, str]) -> list[DeadModel]:
         """Watched stubs that exited or are zombies (rescanned first: a model loaded again has a new live stub)."""
         self.watch(running)
-        return [DeadModel(model, pid) for pid, (model, started) in (self._watched or {}).items()
-                if not self._alive(pid, started)]
+        return [
+            DeadModel(model, pid)
+            for pid, (model, started) in (self._watched or {}).items()
+            if not self._alive(pid, started)
+        ]

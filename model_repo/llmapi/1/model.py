@@ -11,9 +11,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 import yaml
 
-from trt_spec.records import llmapi_contract as lc
 from trt_spec.in_triton.llmapi_standin import LlmapiError, LlmapiStandIn
 from trt_spec.in_triton.serving import enable_crash_traces, error_line, request_inputs
+from trt_spec.records import llmapi_contract as lc
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INPUT_NAMES = tuple(t.name for t in lc.INPUTS)
@@ -25,8 +25,10 @@ def _tensors(out):
 
 def _error(msg):
     # MODEL: an error response carries text_output ["N/A"] with the error
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(lc.TEXT_OUTPUT, np.array([b"N/A"], dtype=object))],
-                                      error=pb_utils.TritonError(msg))
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(lc.TEXT_OUTPUT, np.array([b"N/A"], dtype=object))],
+        error=pb_utils.TritonError(msg),
+    )
 
 
 class TritonPythonModel:
@@ -38,8 +40,9 @@ class TritonPythonModel:
         here = os.path.join(args["model_repository"], args["model_version"])
         with open(os.path.join(here, lc.YAML_FILE)) as f:
             y = yaml.safe_load(f)
-        self.model = LlmapiStandIn({k: v for k, v in y.items() if k != lc.TRITON_KEY}, decoupled=self.decoupled,
-                                   name=self.name)
+        self.model = LlmapiStandIn(
+            {k: v for k, v in y.items() if k != lc.TRITON_KEY}, decoupled=self.decoupled, name=self.name
+        )
 
     def finalize(self):
         self.model.close()
@@ -59,14 +62,17 @@ class TritonPythonModel:
 
     async def execute(self, requests):
         if self.decoupled:
+
             def sender(request):
                 s = request.get_response_sender()
                 return lambda resp, flags: s.send(resp, flags=flags)
+
             await asyncio.gather(*(self._one(r, sender(r)) for r in requests))
             return None
         results = [None] * len(requests)
 
         def keep(i):
             return lambda resp, flags: results.__setitem__(i, resp) if flags & FINAL else None
+
         await asyncio.gather(*(self._one(r, keep(i)) for i, r in enumerate(requests)))
         return results

@@ -11,9 +11,15 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trt_spec.in_triton.serving import (
+    enable_crash_traces,
+    end_if_cut,
+    load_tokenizer,
+    requested_only,
+    resolve_path_parameters,
+    respond_each,
+)
 from trt_spec.records.names import POST_OUTPUT_IDS, POSTPROCESSING, Post
-from trt_spec.in_triton.serving import (enable_crash_traces, end_if_cut, load_tokenizer, requested_only,
-                                     resolve_path_parameters, respond_each)
 
 
 class TritonPythonModel:
@@ -36,10 +42,18 @@ class TritonPythonModel:
         for b in range(tokens.shape[0]):
             for beam in range(tokens.shape[1]):
                 n = int(lengths[b, beam])
-                texts.append(self.tokenizer.decode(tokens[b, beam, :n].tolist(),
-                                                   skip_special_tokens=self.skip_special).encode("utf-8"))
+                texts.append(
+                    self.tokenizer.decode(tokens[b, beam, :n].tolist(), skip_special_tokens=self.skip_special).encode(
+                        "utf-8"
+                    )
+                )
         longest = int(lengths.max()) if lengths.size else 0
-        outputs = {Post.OUTPUT: np.array(texts, dtype=object),
-                   POST_OUTPUT_IDS: np.ascontiguousarray(tokens[:, :, :longest], dtype=np.int32)}
-        return pb_utils.InferenceResponse(output_tensors=[  # the stub drops others without the GIL (requested_only)
-            pb_utils.Tensor(k, v) for k, v in requested_only(outputs, request.requested_output_names()).items()])
+        outputs = {
+            Post.OUTPUT: np.array(texts, dtype=object),
+            POST_OUTPUT_IDS: np.ascontiguousarray(tokens[:, :, :longest], dtype=np.int32),
+        }
+        return pb_utils.InferenceResponse(
+            output_tensors=[  # the stub drops others without the GIL (requested_only)
+                pb_utils.Tensor(k, v) for k, v in requested_only(outputs, request.requested_output_names()).items()
+            ]
+        )

@@ -70,16 +70,20 @@ class TritonPythonModel:
         bad = to_word_list(self.tokenizer, decode_strings(_get(request, Pre.BAD_WORDS)))
         stop = to_word_list(self.tokenizer, decode_strings(_get(request, Pre.STOP_WORDS)))
         tile = lambda a: np.repeat(a[None], batch, axis=0)  # noqa: E731
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor(Pre.INPUT_ID, input_id),
-            pb_utils.Tensor(Pre.REQUEST_INPUT_LEN, lengths),
-            pb_utils.Tensor(Pre.REQUEST_OUTPUT_LEN, out_len),
-            pb_utils.Tensor(Pre.BAD_WORDS_IDS, tile(bad)),
-            pb_utils.Tensor(Pre.STOP_WORDS_IDS, tile(stop)),
-            pb_utils.Tensor(Pre.OUT_END_ID, np.full((batch, 1), end_id, dtype=np.int32)),
-            pb_utils.Tensor(Pre.OUT_PAD_ID, np.full((batch, 1), pad_id, dtype=np.int32)),
-            pb_utils.Tensor(Pre.DECODER_INPUT_ID, np.full((batch, 1), pad_id, dtype=np.int32)),  # decoder-only: unused
-        ])
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor(Pre.INPUT_ID, input_id),
+                pb_utils.Tensor(Pre.REQUEST_INPUT_LEN, lengths),
+                pb_utils.Tensor(Pre.REQUEST_OUTPUT_LEN, out_len),
+                pb_utils.Tensor(Pre.BAD_WORDS_IDS, tile(bad)),
+                pb_utils.Tensor(Pre.STOP_WORDS_IDS, tile(stop)),
+                pb_utils.Tensor(Pre.OUT_END_ID, np.full((batch, 1), end_id, dtype=np.int32)),
+                pb_utils.Tensor(Pre.OUT_PAD_ID, np.full((batch, 1), pad_id, dtype=np.int32)),
+                pb_utils.Tensor(
+                    Pre.DECODER_INPUT_ID, np.full((batch, 1), pad_id, dtype=np.int32)
+                ),  # decoder-only: unused
+            ]
+        )
 
     def execute(self, requests):
         return respond_each(requests, self._one, PREPROCESSING, pb_utils)

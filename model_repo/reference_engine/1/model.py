@@ -6,7 +6,8 @@ parameters the backend reads unguarded, rejects every request the backend or the
 mandatory outputs, streaming on a non-decoupled model, too many draft tokens, a prompt over the engine's
 input limit, beam width or return sequences other than 1) with their own error text, samples like
 TensorRT-LLM (no top_k and no top_p: greedy at any temperature) and returns the backend's outputs in its
-shapes. Every rule and its source: trt_spec/records/backend_contract.py. The engine itself: trt_spec/reference/engine.py.
+shapes. Every rule and its source: trt_spec/records/backend_contract.py. The engine itself:
+trt_spec/reference/engine.py.
 
 In-flight batching as the backend's executor does it (trt_spec/reference/batching.py): `execute` checks each
 request, hands it to the model's one BatchScheduler and returns at once (decoupled); one engine thread runs the
@@ -24,13 +25,13 @@ import time
 import torch
 import triton_python_backend_utils as pb_utils
 
-from trt_spec.records.integrity import verify_served_engine
-from trt_spec.reference.batching import QueueFullError
-from trt_spec.records.backend_contract import ContractError
-from trt_spec.reference.standin import INPUT_NAMES, StandIn, model_parameters
-from trt_spec.records import backend_contract as bc
 from trt_spec.in_triton.engine_metrics import EngineMetricsExporter
 from trt_spec.in_triton.serving import enable_crash_traces, error_line, request_inputs, resolve_path_parameters
+from trt_spec.records import backend_contract as bc
+from trt_spec.records.backend_contract import ContractError
+from trt_spec.records.integrity import verify_served_engine
+from trt_spec.reference.batching import QueueFullError
+from trt_spec.reference.standin import INPUT_NAMES, StandIn, model_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 REPORT_PERIOD_S = 30.0  # batching summary lines of single-sequence forwards, at most this often
@@ -62,8 +63,10 @@ class TritonPythonModel:
         self.standin = StandIn.load(cfg, self.name, on_iteration=self._poll_cancelled)
         numerics = self.standin.engine.numerics
         if numerics is not None:  # a test mode: say so, it changes what the speculative path outputs
-            pb_utils.Logger.log_warn(f"{self.name}: GPU-numerics mode on (TRT_SPEC_GPU_NUMERICS): verification "
-                                     f"forwards perturbed below {numerics.margin} logits, seed {numerics.seed}")
+            pb_utils.Logger.log_warn(
+                f"{self.name}: GPU-numerics mode on (TRT_SPEC_GPU_NUMERICS): verification "
+                f"forwards perturbed below {numerics.margin} logits, seed {numerics.seed}"
+            )
         self.scheduler = self.standin.scheduler
         self.cancel_period_s = self.standin.cancel_period_s
         self._inflight: set = set()  # _InFlight; the set itself guarded by _registry
@@ -73,8 +76,14 @@ class TritonPythonModel:
         self._last_report = time.monotonic()
         # nv_trt_llm_request_metrics, refreshed as the backend's stats thread does (engine_metrics.py)
         period = int(bc.parameter(self.standin.params, "stats_check_period_ms")) / 1000.0
-        self.metrics = EngineMetricsExporter(pb_utils, self.name, str(args.get("model_version", "1")),
-                                             self.scheduler.request_counts, period, pb_utils.Logger.log_error)
+        self.metrics = EngineMetricsExporter(
+            pb_utils,
+            self.name,
+            str(args.get("model_version", "1")),
+            self.scheduler.request_counts,
+            period,
+            pb_utils.Logger.log_error,
+        )
 
     def finalize(self):
         self.standin.close(timeout=5.0)  # unfinished requests resolve with an error: each still gets a final
@@ -167,7 +176,8 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"{self.name}: batching: {len(new)} iterations, sequences per forward max {max(seqs)} mean "
             f"{sum(seqs) / len(seqs):.2f}, tokens per forward max {max(s.tokens for s in new)}, "
-            f"queued max {max(s.waiting for s in new)}")
+            f"queued max {max(s.waiting for s in new)}"
+        )
 
     # -- execute --------------------------------------------------------------------------------------
     def _submit(self, request, send, final):
@@ -203,9 +213,11 @@ class TritonPythonModel:
                         final.append(True)
                     s.send(r, flags=flags) if r is not None else s.send(flags=flags)
             else:
+
                 def send(r, flags, i=i, final=final):
                     responses[i] = r
                     final.append(True)
+
             try:
                 f = self._submit(request, send, final)
                 if f is not None:
@@ -229,7 +241,6 @@ class TritonPythonModel:
         for f in waiting:  # non-decoupled: the responses must be returned from execute
             f.done.wait()
         return responses
-
 
 
 def _triton(tensors):

@@ -80,8 +80,11 @@ from trt_spec.records.names import (
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Client tensor -> engine tensor; forwarded only when the client sent it (TensorRT-LLM: absent top_k/top_p = greedy).
-SAMPLING_INPUTS = {bc.TEMPERATURE: (bc.TEMPERATURE, np.float32), TOP_K: (bc.RUNTIME_TOP_K, np.int32),
-                   TOP_P: (bc.RUNTIME_TOP_P, np.float32)}
+SAMPLING_INPUTS = {
+    bc.TEMPERATURE: (bc.TEMPERATURE, np.float32),
+    TOP_K: (bc.RUNTIME_TOP_K, np.int32),
+    TOP_P: (bc.RUNTIME_TOP_P, np.float32),
+}
 
 
 def _in(request, name):
@@ -106,8 +109,12 @@ class _Responder:
         if isinstance(outputs, str):
             self.deliver(pb_utils.InferenceResponse(error=triton_error(pb_utils, outputs, exc)), flags)
         else:
-            self.deliver(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor(k, v) for k, v in requested_only(outputs, self.wanted).items()]), flags)
+            self.deliver(
+                pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(k, v) for k, v in requested_only(outputs, self.wanted).items()]
+                ),
+                flags,
+            )
 
 
 class TritonPythonModel:
@@ -129,8 +136,9 @@ class TritonPythonModel:
         self.max_prompt_len = self.loop.cfg.max_prompt_len or self.loop.cfg.max_input_len
         self.byte_limit = input_byte_limit(self.tokenizer, self.max_prompt_len)  # checked before tokenizing
         # Prometheus: trt_spec_* on the metrics port
-        self.metrics = SpecMetricsExporter(pb_utils, args["model_name"], self.loop.cfg.mode,
-                                           self.loop.cfg.max_draft_len, pb_utils.Logger.log_error)
+        self.metrics = SpecMetricsExporter(
+            pb_utils, args["model_name"], self.loop.cfg.mode, self.loop.cfg.max_draft_len, pb_utils.Logger.log_error
+        )
 
     def finalize(self):
         self.metrics.close()  # metrics before their families, not left to the garbage collector
@@ -142,44 +150,66 @@ class TritonPythonModel:
             check_input_bytes(_in(request, name), self.byte_limit, name, self.max_prompt_len)
         texts = decode_strings(_in(request, TEXT_INPUT))
         if len(texts) != 1:
-            raise RequestError(f"{TEXT_INPUT} must hold exactly one prompt per request (got {len(texts)}); "
-                               "send one request per prompt")
+            raise RequestError(
+                f"{TEXT_INPUT} must hold exactly one prompt per request (got {len(texts)}); send one request per prompt"
+            )
         for name in (BEAM_WIDTH, NUM_RETURN_SEQUENCES):
             v = scalar(_in(request, name), 1, int)
             if v != 1:
-                raise RequestError(f"{name} {v} is not supported: speculative decoding returns one greedy or sampled "
-                                   f"sequence (beam width 1); send {name}=1 or omit it")
+                raise RequestError(
+                    f"{name} {v} is not supported: speculative decoding returns one greedy or sampled "
+                    f"sequence (beam width 1); send {name}=1 or omit it"
+                )
         stream = bool(scalar(_in(request, STREAM), False))
         if stream and not self.decoupled:
-            raise RequestError("stream=true needs the decoupled deployment; write the repository with "
-                               "`trt-spec repo --decoupled` or send stream=false")
+            raise RequestError(
+                "stream=true needs the decoupled deployment; write the repository with "
+                "`trt-spec repo --decoupled` or send stream=false"
+            )
         max_tokens = scalar(_in(request, MAX_TOKENS), 0, int)
         prompt = encode(self.tokenizer, texts[0], self.add_special) if texts[0] else []
         k = scalar(_in(request, NUM_DRAFT_TOKENS), self.default_k, int)
         use_logits = bool(scalar(_in(request, USE_DRAFT_LOGITS), False))
         policy = next(iter(decode_strings(_in(request, DRAFT_LEN_POLICY))), None)
         validate(self.loop.cfg, len(prompt), max_tokens, k, use_logits, policy)
-        values = {client: scalar(_in(request, client), None, kind) for client, kind in
-                  ((bc.TEMPERATURE, float), (TOP_K, int), (TOP_P, float), (bc.SEED, int))}
+        values = {
+            client: scalar(_in(request, client), None, kind)
+            for client, kind in ((bc.TEMPERATURE, float), (TOP_K, int), (TOP_P, float), (bc.SEED, int))
+        }
         end_id = scalar(_in(request, bc.END_ID), default_end_id(self.tokenizer), int)
         pad_id = scalar(_in(request, bc.PAD_ID), default_pad_id(self.tokenizer), int)
         check_sampling(**values, end_id=end_id, pad_id=pad_id, vocab_size=len(self.tokenizer))
         if values[bc.TEMPERATURE] == 0.0:  # greedy, said the way the engine means it (backend_contract.FP16_LOGITS)
             values.update(temperature=None, top_k=1, top_p=None)
-        sampling = {engine: np.asarray([[values[client]]], dtype=dtype)
-                    for client, (engine, dtype) in SAMPLING_INPUTS.items() if values[client] is not None}
+        sampling = {
+            engine: np.asarray([[values[client]]], dtype=dtype)
+            for client, (engine, dtype) in SAMPLING_INPUTS.items()
+            if values[client] is not None
+        }
         r = SpecRequest(
-            prompt=prompt, max_tokens=max_tokens, k=k, use_logits=use_logits, draft_len_policy=policy, stream=stream,
-            sampling=sampling, seed=values[bc.SEED], end_id=end_id, pad_id=pad_id,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            k=k,
+            use_logits=use_logits,
+            draft_len_policy=policy,
+            stream=stream,
+            sampling=sampling,
+            seed=values[bc.SEED],
+            end_id=end_id,
+            pad_id=pad_id,
             stop_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, STOP_WORDS)) if w],
             bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, BAD_WORDS)) if w],
-            perf=bool(scalar(_in(request, bc.RETURN_PERF_METRICS), False)))
+            perf=bool(scalar(_in(request, bc.RETURN_PERF_METRICS), False)),
+        )
         return r, bool(scalar(_in(request, bc.EXCLUDE_INPUT_IN_OUTPUT), False))
 
     # -- engine calls: dicts of arrays <-> BLS requests -----------------------------------------------
     async def _call(self, model, inputs, outputs, on_response=None):
-        req = pb_utils.InferenceRequest(model_name=model, requested_output_names=list(outputs),
-                                        inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()])
+        req = pb_utils.InferenceRequest(
+            model_name=model,
+            requested_output_names=list(outputs),
+            inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
+        )
         responses = await req.async_exec(decoupled=self.decoupled)
         if not self.decoupled:
             return self._collect(model, [responses], on_response)
@@ -291,8 +321,9 @@ class TritonPythonModel:
         # streaming (backend_contract.response_tensors), so the ensemble's chunks concatenate to the completion alone.
         m = LoopStats()  # filled by the loop; a streamed chunk carries its perf outputs so far (return_perf_metrics)
         perf = (lambda: m.perf_outputs()) if r.perf else dict
-        emit = (lambda new: respond({**self._chunk(new, detok.add(new)), **perf()}, 0)) if r.stream else \
-            (lambda new: None)
+        emit = (
+            (lambda new: respond({**self._chunk(new, detok.add(new)), **perf()}, 0)) if r.stream else (lambda new: None)
+        )
         generated, m = await self.loop.generate(r, emit, lambda: self._stop_requested(request), m)
         self._checkpoint(request)
         await self.metrics.publish(m)  # finished requests only, before the final response (a client then scrapes them)
@@ -306,17 +337,21 @@ class TritonPythonModel:
     # `as_numpy("text_output")[0].decode()`); the rest carry the batch dimension: output_ids [1, n], metrics [1, 1].
     @staticmethod
     def _chunk(ids, text) -> dict:
-        return {TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object),
-                OUTPUT_IDS: np.asarray([list(ids)], dtype=np.int32)}
+        return {
+            TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object),
+            OUTPUT_IDS: np.asarray([list(ids)], dtype=np.int32),
+        }
 
     def _final(self, ids, text, m) -> dict:
-        return {**self._chunk(ids, text),
-                "acceptance_rate": np.asarray([[m.acceptance_rate]], dtype=np.float32),
-                "total_accepted_draft_tokens": np.asarray([[m.accepted]], dtype=np.int32),
-                "total_draft_tokens": np.asarray([[m.drafted]], dtype=np.int32),
-                TOTAL_STEPS: np.asarray([[m.steps]], dtype=np.int32),
-                ACCEPTED_LENGTH_HISTOGRAM: np.asarray([m.hist], dtype=np.int32),
-                DRAFT_LENGTHS: np.asarray([m.draft_lengths], dtype=np.int32)}
+        return {
+            **self._chunk(ids, text),
+            "acceptance_rate": np.asarray([[m.acceptance_rate]], dtype=np.float32),
+            "total_accepted_draft_tokens": np.asarray([[m.accepted]], dtype=np.int32),
+            "total_draft_tokens": np.asarray([[m.drafted]], dtype=np.int32),
+            TOTAL_STEPS: np.asarray([[m.steps]], dtype=np.int32),
+            ACCEPTED_LENGTH_HISTOGRAM: np.asarray([m.hist], dtype=np.int32),
+            DRAFT_LENGTHS: np.asarray([m.draft_lengths], dtype=np.int32),
+        }
 
     async def execute(self, requests):
         loop = asyncio.get_running_loop()
@@ -324,14 +359,17 @@ class TritonPythonModel:
             loop.set_default_executor(ThreadPoolExecutor(self._workers, thread_name_prefix="bls-exec"))
             self._pool_loop = loop
         if self.decoupled:
+
             def sender(request):
                 s = request.get_response_sender()
                 return lambda resp, flags: s.send(resp, flags=flags)
+
             await asyncio.gather(*(self._handle(r, _Responder(r, sender(r))) for r in requests))
             return None
         results = [None] * len(requests)
 
         def keep(i):
             return lambda resp, flags: results.__setitem__(i, resp)
+
         await asyncio.gather(*(self._handle(r, _Responder(r, keep(i))) for i, r in enumerate(requests)))
         return results
