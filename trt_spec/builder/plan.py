@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..records.backend_contract import LOGITS_DTYPE
-from ..records.config import BuildConfig
+from ..records.config import BuildConfig, EagleTrain
 from ..records.defaults import TOKENS_PER_BLOCK
 from ..records.procutil import shell_line
 from ..records.speculation import Mode
@@ -206,131 +206,110 @@ def _check_flags(argv: list[str], allowed: frozenset[str], tool: str) -> None:
 def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str) -> Step:
     """role: target | draft | baseline (the target's base checkpoint without Medusa/EAGLE heads). source: the HF
     directory it reads (the configured checkpoint, or the import/distill step's output)."""
+    mode = cfg.speculative.mode
+    if role == "target" and mode is Mode.EAGLE:
+        return _eagle_checkpoint_step(cfg, report, role, out, source)
+    is_medusa = role == "target" and mode is Mode.MEDUSA  # the heads go into the target's checkpoint
+    if report.quant.weights in DTYPE_FOR_FORMAT and is_medusa:
+        return _medusa_checkpoint_step(cfg, report, role, out, source)
+    if report.quant.weights in DTYPE_FOR_FORMAT:
+        return _convert_checkpoint_step(cfg, report, role, out, source)
+    return _quantize_checkpoint_step(cfg, report, role, out, source, is_medusa)
+
+
+def _eagle_checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str) -> Step:
+    """The target's checkpoint with its EAGLE heads (eagle/convert_checkpoint.py)."""
+    model, q, eagle = cfg.target, report.quant, cfg.speculative.eagle
+    # fmt: off
+    argv = [
+        cfg.toolchain.python, str(Path(cfg.toolchain.examples_dir) / "eagle" / "convert_checkpoint.py"),
+        "--model_dir", source,
+        "--eagle_model_dir", eagle.heads_dir,
+        "--output_dir", str(out),
+        "--dtype", DTYPE_FOR_FORMAT[q.weights],
+        "--tp_size", str(model.tp),
+        "--pp_size", str(model.pp),
+        "--max_draft_len", str(report.max_draft_len),
+        "--num_eagle_layers", str(eagle.num_layers),
+        "--max_non_leaves_per_layer", str(eagle.max_non_leaves_per_layer),
+    ]
+    # fmt: on
+    _check_flags(argv, trtllm.EAGLE_CONVERT_FLAGS, "eagle/convert_checkpoint.py")
+    what = f"convert {role} + EAGLE heads ({q.weights}, tp{model.tp} pp{model.pp})"
+    return _checkpoint(role, what, argv, out, [source, eagle.heads_dir])
+
+
+def _medusa_checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str) -> Step:
+    """The target's 16-bit checkpoint with its Medusa heads (medusa/convert_checkpoint.py)."""
+    model, q, medusa = cfg.target, report.quant, cfg.speculative.medusa
+    # fmt: off
+    argv = [
+        cfg.toolchain.python, str(Path(cfg.toolchain.examples_dir) / "medusa" / "convert_checkpoint.py"),
+        "--model_dir", source,
+        "--medusa_model_dir", medusa.heads_dir,
+        "--output_dir", str(out),
+        "--dtype", DTYPE_FOR_FORMAT[q.weights],
+        "--tp_size", str(model.tp),
+        "--pp_size", str(model.pp),
+        "--num_medusa_heads", str(medusa.num_heads),
+        "--max_medusa_token_len", str(report.max_draft_len),
+    ]
+    # fmt: on
+    _check_flags(argv, trtllm.MEDUSA_CONVERT_FLAGS, "medusa/convert_checkpoint.py")
+    what = f"convert {role} + Medusa heads ({q.weights}, tp{model.tp} pp{model.pp})"
+    return _checkpoint(role, what, argv, out, [source, medusa.heads_dir])
+
+
+def _convert_checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str) -> Step:
+    """A 16-bit checkpoint through the model family's convert_checkpoint.py."""
     model = cfg.draft if role == "draft" else cfg.target
     info = report.draft if role == "draft" else report.target
     q = report.quant
-    tc = cfg.toolchain
-    spec = cfg.speculative
-    ex = Path(tc.examples_dir)
-    inputs = [source]
-    is_medusa = role == "target" and spec.mode is Mode.MEDUSA  # the heads go into the target's checkpoint
-    is_eagle = role == "target" and spec.mode is Mode.EAGLE
-    if is_eagle:
+    family = TRTLLM_ARCHITECTURES[info.architecture]
+    script = str(Path(cfg.toolchain.examples_dir) / "models" / "core" / family / "convert_checkpoint.py")
+    if family == "gemma":  # its own CLI: dashes, --ckpt-type, tensor parallelism only (--world-size)
+        # fmt: off
         argv = [
-            tc.python,
-            str(ex / "eagle" / "convert_checkpoint.py"),
-            "--model_dir",
-            source,
-            "--eagle_model_dir",
-            spec.eagle.heads_dir,
-            "--output_dir",
-            str(out),
-            "--dtype",
-            DTYPE_FOR_FORMAT[q.weights],
-            "--tp_size",
-            str(model.tp),
-            "--pp_size",
-            str(model.pp),
-            "--max_draft_len",
-            str(report.max_draft_len),
-            "--num_eagle_layers",
-            str(spec.eagle.num_layers),
-            "--max_non_leaves_per_layer",
-            str(spec.eagle.max_non_leaves_per_layer),
+            cfg.toolchain.python, script,
+            "--ckpt-type", "hf",
+            "--model-dir", source,
+            "--output-model-dir", str(out),
+            "--dtype", DTYPE_FOR_FORMAT[q.weights],
+            "--world-size", str(model.tp),
         ]
-        _check_flags(argv, trtllm.EAGLE_CONVERT_FLAGS, "eagle/convert_checkpoint.py")
-        inputs.append(spec.eagle.heads_dir)
-        return Step(
-            f"checkpoint-{role}",
-            f"convert {role} + EAGLE heads ({q.weights}, tp{model.tp} pp{model.pp})",
-            tuple(argv),
-            str(out),
-            tuple(inputs),
-        )
-    if q.weights in DTYPE_FOR_FORMAT and is_medusa:
+        # fmt: on
+        _check_flags(argv, trtllm.GEMMA_CONVERT_FLAGS, "gemma/convert_checkpoint.py")
+    else:
+        # fmt: off
         argv = [
-            tc.python,
-            str(ex / "medusa" / "convert_checkpoint.py"),
-            "--model_dir",
-            source,
-            "--medusa_model_dir",
-            spec.medusa.heads_dir,
-            "--output_dir",
-            str(out),
-            "--dtype",
-            DTYPE_FOR_FORMAT[q.weights],
-            "--tp_size",
-            str(model.tp),
-            "--pp_size",
-            str(model.pp),
-            "--num_medusa_heads",
-            str(spec.medusa.num_heads),
-            "--max_medusa_token_len",
-            str(report.max_draft_len),
+            cfg.toolchain.python, script,
+            "--model_dir", source,
+            "--output_dir", str(out),
+            "--dtype", DTYPE_FOR_FORMAT[q.weights],
+            "--tp_size", str(model.tp),
+            "--pp_size", str(model.pp),
         ]
-        _check_flags(argv, trtllm.MEDUSA_CONVERT_FLAGS, "medusa/convert_checkpoint.py")
-        inputs.append(spec.medusa.heads_dir)
-        return Step(
-            f"checkpoint-{role}",
-            f"convert {role} + Medusa heads ({q.weights}, tp{model.tp} pp{model.pp})",
-            tuple(argv),
-            str(out),
-            tuple(inputs),
-        )
-    if q.weights in DTYPE_FOR_FORMAT:
-        family = TRTLLM_ARCHITECTURES[info.architecture]
-        script = str(ex / "models" / "core" / family / "convert_checkpoint.py")
-        if family == "gemma":  # its own CLI: dashes, --ckpt-type, tensor parallelism only (--world-size)
-            argv = [
-                tc.python,
-                script,
-                "--ckpt-type",
-                "hf",
-                "--model-dir",
-                source,
-                "--output-model-dir",
-                str(out),
-                "--dtype",
-                DTYPE_FOR_FORMAT[q.weights],
-                "--world-size",
-                str(model.tp),
-            ]
-            _check_flags(argv, trtllm.GEMMA_CONVERT_FLAGS, "gemma/convert_checkpoint.py")
-        else:
-            argv = [
-                tc.python,
-                script,
-                "--model_dir",
-                source,
-                "--output_dir",
-                str(out),
-                "--dtype",
-                DTYPE_FOR_FORMAT[q.weights],
-                "--tp_size",
-                str(model.tp),
-                "--pp_size",
-                str(model.pp),
-            ]
-            _check_flags(argv, trtllm.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
-        return Step(
-            f"checkpoint-{role}",
-            f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, tp{model.tp} pp{model.pp})",
-            tuple(argv),
-            str(out),
-            tuple(inputs),
-        )
+        # fmt: on
+        _check_flags(argv, trtllm.CONVERT_CHECKPOINT_FLAGS, "convert_checkpoint.py")
+    what = f"convert {role} to a TensorRT-LLM checkpoint ({q.weights}, tp{model.tp} pp{model.pp})"
+    return _checkpoint(role, what, argv, out, [source])
 
-    # ModelOpt post-training quantization
+
+def _quantize_checkpoint_step(
+    cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str, is_medusa: bool
+) -> Step:
+    """ModelOpt post-training quantization (quantization/quantize.py), with the Medusa heads where is_medusa."""
+    model = cfg.draft if role == "draft" else cfg.target
+    q, medusa = report.quant, cfg.speculative.medusa
+    inputs = [source]
+    # fmt: off
     argv = [
-        tc.python,
-        str(ex / "quantization" / "quantize.py"),
-        "--model_dir",
-        source,
-        "--dtype",
-        model.dtype,
-        "--qformat",
-        q.weights,
+        cfg.toolchain.python, str(Path(cfg.toolchain.examples_dir) / "quantization" / "quantize.py"),
+        "--model_dir", source,
+        "--dtype", model.dtype,
+        "--qformat", q.weights,
     ]
+    # fmt: on
     if q.kv_cache != "none":
         argv += ["--kv_cache_dtype", q.kv_cache]
     if q.weights in QUANTIZE_CALIBRATED or q.kv_cache != "none":
@@ -339,37 +318,34 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
         if cal is not None and cal.path is not None:  # the directory preflight checked (pkg: resolved, absolute)
             argv += ["--calib_dataset", cal.path]
             inputs.append(cal.path)
+        # fmt: off
         argv += [
-            "--calib_size",
-            str(cq.calib_size),
-            "--calib_max_seq_length",
-            str(cq.calib_max_seq_length),
-            "--batch_size",
-            "1",
+            "--calib_size", str(cq.calib_size),
+            "--calib_max_seq_length", str(cq.calib_max_seq_length),
+            "--batch_size", "1",
         ]
+        # fmt: on
     argv += ["--tp_size", str(model.tp), "--pp_size", str(model.pp)]
     if is_medusa:
+        # fmt: off
         argv += [
-            "--medusa_model_dir",
-            spec.medusa.heads_dir,
-            "--num_medusa_heads",
-            str(spec.medusa.num_heads),
-            "--max_draft_len",
-            str(report.max_draft_len),
+            "--medusa_model_dir", medusa.heads_dir,
+            "--num_medusa_heads", str(medusa.num_heads),
+            "--max_draft_len", str(report.max_draft_len),
         ]
-        inputs.append(spec.medusa.heads_dir)
+        # fmt: on
+        inputs.append(medusa.heads_dir)
     argv += ["--output_dir", str(out)]
     _check_flags(argv, trtllm.QUANTIZE_FLAGS, "quantize.py")
     if q.weights not in trtllm.QUANTIZE_QFORMATS:
         raise PlanError(f"internal: quantize.py has no --qformat {q.weights}")
     kv = f" + {q.kv_cache.upper()} KV cache" if q.kv_cache != "none" else ""
-    return Step(
-        f"checkpoint-{role}",
-        f"ModelOpt {q.weights.upper()} quantization of the {role}{kv} (tp{model.tp} pp{model.pp})",
-        tuple(argv),
-        str(out),
-        tuple(inputs),
-    )
+    what = f"ModelOpt {q.weights.upper()} quantization of the {role}{kv} (tp{model.tp} pp{model.pp})"
+    return _checkpoint(role, what, argv, out, inputs)
+
+
+def _checkpoint(role: str, description: str, argv: list[str], out: Path, inputs: list[str]) -> Step:
+    return Step(f"checkpoint-{role}", description, tuple(argv), str(out), tuple(inputs))
 
 
 def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Path, out: Path) -> Step:
@@ -377,44 +353,30 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
     lim = cfg.limits
     q = report.quant
     ranks_on_node = min(model.world_size, report.gpu.count if report.gpu else model.world_size)
+    # fmt: off
     argv = [
         cfg.toolchain.trtllm_build,
-        "--checkpoint_dir",
-        str(ckpt),
-        "--output_dir",
-        str(out),
-        "--max_batch_size",
-        str(lim.max_batch_size),
-        "--max_input_len",
-        str(lim.max_input_len),
-        "--max_seq_len",
-        str(lim.max_seq_len),
-        "--max_num_tokens",
-        str(lim.max_num_tokens),
-        "--max_beam_width",
-        "1",
-        "--gpt_attention_plugin",
-        "auto",
-        "--gemm_plugin",
-        "auto",
-        "--remove_input_padding",
-        "enable",
-        "--context_fmha",
-        "enable",
-        "--kv_cache_type",
-        "paged",
-        "--tokens_per_block",
-        str(TOKENS_PER_BLOCK),
-        "--use_paged_context_fmha",
-        "enable",
+        "--checkpoint_dir", str(ckpt),
+        "--output_dir", str(out),
+        "--max_batch_size", str(lim.max_batch_size),
+        "--max_input_len", str(lim.max_input_len),
+        "--max_seq_len", str(lim.max_seq_len),
+        "--max_num_tokens", str(lim.max_num_tokens),
+        "--max_beam_width", "1",
+        "--gpt_attention_plugin", "auto",
+        "--gemm_plugin", "auto",
+        "--remove_input_padding", "enable",
+        "--context_fmha", "enable",
+        "--kv_cache_type", "paged",
+        "--tokens_per_block", str(TOKENS_PER_BLOCK),
+        "--use_paged_context_fmha", "enable",
         # what builder.py decides anyway (FP8 weights + FP8 KV + paged context FMHA on SM >= 89), made explicit
-        "--use_fp8_context_fmha",
-        "enable" if q.fp8_context_fmha else "disable",
+        "--use_fp8_context_fmha", "enable" if q.fp8_context_fmha else "disable",
         # FP32 logits (backend_contract.LOGITS_DTYPE): ModelOpt's export leaves float16, which the penalty kernel
         # clamps at +-65504 after scaling by 1/(T + 1e-6): greedy and draft verification then pick among ties
-        "--logits_dtype",
-        LOGITS_DTYPE,
+        "--logits_dtype", LOGITS_DTYPE,
     ]
+    # fmt: on
     mode = cfg.speculative.mode
     what = "engine"
     if role == "target" and mode != "none":
@@ -473,29 +435,23 @@ def _source_steps(cfg: BuildConfig, out: Path, dtype: Optional[str] = None) -> t
         d = cfg.draft.distill
         if d is not None:
             hf["draft"] = str(out / "hf" / "draft")
+            # fmt: off
+            argv = (
+                py, "-m", "trt_spec.reference.distill",
+                "--teacher", hf["target"],
+                "--output_dir", hf["draft"],
+                "--hidden", str(d.hidden_size),
+                "--layers", str(d.num_layers),
+                "--steps", str(d.steps),
+                "--seed", str(d.seed),
+            ) + as_dtype
+            # fmt: on
             steps.append(
                 Step(
                     "distill-draft",
                     f"distill a {d.num_layers}-layer, {d.hidden_size}-wide draft from the "
                     f"target ({d.steps} steps, seed {d.seed})",
-                    (
-                        py,
-                        "-m",
-                        "trt_spec.reference.distill",
-                        "--teacher",
-                        hf["target"],
-                        "--output_dir",
-                        hf["draft"],
-                        "--hidden",
-                        str(d.hidden_size),
-                        "--layers",
-                        str(d.num_layers),
-                        "--steps",
-                        str(d.steps),
-                        "--seed",
-                        str(d.seed),
-                    )
-                    + as_dtype,
+                    argv,
                     hf["draft"],
                     (hf["target"],),
                 )
@@ -508,94 +464,88 @@ def _source_steps(cfg: BuildConfig, out: Path, dtype: Optional[str] = None) -> t
 def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tuple[list[Step], dict[str, str]]:
     """import (GGUF -> HF dir) -> distill-draft or train-eagle (optional) -> export-draft -> export-target (with the
     EAGLE-3 head in eagle mode) -> export-baseline (in-engine modes)."""
-    py = sys.executable
     steps, hf = _source_steps(cfg, out)
     head_dir = None
     eg = cfg.speculative.eagle if "train-eagle" in cfg.recipe.steps else None  # mode eagle: an EAGLE-3 head
     if eg is not None and eg.train is not None:
-        t = eg.train
         head_dir = str(out / "heads" / "eagle3")
-        argv = (
-            py,
-            "-m",
-            "trt_spec.reference.train_eagle",
-            "--target",
-            hf["target"],
-            "--output_dir",
-            head_dir,
-            "--weights",
-            report.quant.weights,
-            "--draft_vocab",
-            str(t.draft_vocab),
-            "--steps",
-            str(t.steps),
-            "--seed",
-            str(t.seed),
-        ) + (("--prompts", str(t.prompts)) if t.prompts else ())
-        steps.append(
-            Step(
-                "train-eagle",
-                f"train an EAGLE-3 head for the target by self-distillation ({t.steps} steps, seed {t.seed})",
-                argv,
-                head_dir,
-                (hf["target"],),
-            )
-        )
+        steps.append(_train_eagle_step(eg.train, report, hf["target"], head_dir))
     elif eg is not None:
         head_dir = eg.heads_dir
     engines = {}
     hf["baseline"] = hf["target"]
     for role in sorted(engine_roles(cfg), key=["draft", "target", "baseline"].index):
         edir = out / "engines" / role
-        lim = cfg.limits
-        argv = (
-            py,
-            "-m",
-            "trt_spec.reference.export",
-            "--checkpoint",
-            hf[role],
-            "--output_dir",
-            str(edir),
-            "--weights",
-            report.quant.weights,
-            "--max_batch_size",
-            str(lim.max_batch_size),
-            "--max_seq_len",
-            str(lim.max_seq_len),
-            "--max_num_tokens",
-            str(lim.max_num_tokens),
-            "--logits_dtype",
-            LOGITS_DTYPE,
-        )
-        if gathers_generation_logits(cfg, role):  # as trtllm-build's flag: the stand-in refuses logits without it
-            argv += ("--gather_generation_logits",)
-        # The target's engine limits as trtllm-build bakes them for every speculative mode (max_draft_len also lowers
-        # request_output_len near max_seq_len: backend_contract.OUTPUT_LEN_CLAMPED). In-engine modes (lookahead) run
-        # as plain decoding on CPU, through the same in-engine contract (return_perf_metrics, streamed responses).
-        if role == "target" and cfg.speculative.mode != "none":
-            argv += (
-                "--speculative_decoding_mode",
-                SPEC_MODE_TO_TRTLLM[cfg.speculative.mode],
-                "--max_draft_len",
-                str(report.max_draft_len),
-            )
-        inputs: tuple[str, ...] = (hf[role],)
-        if role == "target" and head_dir is not None:
-            policy = cfg.speculative.draft_len_policy.eagle_chain  # the chain's member of the one vocabulary
-            argv += ("--eagle_head", head_dir, "--eagle_draft_policy", policy.value)
-            inputs += (head_dir,)
-        steps.append(
-            Step(
-                f"export-{role}",
-                f"export the {role} to a reference engine ({report.quant.weights} "
-                "weights, safetensors" + (", with its EAGLE-3 head" if role == "target" and head_dir else "") + ")",
-                argv,
-                str(edir),
-                inputs,
-            )
-        )
+        steps.append(_export_step(cfg, report, role, hf[role], edir, head_dir))
         engines[role] = str(edir)
     return steps, engines
+
+
+def _train_eagle_step(t: EagleTrain, report: PreflightReport, target: str, head_dir: str) -> Step:
+    """An EAGLE-3 head for the target (its HF directory) into head_dir, trained as speculative.eagle.train says."""
+    # fmt: off
+    argv = (
+        sys.executable, "-m", "trt_spec.reference.train_eagle",
+        "--target", target,
+        "--output_dir", head_dir,
+        "--weights", report.quant.weights,
+        "--draft_vocab", str(t.draft_vocab),
+        "--steps", str(t.steps),
+        "--seed", str(t.seed),
+    ) + (("--prompts", str(t.prompts)) if t.prompts else ())
+    # fmt: on
+    return Step(
+        "train-eagle",
+        f"train an EAGLE-3 head for the target by self-distillation ({t.steps} steps, seed {t.seed})",
+        argv,
+        head_dir,
+        (target,),
+    )
+
+
+def _export_step(
+    cfg: BuildConfig, report: PreflightReport, role: str, checkpoint: str, edir: Path, head_dir: Optional[str]
+) -> Step:
+    """One role's reference engine (trt_spec.reference.export) from its HF checkpoint; the target's carries the
+    EAGLE-3 head in head_dir where there is one."""
+    lim = cfg.limits
+    # fmt: off
+    argv = (
+        sys.executable, "-m", "trt_spec.reference.export",
+        "--checkpoint", checkpoint,
+        "--output_dir", str(edir),
+        "--weights", report.quant.weights,
+        "--max_batch_size", str(lim.max_batch_size),
+        "--max_seq_len", str(lim.max_seq_len),
+        "--max_num_tokens", str(lim.max_num_tokens),
+        "--logits_dtype", LOGITS_DTYPE,
+    )
+    # fmt: on
+    if gathers_generation_logits(cfg, role):  # as trtllm-build's flag: the stand-in refuses logits without it
+        argv += ("--gather_generation_logits",)
+    # The target's engine limits as trtllm-build bakes them for every speculative mode (max_draft_len also lowers
+    # request_output_len near max_seq_len: backend_contract.OUTPUT_LEN_CLAMPED). In-engine modes (lookahead) run
+    # as plain decoding on CPU, through the same in-engine contract (return_perf_metrics, streamed responses).
+    if role == "target" and cfg.speculative.mode != "none":
+        # fmt: off
+        argv += (
+            "--speculative_decoding_mode", SPEC_MODE_TO_TRTLLM[cfg.speculative.mode],
+            "--max_draft_len", str(report.max_draft_len),
+        )
+        # fmt: on
+    inputs: tuple[str, ...] = (checkpoint,)
+    if role == "target" and head_dir is not None:
+        policy = cfg.speculative.draft_len_policy.eagle_chain  # the chain's member of the one vocabulary
+        argv += ("--eagle_head", head_dir, "--eagle_draft_policy", policy.value)
+        inputs += (head_dir,)
+    return Step(
+        f"export-{role}",
+        f"export the {role} to a reference engine ({report.quant.weights} "
+        "weights, safetensors" + (", with its EAGLE-3 head" if role == "target" and head_dir else "") + ")",
+        argv,
+        str(edir),
+        inputs,
+    )
 
 
 def engine_roles(cfg: BuildConfig) -> list[str]:

@@ -252,49 +252,7 @@ def tool_versions(plan: Plan) -> dict[str, Optional[str]]:
 def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepResult]) -> BuildManifest:
     cfg = plan.report.config
     r = plan.report
-    engines = {}
-    for role, edir in plan.engines.items():
-        model = cfg.draft if role == "draft" else cfg.target  # the baseline is the target, built plain
-        if cfg.runtime == "llmapi" and plan.engine == "tensorrt":  # a checkpoint served as it is: no build sums
-            spec = model or cfg.target  # the EAGLE-3 head: the target's parallelism
-            engines[role] = EngineEntry(
-                dir=str(Path(edir).resolve()),
-                checkpoint=edir,
-                tp=spec.tp,
-                pp=spec.pp,
-                world_size=spec.world_size,
-                devices=list(r.draft_devices if role == "draft" else r.target_devices),
-                weights=r.quant.weights,
-                kv_cache=r.quant.kv_cache,
-                argv=[],
-                fingerprint="",
-                max_draft_len=r.max_draft_len if role == "target" else 0,
-                gather_generation_logits=False,
-                step="",
-                files=None,
-            )
-            continue
-        step = plan.step(f"engine-{role}" if plan.engine == "tensorrt" else f"export-{role}")
-        stamp = read_stamp(Path(step.output)) or {}
-        built = stamp.get("fingerprint") == step.fingerprint
-        engines[role] = EngineEntry(
-            # an imported / distilled source: its HF directory (the tokenizer the repository serves with)
-            dir=str(Path(edir).resolve()),
-            checkpoint=str(Path(plan.sources[role]).resolve()) if role in plan.sources else model.checkpoint,
-            tp=model.tp,
-            pp=model.pp,
-            world_size=model.world_size,
-            devices=list(r.draft_devices if role == "draft" else r.target_devices),
-            weights=r.quant.weights,
-            kv_cache=r.quant.kv_cache,
-            argv=list(step.argv),
-            fingerprint=step.fingerprint,
-            max_draft_len=r.max_draft_len if role == "target" else 0,
-            gather_generation_logits="--gather_generation_logits" in step.argv,
-            step=step.name,
-            # as the build wrote it (verified by the run that writes this manifest); None before the engine is built
-            files=stamp.get("files") if built else None,
-        )
+    engines = {role: _engine_entry(plan, role, edir) for role, edir in plan.engines.items()}
     g = plan.gpu
     draft_world = cfg.draft.world_size if cfg.draft else 0
     return BuildManifest(
@@ -332,6 +290,53 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
             r.calibration.calib_size,
             r.calibration.max_seq_length,
         ),
+    )
+
+
+def _engine_entry(plan: Plan, role: str, edir: str) -> EngineEntry:
+    """One role's engine as the manifest records it (for runtime llmapi on engine tensorrt: the checkpoint it serves,
+    with no build step)."""
+    cfg = plan.report.config
+    r = plan.report
+    model = cfg.draft if role == "draft" else cfg.target  # the baseline is the target, built plain
+    if cfg.runtime == "llmapi" and plan.engine == "tensorrt":  # a checkpoint served as it is: no build sums
+        spec = model or cfg.target  # the EAGLE-3 head: the target's parallelism
+        return EngineEntry(
+            dir=str(Path(edir).resolve()),
+            checkpoint=edir,
+            tp=spec.tp,
+            pp=spec.pp,
+            world_size=spec.world_size,
+            devices=list(r.draft_devices if role == "draft" else r.target_devices),
+            weights=r.quant.weights,
+            kv_cache=r.quant.kv_cache,
+            argv=[],
+            fingerprint="",
+            max_draft_len=r.max_draft_len if role == "target" else 0,
+            gather_generation_logits=False,
+            step="",
+            files=None,
+        )
+    step = plan.step(f"engine-{role}" if plan.engine == "tensorrt" else f"export-{role}")
+    stamp = read_stamp(Path(step.output)) or {}
+    built = stamp.get("fingerprint") == step.fingerprint
+    return EngineEntry(
+        # an imported / distilled source: its HF directory (the tokenizer the repository serves with)
+        dir=str(Path(edir).resolve()),
+        checkpoint=str(Path(plan.sources[role]).resolve()) if role in plan.sources else model.checkpoint,
+        tp=model.tp,
+        pp=model.pp,
+        world_size=model.world_size,
+        devices=list(r.draft_devices if role == "draft" else r.target_devices),
+        weights=r.quant.weights,
+        kv_cache=r.quant.kv_cache,
+        argv=list(step.argv),
+        fingerprint=step.fingerprint,
+        max_draft_len=r.max_draft_len if role == "target" else 0,
+        gather_generation_logits="--gather_generation_logits" in step.argv,
+        step=step.name,
+        # as the build wrote it (verified by the run that writes this manifest); None before the engine is built
+        files=stamp.get("files") if built else None,
     )
 
 

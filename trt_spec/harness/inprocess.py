@@ -242,24 +242,7 @@ def _row(k: int, policy: str, pairs: list) -> dict:
     base_t, spec_t = sum(b.wall_s for b in base), sum(s.wall_s for s in spec)
     base_n, spec_n = sum(len(b.tokens) for b in base), sum(len(s.tokens) for s in spec)
     base_dec, spec_dec = sum(b.decode_s for b in base), sum(s.decode_s for s in spec)
-    samples = [
-        RequestSample(
-            SPECULATIVE,
-            i,
-            r,
-            len(s.tokens),
-            s.wall_s - s.decode_s,
-            s.wall_s,
-            tpot(s.wall_s, s.wall_s - s.decode_s, len(s.tokens)),
-            s.metrics.accepted,
-            s.metrics.drafted,
-            s.metrics.steps,
-            list(s.metrics.hist),
-            s.metrics.draft_lengths,
-        )
-        for i, r, _, s in pairs
-    ]
-    acc = acceptance_summary(request_acceptance_counts(samples))
+    acc = acceptance_summary(request_acceptance_counts(_request_samples(pairs)))
     rounds = [rd for s in spec for rd in s.metrics.rounds]
     verifications = [rd for rd in rounds if rd.drafted]
     draft_s = sum(rd.draft_s for rd in rounds)
@@ -307,25 +290,51 @@ def _row(k: int, policy: str, pairs: list) -> dict:
         "time_target_s": sum(rd.target_s for rd in rounds),
         "baseline_tokens": base_n,
         "spec_tokens": spec_n,
-        "samples": [
-            {
-                "prompt": i,
-                "k": k,
-                "repeat": r,
-                "baseline_s": b.wall_s,
-                "spec_s": s.wall_s,
-                "tokens": len(b.tokens),
-                "identical": b.tokens == s.tokens,
-                "accepted": s.metrics.accepted,
-                "drafted": s.metrics.drafted,
-                "steps": s.metrics.steps,
-                "draft_lengths": s.metrics.draft_lengths,
-            }
-            for i, r, b, s in pairs
-        ],
+        "samples": _pair_records(k, pairs),
     }
     row["warning"] = low_acceptance_advice(alpha, k, c, speedup)
     return row
+
+
+def _request_samples(pairs: list) -> list[RequestSample]:
+    """The speculative run of every pair as the served bench records a request (its acceptance counts)."""
+    return [
+        RequestSample(
+            SPECULATIVE,
+            i,
+            r,
+            len(s.tokens),
+            s.wall_s - s.decode_s,
+            s.wall_s,
+            tpot(s.wall_s, s.wall_s - s.decode_s, len(s.tokens)),
+            s.metrics.accepted,
+            s.metrics.drafted,
+            s.metrics.steps,
+            list(s.metrics.hist),
+            s.metrics.draft_lengths,
+        )
+        for i, r, _, s in pairs
+    ]
+
+
+def _pair_records(k: int, pairs: list) -> list[dict]:
+    """Every (prompt, repeat) pair of a row: both wall times, identity and the speculative run's counts."""
+    return [
+        {
+            "prompt": i,
+            "k": k,
+            "repeat": r,
+            "baseline_s": b.wall_s,
+            "spec_s": s.wall_s,
+            "tokens": len(b.tokens),
+            "identical": b.tokens == s.tokens,
+            "accepted": s.metrics.accepted,
+            "drafted": s.metrics.drafted,
+            "steps": s.metrics.steps,
+            "draft_lengths": s.metrics.draft_lengths,
+        }
+        for i, r, b, s in pairs
+    ]
 
 
 def format_report(rep: dict) -> str:

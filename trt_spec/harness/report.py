@@ -31,85 +31,100 @@ def markdown(rep: dict) -> str:
     out = [f"# trt-spec report — {rep.get('title', '')}", "", f"Generated {rep['environment']['time']}.", ""]
     check = rep.get("check")
     if check:
-        out += [
-            "## Identity",
-            "",
-            "| protocol | prompts identical | real mismatches | near-ties | verdict |",
-            "|---|---|---|---|---|",
-        ]
-        for c in check:
-            out.append(
-                f"| {c['protocol']} | {c['match_rate']:.0%} | {c['real_mismatches']} | {c['near_ties']} | "
-                f"{'PASS' if c['passed'] else 'FAIL'} |"
-            )
-        out.append("")
-        out += divergence_table(check)
+        out += identity_table(check)
     for b in rep.get("bench", []):
-        a = b["acceptance"]
-        pol = f", {b['draft_len_policy']}" if b.get("draft_len_policy") else ""
-        out += [
-            f"## Speedup ({b['protocol']}, {k_label(b['k'])}{pol})",
-            "",
-            "| | baseline | speculative |",
-            "|---|---|---|",
-            f"| output tokens/s | {b['baseline']['tokens_per_s']:.1f} | {b['speculative']['tokens_per_s']:.1f} |",
-            f"| TTFT p50 (ms) | {b['baseline']['ttft_s']['p50'] * 1e3:.0f} | "
-            f"{b['speculative']['ttft_s']['p50'] * 1e3:.0f} |",
-            f"| TPOT p50 (ms) | {b['baseline']['tpot_s']['p50'] * 1e3:.1f} | "
-            f"{b['speculative']['tpot_s']['p50'] * 1e3:.1f} |",
-            f"| latency p50 (s) | {b['baseline']['latency_s']['p50']:.2f} | "
-            f"{b['speculative']['latency_s']['p50']:.2f} |",
-            "",
-            f"**Speedup {b['speedup']:.2f}x** (95% CI {b['speedup_ci95'][0]:.2f}–{b['speedup_ci95'][1]:.2f}), "
-            f"acceptance rate {fmt(a['acceptance_rate'], '.2f')}, "
-            f"mean acceptance length {fmt(a['mean_acceptance_length'], '.2f')}, "
-            f"histogram {a['histogram']}; k chosen per round {a.get('draft_length_counts', [])} (counts of k = 0, "
-            f"1, …), mean k when speculating {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
-            f"{a.get('rounds_without_speculation_share', 0):.0%}.",
-            "",
-        ]
-        if a.get("source"):
-            out += [f"Acceptance from {a['source']}" + "".join(f"; {n}" for n in a.get("notes", [])) + ".", ""]
-        if b.get("order"):
-            out += [f"Order: {b['order']}.", ""]
-        if b.get("warning"):
-            out += [f"> WARNING: {b['warning']}", ""]
+        out += speedup_section(b)
     if rep.get("concurrency"):
         out += concurrency_table(rep["concurrency"])
     if rep.get("rate"):
         out += rate_table(rep["rate"])
     if rep.get("tune"):
-        t = rep["tune"]
-        out += [
-            "## k sweep",
-            "",
-            "| policy | k (cap) | speedup | 95% CI | acceptance | mean length | mean k when speculating | "
-            "rounds without speculation |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in t["sweep"]:
-            lo, hi = r["speedup_ci95"]
-            out.append(
-                f"| {r.get('policy', 'fixed')} | {r['k']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
-                f"{fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
-                f"{r.get('mean_draft_length', r['k']):.2f} | {r.get('rounds_without_speculation_share', 0):.0%} |"
-            )
-        out += [
-            "",
-            f"Recommended num_draft_tokens (fixed): **{t['recommended_k']}** ({t['note']}).",
-            "",
-            apply_k(t["recommended_k"]),
-            "",
-        ]
-        a = t.get("adaptive_vs_best_fixed")
-        if a:
-            out += [
-                f"Adaptive {a['adaptive']:.2f}x (95% CI {a['adaptive_ci95'][0]:.2f}–{a['adaptive_ci95'][1]:.2f}) vs "
-                f"the best fixed k={a['best_fixed_k']} {a['best_fixed']:.2f}x (95% CI {a['best_fixed_ci95'][0]:.2f}–"
-                f"{a['best_fixed_ci95'][1]:.2f}): ratio {a['ratio']:.2f}.",
-                "",
-            ]
+        out += tune_section(rep["tune"])
     return "\n".join(out)
+
+
+def identity_table(check: list[dict]) -> list[str]:
+    """One row per identity check (protocol), then its divergences."""
+    out = [
+        "## Identity",
+        "",
+        "| protocol | prompts identical | real mismatches | near-ties | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for c in check:
+        out.append(
+            f"| {c['protocol']} | {c['match_rate']:.0%} | {c['real_mismatches']} | {c['near_ties']} | "
+            f"{'PASS' if c['passed'] else 'FAIL'} |"
+        )
+    out.append("")
+    return out + divergence_table(check)
+
+
+def speedup_section(b: dict) -> list[str]:
+    """One bench run: baseline vs speculative side by side, the speedup and the acceptance."""
+    a = b["acceptance"]
+    pol = f", {b['draft_len_policy']}" if b.get("draft_len_policy") else ""
+    out = [
+        f"## Speedup ({b['protocol']}, {k_label(b['k'])}{pol})",
+        "",
+        "| | baseline | speculative |",
+        "|---|---|---|",
+        f"| output tokens/s | {b['baseline']['tokens_per_s']:.1f} | {b['speculative']['tokens_per_s']:.1f} |",
+        f"| TTFT p50 (ms) | {b['baseline']['ttft_s']['p50'] * 1e3:.0f} | "
+        f"{b['speculative']['ttft_s']['p50'] * 1e3:.0f} |",
+        f"| TPOT p50 (ms) | {b['baseline']['tpot_s']['p50'] * 1e3:.1f} | "
+        f"{b['speculative']['tpot_s']['p50'] * 1e3:.1f} |",
+        f"| latency p50 (s) | {b['baseline']['latency_s']['p50']:.2f} | {b['speculative']['latency_s']['p50']:.2f} |",
+        "",
+        f"**Speedup {b['speedup']:.2f}x** (95% CI {b['speedup_ci95'][0]:.2f}–{b['speedup_ci95'][1]:.2f}), "
+        f"acceptance rate {fmt(a['acceptance_rate'], '.2f')}, "
+        f"mean acceptance length {fmt(a['mean_acceptance_length'], '.2f')}, "
+        f"histogram {a['histogram']}; k chosen per round {a.get('draft_length_counts', [])} (counts of k = 0, "
+        f"1, …), mean k when speculating {a.get('mean_draft_length', 0):.2f}, rounds without speculation "
+        f"{a.get('rounds_without_speculation_share', 0):.0%}.",
+        "",
+    ]
+    if a.get("source"):
+        out += [f"Acceptance from {a['source']}" + "".join(f"; {n}" for n in a.get("notes", [])) + ".", ""]
+    if b.get("order"):
+        out += [f"Order: {b['order']}.", ""]
+    if b.get("warning"):
+        out += [f"> WARNING: {b['warning']}", ""]
+    return out
+
+
+def tune_section(t: dict) -> list[str]:
+    """The k sweep, the recommended k (and how to apply it), adaptive against the best fixed k."""
+    out = [
+        "## k sweep",
+        "",
+        "| policy | k (cap) | speedup | 95% CI | acceptance | mean length | mean k when speculating | "
+        "rounds without speculation |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in t["sweep"]:
+        lo, hi = r["speedup_ci95"]
+        out.append(
+            f"| {r.get('policy', 'fixed')} | {r['k']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
+            f"{fmt(r['acceptance_rate'], '.2f')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
+            f"{r.get('mean_draft_length', r['k']):.2f} | {r.get('rounds_without_speculation_share', 0):.0%} |"
+        )
+    out += [
+        "",
+        f"Recommended num_draft_tokens (fixed): **{t['recommended_k']}** ({t['note']}).",
+        "",
+        apply_k(t["recommended_k"]),
+        "",
+    ]
+    a = t.get("adaptive_vs_best_fixed")
+    if a:
+        out += [
+            f"Adaptive {a['adaptive']:.2f}x (95% CI {a['adaptive_ci95'][0]:.2f}–{a['adaptive_ci95'][1]:.2f}) vs "
+            f"the best fixed k={a['best_fixed_k']} {a['best_fixed']:.2f}x (95% CI {a['best_fixed_ci95'][0]:.2f}–"
+            f"{a['best_fixed_ci95'][1]:.2f}): ratio {a['ratio']:.2f}.",
+            "",
+        ]
+    return out
 
 
 def divergence_table(check: list[dict]) -> list[str]:

@@ -531,6 +531,53 @@ def parse_request(
     """Every check the backend (U createRequestsFromInputTensors, MIS fillTritonResponse) and the executor
     (LlmRequest::validate, SamplingConfig) make on the inputs trt-spec uses, in their order. Raises
     ContractError with their message. `inputs`: name -> array with the batch dimension ([1, …])."""
+    input_ids, streaming = _input_ids(inputs, decoupled)
+    out_len = _output_len(inputs, limits)
+    temperature, k, p = _sampling(inputs)
+    exclude = _scalar(inputs, EXCLUDE_INPUT_IN_OUTPUT)
+    if exclude is None:
+        exclude = parse_bool(parameter(params, EXCLUDE_INPUT_IN_OUTPUT), EXCLUDE_INPUT_IN_OUTPUT)
+    draft = inputs.get(DRAFT_INPUT_IDS)
+    draft_tokens = [int(x) for x in np.asarray(draft).reshape(-1)] if draft is not None else []
+    out_len, warning = _validate_lengths(input_ids, out_len, draft_tokens, limits)
+    return_logits = bool(_scalar(inputs, RETURN_GENERATION_LOGITS) or False)
+    if return_logits and not limits.gather_generation_logits:  # fetchNewRequests, after validate (NO_GENERATION_LOGITS)
+        raise ContractError(EXECUTOR_ERROR.format(msg=NO_GENERATION_LOGITS))
+    requested = tuple(requested_outputs)
+    for name in MANDATORY_OUTPUTS:  # fillTritonResponse, at the first response
+        if name not in requested:
+            raise ContractError(MISSING_OUTPUT.format(name=name))
+    dl = inputs.get(DRAFT_LOGITS)
+    if (dl is not None or return_logits) and limits.logits_dtype != config_logits_dtype:
+        raise ContractError(LOGITS_DTYPE_MISMATCH.format(engine=limits.logits_dtype, config=config_logits_dtype))
+    end_id = _scalar(inputs, END_ID)
+    seed = _scalar(inputs, SEED)
+    if seed is not None and not 0 <= int(seed) < 2**64:
+        raise ContractError(SEED_RANGE.format(s=int(seed)))
+    _check_vocabulary(limits.vocab_size, input_ids, draft_tokens, end_id)
+    return EngineRequest(
+        input_ids=input_ids,
+        output_len=int(out_len),
+        draft_tokens=draft_tokens,
+        draft_logits=None if dl is None else np.asarray(dl).reshape(-1, np.asarray(dl).shape[-1]),
+        end_id=None if end_id is None else int(end_id),
+        streaming=streaming,
+        exclude_input=bool(exclude),
+        temperature=None if temperature is None else float(temperature),
+        top_k=k,
+        top_p=p,
+        seed=None if seed is None else int(seed),
+        stop_words=word_list(inputs.get(STOP_WORDS_LIST)),
+        bad_words=word_list(inputs.get(BAD_WORDS_LIST)),
+        return_generation_logits=return_logits,
+        return_perf_metrics=bool(_scalar(inputs, RETURN_PERF_METRICS) or False),
+        requested_outputs=requested,
+        warning=warning,
+    )
+
+
+def _input_ids(inputs: Mapping[str, Optional[np.ndarray]], decoupled: bool) -> tuple[list[int], bool]:
+    """The prompt (one sequence) and the streaming flag, as the backend checks them."""
     ids = inputs.get(INPUT_IDS)
     if ids is None:
         raise ContractError(NO_INPUT_IDS)
@@ -551,6 +598,11 @@ def parse_request(
     n_in = _scalar(inputs, INPUT_LENGTHS)
     if n_in is not None and int(n_in) != len(input_ids):
         raise ContractError(INPUT_LENGTHS_MISMATCH.format(n=int(n_in), m=len(input_ids)))
+    return input_ids, streaming
+
+
+def _output_len(inputs: Mapping[str, Optional[np.ndarray]], limits: EngineLimits):
+    """request_output_len as sent (before the executor clamps it), one sequence, a beam width the engine has."""
     out_len = _scalar(inputs, REQUEST_OUTPUT_LEN)
     if out_len is None:
         raise ContractError(NO_OUTPUT_LEN)
@@ -562,6 +614,11 @@ def parse_request(
     beam = _scalar(inputs, "beam_width")
     if beam is not None and not 0 < int(beam) <= limits.max_beam_width:
         raise ContractError(EXECUTOR_ERROR.format(msg=BEAM_WIDTH.format(n=int(beam), max=limits.max_beam_width)))
+    return out_len
+
+
+def _sampling(inputs: Mapping[str, Optional[np.ndarray]]):
+    """SamplingConfig's checks: temperature as sent, and the effective (top_k, top_p)."""
     temperature = _scalar(inputs, TEMPERATURE)
     top_p = _scalar(inputs, RUNTIME_TOP_P)
     if temperature is not None and not float(temperature) >= 0:  # NaN fails too
@@ -574,12 +631,12 @@ def parse_request(
     if top_k is not None and int(top_k) < 0:
         raise ContractError(TOP_K_NEGATIVE)
     k, p = effective_top_k_top_p(top_k, top_p)
-    exclude = _scalar(inputs, EXCLUDE_INPUT_IN_OUTPUT)
-    if exclude is None:
-        exclude = parse_bool(parameter(params, EXCLUDE_INPUT_IN_OUTPUT), EXCLUDE_INPUT_IN_OUTPUT)
-    draft = inputs.get(DRAFT_INPUT_IDS)
-    draft_tokens = [int(x) for x in np.asarray(draft).reshape(-1)] if draft is not None else []
-    # LlmRequest::validate (executor): prompt length, then draft length.
+    return temperature, k, p
+
+
+def _validate_lengths(input_ids: list[int], out_len, draft_tokens: list[int], limits: EngineLimits):
+    """LlmRequest::validate (executor): prompt length, then draft length. Returns the output length (clamped to the
+    room left, as the executor does) and the executor's warning when it clamped (else None)."""
     if len(input_ids) > limits.input_limit():
         raise ContractError(
             EXECUTOR_ERROR.format(msg=PROMPT_TOO_LONG.format(n=len(input_ids), max=limits.input_limit()))
@@ -597,47 +654,19 @@ def parse_request(
         raise ContractError(
             EXECUTOR_ERROR.format(msg=DRAFT_TOO_LONG.format(n=len(draft_tokens), max=limits.max_draft_len))
         )
-    return_logits = bool(_scalar(inputs, RETURN_GENERATION_LOGITS) or False)
-    if return_logits and not limits.gather_generation_logits:  # fetchNewRequests, after validate (NO_GENERATION_LOGITS)
-        raise ContractError(EXECUTOR_ERROR.format(msg=NO_GENERATION_LOGITS))
-    requested = tuple(requested_outputs)
-    for name in MANDATORY_OUTPUTS:  # fillTritonResponse, at the first response
-        if name not in requested:
-            raise ContractError(MISSING_OUTPUT.format(name=name))
-    dl = inputs.get(DRAFT_LOGITS)
-    if (dl is not None or return_logits) and limits.logits_dtype != config_logits_dtype:
-        raise ContractError(LOGITS_DTYPE_MISMATCH.format(engine=limits.logits_dtype, config=config_logits_dtype))
-    end_id = _scalar(inputs, END_ID)
-    seed = _scalar(inputs, SEED)
-    if seed is not None and not 0 <= int(seed) < 2**64:
-        raise ContractError(SEED_RANGE.format(s=int(seed)))
-    v = limits.vocab_size
-    if v is not None:
-        for name, toks in ((INPUT_IDS, input_ids), (DRAFT_INPUT_IDS, draft_tokens)):
-            bad = next((t for t in toks if not 0 <= t < v), None)
-            if bad is not None:
-                raise ContractError(TOKEN_OUT_OF_VOCAB.format(name=name, t=bad, v=v))
-        if end_id is not None and not -1 <= int(end_id) < v:
-            raise ContractError(END_ID_OUT_OF_VOCAB.format(t=int(end_id), v=v))
-    return EngineRequest(
-        input_ids=input_ids,
-        output_len=int(out_len),
-        draft_tokens=draft_tokens,
-        draft_logits=None if dl is None else np.asarray(dl).reshape(-1, np.asarray(dl).shape[-1]),
-        end_id=None if end_id is None else int(end_id),
-        streaming=streaming,
-        exclude_input=bool(exclude),
-        temperature=None if temperature is None else float(temperature),
-        top_k=k,
-        top_p=p,
-        seed=None if seed is None else int(seed),
-        stop_words=word_list(inputs.get(STOP_WORDS_LIST)),
-        bad_words=word_list(inputs.get(BAD_WORDS_LIST)),
-        return_generation_logits=return_logits,
-        return_perf_metrics=bool(_scalar(inputs, RETURN_PERF_METRICS) or False),
-        requested_outputs=requested,
-        warning=warning,
-    )
+    return out_len, warning
+
+
+def _check_vocabulary(v: Optional[int], input_ids: list[int], draft_tokens: list[int], end_id) -> None:
+    """Every token id (prompt, draft, end_id) inside the engine's vocabulary v (None: unknown, unchecked)."""
+    if v is None:
+        return
+    for name, toks in ((INPUT_IDS, input_ids), (DRAFT_INPUT_IDS, draft_tokens)):
+        bad = next((t for t in toks if not 0 <= t < v), None)
+        if bad is not None:
+            raise ContractError(TOKEN_OUT_OF_VOCAB.format(name=name, t=bad, v=v))
+    if end_id is not None and not -1 <= int(end_id) < v:
+        raise ContractError(END_ID_OUT_OF_VOCAB.format(t=int(end_id), v=v))
 
 
 @dataclass(frozen=True)

@@ -298,27 +298,10 @@ class ReferenceModel:
         write_pos = torch.where(input_pos < 0, cache.max_len, input_pos)  # padding -> scratch slot
         rows = torch.arange(B)[:, None]  # [B, 1]
 
-        # RoPE tables for these positions: [B, S, 1, D]; the sin half is pre-negated so that
-        # rotate_half(x) * sin == flip_halves(x) * sin_signed.
-        freqs = input_pos.clamp(min=0)[..., None].float() * self.inv_freq  # [B, S, D/2]
-        cos = torch.cat((freqs, freqs), -1).cos()[:, :, None, :]
-        sin = freqs.sin()
-        sin = torch.cat((-sin, sin), -1)[:, :, None, :]
-
-        # Attention masks [B, 1, G * S, kv_len], G = query heads per KV head: queries are folded into
-        # [B, kv_heads, G * S, D] (row g * S + s) so SDPA sees plain MHA without repeating K/V.
+        pos = input_pos.clamp(min=0)  # padding queries take position 0 (and attend to it only)
+        cos, sin = self._rope_tables(pos)  # [B, S, 1, D]
+        masks = self._attention_masks(pos[:, None, :, None], kv_len, one_query=B == S == 1)
         G = c.num_heads // c.num_kv_heads
-        q_pos = input_pos.clamp(min=0)[:, None, :, None]  # padding queries attend to position 0 only
-        k_pos = torch.arange(kv_len)
-        masks: dict[int | None, torch.Tensor | None] = {}
-        for window in set(c.sliding_windows):
-            if B == S == 1 and (window is None or window >= kv_len):
-                masks[window] = None  # one query at the last position sees every key
-                continue
-            m = k_pos <= q_pos  # [B, 1, S, kv_len]
-            if window is not None:
-                m = m & (k_pos > q_pos - window)
-            masks[window] = m.repeat(1, 1, G, 1)
 
         x = F.embedding(tokens, self.embed)  # [B, S, H]
         nq, nk, D = c.num_heads, c.num_kv_heads, c.head_dim
@@ -346,6 +329,54 @@ class ReferenceModel:
 
     __call__ = forward
 
+    def _rope_tables(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE tables (cos, sin) [B, S, 1, D] for positions pos [B, S] (>= 0); the sin half is pre-negated so that
+        rotate_half(x) * sin == flip_halves(x) * sin_signed."""
+        freqs = pos[..., None].float() * self.inv_freq  # [B, S, D/2]
+        cos = torch.cat((freqs, freqs), -1).cos()[:, :, None, :]
+        sin = freqs.sin()
+        sin = torch.cat((-sin, sin), -1)[:, :, None, :]
+        return cos, sin
+
+    def _attention_masks(
+        self, q_pos: torch.Tensor, kv_len: int, *, one_query: bool
+    ) -> dict[int | None, torch.Tensor | None]:
+        """Sliding window -> attention mask [B, 1, G * S, kv_len] for query positions q_pos [B, 1, S, 1], G = query
+        heads per KV head: queries are folded into [B, kv_heads, G * S, D] (row g * S + s) so SDPA sees plain MHA
+        without repeating K/V. one_query: a single query (at the last position), which needs no mask where the
+        window covers every key."""
+        G = self.config.num_heads // self.config.num_kv_heads
+        k_pos = torch.arange(kv_len)
+        masks: dict[int | None, torch.Tensor | None] = {}
+        for window in set(self.config.sliding_windows):
+            if one_query and (window is None or window >= kv_len):
+                masks[window] = None  # one query at the last position sees every key
+                continue
+            m = k_pos <= q_pos  # [B, 1, S, kv_len]
+            if window is not None:
+                m = m & (k_pos > q_pos - window)
+            masks[window] = m.repeat(1, 1, G, 1)
+        return masks
+
+    def _packed_segments(self, input_pos: torch.Tensor, segments: Sequence[tuple[KVCache, int]]) -> list[tuple]:
+        """forward_packed's sequences, checked: (cache, start, n, write positions [1, n], kv_len, masks by window),
+        the masks `forward` builds for that sequence alone."""
+        segs = []
+        start = 0
+        for cache, n in segments:
+            if cache.batch != 1:
+                raise ValueError(f"forward_packed needs batch-1 caches, got batch {cache.batch}")
+            pos = input_pos[start : start + n][None]  # [1, n]
+            kv_len = int(pos.max()) + 1
+            if int(pos.min()) < 0 or kv_len > cache.max_len:
+                raise ValueError(
+                    f"positions {int(pos.min())}..{kv_len - 1} outside the cache (max_len={cache.max_len})"
+                )
+            masks = self._attention_masks(pos[:, None, :, None], kv_len, one_query=n == 1)
+            segs.append((cache, start, n, pos, kv_len, masks))
+            start += n
+        return segs
+
     @torch.inference_mode()
     def forward_packed(
         self,
@@ -370,36 +401,9 @@ class ReferenceModel:
         T = tokens.shape[0]
         if input_pos.shape != (T,) or sum(n for _, n in segments) != T:
             raise ValueError(f"tokens [{T}], input_pos {list(input_pos.shape)} and segment lengths disagree")
-        freqs = input_pos[None, :, None].float() * self.inv_freq  # [1, T, D/2]
-        cos = torch.cat((freqs, freqs), -1).cos()[:, :, None, :]
-        sin = freqs.sin()
-        sin = torch.cat((-sin, sin), -1)[:, :, None, :]
-
+        cos, sin = self._rope_tables(input_pos[None])  # [1, T, 1, D]
         G = c.num_heads // c.num_kv_heads
-        segs = []  # (cache, start, n, write positions [1, n], kv_len, masks by window)
-        start = 0
-        for cache, n in segments:
-            if cache.batch != 1:
-                raise ValueError(f"forward_packed needs batch-1 caches, got batch {cache.batch}")
-            pos = input_pos[start : start + n][None]  # [1, n]
-            kv_len = int(pos.max()) + 1
-            if int(pos.min()) < 0 or kv_len > cache.max_len:
-                raise ValueError(
-                    f"positions {int(pos.min())}..{kv_len - 1} outside the cache (max_len={cache.max_len})"
-                )
-            q_pos = pos[:, None, :, None]
-            k_pos = torch.arange(kv_len)
-            masks: dict[int | None, torch.Tensor | None] = {}
-            for window in set(c.sliding_windows):  # the same masks `forward` builds for this row alone
-                if n == 1 and (window is None or window >= kv_len):
-                    masks[window] = None
-                    continue
-                m = k_pos <= q_pos
-                if window is not None:
-                    m = m & (k_pos > q_pos - window)
-                masks[window] = m.repeat(1, 1, G, 1)
-            segs.append((cache, start, n, pos, kv_len, masks))
-            start += n
+        segs = self._packed_segments(input_pos, segments)
 
         x = F.embedding(tokens[None], self.embed)  # [1, T, H]
         nq, nk, D = c.num_heads, c.num_kv_heads, c.head_dim

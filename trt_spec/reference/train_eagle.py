@@ -473,26 +473,9 @@ def run(cfg: TrainConfig, log: Optional[Callable[[str], None]] = None) -> dict:
     end_id = tcfg.get("eos_token_id")
     end_id = end_id[0] if isinstance(end_id, list) else end_id
     t_gen = time.monotonic()
-    data = []
-    for i in range(cfg.samples_per_prompt):  # the first greedy, the others sampled (SAMPLE_TEMPERATURE)
-        data += generate_labelled(
-            model,
-            prompts,
-            aux,
-            max_new=cfg.answer_tokens,
-            end_id=end_id,
-            batch=cfg.gen_batch,
-            log=log,
-            temperature=SAMPLE_TEMPERATURE if i else 0.0,
-            seed=cfg.seed + i,
-        )
-    seqs = [s for s, _, _ in data]
-    labelled = [(f, t) for _, f, t in data]
+    seqs, labelled = _generate_data(cfg, model, prompts, aux, end_id, log)
     t_label = time.monotonic()
-    ids = draft_vocabulary([t for _, t in labelled], c.vocab_size, cfg.draft_vocab)
-    to_draft = torch.full((c.vocab_size,), -100, dtype=torch.long)
-    to_draft[ids] = torch.arange(len(ids))
-    covered = float((to_draft[torch.cat([t for _, t in labelled])] >= 0).float().mean())
+    ids, to_draft, covered = _draft_map(labelled, c.vocab_size, cfg.draft_vocab)
     # hold out every 8th prompt (all its answers) for the agreement report: never trained on
     held = [i for i in range(len(seqs)) if (i % len(prompts)) % 8 == 7]
     trn = [i for i in range(len(seqs)) if (i % len(prompts)) % 8 != 7]
@@ -541,6 +524,46 @@ def run(cfg: TrainConfig, log: Optional[Callable[[str], None]] = None) -> dict:
         shutil.rmtree(cfg.out_dir)
     tmp.rename(cfg.out_dir)
     return report
+
+
+def _generate_data(
+    cfg: TrainConfig,
+    model,
+    prompts: list[list[int]],
+    aux: tuple[int, ...],
+    end_id: Optional[int],
+    log: Callable[[str], None],
+) -> tuple[list[list[int]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """cfg.samples_per_prompt answers per prompt (the first greedy, the others sampled at SAMPLE_TEMPERATURE) ->
+    the sequences and their (features, target top-1) labels."""
+    data = []
+    for i in range(cfg.samples_per_prompt):
+        data += generate_labelled(
+            model,
+            prompts,
+            aux,
+            max_new=cfg.answer_tokens,
+            end_id=end_id,
+            batch=cfg.gen_batch,
+            log=log,
+            temperature=SAMPLE_TEMPERATURE if i else 0.0,
+            seed=cfg.seed + i,
+        )
+    seqs = [s for s, _, _ in data]
+    labelled = [(f, t) for _, f, t in data]
+    return seqs, labelled
+
+
+def _draft_map(
+    labelled: list[tuple[torch.Tensor, torch.Tensor]], vocab_size: int, draft_vocab: int
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The draft vocabulary (target ids), the target -> draft id map (-100: outside it) and the share of labels it
+    covers."""
+    ids = draft_vocabulary([t for _, t in labelled], vocab_size, draft_vocab)
+    to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
+    to_draft[ids] = torch.arange(len(ids))
+    covered = float((to_draft[torch.cat([t for _, t in labelled])] >= 0).float().mean())
+    return ids, to_draft, covered
 
 
 def _parser() -> argparse.ArgumentParser:
