@@ -30,7 +30,7 @@ from .harness import commands
 from .harness.bench import tune_k
 from .harness.client import ClientError
 from .harness.identity import format_check
-from .harness.prompts import PROMPT_SETS, load_prompts
+from .harness.prompts import PROMPT_SETS, load_prompts, select_prompts
 from .harness.report import environment, markdown, write_reports
 from .records import defaults
 from .records.config import ConfigError, load_config
@@ -190,10 +190,19 @@ _prompt_options = _with(  # --prompt-set: bench's old name, still accepted
         metavar="SET|FILE",
         default=defaults.PROMPT_SET,
         help=f"Prompt set ({', '.join(PROMPT_SETS)}), a JSONL file (one "
-        '{"prompt": ..., "max_tokens": ...} per line) or a ShareGPT-style JSON file.',
+        '{"prompt": ..., "max_tokens": ...} per line, or Spec-Bench\'s question.jsonl: first turns) or a '
+        "ShareGPT-style JSON file.",
     ),
     click.option("--max-tokens", type=int, default=None, help="Override every prompt's max_tokens."),
-    click.option("--limit", type=int, default=None, help="Use only the first N prompts."),
+    click.option(
+        "--category",
+        "categories",
+        multiple=True,
+        metavar="NAME",
+        help="Only the prompts of this category (repeatable): a shipped set's is its name, a Spec-Bench file's "
+        "its rows' category.",
+    ),
+    click.option("--limit", type=int, default=None, help="Use only the first N prompts (after --category)."),
 )
 # check / bench served / tune: the server at --url
 _protocol_option = click.option(
@@ -211,9 +220,9 @@ _admin_key_option = click.option(  # the harness reads model configs, which `trt
 )
 
 
-def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int]):
+def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int], categories: tuple[str, ...]):
     try:
-        return load_prompts(prompt_set, max_tokens)[:limit]
+        return select_prompts(load_prompts(prompt_set, max_tokens), categories)[:limit]
     except ValueError as e:
         raise UserError(str(e)) from None
 
@@ -585,6 +594,7 @@ def check(
     prompt_set: str,
     max_tokens: Optional[int],
     limit: Optional[int],
+    categories: tuple[str, ...],
     num_draft_tokens: Optional[int],
     tokenizer: Optional[str],
     near_tie_margin: Optional[float],
@@ -596,7 +606,7 @@ def check(
     admin_key_file: Optional[str],
 ) -> None:
     """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch)."""
-    prompts = _prompts(prompt_set, max_tokens, limit)
+    prompts = _prompts(prompt_set, max_tokens, limit, categories)
     o = commands.CheckOptions(
         num_draft_tokens=num_draft_tokens,
         tokenizer=tokenizer,
@@ -709,6 +719,7 @@ def bench_served(
     prompt_set: str,
     max_tokens: Optional[int],
     limit: Optional[int],
+    categories: tuple[str, ...],
     ks: tuple[int, ...],
     repeats: int,
     policies: tuple[str, ...],
@@ -719,7 +730,7 @@ def bench_served(
 ) -> None:
     """Against a deployment served by Triton (trt-spec serve) at --url: speedup with a 95% interval, acceptance,
     TTFT/TPOT, optionally a concurrency sweep, a request-rate run with goodput, and report files."""
-    prompts = _prompts(prompt_set, max_tokens, limit)
+    prompts = _prompts(prompt_set, max_tokens, limit, categories)
     _bench_remote(
         lambda: commands.served_target(url, protocol, wait, admin_key_file, tokenizer, prompts, _note),
         _runs(ks, repeats, policies),
@@ -769,6 +780,7 @@ def bench_openai(
     prompt_set: str,
     max_tokens: Optional[int],
     limit: Optional[int],
+    categories: tuple[str, ...],
     ks: tuple[int, ...],
     repeats: int,
     policies: tuple[str, ...],
@@ -779,7 +791,7 @@ def bench_openai(
 ) -> None:
     """Against any OpenAI-compatible server(s): trt-spec serve --openai-port, vLLM, SGLang, trtllm-serve,
     llama-server; the same runs and report as `bench served`."""
-    prompts = _prompts(prompt_set, max_tokens, limit)
+    prompts = _prompts(prompt_set, max_tokens, limit, categories)
     _bench_remote(
         lambda: commands.openai_target(urls, models, api, api_key, tokenizer, prompts, _note),
         _runs(ks, repeats, policies),
@@ -805,6 +817,7 @@ def bench_in_process(
     prompt_set: str,
     max_tokens: Optional[int],
     limit: Optional[int],
+    categories: tuple[str, ...],
     ks: tuple[int, ...],
     repeats: int,
     policies: tuple[str, ...],
@@ -815,7 +828,7 @@ def bench_in_process(
     the draft/target cost ratio and the Leviathan bound."""
     from .harness.inprocess import format_report, to_json
 
-    prompts = _prompts(prompt_set, max_tokens, limit)
+    prompts = _prompts(prompt_set, max_tokens, limit, categories)
     try:  # a bad config or build, the loop's request checks (RequestError), an engine's refusal
         rep = commands.bench_in_process(
             Path(config),
@@ -855,6 +868,7 @@ def tune(
     prompt_set: str,
     max_tokens: Optional[int],
     limit: Optional[int],
+    categories: tuple[str, ...],
     ks: tuple[int, ...],
     repeats: int,
     tokenizer: Optional[str],
@@ -864,7 +878,7 @@ def tune(
 ) -> None:
     """Sweep fixed num_draft_tokens (k), then the adaptive policy, against a served deployment; recommend a k and
     report adaptive against the best fixed k (speedups with 95% intervals, one run)."""
-    prompts = _prompts(prompt_set, max_tokens, limit)
+    prompts = _prompts(prompt_set, max_tokens, limit, categories)
     try:
         client = commands.served_client(url, protocol, wait, admin_key_file, note=_note)
         prompts = commands.chat_prompts(prompts, tokenizer, _note)

@@ -147,7 +147,7 @@ def _options_of(help_text: str) -> set[str]:
     return {ln.split()[0].rstrip(",") for ln in lines if ln.startswith("  -")}
 
 
-SHARED = {"--prompts", "--max-tokens", "--limit", "--k", "--repeats", "--format", "--policy", "-h"}
+SHARED = {"--prompts", "--max-tokens", "--category", "--limit", "--k", "--repeats", "--format", "--policy", "-h"}
 LOAD = {"--concurrency", "--request-rate", "--num-requests", "--slo-ttft-ms", "--slo-tpot-ms", "--tokenizer", "--out"}
 
 

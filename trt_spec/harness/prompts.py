@@ -1,16 +1,19 @@
 """Prompt sets shipped with trt-spec, and JSONL prompt files.
 
 Sets: `code-edit` (agentic code loop: the answer copies most of the prompt — where n-gram drafting shines),
-`code` (plain code generation), `chat`, `summarization`. A JSONL file holds one object per line:
-{"prompt": "...", "max_tokens": 128} (max_tokens optional; AIPerf's "text"/"output_length" read too); a ShareGPT-style
-JSON file is read as its first human turns (load_prompts).
+`code` (plain code generation), `chat`, `summarization`; each prompt's category is its set's name. A JSONL file holds
+one object per line: {"prompt": "...", "max_tokens": 128} (max_tokens optional; AIPerf's "text"/"output_length" read
+too), or Spec-Bench's rows {"question_id": 81, "category": "writing", "turns": ["...", ...]} (the first turn is the
+prompt, the category kept); a ShareGPT-style JSON file is read as its first human turns (load_prompts). select_prompts
+keeps the prompts of some categories.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 DEFAULT_MAX_TOKENS = 128
 
@@ -20,7 +23,10 @@ class Prompt:
     text: str  # the user message (a chat template is applied by whoever knows the tokenizer)
     max_tokens: int = DEFAULT_MAX_TOKENS
     id: str = ""
+    category: str = ""  # a shipped set's name, a Spec-Bench row's "category"; "" elsewhere (UNCATEGORISED)
 
+
+UNCATEGORISED = "uncategorised"  # how the per-category table names prompts without one (a file mixing kinds)
 
 _SNIPPETS = {
     "stats": """def mean(values):
@@ -199,12 +205,13 @@ CHARS_PER_TOKEN = 4  # a ShareGPT answer's length in tokens, when no tokenizer i
 
 
 def load_prompts(name_or_path: str, max_tokens: int | None = None) -> list[Prompt]:
-    """A shipped set by name, a JSONL file (one object per line: {"prompt"|"text": ..., "max_tokens"|
-    "output_length"|"output_tokens": ...}), or a ShareGPT-style JSON file (a list of {"conversations": [{"from":
-    "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}: the first human turn is the prompt, the answer
-    after it sets max_tokens at len(answer) / CHARS_PER_TOKEN). Nothing is downloaded: a path on disk."""
+    """A shipped set by name (category: the set's name), a JSONL file (one object per line: {"prompt"|"text": ...,
+    "max_tokens"|"output_length"|"output_tokens": ...}, or Spec-Bench's {"question_id": ..., "category": ...,
+    "turns": [...]}: the first turn, DEFAULT_MAX_TOKENS), or a ShareGPT-style JSON file (a list of {"conversations":
+    [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}: the first human turn is the prompt, the
+    answer after it sets max_tokens at len(answer) / CHARS_PER_TOKEN). Nothing is downloaded: a path on disk."""
     if name_or_path in PROMPT_SETS:
-        prompts = PROMPT_SETS[name_or_path]
+        prompts = [replace(p, category=name_or_path) for p in PROMPT_SETS[name_or_path]]
     else:
         p = Path(name_or_path)
         if not p.is_file():
@@ -214,8 +221,21 @@ def load_prompts(name_or_path: str, max_tokens: int | None = None) -> list[Promp
         if not prompts:
             raise ValueError(f"{p}: no prompts in it")
     if max_tokens is not None:
-        prompts = [Prompt(p.text, max_tokens, p.id) for p in prompts]
+        prompts = [replace(p, max_tokens=max_tokens) for p in prompts]
     return list(prompts)
+
+
+def select_prompts(prompts: Sequence[Prompt], categories: Sequence[str]) -> list[Prompt]:
+    """The prompts of these categories (all of them when none is named), in their order; a category no prompt carries
+    is one ValueError line listing those present."""
+    if not categories:
+        return list(prompts)
+    present = list(dict.fromkeys(p.category for p in prompts if p.category))
+    unknown = [c for c in categories if c not in present]
+    if unknown:
+        have = ", ".join(present) if present else "none (a shipped set's is its name; a Spec-Bench row's its category)"
+        raise ValueError(f"--category {', '.join(unknown)}: no such category in these prompts; they have: {have}")
+    return [p for p in prompts if p.category in categories]
 
 
 def _jsonl(p: Path, text: str) -> list[Prompt]:
@@ -225,10 +245,15 @@ def _jsonl(p: Path, text: str) -> list[Prompt]:
             continue
         try:
             obj = json.loads(line)
+            if isinstance(obj, dict) and "turns" in obj:  # a Spec-Bench question
+                prompts.append(_spec_bench_row(p, i, obj))
+                continue
             key = next(k for k in PROMPT_KEYS if k in obj)
             prompt = obj[key]
         except (json.JSONDecodeError, StopIteration, TypeError):
-            raise ValueError(f'{p}:{i}: expected a JSON object with a "prompt" key (or "text")') from None
+            raise ValueError(
+                f'{p}:{i}: expected a JSON object with a "prompt" key (or "text", or Spec-Bench\'s "turns")'
+            ) from None
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f'{p}:{i}: "{key}" must be a non-empty string')
         mt = next((obj[k] for k in LENGTH_KEYS if k in obj), DEFAULT_MAX_TOKENS)
@@ -236,6 +261,16 @@ def _jsonl(p: Path, text: str) -> list[Prompt]:
             raise ValueError(f"{p}:{i}: the output length must be a positive integer, got {mt!r}")
         prompts.append(Prompt(prompt, mt, str(obj.get("id", i))))
     return prompts
+
+
+def _spec_bench_row(p: Path, i: int, obj: dict) -> Prompt:
+    """A Spec-Bench question: its first turn (multi-turn, with the model's own answers fed back, is not read yet)."""
+    turns, category = obj["turns"], obj.get("category", "")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+        raise ValueError(f'{p}:{i}: "turns" must be a non-empty list of non-empty strings (Spec-Bench\'s schema)')
+    if not isinstance(category, str):
+        raise ValueError(f'{p}:{i}: "category" must be a string, got {category!r}')
+    return Prompt(turns[0], DEFAULT_MAX_TOKENS, str(obj.get("question_id", i)), category)
 
 
 def _sharegpt(p: Path, text: str) -> list[Prompt]:
@@ -284,6 +319,7 @@ def with_chat_template(prompts: list[Prompt], tokenizer) -> list[Prompt]:
             ),
             p.max_tokens,
             p.id,
+            p.category,
         )
         for p in prompts
     ]
