@@ -145,3 +145,44 @@ def test_ngram_and_a_k_beyond_the_build_is_one_clear_error(configs):
     )
     assert p.returncode != 0
     assert "max_draft_len" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_spec_bench_rows_filtered_by_category_get_the_per_category_table(configs, tmp_path):
+    """A Spec-Bench-shaped file, --category twice: the rows of those two categories, a table row each whose speedup is
+    paired_speedup over that category's pairs, in the JSON and the text report."""
+    from trt_spec.harness.inprocess import format_report
+    from trt_spec.records.speculation import paired_speedup
+
+    f = tmp_path / "question.jsonl"
+    rows = [(1, "writing", "def add(a, b):"), (2, "qa", "The quick brown fox"), (3, "rag", "for i in range(10):")]
+    f.write_text(
+        "".join(json.dumps({"question_id": i, "category": c, "turns": [t, "again"]}) + "\n" for i, c, t in rows)
+    )
+    rep = bench(
+        configs["copy"],
+        "--k",
+        "2",
+        "--policy",
+        "fixed",
+        "--prompts",
+        str(f),
+        "--category",
+        "rag",
+        "--category",
+        "writing",
+    )
+    r = rep["sweep"][0]
+    assert rep["prompts"] == 2 and [(s["prompt"], s["category"]) for s in r["samples"]] == [
+        ("1", "writing"),
+        ("3", "rag"),
+    ]
+    assert [(c["category"], c["prompts"], c["requests"]) for c in r["categories"]] == [("writing", 1, 1), ("rag", 1, 1)]
+    for c, s in zip(r["categories"], r["samples"]):
+        assert c["speedup"] == pytest.approx(paired_speedup([s["baseline_s"]], [s["spec_s"]]).point)
+        assert c["acceptance_rate"] == 1.0 and c["rounds_without_speculation_share"] == 0.0  # the draft is the target
+    text = format_report(rep)
+    assert "per category, k=2 fixed:" in text
+    assert [ln.split()[:2] for ln in text.splitlines() if ln.startswith("  writing") or ln.startswith("  rag")] == [
+        ["writing", "1"],
+        ["rag", "1"],
+    ]

@@ -146,7 +146,7 @@ def test_every_bench_mode_reports_the_one_speedup():
     paired_speedup. The in-process bench's was (spec tokens/s) / (baseline tokens/s): a second formula, which differs
     where the two sides' outputs differ in length (here 10 vs 5 tokens per prompt: it said 0.83x, not 1.67x)."""
     from trt_spec.harness.bench import RequestSample, summarize
-    from trt_spec.harness.inprocess import BaselineRun, SpecRun, _row
+    from trt_spec.harness.inprocess import BaselineRun, Pair, SpecRun, _row
     from trt_spec.in_triton.speculative_loop import LoopStats, Round
     from trt_spec.records.speculation import paired_speedup
 
@@ -164,7 +164,7 @@ def test_every_bench_mode_reports_the_one_speedup():
 
     stats = LoopStats(drafted=4, accepted=2, steps=2, hist=[0, 0, 1], rounds=[Round(2, 2, 1, 2, 0.01, 0.1)] * 2)
     pairs = [
-        (i, 0, BaselineRun(list(range(10)), b, b * 0.9), SpecRun(list(range(5)), s, s * 0.9, stats))
+        Pair(i, 0, BaselineRun(list(range(10)), b, b * 0.9), SpecRun(list(range(5)), s, s * 0.9, stats), "", i)
         for i, (b, s) in enumerate(timings)
     ]
     row = _row(2, "fixed", pairs)

@@ -6,10 +6,11 @@ latency, output tokens/s; per run: mean acceptance length, acceptance rate, per-
 the accepted-length histogram (summed from the BLS's whole-request metrics), and the speedup (baseline
 latency / speculative latency over the same tokens, with a paired bootstrap 95% interval:
 records.speculation.paired_speedup, the one definition every bench mode reports; the acceptance is
-records.speculation.acceptance_summary's). A concurrency sweep (e.g. 1, 2, 4, 8 in flight) shows where speculation
-stops paying: per level and model, total tok/s over the level's wall time, per-request TTFT/TPOT/latency percentiles
-and the raw samples; per level, the throughput speedup (speculative / baseline total tok/s: requests served
-together, so not paired) and the acceptance. `tune` sweeps k and recommends one.
+records.speculation.acceptance_summary's); with prompts of more than one category, the same speedup and acceptance
+per category (per_category: each request keeps its prompt's category). A concurrency sweep (e.g. 1, 2, 4, 8 in
+flight) shows where speculation stops paying: per level and model, total tok/s over the level's wall time,
+per-request TTFT/TPOT/latency percentiles and the raw samples; per level, the throughput speedup (speculative /
+baseline total tok/s: requests served together, so not paired) and the acceptance. `tune` sweeps k and recommends one.
 
 Each run is a phases.Measurement (ab_measurement, sweep_measurement, rate_measurement): interleaved as above where both
 models are served; where the baseline is loaded for its phase only, a speculative and a baseline half, which
@@ -40,7 +41,7 @@ from ..records.speculation import AcceptanceCounts, Policy, acceptance_summary, 
 from .client import GREEDY, Generation, LLMClient
 from .metrics import Summary, low_acceptance_advice, total_throughput, tpot
 from .phases import PHASED_NOTE, Measurement, is_phased, measure
-from .prompts import Prompt
+from .prompts import UNCATEGORISED, Prompt
 
 Progress = Optional[Callable[[int, int], None]]
 
@@ -63,9 +64,10 @@ class RequestSample:
     draft_lengths: Optional[list[int]] = None  # k chosen per round (0 = no speculation that round)
     acceptance_source: Optional[str] = None  # where accepted/steps came from when not the model's own counts
     acceptance_note: Optional[str] = None  # a correction to that count (lc.ACCEPTANCE_NOTE), where one applied
+    category: str = ""  # the prompt's (prompts.Prompt.category), for the per-category table
 
     @staticmethod
-    def of(model: str, i: int, r: int, g: Generation) -> "RequestSample":
+    def of(model: str, i: int, r: int, g: Generation, category: str = "") -> "RequestSample":
         m = g.metrics
         return RequestSample(
             model,
@@ -82,6 +84,7 @@ class RequestSample:
             m.get(DRAFT_LENGTHS),
             m.get(lc.ACCEPTANCE_SOURCE),
             m.get(lc.ACCEPTANCE_NOTE),
+            category,
         )
 
 
@@ -140,7 +143,7 @@ def ab_measurement(
             out = []
             for r in range(repeats):
                 for i, p in enumerate(prompts):
-                    out.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy)))
+                    out.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy), p.category))
                     if progress:
                         progress(len(out), total)
             return out
@@ -157,7 +160,7 @@ def ab_measurement(
             for i, p in enumerate(prompts):
                 order = (BASELINE, SPECULATIVE) if (i + r) % 2 == 0 else (SPECULATIVE, BASELINE)
                 for model in order:
-                    samples.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy)))
+                    samples.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy), p.category))
                 done += 1
                 if progress:
                     progress(done, total)
@@ -194,17 +197,48 @@ def paired_ab(
     return _one(client, ab_measurement(client, prompts, k=k, repeats=repeats, warmup=warmup, policy=policy), progress)
 
 
+def paired(samples: Sequence[RequestSample]) -> list[tuple[RequestSample, RequestSample]]:
+    """(baseline, speculative) of every (prompt, repeat) that both models ran, in the speculative side's order."""
+    base = {(s.prompt, s.repeat): s for s in samples if s.model == BASELINE}
+    return [(base[(s.prompt, s.repeat)], s) for s in samples if s.model == SPECULATIVE and (s.prompt, s.repeat) in base]
+
+
+def per_category(samples: Sequence[RequestSample]) -> list[dict]:
+    """One row per category of the prompts, in their order, when they carry more than one (else none): prompts,
+    requests, the speedup with its interval (paired_speedup over the category's pairs: the overall definition), and
+    acceptance_summary's mean acceptance length, acceptance rate and share of rounds without speculation over the
+    category's speculative requests (None where the server reports no acceptance or no rounds: the OpenAI API)."""
+    spec = [s for s in samples if s.model == SPECULATIVE]
+    categories = list(dict.fromkeys(s.category for s in spec))
+    if len(categories) < 2:
+        return []
+    pairs = paired(samples)
+    rows = []
+    for c in categories:
+        mine = [(b, s) for b, s in pairs if s.category == c]
+        speedup, lo, hi = paired_speedup([b.latency_s for b, _ in mine], [s.latency_s for _, s in mine])
+        acc = acceptance_summary(request_acceptance_counts([s for s in spec if s.category == c]))
+        rounds_known = bool(acc["draft_length_counts"]) or acc["steps"] > 0
+        rows.append(
+            {
+                "category": c or UNCATEGORISED,
+                "prompts": len({s.prompt for s in spec if s.category == c}),
+                "requests": len(mine),
+                "speedup": speedup,
+                "speedup_ci95": [lo, hi],
+                "mean_acceptance_length": acc["mean_acceptance_length"],
+                "acceptance_rate": acc["acceptance_rate"],
+                "rounds_without_speculation_share": acc["rounds_without_speculation_share"] if rounds_known else None,
+            }
+        )
+    return rows
+
+
 def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Optional[str] = None) -> dict:
     base = [s for s in samples if s.model == BASELINE]
     spec = [s for s in samples if s.model == SPECULATIVE]
-    pairs = {(s.prompt, s.repeat): s for s in base}
-    b_lat, s_lat = [], []
-    for s in spec:
-        b = pairs.get((s.prompt, s.repeat))
-        if b is not None:
-            b_lat.append(b.latency_s)
-            s_lat.append(s.latency_s)
-    speedup, lo, hi = paired_speedup(b_lat, s_lat)
+    pairs = paired(samples)
+    speedup, lo, hi = paired_speedup([b.latency_s for b, _ in pairs], [s.latency_s for _, s in pairs])
     acc = acceptance_summary(request_acceptance_counts(spec))
 
     def side(xs: Sequence[RequestSample]) -> dict:
@@ -225,6 +259,7 @@ def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Option
         "baseline": side(base),
         "speculative": side(spec),
         "acceptance": acc,
+        "categories": per_category(samples),
         "samples": [s.__dict__ for s in samples],
     }
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
@@ -264,7 +299,7 @@ def _nth_sample(
     p, r = i % len(prompts), i // len(prompts)
     cl = client_factory()
     try:
-        return RequestSample.of(model, p, r, _request(cl, model, prompts[p], k, policy))
+        return RequestSample.of(model, p, r, _request(cl, model, prompts[p], k, policy), prompts[p].category)
     finally:
         cl.close()
 

@@ -32,7 +32,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -46,9 +46,9 @@ from ..in_triton.speculative_loop import (
     validate,
 )
 from ..records import backend_contract as bc
-from ..records.names import BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
+from ..records.names import BASELINE, BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
 from ..records.speculation import acceptance_summary, leviathan_bound, paired_speedup, solve_alpha
-from .bench import RequestSample, request_acceptance_counts
+from .bench import RequestSample, per_category, request_acceptance_counts
 from .metrics import fmt, low_acceptance_advice, tpot
 from .prompts import Prompt
 
@@ -151,6 +151,17 @@ class SpecRun:
     metrics: object  # speculative_loop.LoopStats
 
 
+class Pair(NamedTuple):
+    """One prompt and repeat of a row, on both sides."""
+
+    prompt: str | int  # the prompt's id (its index when it has none)
+    repeat: int
+    base: BaselineRun
+    spec: SpecRun
+    category: str  # the prompt's (prompts.Prompt.category)
+    index: int  # the prompt's place in the prompt list
+
+
 async def baseline_call(d: Loaded, prompt: list[int], max_tokens: int, end_id: int) -> BaselineRun:
     """The ensemble's engine call: the target alone, greedy, with its perf outputs for the first/last token times."""
     r = SpecRequest(prompt, max_tokens, 0, end_id, d.pad_id)
@@ -218,7 +229,7 @@ def run_inprocess(
                                 if which == "base"
                                 else await speculative_call(d, loop, x, p.max_tokens, k, end_id, policy)
                             )
-                        pairs.append((p.id or i, r, runs["base"], runs["spec"]))
+                        pairs.append(Pair(p.id or i, r, runs["base"], runs["spec"], p.category, i))
                 rows.append(_row(k, policy or d.loop_config.draft_len_policy, pairs))
         return rows
 
@@ -235,14 +246,16 @@ def run_inprocess(
     }
 
 
-def _row(k: int, policy: str, pairs: list) -> dict:
-    """One (policy, k): the paired runs summed, the acceptance as the served bench summarizes it, and the model."""
-    base = [b for _, _, b, _ in pairs]
-    spec = [s for _, _, _, s in pairs]
+def _row(k: int, policy: str, pairs: list[Pair]) -> dict:
+    """One (policy, k): the paired runs summed, the acceptance as the served bench summarizes it (per category too),
+    and the model."""
+    base = [x.base for x in pairs]
+    spec = [x.spec for x in pairs]
     base_t, spec_t = sum(b.wall_s for b in base), sum(s.wall_s for s in spec)
     base_n, spec_n = sum(len(b.tokens) for b in base), sum(len(s.tokens) for s in spec)
     base_dec, spec_dec = sum(b.decode_s for b in base), sum(s.decode_s for s in spec)
-    acc = acceptance_summary(request_acceptance_counts(_request_samples(pairs)))
+    samples = _request_samples(pairs)
+    acc = acceptance_summary(request_acceptance_counts([x for x in samples if x.model == SPECULATIVE]))
     rounds = [rd for s in spec for rd in s.metrics.rounds]
     verifications = [rd for rd in rounds if rd.drafted]
     draft_s = sum(rd.draft_s for rd in rounds)
@@ -286,6 +299,7 @@ def _row(k: int, policy: str, pairs: list) -> dict:
         "steps": acc["steps"],
         "speculative_rounds": acc["speculative_rounds"],
         "acceptance": acc,
+        "categories": per_category(samples),
         "time_draft_s": draft_s,
         "time_target_s": sum(rd.target_s for rd in rounds),
         "baseline_tokens": base_n,
@@ -296,32 +310,32 @@ def _row(k: int, policy: str, pairs: list) -> dict:
     return row
 
 
-def _request_samples(pairs: list) -> list[RequestSample]:
-    """The speculative run of every pair as the served bench records a request (its acceptance counts)."""
-    return [
-        RequestSample(
-            SPECULATIVE,
-            i,
-            r,
-            len(s.tokens),
-            s.wall_s - s.decode_s,
-            s.wall_s,
-            tpot(s.wall_s, s.wall_s - s.decode_s, len(s.tokens)),
-            s.metrics.accepted,
-            s.metrics.drafted,
-            s.metrics.steps,
-            list(s.metrics.hist),
-            s.metrics.draft_lengths,
-        )
-        for i, r, _, s in pairs
-    ]
+def _request_samples(pairs: list[Pair]) -> list[RequestSample]:
+    """Both runs of every pair as the served bench records a request (the speculative one with its acceptance
+    counts), for bench.per_category and the acceptance summary."""
+
+    def sample(model: str, x: Pair, run, *counts) -> RequestSample:
+        ttft = run.wall_s - run.decode_s
+        n = len(run.tokens)
+        args = (model, x.index, x.repeat, n, ttft, run.wall_s, tpot(run.wall_s, ttft, n), *counts)
+        return RequestSample(*args, category=x.category)
+
+    out = []
+    for x in pairs:
+        m = x.spec.metrics
+        out += [
+            sample(BASELINE, x, x.base),
+            sample(SPECULATIVE, x, x.spec, m.accepted, m.drafted, m.steps, list(m.hist), m.draft_lengths),
+        ]
+    return out
 
 
-def _pair_records(k: int, pairs: list) -> list[dict]:
+def _pair_records(k: int, pairs: list[Pair]) -> list[dict]:
     """Every (prompt, repeat) pair of a row: both wall times, identity and the speculative run's counts."""
     return [
         {
             "prompt": i,
+            "category": category,
             "k": k,
             "repeat": r,
             "baseline_s": b.wall_s,
@@ -333,7 +347,7 @@ def _pair_records(k: int, pairs: list) -> list[dict]:
             "steps": s.metrics.steps,
             "draft_lengths": s.metrics.draft_lengths,
         }
-        for i, r, b, s in pairs
+        for i, r, b, s, category, _ in pairs
     ]
 
 
@@ -366,6 +380,7 @@ def format_report(rep: dict) -> str:
             f"{a['mean_draft_length']:.2f}, rounds without speculation "
             f"{a['rounds_without_speculation_share']:.0%}"
         )
+    lines += _category_lines(rep)
     lines.append(
         f"best k={rep['k']} ({rep['draft_len_policy']}): {rep['speedup']:.2f}x end to end "
         f"(95% CI {_interval(rep['speedup_ci95'])}; {rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} "
@@ -391,6 +406,26 @@ def format_report(rep: dict) -> str:
             f"({c['identical_prompts']}/{c['prompts']} prompts token-identical)"
         )
     return "\n".join(lines)
+
+
+def _category_lines(rep: dict) -> list[str]:
+    """Per (policy, k) whose prompts carry more than one category: bench.per_category's rows."""
+    lines = []
+    for r in rep["sweep"]:
+        if not r.get("categories"):
+            continue
+        lines.append(f"per category, k={r['k']} {r['draft_len_policy']}:")
+        lines.append(
+            f"  {'category':<16} {'prompts':>7} {'speedup':>8} {'95% CI':>11} {'mean len':>8} {'accept':>7} "
+            f"{'no spec':>7}"
+        )
+        for c in r["categories"]:
+            lines.append(
+                f"  {c['category']:<16} {c['prompts']:>7} {c['speedup']:>7.2f}x {_interval(c['speedup_ci95']):>11} "
+                f"{fmt(c['mean_acceptance_length'], '>8.2f')} {fmt(c['acceptance_rate'], '>7.2f')} "
+                f"{fmt(c['rounds_without_speculation_share'], '>7.0%')}"
+            )
+    return lines
 
 
 def _interval(ci: Sequence[float]) -> str:

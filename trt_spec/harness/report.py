@@ -1,5 +1,5 @@
-"""Reports: report.json (every raw sample + summary + environment), report.md (tables), PNG plots (tokens/s,
-acceptance histogram, speedup and total throughput vs concurrency, speedup vs k)."""
+"""Reports: report.json (every raw sample + summary + environment), report.md (tables, per category too), PNG plots
+(tokens/s, acceptance histogram, speedup and total throughput vs concurrency, speedup vs k)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,29 @@ def speedup_section(b: dict) -> list[str]:
         out += [f"Order: {b['order']}.", ""]
     if b.get("warning"):
         out += [f"> WARNING: {b['warning']}", ""]
-    return out
+    return out + category_table(b.get("categories") or [])
+
+
+def category_table(rows: list[dict]) -> list[str]:
+    """Per category of the prompts (bench.per_category; none when they carry one category): the speedup with its
+    interval and the acceptance, n/a where the server reports none (the OpenAI API)."""
+    if not rows:
+        return []
+    out = [
+        "### Per category",
+        "",
+        "| category | prompts | speedup | 95% CI | mean acceptance length | acceptance rate | "
+        "rounds without speculation |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lo, hi = r["speedup_ci95"]
+        out.append(
+            f"| {r['category']} | {r['prompts']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
+            f"{fmt(r['mean_acceptance_length'], '.2f')} | {fmt(r['acceptance_rate'], '.2f')} | "
+            f"{fmt(r['rounds_without_speculation_share'], '.0%')} |"
+        )
+    return out + [""]
 
 
 def tune_section(t: dict) -> list[str]:
