@@ -55,106 +55,32 @@ class ModelInfo:
 
 # Published config.json values of the models the shipped build configs name, so `trt-spec plan` can show a
 # memory plan on a machine that does not hold the checkpoints. `trt-spec build` always reads the real files.
+# The 70B's published dimensions, shared by NVIDIA's pre-quantized FP8 checkpoint of it (runtime llmapi).
+_LLAMA_33_70B = ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
+                          bos_token_id=128000, eos_token_ids=(128001, 128008, 128009))  # fmt: skip
+# fmt: off
+# one row per model: architecture, layers, hidden, heads, KV heads, head dim, FFN, vocab, tied embeddings, context
 KNOWN_MODELS: dict[str, ModelInfo] = {
-    "llama-3.3-70b-instruct": ModelInfo(
-        "LlamaForCausalLM",
-        80,
-        8192,
-        64,
-        8,
-        128,
-        28672,
-        128256,
-        False,
-        131072,
-        bos_token_id=128000,
-        eos_token_ids=(128001, 128008, 128009),
-    ),
-    # NVIDIA's pre-quantized FP8 checkpoint (runtime llmapi): the same dimensions
-    "llama-3.3-70b-instruct-fp8": ModelInfo(
-        "LlamaForCausalLM",
-        80,
-        8192,
-        64,
-        8,
-        128,
-        28672,
-        128256,
-        False,
-        131072,
-        bos_token_id=128000,
-        eos_token_ids=(128001, 128008, 128009),
-    ),
-    "llama-3.1-8b-instruct": ModelInfo(
-        "LlamaForCausalLM",
-        32,
-        4096,
-        32,
-        8,
-        128,
-        14336,
-        128256,
-        False,
-        131072,
-        bos_token_id=128000,
-        eos_token_ids=(128001, 128008, 128009),
-    ),
-    "llama-3.2-1b-instruct": ModelInfo(
-        "LlamaForCausalLM",
-        16,
-        2048,
-        32,
-        8,
-        64,
-        8192,
-        128256,
-        True,
-        131072,
-        bos_token_id=128000,
-        eos_token_ids=(128001, 128008, 128009),
-    ),
-    "qwen2.5-coder-32b-instruct": ModelInfo(
-        "Qwen2ForCausalLM",
-        64,
-        5120,
-        40,
-        8,
-        128,
-        27648,
-        152064,
-        False,
-        32768,
-        bos_token_id=151643,
-        eos_token_ids=(151645,),
-    ),
-    "qwen2.5-coder-0.5b-instruct": ModelInfo(
-        "Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, True, 32768, bos_token_id=151643, eos_token_ids=(151645,)
-    ),
-    "smollm2-135m-instruct": ModelInfo(
-        "LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192, bos_token_id=1, eos_token_ids=(2,)
-    ),
+    "llama-3.3-70b-instruct": _LLAMA_33_70B,
+    "llama-3.3-70b-instruct-fp8": _LLAMA_33_70B,
+    "llama-3.1-8b-instruct": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072,
+                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    "llama-3.2-1b-instruct": ModelInfo("LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072,
+                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    "qwen2.5-coder-32b-instruct": ModelInfo("Qwen2ForCausalLM", 64, 5120, 40, 8, 128, 27648, 152064, False, 32768,
+                                            bos_token_id=151643, eos_token_ids=(151645,)),
+    "qwen2.5-coder-0.5b-instruct": ModelInfo("Qwen2ForCausalLM", 24, 896, 14, 2, 64, 4864, 151936, True, 32768,
+                                             bos_token_id=151643, eos_token_ids=(151645,)),
+    "smollm2-135m-instruct": ModelInfo("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192,
+                                       bos_token_id=1, eos_token_ids=(2,)),
     # MoE with multi-head latent attention: 256 routed experts + 1 shared of moe_intermediate_size 2048 (the 3 dense
     # layers are counted as MoE ones: within 2%), KV cache = kv_lora_rank 512 + qk_rope_head_dim 64 per token and layer.
-    "deepseek-v3": ModelInfo(
-        "DeepseekV3ForCausalLM",
-        61,
-        7168,
-        128,
-        128,
-        128,
-        2048,
-        129280,
-        False,
-        163840,
-        num_experts=257,
-        bos_token_id=0,
-        eos_token_ids=(1,),
-        kv_latent_dim=576,
-    ),
-    "vicuna-7b-v1.3": ModelInfo(
-        "LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048, bos_token_id=1, eos_token_ids=(2,)
-    ),
+    "deepseek-v3": ModelInfo("DeepseekV3ForCausalLM", 61, 7168, 128, 128, 128, 2048, 129280, False, 163840,
+                             num_experts=257, bos_token_id=0, eos_token_ids=(1,), kv_latent_dim=576),
+    "vicuna-7b-v1.3": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048,
+                                bos_token_id=1, eos_token_ids=(2,)),
 }
+# fmt: on
 
 
 def _first(d: dict, *keys, default=None):
