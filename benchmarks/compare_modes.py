@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,33 @@ def build_and_repo(config: Path, build: bool) -> tuple[Path, object]:
     return repo, manifest
 
 
+@contextmanager
+def served(config: Path, build: bool, log_dir: Path):
+    """The config's deployment served on a real tritonserver (free ports, its log in log_dir): yields (client,
+    tokenizer, manifest), the client a gRPC LLMClient with the target's tokenizer (what `trt-spec bench served
+    --tokenizer` makes); the server is stopped on the way out."""
+    from trt_spec.harness.client import LLMClient
+    from trt_spec.in_triton.serving import load_tokenizer
+    from trt_spec.serve.server import TritonServer, free_port
+
+    repo, manifest = build_and_repo(config, build)
+    tok = load_tokenizer(manifest.engines["target"].dir)
+    server = TritonServer(
+        repo,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        log_path=log_dir / f"{config.stem}.log",
+    )
+    try:
+        server.start().wait_ready(600)
+        client = LLMClient(server.grpc_url, "grpc")
+        client.use_tokenizer(tok)
+        yield client, tok, manifest
+    finally:
+        server.stop()
+
+
 def _median_s(f, n: int = 5) -> float:
     ts = []
     for _ in range(n + 1):  # the first run warms up
@@ -94,12 +122,15 @@ def costs_and_rounds(manifest, k: int, prompts, tokenizer) -> dict:
     eng, out = target.engine, {}
     try:
         if eng.head is not None:
-            costs = eng.costs or measure_draft_costs(eng.model, eng.head, eng.max_draft_len)
-            out["c"], out["r"] = costs.head, costs.verify(k)
-            rounds = []
+            costs = measure_draft_costs(eng.model, eng.head, eng.max_draft_len)  # seconds: in decode steps here
+            one = costs.forward_s[0]
+            out["c"], out["r"] = costs.head_s / one, costs.forward_s[min(k, len(costs.forward_s) - 1)] / one
+            rounds, lengths = [], []  # (drafted, accepted) per speculative step; k per policy round (0 = a run)
             for p in prompts:
                 ids = tokenizer(p.text, add_special_tokens=True)["input_ids"]
-                rounds += target.scheduler.submit_generate(ids, p.max_tokens, Sampling()).result().rounds
+                result = target.scheduler.submit_generate(ids, p.max_tokens, Sampling()).result()
+                rounds += result.rounds
+                lengths += result.draft_lengths
             spec = [a for d, a in rounds if d]  # accepted per speculative round
             hist = [spec.count(i) for i in range(max(k, *spec) + 1)] if spec else []
             acc = acceptance_summary(
@@ -107,10 +138,11 @@ def costs_and_rounds(manifest, k: int, prompts, tokenizer) -> dict:
                     requests=len(prompts),
                     accepted=sum(spec),
                     drafted=sum(d for d, _ in rounds),
-                    steps=len(rounds),
+                    steps=len(lengths),
                     speculative_rounds=len(spec),
-                    rounds_without_speculation=len(rounds) - len(spec),
+                    rounds_without_speculation=lengths.count(0),
                     histogram=tuple(hist),
+                    draft_length_counts=tuple(lengths.count(i) for i in range(max(lengths, default=0) + 1)),
                 )
             )
             out["rounds"] = len(spec)
@@ -161,11 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from trt_spec.harness.bench import concurrency_sweep, paired_ab
-    from trt_spec.harness.client import LLMClient
     from trt_spec.harness.prompts import Prompt, load_prompts, with_chat_template
-    from trt_spec.in_triton.serving import load_tokenizer
     from trt_spec.records.config import load_config
-    from trt_spec.serve.server import TritonServer, free_port
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -179,20 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     for config in a.config or CONFIGS:
         config = ROOT / config
         k = load_config(config).speculative.max_draft_len
-        repo, manifest = build_and_repo(config, a.build)
-        tok = load_tokenizer(manifest.engines["target"].dir)
-        server = TritonServer(
-            repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            log_path=out / f"{config.stem}.log",
-        )
         res: dict = {"config": str(config.relative_to(ROOT)), "k": k, "sets": {}}
-        try:
-            server.start().wait_ready(600)
-            client = LLMClient(server.grpc_url, "grpc")
-            client.use_tokenizer(tok)
+        with served(config, a.build, out) as (client, tok, manifest):
             for name, prompts in sets.items():
                 t0 = time.monotonic()
                 r = paired_ab(client, with_chat_template(prompts, tok), warmup=1)
@@ -207,8 +224,6 @@ def main(argv: list[str] | None = None) -> int:
                     f"{config.stem} sweep: "
                     + ", ".join(f"{row['concurrency']}: {row['speedup']:.2f}x" for row in res["sweep"])
                 )
-        finally:
-            server.stop()
         res["in_process"] = {
             name: costs_and_rounds(manifest, k, with_chat_template(prompts, tok), tok) for name, prompts in sets.items()
         }

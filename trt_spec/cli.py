@@ -30,7 +30,7 @@ from .harness import commands
 from .harness.bench import tune_k
 from .harness.client import ClientError
 from .harness.identity import format_check
-from .harness.prompts import PROMPT_SETS, load_prompts, select_prompts
+from .harness.prompts import PROMPT_SETS, TURNS, load_prompts, select_prompts
 from .harness.report import environment, markdown, write_reports
 from .records import defaults
 from .records.config import ConfigError, load_config
@@ -190,8 +190,8 @@ _prompt_options = _with(  # --prompt-set: bench's old name, still accepted
         metavar="SET|FILE",
         default=defaults.PROMPT_SET,
         help=f"Prompt set ({', '.join(PROMPT_SETS)}), a JSONL file (one "
-        '{"prompt": ..., "max_tokens": ...} per line, or Spec-Bench\'s question.jsonl: first turns) or a '
-        "ShareGPT-style JSON file.",
+        '{"prompt": ..., "max_tokens": ...} per line, or Spec-Bench\'s question.jsonl: first turns, every turn with '
+        "bench --turns all) or a ShareGPT-style JSON file.",
     ),
     click.option("--max-tokens", type=int, default=None, help="Override every prompt's max_tokens."),
     click.option(
@@ -304,8 +304,24 @@ def main() -> None:
     default="text",
     help="text for people, json for tools, sh for a runnable bash script.",
 )
-def plan(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload: bool, fmt: str) -> None:
-    """Check CONFIG and print the build plan (runs nothing)."""
+@click.option(
+    "--alpha-from",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="REPORT.json",
+    help="The text format's GPU prediction takes the acceptance this bench report measured (default: the mode's "
+    "stated prior; docs/performance-model.md).",
+)
+def plan(
+    config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload: bool, fmt: str, alpha_from: Optional[str]
+) -> None:
+    """Check CONFIG and print the build plan (runs nothing), and for a GPU config the predicted speedup at batch 1."""
+    from .builder import perf_model
+
+    try:
+        measured = perf_model.read_alpha(Path(alpha_from)) if alpha_from else None
+    except perf_model.PerfModelError as e:
+        raise UserError(str(e)) from None
     # a plan builds nothing: a calibration that does not fit is a warning here (build refuses it without the flag)
     p = _plan_for(config, sets, gpu, require_checkpoints=False, allow_offload=allow_offload or None)
     if fmt == "json":
@@ -314,6 +330,7 @@ def plan(config: str, gpu: Optional[str], sets: tuple[str, ...], allow_offload: 
         click.echo(p.to_sh(), nl=False)
     else:
         click.echo(p.to_text())
+        click.echo(perf_model.prediction_text(p.report, measured))
 
 
 class _StepStatus:
@@ -649,6 +666,13 @@ _runs_options = _with(
         type=click.Choice(POLICIES),
         help="Draft-length policy per request, adaptive or fixed; repeat to compare (default: the deployment's).",
     ),
+    click.option(
+        "--turns",
+        type=click.Choice(TURNS),
+        default=defaults.TURNS,
+        help="A multi-turn question's (Spec-Bench's MT-Bench rows) first turn only, or all: each turn one paired "
+        "request, the conversation so far in the chat template with each model's own answers fed back.",
+    ),
     click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text"),
 )
 _load_options = _with(  # bench served / bench openai: a server takes load
@@ -685,17 +709,54 @@ _load_options = _with(  # bench served / bench openai: a server takes load
 )
 
 
-def _runs(ks, repeats, policies) -> commands.Runs:
-    return commands.Runs(ks=tuple(ks), repeats=repeats, policies=tuple(policies))
+_tenant_option = click.option(
+    "--tenant",
+    default=None,
+    metavar="NAME",
+    help="Send every speculative request as this tenant (the BLS's tenant input, OpenAI's user): the scope of the "
+    "n-gram deployment's cross-request suffix cache, so --repeats measure it (docs/draft-policy.md).",
+)
 
 
-def _bench_remote(target, runs, load: dict, fmt: str, out_dir: Optional[str]) -> None:
-    """bench served / openai: reach the server (target: a harness.commands function), run, print the report."""
+def _runs(ks, repeats, policies, turns: str = defaults.TURNS) -> commands.Runs:
+    return commands.Runs(ks=tuple(ks), repeats=repeats, policies=tuple(policies), turns=turns)
+
+
+_predict_option = click.option(
+    "--predict",
+    "predict",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="CONFIG",
+    help="Also print the GPU performance model's prediction for CONFIG (a GPU build config) with the acceptance "
+    "this run measured (docs/performance-model.md).",
+)
+
+
+def _print_prediction(plan, rep: dict, fmt: str) -> None:
+    """bench --predict: the plan's GPU prediction at the alpha this run measured (or why there is none); on stderr
+    with --format json, so stdout stays one JSON document."""
+    from .builder import perf_model
+
+    k = plan.report.speculative_record().num_draft_tokens
     try:
+        text = perf_model.prediction_text(plan.report, perf_model.alpha_from_report(rep, "this bench run", k))
+    except perf_model.PerfModelError as e:
+        text = f"prediction: n/a ({e})"
+    click.echo(text, err=fmt == "json")
+
+
+def _bench_remote(target, runs, load: dict, fmt: str, out_dir: Optional[str], predict: Optional[str] = None) -> None:
+    """bench served / openai: reach the server (target: a harness.commands function), run, print the report."""
+    plan = _plan_for(predict, (), None, require_checkpoints=False, allow_offload=None) if predict else None
+    try:
+        commands.check_turns(runs, commands.Load(**load))  # before the server is reached
         rep = commands.bench_remote(target(), runs, commands.Load(**load), stage=_stage(), note=_note)
     except ClientError as e:
         raise UserError(str(e)) from None
     _print_report(rep, fmt, out_dir)
+    if plan is not None:
+        _print_prediction(plan, rep, fmt)
 
 
 @main.group()
@@ -711,6 +772,8 @@ def bench() -> None:
 @_admin_key_option
 @_runs_options
 @_load_options
+@_predict_option
+@_tenant_option
 def bench_served(
     url: str,
     protocol: str,
@@ -723,20 +786,24 @@ def bench_served(
     ks: tuple[int, ...],
     repeats: int,
     policies: tuple[str, ...],
+    turns: str,
     fmt: str,
     tokenizer: Optional[str],
     out_dir: Optional[str],
+    predict: Optional[str],
+    tenant: Optional[str],
     **load,
 ) -> None:
     """Against a deployment served by Triton (trt-spec serve) at --url: speedup with a 95% interval, acceptance,
     TTFT/TPOT, optionally a concurrency sweep, a request-rate run with goodput, and report files."""
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
     _bench_remote(
-        lambda: commands.served_target(url, protocol, wait, admin_key_file, tokenizer, prompts, _note),
-        _runs(ks, repeats, policies),
+        lambda: commands.served_target(url, protocol, wait, admin_key_file, tokenizer, prompts, _note, turns, tenant),
+        _runs(ks, repeats, policies, turns),
         load,
         fmt,
         out_dir,
+        predict,
     )
 
 
@@ -772,6 +839,8 @@ def bench_served(
 )
 @_runs_options
 @_load_options
+@_predict_option
+@_tenant_option
 def bench_openai(
     urls: tuple[str, ...],
     models: tuple[str, ...],
@@ -784,20 +853,24 @@ def bench_openai(
     ks: tuple[int, ...],
     repeats: int,
     policies: tuple[str, ...],
+    turns: str,
     fmt: str,
     tokenizer: Optional[str],
     out_dir: Optional[str],
+    predict: Optional[str],
+    tenant: Optional[str],
     **load,
 ) -> None:
     """Against any OpenAI-compatible server(s): trt-spec serve --openai-port, vLLM, SGLang, trtllm-serve,
     llama-server; the same runs and report as `bench served`."""
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
     _bench_remote(
-        lambda: commands.openai_target(urls, models, api, api_key, tokenizer, prompts, _note),
-        _runs(ks, repeats, policies),
+        lambda: commands.openai_target(urls, models, api, api_key, tokenizer, prompts, _note, turns, tenant),
+        _runs(ks, repeats, policies, turns),
         load,
         fmt,
         out_dir,
+        predict,
     )
 
 
@@ -808,6 +881,7 @@ def bench_openai(
 @click.option("--compare-hf", is_flag=True, help="Also time target-only greedy against HF generate.")
 @_set_option
 @_runs_options
+@_predict_option
 def bench_in_process(
     config: str,
     ignore_eos: bool,
@@ -821,20 +895,23 @@ def bench_in_process(
     ks: tuple[int, ...],
     repeats: int,
     policies: tuple[str, ...],
+    turns: str,
     fmt: str,
+    predict: Optional[str],
 ) -> None:
     """The same speculative loop and policy over CONFIG's reference engines (built with `trt-spec build CONFIG`) in
     this process, no server: speedup, decode speedup, token identity, acceptance, the policy's per-round k counts,
     the draft/target cost ratio and the Leviathan bound."""
     from .harness.inprocess import format_report, to_json
 
+    plan = _plan_for(predict, (), None, require_checkpoints=False, allow_offload=None) if predict else None
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
     try:  # a bad config or build, the loop's request checks (RequestError), an engine's refusal
         rep = commands.bench_in_process(
             Path(config),
             sets,
             prompts,
-            _runs(ks, repeats, policies),
+            _runs(ks, repeats, policies, turns),
             ignore_eos=ignore_eos,
             threads=threads,
             compare_hf=compare_hf,
@@ -843,6 +920,8 @@ def bench_in_process(
     except (ValueError, BuildError) as e:
         raise UserError(str(e)) from None
     click.echo(to_json(rep) if fmt == "json" else format_report(rep))
+    if plan is not None:
+        _print_prediction(plan, rep, fmt)
 
 
 @main.command()

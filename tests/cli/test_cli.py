@@ -148,7 +148,10 @@ def _options_of(help_text: str) -> set[str]:
 
 
 SHARED = {"--prompts", "--max-tokens", "--category", "--limit", "--k", "--repeats", "--format", "--policy", "-h"}
+SHARED |= {"--predict"}  # bench --predict CONFIG: the GPU performance model at the measured acceptance
+SHARED |= {"--turns"}  # bench --turns first|all: Spec-Bench's multi-turn questions as conversations
 LOAD = {"--concurrency", "--request-rate", "--num-requests", "--slo-ttft-ms", "--slo-tpot-ms", "--tokenizer", "--out"}
+LOAD |= {"--tenant"}  # bench served / openai --tenant NAME: the scope of the BLS's cross-request suffix cache
 
 
 def test_bench_is_a_group_of_three_modes_each_with_its_own_options():

@@ -135,6 +135,10 @@ def test_metric_names_and_types_as_published(ngram_server):
         **{c: "counter" for c in COUNTERS},
         **{h: "histogram" for h in HISTOGRAMS},
         n.METRIC_IN_FLIGHT: "gauge",
+        # the suffix proposer's cross-request cache (on by default: scope tenant)
+        n.METRIC_CACHE_ROUNDS: "counter",
+        n.METRIC_CACHE_ACCEPTED: "counter",
+        n.METRIC_CACHE_TOKENS: "gauge",
     }
     # the engines' request metrics, as the tensorrtllm backend names and labels them
     assert re.search(r"^# TYPE nv_trt_llm_request_metrics gauge$", text, re.M)

@@ -126,7 +126,7 @@ def test_config_keys_table_matches_schema():
 
 def test_policy_and_proposer_are_enums_that_read_and_write_the_words(tmp_path):
     """speculative.draft_len_policy takes the loop's members of the one policy vocabulary (speculation.Policy): the
-    EAGLE chain's `confidence` is refused as any other word, with the same line as before the enum."""
+    EAGLE chain's former `confidence` (read only from engines exported with it) is refused as any other word."""
     import json
 
     from trt_spec.records.speculation import Policy, Proposer

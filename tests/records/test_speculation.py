@@ -69,13 +69,16 @@ def test_modes_know_what_they_are():
     assert json.dumps({"mode": Mode.EAGLE3}) == '{"mode": "eagle3"}'
 
 
-def test_one_policy_vocabulary_each_loop_taking_its_members():
-    from trt_spec.records.speculation import EAGLE_CHAIN_POLICIES, LOOP_POLICIES, POLICIES, PROPOSERS, Policy
+def test_one_policy_vocabulary_for_the_loop_and_the_eagle_chain():
+    """Both loops take the same words (records/draft_policy.py decides for both); "confidence", the chain's own policy
+    before, is what engines exported earlier carry: it reads as adaptive, and nothing else unknown is read."""
+    from trt_spec.records.speculation import LOOP_POLICIES, POLICIES, PROPOSERS, Policy, engine_policy
 
     assert POLICIES == ("adaptive", "fixed") and PROPOSERS == ("suffix", "prompt_lookup")
-    assert set(LOOP_POLICIES) | set(EAGLE_CHAIN_POLICIES) == set(Policy)
-    assert Policy.ADAPTIVE.eagle_chain is Policy.CONFIDENCE and Policy.FIXED.eagle_chain is Policy.FIXED
-    assert all(p.eagle_chain in EAGLE_CHAIN_POLICIES for p in LOOP_POLICIES)
+    assert set(LOOP_POLICIES) == set(Policy)
+    assert engine_policy("confidence") is Policy.ADAPTIVE and engine_policy("fixed") is Policy.FIXED
+    with pytest.raises(ValueError, match=r"^eagle_draft_policy 'tree': use one of adaptive, fixed$"):
+        engine_policy("tree")
 
 
 def test_the_bench_and_the_server_metrics_give_one_acceptance_summary():

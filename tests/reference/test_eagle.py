@@ -130,7 +130,7 @@ def test_training_learns_and_is_reproducible(target, trained):
 @pytest.mark.parametrize("max_new", [1, 2, 5, 33])
 def test_greedy_output_is_the_targets_with_a_trained_and_an_untrained_head(target, trained, max_new):
     heads = {"trained": trained[0], "untrained": new_head(target)}
-    for (name, head), policy in zip(heads.items(), ("confidence", "fixed")):
+    for (name, head), policy in zip(heads.items(), ("adaptive", "fixed")):
         with scheduler(target, head, policy=policy) as sch:
             for prompt in PROMPTS:
                 res = sch.submit_generate(prompt, max_new, Sampling()).result()
@@ -294,17 +294,109 @@ def test_drafting_computes_exactly_what_training_time_test_trained(target, train
             assert torch.allclose(head.logits(g[0]), trained_logits[j][t], atol=1e-4), j
 
 
-def test_the_confidence_policy_verifies_a_prefix_by_expected_tokens_per_cost(target, trained):
-    from trt_spec.reference.engine import DraftCosts
+class ModelledCosts:
+    """A deterministic clock for the engine's cost measurements: a forward feeding n tokens advances it by
+    forward(n) = 1 + per_token·(n − 1) units and a head step by `head` units, whatever the machine is doing (installed
+    on the model's forward and the head step; the engine reads it as its `clock`). It also counts head steps."""
 
-    with scheduler(target, trained[0], policy="confidence") as sch:
-        eng = sch.engine
-        assert eng.costs is not None and len(eng.costs.verify_by_n) == K and eng.costs.head > 0
-        eng.costs = DraftCosts((1.6, 1.6, 1.65, 1.7), 0.05)  # a CPU's: verification costs ~1.6 decode steps
-        assert eng.draft_count([0.2, 0.9]) == 0  # 1.2 tokens for 1.65 steps: decode instead
-        assert eng.draft_count([0.95, 0.9, 0.1, 0.9]) == 2  # the third draft is not worth its share
-        assert eng.draft_count([0.99, 0.99, 0.99, 0.99]) == 4
-        assert eng.stop_drafting([0.3, 0.1]) and not eng.stop_drafting([0.9, 0.9])
-        results = [sch.submit_generate(p, 30, Sampling()).result() for p in PROMPTS]
+    def __init__(self, monkeypatch, model, *, per_token: float, head: float):
+        from trt_spec.reference import batching, eagle
+
+        self.t, self.per_token, self.head, self.head_steps = 0.0, per_token, head, 0
+        forward, step = model.forward_packed, eagle.head_step
+
+        def timed_forward(tokens, *args, **kw):
+            self.t += self.forward(len(tokens))
+            return forward(tokens, *args, **kw)
+
+        def timed_head_step(*args, **kw):
+            self.t += self.head
+            self.head_steps += 1
+            return step(*args, **kw)
+
+        monkeypatch.setattr(model, "forward_packed", timed_forward)
+        monkeypatch.setattr(batching, "head_step", timed_head_step)
+        monkeypatch.setattr(eagle, "head_step", timed_head_step)
+
+    def forward(self, n: int) -> float:
+        return 1.0 + self.per_token * (n - 1)
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def modelled_run(model, head, clock, prompts, max_new, *, policy="adaptive", reuse=False):
+    """Generate the prompts one after another on one engine (the deployment's acceptance carries over) -> (results,
+    modelled seconds, head steps). Its costs at load are measured with the clock too."""
+    eng = ReferenceEngine(
+        model,
+        512,
+        prefix_cache_bytes=(1 << 26) if reuse else 0,
+        head=head,
+        max_draft_len=K,
+        draft_policy=policy,
+        clock=clock,
+    )
+    t0, steps0 = clock.t, clock.head_steps
+    with BatchScheduler(eng, max_batch_size=4, max_num_tokens=512) as sch:
+        results = [sch.submit_generate(p, max_new, Sampling()).result() for p in prompts]
+    return results, clock.t - t0, clock.head_steps - steps0
+
+
+def plain_cost(clock, prompts, max_new) -> float:
+    """Modelled seconds of plain decoding: the prompt's forward, then one forward per further token."""
+    return sum(clock.forward(len(p)) + max_new - 1 for p in prompts)
+
+
+def test_the_chain_measures_its_costs_at_load_as_the_policys_starting_point(target, monkeypatch):
+    clock = ModelledCosts(monkeypatch, target, per_token=0.3, head=0.2)
+    eng = ReferenceEngine(target, 256, head=new_head(target), max_draft_len=K, clock=clock)
+    t = eng.policy.costs.at(1)
+    assert t.verify_s(2) == pytest.approx(1.3) and t.verify_s(K + 1) == pytest.approx(clock.forward(K + 1))
+    assert t.draft_s(3) == pytest.approx(0.6) and t.decode_s() == pytest.approx(1.0)
+    # fixed: nothing to decide, nothing measured; "confidence" (what engines exported earlier say) reads as adaptive
+    assert not ReferenceEngine(
+        target, 256, head=new_head(target), max_draft_len=K, draft_policy="fixed"
+    ).policy.costs.levels
+    old = ReferenceEngine(target, 256, head=new_head(target), max_draft_len=K, draft_policy="confidence", clock=clock)
+    assert old.draft_policy == "adaptive" and old.policy.default == "adaptive"
+    with pytest.raises(ValueError, match=r"eagle_draft_policy 'tree': use one of adaptive, fixed"):
+        ReferenceEngine(target, 256, head=new_head(target), max_draft_len=K, draft_policy="tree")
+
+
+def test_a_head_that_loses_falls_to_runs_without_speculation_and_never_costs_more(target, monkeypatch):
+    """An untrained head (its drafts are almost never accepted) on a CPU's costs (a verification of k drafts costs
+    1 + 0.3k decode steps, a head step 0.2): the adaptive chain falls to runs of plain decode steps that leave the head
+    idle, runs that double while the probes between them lose, and costs no more than 3% over plain decoding in the
+    modelled time (the fixed chain: about 3x). The output is the target's own greedy output, prefix reuse after a run
+    (the head's slots stale for the run's positions) included."""
+    clock = ModelledCosts(monkeypatch, target, per_token=0.3, head=0.2)
+    head, prompts, n = new_head(target), PROMPTS * 2, 120
+    results, seconds, head_steps = modelled_run(target, head, clock, prompts, n)
+    for p, r in zip(prompts, results):
+        assert r.tokens == plain_greedy(target, p, n)
+        speculative = [k for k in r.draft_lengths if k]
+        assert r.draft_lengths.count(0) >= len(speculative) >= 1  # runs, each followed by one probe
+        plain_steps = n - 1 - sum(a + 1 for _, a in r.rounds)
+        assert plain_steps >= 0.9 * n  # decoded without the head
+        assert len(r.rounds) <= 8  # probes after runs of 1, 2, 4, ..., 64 tokens
+    assert head_steps <= 2 * sum(len(r.rounds) for r in results)  # (a probe: the catch-up step and its chain)
+    assert plain_cost(clock, prompts, n) / seconds >= 0.97
+    _, fixed_seconds, _ = modelled_run(target, head, clock, PROMPTS[:1], 60, policy="fixed")
+    assert plain_cost(clock, PROMPTS[:1], 60) / fixed_seconds < 0.5
+    first, _, _ = modelled_run(target, head, clock, PROMPTS[:1], 40, reuse=True)
+    cont = PROMPTS[0] + first[0].tokens[:30]
+    again, _, _ = modelled_run(target, head, clock, [cont], 20, reuse=True)
+    assert again[0].tokens == plain_greedy(target, cont, 20)
+
+
+def test_a_head_that_pays_keeps_drafting(target, trained, monkeypatch):
+    """The trained head where verification costs what a decode step costs (a GPU at small batch): the adaptive chain
+    drafts nearly every step, yields more than plain decoding in the modelled time, and the output is the target's."""
+    clock = ModelledCosts(monkeypatch, target, per_token=0.0, head=0.05)
+    results, seconds, _ = modelled_run(target, trained[0], clock, PROMPTS, 60)
     for p, r in zip(PROMPTS, results):
-        assert r.tokens == plain_greedy(target, p, 30)
+        assert r.tokens == plain_greedy(target, p, 60)
+        assert sum(1 for k in r.draft_lengths if k) >= 0.75 * len(r.draft_lengths)
+        assert r.accepted > 0 and len(r.rounds) == sum(1 for k in r.draft_lengths if k)
+    assert plain_cost(clock, PROMPTS, 60) / seconds > 1.1

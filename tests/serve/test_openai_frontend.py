@@ -93,3 +93,16 @@ def test_stop_cutter_never_hands_out_a_stop_string_or_what_follows():
     assert c.add("x") == "c" and c.flush() == "Ex" and not c.stopped
     c = StopCutter([])
     assert c.add("abc") == "abc" and c.flush() == ""
+
+
+def test_user_is_the_speculative_models_tenant():
+    """OpenAI's `user` scopes the BLS's cross-request suffix cache (its `tenant` input); the baseline ensemble declares
+    no such input, so it is never sent there."""
+    assert request_tensors(parse(user="team-a"))["tenant"].tolist() == [[b"team-a"]]
+    assert "tenant" not in request_tensors(parse())
+    assert "tenant" not in request_tensors(parse(user=""))  # empty: no tenant (no cache under scope tenant)
+    assert "tenant" not in request_tensors(parse(model=BASELINE, user="team-a"))
+    with pytest.raises(OpenAIError, match="'user' must be a string"):
+        parse(user=7)
+    with pytest.raises(OpenAIError, match="longer than 256 bytes"):
+        parse(user="x" * 257)

@@ -62,6 +62,58 @@ KNOWN_GPUS: dict[str, tuple[tuple[int, int], float]] = {
     "t4": ((7, 5), 15.0),
 }
 
+
+@dataclass(frozen=True)
+class GpuRates:
+    """A GPU's datasheet peaks, the performance model's inputs (builder/perf_model.py): HBM bandwidth and dense
+    (not 2:4-sparse) tensor-core throughput; fp8_tflops 0 where the GPU has no FP8."""
+
+    bandwidth_tb_s: float
+    fp8_tflops: float
+    bf16_tflops: float
+    source: str
+
+
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100); modal.com/gpu-glossary"
+# fmt: off
+# name (KNOWN_GPUS) -> datasheet bandwidth TB/s, dense FP8 / BF16 tensor TFLOPS (sparse figures halved), source
+GPU_RATES: dict[str, GpuRates] = {
+    "h100": GpuRates(3.35, 1979, 989, _H100 + " (SXM)"),
+    "h100-sxm": GpuRates(3.35, 1979, 989, _H100 + " (SXM)"),
+    "h100-pcie": GpuRates(2.0, 1513, 756, _H100 + " (PCIe)"),
+    "h100-nvl": GpuRates(3.9, 1671, 835, _H100 + " (NVL)"),
+    "h200": GpuRates(4.8, 1979, 989, "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), SXM"),
+    "h20": GpuRates(4.0, 296, 148, "NVIDIA H20 product brief (HGX H20)"),
+    "gh200": GpuRates(4.0, 1979, 989, "NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3)"),
+    "b200": GpuRates(8.0, 4500, 2250, "NVIDIA DGX B200 datasheet, per GPU; modal.com/gpu-glossary"),
+    "gb200": GpuRates(8.0, 5000, 2500, "NVIDIA GB200 NVL72 datasheet, per GPU"),
+    "l40s": GpuRates(0.864, 733, 362, "NVIDIA L40S datasheet"),
+    "l40": GpuRates(0.864, 362, 181, "NVIDIA L40 datasheet"),
+    "l4": GpuRates(0.3, 242, 121, "NVIDIA L4 Tensor Core GPU datasheet"),
+    "rtx-4090": GpuRates(1.008, 330, 165, "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090)"),
+    "rtx-6000-ada": GpuRates(0.96, 364, 182, "NVIDIA RTX 6000 Ada Generation datasheet"),
+    "a100-80gb": GpuRates(2.039, 0, 312, "NVIDIA A100 Tensor Core GPU datasheet (80 GB SXM); modal.com/gpu-glossary"),
+    "a100-40gb": GpuRates(1.555, 0, 312, "NVIDIA A100 Tensor Core GPU datasheet (40 GB SXM)"),
+    "a100": GpuRates(2.039, 0, 312, "NVIDIA A100 Tensor Core GPU datasheet (80 GB SXM)"),
+    "a10g": GpuRates(0.6, 0, 70, "AWS EC2 G5 (NVIDIA A10G) specifications"),
+    "a10": GpuRates(0.6, 0, 125, "NVIDIA A10 Tensor Core GPU datasheet"),
+    "a6000": GpuRates(0.768, 0, 155, "NVIDIA RTX A6000 datasheet"),
+    "v100": GpuRates(0.9, 0, 125, "NVIDIA V100 Tensor Core GPU datasheet (SXM2, FP16 tensor)"),
+    "t4": GpuRates(0.32, 0, 65, "NVIDIA T4 Tensor Core GPU datasheet (FP16 tensor)"),
+}
+# fmt: on
+
+
+def gpu_rates(name: str) -> GpuRates:
+    """GPU_RATES[name]; a HardwareError naming the GPUs with figures."""
+    if name not in GPU_RATES:
+        raise HardwareError(
+            f"no bandwidth/FLOPS figures for GPU {name!r}; plan for one of {', '.join(sorted(GPU_RATES))} "
+            "(--gpu NAME:COUNT) to get a performance prediction"
+        )
+    return GPU_RATES[name]
+
+
 DEFAULT_NAMED_COUNT = 8  # a named GPU without ":COUNT" is assumed to be an 8-GPU node
 
 

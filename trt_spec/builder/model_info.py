@@ -63,6 +63,11 @@ _LLAMA_33_70B = ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 12825
 KNOWN_MODELS: dict[str, ModelInfo] = {
     "llama-3.3-70b-instruct": _LLAMA_33_70B,
     "llama-3.3-70b-instruct-fp8": _LLAMA_33_70B,
+    "llama-3.1-70b-instruct": _LLAMA_33_70B,  # Llama 3.3 70B has Llama 3.1 70B's dimensions
+    "llama-3.1-405b-instruct": ModelInfo("LlamaForCausalLM", 126, 16384, 128, 8, 128, 53248, 128256, False, 131072,
+                                         bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    "llama-3.2-3b-instruct": ModelInfo("LlamaForCausalLM", 28, 3072, 24, 8, 128, 8192, 128256, True, 131072,
+                                       bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
     "llama-3.1-8b-instruct": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072,
                                        bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
     "llama-3.2-1b-instruct": ModelInfo("LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072,

@@ -535,8 +535,8 @@ def _export_step(
         # fmt: on
     inputs: tuple[str, ...] = (checkpoint,)
     if role == "target" and head_dir is not None:
-        policy = cfg.speculative.draft_len_policy.eagle_chain  # the chain's member of the one vocabulary
-        argv += ("--eagle_head", head_dir, "--eagle_draft_policy", policy.value)
+        # the chain decides its draft length with the loop's policy, under the same key (records/draft_policy.py)
+        argv += ("--eagle_head", head_dir, "--eagle_draft_policy", cfg.speculative.draft_len_policy.value)
         inputs += (head_dir,)
     return Step(
         f"export-{role}",

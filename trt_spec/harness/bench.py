@@ -7,8 +7,10 @@ the accepted-length histogram (summed from the BLS's whole-request metrics), and
 latency / speculative latency over the same tokens, with a paired bootstrap 95% interval:
 records.speculation.paired_speedup, the one definition every bench mode reports; the acceptance is
 records.speculation.acceptance_summary's); with prompts of more than one category, the same speedup and acceptance
-per category (per_category: each request keeps its prompt's category). A concurrency sweep (e.g. 1, 2, 4, 8 in
-flight) shows where speculation stops paying: per level and model, total tok/s over the level's wall time,
+per category (per_category: each request keeps its prompt's category). With a Chat (--turns all) every prompt is a
+conversation: one paired request per turn, each model fed its own earlier answers (conversations: the turns whose two
+answers differ, an identity failure; from there on the two sides' histories differ). A concurrency sweep (e.g. 1, 2,
+4, 8 in flight) shows where speculation stops paying: per level and model, total tok/s over the level's wall time,
 per-request TTFT/TPOT/latency percentiles and the raw samples; per level, the throughput speedup (speculative /
 baseline total tok/s: requests served together, so not paired) and the acceptance. `tune` sweeps k and recommends one.
 
@@ -20,6 +22,7 @@ phases.measure runs for all of a command's measurements with one model switch.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import random
 import time
@@ -38,10 +41,10 @@ from ..records.names import (
     TOTAL_STEPS,
 )
 from ..records.speculation import AcceptanceCounts, Policy, acceptance_summary, paired_speedup, solve_alpha
-from .client import GREEDY, Generation, LLMClient
+from .client import GREEDY, ClientError, Generation, LLMClient
 from .metrics import Summary, low_acceptance_advice, total_throughput, tpot
 from .phases import PHASED_NOTE, Measurement, is_phased, measure
-from .prompts import UNCATEGORISED, Prompt
+from .prompts import UNCATEGORISED, Prompt, conversation
 
 Progress = Optional[Callable[[int, int], None]]
 
@@ -65,9 +68,13 @@ class RequestSample:
     acceptance_source: Optional[str] = None  # where accepted/steps came from when not the model's own counts
     acceptance_note: Optional[str] = None  # a correction to that count (lc.ACCEPTANCE_NOTE), where one applied
     category: str = ""  # the prompt's (prompts.Prompt.category), for the per-category table
+    turn: int = 1  # the turn of the prompt's conversation (--turns all; 1 otherwise)
+    answer_digest: Optional[str] = None  # --turns all: a digest of the answer fed back, to compare the two sides'
 
     @staticmethod
-    def of(model: str, i: int, r: int, g: Generation, category: str = "") -> "RequestSample":
+    def of(
+        model: str, i: int, r: int, g: Generation, category: str = "", turn: int = 1, answer: Optional[str] = None
+    ) -> "RequestSample":
         m = g.metrics
         return RequestSample(
             model,
@@ -85,14 +92,55 @@ class RequestSample:
             m.get(lc.ACCEPTANCE_SOURCE),
             m.get(lc.ACCEPTANCE_NOTE),
             category,
+            turn,
+            None if answer is None else hashlib.sha1(answer.encode()).hexdigest()[:16],
         )
 
 
-def _request(client: LLMClient, model: str, p: Prompt, k: Optional[int], policy: Optional[str] = None) -> Generation:
+@dataclass(frozen=True)
+class Chat:
+    """--turns all: how a conversation goes out. render(messages) is what a request sends (the text with the chat
+    template applied, or the messages themselves over the OpenAI chat API); answer(generation) is the text fed back
+    as the assistant's turn (default: the generation's text)."""
+
+    render: Callable[[list[dict]], object]
+    answer: Callable[[Generation], str] = lambda g: g.text
+
+
+def _request(
+    client: LLMClient, model: str, p: Prompt, k: Optional[int], policy: Optional[str] = None, prompt: object = None
+) -> Generation:
     extra = {}
     if model == SPECULATIVE:
         extra = {name: v for name, v in ((NUM_DRAFT_TOKENS, k), (DRAFT_LEN_POLICY, policy)) if v is not None}
-    return client.generate(model, p.text, p.max_tokens, stream=True, **GREEDY, **extra)
+    return client.generate(model, p.text if prompt is None else prompt, p.max_tokens, stream=True, **GREEDY, **extra)
+
+
+def _turn(client, model: str, p: Prompt, answers: list[str], chat: Chat, k, policy) -> Generation:
+    """The next turn of p's conversation on one model, after that model's own answers; an error past the first turn
+    names the question and turn (a conversation grows by every answer: past the deployment's input limit, it stops
+    the run with that line; nothing is skipped)."""
+    t = len(answers) + 1
+    try:
+        return _request(client, model, p, k, policy, chat.render(conversation(p.turns, answers)))
+    except ClientError as e:
+        if t == 1:
+            raise
+        raise ClientError(
+            f"question {p.id or '?'} turn {t} ({model}): {e}; a conversation grows by each answer: lower "
+            "--max-tokens, or --turns first"
+        ) from None
+
+
+def conversation_samples(client, model: str, i: int, r: int, p: Prompt, chat: Chat, k, policy) -> list[RequestSample]:
+    """Every turn of prompt i's conversation on one model, fed its own answers: one sample per turn."""
+    answers: list[str] = []
+    out = []
+    for t in range(1, len(p.turns) + 1):
+        g = _turn(client, model, p, answers, chat, k, policy)
+        answers.append(chat.answer(g))
+        out.append(RequestSample.of(model, i, r, g, p.category, t, answers[-1]))
+    return out
 
 
 def request_acceptance_counts(spec: Sequence[RequestSample]) -> AcceptanceCounts:
@@ -130,20 +178,28 @@ def ab_measurement(
     repeats: int = 1,
     warmup: int = 1,
     policy: Optional[str] = None,
+    chat: Optional[Chat] = None,
 ) -> Measurement:
     """The paired A/B (phases.measure runs it): interleaved, baseline and speculative alternate per request after a
     warm-up; in phases, every prompt on one model, then on the other (its baseline half is the same at any k and
-    policy: one per phase cycle). Progress: (pairs or requests done, total)."""
-    total = len(prompts) * repeats
+    policy: one per phase cycle). With chat (--turns all), every turn of every prompt's conversation is a request,
+    each model's conversation built from its own answers. Progress: (pairs or requests done, total)."""
+    total = sum(len(p.turns) if chat else 1 for p in prompts) * repeats
+
+    def warm(model: str, p: Prompt, pol: Optional[str]) -> None:
+        _request(client, model, p, k, pol, None if chat is None else chat.render(conversation(p.turns, [])))
 
     def side(model: str) -> Callable[[Progress], list[RequestSample]]:
         def run(progress: Progress) -> list[RequestSample]:
             for p in prompts[:warmup]:
-                _request(client, model, p, k, policy)
+                warm(model, p, policy)
             out = []
             for r in range(repeats):
                 for i, p in enumerate(prompts):
-                    out.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy), p.category))
+                    if chat is None:
+                        out.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy), p.category))
+                    else:
+                        out += conversation_samples(client, model, i, r, p, chat, k, policy)
                     if progress:
                         progress(len(out), total)
             return out
@@ -152,18 +208,20 @@ def ab_measurement(
 
     def interleaved(progress: Progress) -> dict:
         for p in prompts[:warmup]:
-            _request(client, BASELINE, p, k)
-            _request(client, SPECULATIVE, p, k, policy)
+            warm(BASELINE, p, None)
+            warm(SPECULATIVE, p, policy)
         samples: list[RequestSample] = []
-        done = 0
         for r in range(repeats):
             for i, p in enumerate(prompts):
-                order = (BASELINE, SPECULATIVE) if (i + r) % 2 == 0 else (SPECULATIVE, BASELINE)
-                for model in order:
-                    samples.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy), p.category))
-                done += 1
+                if chat is None:
+                    order = (BASELINE, SPECULATIVE) if (i + r) % 2 == 0 else (SPECULATIVE, BASELINE)
+                    for model in order:
+                        g = _request(client, model, p, k, policy)
+                        samples.append(RequestSample.of(model, i, r, g, p.category))
+                else:
+                    samples += _paired_conversation(client, i, r, p, chat, k, policy)
                 if progress:
-                    progress(done, total)
+                    progress(len(samples) // 2, total)
         return summarize(samples, k, policy)
 
     label = f"A/B k={k if k is not None else 'default'}" + (f" {policy}" if policy else "")
@@ -175,8 +233,20 @@ def ab_measurement(
         side(BASELINE),
         lambda spec, base: {**summarize(spec + base, k, policy), "order": PHASED_NOTE},
         total,
-        baseline_key=("A/B", tuple(prompts), repeats),
+        baseline_key=("A/B", tuple(prompts), repeats, chat),
     )
+
+
+def _paired_conversation(client, i: int, r: int, p: Prompt, chat: Chat, k, policy) -> list[RequestSample]:
+    """Prompt i's conversation on both models, turn by turn (which goes first alternates), each fed its own answers."""
+    answers: dict[str, list[str]] = {BASELINE: [], SPECULATIVE: []}
+    out = []
+    for t in range(1, len(p.turns) + 1):
+        for model in (BASELINE, SPECULATIVE) if (i + r + t - 1) % 2 == 0 else (SPECULATIVE, BASELINE):
+            g = _turn(client, model, p, answers[model], chat, k, policy)
+            answers[model].append(chat.answer(g))
+            out.append(RequestSample.of(model, i, r, g, p.category, t, answers[model][-1]))
+    return out
 
 
 def _one(client, m: Measurement, progress: Progress = None):
@@ -198,16 +268,40 @@ def paired_ab(
 
 
 def paired(samples: Sequence[RequestSample]) -> list[tuple[RequestSample, RequestSample]]:
-    """(baseline, speculative) of every (prompt, repeat) that both models ran, in the speculative side's order."""
-    base = {(s.prompt, s.repeat): s for s in samples if s.model == BASELINE}
-    return [(base[(s.prompt, s.repeat)], s) for s in samples if s.model == SPECULATIVE and (s.prompt, s.repeat) in base]
+    """(baseline, speculative) of every (prompt, repeat, turn) that both models ran, in the speculative side's order."""
+    base = {(s.prompt, s.repeat, s.turn): s for s in samples if s.model == BASELINE}
+    return [
+        (base[(s.prompt, s.repeat, s.turn)], s)
+        for s in samples
+        if s.model == SPECULATIVE and (s.prompt, s.repeat, s.turn) in base
+    ]
+
+
+def conversations(samples: Sequence[RequestSample]) -> Optional[dict]:
+    """--turns all: the paired turns and those whose two answers differ (an identity failure: from that turn on, each
+    model's conversation went on from its own answer); None when the run sent no conversations."""
+    pairs = [(b, s) for b, s in paired(samples) if s.answer_digest is not None]
+    if not pairs:
+        return None
+    differ = [
+        {"prompt": s.prompt, "repeat": s.repeat, "turn": s.turn, "category": s.category}
+        for b, s in pairs
+        if b.answer_digest != s.answer_digest
+    ]
+    return {
+        "turns": len(pairs),
+        "identical": len(pairs) - len(differ),
+        "differ": differ,
+        "note": "each model is fed its own answers: after a turn whose answers differ, the two conversations differ",
+    }
 
 
 def per_category(samples: Sequence[RequestSample]) -> list[dict]:
     """One row per category of the prompts, in their order, when they carry more than one (else none): prompts,
     requests, the speedup with its interval (paired_speedup over the category's pairs: the overall definition), and
     acceptance_summary's mean acceptance length, acceptance rate and share of rounds without speculation over the
-    category's speculative requests (None where the server reports no acceptance or no rounds: the OpenAI API)."""
+    category's speculative requests (None where the server reports no acceptance or no rounds: the OpenAI API); turns:
+    the (prompt, turn) pairs measured (= prompts, unless --turns all sent conversations)."""
     spec = [s for s in samples if s.model == SPECULATIVE]
     categories = list(dict.fromkeys(s.category for s in spec))
     if len(categories) < 2:
@@ -223,6 +317,7 @@ def per_category(samples: Sequence[RequestSample]) -> list[dict]:
             {
                 "category": c or UNCATEGORISED,
                 "prompts": len({s.prompt for s in spec if s.category == c}),
+                "turns": len({(s.prompt, s.turn) for s in spec if s.category == c}),
                 "requests": len(mine),
                 "speedup": speedup,
                 "speedup_ci95": [lo, hi],
@@ -260,6 +355,7 @@ def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Option
         "speculative": side(spec),
         "acceptance": acc,
         "categories": per_category(samples),
+        **({"conversations": conv} if (conv := conversations(samples)) else {}),
         "samples": [s.__dict__ for s in samples],
     }
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)

@@ -41,6 +41,7 @@ from ..records.names import (
     STOP_WORDS,
     STREAM,
     TARGET,
+    TENANT,
     TEXT_INPUT,
     TEXT_MODELS,
     TEXT_OUTPUT,
@@ -159,6 +160,7 @@ class LLMClient:
         self.names = {BASELINE: BASELINE, SPECULATIVE: SPECULATIVE}  # role -> served model
         self.tokenizer = None  # the target's: counts and compares an LLM-API model's tokens (it returns text only)
         self.phased = False  # the baseline is loaded for its phase only (harness/phases.py): found by check_ready
+        self.tenant: Optional[str] = None  # bench --tenant: sent with every speculative request (the suffix cache)
 
     def use_tokenizer(self, tokenizer) -> "LLMClient":
         self.tokenizer = tokenizer
@@ -168,6 +170,7 @@ class LLMClient:
         """A new client (its own connection) to the same models, as this one resolved them."""
         c = LLMClient(self.url, self.protocol, self.timeout, self.admin_key)
         c.llmapi, c.names, c.tokenizer, c.phased = self.llmapi, dict(self.names), self.tokenizer, self.phased
+        c.tenant = self.tenant
         return c
 
     # -- health -----------------------------------------------------------------------------------------
@@ -410,6 +413,8 @@ class LLMClient:
     def generate(self, model: str, prompt: str, max_tokens: int, *, stream: bool = False, **params) -> Generation:
         if self.llmapi:
             return self._llmapi_generate(self.names.get(model, model), prompt, max_tokens, stream, params)
+        if self.tenant and model == SPECULATIVE:
+            params.setdefault(TENANT, self.tenant)
         fields = {TEXT_INPUT: prompt, MAX_TOKENS: int(max_tokens), STREAM: bool(stream), **params}
         if self.protocol == "http":
             return self._http(model, fields, stream)

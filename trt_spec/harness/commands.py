@@ -52,6 +52,22 @@ def chat_prompts(prompts: list[Prompt], tokenizer: Optional[str], note: Note) ->
     return with_chat_template(prompts, load_tokenizer(tokenizer))
 
 
+def template_chat(tok, where: str):
+    """--turns all where the client applies the chat template: a bench.Chat that renders each conversation in tok's
+    template and feeds back the answer's tokens decoded (the text where the server returns none); one ClientError line
+    when tok has no template (where: whose tokenizer)."""
+    from .bench import Chat
+    from .prompts import NEEDS_TEMPLATE, render_conversation
+
+    if not getattr(tok, "chat_template", None):
+        raise ClientError(NEEDS_TEMPLATE.format(why=f"{where} has no chat template: pass a tokenizer that has one"))
+
+    def answer(g) -> str:
+        return tok.decode(g.output_ids, skip_special_tokens=True) if g.output_ids else g.text
+
+    return Chat(lambda messages: render_conversation(tok, messages), answer)
+
+
 # --- check ---------------------------------------------------------------------------------------------------------
 
 
@@ -106,6 +122,7 @@ class Runs:
     ks: tuple[int, ...] = ()
     repeats: int = 1
     policies: tuple[str, ...] = ()
+    turns: str = defaults.TURNS  # all: every turn of a multi-turn question, as a conversation (prompts.TURNS)
 
 
 @dataclass(frozen=True)
@@ -129,6 +146,23 @@ class Target:
     protocol: str
     title: str
     prompts: list[Prompt]
+    chat: object = None  # a bench.Chat with --turns all (prompts then raw: each turn rendered as it goes out)
+
+
+def check_turns(runs: Runs, load: Load) -> None:
+    """--turns all runs the paired A/B only: one ClientError line, before any server is reached, with a load run."""
+    if runs.turns == "all" and (load.levels or load.rate is not None):
+        raise ClientError(
+            "--turns all measures the paired A/B only (a conversation's turns go one after another); run "
+            "--concurrency / --request-rate with --turns first"
+        )
+
+
+def _needs_tokenizer(turns: str, tokenizer: Optional[str], why: str) -> None:
+    from .prompts import NEEDS_TEMPLATE
+
+    if turns == "all" and not tokenizer:
+        raise ClientError(NEEDS_TEMPLATE.format(why=why))
 
 
 def served_target(
@@ -139,14 +173,26 @@ def served_target(
     tokenizer: Optional[str],
     prompts: list[Prompt],
     note: Note,
+    turns: str = defaults.TURNS,
+    tenant: Optional[str] = None,
 ) -> Target:
-    """A Triton deployment at url (`bench served`)."""
-    client = served_client(url, protocol, wait, admin_key_file, note=note)
+    """A Triton deployment at url (`bench served`); --turns all needs --tokenizer with a chat template (refused before
+    the server is reached). tenant: sent with every speculative request (the BLS's suffix cache scope)."""
+    _needs_tokenizer(turns, tokenizer, "prompts without --tokenizer go out raw: pass --tokenizer DIR (the target's)")
+    tok = chat = None
     if tokenizer:
         from ..in_triton.serving import load_tokenizer
 
-        client.use_tokenizer(load_tokenizer(tokenizer))
-    return Target(client, client.clone, protocol, f"{url} ({protocol})", chat_prompts(prompts, tokenizer, note))
+        tok = load_tokenizer(tokenizer)
+        chat = template_chat(tok, f"--tokenizer {tokenizer}") if turns == "all" else None
+    client = served_client(url, protocol, wait, admin_key_file, note=note)
+    client.tenant = tenant
+    if tok is not None:
+        client.use_tokenizer(tok)
+    title = f"{url} ({protocol})"
+    if chat is not None:
+        return Target(client, client.clone, protocol, title, prompts, chat)
+    return Target(client, client.clone, protocol, title, chat_prompts(prompts, tokenizer, note))
 
 
 def openai_target(
@@ -157,32 +203,46 @@ def openai_target(
     tokenizer: Optional[str],
     prompts: list[Prompt],
     note: Note,
+    turns: str = defaults.TURNS,
+    tenant: Optional[str] = None,
 ) -> Target:
     """One or two OpenAI-compatible servers (`bench openai`); with the completions API the chat template is the
-    client's to apply (--tokenizer)."""
+    client's to apply (--tokenizer). --turns all: over the chat API each conversation goes out as its messages (the
+    server applies its template); over the completions API it needs --tokenizer with a chat template. tenant:
+    OpenAI's `user` on the speculative requests."""
+    from .bench import Chat
     from .openai_client import client_factory, endpoints
 
     try:
         roles = endpoints(tuple(urls), tuple(models))
     except ValueError as e:
         raise ClientError(str(e)) from None
-    new_client = client_factory(roles, api, api_key)
+    chat = None
+    if turns == "all" and api == "chat":
+        chat = Chat(lambda messages: messages)
+    elif turns == "all":
+        _needs_tokenizer(turns, tokenizer, "--api completions sends raw text: pass --tokenizer DIR, or use --api chat")
+        from ..in_triton.serving import load_tokenizer
+
+        chat = template_chat(load_tokenizer(tokenizer), f"--tokenizer {tokenizer}")
+    new_client = client_factory(roles, api, api_key, tenant)
     client = new_client()
     client.check_ready(list(roles))
     title = " vs ".join(f"{e.model} at {e.base_url}" for e in roles.values())
-    if api == "completions":
+    if api == "completions" and chat is None:
         prompts = chat_prompts(prompts, tokenizer, note)
-    return Target(client, new_client, f"openai {api}", title, prompts)
+    return Target(client, new_client, f"openai {api}", title, prompts, chat)
 
 
 def bench_remote(t: Target, runs: Runs, load: Load, *, stage: Stage, note: Note) -> dict:
     """The paired A/B runs, then the concurrency sweep and the request-rate run if asked: the bench report."""
+    check_turns(runs, load)
     from .bench import SLO, ab_measurement, rate_measurement, sweep_measurement
 
     prompts = t.prompts
     k0, policy0 = (runs.ks[0] if runs.ks else None), (runs.policies[0] if runs.policies else None)
     ms = [
-        ab_measurement(t.client, prompts, k=k, repeats=runs.repeats, policy=policy)
+        ab_measurement(t.client, prompts, k=k, repeats=runs.repeats, policy=policy, chat=t.chat)
         for policy in (list(runs.policies) or [None])
         for k in (list(runs.ks) or [None])
     ]
@@ -253,6 +313,7 @@ def bench_in_process(
             policies=list(runs.policies) or [None],
             ignore_eos=ignore_eos,
             progress=progress,
+            turns=runs.turns,
         )
         if compare_hf:
             rep["lean_vs_hf"] = hf_timing(dep, prompts)

@@ -23,6 +23,10 @@ bound S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) and efficiency = speedup / b
 to cost one decode step; on a CPU it costs more (r, in decode steps, measured in the same run: mean target seconds
 of a speculative round / baseline decode seconds per token), so the report adds the bound with r in place of 1 and
 the efficiency against it.
+
+With turns "all" (--turns all) every prompt is a conversation in the model's chat template: one pair per turn, each
+side fed its own earlier answers (decoded), so token identity counts turns; a turn past the engine's input limit is
+one RequestError line naming the question and turn.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import numpy as np
 from ..in_triton.local_engines import LocalEngines
 from ..in_triton.speculative_loop import (
     LoopConfig,
+    RequestError,
     SpecRequest,
     SpeculativeLoop,
     engine_inputs,
@@ -46,11 +51,12 @@ from ..in_triton.speculative_loop import (
     validate,
 )
 from ..records import backend_contract as bc
+from ..records import defaults
 from ..records.names import BASELINE, BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
 from ..records.speculation import acceptance_summary, leviathan_bound, paired_speedup, solve_alpha
 from .bench import RequestSample, per_category, request_acceptance_counts
 from .metrics import fmt, low_acceptance_advice, tpot
-from .prompts import Prompt
+from .prompts import NEEDS_TEMPLATE, Prompt, conversation
 
 NS = 1e-9
 
@@ -129,11 +135,14 @@ def load_deployment(build_dir: Path) -> Loaded:
 def chat_ids(tokenizer, text: str) -> list[int]:
     """The prompt as the model expects it: its chat template when it has one, else plain text."""
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        return list(out[bc.INPUT_IDS] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        return conversation_ids(tokenizer, [{"role": "user", "content": text}])
     return list(tokenizer.encode(text))
+
+
+def conversation_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """A conversation's tokens in the model's chat template, the assistant's turn opened."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out[bc.INPUT_IDS] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
 
 @dataclass(frozen=True)
@@ -160,6 +169,7 @@ class Pair(NamedTuple):
     spec: SpecRun
     category: str  # the prompt's (prompts.Prompt.category)
     index: int  # the prompt's place in the prompt list
+    turn: int = 1  # the turn of its conversation (turns "all")
 
 
 async def baseline_call(d: Loaded, prompt: list[int], max_tokens: int, end_id: int) -> BaselineRun:
@@ -196,17 +206,24 @@ def run_inprocess(
     warmup: bool = True,
     ignore_eos: bool = False,
     progress: Optional[Callable[[str], None]] = None,
+    turns: str = defaults.TURNS,
 ) -> dict:
-    """Paired baseline/speculative runs per (policy, k), alternating per prompt. policy None: the deployment's."""
+    """Paired baseline/speculative runs per (policy, k), alternating per prompt. policy None: the deployment's.
+    turns "all": every turn of each prompt's conversation (module docstring)."""
     import torch
 
     say = progress or (lambda s: None)
+    if turns == "all" and not getattr(d.tokenizer, "chat_template", None):
+        raise ValueError(NEEDS_TEMPLATE.format(why=f"the target's tokenizer ({d.target_dir}) has none"))
     ids = [chat_ids(d.tokenizer, p.text) for p in prompts]
     end_id = -1 if ignore_eos else d.end_id  # -1: the engine never stops on EOS (backend_contract)
     for policy in policies:
         for k in ks:
             for p, x in zip(prompts, ids):  # the BLS's request checks: one line (RequestError), before any work
                 validate(d.loop_config, len(x), p.max_tokens, k, False, policy)
+                if turns == "all" and len(p.turns) > 1:  # the last turn, even with empty answers before it
+                    last = conversation_ids(d.tokenizer, conversation(p.turns, [""] * (len(p.turns) - 1)))
+                    _validate_turn(d, p, len(p.turns), last, k, policy)
 
     async def run() -> list[dict]:
         rows = []
@@ -222,14 +239,8 @@ def run_inprocess(
                         say(
                             f"k={k}{' ' + policy if policy else ''} rep {r + 1}/{repeats} prompt {i + 1}/{len(prompts)}"
                         )
-                        runs = {}
-                        for which in ("base", "spec") if (i + r) % 2 == 0 else ("spec", "base"):  # no drift bias
-                            runs[which] = (
-                                await baseline_call(d, x, p.max_tokens, end_id)
-                                if which == "base"
-                                else await speculative_call(d, loop, x, p.max_tokens, k, end_id, policy)
-                            )
-                        pairs.append(Pair(p.id or i, r, runs["base"], runs["spec"], p.category, i))
+                        pair_up = _conversation_pairs if turns == "all" else _prompt_pair
+                        pairs += await pair_up(d, loop, p, x, i, r, k, end_id, policy)
                 rows.append(_row(k, policy or d.loop_config.draft_len_policy, pairs))
         return rows
 
@@ -239,11 +250,55 @@ def run_inprocess(
         "mode": d.mode,
         "prompts": len(prompts),
         "repeats": repeats,
+        "turns": turns,
         "ignore_eos": ignore_eos,
         "threads": torch.get_num_threads(),
         "sweep": results,
         **{key: v for key, v in best.items() if key != "samples"},
     }
+
+
+async def _prompt_pair(d: Loaded, loop, p: Prompt, x: list[int], i: int, r: int, k, end_id, policy) -> list[Pair]:
+    """Prompt i (its ids x) on both sides, which goes first alternating by prompt and repeat (no drift bias)."""
+    runs = {}
+    for which in ("base", "spec") if (i + r) % 2 == 0 else ("spec", "base"):
+        runs[which] = (
+            await baseline_call(d, x, p.max_tokens, end_id)
+            if which == "base"
+            else await speculative_call(d, loop, x, p.max_tokens, k, end_id, policy)
+        )
+    return [Pair(p.id or i, r, runs["base"], runs["spec"], p.category, i)]
+
+
+async def _conversation_pairs(d: Loaded, loop, p: Prompt, x: list[int], i: int, r: int, k, end_id, policy) -> list:
+    """Every turn of prompt i's conversation on both sides, each side fed its own answers: a Pair per turn (x: turn 1's
+    ids, the same on both sides)."""
+    answers: dict[str, list[str]] = {"base": [], "spec": []}
+    pairs = []
+    for t in range(1, len(p.turns) + 1):
+        runs = {}
+        for which in ("base", "spec") if (i + r + t - 1) % 2 == 0 else ("spec", "base"):
+            ids = x if t == 1 else conversation_ids(d.tokenizer, conversation(p.turns, answers[which]))
+            _validate_turn(d, p, t, ids, k, policy)
+            runs[which] = (
+                await baseline_call(d, ids, p.max_tokens, end_id)
+                if which == "base"
+                else await speculative_call(d, loop, ids, p.max_tokens, k, end_id, policy)
+            )
+            answers[which].append(d.tokenizer.decode(runs[which].tokens, skip_special_tokens=True))
+        pairs.append(Pair(p.id or i, r, runs["base"], runs["spec"], p.category, i, t))
+    return pairs
+
+
+def _validate_turn(d: Loaded, p: Prompt, t: int, ids: list[int], k: int, policy: Optional[str]) -> None:
+    """The BLS's request checks for turn t of p's conversation: one RequestError line naming the question and turn."""
+    try:
+        validate(d.loop_config, len(ids), p.max_tokens, k, False, policy)
+    except RequestError as e:
+        raise RequestError(
+            f"question {p.id or '?'} turn {t}: {e}; a conversation grows by each answer: lower --max-tokens, or "
+            "--turns first"
+        ) from None
 
 
 def _row(k: int, policy: str, pairs: list[Pair]) -> dict:
@@ -318,7 +373,7 @@ def _request_samples(pairs: list[Pair]) -> list[RequestSample]:
         ttft = run.wall_s - run.decode_s
         n = len(run.tokens)
         args = (model, x.index, x.repeat, n, ttft, run.wall_s, tpot(run.wall_s, ttft, n), *counts)
-        return RequestSample(*args, category=x.category)
+        return RequestSample(*args, category=x.category, turn=x.turn)
 
     out = []
     for x in pairs:
@@ -334,27 +389,28 @@ def _pair_records(k: int, pairs: list[Pair]) -> list[dict]:
     """Every (prompt, repeat) pair of a row: both wall times, identity and the speculative run's counts."""
     return [
         {
-            "prompt": i,
-            "category": category,
+            "prompt": x.prompt,
+            "category": x.category,
+            "turn": x.turn,
             "k": k,
-            "repeat": r,
-            "baseline_s": b.wall_s,
-            "spec_s": s.wall_s,
-            "tokens": len(b.tokens),
-            "identical": b.tokens == s.tokens,
-            "accepted": s.metrics.accepted,
-            "drafted": s.metrics.drafted,
-            "steps": s.metrics.steps,
-            "draft_lengths": s.metrics.draft_lengths,
+            "repeat": x.repeat,
+            "baseline_s": x.base.wall_s,
+            "spec_s": x.spec.wall_s,
+            "tokens": len(x.base.tokens),
+            "identical": x.base.tokens == x.spec.tokens,
+            "accepted": x.spec.metrics.accepted,
+            "drafted": x.spec.metrics.drafted,
+            "steps": x.spec.metrics.steps,
+            "draft_lengths": x.spec.metrics.draft_lengths,
         }
-        for i, r, b, s, category, _ in pairs
+        for x in pairs
     ]
 
 
 def format_report(rep: dict) -> str:
     lines = [
         f"in-process benchmark (the served loop, no server): mode {rep['mode']}, {rep['prompts']} prompts x "
-        f"{rep['repeats']}, {rep['threads']} torch threads, greedy"
+        f"{rep['repeats']}{_turns_note(rep)}, {rep['threads']} torch threads, greedy"
     ]
     lines.append(
         f"{'k':>3} {'policy':>8} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>8} {'95% CI':>11} "
@@ -415,17 +471,27 @@ def _category_lines(rep: dict) -> list[str]:
         if not r.get("categories"):
             continue
         lines.append(f"per category, k={r['k']} {r['draft_len_policy']}:")
+        turns = any(c.get("turns", c["prompts"]) != c["prompts"] for c in r["categories"])  # --turns all
         lines.append(
-            f"  {'category':<16} {'prompts':>7} {'speedup':>8} {'95% CI':>11} {'mean len':>8} {'accept':>7} "
-            f"{'no spec':>7}"
+            f"  {'category':<16} {'prompts':>7}{' turns' if turns else ''} {'speedup':>8} {'95% CI':>11} "
+            f"{'mean len':>8} {'accept':>7} {'no spec':>7}"
         )
         for c in r["categories"]:
             lines.append(
-                f"  {c['category']:<16} {c['prompts']:>7} {c['speedup']:>7.2f}x {_interval(c['speedup_ci95']):>11} "
+                f"  {c['category']:<16} {c['prompts']:>7}" + (f" {c['turns']:>5}" if turns else "") + " "
+                f"{c['speedup']:>7.2f}x {_interval(c['speedup_ci95']):>11} "
                 f"{fmt(c['mean_acceptance_length'], '>8.2f')} {fmt(c['acceptance_rate'], '>7.2f')} "
                 f"{fmt(c['rounds_without_speculation_share'], '>7.0%')}"
             )
     return lines
+
+
+def _turns_note(rep: dict) -> str:
+    """--turns all: how many turns the conversations had (identity is then per turn)."""
+    if rep.get("turns") != "all":
+        return ""
+    n = len(rep["sweep"][0]["samples"]) // max(1, rep["repeats"]) if rep["sweep"] else 0
+    return f", every turn ({n} turns; identity per turn, each side fed its own answers)"
 
 
 def _interval(ci: Sequence[float]) -> str:

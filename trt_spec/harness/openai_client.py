@@ -5,7 +5,8 @@ It answers the harness's calls as LLMClient does (`generate(model, prompt, max_t
 Generation`), with the two roles the bench compares, BASELINE and SPECULATIVE, mapped to an endpoint each: two
 models on one server, or one model on each of two servers. So the paired A/B, the concurrency sweep and the
 request-rate mode run unchanged, with the same report. Requests go through the official `openai` SDK, streaming with
-`stream_options.include_usage`: TTFT is the first content chunk, the token count is the server's usage.
+`stream_options.include_usage`: TTFT is the first content chunk, the token count is the server's usage. Over the chat
+API a prompt is one user message, or a whole conversation given as its messages (bench --turns all).
 """
 
 from __future__ import annotations
@@ -48,8 +49,15 @@ class OpenAIClient:
     """LLMClient's interface over the OpenAI API. `generate` takes the role (BASELINE / SPECULATIVE) as `model`."""
 
     def __init__(
-        self, roles: dict[str, Endpoint], *, api: str = "chat", api_key: str = "none", timeout_s: float = 600.0
+        self,
+        roles: dict[str, Endpoint],
+        *,
+        api: str = "chat",
+        api_key: str = "none",
+        timeout_s: float = 600.0,
+        tenant: str | None = None,
     ):
+        """tenant: OpenAI's `user` on every speculative request (bench --tenant; trt-spec's suffix cache scope)."""
         import openai
 
         if api not in APIS:
@@ -60,6 +68,7 @@ class OpenAIClient:
             for role, e in roles.items()
         }
         self.url = " / ".join(sorted({e.base_url for e in roles.values()}))
+        self.tenant = tenant
 
     def check_ready(self, models: list[str]) -> None:
         import openai
@@ -83,14 +92,21 @@ class OpenAIClient:
         for c in self._clients.values():
             c.close()
 
-    def generate(self, model: str, prompt: str, max_tokens: int, *, stream: bool = True, **params) -> Generation:
+    def generate(
+        self, model: str, prompt: str | list[dict], max_tokens: int, *, stream: bool = True, **params
+    ) -> Generation:
+        """prompt: the text (a user message over the chat API), or a conversation's messages (chat API only)."""
         import openai
 
         e = self.roles[model]
+        if isinstance(prompt, list) and self.api != "chat":
+            raise ValueError("a conversation's messages go over the chat API only (--api chat)")
         body = {"temperature": float(params.pop("temperature", 0.0)), "max_tokens": int(max_tokens)}
         for name in ("top_p", "seed"):
             if name in params:
                 body[name] = params.pop(name)
+        if self.tenant and model == SPECULATIVE:
+            body["user"] = self.tenant
         extra = {k: params.pop(k) for k in (NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY) if k in params}
         params.pop("exclude_input_in_output", None)  # the OpenAI API never echoes the prompt by default
         if params:
@@ -103,7 +119,7 @@ class OpenAIClient:
             if self.api == "chat":
                 it = client.chat.completions.create(
                     model=e.model,
-                    messages=[{"role": "user", "content": prompt}],
+                    messages=prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
                     stream=True,
                     stream_options={"include_usage": True},
                     extra_body=extra or None,
@@ -149,5 +165,5 @@ def _message(err) -> str:
     return str(getattr(err, "message", err))
 
 
-def client_factory(roles: dict[str, Endpoint], api: str, api_key: str):
-    return lambda: OpenAIClient(roles, api=api, api_key=api_key)
+def client_factory(roles: dict[str, Endpoint], api: str, api_key: str, tenant: str | None = None):
+    return lambda: OpenAIClient(roles, api=api, api_key=api_key, tenant=tenant)

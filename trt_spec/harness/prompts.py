@@ -4,8 +4,9 @@ Sets: `code-edit` (agentic code loop: the answer copies most of the prompt — w
 `code` (plain code generation), `chat`, `summarization`; each prompt's category is its set's name. A JSONL file holds
 one object per line: {"prompt": "...", "max_tokens": 128} (max_tokens optional; AIPerf's "text"/"output_length" read
 too), or Spec-Bench's rows {"question_id": 81, "category": "writing", "turns": ["...", ...]} (the first turn is the
-prompt, the category kept); a ShareGPT-style JSON file is read as its first human turns (load_prompts). select_prompts
-keeps the prompts of some categories.
+prompt, the later ones kept for --turns all, the category kept); a ShareGPT-style JSON file is read as its first human
+turns (load_prompts). select_prompts keeps the prompts of some categories. `conversation` builds the messages of one
+turn of a multi-turn question (--turns all: MT-Bench's way, each earlier turn followed by the model's own answer).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ class Prompt:
     max_tokens: int = DEFAULT_MAX_TOKENS
     id: str = ""
     category: str = ""  # a shipped set's name, a Spec-Bench row's "category"; "" elsewhere (UNCATEGORISED)
+    follow_ups: tuple[str, ...] = ()  # a multi-turn question's later user turns (Spec-Bench's turns[1:]): --turns all
+
+    @property
+    def turns(self) -> tuple[str, ...]:
+        """The user turns of the conversation: text, then the follow-ups."""
+        return (self.text, *self.follow_ups)
 
 
 UNCATEGORISED = "uncategorised"  # how the per-category table names prompts without one (a file mixing kinds)
@@ -207,9 +214,10 @@ CHARS_PER_TOKEN = 4  # a ShareGPT answer's length in tokens, when no tokenizer i
 def load_prompts(name_or_path: str, max_tokens: int | None = None) -> list[Prompt]:
     """A shipped set by name (category: the set's name), a JSONL file (one object per line: {"prompt"|"text": ...,
     "max_tokens"|"output_length"|"output_tokens": ...}, or Spec-Bench's {"question_id": ..., "category": ...,
-    "turns": [...]}: the first turn, DEFAULT_MAX_TOKENS), or a ShareGPT-style JSON file (a list of {"conversations":
-    [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}: the first human turn is the prompt, the
-    answer after it sets max_tokens at len(answer) / CHARS_PER_TOKEN). Nothing is downloaded: a path on disk."""
+    "turns": [...]}: the first turn, the rest as follow_ups, DEFAULT_MAX_TOKENS), or a ShareGPT-style JSON file (a
+    list of {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}: the first human
+    turn is the prompt, the answer after it sets max_tokens at len(answer) / CHARS_PER_TOKEN). Nothing is downloaded:
+    a path on disk."""
     if name_or_path in PROMPT_SETS:
         prompts = [replace(p, category=name_or_path) for p in PROMPT_SETS[name_or_path]]
     else:
@@ -264,13 +272,13 @@ def _jsonl(p: Path, text: str) -> list[Prompt]:
 
 
 def _spec_bench_row(p: Path, i: int, obj: dict) -> Prompt:
-    """A Spec-Bench question: its first turn (multi-turn, with the model's own answers fed back, is not read yet)."""
+    """A Spec-Bench question: its first turn the prompt, the later ones its follow-ups (sent with --turns all)."""
     turns, category = obj["turns"], obj.get("category", "")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
         raise ValueError(f'{p}:{i}: "turns" must be a non-empty list of non-empty strings (Spec-Bench\'s schema)')
     if not isinstance(category, str):
         raise ValueError(f'{p}:{i}: "category" must be a string, got {category!r}')
-    return Prompt(turns[0], DEFAULT_MAX_TOKENS, str(obj.get("question_id", i)), category)
+    return Prompt(turns[0], DEFAULT_MAX_TOKENS, str(obj.get("question_id", i)), category, tuple(turns[1:]))
 
 
 def _sharegpt(p: Path, text: str) -> list[Prompt]:
@@ -307,6 +315,29 @@ def _sharegpt(p: Path, text: str) -> list[Prompt]:
     return prompts
 
 
+TURNS = ("first", "all")  # --turns: each question's first turn only, or every turn as a conversation
+NEEDS_TEMPLATE = (
+    "--turns all sends each question as a conversation (turn 1, the model's answer, turn 2, ...), which only a chat "
+    "template can express; {why}, or use --turns first"
+)
+
+
+def conversation(turns: Sequence[str], answers: Sequence[str]) -> list[dict]:
+    """The messages of turn len(answers) + 1 of a conversation: each earlier user turn followed by the model's own
+    answer to it, then this turn's user message (MT-Bench's multi-turn, as Spec-Bench runs it)."""
+    if not len(answers) < len(turns):
+        raise ValueError(f"turn {len(answers) + 1} of a {len(turns)}-turn conversation does not exist")
+    msgs = []
+    for user, answer in zip(turns, answers):
+        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return msgs + [{"role": "user", "content": turns[len(answers)]}]
+
+
+def render_conversation(tokenizer, messages: list[dict]) -> str:
+    """A conversation as the text the model reads: its chat template, with the assistant's turn opened."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def with_chat_template(prompts: list[Prompt], tokenizer) -> list[Prompt]:
     """Wrap each prompt as a user turn in the model's chat template (what an instruct model is served with);
     unchanged when the tokenizer has no template."""
@@ -314,9 +345,7 @@ def with_chat_template(prompts: list[Prompt], tokenizer) -> list[Prompt]:
         return list(prompts)
     return [
         Prompt(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True
-            ),
+            render_conversation(tokenizer, [{"role": "user", "content": p.text}]),
             p.max_tokens,
             p.id,
             p.category,

@@ -90,7 +90,21 @@ def speedup_section(b: dict) -> list[str]:
         out += [f"Order: {b['order']}.", ""]
     if b.get("warning"):
         out += [f"> WARNING: {b['warning']}", ""]
-    return out + category_table(b.get("categories") or [])
+    return out + conversation_lines(b.get("conversations")) + category_table(b.get("categories") or [])
+
+
+def conversation_lines(c: dict | None) -> list[str]:
+    """--turns all (bench.conversations): how many turns both models answered alike, and each turn where they did not
+    (an identity failure; the turns after it went on from each model's own answer)."""
+    if not c:
+        return []
+    out = [f"Conversations (--turns all): {c['identical']} of {c['turns']} turns answered identically by both models."]
+    if c["differ"]:
+        where = ", ".join(f"prompt {d['prompt']} turn {d['turn']}" for d in c["differ"])
+        out[0] = (
+            f"> IDENTITY FAILURE: {c['turns'] - c['identical']} of {c['turns']} turns differ ({where}); {c['note']}."
+        )
+    return out + [""]
 
 
 def category_table(rows: list[dict]) -> list[str]:
@@ -98,17 +112,19 @@ def category_table(rows: list[dict]) -> list[str]:
     interval and the acceptance, n/a where the server reports none (the OpenAI API)."""
     if not rows:
         return []
+    turns = any(r.get("turns", r["prompts"]) != r["prompts"] for r in rows)  # --turns all: a turns column
     out = [
         "### Per category",
         "",
-        "| category | prompts | speedup | 95% CI | mean acceptance length | acceptance rate | "
-        "rounds without speculation |",
-        "|---|---|---|---|---|---|---|",
+        f"| category | prompts | {'turns | ' if turns else ''}speedup | 95% CI | mean acceptance length | "
+        "acceptance rate | rounds without speculation |",
+        "|---|---|---|---|---|---|---|" + ("---|" if turns else ""),
     ]
     for r in rows:
         lo, hi = r["speedup_ci95"]
         out.append(
-            f"| {r['category']} | {r['prompts']} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
+            f"| {r['category']} | {r['prompts']} | " + (f"{r['turns']} | " if turns else "") + f"{r['speedup']:.2f}x | "
+            f"{lo:.2f}–{hi:.2f} | "
             f"{fmt(r['mean_acceptance_length'], '.2f')} | {fmt(r['acceptance_rate'], '.2f')} | "
             f"{fmt(r['rounds_without_speculation_share'], '.0%')} |"
         )

@@ -1,2 +1,2 @@
-"""What runs inside tritonserver, free of Triton: the speculative loop, the draft-length policy, the proposers, the
+"""What runs inside tritonserver, free of Triton: the speculative loop, the proposers, the
 metrics publisher and the python models' shared helpers (imported by model_repo/)."""

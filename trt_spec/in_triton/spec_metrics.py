@@ -31,6 +31,9 @@ from ..records.names import (
     BLS,
     METRIC_ACCEPTED_LENGTH,
     METRIC_ACCEPTED_TOKENS,
+    METRIC_CACHE_ACCEPTED,
+    METRIC_CACHE_ROUNDS,
+    METRIC_CACHE_TOKENS,
     METRIC_DRAFT_LATENCY,
     METRIC_DRAFT_LENGTH,
     METRIC_DRAFT_TOKENS,
@@ -65,7 +68,14 @@ class SpecMetricsExporter:
     skipped."""
 
     def __init__(
-        self, pb_utils: Any, model: str, mode: str, max_draft_len: int, log_error: Callable[[str], None] = print
+        self,
+        pb_utils: Any,
+        model: str,
+        mode: str,
+        max_draft_len: int,
+        log_error: Callable[[str], None] = print,
+        *,
+        suffix_cache: bool = False,
     ):
         self.log_error = log_error
         self.rounds = mode in LOOP_MODES
@@ -92,6 +102,12 @@ class SpecMetricsExporter:
         published.append(
             (METRIC_IN_FLIGHT, "Requests the speculative model holds now", pb_utils.MetricFamily.GAUGE, None)
         )
+        if suffix_cache:  # the loop's cross-request suffix cache is on (n-gram mode, suffix proposer)
+            published += [
+                (METRIC_CACHE_ROUNDS, "Rounds whose proposal drew on earlier requests (suffix cache)", counter, None),
+                (METRIC_CACHE_ACCEPTED, "Draft tokens accepted in those rounds", counter, None),
+                (METRIC_CACHE_TOKENS, "Tokens the suffix cache holds", pb_utils.MetricFamily.GAUGE, None),
+            ]
         for name, description, kind, buckets in published:
             try:
                 family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
@@ -172,6 +188,11 @@ class SpecMetricsExporter:
                 self._observe(METRIC_DRAFT_LENGTH, r.k)
                 self._observe(METRIC_DRAFT_LATENCY, r.draft_s)
                 self._observe(METRIC_VERIFY_LATENCY, r.target_s)
+            self._inc(METRIC_CACHE_ROUNDS, sum(1 for r in m.rounds if r.cached))
+            self._inc(METRIC_CACHE_ACCEPTED, sum(r.accepted for r in m.rounds if r.cached))
+            gauge = self._m.get(METRIC_CACHE_TOKENS)
+            if gauge is not None and m.cache_tokens is not None:
+                gauge.set(float(m.cache_tokens))
         except Exception as e:  # noqa: BLE001 - metrics must not cost a client its answer
             self.log_error(f"speculation metrics not published for a request: {type(e).__name__}: {e}")
 

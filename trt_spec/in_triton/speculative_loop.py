@@ -27,17 +27,21 @@ from typing import Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from ..records import backend_contract as bc
+from ..records import defaults
 from ..records.bls_parameters import BlsParameters
-from ..records.names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TEXT_INPUT
+from ..records.draft_policy import DraftLengthPolicy, Outcome
+from ..records.names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TENANT, TEXT_INPUT
 from ..records.speculation import BLS_MODES as MODES
-from ..records.speculation import LOOP_MODES, POLICIES, PROPOSERS, Policy
+from ..records.speculation import CACHE_SCOPES, LOOP_MODES, POLICIES, PROPOSERS, CacheScope, Policy
 from ..reference.ngram import NgramDraft  # numpy only: safe in the GPU image too
-from .draft_policy import DraftLengthPolicy, Outcome
-from .suffix import SuffixProposer  # pure Python
+from .suffix import SuffixCache, SuffixProposer  # pure Python
 
 # The suffix proposer as served: a one-token match may propose, each matched token buys two proposed tokens (chosen by
 # replaying the shipped code-edit, code and chat sets' greedy outputs; the adaptive policy caps the length by cost).
 SUFFIX_MIN_MATCH, SUFFIX_TOKENS_PER_MATCH = 1, 2.0
+# In the cross-request cache a match counts from two tokens (not tuned: a one-token match across requests is close to
+# noise, and the hits of one common token would fill the store's candidate budget before the long matches that pay).
+SUFFIX_CACHE_MIN_MATCH = 2
 
 SEED_STRIDE = 1_000_003  # per-round seed offset: independent random streams across verify calls
 
@@ -76,8 +80,13 @@ class LoopConfig:
     max_seq_len: int
     max_input_len: int  # the engine's input limit (backend_contract.max_input_len)
     max_prompt_len: Optional[int] = None  # the deployment's limits.max_input_len (default: the engine's limit)
-    draft_len_policy: str = Policy.ADAPTIVE.value  # speculation.LOOP_POLICIES (trt_spec/in_triton/draft_policy.py)
+    draft_len_policy: str = Policy.ADAPTIVE.value  # speculation.LOOP_POLICIES (trt_spec/records/draft_policy.py)
     proposer: str = "suffix"  # ngram mode: suffix | prompt_lookup
+    # the suffix proposer's cross-request cache (in_triton/suffix.py SuffixCache; speculative.suffix_cache)
+    suffix_cache_scope: str = defaults.SUFFIX_CACHE_SCOPE
+    suffix_cache_max_tokens: int = defaults.SUFFIX_CACHE_MAX_TOKENS
+    suffix_cache_max_sequences: int = defaults.SUFFIX_CACHE_MAX_SEQUENCES
+    suffix_cache_max_tenants: int = defaults.SUFFIX_CACHE_MAX_TENANTS
 
     @staticmethod
     def from_bls(p: BlsParameters) -> "LoopConfig":
@@ -94,6 +103,10 @@ class LoopConfig:
             max_input_len=bc.max_input_len(p.max_seq_len, p.max_num_tokens),
             draft_len_policy=p.draft_len_policy,
             proposer=p.proposer,
+            suffix_cache_scope=p.suffix_cache_scope,
+            suffix_cache_max_tokens=p.suffix_cache_max_tokens,
+            suffix_cache_max_sequences=p.suffix_cache_max_sequences,
+            suffix_cache_max_tenants=p.suffix_cache_max_tenants,
         )
 
     def __post_init__(self):
@@ -103,6 +116,8 @@ class LoopConfig:
             raise ValueError(f"draft_len_policy {self.draft_len_policy!r}: use one of {', '.join(POLICIES)}")
         if self.proposer not in PROPOSERS:
             raise ValueError(f"proposer {self.proposer!r}: use one of {', '.join(PROPOSERS)}")
+        if self.suffix_cache_scope not in CACHE_SCOPES:
+            raise ValueError(f"suffix_cache_scope {self.suffix_cache_scope!r}: use one of {', '.join(CACHE_SCOPES)}")
         if self.mode == "draft_target" and not self.draft:
             raise ValueError("draft_target mode needs a draft model name")
 
@@ -122,6 +137,7 @@ class SpecRequest:
     use_logits: bool = False
     draft_len_policy: Optional[str] = None  # adaptive | fixed for this request (default: the deployment's)
     perf: bool = False  # the client's return_perf_metrics: every engine call asks for the backend's perf outputs
+    tenant: Optional[str] = None  # the client the request is from: the suffix cache's scope (None: no tenant)
 
 
 @dataclass(frozen=True)
@@ -134,6 +150,7 @@ class Round:
     tokens: int  # tokens the round added to the output
     draft_s: float  # seconds spent proposing (draft engine call, or the draft-free proposer)
     target_s: float  # seconds of the target call (verification, or the decode)
+    cached: bool = False  # the proposal drew on the cross-request suffix cache (a stored occurrence backed it)
 
 
 @dataclass
@@ -188,6 +205,7 @@ class LoopStats:
     hist: list[int] = field(default_factory=list)  # rounds by accepted count 0..k (loop modes)
     rounds: list[Round] = field(default_factory=list)  # loop modes: one per target call
     engine: EnginePerf = field(default_factory=EnginePerf)  # SpecRequest.perf: the engines' perf outputs
+    cache_tokens: Optional[int] = None  # tokens the deployment's suffix cache holds once this request is in (None: off)
 
     def perf_outputs(self) -> dict[str, np.ndarray]:
         """The ten perf outputs of NVIDIA's tensorrt_llm_bls (backend_contract.PERF_OUTPUT_TYPES, [1, 1] each), for the
@@ -251,6 +269,18 @@ def validate(
         )
     if use_logits and cfg.mode != "draft_target":
         raise RequestError("use_draft_logits needs draft-target mode (this deployment has no draft model)")
+
+
+def check_tenant(tenant: Optional[str]) -> Optional[str]:
+    """A request's tenant id: None for none or an empty one; refused when longer than TENANT_MAX_BYTES."""
+    if not tenant:
+        return None
+    size = len(tenant.encode("utf-8"))
+    if size > defaults.TENANT_MAX_BYTES:
+        raise RequestError(
+            f"{TENANT} is {size} bytes, more than {defaults.TENANT_MAX_BYTES}; send a shorter id (a hash of it will do)"
+        )
+    return tenant
 
 
 def check_sampling(
@@ -340,6 +370,16 @@ class SpeculativeLoop:
         self.call = call
         self.ngram = NgramDraft(max_ngram=cfg.ngram_size, k=cfg.max_draft_len)
         self.policy = DraftLengthPolicy(cfg.draft_len_policy)  # shared costs; `active` = requests in the loop
+        # earlier requests' text for the suffix proposer (None: no cache, or a mode / proposer that cannot use one)
+        self.cache = None
+        if cfg.mode == "ngram" and cfg.proposer == "suffix" and cfg.suffix_cache_scope != CacheScope.OFF:
+            self.cache = SuffixCache(
+                cfg.suffix_cache_scope,
+                max_tokens=cfg.suffix_cache_max_tokens,
+                max_sequences=cfg.suffix_cache_max_sequences,
+                max_tenants=cfg.suffix_cache_max_tenants,
+                anchor_len=SUFFIX_CACHE_MIN_MATCH,
+            )
 
     async def generate(
         self,
@@ -359,9 +399,13 @@ class SpeculativeLoop:
             return await self._in_engine(r, emit, cancelled, m)
         self.policy.active += 1
         try:
-            return await self._loop(r, emit, cancelled, m)
+            generated, m = await self._loop(r, emit, cancelled, m)
         finally:
             self.policy.active -= 1
+        if self.cache is not None:  # a finished request (not cancelled, no error): later ones of its scope may copy it
+            self.cache.add(r.tenant, [*r.prompt, *generated])
+            m.cache_tokens = self.cache.num_tokens
+        return generated, m
 
     async def _draft(
         self, r: SpecRequest, tokens: list[int], k: int, step: int, proposer, m: LoopStats
@@ -384,15 +428,18 @@ class SpeculativeLoop:
             logits = logits.reshape(-1, logits.shape[-1])[: len(draft)]
         return draft, logits
 
-    def _proposer(self):
+    def _proposer(self, r: SpecRequest):
         """The request's draft-free proposer (ngram mode); None in draft-target mode."""
         if self.cfg.mode != "ngram":
             return None
         if self.cfg.proposer == "prompt_lookup":
             return self.ngram
-        # per request: it indexes the request's own sequence
+        # per request: it indexes the request's own sequence, and searches the store of the request's cache scope
         return SuffixProposer(
-            k_max=self.cfg.max_draft_len, min_match=SUFFIX_MIN_MATCH, tokens_per_match=SUFFIX_TOKENS_PER_MATCH
+            k_max=self.cfg.max_draft_len,
+            min_match=SUFFIX_MIN_MATCH,
+            tokens_per_match=SUFFIX_TOKENS_PER_MATCH,
+            store=self.cache.store(r.tenant) if self.cache is not None else None,
         )
 
     async def _loop(
@@ -402,7 +449,7 @@ class SpeculativeLoop:
         generated: list[int] = []
         m.hist = [0] * (r.k + 1)
         policy = self.policy.start(r.draft_len_policy)
-        proposer = self._proposer()
+        proposer = self._proposer(r)
         draft_free = proposer is not None
         done = False
         while not done and len(generated) < r.max_tokens:
@@ -440,9 +487,8 @@ class SpeculativeLoop:
             policy.observe(
                 decision, Outcome(len(draft), acc, len(new), t1 - t0, t2 - t1, empty=empty), draft_free=draft_free
             )
-            m.rounds.append(
-                Round(k=k_used, drafted=len(draft), accepted=acc, tokens=len(new), draft_s=t1 - t0, target_s=t2 - t1)
-            )
+            cached = bool(draft) and getattr(proposer, "store_hit", False)  # the suffix proposer drew on the cache
+            m.rounds.append(Round(k_used, len(draft), acc, len(new), t1 - t0, t2 - t1, cached))  # Round's field order
             m.steps += 1
             m.drafted += len(draft)
             m.accepted += acc

@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar, Mapping, Optional, TypeVar, get_args, get_type_hints
 
+from . import defaults
 from .defaults import ADD_SPECIAL_TOKENS
 from .names import BLS, PREPROCESSING
-from .speculation import BLS_MODES, POLICIES, PROPOSERS, Policy, Proposer
+from .speculation import BLS_MODES, CACHE_SCOPES, POLICIES, PROPOSERS, CacheScope, Policy, Proposer
 
 BOOLS = {"true": True, "false": False}  # how the writer spells a bool (and all a reader accepts)
 
@@ -90,6 +91,7 @@ class BlsParameters(_Parameters):
         "speculative_mode": BLS_MODES,
         "draft_len_policy": POLICIES,
         "proposer": PROPOSERS,
+        "suffix_cache_scope": CACHE_SCOPES,
     }
 
     tensorrt_llm_model_name: str  # the target engine model
@@ -106,10 +108,16 @@ class BlsParameters(_Parameters):
     tokenizer_dir: str  # absolute (writer ABSOLUTE_PATHS); relative to the repository in older ones (PATH_PARAMETERS)
     # tokenized as preprocessing does, or identity compares other prompts
     add_special_tokens: bool = ADD_SPECIAL_TOKENS
+    # the suffix proposer's cross-request cache (speculative.suffix_cache; absent in older repositories: the defaults)
+    suffix_cache_scope: CacheScope = CacheScope(defaults.SUFFIX_CACHE_SCOPE)
+    suffix_cache_max_tokens: int = defaults.SUFFIX_CACHE_MAX_TOKENS
+    suffix_cache_max_sequences: int = defaults.SUFFIX_CACHE_MAX_SEQUENCES
+    suffix_cache_max_tenants: int = defaults.SUFFIX_CACHE_MAX_TENANTS
 
     def __post_init__(self):  # a caller's plain string becomes its enum member: the fields hold their types
         object.__setattr__(self, "draft_len_policy", Policy(self.draft_len_policy))
         object.__setattr__(self, "proposer", Proposer(self.proposer))
+        object.__setattr__(self, "suffix_cache_scope", CacheScope(self.suffix_cache_scope))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,9 +19,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from . import defaults
 from .defaults import BUILD_ROOT, EAGLE_DRAFT_VOCAB, EAGLE_TRAIN_STEPS
 from .recipes import RECIPES, Recipe, RecipeError, recipe
-from .speculation import LOOP_POLICIES, Mode, Policy, Proposer
+from .speculation import LOOP_POLICIES, CacheScope, Mode, Policy, Proposer
 
 ENV_PREFIX = "TRT_SPEC__"
 
@@ -176,6 +177,28 @@ class LookaheadSpec(_Strict):
         return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
 
 
+class SuffixCacheSpec(_Strict):
+    """n-gram mode, suffix proposer: the cross-request cache of earlier requests' prompt + output, per BLS instance
+    (in_triton/suffix.py SuffixCache; docs/draft-policy.md, "The cross-request cache")."""
+
+    scope: CacheScope = Field(
+        CacheScope(defaults.SUFFIX_CACHE_SCOPE),
+        description="who shares the cache: off, tenant (one store per tenant: the BLS's tenant input, OpenAI's user; "
+        "a request without one neither reads nor writes it), or deployment (one store for every request)",
+    )
+    max_tokens: int = Field(
+        defaults.SUFFIX_CACHE_MAX_TOKENS, ge=1, description="tokens per store (one per tenant), oldest evicted first"
+    )
+    max_sequences: int = Field(
+        defaults.SUFFIX_CACHE_MAX_SEQUENCES, ge=1, description="finished requests per store, oldest evicted first"
+    )
+    max_tenants: int = Field(
+        defaults.SUFFIX_CACHE_MAX_TENANTS,
+        ge=1,
+        description="scope tenant: tenant stores kept; the least recently used tenant's store is dropped for a new one",
+    )
+
+
 class Speculative(_Strict):
     mode: Mode = Field(Mode.DRAFT_TARGET, description="speculative decoding mode")
     max_draft_len: int = Field(5, ge=0, description="K built into the target engine (max draft tokens per step)")
@@ -189,10 +212,13 @@ class Speculative(_Strict):
         Proposer.SUFFIX,
         description="n-gram mode's draft-free proposer: suffix (longest suffix match, by frequency) or prompt_lookup",
     )
+    suffix_cache: SuffixCacheSpec = Field(
+        default_factory=SuffixCacheSpec, description="n-gram mode, suffix proposer: the cross-request cache"
+    )
     draft_len_policy: Policy = Field(
         Policy.ADAPTIVE,
-        description="draft-target / n-gram: adaptive k per round from measured costs and acceptance (k = 0 "
-        "included), or fixed k = num_draft_tokens",
+        description="draft-target / n-gram / eagle (the CPU engine's chain): adaptive k per round from measured "
+        "costs and acceptance (k = 0 included), or fixed k = num_draft_tokens (eagle: max_draft_len)",
     )
     use_draft_logits: bool = Field(
         False, description="rejection sampling with draft logits (draft gathers generation logits)"

@@ -22,6 +22,15 @@ def served_num_draft_tokens(default_k: int, max_draft_len: int) -> int:
 
 # -- The served python models ------------------------------------------------------------------------------
 ADD_SPECIAL_TOKENS = True  # preprocessing and the BLS tokenize prompts with the tokenizer's special tokens (BOS)
+# The suffix proposer's cross-request cache (speculative.suffix_cache; in_triton/suffix.py SuffixCache). Per store
+# (one per tenant, or one per deployment): the last SUFFIX_CACHE_MAX_SEQUENCES finished requests, at most
+# SUFFIX_CACHE_MAX_TOKENS tokens (~130 bytes each, index included); at most SUFFIX_CACHE_MAX_TENANTS tenant stores.
+# Worst case 32 x 16384 tokens, ~70 MB per BLS instance.
+SUFFIX_CACHE_SCOPE = "tenant"  # records.speculation.CacheScope: a request without a tenant neither reads nor writes it
+SUFFIX_CACHE_MAX_TOKENS = 16384
+SUFFIX_CACHE_MAX_SEQUENCES = 64
+SUFFIX_CACHE_MAX_TENANTS = 32
+TENANT_MAX_BYTES = 256  # the longest tenant id a request may send (the BLS's tenant input, OpenAI's user)
 
 # -- Serving (trt-spec serve) and the clients that reach it -------------------------------------------------
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # tritonserver's own defaults
@@ -95,6 +104,7 @@ EAGLE_TRAIN_STEPS = 300  # optimizer steps (4 rows of 192 positions x 3 unrolled
 
 # -- Harness (check / bench / tune / demo) -------------------------------------------------------------------
 PROMPT_SET = "code-edit"
+TURNS = "first"  # bench --turns: a multi-turn question's first turn only (harness/prompts.TURNS)
 TUNE_KS = (1, 2, 4)  # tune's k sweep
 SAMPLING_SAMPLES = 200  # check --temperature: seeded samples per prompt and model
 # check: a divergence whose two tokens lie within this many logits of the baseline engine's best (its top-2 margin,

@@ -28,6 +28,7 @@ TEXT_INPUT = "text_input"
 MAX_TOKENS = "max_tokens"
 NUM_DRAFT_TOKENS = "num_draft_tokens"  # BLS only: k for this request (the cap, with the adaptive policy)
 DRAFT_LEN_POLICY = "draft_len_policy"  # BLS only: adaptive | fixed for this request
+TENANT = "tenant"  # BLS only: the client the request is from (the suffix cache's scope; OpenAI's `user`)
 TEXT_OUTPUT = "text_output"
 EMBEDDING_BIAS = ("embedding_bias_words", "embedding_bias_weights")  # declared for NVIDIA's clients; must be empty
 BAD_WORDS, STOP_WORDS = "bad_words", "stop_words"  # strings; the engine gets them as word lists
@@ -102,6 +103,11 @@ METRIC_DRAFT_LENGTH = "trt_spec_draft_length"  # histogram: the draft length k c
 METRIC_DRAFT_LATENCY = "trt_spec_draft_latency_seconds"  # histogram: seconds proposing, per round
 METRIC_VERIFY_LATENCY = "trt_spec_verify_latency_seconds"  # histogram: seconds of the target call, per round
 METRIC_IN_FLIGHT = "trt_spec_requests_in_flight"  # gauge: requests the speculative model holds now (serve's drain)
+# n-gram mode with the suffix cache on (speculative.suffix_cache): rounds whose proposal drew on earlier requests,
+# the draft tokens those rounds got accepted, and the tokens the cache holds (all its stores) after the last request
+METRIC_CACHE_ROUNDS = "trt_spec_suffix_cache_rounds_total"  # counter
+METRIC_CACHE_ACCEPTED = "trt_spec_suffix_cache_accepted_tokens_total"  # counter
+METRIC_CACHE_TOKENS = "trt_spec_suffix_cache_tokens"  # gauge
 # The same counts under vLLM's names and labels (vllm/v1/spec_decode/metrics.py, SpecDecodingProm: Counters
 # labelled model_name and engine, exposed with prometheus_client's _total suffix; the per-position one adds
 # `position`, 0..k-1), which llama.cpp and trtllm-serve adopted: a dashboard written for vLLM reads trt-spec.

@@ -92,22 +92,29 @@ BLS_MODES = (*LOOP_MODES, "engine")  # the BLS's speculative_mode parameter
 
 
 class Policy(_Word):
-    """How many tokens a round drafts: one vocabulary for both loops. Each loop accepts the members it lists:
-    LOOP_POLICIES (the BLS's draft -> verify loop, `speculative.draft_len_policy`) and EAGLE_CHAIN_POLICIES (the
-    reference engine's in-engine EAGLE chain)."""
+    """How many tokens a round drafts: one vocabulary and one policy (records/draft_policy.py) for both loops, the BLS's
+    draft -> verify loop (`speculative.draft_len_policy`, the BLS's draft_len_policy) and the reference engine's
+    in-engine EAGLE chain (its build config's `eagle_draft_policy`: export.py's flag, set from the same key)."""
 
-    ADAPTIVE = "adaptive"  # the loop: k per round from measured costs and acceptance (in_triton/draft_policy.py)
-    FIXED = "fixed"  # both: every round drafts k = num_draft_tokens (the chain: all max_draft_len drafts)
-    CONFIDENCE = "confidence"  # the EAGLE chain: verify the best prefix by the head's confidence (EAGLE-2's signal)
-
-    @property
-    def eagle_chain(self) -> "Policy":
-        """The EAGLE chain's policy for a config's draft_len_policy: adaptive drafts by confidence, fixed stays."""
-        return Policy.CONFIDENCE if self is Policy.ADAPTIVE else self
+    ADAPTIVE = "adaptive"  # k per round from measured costs and acceptance, k = 0 (no speculation) included
+    FIXED = "fixed"  # every round drafts k = num_draft_tokens (the chain: all max_draft_len drafts)
 
 
-LOOP_POLICIES = (Policy.ADAPTIVE, Policy.FIXED)  # speculative.draft_len_policy, the BLS's draft_len_policy
-EAGLE_CHAIN_POLICIES = (Policy.CONFIDENCE, Policy.FIXED)  # reference/engine.py draft_policy, export.py's flag
+LOOP_POLICIES = (Policy.ADAPTIVE, Policy.FIXED)  # speculative.draft_len_policy, the BLS's and the chain's policy
+# Words engines exported earlier carry in build_config.eagle_draft_policy, and what they read as now: "confidence" was
+# the chain's own policy (the head's confidence against costs measured at load, no k = 0 runs); adaptive replaces it.
+DEPRECATED_POLICIES = {"confidence": Policy.ADAPTIVE}
+
+
+def engine_policy(word: str) -> Policy:
+    """An engine's `eagle_draft_policy` (a deprecated word read as its replacement); an unknown one is one line."""
+    if word in DEPRECATED_POLICIES:
+        return DEPRECATED_POLICIES[word]
+    if word not in LOOP_POLICIES:
+        raise ValueError(f"eagle_draft_policy {word!r}: use one of {', '.join(p.value for p in LOOP_POLICIES)}")
+    return Policy(word)
+
+
 POLICIES = tuple(p.value for p in LOOP_POLICIES)  # the loop's, as strings (the CLI's and the frontend's choices)
 
 
@@ -119,6 +126,18 @@ class Proposer(_Word):
 
 
 PROPOSERS = tuple(p.value for p in Proposer)
+
+
+class CacheScope(_Word):
+    """Who shares the suffix proposer's cross-request cache (`speculative.suffix_cache.scope`; in_triton/suffix.py
+    SuffixCache): earlier requests' text is proposed only to requests of the same scope."""
+
+    OFF = "off"  # no cache: each request searches only its own sequence
+    TENANT = "tenant"  # one store per tenant (the BLS's optional `tenant` input); no tenant: no cache
+    DEPLOYMENT = "deployment"  # one store shared by every request of the deployment
+
+
+CACHE_SCOPES = tuple(s.value for s in CacheScope)
 
 
 def expected_tokens(alpha: float, k: int) -> float:

@@ -40,8 +40,18 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..records.backend_contract import QUEUE_FULL
+from ..records.draft_policy import Decision, Outcome, RequestPolicy
 from .eagle import head_step
-from .engine import CacheEntry, CallResult, ReferenceEngine, Sampling, _ends_with_stop, accept_draft, cut_at_end
+from .engine import (
+    STOP_CONFIDENCE,
+    CacheEntry,
+    CallResult,
+    ReferenceEngine,
+    Sampling,
+    _ends_with_stop,
+    accept_draft,
+    cut_at_end,
+)
 from .sampling import select
 
 
@@ -103,6 +113,14 @@ class _Seq:
     feat_pos: int = 0
     spec_draft: list[int] = field(default_factory=list)
     spec_logits: Optional[torch.Tensor] = None
+    # ... and its draft-length policy (records/draft_policy.py): a round is one step drafting k > 0 tokens, or a run of
+    # plain decode steps (k = 0, the head idle); the round in flight, its tokens and seconds so far
+    policy: Optional[RequestPolicy] = None
+    decision: Optional[Decision] = None
+    run_left: int = 0  # plain decode steps left in the run
+    round_tokens: int = 0
+    round_s: float = 0.0  # forward seconds of the iterations the round's tokens were fed in
+    head_s: float = 0.0  # seconds the head took to draft the round's chain (catching up on waiting features included)
 
     @property
     def in_context(self) -> bool:
@@ -196,9 +214,9 @@ class BatchScheduler:
     ) -> Handle:
         """Decode up to max_new tokens (greedy or sampled), stopping at end_id (not output, backend_contract.
         EOS_EXCLUDED) or after a stop word (kept); should_stop() ends it early with the tokens so far (a cancelled
-        request, as the executor finishes one). On an EAGLE engine every step drafts with the head and verifies in
-        the next forward, yielding 1..k + 1 tokens. on_token (per token) / on_tokens (per step) / should_stop run
-        on the engine thread."""
+        request, as the executor finishes one). On an EAGLE engine a step drafts k tokens with the head, k as the
+        draft-length policy decides (0: a plain step), and verifies them in the next forward, yielding 1..k + 1
+        tokens. on_token (per token) / on_tokens (per step) / should_stop run on the engine thread."""
         self._check(input_ids, max_new, 0)
         return self._submit(
             _Seq(
@@ -333,6 +351,8 @@ class BatchScheduler:
             seq.pending = seq.input_ids[len(seq.entry.tokens) :] + (seq.draft or [])
             if seq.draft is None:
                 seq.generator = seq.sampling.generator()
+                if self.engine.policy is not None:  # an EAGLE engine's decode: the chain's draft-length policy
+                    seq.policy = self.engine.policy.start()
             else:
                 seq.result.drafted = k
         except Exception as e:  # noqa: BLE001 - the request fails alone
@@ -359,7 +379,8 @@ class BatchScheduler:
             tokens += seq.pending[:n]
             positions += range(start, start + n)
             segments.append((seq.entry.cache, n))
-        t0 = time.perf_counter()
+        clock = self.engine.clock
+        t0 = clock()
         head = self.engine.head
         try:
             with self.engine._compute:
@@ -377,9 +398,11 @@ class BatchScheduler:
             for seq, _ in plan:
                 self._finish(seq, error=e)
             return
-        self.stats.append(IterationStats(len(plan), len(tokens), len(self._active), waiting, time.perf_counter() - t0))
+        seconds = clock() - t0
+        self.stats.append(IterationStats(len(plan), len(tokens), len(self._active), waiting, seconds))
         row = fed = 0
         for seq, n in plan:
+            seq.round_s += seconds  # the step waited for the whole forward (the policy's cost at this load)
             first_needed = len(seq.pending) - seq.need
             m = n - max(first_needed, 0)  # logits rows of this sequence in this forward
             if m > 0:
@@ -452,11 +475,12 @@ class BatchScheduler:
             seq.pending = [tok]
 
     def _complete_eagle(self, seq: _Seq, logits: torch.Tensor) -> None:
-        """One step of in-engine speculation: accept the drafts in flight (none after the context) against the
-        target's logits, output the new tokens (end token, stop words, budget, should_stop checked per token), then
-        write the head's slots for the accepted positions and draft the next chain (eagle.py)."""
+        """One step of in-engine speculation: accept the drafts in flight (none after the context or in a run without
+        speculation) against the target's logits, output the new tokens (end token, stop words, budget, should_stop
+        checked per token), account the step to its round (_observe), then the next step (_draft_next)."""
         res, sampling = seq.result, seq.sampling
         k = len(seq.spec_draft)
+        accepted = 0
         if k:
             logits = self.engine.verification_logits(logits, seq.entry.tokens)  # GPU-numerics mode: perturbed
             new, accepted = accept_draft(seq.spec_draft, seq.spec_logits, logits, sampling)
@@ -493,62 +517,98 @@ class BatchScheduler:
             seq.on_tokens(out)
         if not done and seq.should_stop is not None and seq.should_stop():
             res.cancelled = done = True
+        self._observe(seq, k, accepted, len(new), done)
         if done:
             self._finish(seq)
             return
         self._draft_next(seq)
 
+    def _observe(self, seq: _Seq, k: int, accepted: int, tokens: int, done: bool) -> None:
+        """A step's part in its round. Once the round is over (its verification, its run's last step, or the request's
+        end) the policy observes what it yielded and what it cost: the forwards' seconds and the head's."""
+        if seq.decision is None:  # the context's step comes before any round
+            return
+        seq.round_tokens += tokens
+        if not k:
+            seq.run_left -= 1
+            if seq.run_left > 0 and not done:
+                return
+        seq.policy.observe(
+            seq.decision, Outcome(k, accepted, seq.round_tokens, seq.head_s, seq.round_s), draft_free=False
+        )
+        seq.result.draft_lengths.append(k)
+        seq.decision, seq.run_left = None, 0
+
     def _draft_next(self, seq: _Seq) -> None:
-        """The head's slots for the positions accepted since the last step, then a chain of drafts from them."""
-        head, entry, res = self.engine.head, seq.entry, seq.result
+        """The next step: the run without speculation goes on, or the policy decides the next round (_decide). k = 0:
+        a plain decode step, the head idle (the target's features wait for it); k > 0: the head catches up on the
+        positions accepted since it last ran and drafts a chain (_chain), verified in the next forward."""
+        res = seq.result
         full = seq.input_ids + res.tokens  # the last token (the newest) is fed next
-        start, end = seq.feat_pos, len(entry.tokens)  # slots start..end-1 get (features, next token)
-        room = min(entry.capacity, entry.head.capacity) - len(full) - 1  # positions the verification may fill
-        k = max(0, min(self.engine.max_draft_len, seq.max_new - len(res.tokens) - 1, room))
+        start, end = seq.feat_pos, len(seq.entry.tokens)  # slots start..end-1 get (features, next token)
+        _keep_rows(seq.feats, end - start)  # (rows past `end` were rejected drafts')
+        k = self._decide(seq, len(full)) if seq.run_left <= 0 else 0
         drafts: list[int] = []
         rows: list[torch.Tensor] = []
-        feats = torch.cat(seq.feats)[: end - start]  # (rows past `end` were rejected drafts')
-        seq.feats = [feats]
-        if k:  # (without drafts the features wait for the next step's slots)
-            seq.feats = []
-            seq.feat_pos = end
-            conf: list[float] = []  # the head's probability of each draft (its own estimate of acceptance)
-            with torch.inference_mode():
-                embed = self.engine.model.embed
-                h = head_step(head, entry.head, start, head.fc(feats), embed[torch.tensor(full[start + 1 : end + 1])])
-                entry.head.tokens = list(full)
-                g = h[-1:]
-                for i in range(k):
-                    dl = head.logits(g[0])  # [draft vocab]
-                    if seq.sampling.temperature > 0:
-                        full_logits = head.to_target(dl)
-                        d = int(
-                            select(
-                                seq.sampling.logits(full_logits),
-                                seq.sampling.temperature,
-                                seq.sampling.top_k,
-                                seq.sampling.top_p,
-                                seq.generator,
-                            )[0]
-                        )
-                        rows.append(full_logits)
-                    else:
-                        d = int(head.target_ids[int(dl.argmax())])
-                    drafts.append(d)
-                    if self.engine.costs is not None:
-                        conf.append(float(torch.softmax(dl.float(), -1)[head.draft_index(d)]))
-                    else:
-                        conf.append(1.0)
-                    if i + 1 < k and not self.engine.stop_drafting(conf):
-                        g = head_step(head, entry.head, end + i, g, embed[torch.tensor([d])])
-                    else:
-                        break
-            n = self.engine.draft_count(conf)
-            drafts, rows = drafts[:n], rows[:n]
+        if k:
+            t0 = self.engine.clock()
+            drafts, rows = self._chain(seq, full, start, end, k)
+            seq.head_s = self.engine.clock() - t0
         seq.spec_draft = drafts
         seq.spec_logits = torch.stack(rows) if rows else None
         seq.pending = [full[-1], *drafts]
         seq.need = len(drafts) + 1
+
+    def _decide(self, seq: _Seq, length: int) -> int:
+        """The policy's next round for a sequence of `length` tokens: the drafts to make, or 0 for a run of
+        decision.run_len plain decode steps. The cap: max_draft_len, within the budget and the cache's room."""
+        entry, left = seq.entry, seq.max_new - len(seq.result.tokens)
+        room = min(entry.capacity, entry.head.capacity) - length - 1  # positions the verification may fill
+        cap = max(0, min(self.engine.max_draft_len, left - 1, room))
+        d = seq.policy.decide(cap, len(self._active), left, draft_free=False)
+        seq.decision, seq.round_tokens, seq.round_s, seq.head_s = d, 0, 0.0, 0.0
+        k = d.k if d.speculate else 0
+        seq.run_left = 0 if k else d.run_len
+        return k
+
+    def _chain(self, seq: _Seq, full: list[int], start: int, end: int, k: int) -> tuple[list[int], list[torch.Tensor]]:
+        """The head's slots start..end-1 from the waiting features (one head step over all of them), then a chain of up
+        to k drafts, with their target-vocabulary logits when sampling. Adaptive: the chain stops early once the head's
+        own estimate that its next draft is accepted (the product of its probabilities) falls below STOP_CONFIDENCE."""
+        head, entry, sampling = self.engine.head, seq.entry, seq.sampling
+        feats = torch.cat(seq.feats)
+        seq.feats, seq.feat_pos = [], end
+        drafts: list[int] = []
+        rows: list[torch.Tensor] = []
+        p = 1.0
+        with torch.inference_mode():
+            embed = self.engine.model.embed
+            h = head_step(head, entry.head, start, head.fc(feats), embed[torch.tensor(full[start + 1 : end + 1])])
+            entry.head.tokens = list(full)
+            g = h[-1:]
+            for i in range(k):
+                dl = head.logits(g[0])  # [draft vocab]
+                if sampling.temperature > 0:
+                    full_logits = head.to_target(dl)
+                    d = int(
+                        select(
+                            sampling.logits(full_logits),
+                            sampling.temperature,
+                            sampling.top_k,
+                            sampling.top_p,
+                            seq.generator,
+                        )[0]
+                    )
+                    rows.append(full_logits)
+                else:
+                    d = int(head.target_ids[int(dl.argmax())])
+                drafts.append(d)
+                if seq.policy.adaptive:
+                    p *= float(torch.softmax(dl.float(), -1)[head.draft_index(d)])
+                if i + 1 == k or p < STOP_CONFIDENCE:
+                    break
+                g = head_step(head, entry.head, end + i, g, embed[torch.tensor([d])])
+        return drafts, rows
 
     def _complete_verify(self, seq: _Seq, logits: torch.Tensor) -> None:
         k = len(seq.draft)
@@ -575,3 +635,13 @@ class BatchScheduler:
             seq.handle.future.set_exception(error)
         else:
             seq.handle.future.set_result(seq.result)
+
+
+def _keep_rows(chunks: list[torch.Tensor], n: int) -> None:
+    """Cut a list of row chunks to its first n rows, in place (a verification's rejected drafts end it)."""
+    extra = sum(c.shape[0] for c in chunks) - n
+    while extra > 0:
+        last = chunks.pop()
+        if last.shape[0] > extra:
+            chunks.append(last[: last.shape[0] - extra])
+        extra -= last.shape[0]

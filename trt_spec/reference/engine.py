@@ -29,7 +29,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..records.defaults import PREFIX_CACHE_BYTES
-from ..records.speculation import Policy
+from ..records.draft_policy import CostModel, DraftLengthPolicy
+from ..records.speculation import Policy, engine_policy
 from .accept import speculative_accept
 from .eagle import Eagle3Head, HeadState
 from .model import KVCache, ReferenceModel
@@ -185,6 +186,9 @@ class CallResult:
     reused_tokens: int = 0  # prompt positions whose K/V came from the prefix cache
     # an EAGLE engine's speculative steps, (drafted, accepted) each (in process only: the backend reports totals)
     rounds: list[tuple[int, int]] = field(default_factory=list)
+    # an EAGLE engine's rounds as its draft-length policy chose them: drafts verified by a step, or 0 for a run of plain
+    # decode steps without the head (the loop's LoopStats.draft_lengths; in process only)
+    draft_lengths: list[int] = field(default_factory=list)
 
     def token_time(self) -> None:
         self.last_token_ns = time.monotonic_ns()
@@ -203,26 +207,32 @@ class ReferenceEngine:
         diverge_slack: int = DIVERGE_SLACK,
         head: Optional[Eagle3Head] = None,
         max_draft_len: int = 0,
-        draft_policy: str = Policy.CONFIDENCE.value,
+        draft_policy: str = Policy.ADAPTIVE.value,
         numerics: Optional[GpuNumerics] = None,
+        draft_costs: Optional[DraftCosts] = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         """numerics: the GPU-numerics mode (numerics.py): every verification forward's logits perturbed below its
         margin; None = exact. diverge_slack: set to the deployment's max draft length + 1 (how far a request's own
         rejected drafts can reach back). head: an EAGLE-3 head (eagle.py): every decode then speculates in the engine,
         max_draft_len tokens per step (a chain), as a TensorRT-LLM engine built with speculative_decoding_mode eagle.
-        draft_policy: "fixed" verifies every chain of max_draft_len drafts; "confidence" (EAGLE-2's signal: the head's
-        own probabilities estimate acceptance) verifies the prefix with the best expected tokens per unit of cost
-        (DraftCosts, measured at load), none when a plain decode step is the better buy."""
+        draft_policy: the chain's draft length, decided per step by the BLS loop's policy (records/draft_policy.py):
+        "fixed" drafts and verifies max_draft_len every step; "adaptive" drafts k (0..max_draft_len) a step from
+        the request's measured acceptance and the engine's costs, k = 0 being runs of plain decode steps that leave
+        the head idle ("confidence", what engines exported earlier say, reads as adaptive: speculation.
+        DEPRECATED_POLICIES). The adaptive costs start from DraftCosts (measured at load unless `draft_costs` is given)
+        and follow what serving measures with `clock`."""
         self.model = model
         self.head = head
         self.max_draft_len = max_draft_len if head is not None else 0
-        self.draft_policy = draft_policy
-        # EAGLE draft length by confidence: forward cost by tokens fed and the head step's, in decode steps
-        self.costs: Optional[DraftCosts] = (
-            measure_draft_costs(model, head, self.max_draft_len)
-            if head is not None and draft_policy == Policy.CONFIDENCE
-            else None
-        )
+        self.draft_policy = engine_policy(draft_policy)
+        self.clock = clock
+        self.policy: Optional[DraftLengthPolicy] = None  # the chain's policy: its costs, shared by the requests
+        if head is not None:
+            self.policy = DraftLengthPolicy(self.draft_policy.value)
+            if self.draft_policy is Policy.ADAPTIVE and self.max_draft_len:
+                costs = draft_costs or measure_draft_costs(model, head, self.max_draft_len, clock=clock)
+                costs.seed(self.policy.costs)
         self.slack = diverge_slack
         self.max_seq_len = max_seq_len
         self.prefix_cache = PrefixCache(prefix_cache_bytes, kv_bytes_per_position(model))
@@ -264,29 +274,6 @@ class ReferenceEngine:
         entry.tokens = list(tokens[:n])
         return entry
 
-    def stop_drafting(self, conf: Sequence[float]) -> bool:
-        """Whether a chain is long enough: its next draft would be accepted with probability < STOP_CONFIDENCE."""
-        if self.costs is None:
-            return False
-        p = 1.0
-        for c in conf:
-            p *= c
-        return p < STOP_CONFIDENCE
-
-    def draft_count(self, conf: Sequence[float]) -> int:
-        """How many drafts of a chain to verify: all (fixed), else the n maximising expected tokens per cost, where
-        draft i is accepted (given the ones before) with the head's probability conf[i]."""
-        if self.costs is None:
-            return len(conf)
-        best, best_rate, expected, p = 0, 1.0 / (1.0 + self.costs.head), 1.0, 1.0
-        for n, c in enumerate(conf, 1):
-            p *= c
-            expected += p
-            rate = expected / (self.costs.verify(n) + n * self.costs.head)
-            if rate > best_rate:
-                best, best_rate = n, rate
-        return best
-
     def _check_len(self, input_ids: Sequence[int], new: int) -> None:
         if not input_ids:
             raise ValueError("input_ids is empty")
@@ -294,32 +281,43 @@ class ReferenceEngine:
             raise ValueError(f"input ({len(input_ids)} tokens) + output ({new}) exceeds max_seq_len {self.max_seq_len}")
 
 
-STOP_CONFIDENCE = 0.05  # a chain stops growing when its next draft's estimated acceptance falls below this
+# The adaptive chain stops drafting when the head's own estimate that its next draft is accepted (the product of its
+# probabilities along the chain, EAGLE-2's signal) falls below this: the policy's k is the most a step drafts.
+STOP_CONFIDENCE = 0.05
 
 
 @dataclass(frozen=True)
 class DraftCosts:
-    """An EAGLE engine's costs in decode steps: verify(n) = a forward over n drafts + 1 / a one-token forward, head =
-    one head step / a one-token forward. On a GPU at small batch verify(n) ~ 1; on a CPU it is well above 1."""
+    """An EAGLE engine's costs measured at load, in seconds: forward_s[n - 1] = a forward feeding n tokens (n = 1..k +
+    1: a decode step, then verifications of 1..k drafts), head_s = one head step (one draft). On a GPU at small batch
+    a verification costs about a decode step; on a CPU well above one."""
 
-    verify_by_n: tuple[float, ...]  # index n - 1
+    forward_s: tuple[float, ...]
+    head_s: float
 
-    head: float
+    def seed(self, costs: CostModel) -> None:
+        """The policy's starting costs at load level 1 (what serving measures takes over): V(n) for n = 2..k + 1, D(k)
+        = k head steps, one decode step."""
+        k = len(self.forward_s) - 1
+        costs.seed(
+            {n: self.forward_s[n - 1] for n in range(2, k + 2)},
+            {d: d * self.head_s for d in range(1, k + 1)},
+            self.forward_s[0],
+        )
 
-    def verify(self, n: int) -> float:
-        return self.verify_by_n[min(n, len(self.verify_by_n)) - 1]
 
-
-def measure_draft_costs(model: ReferenceModel, head: Eagle3Head, k: int, repeats: int = 3) -> DraftCosts:
-    """Time one-token and (n + 1)-token forwards (n = 1..k) on a scratch cache, and head steps (median of repeats)."""
+def measure_draft_costs(
+    model: ReferenceModel, head: Eagle3Head, k: int, repeats: int = 3, clock: Callable[[], float] = time.perf_counter
+) -> DraftCosts:
+    """Time forwards of 1..k + 1 tokens on a scratch cache, and head steps (median of repeats)."""
     from .eagle import HeadState, head_step
 
     def median(f) -> float:
         ts = []
         for _ in range(repeats + 1):  # the first run warms up
-            t0 = time.perf_counter()
+            t0 = clock()
             f()
-            ts.append(time.perf_counter() - t0)
+            ts.append(clock() - t0)
         return sorted(ts[1:])[len(ts[1:]) // 2]
 
     ctx = 64
@@ -335,13 +333,12 @@ def measure_draft_costs(model: ReferenceModel, head: Eagle3Head, k: int, repeats
         model.forward_packed(
             torch.zeros(ctx, dtype=torch.long), torch.arange(ctx), [(cache, ctx)], torch.tensor([ctx - 1])
         )
-        one = median(lambda: fwd(1))
-        verify = tuple(median(lambda n=n: fwd(n + 1)) / one for n in range(1, k + 1))
+        forward = tuple(median(lambda n=n: fwd(n)) for n in range(1, k + 2))
         state = HeadState.new(head, ctx + k + 2)
         g = torch.zeros(1, head.cfg.hidden_size)
         e = model.embed[:1]
         step = median(lambda: head.logits(head_step(head, state, ctx, g, e)[0]))
-    return DraftCosts(verify, step / one)
+    return DraftCosts(forward, step)
 
 
 def accept_draft(

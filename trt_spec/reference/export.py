@@ -34,7 +34,7 @@ import torch
 
 from ..records.backend_contract import LOGITS_DTYPE, LOGITS_DTYPES
 from ..records.names import TOKENIZER_FILES
-from ..records.speculation import EAGLE_CHAIN_POLICIES, Policy
+from ..records.speculation import DEPRECATED_POLICIES, POLICIES, Policy, engine_policy
 from .model import ReferenceModel, load_hf_state_dict
 
 ENGINE_FORMAT = "trt-spec-reference"
@@ -220,9 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eagle_head", default=None, help="an EAGLE-3 head directory to carry (speculative mode eagle)")
     ap.add_argument(
         "--eagle_draft_policy",
-        default=Policy.CONFIDENCE.value,
-        choices=[p.value for p in EAGLE_CHAIN_POLICIES],
-        help="mode eagle: verify the chain's best prefix by the head's confidence, or always all of it",
+        default=Policy.ADAPTIVE.value,
+        choices=[*POLICIES, *DEPRECATED_POLICIES],  # a deprecated word is stored as what replaces it
+        help="mode eagle: the chain's draft length, k per step from measured costs and acceptance (k = 0 included) "
+        "or always max_draft_len (records/draft_policy.py, as the BLS's loop)",
     )
     # trtllm-build's --logits_dtype: the stand-in applies the kernels' temperature rule and clamp in this dtype
     ap.add_argument("--logits_dtype", default=LOGITS_DTYPE, choices=LOGITS_DTYPES)
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "logits_dtype": a.logits_dtype,
     }
     if a.eagle_head:
-        build_config["eagle_draft_policy"] = a.eagle_draft_policy
+        build_config["eagle_draft_policy"] = engine_policy(a.eagle_draft_policy).value
     meta = export(
         Path(a.checkpoint),
         Path(a.output_dir),

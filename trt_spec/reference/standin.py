@@ -61,12 +61,13 @@ class StandIn:
         max_queue_size: Optional[int] = None,
         on_iteration: Optional[Callable[[], None]] = None,
         head: Optional[Eagle3Head] = None,
-        draft_policy: str = Policy.CONFIDENCE.value,
+        draft_policy: str = Policy.ADAPTIVE.value,
         numerics: Optional[GpuNumerics] = None,
     ):
         """Raises bc.ContractError (the backend's load error) for parameters a GPU would not load either. head: the
-        EAGLE-3 head of an engine built with speculative_decoding_mode eagle (it speculates in every decode).
-        numerics: the GPU-numerics mode (reference/numerics.py; None = exact)."""
+        EAGLE-3 head of an engine built with speculative_decoding_mode eagle (it speculates in the engine; draft_policy:
+        its chain's draft-length policy, ReferenceEngine's). numerics: the GPU-numerics mode (reference/numerics.py;
+        None = exact)."""
         self.name, self.limits, self.params = name, limits, dict(params)
         bc.check_parameters(self.params)
         self.decoupled = decoupled
@@ -135,7 +136,7 @@ class StandIn:
             limits,
             params,
             head=load_head(engine_dir, model),
-            draft_policy=build.get("eagle_draft_policy", Policy.CONFIDENCE.value),
+            draft_policy=build.get("eagle_draft_policy", Policy.ADAPTIVE.value),  # "confidence": read as adaptive
             **kw,
         )
 

@@ -74,6 +74,7 @@ from ..records.names import (
     STOP_WORDS,
     STREAM,
     TARGET,
+    TENANT,
     TEXT_INPUT,
     TEXT_OUTPUT,
     TOP_K,
@@ -102,7 +103,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..records.config import LookaheadSpec
+    from ..records.config import LookaheadSpec, SuffixCacheSpec
 
 # (model_repo_sources, RepositoryError, parse_config: repository/common.py, importable from here as before)
 LOGITS_TYPE = bc.LOGITS_TYPE
@@ -188,6 +189,7 @@ class RepoSettings:
     draft_kv_tokens: Optional[int] = None  # max_tokens_in_paged_kv_cache of the draft (caps it on a shared GPU)
     decoupled: bool = True
     max_queue_size: int = 0  # engine models' dynamic_batching.default_queue_policy (0 = unbounded, not written)
+    suffix_cache: Optional["SuffixCacheSpec"] = None  # speculative.suffix_cache (None: BlsParameters' defaults)
 
     @property
     def recipe(self) -> Recipe:
@@ -225,6 +227,7 @@ class RepoSettings:
             draft_kv_tokens=m.runtime.draft_max_tokens_in_paged_kv_cache,
             decoupled=decoupled,
             max_queue_size=max_queue_size,
+            suffix_cache=spec.suffix_cache,
         )
 
 
@@ -355,6 +358,7 @@ def text_inputs(bls: bool) -> list:
             inp(NUM_DRAFT_TOKENS, "TYPE_INT32", [1], optional=True),
             inp(USE_DRAFT_LOGITS, "TYPE_BOOL", [1], optional=True),
             inp(DRAFT_LEN_POLICY, "TYPE_STRING", [1], optional=True),
+            inp(TENANT, "TYPE_STRING", [1], optional=True),  # the suffix cache's scope (speculative.suffix_cache)
         ]
     return ins
 
@@ -466,6 +470,16 @@ def bls_parameters(s: RepoSettings) -> BlsParameters:
         max_num_tokens=s.max_num_tokens,
         max_input_len=s.max_input_len,
         tokenizer_dir=s.tokenizer_dir,
+        **(
+            {}
+            if s.suffix_cache is None
+            else {
+                "suffix_cache_scope": s.suffix_cache.scope,
+                "suffix_cache_max_tokens": s.suffix_cache.max_tokens,
+                "suffix_cache_max_sequences": s.suffix_cache.max_sequences,
+                "suffix_cache_max_tenants": s.suffix_cache.max_tenants,
+            }
+        ),
     )
 
 

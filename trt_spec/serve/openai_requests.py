@@ -8,7 +8,8 @@ instead of failing inside the model.
 Semantics (OpenAI's): temperature defaults to 1 (sampling, top_p 1); temperature 0 is greedy (the engine is then
 sent no sampling input: TensorRT-LLM's greedy, backend_contract.effective_top_k_top_p). Completions default to 16
 tokens, chat to what the context leaves. The speculation knobs `num_draft_tokens` and `draft_len_policy` (extra body
-fields) apply to the speculative model only.
+fields) apply to the speculative model only. OpenAI's `user` is the speculative model's `tenant`: the scope of its
+cross-request suffix cache (docs/draft-policy.md; the baseline ignores it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..in_triton.serving import input_byte_limit
 from ..records import backend_contract as bc
-from ..records.defaults import ADD_SPECIAL_TOKENS
+from ..records.defaults import ADD_SPECIAL_TOKENS, TENANT_MAX_BYTES
 from ..records.names import (
     BASELINE,
     DRAFT_LEN_POLICY,
@@ -30,6 +31,7 @@ from ..records.names import (
     SPECULATIVE,
     STOP_WORDS,
     STREAM,
+    TENANT,
     TEXT_INPUT,
     TEXT_MODELS,
     TOP_P,
@@ -39,7 +41,6 @@ from ..records.speculation import POLICIES
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 # Request fields accepted and ignored (no effect on the output)
 IGNORED_FIELDS = {
-    "user",
     "metadata",
     "store",
     "service_tier",
@@ -78,6 +79,7 @@ COMMON_FIELDS = {
     "stream_options",
     NUM_DRAFT_TOKENS,
     DRAFT_LEN_POLICY,
+    "user",  # the speculative model's tenant (its suffix cache's scope); the baseline ignores it
 }
 
 
@@ -160,6 +162,7 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     num_draft_tokens: Optional[int] = None
     draft_len_policy: Optional[str] = None
+    tenant: Optional[str] = None  # OpenAI's user, sent to the speculative model only
 
 
 def _number(body: dict, name: str, kind, lo=None, hi=None, lo_open: bool = False):
@@ -333,6 +336,22 @@ def _speculation(body: dict, s: FrontendSettings, model: str) -> tuple[Optional[
     return k, policy
 
 
+def _tenant(body: dict, model: str) -> Optional[str]:
+    """OpenAI's `user` as the speculative model's tenant (None: none, empty, or the baseline model)."""
+    user = body.get("user")
+    if user is None:
+        return None
+    if not isinstance(user, str):
+        raise OpenAIError(400, "'user' must be a string", param="user")
+    if len(user.encode("utf-8")) > TENANT_MAX_BYTES:
+        raise OpenAIError(
+            400,
+            f"'user' is longer than {TENANT_MAX_BYTES} bytes; send a shorter id (a hash of it will do)",
+            param="user",
+        )
+    return user if user and model == SPECULATIVE else None
+
+
 def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> GenRequest:
     """A request body -> GenRequest, or OpenAIError naming the field and the fix (before any model work)."""
     model = _check_fields(body, s, chat)
@@ -361,6 +380,7 @@ def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> G
         stop,
         k,
         policy,
+        _tenant(body, model),
     )
 
 
@@ -383,4 +403,6 @@ def request_tensors(r: GenRequest) -> dict[str, np.ndarray]:
         t[NUM_DRAFT_TOKENS] = np.array([[r.num_draft_tokens]], dtype=np.int32)
     if r.draft_len_policy is not None:
         t[DRAFT_LEN_POLICY] = np.array([[r.draft_len_policy.encode("utf-8")]], dtype=object)
+    if r.tenant is not None:
+        t[TENANT] = np.array([[r.tenant.encode("utf-8")]], dtype=object)
     return t

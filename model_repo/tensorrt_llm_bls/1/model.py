@@ -8,7 +8,8 @@ Beyond NVIDIA's BLS: streaming (stream=true sends each accepted chunk as its own
 deployments only), concurrent requests (async; every request has its own state), whole-request metrics
 (acceptance_rate, total_accepted_draft_tokens, total_draft_tokens, total_steps, accepted_length_histogram),
 an output_ids output, and validation errors returned as Triton errors. A non-streaming request gets exactly
-one response. NVIDIA's clients' beam_width / num_return_sequences inputs are accepted when 1.
+one response. NVIDIA's clients' beam_width / num_return_sequences inputs are accepted when 1. The optional `tenant`
+input scopes the n-gram suffix proposer's cross-request cache (speculative.suffix_cache; docs/draft-policy.md).
 
 return_perf_metrics: every response (each streamed chunk too, as the backend writes them) carries the ten perf
 outputs NVIDIA's tensorrt_llm_bls declares, for the whole request so far: KV-cache blocks summed over every engine
@@ -52,6 +53,7 @@ from trt_spec.in_triton.speculative_loop import (
     SpecRequest,
     SpeculativeLoop,
     check_sampling,
+    check_tenant,
     validate,
 )
 from trt_spec.records import backend_contract as bc
@@ -70,6 +72,7 @@ from trt_spec.records.names import (
     OUTPUT_IDS,
     STOP_WORDS,
     STREAM,
+    TENANT,
     TEXT_INPUT,
     TEXT_OUTPUT,
     TOP_K,
@@ -137,7 +140,12 @@ class TritonPythonModel:
         self.byte_limit = input_byte_limit(self.tokenizer, self.max_prompt_len)  # checked before tokenizing
         # Prometheus: trt_spec_* on the metrics port
         self.metrics = SpecMetricsExporter(
-            pb_utils, args["model_name"], self.loop.cfg.mode, self.loop.cfg.max_draft_len, pb_utils.Logger.log_error
+            pb_utils,
+            args["model_name"],
+            self.loop.cfg.mode,
+            self.loop.cfg.max_draft_len,
+            pb_utils.Logger.log_error,
+            suffix_cache=self.loop.cache is not None,
         )
 
     def finalize(self):
@@ -200,6 +208,7 @@ class TritonPythonModel:
             stop_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, STOP_WORDS)) if w],
             bad_words=[encode(self.tokenizer, w, False) for w in decode_strings(_in(request, BAD_WORDS)) if w],
             perf=bool(scalar(_in(request, bc.RETURN_PERF_METRICS), False)),
+            tenant=check_tenant(next(iter(decode_strings(_in(request, TENANT))), None)),
         )
         return r, bool(scalar(_in(request, bc.EXCLUDE_INPUT_IN_OUTPUT), False))
 

@@ -1,8 +1,10 @@
 """How many tokens to draft each round: fixed k, or adaptive k chosen from measured costs and acceptance (k = 0
 included).
 
-Pure Python, no Triton, no torch: it runs inside the `tensorrt_llm_bls` model (trt_spec/in_triton/speculative_loop.py
-calls it) and decides the same way over the CPU reference engine and the TensorRT-LLM engines.
+Pure Python, no Triton, no torch, one policy for both loops: the BLS's draft -> verify loop
+(trt_spec/in_triton/speculative_loop.py, inside the `tensorrt_llm_bls` model, over the CPU reference engine and the
+TensorRT-LLM engines) and the reference engine's in-engine EAGLE chain (trt_spec/reference/batching.py: a round is a
+step drafting k tokens with the head, or a run of plain decode steps that leave the head idle).
 
 Fixed (`draft_len_policy: fixed`): every round drafts k = the request's num_draft_tokens (a draft-free proposer may
 offer fewer); a round with nothing to verify asks the target for one token. This is what trt-spec did before.
@@ -35,9 +37,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Mapping, Optional
 
-from ..records.speculation import POLICIES, Policy, expected_tokens
+from .speculation import POLICIES, Policy, expected_tokens
 
 DECAY = 0.8  # per-round weight of a request's acceptance history (recent rounds count more)
 PRIOR_ROUNDS = 2.0  # weight of the deployment's acceptance in a request's estimate
@@ -153,6 +155,19 @@ class CostModel:
     def level(self, active: int = 1) -> Timings:
         """The timings observations at this load go to."""
         return self.levels.setdefault(load_level(active), Timings())
+
+    def seed(
+        self, verify_s: Mapping[int, float], draft_s: Mapping[int, float], decode_s: float, active: int = 1
+    ) -> None:
+        """Costs measured before serving (an EAGLE engine times its forwards and its head at load): seconds of a target
+        call by tokens submitted, of the draft by k, and of one plain decode step, at this load. Each counts as one
+        observation, so what serving measures takes over (recency-weighted)."""
+        t = self.level(active)
+        for n, s in verify_s.items():
+            t.target.setdefault(n, _EW()).add(s)
+        for k, s in draft_s.items():
+            t.draft.setdefault(k, _EW()).add(s)
+        t.runs.setdefault(1, _EW()).add(decode_s)
 
     def accepted_s(self, d: int) -> Optional[float]:
         """Draft-free: mean tokens accepted of a d-token proposal, once measured over MIN_SAMPLES rounds."""

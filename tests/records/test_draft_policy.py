@@ -1,11 +1,11 @@
-"""The draft-length policy (trt_spec/in_triton/draft_policy.py) on synthetic costs: what it chooses and why."""
+"""The draft-length policy (trt_spec/records/draft_policy.py) on synthetic costs: what it chooses and why."""
 
 import math
 
 import pytest
 
-from trt_spec.in_triton import draft_policy as dp
-from trt_spec.in_triton.draft_policy import CostModel, DraftLengthPolicy
+from trt_spec.records import draft_policy as dp
+from trt_spec.records.draft_policy import CostModel, DraftLengthPolicy
 from trt_spec.records.speculation import expected_tokens
 
 
