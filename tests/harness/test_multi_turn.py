@@ -46,10 +46,10 @@ class Talker:
     protocol = "fake"
 
     def __init__(self, diverge: str = ""):
-        self.diverge, self.sent = diverge, []
+        self.diverge, self.sent, self.primed = diverge, [], []
 
     def generate(self, model, prompt, max_tokens, *, stream=False, **params) -> Generation:
-        self.sent.append((model, prompt))
+        (self.primed if max_tokens == 1 else self.sent).append((model, prompt))  # one token: bench._prime
         if isinstance(prompt, list):
             last = prompt[-1]["content"]
         else:  # a conversation in CHATML: its last user message
@@ -142,6 +142,8 @@ def test_the_first_turn_default_is_unchanged(tmp_path):
     client = Talker()
     rep = _run(client, prompts, None)
     assert [p for _, p in client.sent] == [p.text for p in prompts for _ in range(2)]  # first turns, as text
+    # before each pair both models prefilled its prompt (so neither side rides on the other's prefix cache)
+    assert client.primed == [(m, p.text) for p in prompts for m in (BASELINE, SPECULATIVE)]
     assert {s["turn"] for s in rep["samples"]} == {1} and "conversations" not in rep
     assert all(r["turns"] == r["prompts"] for r in rep["categories"])
     md = markdown({"title": "t", "environment": {"time": "now"}, "bench": [{"protocol": "grpc", **rep}]})

@@ -182,8 +182,12 @@ def test_both_models_served_keeps_the_interleaved_order(served):
         S,
         B,
         S,
+        B,
         S,
-        B,  # A/B: warm-up, prompt 0 baseline first, prompt 1 speculative first
+        B,
+        S,
+        S,
+        B,  # A/B: warm-up, prompt 0 (both prefill it, then baseline first), prompt 1 (both prefill, speculative first)
         B,
         B,
         S,
