@@ -186,6 +186,23 @@ def test_prefix_reuse_keeps_the_output_and_cancel_stops_between_steps(target, tr
     assert stopped.cancelled and 1 <= len(stopped.tokens) <= K + 1 and len(calls) == 1
 
 
+@pytest.mark.parametrize("policy", ["adaptive", "fixed"])
+def test_a_finished_request_leaves_the_head_caught_up_so_its_prefix_is_reused_whole(target, trained, policy):
+    """A one-token request (the context step only: the head never ran) and a request that ends in a run without
+    speculation leave target features the head has not consumed; without catching the head up at the end, the next
+    request on that prefix re-fed the target from the head's first stale slot (measured served: the whole prompt)."""
+    prompt = PROMPTS[0]
+    with scheduler(target, trained[0], reuse=True, policy=policy) as sch:
+        sch.submit_generate(prompt, 1, Sampling()).result()
+        again = sch.submit_generate(prompt, 12, Sampling()).result()
+        assert again.reused_tokens == len(prompt) - 1  # all but the last token, which is always re-fed
+        assert again.tokens == plain_greedy(target, prompt, 12)
+        longer = prompt + again.tokens
+        more = sch.submit_generate(longer, 8, Sampling()).result()
+        assert more.reused_tokens == len(longer) - 1
+        assert more.tokens == plain_greedy(target, longer, 8)
+
+
 def test_sampling_is_distributed_exactly_as_the_target(target, trained):
     """The first two tokens of a sampled generation (top-k 3: 9 cells) against the target's own joint distribution;
     the second token comes from a verified draft most of the time, so this is the head's rejection sampling."""

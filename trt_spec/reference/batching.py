@@ -626,15 +626,37 @@ class BatchScheduler:
         self._release(seq, error)
 
     def _release(self, seq: _Seq, error: Optional[BaseException] = None) -> None:
+        """Answer the request, then hand its cache entry to the prefix cache (on an EAGLE engine with the head caught
+        up first, after the answer: _catch_up_head)."""
+        if not seq.handle.future.done():
+            if error is not None:
+                seq.handle.future.set_exception(error)
+            else:
+                seq.handle.future.set_result(seq.result)
         if seq.entry is not None:
+            if error is None and seq.feats and self.engine.head is not None:
+                self._catch_up_head(seq)
             self.engine.prefix_cache.put(seq.entry)
             seq.entry = None
-        if seq.handle.future.done():
+
+    def _catch_up_head(self, seq: _Seq) -> None:
+        """Write the head's slots for the positions whose target features still wait (a request that ended in a run
+        without speculation, or after its context step), so the cache entry is valid for the head as far as for the
+        target: otherwise the next request on the same prefix would re-feed the target from the head's first stale
+        slot (the whole prompt after a one-token request). One head step over all of them."""
+        entry, head = seq.entry, self.engine.head
+        full = seq.input_ids + seq.result.tokens
+        start = seq.feat_pos
+        end = min(len(entry.tokens), len(full) - 1, entry.head.capacity)  # slot i needs the token after it
+        if end <= start:
             return
-        if error is not None:
-            seq.handle.future.set_exception(error)
-        else:
-            seq.handle.future.set_result(seq.result)
+        _keep_rows(seq.feats, len(entry.tokens) - start)
+        feats = torch.cat(seq.feats)[: end - start]
+        seq.feats, seq.feat_pos = [], end
+        with torch.inference_mode():
+            embed = self.engine.model.embed
+            head_step(head, entry.head, start, head.fc(feats), embed[torch.tensor(full[start + 1 : end + 1])])
+        entry.head.tokens = list(full[: end + 1])
 
 
 def _keep_rows(chunks: list[torch.Tensor], n: int) -> None:
