@@ -164,6 +164,38 @@ def test_draft_target_runs_double_after_probes_that_lose_and_reset_when_speculat
     assert r.run == dp.MIN_RUN
 
 
+def lose_probes(r, rounds: int) -> list[int]:
+    """Runs without speculation, each followed by a probe that loses; the runs' lengths."""
+    runs = []
+    for _ in range(rounds):
+        d = r.decide(8, 1, 10_000, draft_free=False)
+        runs.append(d.run_len)
+        r.observe(d, dp.Outcome(0, 0, d.run_len, 0.0, 0.004 + 0.04 * d.run_len), draft_free=False)
+        d = r.decide(8, 1, 10_000, draft_free=False)
+        r.observe(d, dp.Outcome(d.k, 0, 1, 0.001, 0.05), draft_free=False)
+    return runs
+
+
+def test_a_new_request_starts_from_the_run_the_deployment_reached_not_from_one():
+    pol = DraftLengthPolicy("adaptive")
+    pol.costs = costs()
+    first = pol.start()
+    first.successes, first.failures = 10.0, 40.0
+    assert lose_probes(first, 7) == [1, 2, 4, 8, 16, 32, 64]
+    second = pol.start()  # where probes keep losing, the next request skips most of the doubling ...
+    second.successes, second.failures = 10.0, 40.0
+    runs = lose_probes(second, 2)
+    assert dp.MIN_RUN < runs[0] < dp.MAX_RUN and runs[1] == 2 * runs[0]
+    for _ in range(60):  # ... and where speculation pays again, requests start from MIN_RUN again
+        r = pol.start()
+        r.successes, r.failures = 50.0, 1.0
+        d = r.decide(8, 1, 10_000, draft_free=False)
+        assert d.speculate and d.pays
+        r.observe(d, dp.Outcome(d.k, d.k, d.k + 1, 0.001, 0.06), draft_free=False)
+    assert pol.start().run == dp.MIN_RUN
+    assert DraftLengthPolicy("adaptive").start().run == dp.MIN_RUN  # a fresh deployment: nothing reached yet
+
+
 def test_draft_free_run_length_is_the_square_root_rule():
     c = costs()
     r = request(c, 0.7)
@@ -193,3 +225,14 @@ def test_unknown_policy_is_one_line():
         DraftLengthPolicy("greedy")
     with pytest.raises(ValueError, match="draft_len_policy 'x'"):
         DraftLengthPolicy().start("x")
+
+
+def test_a_draft_that_is_never_accepted_drives_the_estimate_to_zero_not_to_the_priors_floor():
+    """The deployment's acceptance starts a request's estimate and then ages like any other round: with a prior of 0.5
+    that never decayed, a never-accepted draft's estimate stuck at 2·0.5/(5 + 2) = 0.14, where one draft token still
+    "paid" at CPU-like costs (measured: an EAGLE head speculating k = 1 for 35 rounds with nothing accepted)."""
+    r = DraftLengthPolicy("adaptive").start()
+    assert r.alpha == 0.5
+    for _ in range(20):
+        r.observe(dp.Decision(k=1, run_len=1, speculate=True), dp.Outcome(1, 0, 1, 0.001, 0.05), draft_free=False)
+    assert r.alpha < 0.01

@@ -12,10 +12,11 @@ offer fewer); a round with nothing to verify asks the target for one token. This
 Adaptive (`draft_len_policy: adaptive`, the default) maximises the request's expected tokens per second, per round:
 - Acceptance. A draft model's tokens: each request keeps a recency-weighted per-token acceptance α̂ (accepted tokens are
   successes, the first rejected token of a round a failure; weight DECAY per round), started from the deployment's
-  running acceptance with the weight of PRIOR_ROUNDS rounds; a round with d drafts yields E(d) = (1 − α̂^(d+1)) / (1 − α̂)
-  (Leviathan et al.'s i.i.d. model). Draft-free proposals are not i.i.d. (a copied span is right as a whole or breaks
-  early): E(d) = 1 + the deployment's measured mean accepted tokens of d-token proposals, scaled by how this request's
-  proposals did against that mean.
+  running acceptance with the weight of PRIOR_ROUNDS rounds, a weight that decays with the request's own rounds like
+  any older evidence (so a draft that is never accepted drives α̂ to 0, not to a floor the prior sets); a round with
+  d drafts yields E(d) = (1 − α̂^(d+1)) / (1 − α̂) (Leviathan et al.'s i.i.d. model). Draft-free proposals are not
+  i.i.d. (a copied span is right as a whole or breaks early): E(d) = 1 + the deployment's measured mean accepted
+  tokens of d-token proposals, scaled by how this request's proposals did against that mean.
 - Costs, measured while serving (shared by all requests, recency-weighted) and kept per load level (1, 2, 3-4, 5-8, …
   requests in the loop: a call batched with more requests costs more; a level without measurements borrows the
   nearest one's): the target call's seconds by tokens submitted, V(n) = a + b·n, a line fitted to the per-n means; the
@@ -25,7 +26,8 @@ Adaptive (`draft_len_policy: adaptive`, the default) maximises the request's exp
   batches), it drafts shorter or stops (the role of TensorRT-LLM's draft_len_schedule by batch size, from measurements).
 - Draft-target: k* = argmax over 1..K of E(k) / (D(k) + V(k + 1)), K = min(num_draft_tokens, remaining − 1);
   speculate with k* if that rate beats 1 / t_dec, else run without speculation: one target call decodes a run of
-  tokens (MIN_RUN, doubling with each run in a row, at most MAX_RUN); after a run the next round drafts anyway to
+  tokens (from MIN_RUN, or half the run the deployment's requests recently reached, doubling with each
+  run in a row, at most MAX_RUN); after a run the next round drafts anyway to
   re-measure (a probe).
 - Draft-free: the proposer costs nothing to consult, so it proposes first (alone in the loop its confidence sets the
   length; with others in flight capped at the best k); the proposal is verified if E(d) / V(d + 1) beats 1 / t_dec.
@@ -142,6 +144,19 @@ class CostModel:
         self.acceptance = _EW()  # per-round acceptance successes/(successes + failures), all requests
         self.useful = _EW()  # draft-free: share of proposer consultations that sped a round up, all requests
         self.accepted_by_len: dict[int, _EW] = {}  # draft-free: tokens proposed -> tokens of them accepted
+        self.run_reached = _EW()  # the doubling run's length after each round that settled it, all requests
+
+    def start_run(self) -> int:
+        """The doubling run a new request starts from: half the run the deployment's requests have recently been
+        reaching (a power of two, at least MIN_RUN), so that where probes keep losing a new request does not pay
+        for the whole doubling again (1, 2, 4 ... probes), while one probe still comes within that many tokens."""
+        reached = self.run_reached.mean
+        if reached is None:
+            return MIN_RUN
+        run = MIN_RUN
+        while run * 4 <= reached and run * 2 <= MAX_RUN:
+            run *= 2
+        return run
 
     def at(self, active: int = 1) -> Timings:
         """The timings to decide with at this load: its own level's once it has measured a target call, else the
@@ -217,6 +232,7 @@ class RequestPolicy:
     own_accepted: float = 0.0  # draft-free: recency-weighted tokens accepted ...
     own_expected: float = 0.0  # ... and what the deployment's acceptance by length expected of the same proposals
     run: int = MIN_RUN  # tokens of the next doubling run
+    prior_weight: float = PRIOR_ROUNDS  # the deployment's acceptance counts as this many rounds, decaying as they do
     probe: bool = False  # the next evaluated round speculates whatever the estimate says (after a run)
 
     @property
@@ -225,8 +241,8 @@ class RequestPolicy:
 
     @property
     def alpha(self) -> float:
-        s = self.successes + PRIOR_ROUNDS * self.prior_alpha
-        return s / (self.successes + self.failures + PRIOR_ROUNDS)
+        s = self.successes + self.prior_weight * self.prior_alpha
+        return s / (self.successes + self.failures + self.prior_weight)
 
     def expected(self, d: int, draft_free: bool) -> float:
         """Tokens a round with d drafts is expected to yield. Draft-free proposals are not i.i.d. (a copied span is
@@ -325,6 +341,8 @@ class RequestPolicy:
                 self.run = MIN_RUN
         if not outcome.drafted and decision.doubling:  # a round without speculation decoded the doubling run
             self.run = min(MAX_RUN, self.run * 2)
+        if self.adaptive and (decision.evaluated or decision.doubling):
+            self.costs.run_reached.add(self.run)
         drafted, accepted = outcome.drafted, outcome.accepted
         if draft_free and drafted:
             acc = self.costs.accepted_s(drafted)
@@ -343,6 +361,7 @@ class RequestPolicy:
             fail = 1.0 if accepted < drafted else 0.0
             self.successes = self.successes * DECAY + accepted
             self.failures = self.failures * DECAY + fail
+            self.prior_weight *= DECAY
             self.costs.acceptance.add(accepted / (accepted + fail) if accepted + fail else 1.0)
             t = self.costs.level(decision.load)
             t.target.setdefault(drafted + 1, _EW()).add(outcome.target_s)
@@ -370,4 +389,6 @@ class DraftLengthPolicy:
         if p not in POLICIES:
             raise ValueError(f"draft_len_policy {p!r}: use one of {', '.join(POLICIES)}")
         prior = self.costs.acceptance.mean
-        return RequestPolicy(policy=p, costs=self.costs, prior_alpha=0.5 if prior is None else prior)
+        return RequestPolicy(
+            policy=p, costs=self.costs, prior_alpha=0.5 if prior is None else prior, run=self.costs.start_run()
+        )
