@@ -196,6 +196,19 @@ def test_a_new_request_starts_from_the_run_the_deployment_reached_not_from_one()
     assert DraftLengthPolicy("adaptive").start().run == dp.MIN_RUN  # a fresh deployment: nothing reached yet
 
 
+def test_draft_free_requests_always_start_their_runs_from_one():
+    """A draft-free proposer is consulted every round: a run is what a round without a proposal decodes, and a new
+    request starting from a long one would decode short requests whole before it could copy anything."""
+    pol = DraftLengthPolicy("adaptive")
+    for _ in range(10):
+        r = pol.start()
+        for _ in range(6):
+            d = r.decide(8, 1, 10_000, draft_free=True)
+            d = r.confirm(d, 0, 0.0)  # the proposer had nothing
+            r.observe(d, dp.Outcome(0, 0, d.run_len, 0.0, 0.004 + 0.04 * d.run_len, empty=True), draft_free=True)
+    assert pol.start().run == dp.MIN_RUN
+
+
 def test_draft_free_run_length_is_the_square_root_rule():
     c = costs()
     r = request(c, 0.7)

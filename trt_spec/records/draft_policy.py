@@ -341,7 +341,9 @@ class RequestPolicy:
                 self.run = MIN_RUN
         if not outcome.drafted and decision.doubling:  # a round without speculation decoded the doubling run
             self.run = min(MAX_RUN, self.run * 2)
-        if self.adaptive and (decision.evaluated or decision.doubling):
+        if self.adaptive and not draft_free and (decision.evaluated or decision.doubling):
+            # (draft-target and EAGLE only: a draft-free proposer is consulted every round, so its runs are the
+            # fallback of a round it had nothing for, and a long starting run would skip the copying it finds)
             self.costs.run_reached.add(self.run)
         drafted, accepted = outcome.drafted, outcome.accepted
         if draft_free and drafted:
