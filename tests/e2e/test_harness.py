@@ -181,7 +181,9 @@ def test_in_process_bench_runs_the_served_loop_round_for_round(dtm_server):
 def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
     reps = {}
     for proto, url in (("grpc", dtm_server.grpc_url), ("http", dtm_server.http_url)):
-        reps[proto] = paired_ab(LLMClient(url, proto), PROMPTS[:2], k=3, warmup=0)
+        # the fixed policy: the adaptive one decides from what the deployment measured so far (costs, acceptance, the
+        # runs its requests reached), which the first protocol's run changes for the second
+        reps[proto] = paired_ab(LLMClient(url, proto), PROMPTS[:2], k=3, warmup=0, policy="fixed")
     for rep in reps.values():
         for side in ("baseline", "speculative"):
             s = rep[side]
@@ -190,7 +192,7 @@ def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
         a = rep["acceptance"]
         assert a["drafted"] > 0 and len(a["histogram"]) == 4 and len(a["per_position_acceptance"]) == 3
         assert rep["speedup"] > 0 and rep["speedup_ci95"][0] <= rep["speedup"] <= rep["speedup_ci95"][1]
-    # greedy and deterministic: both protocols see exactly the same drafting and acceptance
+    # greedy, fixed k: both protocols see exactly the same drafting and acceptance
     assert reps["grpc"]["acceptance"] == reps["http"]["acceptance"]
     out = tmp_path / "rep"
     r = cli(
