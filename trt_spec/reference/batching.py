@@ -576,16 +576,12 @@ class BatchScheduler:
         to k drafts, with their target-vocabulary logits when sampling. Adaptive: the chain stops early once the head's
         own estimate that its next draft is accepted (the product of its probabilities) falls below STOP_CONFIDENCE."""
         head, entry, sampling = self.engine.head, seq.entry, seq.sampling
-        feats = torch.cat(seq.feats)
-        seq.feats, seq.feat_pos = [], end
         drafts: list[int] = []
         rows: list[torch.Tensor] = []
         p = 1.0
         with torch.inference_mode():
             embed = self.engine.model.embed
-            h = head_step(head, entry.head, start, head.fc(feats), embed[torch.tensor(full[start + 1 : end + 1])])
-            entry.head.tokens = list(full)
-            g = h[-1:]
+            g = self._feed_head(seq, full, start, end)[-1:]
             for i in range(k):
                 dl = head.logits(g[0])  # [draft vocab]
                 if sampling.temperature > 0:
@@ -644,19 +640,27 @@ class BatchScheduler:
         without speculation, or after its context step), so the cache entry is valid for the head as far as for the
         target: otherwise the next request on the same prefix would re-feed the target from the head's first stale
         slot (the whole prompt after a one-token request). One head step over all of them."""
-        entry, head = seq.entry, self.engine.head
+        entry = seq.entry
         full = seq.input_ids + seq.result.tokens
         start = seq.feat_pos
         end = min(len(entry.tokens), len(full) - 1, entry.head.capacity)  # slot i needs the token after it
         if end <= start:
             return
         _keep_rows(seq.feats, len(entry.tokens) - start)
+        with torch.inference_mode():
+            self._feed_head(seq, full, start, end)
+
+    def _feed_head(self, seq: _Seq, full: list[int], start: int, end: int) -> torch.Tensor:
+        """The head's slots start..end-1 from the waiting target features and the tokens after them, in one head step
+        (the features are consumed); its outputs, the last one drafting next."""
+        head, entry = self.engine.head, seq.entry
         feats = torch.cat(seq.feats)[: end - start]
         seq.feats, seq.feat_pos = [], end
-        with torch.inference_mode():
-            embed = self.engine.model.embed
-            head_step(head, entry.head, start, head.fc(feats), embed[torch.tensor(full[start + 1 : end + 1])])
+        h = head_step(
+            head, entry.head, start, head.fc(feats), self.engine.model.embed[torch.tensor(full[start + 1 : end + 1])]
+        )
         entry.head.tokens = list(full[: end + 1])
+        return h
 
 
 def _keep_rows(chunks: list[torch.Tensor], n: int) -> None:
