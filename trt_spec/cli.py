@@ -23,6 +23,7 @@ from .builder.pipeline import manifest_from, plan_for
 from .builder.preflight import PreflightError
 from .builder.progress import StepWatch
 from .builder.runner import BuildError, run_plan
+from .deploy.dynamo import FRONTEND_PORT as DYNAMO_PORT
 from .deploy.k8s import ADAPTER_VALUES, DeployError, write_chart
 from .doctor import run_checks
 from .gpu_smoke import SmokeSettings, run_smoke
@@ -33,6 +34,7 @@ from .harness.identity import format_check
 from .harness.prompts import PROMPT_SETS, TURNS, load_prompts, select_prompts
 from .harness.report import environment, markdown, write_reports
 from .records import defaults
+from .records import llmapi_contract as lc
 from .records.config import ConfigError, load_config
 from .records.manifest import ManifestError
 from .records.speculation import POLICIES
@@ -1020,8 +1022,9 @@ def deploy() -> None:
     "--gpus-per-node",
     type=click.IntRange(min=1),
     default=None,
-    help="GPUs per node of the cluster; a plan needing more runs as a LeaderWorkerSet group  "
-    "[default: the GPU count the plan was made for]",
+    help="GPUs per node of the cluster; a plan needing more is refused (one node per replica; deploy dynamo or "
+    "trtllm-serve run runtime: llmapi across nodes)  "
+    f"[default: the plan's GPU count, at most {defaults.GPUS_PER_NODE}]",
 )
 @click.option(
     "--min-acceptance",
@@ -1051,6 +1054,78 @@ def k8s(
         raise UserError(str(e)) from None
     click.echo(f"wrote {out} (Helm chart) and {out / ADAPTER_VALUES}")
     click.echo(f"install: helm install NAME {out}   (render first: helm template NAME {out})")
+
+
+@deploy.command("trtllm-serve")
+@click.argument("source", type=click.Path())
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Directory to write (extra_llm_api_options.yaml, launch.sh, README.md).",
+)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPUs per node; a plan needing more runs under srun or mpirun with trtllm-llmapi-launch  "
+    f"[default: the plan's GPU count, at most {defaults.GPUS_PER_NODE}]",
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=lc.TRTLLM_SERVE_PORT, show_default=True)
+@_gpu_option
+@_set_option
+def deploy_trtllm_serve(
+    source: str, out_dir: str, gpus_per_node: Optional[int], port: int, gpu: Optional[str], sets: tuple[str, ...]
+) -> None:
+    """Write TensorRT-LLM's own OpenAI server launch for a `runtime: llmapi` BUILD_DIR or CONFIG: the LLM's
+    arguments (model.yaml's), launch.sh and a README."""
+    from .deploy.llm_api import LlmApiArgsError
+    from .deploy.trtllm_serve import LAUNCH_FILE, write_bundle
+
+    try:
+        out = write_bundle(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, port=port, sets=sets, gpu=gpu)
+    except (LlmApiArgsError, ConfigError, PreflightError, HardwareError) as e:
+        raise UserError(str(e)) from None
+    click.echo(f"wrote {out} (trtllm-serve launch); run: bash {out / LAUNCH_FILE}   (see {out / 'README.md'})")
+
+
+@deploy.command("dynamo")
+@click.argument("source", type=click.Path())
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Directory to write (extra-engine-args.yaml, launch.sh, dynamo-graph-deployment.yaml, README.md).",
+)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPUs per node; a plan needing more is a multi-node worker (DGD multinode.nodeCount, srun)  "
+    f"[default: the plan's GPU count, at most {defaults.GPUS_PER_NODE}]",
+)
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=DYNAMO_PORT, show_default=True, help="The frontend's port."
+)
+@_gpu_option
+@_set_option
+def deploy_dynamo(
+    source: str, out_dir: str, gpus_per_node: Optional[int], port: int, gpu: Optional[str], sets: tuple[str, ...]
+) -> None:
+    """Write NVIDIA Dynamo's TensorRT-LLM deployment for a `runtime: llmapi` BUILD_DIR or CONFIG: the worker's
+    --extra-engine-args (model.yaml's LLM arguments), launch.sh (frontend + worker), a DynamoGraphDeployment and a
+    README."""
+    from .deploy.dynamo import DGD_FILE, LAUNCH_FILE, write_bundle
+    from .deploy.llm_api import LlmApiArgsError
+
+    try:
+        out = write_bundle(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, port=port, sets=sets, gpu=gpu)
+    except (LlmApiArgsError, ConfigError, PreflightError, HardwareError) as e:
+        raise UserError(str(e)) from None
+    dgd = f"; Kubernetes: kubectl apply -f {out / DGD_FILE}" if (out / DGD_FILE).is_file() else ""
+    click.echo(f"wrote {out} (Dynamo); run: bash {out / LAUNCH_FILE}{dgd}   (see {out / 'README.md'})")
 
 
 @main.command()

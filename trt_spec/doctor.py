@@ -333,6 +333,7 @@ def run_checks(
     checks = [_gpu_check()]
     trt = trtllm.dist_version("tensorrt_llm")
     checks.append(_trtllm_check(trt))
+    checks.append(_engine_path_check())
     checks += _build_tool_checks(tc)
     checks += _serving_checks()
     checks += served_import_checks()
@@ -363,6 +364,11 @@ def _trtllm_check(trt: Optional[str]) -> Check:
         "engine: tensorrt builds and serving (trt-spec build, the tensorrtllm backend)",
         fatal=mismatch is not None,
     )
+
+
+def _engine_path_check() -> Check:
+    """Where the engine path stops (builder/trtllm.py ENGINE_PATH_END): a statement, on every machine."""
+    return Check("engine path", True, trtllm.ENGINE_PATH_END, "nothing: which runtime to choose")
 
 
 def _build_tool_checks(tc: Toolchain) -> list[Check]:

@@ -207,3 +207,18 @@ def test_pip_check_lines_name_the_watched_packages_with_the_fix():
     assert "fix: python3 -m pip install 'protobuf<6,>=4.25' (what tensorrt-llm 1.2.1 requires" in checks[0].detail
     assert "fix: python3 -m pip install 'nvidia-nccl-cu12'" in checks[1].detail
     assert "fix: python3 -m pip install 'tritonclient[grpc]<2.50'" in checks[2].detail
+
+
+def test_doctor_says_where_the_engine_path_ends_and_which_runtime_to_choose():
+    """Issue 33 item 3: on every machine (a laptop as on the image), one line says 26.07 is the last image with
+    trtllm-build and the C++ backend, which images ship the targeted TensorRT-LLM, and what new deployments use."""
+    from trt_spec.builder import trtllm
+
+    r = CliRunner().invoke(main, ["doctor"])
+    line = next(ln for ln in r.output.splitlines() if ln.split()[1:3] == ["engine", "path"])
+    assert line.startswith("ok ")
+    assert "tritonserver:26.07-trtllm-python-py3 the last image" in line
+    assert all(tag in line for tag in ("26.04", "26.05", "26.06", "26.07"))
+    assert "runtime: llmapi" in line and "trt-spec deploy trtllm-serve|dynamo" in line
+    # the image trt-spec is checked on is one of the images that ship the TensorRT-LLM it targets
+    assert trtllm.NGC_IMAGE.rsplit(":", 1)[1].split("-")[0] in trtllm.IMAGES_WITH_TARGET

@@ -89,10 +89,17 @@ def test_every_gpu_config_is_covered():
     gpu = {
         p.stem for p in CONFIGS.glob("*.yaml") if yaml.safe_load(p.read_text()).get("engine", "tensorrt") == "tensorrt"
     }
-    assert gpu == set(GPU_CONFIGS) | FIRST_CONTACT
+    assert gpu == set(GPU_CONFIGS) | FIRST_CONTACT | MULTI_NODE
 
 
 FIRST_CONTACT = {"smollm2-first-contact-fp8", "smollm2-first-contact-llmapi"}  # make gpu-smoke's, one host
+MULTI_NODE = {"deepseek-v3-mtp-h100-2node"}  # 16 GPUs over two 8-GPU nodes: deploy dynamo / trtllm-serve
+
+
+@pytest.mark.parametrize("name", sorted(MULTI_NODE))
+def test_multi_node_configs_are_refused_on_8_gpu_nodes(name, tmp_path):
+    with pytest.raises(DeployError, match="multi-node launch is not supported"):
+        write_chart(CONFIGS / f"{name}.yaml", tmp_path / "chart", gpus_per_node=8)
 
 
 @pytest.mark.parametrize("name", sorted(FIRST_CONTACT))
@@ -330,8 +337,9 @@ def test_multi_node_is_refused_by_the_command_and_by_the_template(charts, tmp_pa
     assert r.exit_code == 2 and not (tmp_path / "c").exists()
     assert r.output.strip() == (
         "error: llama33-70b-fp8-h100-tp2: the plan needs 2 GPUs but nodes have 1; trt-spec "
-        "serves a replica on one node (multi-node launch is not supported): use nodes with >= 2 "
-        "GPUs, or lower the target's tp x pp"
+        "serves a replica on one node (multi-node launch is not supported here): use nodes with >= 2 "
+        "GPUs, or lower the target's tp x pp; a runtime: llmapi config runs across nodes with trt-spec deploy "
+        "dynamo or deploy trtllm-serve"
     )
     with pytest.raises(
         helm.HelmRenderError,

@@ -20,6 +20,32 @@ TRTLLM_VERSION = "1.2.1"
 # Python 3.12 in the venv /opt/venv-tritonserver (first on PATH), CUDA 13.1, driver >= 590.
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 
+# The engine path's end of line. TensorRT-LLM removed trtllm-build and the C++ `tensorrtllm` backend after the 1.2 line;
+# NVIDIA stopped building the image that carries them after 26.07. Sources: triton-inference-server/server
+# docs/introduction/compatibility.md at r26.08 (trtllm-python-py3 rows 26.04, 26.05, 26.06, 26.07: all TensorRT-LLM
+# 1.2.1, TensorRT 10.14.1.48, torch 2.10.0a0+b4e4ee81d3.nv25.12, CUDA 13.1.0.036, driver 590.44.01) and server commit
+# 6f460335a (2026-08-19: "No trtllm-python-py3 row: that container is not built for 26.08"); tensorrtllm_backend's last
+# release branch is r26.07 (Dockerfile.triton.trt_llm_backend: TENSORRTLLM_VER=1.2.1 from release/1.2.1, as r26.04;
+# its README there documents the PyTorch / LLM-API backend only, #852 and #858).
+# Why the pin stays at 26.04 rather than 26.07: r26.04 -> r26.07 of tensorrtllm_backend changes the Dockerfile only by
+# uninstalling opencv-python-headless (#859/#860; nothing trt-spec imports), but moves its `tensorrt_llm` submodule
+# (the triton-inference-server/TensorRT-LLM fork that holds triton_backend/, the C++ backend and all_models the image
+# copies) from 2fdb9e6 to ca88df0 (#857), and Triton core from 2.68 to 2.71. trt-spec's backend contract
+# (records/backend_contract.py) and core behaviours (harness/phases.py) were read at r26.04; the fork's snapshot is too
+# large to fetch here, so that diff is unread. 26.05-26.07 run trt-spec as far as the matrix shows (same TensorRT-LLM:
+# `trt-spec doctor` accepts them), but the contract is checked against 26.04 only.
+LAST_ENGINE_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+IMAGES_WITH_TARGET = ("26.04", "26.05", "26.06", "26.07")  # NGC trtllm-python-py3 tags shipping TRTLLM_VERSION
+ENGINE_PATH_END = (
+    f"frozen: TensorRT-LLM {TRTLLM_VERSION} is the last line with trtllm-build and the C++ tensorrtllm backend, and "
+    f"{LAST_ENGINE_IMAGE} the last image with them (no trtllm-python-py3 image from 26.08; "
+    f"{', '.join(IMAGES_WITH_TARGET)} all ship {TRTLLM_VERSION}, "
+    f"trt-spec is checked on {NGC_IMAGE.rsplit(':', 1)[1]}). "
+    "runtime: engine keeps working on those images with no new models or fixes; new deployments: runtime: llmapi "
+    "(Triton's LLM-API model on the same images, or `trt-spec deploy trtllm-serve|dynamo` for TensorRT-LLM's LLM API "
+    "outside Triton, where NVIDIA's development continues)"
+)
+
 
 def dist_version(dist: str) -> Optional[str]:
     """An installed distribution's version without importing it (importing tensorrt_llm loads torch and CUDA), or

@@ -63,8 +63,8 @@ class Layout:
 # would be worse than this line.
 MULTI_NODE_REFUSED = (
     "{name}: the plan needs {ranks} GPUs but nodes have {per}; trt-spec serves a replica on one node "
-    "(multi-node launch is not supported): use nodes with >= {ranks} GPUs, or lower the target's "
-    "tp x pp"
+    "(multi-node launch is not supported here): use nodes with >= {ranks} GPUs, or lower the target's "
+    "tp x pp; a runtime: llmapi config runs across nodes with trt-spec deploy dynamo or deploy trtllm-serve"
 )
 
 
@@ -112,11 +112,11 @@ def plan_ranks(m: BuildManifest) -> int:
 
 def layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> Layout:
     """Raises DeployError when the plan's GPUs cannot be placed on nodes of gpus_per_node GPUs (default: the GPU
-    count the plan was made for)."""
+    count the plan was made for, at most defaults.GPUS_PER_NODE)."""
     from ..repository.writer import RepoSettings, mpi_ranks
 
     ranks = plan_ranks(m)
-    per = gpus_per_node if gpus_per_node is not None else (m.gpu.count if m.gpu else ranks)
+    per = gpus_per_node if gpus_per_node is not None else min(m.gpu.count if m.gpu else ranks, defaults.GPUS_PER_NODE)
     if per < 1:
         raise DeployError(f"--gpus-per-node must be >= 1, got {per}")
     if ranks > per:

@@ -128,3 +128,8 @@ GPU_NUMERICS_ENV = "TRT_SPEC_GPU_NUMERICS"
 # -- Demo (trt-spec demo, make demo) -------------------------------------------------------------------------
 DEMO_CONFIG = "build_configs/cpu-smollm2-ngram.yaml"
 DEMO_OUT = f"{BUILD_ROOT}/demo"
+
+# GPUs per node when a deployment bundle is not told (`deploy trtllm-serve|dynamo|k8s --gpus-per-node`): the 8 of an
+# HGX/DGX H100/H200/B200 node, the node Dynamo's and TensorRT-LLM's multi-node examples use. A plan wider than that is
+# a multi-node layout (trtllm-serve under srun/mpirun, Dynamo's multinode.nodeCount) or refused (the Helm chart).
+GPUS_PER_NODE = 8

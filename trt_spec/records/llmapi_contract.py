@@ -155,3 +155,40 @@ EAGLE3_SUPPORT: dict[str, tuple[bool, bool]] = {  # architecture -> (one-model, 
     "GptOssForCausalLM": (True, True),
 }
 MTP_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")
+
+# trtllm-serve (TensorRT-LLM's OpenAI server over the same LLM arguments; `trt-spec deploy trtllm-serve`). The v1.2.1
+# tag is too large to fetch here; read at stored versions of NVIDIA/TensorRT-LLM on both sides of the 1.2 line:
+# - SERVE = tensorrt_llm/commands/serve.py: an earlier stored version (options --tp_size, --pp_size, --ep_size,
+#   --kv_cache_free_gpu_memory_fraction, --extra_llm_api_options as their own names) and @ 00209af1 (later: the same
+#   names kept as aliases of --tensor_parallel_size, --pipeline_parallel_size, --moe_expert_parallel_size,
+#   --free_gpu_memory_fraction, and `--config` added as an alias of --extra_llm_api_options). Every flag below is
+#   accepted by both, so by the 1.2 line between them. MODEL is positional; --backend defaults to pytorch, --host to
+#   localhost, --port to 8000.
+# - MERGE = tensorrt_llm/llmapi/llm_args.py update_llm_args_with_extra_dict (the 1.2-era stored version):
+#   `llm_args | yaml_dict`, top-level keys of the YAML replace what the flags set (kv_cache_config as a whole). Later
+#   docs (docs/source/commands/trtllm-serve/trtllm-serve.rst @ 0434755f) say explicit flags win instead. trt-spec
+#   writes the same numbers in both places, so either precedence serves the same plan.
+# - LAUNCH = tensorrt_llm/llmapi/trtllm-llmapi-launch @ 020c89e6 (installed as a script by setup.py): under mpirun or
+#   srun, rank 0 (OMPI_COMM_WORLD_RANK / SLURM_PROCID) runs the command with the MPI environment cleared and the
+#   other ranks join as mgmn worker nodes; the trtllm-serve docs' multi-node example runs it under
+#   `srun -N 2 --ntasks 16 --ntasks-per-node=8 --mpi=pmix`.
+# - SERVER = tensorrt_llm/serve/openai_server.py: the served model name is MODEL's directory name when MODEL is a
+#   local directory (the earlier SERVE version has no --served_model_name; trt-spec passes none).
+TRTLLM_SERVE_PORT = 8000  # SERVE --port default
+# trt-spec's --host: every interface (a container's published port reaches it; SERVE's default localhost would not)
+TRTLLM_SERVE_HOST = "0.0.0.0"
+TRTLLM_SERVE_FLAGS = frozenset(
+    {
+        "--backend",
+        "--host",
+        "--port",
+        "--tp_size",
+        "--pp_size",
+        "--max_batch_size",
+        "--max_num_tokens",
+        "--max_seq_len",
+        "--kv_cache_free_gpu_memory_fraction",
+        "--extra_llm_api_options",
+    }
+)
+TRTLLM_LLMAPI_LAUNCH = "trtllm-llmapi-launch"  # LAUNCH

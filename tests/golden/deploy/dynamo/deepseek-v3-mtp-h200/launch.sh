@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Dynamo 1.6.1 for deepseek-v3-mtp-h200: written by trt-spec 0.1.0 deploy dynamo from <REPO>/build_configs/deepseek-v3-mtp-h200.yaml
+# (config 99e30e11d8e7); regenerate rather than edit. mtp speculation inside TensorRT-LLM's LLM API,
+# TP8 x PP1 on 8 GPU(s) on this host; the LLM's arguments: extra-engine-args.yaml.
+# Run inside nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# Discovery through a directory (--discovery-backend file), requests over TCP, events over ZMQ: no etcd,
+# no NATS on one host.
+export DYN_FILE_KV="${DYN_FILE_KV:-$(mktemp -d)}"
+python3 -m dynamo.frontend \
+  --http-port 8000 \
+  --discovery-backend file &
+FRONTEND=$!
+trap 'kill "$FRONTEND" 2>/dev/null || true' EXIT
+python3 -m dynamo.trtllm \
+  --model /models/DeepSeek-V3 \
+  --served-model-name deepseek-v3-mtp-h200 \
+  --extra-engine-args "$HERE/extra-engine-args.yaml" \
+  --tensor-parallel-size 8 \
+  --pipeline-parallel-size 1 \
+  --discovery-backend file

@@ -1,0 +1,301 @@
+"""Dynamo bundle: a `runtime: llmapi` build (or a config's plan) -> NVIDIA Dynamo's TensorRT-LLM worker, its OpenAI
+frontend, and a DynamoGraphDeployment for Dynamo's Kubernetes operator, from the same LLM arguments as model.yaml.
+
+`trt-spec deploy dynamo BUILD_DIR|CONFIG --out DIR` writes, atomically:
+- DIR/extra-engine-args.yaml: the LLM's arguments (deploy/llm_api.py engine_args: model.yaml's, one source), which
+  `python -m dynamo.trtllm --extra-engine-args FILE` merges over its own defaults;
+- DIR/launch.sh: the frontend and the worker; on one node with file-based discovery (no etcd, no NATS), past one
+  node the worker under srun with trtllm-llmapi-launch and etcd for discovery;
+- DIR/dynamo-graph-deployment.yaml: a ConfigMap holding the engine args and a DynamoGraphDeployment (Frontend +
+  TRTLLMWorker, `multinode.nodeCount` when the plan's GPUs exceed a node), when the checkpoints live under the
+  claim's mount path;
+- DIR/README.md.
+
+What Dynamo does, as read at the pinned release (ai-dynamo 1.6.1 from PyPI, its wheel's sources; the GitHub repository
+is too large to fetch here, so its examples and operator types were read at stored versions, named below):
+- WORKER = dynamo/trtllm/backend_args.py: flags --model (alias --model-path), --served-model-name,
+  --tensor-parallel-size, --pipeline-parallel-size, --extra-engine-args; dynamo/trtllm/workers/llm_worker.py builds
+  the LLM's kwargs from those flags, then `update_llm_args_with_extra_options(arg_map, extra_engine_args)`: the file's
+  keys win, so the file alone decides the plan (trt-spec passes the same TP and PP as flags too: the release's
+  profiler reads them from the flags, dynamo/profiler/utils/config.py _get_per_instance_gpus).
+- RUNTIME = dynamo/common/configuration/groups/runtime_args.py, shared by worker and frontend:
+  --discovery-backend {kubernetes,etcd,file,mem} (default etcd; file: a directory, DYN_FILE_KV),
+  --request-plane (default tcp), --event-plane (zmq unless set): on one host nothing but the two processes is needed;
+  past one host the ranks' leader and the frontend must share discovery (etcd, ETCD_ENDPOINTS).
+- FRONTEND = dynamo/frontend/frontend_args.py: --http-port (default 8000), --router-mode (default round-robin).
+  Started here from the installed wheel (no GPU): `python -m dynamo.frontend --http-port P --discovery-backend file`
+  answers /health and /v1/models (tests/deploy/test_dynamo.py, when TRT_SPEC_DYNAMO_PYTHON names a Python with it).
+- IMAGE = dynamo/profiler/templates/dgd/trtllm/agg.yaml: nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1; the
+  wheel's `trtllm` extra pins tensorrt-llm==1.3.0rc29 (METADATA), the TensorRT-LLM that image runs.
+- DGD = the release's own DGD model, dynamo/profiler/utils/config.py (apiVersion nvidia.com/v1beta1,
+  spec.components[] with name, type, replicas, podTemplate, multinode.nodeCount) and setup_worker_component_resources
+  (a multi-node worker's pod asks for min(GPUs, GPUs per node) and nodeCount = ceil(GPUs / GPUs per node)); operator
+  types deploy/operator/api/v1beta1/common.go @ 02911c80 (ComponentType enum, MultinodeSpec nodeCount >= 2) and
+  dynamographdeployment_types.go @ 0fddc01b (backendFramework, components, env); examples
+  examples/backends/trtllm/deploy/v1beta1/agg-with-config.yaml @ 2ac51dda (engine args from a ConfigMap volume) and
+  disagg-multinode.yaml @ 04521f47 (a TP8 worker on nodeCount 2 x 4 GPUs, OMPI_ALLOW_RUN_AS_ROOT in spec.env: the
+  operator launches the ranks under MPI itself).
+- MULTINODE = the "Multi-node TRTLLM Workers with Dynamo on Slurm" example README (stored version): one worker over
+  several nodes is one MPI world (srun or mpirun) whose ranks run trtllm-llmapi-launch; etcd reachable by all.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from pathlib import Path
+from typing import Iterable, Optional
+
+import yaml
+
+from .. import __version__
+from ..records import defaults
+from ..records import llmapi_contract as lc
+from ..records.atomic import replacing_dir
+from ..records.manifest import BuildManifest
+from .k8s import chart_name
+from .llm_api import LlmApiArgsError, checkpoint, engine_args, load, node_layout
+
+WHAT = "Dynamo"
+DYNAMO_VERSION = "1.6.1"  # ai-dynamo on PyPI
+DYNAMO_IMAGE = f"nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:{DYNAMO_VERSION}"  # IMAGE
+DYNAMO_TRTLLM_VERSION = "1.3.0rc29"  # IMAGE: the wheel's trtllm extra
+DGD_API_VERSION = "nvidia.com/v1beta1"  # DGD
+DGD_KIND = "DynamoGraphDeployment"
+FRONTEND_PORT = 8000  # FRONTEND --http-port default
+ENGINE_ARGS_FILE = "extra-engine-args.yaml"
+LAUNCH_FILE = "launch.sh"
+DGD_FILE = "dynamo-graph-deployment.yaml"
+README_FILE = "README.md"
+ENGINE_ARGS_DIR = "/etc/trt-spec"  # where the DGD's worker mounts the ConfigMap
+MODELS_CLAIM = "models"  # the PersistentVolumeClaim the checkpoints are on (the upstream multinode example's name)
+FRONTEND_CMD = ["python3", "-m", "dynamo.frontend"]
+WORKER_CMD = ["python3", "-m", "dynamo.trtllm"]
+
+
+class DynamoBundleError(LlmApiArgsError):
+    """One line: the bundle cannot be written as asked, and the fix."""
+
+
+def worker_args(m: BuildManifest, args: dict, engine_args_path: str, discovery: Optional[str]) -> list[str]:
+    """dynamo.trtllm's flags (WORKER): the checkpoint, the served name, the engine args file, TP and PP (the file's
+    numbers), and the discovery backend (RUNTIME; None: the environment's, as the operator sets it)."""
+    argv = [
+        "--model",
+        checkpoint(m),
+        "--served-model-name",
+        m.name,
+        "--extra-engine-args",
+        engine_args_path,
+        "--tensor-parallel-size",
+        str(args["tensor_parallel_size"]),
+        "--pipeline-parallel-size",
+        str(args["pipeline_parallel_size"]),
+    ]
+    return argv + (["--discovery-backend", discovery] if discovery else [])
+
+
+def frontend_args(port: int, discovery: Optional[str]) -> list[str]:
+    return ["--http-port", str(port)] + (["--discovery-backend", discovery] if discovery else [])
+
+
+def _q(a: str) -> str:
+    return f'"{a}"' if a.startswith("$") else shlex.quote(a)
+
+
+def _lines(argv: list[str], head: int, indent: str = "") -> str:
+    """A command over several lines: its first `head` words, then a flag and its value a line."""
+    out = [" ".join(_q(a) for a in argv[:head])]
+    out += [f"{_q(argv[i])} {_q(argv[i + 1])}" for i in range(head, len(argv), 2)]
+    return f" \\\n{indent}  ".join(out)
+
+
+def launch_sh(m: BuildManifest, source: Path, args: dict, ranks: int, nodes: int, per: int, port: int) -> str:
+    where = f"{nodes} nodes of {per} GPUs" if nodes > 1 else f"{ranks} GPU(s) on this host"
+    head = (
+        "#!/usr/bin/env bash\n"
+        f"# Dynamo {DYNAMO_VERSION} for {m.name}: written by trt-spec {__version__} deploy dynamo from {source}\n"
+        f"# (config {m.config_hash[:12]}); regenerate rather than edit. {m.speculative.mode} speculation inside "
+        f"TensorRT-LLM's LLM API,\n# TP{m.target.tp} x PP{m.target.pp} on {where}; the LLM's arguments: "
+        f"{ENGINE_ARGS_FILE}.\n# Run inside {DYNAMO_IMAGE}.\n"
+        "set -euo pipefail\n"
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    )
+    if nodes == 1:
+        worker = WORKER_CMD + worker_args(m, args, f"$HERE/{ENGINE_ARGS_FILE}", "file")
+        return head + (
+            "# Discovery through a directory (--discovery-backend file), requests over TCP, events over ZMQ: no etcd,\n"
+            "# no NATS on one host.\n"
+            'export DYN_FILE_KV="${DYN_FILE_KV:-$(mktemp -d)}"\n'
+            f"{_lines(FRONTEND_CMD + frontend_args(port, 'file'), 3)} &\n"
+            "FRONTEND=$!\n"
+            "trap 'kill \"$FRONTEND\" 2>/dev/null || true' EXIT\n"
+            f"{_lines(worker, 3)}\n"
+        )
+    worker = WORKER_CMD + worker_args(m, args, f"$HERE/{ENGINE_ARGS_FILE}", "etcd")
+    srun = ["srun", "-N", str(nodes), "--ntasks", str(ranks), "--ntasks-per-node", str(per), "--mpi=pmix"]
+    return head + (
+        f"# One worker over {nodes} nodes is one MPI world: every rank runs {lc.TRTLLM_LLMAPI_LAUNCH}, rank 0 the\n"
+        "# Dynamo worker. Inside a Slurm allocation of those nodes, with the image, the checkpoints and this\n"
+        "# directory at the same paths on all of them, and an etcd every node reaches (discovery across hosts).\n"
+        ': "${ETCD_ENDPOINTS:?set ETCD_ENDPOINTS=HOST:2379, an etcd every node reaches}"\n'
+        f"{_lines(FRONTEND_CMD + frontend_args(port, 'etcd'), 3)} &\n"
+        "FRONTEND=$!\n"
+        "trap 'kill \"$FRONTEND\" 2>/dev/null || true' EXIT\n"
+        f"{_lines(srun + [lc.TRTLLM_LLMAPI_LAUNCH] + worker, len(srun) + 4)}\n"
+    )
+
+
+def model_dirs(m: BuildManifest, args: dict) -> list[str]:
+    spec = args.get("speculative_config") or {}
+    return [d for d in (checkpoint(m), spec.get(lc.SPEC_MODEL_DIR)) if d]
+
+
+def on_claim(dirs: list[str]) -> bool:
+    """The checkpoints are under the claim's mount path (defaults.K8S_MOUNT_PATH, as the Helm chart's)."""
+    mount = defaults.K8S_MOUNT_PATH.rstrip("/") + "/"
+    return all(posixpath.normpath(d).startswith(mount) for d in dirs)
+
+
+def _container(args: list[str], command: list[str]) -> dict:
+    return {"name": "main", "image": DYNAMO_IMAGE, "command": command, "args": args}
+
+
+def dgd(m: BuildManifest, args: dict, nodes: int, per: int, port: int) -> list[dict]:
+    """The ConfigMap with the engine args and the DynamoGraphDeployment (DGD): a Frontend and one TRTLLMWorker whose
+    pod(s) mount the ConfigMap and the checkpoints' claim; multinode.nodeCount past one node."""
+    name = chart_name(m)
+    cm = f"{name}-engine-args"
+    worker = _container(worker_args(m, args, f"{ENGINE_ARGS_DIR}/{ENGINE_ARGS_FILE}", None), WORKER_CMD)
+    worker["resources"] = {"limits": {"nvidia.com/gpu": str(per)}}
+    worker["volumeMounts"] = [
+        {"name": "models", "mountPath": defaults.K8S_MOUNT_PATH, "readOnly": True},
+        {"name": "engine-args", "mountPath": ENGINE_ARGS_DIR, "readOnly": True},
+    ]
+    volumes = [
+        {"name": "models", "persistentVolumeClaim": {"claimName": MODELS_CLAIM}},
+        {"name": "engine-args", "configMap": {"name": cm}},
+    ]
+    worker_component = {"name": "TRTLLMWorker", "type": "worker", "replicas": 1}
+    if nodes > 1:
+        worker_component["multinode"] = {"nodeCount": nodes}
+    worker_component["podTemplate"] = {"spec": {"containers": [worker], "volumes": volumes}}
+    frontend = {
+        "name": "Frontend",
+        "type": "frontend",
+        "replicas": 1,
+        "podTemplate": {"spec": {"containers": [_container(frontend_args(port, None), FRONTEND_CMD)]}},
+    }
+    spec: dict = {"backendFramework": "trtllm", "components": [frontend, worker_component]}
+    if nodes > 1:  # DGD: as the upstream multinode example (the image runs as root; mpirun refuses root otherwise)
+        spec["env"] = [
+            {"name": "OMPI_ALLOW_RUN_AS_ROOT", "value": "1"},
+            {"name": "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "value": "1"},
+        ]
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": cm},
+        "data": {ENGINE_ARGS_FILE: yaml.safe_dump(args, sort_keys=False)},
+    }
+    graph = {"apiVersion": DGD_API_VERSION, "kind": DGD_KIND, "metadata": {"name": name}, "spec": spec}
+    return [configmap, graph]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the ConfigMap's engine args) as literal blocks."""
+
+
+_Dumper.add_representer(
+    str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v, style="|" if "\n" in v else None)
+)
+
+
+def dgd_yaml(m: BuildManifest, objs: list[dict], nodes: int, per: int) -> str:
+    where = f"{nodes} nodes x {per} GPUs (multinode.nodeCount)" if nodes > 1 else f"{per} GPU(s), one node"
+    head = (
+        f"# Dynamo {DYNAMO_VERSION} on Kubernetes for {m.name} (trt-spec {__version__} deploy dynamo; regenerate "
+        "rather than edit).\n"
+        f"# Needs Dynamo's operator (its platform Helm chart, {DYNAMO_VERSION}) and a PersistentVolumeClaim "
+        f"{MODELS_CLAIM!r} holding the\n# checkpoints at their paths under {defaults.K8S_MOUNT_PATH}. Worker: "
+        f"{where}.\n# kubectl apply -n NAMESPACE -f {DGD_FILE}\n"
+    )
+    return head + yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, width=120)
+
+
+def readme(m: BuildManifest, source: Path, args: dict, ranks: int, nodes: int, per: int, port: int) -> str:
+    dirs = model_dirs(m, args)
+    kube = (
+        f"- `{DGD_FILE}`: a ConfigMap with the engine args and a `{DGD_KIND}` ({DGD_API_VERSION}) for Dynamo's\n"
+        f"  operator: a Frontend and a TRTLLMWorker on `{DYNAMO_IMAGE}`, the checkpoints from the claim\n"
+        f"  `{MODELS_CLAIM}` mounted at `{defaults.K8S_MOUNT_PATH}`"
+        + (f", the worker on {nodes} nodes of {per} GPUs (`multinode.nodeCount: {nodes}`).\n" if nodes > 1 else ".\n")
+        if on_claim(dirs)
+        else f"- No `{DGD_FILE}`: the checkpoints ({', '.join(dirs)}) are not under `{defaults.K8S_MOUNT_PATH}`, the\n"
+        "  claim's mount path; a cluster deployment needs them there (use a config whose checkpoint paths are).\n"
+    )
+    where = f"{nodes} nodes of {per} GPUs" if nodes > 1 else f"{ranks} GPU(s), one host"
+    run = (
+        f"On one host, inside the image (checkpoints mounted at their paths):\n\n```bash\nbash {LAUNCH_FILE}\n```\n"
+        if nodes == 1
+        else f"Inside a Slurm allocation of {nodes} nodes, in the image on each, with etcd reachable:\n\n"
+        f"```bash\nETCD_ENDPOINTS=HEAD:2379 bash {LAUNCH_FILE}\n```\n"
+    )
+    return f"""# Dynamo: {m.name}
+
+Written by `trt-spec deploy dynamo {source}` (trt-spec {__version__}); regenerate rather than edit. NVIDIA Dynamo
+{DYNAMO_VERSION}'s TensorRT-LLM worker ({m.speculative.mode} speculation inside the LLM API, TP{m.target.tp} x
+PP{m.target.pp} on {where}) behind Dynamo's OpenAI frontend on port {port}.
+
+- `{ENGINE_ARGS_FILE}`: the LLM's arguments, those of the Triton LLM-API model's `model.yaml` for this
+  config less `model` (the worker's `--model`) and `triton_config`; `--extra-engine-args` merges it over the
+  worker's defaults, so its numbers are the plan's.
+- `{LAUNCH_FILE}`: the frontend and the worker.
+{kube}
+Image: `{DYNAMO_IMAGE}` (TensorRT-LLM {DYNAMO_TRTLLM_VERSION}). trt-spec checks the LLM arguments
+against the 1.2 line its Triton image runs (1.2.1); later stored versions of TensorRT-LLM's llm_args.py still take
+these keys and decoding types, but {DYNAMO_TRTLLM_VERSION} itself was not checked key by key.
+Checkpoints: {", ".join(f"`{d}`" for d in dirs)}.
+
+{run}
+Then `curl -s localhost:{port}/v1/models` lists `{m.name}` once the worker has loaded.
+"""
+
+
+def write_bundle(
+    source: Path,
+    out: Path,
+    *,
+    gpus_per_node: Optional[int] = None,
+    port: int = FRONTEND_PORT,
+    sets: Iterable[str] = (),
+    gpu: Optional[str] = None,
+) -> Path:
+    """Write DIR atomically (temp dir, then rename; safe to rerun over an earlier bundle). Every check runs before
+    anything is written. Raises LlmApiArgsError (DynamoBundleError), or ConfigError/PreflightError/HardwareError."""
+    m = load(source, sets, gpu, what=WHAT)
+    lay = node_layout(m, gpus_per_node)
+    ranks, nodes, per = lay.ranks, lay.nodes, lay.gpus_per_node
+    if not 0 < port < 65536:
+        raise DynamoBundleError(f"--port must be in 1..65535, got {port}")
+    args = engine_args(m)
+    files = {
+        ENGINE_ARGS_FILE: f"# The LLM's arguments for {m.name} (trt-spec deploy dynamo; model.yaml's, one source)\n"
+        + yaml.safe_dump(args, sort_keys=False),
+        LAUNCH_FILE: launch_sh(m, Path(source), args, ranks, nodes, per, port),
+        README_FILE: readme(m, Path(source), args, ranks, nodes, per, port),
+    }
+    if on_claim(model_dirs(m, args)):
+        files[DGD_FILE] = dgd_yaml(m, dgd(m, args, nodes, per, port), nodes, per)
+    out = Path(out)
+    if out.exists() and not (out / LAUNCH_FILE).is_file():
+        if not out.is_dir() or any(out.iterdir()):
+            raise DynamoBundleError(
+                f"{out}: exists and is not a bundle trt-spec wrote; pass an empty or new --out directory"
+            )
+    with replacing_dir(out) as tmp:
+        tmp.mkdir()
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        (tmp / LAUNCH_FILE).chmod(0o755)
+    return out

@@ -1,0 +1,109 @@
+"""The LLM API's arguments outside Triton: one source for what `trtllm-serve --extra_llm_api_options FILE` and
+Dynamo's `python -m dynamo.trtllm --extra-engine-args FILE` take.
+
+Both read a YAML of `tensorrt_llm.LLM` keyword arguments (TorchLlmArgs), the same ones TensorRT-LLM's Triton LLM-API
+model reads from its model.yaml (records/llmapi_contract.py). So the file is repository/llmapi.py model_yaml() of the
+speculative model, less what is not an LLM argument (`triton_config`) and less the checkpoint (`model`), which both
+launchers take on their command line. A key here is a key in model.yaml: the repository's checks (check_model) and
+these share lc.LLM_KEYS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from ..records import llmapi_contract as lc
+from ..records.manifest import BuildManifest, ManifestError
+
+ON_COMMAND_LINE = ("model",)  # the checkpoint: trtllm-serve's MODEL argument, Dynamo's --model-path
+
+
+class LlmApiArgsError(ValueError):
+    """One line: the build cannot be served by the LLM API outside Triton, and the fix."""
+
+
+NOT_LLMAPI = (
+    "{name}: runtime {runtime!r} serves trtllm-build engines through Triton's tensorrtllm backend, and {what} "
+    "serves TensorRT-LLM's LLM API only: use a `runtime: llmapi` config (build_configs/*llmapi*, *eagle3*, "
+    "deepseek-v3-mtp-*)"
+)
+
+
+def load(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None, *, what: str) -> BuildManifest:
+    """BUILD_DIR (its manifest.json) or CONFIG (its plan, before the build) of a GPU `runtime: llmapi` deployment;
+    `what` names the target in the errors ("trtllm-serve", "Dynamo"). Raises LlmApiArgsError (no such source, an
+    engine build, the CPU reference engine), or ConfigError/PreflightError/HardwareError from planning a config."""
+    from ..builder.pipeline import manifest_from
+
+    source = Path(source)
+    if not source.exists():
+        raise LlmApiArgsError(
+            f"{source}: no such build directory or config; pass a build directory (build/NAME, written by trt-spec "
+            "build) or a `runtime: llmapi` config from build_configs/"
+        )
+    try:
+        m = manifest_from(source, tuple(sets), gpu)
+    except ManifestError as e:
+        raise LlmApiArgsError(str(e)) from None
+    if m.config.runtime != "llmapi":
+        raise LlmApiArgsError(NOT_LLMAPI.format(name=m.name, runtime=m.config.runtime, what=what))
+    if not m.config.recipe.gpu:
+        raise LlmApiArgsError(
+            f"{source}: engine {m.engine!r} is the CPU reference deployment (trt-spec's stand-in for the LLM API); "
+            f"{what} runs TensorRT-LLM on GPUs: set engine: tensorrt (with a GPU config such as "
+            "build_configs/llama31-8b-eagle3-a100.yaml), or serve this one with trt-spec serve"
+        )
+    return m
+
+
+def engine_args(m: BuildManifest) -> dict:
+    """The LLM's keyword arguments for the speculative model of a `runtime: llmapi` build (model.yaml's, less
+    triton_config and the checkpoint). Raises LlmApiArgsError for an engine (trtllm-build) build."""
+    from ..repository.llmapi import model_yaml
+
+    if m.config.runtime != "llmapi":
+        raise LlmApiArgsError(NOT_LLMAPI.format(name=m.name, runtime=m.config.runtime, what="trtllm-serve and Dynamo"))
+    y = model_yaml(m, speculative=True, decoupled=True)
+    y.pop(lc.TRITON_KEY, None)
+    for k in ON_COMMAND_LINE:
+        y.pop(k, None)
+    unknown = sorted(set(y) - set(lc.LLM_KEYS))
+    if unknown:  # model_yaml and the contract disagree: a trt-spec bug, not a user's
+        raise AssertionError(f"LLM argument {unknown[0]!r} is not in llmapi_contract.LLM_KEYS")
+    return y
+
+
+def checkpoint(m: BuildManifest) -> str:
+    """The checkpoint directory the LLM loads (model.yaml's `model`)."""
+    return m.target.dir
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """How the LLM's ranks (target TP x PP; the draft or heads share them) land on nodes: `nodes` nodes of
+    `gpus_per_node` GPUs each, every node full (srun --ntasks-per-node, Dynamo's multinode.nodeCount)."""
+
+    ranks: int
+    nodes: int
+    gpus_per_node: int
+
+
+def node_layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> NodeLayout:
+    """The ranks over nodes of gpus_per_node GPUs (default: the plan's GPU count, at most defaults.GPUS_PER_NODE).
+    Raises LlmApiArgsError when the ranks do not split evenly over the nodes they need."""
+    from ..records.defaults import GPUS_PER_NODE
+
+    ranks = m.target.tp * m.target.pp
+    per = gpus_per_node if gpus_per_node is not None else min(m.gpu.count if m.gpu else ranks, GPUS_PER_NODE)
+    if per < 1:
+        raise LlmApiArgsError(f"--gpus-per-node must be >= 1, got {per}")
+    nodes = math.ceil(ranks / per)
+    if ranks % nodes:
+        raise LlmApiArgsError(
+            f"{m.name}: TP{m.target.tp} x PP{m.target.pp} = {ranks} ranks do not split evenly over {nodes} nodes "
+            f"of {per} GPUs; pass a --gpus-per-node that divides {ranks}"
+        )
+    return NodeLayout(ranks, nodes, ranks // nodes)

@@ -1,0 +1,224 @@
+"""trtllm-serve bundle: a `runtime: llmapi` build (or a config's plan) -> the files that serve it with TensorRT-LLM's
+own OpenAI server, outside Triton (records/llmapi_contract.py, TRTLLM_SERVE_*: the flags and their sources).
+
+`trt-spec deploy trtllm-serve BUILD_DIR|CONFIG --out DIR` writes, atomically:
+- DIR/extra_llm_api_options.yaml: the LLM's arguments, deploy/llm_api.py engine_args: model.yaml's (the Triton
+  LLM-API model's), so both paths load the same speculative model with the same memory plan;
+- DIR/launch.sh: `trtllm-serve MODEL --backend pytorch --host --port`, the parallelism and limits as flags (the same
+  numbers as the YAML: whichever of the two wins in a TensorRT-LLM version, the plan is the same) and
+  `--extra_llm_api_options`; a plan wider than a node runs under srun or mpirun with trtllm-llmapi-launch;
+- DIR/README.md: what to run, on which image, and a request to try it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Iterable, Optional
+
+import yaml
+
+from .. import __version__
+from ..builder.model_info import is_imported
+from ..builder.trtllm import NGC_IMAGE, TRTLLM_VERSION
+from ..records import llmapi_contract as lc
+from ..records.atomic import replacing_dir
+from ..records.manifest import BuildManifest
+from .llm_api import LlmApiArgsError, NodeLayout, checkpoint, engine_args, load, node_layout
+
+WHAT = "trtllm-serve"
+OPTIONS_FILE = "extra_llm_api_options.yaml"
+LAUNCH_FILE = "launch.sh"
+README_FILE = "README.md"
+BUNDLE_FILES = (OPTIONS_FILE, LAUNCH_FILE, README_FILE)
+SERVE = "trtllm-serve"
+OPTIONS_PATH = f"$HERE/{OPTIONS_FILE}"  # launch.sh sets HERE to its own directory
+LAUNCHERS = ("srun", "mpirun")  # past one node (LAUNCHER=...; srun first: the trtllm-serve docs' multi-node example)
+
+# trtllm-serve flag -> the path of the same value in the LLM's arguments (engine_args): one source for both
+FLAG_KEYS: dict[str, tuple[str, ...]] = {
+    "--backend": ("backend",),
+    "--tp_size": ("tensor_parallel_size",),
+    "--pp_size": ("pipeline_parallel_size",),
+    "--max_batch_size": ("max_batch_size",),
+    "--max_num_tokens": ("max_num_tokens",),
+    "--max_seq_len": ("max_seq_len",),
+    "--kv_cache_free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
+}
+
+
+class ServeBundleError(LlmApiArgsError):
+    """One line: the bundle cannot be written as asked, and the fix."""
+
+
+def _value(args: dict, path: tuple[str, ...]):
+    v = args
+    for k in path:
+        v = v[k]
+    return v
+
+
+def serve_argv(m: BuildManifest, args: dict, *, host: str, port: int) -> list[str]:
+    """trtllm-serve's command line: MODEL, the flags (values from the LLM's arguments `args`) and the options file."""
+    argv = [SERVE, checkpoint(m), "--backend", str(args["backend"]), "--host", host, "--port", str(port)]
+    for flag, path in FLAG_KEYS.items():
+        if flag != "--backend":
+            argv += [flag, str(_value(args, path))]
+    return argv + ["--extra_llm_api_options", OPTIONS_PATH]
+
+
+def launcher_argv(lay: NodeLayout, launcher: str) -> list[str]:
+    """The multi-node prefix: every rank runs trtllm-llmapi-launch, rank 0 the server (records: LAUNCH)."""
+    if launcher == "srun":
+        head = ["srun", "-N", str(lay.nodes), "--ntasks", str(lay.ranks)]
+        head += ["--ntasks-per-node", str(lay.gpus_per_node), "--mpi=pmix"]
+    else:  # OpenMPI: HOSTS=node0:G,node1:G (slots per node)
+        head = ["mpirun", "-np", str(lay.ranks), "-H", "$HOSTS"]
+    return head + [lc.TRTLLM_LLMAPI_LAUNCH]
+
+
+def _q(a: str) -> str:
+    return f'"{a}"' if a.startswith("$") else shlex.quote(a)  # $HERE / $HOSTS stay expandable
+
+
+def _shell(prefix: list[str], serve: list[str], indent: str) -> str:
+    """One command over several lines: the launcher, trtllm-serve and MODEL first, then a flag and its value a line."""
+    lines = [" ".join(_q(a) for a in prefix + serve[:2])]
+    lines += [f"{_q(serve[i])} {_q(serve[i + 1])}" for i in range(2, len(serve), 2)]
+    return f" \\\n{indent}  ".join(lines)
+
+
+def launch_sh(m: BuildManifest, source: Path, lay: NodeLayout, serve: list[str]) -> str:
+    where = f" on {lay.nodes} nodes of {lay.gpus_per_node}" if lay.nodes > 1 else ""
+    head = (
+        "#!/usr/bin/env bash\n"
+        f"# trtllm-serve for {m.name}: written by trt-spec {__version__} deploy trtllm-serve from {source}\n"
+        f"# (config {m.config_hash[:12]}); regenerate rather than edit. {m.speculative.mode} speculation inside "
+        f"TensorRT-LLM {TRTLLM_VERSION}'s\n# LLM API, TP{m.target.tp} x PP{m.target.pp} = {lay.ranks} GPU(s){where}; "
+        f"the LLM's arguments: {OPTIONS_FILE}.\n"
+        "set -euo pipefail\n"
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    )
+    if lay.nodes == 1:
+        return head + "exec " + _shell([], serve, "") + "\n"
+    cases = "".join(
+        f"  {name})\n    exec {_shell(launcher_argv(lay, name), serve, '    ')}\n    ;;\n" for name in LAUNCHERS
+    )
+    hosts = f"node0:{lay.gpus_per_node},node1:{lay.gpus_per_node},..."
+    return (
+        head
+        + "# Every node: the image, the checkpoints and this directory at the same paths. LAUNCHER=srun (inside a\n"
+        f"# Slurm allocation of {lay.nodes} nodes) or LAUNCHER=mpirun with HOSTS={hosts}\n"
+        'LAUNCHER="${LAUNCHER:-srun}"\n'
+        f'if [ "$LAUNCHER" = mpirun ]; then : "${{HOSTS:?set HOSTS={hosts} for mpirun}}"; fi\n'
+        'case "$LAUNCHER" in\n'
+        f"{cases}"
+        '  *) echo "LAUNCHER must be srun or mpirun, got $LAUNCHER" >&2; exit 2 ;;\n'
+        "esac\n"
+    )
+
+
+def _run_it(lay: NodeLayout, port: int, dirs: list[str]) -> str:
+    """How to start launch.sh: one node in docker (the checkpoints mounted at their paths); more under srun or
+    mpirun, inside the image on every node."""
+    if lay.nodes == 1:
+        mounts = " ".join(f"-v {shlex.quote(d)}:{shlex.quote(d)}:ro" for d in dirs)
+        return f"""```bash
+docker run --rm --gpus all --ipc host -p {port}:{port} -v "$PWD:/deploy:ro" \\
+  {mounts} \\
+  {NGC_IMAGE} bash /deploy/{LAUNCH_FILE}
+```
+"""
+    per = lay.gpus_per_node
+    return f"""{lay.ranks} ranks on {lay.nodes} nodes of {per} GPUs: `{LAUNCH_FILE}` runs every rank under
+`{lc.TRTLLM_LLMAPI_LAUNCH}` (the server on rank 0, workers on the others), inside the image on every node, with the
+checkpoints and this directory at the same paths on all of them:
+
+```bash
+bash {LAUNCH_FILE}                                       # in a Slurm allocation of {lay.nodes} nodes (srun, --mpi=pmix)
+LAUNCHER=mpirun HOSTS=node0:{per},node1:{per} bash {LAUNCH_FILE}   # OpenMPI
+```
+"""
+
+
+def readme(m: BuildManifest, source: Path, lay: NodeLayout, args: dict, *, port: int) -> str:
+    """What to run, on which image, what it holds, and a request to try it."""
+    model = Path(checkpoint(m)).name  # the served model name: MODEL's directory name (records: SERVER)
+    cfg = m.config
+    before = ""
+    if is_imported(cfg.target.checkpoint) or (cfg.draft is not None and cfg.draft.distill is not None):
+        before = (
+            f"\nFirst, on this host: `trt-spec build {source}` writes the checkpoints this serves (the GGUF\n"
+            "import and the distilled draft) at the paths below.\n"
+        )
+    spec = args.get("speculative_config") or {}
+    dirs = [d for d in (checkpoint(m), spec.get(lc.SPEC_MODEL_DIR)) if d]
+    ckpts = ", ".join(f"`{d}`" for d in dirs)
+    where = f"{lay.nodes} nodes of {lay.gpus_per_node} GPUs" if lay.nodes > 1 else f"{lay.ranks} GPU(s), one node"
+    kv = args["kv_cache_config"]
+    body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 32})
+    return f"""# trtllm-serve: {m.name}
+
+Written by `trt-spec deploy trtllm-serve {source}` (trt-spec {__version__}); regenerate rather than
+edit. TensorRT-LLM {TRTLLM_VERSION}'s OpenAI server over its LLM API: {m.speculative.mode} speculation inside the
+model (`speculative_config`), TP{m.target.tp} x PP{m.target.pp} on {where}.
+{before}
+- `{OPTIONS_FILE}`: the LLM's arguments, those of the Triton LLM-API model's `model.yaml` for
+  this config (`trt-spec repo`) less `model` (trtllm-serve's MODEL argument) and `triton_config`.
+- `{LAUNCH_FILE}`: the command. Its flags repeat the YAML's numbers: KV cache {kv["free_gpu_memory_fraction"]} of the
+  free GPU memory, batches of up to {args["max_batch_size"]} requests and {args["max_num_tokens"]} tokens, sequences
+  of up to {args["max_seq_len"]} tokens.
+
+Image: `{NGC_IMAGE}` (TensorRT-LLM {TRTLLM_VERSION}, with `trtllm-serve` and
+`{lc.TRTLLM_LLMAPI_LAUNCH}`). Checkpoints: {ckpts}.
+
+{_run_it(lay, port, dirs)}
+Try it once `curl -s localhost:{port}/health` answers:
+
+```bash
+curl -s localhost:{port}/v1/completions -H 'Content-Type: application/json' \\
+  -d {shlex.quote(body)}
+```
+
+The model name is the checkpoint directory's name (trtllm-serve serves a local MODEL under it). To measure the
+speedup, serve the same target without `speculative_config` on another port and run
+`trt-spec bench openai --url http://HOST:BASELINE_PORT --url http://HOST:{port} --model {model} --model {model}`.
+"""
+
+
+def write_bundle(
+    source: Path,
+    out: Path,
+    *,
+    gpus_per_node: Optional[int] = None,
+    port: int = lc.TRTLLM_SERVE_PORT,
+    sets: Iterable[str] = (),
+    gpu: Optional[str] = None,
+) -> Path:
+    """Write DIR atomically (temp dir, then rename; safe to rerun over an earlier bundle). Every check runs before
+    anything is written. Raises LlmApiArgsError (ServeBundleError), or ConfigError/PreflightError/HardwareError."""
+    m = load(source, sets, gpu, what=WHAT)
+    lay = node_layout(m, gpus_per_node)
+    if not 0 < port < 65536:
+        raise ServeBundleError(f"--port must be in 1..65535, got {port}")
+    args = engine_args(m)
+    serve = serve_argv(m, args, host=lc.TRTLLM_SERVE_HOST, port=port)
+    files = {
+        OPTIONS_FILE: f"# The LLM's arguments for {m.name} (trt-spec deploy trtllm-serve; model.yaml's, one source)\n"
+        + yaml.safe_dump(args, sort_keys=False),
+        LAUNCH_FILE: launch_sh(m, Path(source), lay, serve),
+        README_FILE: readme(m, Path(source), lay, args, port=port),
+    }
+    out = Path(out)
+    if out.exists() and not (out / LAUNCH_FILE).is_file():
+        if not out.is_dir() or any(out.iterdir()):
+            raise ServeBundleError(
+                f"{out}: exists and is not a bundle trt-spec wrote; pass an empty or new --out directory"
+            )
+    with replacing_dir(out) as tmp:
+        tmp.mkdir()
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        (tmp / LAUNCH_FILE).chmod(0o755)
+    return out
