@@ -247,3 +247,30 @@ def test_the_launch_lines_frontend_runs(bundles, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _dynamo_package_dir() -> Path:
+    out = subprocess.run(
+        [DYNAMO_PYTHON, "-c", "import dynamo.profiler, os; print(os.path.dirname(dynamo.profiler.__file__))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+@pytest.mark.skipif(not DYNAMO_PYTHON, reason="TRT_SPEC_DYNAMO_PYTHON unset (a Python with ai-dynamo==1.6.1)")
+def test_the_schema_accepts_dynamos_own_v1beta1_graphs():
+    """The vendored schema is transcribed, not generated: the DGDs ai-dynamo 1.6.1 itself ships (its profiler's
+    templates, every backend) must pass it closed as trt-spec's own do, or the transcription is wrong."""
+    graphs = []
+    for f in sorted((_dynamo_package_dir() / "templates" / "dgd").glob("*/*.yaml")):
+        graphs += [
+            (f, d) for d in yaml.safe_load_all(f.read_text()) if d and (d.get("apiVersion"), d.get("kind")) == DGD_KEY
+        ]
+    assert len(graphs) >= 3, "ai-dynamo's profiler templates moved: point this test at NVIDIA's own v1beta1 DGDs"
+    for f, d in graphs:
+        try:
+            jsonschema.validate(d, STRICT_CRDS[DGD_KEY], cls=jsonschema.Draft7Validator)
+        except jsonschema.ValidationError as e:
+            raise AssertionError(f"{f.parent.name}/{f.name}: {e.message}") from None
