@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -242,6 +243,93 @@ def test_a_cancelled_stream_stops_its_work(openai_server):
     assert f'vllm:num_requests_running{{engine="0",model_name="{SPECULATIVE}"}} 0.0' in metrics
 
 
+REPEATING = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"  # n-gram mode drafts from it
+
+
+def server_acceptance(s) -> dict:
+    """The speculative model's counts on Triton's metrics port (the BLS's counters, spec_metrics.py): accepted and
+    drafted tokens, drafts (vLLM's: rounds that drafted), and the accepted-length histogram per value 0..k."""
+    from trt_spec.in_triton.spec_metrics import histogram, scrape, value
+    from trt_spec.records import names as n
+
+    m = scrape(s.triton_metrics)
+    vllm = {"model_name": SPECULATIVE, "engine": "0"}
+    cum = [c for le, c in histogram(m, n.METRIC_ACCEPTED_LENGTH, model=SPECULATIVE).items() if le != float("inf")]
+    return {
+        "accepted": int(value(m, n.VLLM_NUM_ACCEPTED_TOKENS, **vllm)),
+        "drafted": int(value(m, n.VLLM_NUM_DRAFT_TOKENS, **vllm)),
+        "steps": int(value(m, n.VLLM_NUM_DRAFTS, **vllm)),
+        "hist": [int(c - (cum[i - 1] if i else 0)) for i, c in enumerate(cum)],
+    }
+
+
+def acceptance_delta(before: dict, after: dict) -> dict:
+    return {
+        **{k: after[k] - before[k] for k in ("accepted", "drafted", "steps")},
+        "hist": [a - b for a, b in zip(after["hist"], before["hist"])],
+    }
+
+
+def check_vllm_shape(spec: dict, counted: dict) -> None:
+    """vLLM's metrics.speculative_decoding (serve/openai_metrics.py), equal to what the server counted."""
+    hist = spec["acceptance_histogram"]
+    assert spec["num_spec_tokens"] == len(hist) - 1 and spec["num_spec_steps"] == sum(hist)
+    assert spec["num_accepted_draft_tokens"] == sum(j * c for j, c in enumerate(hist))
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["num_accepted_draft_tokens"] / sum(hist))
+    assert spec["draft_acceptance_rate"] == pytest.approx(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
+    assert (spec["num_accepted_draft_tokens"], spec["num_draft_tokens"], spec["num_spec_steps"]) == (
+        counted["accepted"],
+        counted["drafted"],
+        counted["steps"],
+    )
+    assert hist + [0] * (len(counted["hist"]) - len(hist)) == counted["hist"]
+
+
+def test_responses_carry_vllms_per_request_acceptance_equal_to_the_servers_counts(openai_server):
+    """metrics.speculative_decoding (vLLM's shape) on the whole body and on the include_usage chunk, equal to the
+    Prometheus counters' delta over the request and to the BLS's own outputs over KServe; none for the baseline."""
+    s = openai_server
+    kw = dict(prompt=REPEATING, max_tokens=24, temperature=0, extra_body={"draft_len_policy": "fixed"})
+    before = server_acceptance(s)
+    body = s.client.completions.create(model=SPECULATIVE, **kw).model_dump()
+    counted = acceptance_delta(before, server_acceptance(s))
+    spec = body["metrics"]["speculative_decoding"]
+    check_vllm_shape(spec, counted)
+    assert spec["num_draft_tokens"] > 0 and spec["num_spec_steps"] > 0
+    kserve = LLMClient(s.grpc, "grpc").generate(SPECULATIVE, REPEATING, 24, draft_len_policy="fixed", **GREEDY).metrics
+    assert (kserve["total_accepted_draft_tokens"], kserve["total_draft_tokens"]) == (
+        spec["num_accepted_draft_tokens"],
+        spec["num_draft_tokens"],
+    )
+    assert [int(x) for x in np.asarray(kserve["accepted_length_histogram"]).reshape(-1)] == spec["acceptance_histogram"]
+    # streamed chat: only the trailing usage chunk carries it, as vLLM sends it
+    before = server_acceptance(s)
+    chunks = [
+        c.model_dump()
+        for c in s.client.chat.completions.create(
+            model=SPECULATIVE,
+            messages=[{"role": "user", "content": REPEATING}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    ]
+    counted = acceptance_delta(before, server_acceptance(s))
+    assert [c.get("metrics") is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    check_vllm_shape(chunks[-1]["metrics"]["speculative_decoding"], counted)
+    # the baseline does not speculate: its body is unchanged (vLLM without speculation)
+    base = s.client.completions.create(model=BASELINE, **{**kw, "extra_body": None}).model_dump()
+    assert "metrics" not in base or base["metrics"] is None
+    streamed = list(
+        s.client.completions.create(
+            model=BASELINE, stream=True, stream_options={"include_usage": True}, **{**kw, "extra_body": None}
+        )
+    )
+    assert all(c.model_dump().get("metrics") is None for c in streamed)
+
+
 @pytest.mark.slow
 def test_aiperf_profiles_the_chat_endpoint_without_errors(openai_server, tmp_path):
     s = openai_server
@@ -290,6 +378,99 @@ def test_aiperf_profiles_the_chat_endpoint_without_errors(openai_server, tmp_pat
     assert rep.get("error_request_count", {}).get("avg", 0) == 0, rep.get("error_request_count")
 
 
+def test_bench_openai_client_reads_any_servers_acceptance(openai_server):
+    """bench openai's client over trt-spec's frontend as "any server": the acceptance it reads from the responses is
+    the server's count; a model whose responses carry none (the baseline in the speculative role) is "not
+    reported", its rates None, never 0."""
+    from trt_spec.harness.bench import RequestSample, request_acceptance_counts
+    from trt_spec.harness.openai_client import FROM_RESPONSES, NOT_REPORTED, OpenAIClient, endpoints
+    from trt_spec.records.speculation import acceptance_summary
+
+    s = openai_server
+    for api in ("completions", "chat"):
+        c = OpenAIClient(endpoints((s.url,), ()), api=api)
+        before = server_acceptance(s)
+        g = c.generate(SPECULATIVE, REPEATING, 24, draft_len_policy="fixed")
+        counted = acceptance_delta(before, server_acceptance(s))
+        acc = acceptance_summary(request_acceptance_counts([RequestSample.of(SPECULATIVE, 0, 0, g)]))
+        assert acc["source"] == FROM_RESPONSES and counted["drafted"] > 0, (acc, counted)
+        assert (acc["accepted"], acc["drafted"], acc["speculative_rounds"]) == (
+            counted["accepted"],
+            counted["drafted"],
+            counted["steps"],
+        )
+        assert acc["acceptance_rate"] == pytest.approx(counted["accepted"] / counted["drafted"])
+        assert acc["mean_acceptance_length"] == pytest.approx(1 + counted["accepted"] / counted["steps"])
+        assert acc["histogram"] + [0] * (len(counted["hist"]) - len(acc["histogram"])) == counted["hist"]
+        c.close()
+    silent = OpenAIClient(endpoints((s.url,), (SPECULATIVE, BASELINE)))  # the ensemble as "the speculative server"
+    g = silent.generate(SPECULATIVE, PROMPT, 8)
+    acc = acceptance_summary(request_acceptance_counts([RequestSample.of(SPECULATIVE, 0, 0, g)]))
+    assert acc["source"] == NOT_REPORTED and acc["acceptance_rate"] is None and acc["mean_acceptance_length"] is None
+    silent.close()
+
+
+def test_aiperf_spec_decode_section_shows_the_servers_acceptance(openai_server, tmp_path):
+    """`aiperf profile` (0.13) against the OpenAI port: its Spec Decode metrics, read back from its JSON export, equal
+    what the server counted over the run (the BLS's counters on Triton's metrics port)."""
+    s = openai_server
+    aiperf = shutil.which("aiperf") or str(Path(sys.executable).with_name("aiperf"))
+    out = tmp_path / "aiperf"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}  # see above
+    prompts = tmp_path / "prompts.jsonl"  # repeating code: n-gram mode drafts from it and gets some accepted
+    prompts.write_text("".join(json.dumps({"text": REPEATING.replace("add", name)}) + "\n" for name in "abcdef"))
+    before = server_acceptance(s)
+    p = subprocess.run(
+        [
+            aiperf,
+            "profile",
+            "--model",
+            SPECULATIVE,
+            "--url",
+            s.url,
+            "--endpoint-type",
+            "completions",
+            "--streaming",
+            "--request-count",
+            "6",
+            "--concurrency",
+            "2",
+            "--input-file",
+            str(prompts),
+            "--custom-dataset-type",
+            "single_turn",
+            "--tokenizer",
+            s.tokenizer_dir,
+            "--artifact-dir",
+            str(out),
+            "--ui",
+            "none",
+            "--extra-inputs",
+            "temperature:0",
+            "--extra-inputs",
+            "max_tokens:24",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    counted = acceptance_delta(before, server_acceptance(s))
+    rep = json.loads((out / "profile_export_aiperf.json").read_text())
+    assert rep["request_count"]["avg"] == 6 and rep.get("error_request_count", {}).get("avg", 0) == 0
+    assert counted["accepted"] > 0 and counted["drafted"] > counted["accepted"], counted  # partial acceptance
+    assert rep["total_accepted_draft_tokens"]["avg"] == counted["accepted"], rep["total_accepted_draft_tokens"]
+    assert rep["total_draft_tokens"]["avg"] == counted["drafted"]
+    assert rep["total_spec_decode_steps"]["avg"] == counted["steps"]
+    pooled = {int(j): c for j, c in rep["pooled_spec_decode_acceptance_histogram"].items()}
+    assert pooled == {j: c for j, c in enumerate(counted["hist"]) if c}
+    assert rep["spec_decode_overall_draft_acceptance_rate"]["avg"] == pytest.approx(
+        100 * counted["accepted"] / counted["drafted"]
+    )
+    assert "Spec Decode" in p.stdout and "Acceptance Length" in p.stdout
+
+
 def cli(*args, timeout=600):
     return subprocess.run(
         [sys.executable, "-m", "trt_spec.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
@@ -334,6 +515,7 @@ def test_bench_openai_paired_request_rate_and_a_sharegpt_file(openai_server, tmp
     (ab,) = rep["bench"]
     assert ab["protocol"] == "openai chat" and ab["requests"] == 3 and ab["speedup"] > 0
     assert ab["baseline"]["tokens"] > 0 and ab["speculative"]["ttft_s"]["p50"] > 0
+    assert ab["acceptance"]["source"].startswith("the server's responses")  # metrics.speculative_decoding
     rate = rep["rate"]
     assert rate["request_rate"] == 4 and rate["requests"] == 4
     assert rate["tensorrt_llm_bls"]["slo_met"] == 4 and rate["tensorrt_llm_bls"]["goodput_rps"] > 0

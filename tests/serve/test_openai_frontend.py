@@ -106,3 +106,55 @@ def test_user_is_the_speculative_models_tenant():
         parse(user=7)
     with pytest.raises(OpenAIError, match="longer than 256 bytes"):
         parse(user="x" * 257)
+
+
+def test_acceptance_in_vllms_shape_from_the_bls_outputs_and_read_back_by_bench():
+    """serve/openai_metrics.speculative_decoding builds vLLM's metrics.speculative_decoding from the BLS's outputs, with
+    the identities AIPerf's vLLM adapter checks; harness/openai_client.response_acceptance reads it (or vLLM's own
+    documented example) back into the harness's names, and a response without it as "not reported"."""
+    from trt_spec.harness.openai_client import FROM_RESPONSES, NOT_REPORTED, response_acceptance
+    from trt_spec.records import llmapi_contract as lc
+    from trt_spec.serve.openai_metrics import speculative_decoding
+
+    bls = {"total_accepted_draft_tokens": 12, "total_draft_tokens": 28, "total_steps": 15}
+    spec = speculative_decoding({**bls, "accepted_length_histogram": [4, 6, 1, 0, 1], "draft_lengths": [4] * 15})
+    assert spec == {
+        "mean_acceptance_length": 2.0,  # 1 + 12 / 12 rounds that drafted (not the 15 rounds in all)
+        "draft_acceptance_rate": 12 / 28,
+        "num_accepted_draft_tokens": 12,
+        "num_draft_tokens": 28,
+        "acceptance_histogram": [4, 6, 1, 0, 1],
+        "num_spec_steps": 12,
+        "num_spec_tokens": 4,
+    }
+    zero = speculative_decoding(
+        {**bls, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0, "accepted_length_histogram": [0]}
+    )
+    assert (zero["mean_acceptance_length"], zero["draft_acceptance_rate"], zero["num_spec_steps"]) == (1.0, 0.0, 0)
+    # in-engine modes: the engine's two totals only; no histogram and no verify-step count are made up
+    assert speculative_decoding({**bls, "accepted_length_histogram": []}) == {
+        "draft_acceptance_rate": 12 / 28,
+        "num_accepted_draft_tokens": 12,
+        "num_draft_tokens": 28,
+    }
+    assert speculative_decoding({}) is None  # cut before the final response
+    got = response_acceptance({"speculative_decoding": spec})
+    assert got == {
+        "total_accepted_draft_tokens": 12,
+        "total_draft_tokens": 28,
+        "accepted_length_histogram": [4, 6, 1, 0, 1],
+        "total_steps": 12,
+        lc.ACCEPTANCE_SOURCE: FROM_RESPONSES,
+    }
+    vllm_doc = {  # vLLM docs/features/speculative_decoding/acceptance_metrics.md's example
+        "mean_acceptance_length": 1.2325581395348837,
+        "draft_acceptance_rate": 0.07751937984496124,
+        "acceptance_histogram": [39, 1, 0, 3],
+        "num_spec_steps": 43,
+        "num_accepted_draft_tokens": 10,
+        "num_draft_tokens": 129,
+        "num_spec_tokens": 3,
+    }
+    assert response_acceptance({"speculative_decoding": vllm_doc})["total_steps"] == 43
+    for absent in (None, {}, {"speculative_decoding": None}, {"speculative_decoding": {"num_draft_tokens": "9"}}):
+        assert response_acceptance(absent) == {lc.ACCEPTANCE_SOURCE: NOT_REPORTED}

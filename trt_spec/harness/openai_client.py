@@ -7,6 +7,12 @@ models on one server, or one model on each of two servers. So the paired A/B, th
 request-rate mode run unchanged, with the same report. Requests go through the official `openai` SDK, streaming with
 `stream_options.include_usage`: TTFT is the first content chunk, the token count is the server's usage. Over the chat
 API a prompt is one user message, or a whole conversation given as its messages (bench --turns all).
+
+Acceptance: from any server whose responses carry vLLM's per-request `metrics.speculative_decoding` (the shape is
+written down in serve/openai_metrics.py; trt-spec's frontend sends it, vLLM does when started with
+`--per-request-spec-decode-metrics summary|detailed`), taken from the trailing usage chunk into the harness's names,
+so the bench's acceptance summary is that server's own count. A server that sends none: acceptance "not reported"
+(the rates are None, never a made-up 0), and the report says so.
 """
 
 from __future__ import annotations
@@ -14,10 +20,47 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..records.names import BASELINE, DRAFT_LEN_POLICY, NUM_DRAFT_TOKENS, SPECULATIVE, TEXT_MODELS
+from ..records import llmapi_contract as lc
+from ..records.names import (
+    ACCEPTED_LENGTH_HISTOGRAM,
+    BASELINE,
+    DRAFT_LEN_POLICY,
+    NUM_DRAFT_TOKENS,
+    SPECULATIVE,
+    TEXT_MODELS,
+    TOTAL_STEPS,
+)
+from ..serve import openai_metrics as om
 from .client import ClientError, Generation
 
 APIS = ("chat", "completions")
+# bench's acceptance source (lc.ACCEPTANCE_SOURCE), shown as "Acceptance from …" in the report
+FROM_RESPONSES = "the server's responses (metrics.speculative_decoding, vLLM's per-request shape)"
+NOT_REPORTED = (
+    "nowhere: not reported (the server's responses carry no metrics.speculative_decoding; vLLM sends it when "
+    "started with --per-request-spec-decode-metrics summary)"
+)
+
+
+def response_acceptance(metrics: object) -> dict:
+    """A response's top-level `metrics` object -> Generation.metrics in the harness's names (the BLS's: accepted and
+    drafted tokens, steps, accepted-length histogram) and the source; only the source (NOT_REPORTED) when it holds no
+    speculative_decoding counts. Steps and histogram only where the server sent them (vLLM's summary has both)."""
+    spec = metrics.get(om.SPEC_DECODE_KEY) if isinstance(metrics, dict) else None
+    counts = (spec or {}).get(om.NUM_ACCEPTED_DRAFT_TOKENS), (spec or {}).get(om.NUM_DRAFT_TOKENS)
+    if not all(type(x) is int and x >= 0 for x in counts):
+        return {lc.ACCEPTANCE_SOURCE: NOT_REPORTED}
+    out = {
+        "total_accepted_draft_tokens": counts[0],
+        "total_draft_tokens": counts[1],
+        lc.ACCEPTANCE_SOURCE: FROM_RESPONSES,
+    }
+    hist, steps = spec.get(om.ACCEPTANCE_HISTOGRAM), spec.get(om.NUM_SPEC_STEPS)
+    if isinstance(hist, list) and all(type(x) is int for x in hist):
+        out[ACCEPTED_LENGTH_HISTOGRAM] = hist
+    if type(steps) is int:
+        out[TOTAL_STEPS] = steps  # verify steps that drafted: rounds without a draft are not in vLLM's count
+    return out
 
 
 @dataclass(frozen=True)
@@ -115,6 +158,7 @@ class OpenAIClient:
         t0 = time.perf_counter()
         chunks: list[tuple[str, float]] = []
         tokens = None
+        acceptance = response_acceptance(None)
         try:
             if self.api == "chat":
                 it = client.chat.completions.create(
@@ -137,6 +181,8 @@ class OpenAIClient:
             for c in it:
                 if c.usage is not None:
                     tokens = c.usage.completion_tokens
+                if (c.model_extra or {}).get("metrics") is not None:  # vLLM's: on the trailing usage chunk
+                    acceptance = response_acceptance(c.model_extra["metrics"])
                 if c.choices:
                     text = c.choices[0].delta.content if self.api == "chat" else c.choices[0].text
                     if text:
@@ -155,6 +201,7 @@ class OpenAIClient:
             chunks=len(chunks),
             chunk_times_s=times,
             tokens=tokens if tokens is not None else len(chunks),
+            metrics=acceptance if model == SPECULATIVE else {},
         )
 
 

@@ -1,5 +1,6 @@
 """An OpenAI-compatible HTTP frontend over a served trt-spec repository: `/v1/models`, `/v1/completions`,
-`/v1/chat/completions` (SSE streaming, usage), and `/metrics` in vLLM's names.
+`/v1/chat/completions` (SSE streaming, usage; the speculative model's per-request acceptance in vLLM's
+`metrics.speculative_decoding`, openai_metrics.py), and `/metrics` in vLLM's names.
 
 A thin async adapter: FastAPI on uvicorn for HTTP, and Triton's gRPC streaming API (tritonclient's protobuf service
 stubs over grpc.aio) for the models. The two model names are the repository's: `ensemble` (the baseline) and
@@ -33,7 +34,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
 from ..in_triton.serving import StopCutter, input_byte_limit
-from .openai_metrics import FrontendMetricsExporter
+from ..records.names import SPECULATIVE
+from .openai_metrics import SPEC_DECODE_KEY, FrontendMetricsExporter, speculative_decoding
 from .openai_process import FrontendProcess, frontend_argv  # noqa: F401 - importable from here (cli, demo)
 from .openai_requests import FrontendSettings, GenRequest, OpenAIError, parse_request, request_tensors
 from .openai_triton import TritonCallError, TritonModels
@@ -44,6 +46,7 @@ class Completion:
     text: str = ""
     tokens: int = 0
     finish_reason: str = "stop"
+    spec: Optional[dict] = None  # vLLM's metrics.speculative_decoding (openai_metrics.py); None: the baseline
 
 
 class Frontend:
@@ -70,7 +73,8 @@ class Frontend:
         last = None
         self.metrics.running(r.model, +1)
         try:
-            gen = self.models.generate(r.model, request_tensors(r))
+            outputs: Optional[dict] = {} if r.model == SPECULATIVE else None  # the BLS's metric outputs
+            gen = self.models.generate(r.model, request_tensors(r), outputs)
             try:
                 async for ids in gen:
                     if not ids:
@@ -95,6 +99,8 @@ class Frontend:
             tail = "" if cut.stopped else cut.add(detok.flush()) + cut.flush()
             done.text += tail
             done.finish_reason = "length" if done.tokens >= r.max_tokens and not cut.stopped else "stop"
+            # a stop string cut the call before the BLS's final response: no totals, so none are reported
+            done.spec = speculative_decoding(outputs) if outputs is not None else None
             self.metrics.finished(r.model, r.prompt_tokens, done.tokens, time.perf_counter() - t0)
             yield tail, done
         finally:
@@ -106,6 +112,12 @@ class Frontend:
 
 def _usage(r: GenRequest, c: Completion) -> dict:
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": c.tokens, "total_tokens": r.prompt_tokens + c.tokens}
+
+
+def _with_metrics(body: dict, c: Completion) -> dict:
+    """The body with vLLM's top-level `metrics` object when the model reported acceptance (the speculative model);
+    the baseline's body is left as it is, as vLLM leaves it without speculation (openai_metrics.py)."""
+    return {**body, "metrics": {SPEC_DECODE_KEY: c.spec}} if c.spec is not None else body
 
 
 def _chunk(
@@ -137,14 +149,8 @@ def _completion(r: GenRequest, rid: str, c: Completion) -> dict:
     else:
         choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
         obj = "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": r.model,
-        "choices": [choice],
-        "usage": _usage(r, c),
-    }
+    body = {"id": rid, "object": obj, "created": int(time.time()), "model": r.model, "choices": [choice]}
+    return _with_metrics({**body, "usage": _usage(r, c)}, c)
 
 
 def _sse(obj: Any) -> str:
@@ -193,16 +199,9 @@ async def _stream(fe: Frontend, r: GenRequest, rid: str):
                 yield _sse(_chunk(r, rid, created, delta, None))
         yield _sse(_chunk(r, rid, created, None, c.finish_reason))
         if r.include_usage:
-            yield _sse(
-                {
-                    "id": rid,
-                    "object": "chat.completion.chunk" if r.chat else "text_completion",
-                    "created": created,
-                    "model": r.model,
-                    "choices": [],
-                    "usage": _usage(r, c),
-                }
-            )
+            obj = "chat.completion.chunk" if r.chat else "text_completion"
+            body = {"id": rid, "object": obj, "created": created, "model": r.model, "choices": []}
+            yield _sse(_with_metrics({**body, "usage": _usage(r, c)}, c))  # vLLM: metrics ride the usage chunk
     except TritonCallError as e:  # mid-stream: the status is sent already; the error goes in the stream
         yield _sse(
             OpenAIError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error").body()

@@ -3,6 +3,8 @@ names and labels (records/names.py VLLM_*: model_name, engine), so dashboards an
 a trt-spec deployment unchanged. The speculation counters are not here: the BLS publishes them on Triton's metrics
 port (in_triton/spec_metrics.py). Each exporter has its own registry, not prometheus_client's global one, so two
 apps in one process (tests) do not collide.
+
+Also here: the per-request acceptance the speculative model's responses carry, in vLLM's shape (speculative_decoding).
 """
 
 from __future__ import annotations
@@ -86,3 +88,66 @@ class FrontendMetricsExporter:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+# -- Per-request acceptance in the response body, in vLLM's shape ----------------------------------------------
+# vLLM (PR #48915, "Per-request acceptance stats in OpenAI API responses"; its doc vllm-project/vllm
+# docs/features/speculative_decoding/acceptance_metrics.md at 02cf515f0b62e6fc36d5ff8fb9b486a30e8dbe08):
+#   the top-level `metrics` object of a completion / chat.completion body holds `speculative_decoding`:
+#     mean_acceptance_length     1 + num_accepted_draft_tokens / num_spec_steps (bonus token included)
+#     draft_acceptance_rate      num_accepted_draft_tokens / num_draft_tokens
+#     acceptance_histogram       dense list of num_spec_tokens + 1 ints: [j] = verify steps that accepted exactly j
+#                                drafts (bonus excluded); steps without scheduled drafts are not counted
+#     num_spec_steps             verify steps (= sum of the histogram; vllm:spec_decode_num_drafts_total summed)
+#     num_accepted_draft_tokens  (vllm:spec_decode_num_accepted_tokens_total summed)
+#     num_draft_tokens           (vllm:spec_decode_num_draft_tokens_total summed)
+#     num_spec_tokens            k, the most drafts per step
+#   present when speculation is on and n == 1, all-zero histogram if nothing was drafted; `null` otherwise (and the
+#   response unchanged when the feature is off). Streaming: `metrics` rides the final usage chunk (`choices: []`),
+#   sent only with stream_options.include_usage.
+# AIPerf 0.13.0 reads it there (aiperf/endpoints/base_endpoint.py extract_spec_decode_stats: json["metrics"]
+# ["speculative_decoding"], the body or the trailing usage chunk) and claims it only when acceptance_histogram and
+# num_spec_steps are both present (aiperf/spec_decode/vllm_adapter.py _VLLM_SIGNATURE_KEYS); it checks
+# len(histogram) == num_spec_tokens + 1, sum(histogram) == num_spec_steps and sum(j * h[j]) == accepted
+# (aiperf/common/models/spec_decode_models.py), and drops a payload that fails.
+#
+# trt-spec's source: the BLS's whole-request outputs on its final response (records/names.py METRIC_OUTPUTS;
+# model_repo/tensorrt_llm_bls). Loop modes (draft_target, ngram): accepted_length_histogram is the request's
+# rounds that drafted, by accepted count 0..k (k = the request's num_draft_tokens), which is vLLM's histogram and
+# num_spec_steps; rounds the policy ran without a draft are not in it, as vLLM leaves out steps without drafts.
+# In-engine modes (Medusa/EAGLE/lookahead): the engine reports only the two totals, no histogram and no count of
+# verify steps, so only the counts and the rate are sent; AIPerf needs the histogram and shows none for them.
+SPEC_DECODE_KEY = "speculative_decoding"  # under the body's top-level "metrics"
+MEAN_ACCEPTANCE_LENGTH = "mean_acceptance_length"
+DRAFT_ACCEPTANCE_RATE = "draft_acceptance_rate"
+ACCEPTANCE_HISTOGRAM = "acceptance_histogram"
+NUM_SPEC_STEPS = "num_spec_steps"
+NUM_ACCEPTED_DRAFT_TOKENS = "num_accepted_draft_tokens"
+NUM_DRAFT_TOKENS = "num_draft_tokens"
+NUM_SPEC_TOKENS = "num_spec_tokens"
+
+
+def speculative_decoding(outputs: dict[str, list[int] | float]) -> Optional[dict]:
+    """vLLM's `metrics.speculative_decoding` for one request from the BLS's metric outputs (scalars, and lists for
+    records.names.LIST_METRICS); None when the response carried no totals (a request cut short by the client)."""
+    if "total_accepted_draft_tokens" not in outputs or "total_draft_tokens" not in outputs:
+        return None
+    accepted, drafted = int(outputs["total_accepted_draft_tokens"]), int(outputs["total_draft_tokens"])
+    out: dict = {
+        DRAFT_ACCEPTANCE_RATE: accepted / drafted if drafted else 0.0,
+        NUM_ACCEPTED_DRAFT_TOKENS: accepted,
+        NUM_DRAFT_TOKENS: drafted,
+    }
+    hist = [int(x) for x in outputs.get(n.ACCEPTED_LENGTH_HISTOGRAM) or []]
+    if not hist:  # in-engine modes: no histogram, no verify-step count
+        return out
+    steps = sum(hist)
+    # zero steps (k = 0, or a policy that never drafted): 1.0, nothing accepted, as vLLM's compute_acceptance_len
+    # answers for no drafts (vllm/v1/spec_decode/metrics.py)
+    return {
+        MEAN_ACCEPTANCE_LENGTH: 1.0 + accepted / steps if steps else 1.0,
+        **out,
+        ACCEPTANCE_HISTOGRAM: hist,
+        NUM_SPEC_STEPS: steps,
+        NUM_SPEC_TOKENS: len(hist) - 1,
+    }

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 import numpy as np
 
-from ..records.names import OUTPUT_IDS
+from ..records.names import LIST_METRICS, METRIC_OUTPUTS, OUTPUT_IDS
 
 
 class TritonCallError(Exception):
@@ -36,6 +36,14 @@ def _encode_input(name: str, arr: np.ndarray, request) -> None:
         request.raw_input_contents.append(serialized.item() if serialized.size > 0 else b"")
     else:
         request.raw_input_contents.append(arr.tobytes())
+
+
+def _store_metrics(result, into: dict) -> None:
+    for name in METRIC_OUTPUTS:
+        arr = result.as_numpy(name)
+        if arr is not None:
+            flat = arr.reshape(-1)
+            into[name] = [int(x) for x in flat] if name in LIST_METRICS else flat[0].item()
 
 
 class TritonModels:
@@ -62,10 +70,14 @@ class TritonModels:
         except Exception:  # noqa: BLE001 - unreachable is not ready
             return False
 
-    async def generate(self, model: str, tensors: dict[str, np.ndarray]) -> AsyncIterator[list[int]]:
+    async def generate(
+        self, model: str, tensors: dict[str, np.ndarray], metrics: Optional[dict] = None
+    ) -> AsyncIterator[list[int]]:
         """New token ids per response until the final one. Closing the iterator early (a client gone, a stop string
         seen) cancels the call: Triton then cancels the request in the model (the BLS stops between rounds, the
-        engine between iterations)."""
+        engine between iterations). With `metrics` (the speculative model only: the ensemble declares none of them),
+        the BLS's whole-request metric outputs (records/names.py METRIC_OUTPUTS; its final response carries them) are
+        asked for too and stored in it as they come: numbers, and lists for LIST_METRICS."""
         import grpc
         from tritonclient.grpc import InferResult, service_pb2
 
@@ -73,6 +85,8 @@ class TritonModels:
         for name, arr in tensors.items():
             _encode_input(name, arr, req)
         req.outputs.add(name=OUTPUT_IDS)
+        for name in METRIC_OUTPUTS if metrics is not None else ():
+            req.outputs.add(name=name)
         req.parameters["triton_enable_empty_final_response"].bool_param = True  # the stream's end, always
 
         async def one():
@@ -86,6 +100,8 @@ class TritonModels:
                     raise TritonCallError(msg, 500 if "internal error" in msg else 400)
                 result = InferResult(resp.infer_response)
                 ids = result.as_numpy(OUTPUT_IDS)
+                if metrics is not None:
+                    _store_metrics(result, metrics)
                 yield [int(x) for x in ids.reshape(-1)] if ids is not None else []
                 final = resp.infer_response.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
