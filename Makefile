@@ -14,7 +14,7 @@ OFFLOAD_ARG := $(if $(OFFLOAD),--allow-offload,)
 #   make setup TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup gpu-setup gpu-smoke plan engines demo lint format test slow soak test-all clean help
+.PHONY: setup gpu-setup gpu-smoke plan engines demo lint format test slow soak dynamo test-all clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
@@ -26,6 +26,7 @@ help:
 	@echo "make format                 ruff format + ruff's safe fixes (what make lint checks)"
 	@echo "make slow                   the heaviest end-to-end proofs: real SmolLM2 + draft, AIPerf, wheel (CI runs it)"
 	@echo "make soak                   the long concurrency soak (CI runs it)"
+	@echo "make dynamo                 ai-dynamo 1.6.1 in .venv-dynamo: deploy dynamo's frontend line runs, its DGD schema (CI)"
 
 $(BIN)/trt-spec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -85,6 +86,23 @@ slow: setup
 # The long concurrency soak (96 streams x 8 rounds on the tiny deployment); CI runs it after make test.
 soak: setup
 	$(BIN)/python -m pytest -q -m soak tests/e2e/test_reliability.py -s
+
+# NVIDIA Dynamo 1.6.1 in its own venv (.venv-dynamo, ~750 MB; not trt-spec's: ai-dynamo pins its own stack), for the
+# two tests that need it (tests/deploy/test_dynamo.py): `trt-spec deploy dynamo`'s frontend line started as written (no
+# GPU, etcd or NATS), and the transcribed DGD schema against ai-dynamo's own graphs. ai-dynamo's requirements from its
+# METADATA, less aisimulate (published on pypi.nvidia.com only; the frontend does not import it), then ai-dynamo
+# itself without dependencies.
+DYNAMO_VENV ?= .venv-dynamo
+DYNAMO_REQS := "ai-dynamo-runtime==1.6.1" "aiohttp>=3.14.3,<4.0" "certifi>=2026.10.19" "kubernetes>=32.0.1,<33.0.0" \
+	"msgspec>=0.19.0" "prometheus-client>=0.23.1,<1.0" "pyzmq>=26.0.0" "redis>=6.2.0,<9.0.0" "tqdm>=4.0.0" \
+	"transformers>=4.56.0" "typing-extensions>=4.10.0" "zstandard>=0.23.0,<1.0"
+$(DYNAMO_VENV)/bin/python:
+	$(PY) -m venv $(DYNAMO_VENV)
+	$(DYNAMO_VENV)/bin/pip install -q $(DYNAMO_REQS)
+	$(DYNAMO_VENV)/bin/pip install -q --no-deps "ai-dynamo==1.6.1"
+
+dynamo: setup $(DYNAMO_VENV)/bin/python
+	TRT_SPEC_DYNAMO_PYTHON=$(abspath $(DYNAMO_VENV))/bin/python $(BIN)/python -m pytest -q tests/deploy/test_dynamo.py
 
 test-all: setup
 	$(BIN)/python -m pytest -q
