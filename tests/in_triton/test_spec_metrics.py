@@ -157,6 +157,21 @@ def test_engine_mode_has_no_rounds():
     ) == (1, 40, 25)
 
 
+def test_engine_mode_with_streamed_steps_publishes_them_as_vllm_drafts():
+    """engine_steps (the BLS streams its engine call): the request's histogram is its verify steps: the accepted-length
+    histogram per step, vLLM's drafts and per-position counters, consistent with the response's histogram."""
+    sm = SpecMetricsExporter(FakePbUtils, "tensorrt_llm_bls", "engine", 4, engine_steps=True)
+    names = {f.name for f in FakeMetricFamily.created}
+    assert {n.METRIC_ACCEPTED_LENGTH, n.VLLM_NUM_DRAFTS, n.VLLM_NUM_ACCEPTED_PER_POS} <= names
+    assert n.METRIC_ROUNDS not in names
+    sm.observe(LoopStats(drafted=16, accepted=8, steps=9, hist=[1, 0, 1, 2, 0]))
+    sm.observe(LoopStats(drafted=4, accepted=1, steps=3))  # steps not shown (no histogram): tokens only
+    assert metric(n.METRIC_ACCEPTED_LENGTH).observed == [0, 2, 3, 3]
+    assert (metric(n.VLLM_NUM_DRAFTS).total, metric(n.VLLM_NUM_ACCEPTED_TOKENS).total) == (4, 9)
+    (per_pos,) = [f for f in FakeMetricFamily.created if f.name == n.VLLM_NUM_ACCEPTED_PER_POS]
+    assert {m.labels["position"]: m.total for m in per_pos.metrics} == {"0": 3, "1": 3, "2": 2, "3": 0}
+
+
 def test_publishing_never_fails_the_model_or_a_request():
     FakeMetricFamily.fail_on = {n.METRIC_ROUNDS}
     errors = []

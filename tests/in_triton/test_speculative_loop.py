@@ -13,6 +13,7 @@ from trt_spec.in_triton.speculative_loop import (
     RequestError,
     SpecRequest,
     SpeculativeLoop,
+    engine_step_histogram,
     validate,
 )
 from trt_spec.records import backend_contract as bc
@@ -190,6 +191,36 @@ def test_in_engine_modes_send_one_request_for_the_whole_generation(stream):
     assert m.drafted > 0 and m.accepted > 0 and m.steps == len(generated) - m.accepted
     if stream:
         assert len(chunks) > 1 and [t for c in chunks for t in c] == generated
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_in_engine_modes_stream_the_engine_for_a_histogram_that_adds_up_with_its_totals(stream):
+    """stream_engine (a decoupled deployment): the engine call streams whether or not the client does, and its steps
+    make the histogram, which adds up with the engine's totals; without it a non-streamed request gets none."""
+    for stream_engine in (True, False):
+        loop, target, _ = setup("engine", k_max=4, in_engine_accept=2)
+        loop = SpeculativeLoop(loop.cfg, loop.call, stream_engine=stream_engine)
+        generated, m, _ = run(loop, req(PROMPTS[2], 30, 0, stream=stream))
+        assert generated == baseline(PROMPTS[2], 30)
+        assert bool(target.requests[0][0]["streaming"][0, 0]) == (stream or stream_engine)
+        if not (stream or stream_engine):
+            assert m.hist == []
+            continue
+        # the double: every response one step of 2 accepted drafts + 1, the last cut to what max_tokens leaves
+        assert len(m.hist) == 5 and m.hist[2] == 10 and sum(m.hist) == 10
+        assert sum(j * h for j, h in enumerate(m.hist)) == m.accepted and m.drafted == 2 * sum(m.hist)
+
+
+def test_the_engine_step_histogram_counts_steps_with_drafts_or_none():
+    # context (1 token, no drafts), steps accepting 2, 0 and 3 of 4, a plain decode step, the last cut by the end
+    ok = [(1, 0, 0), (3, 4, 2), (1, 8, 2), (4, 12, 5), (1, 12, 5), (2, 16, 8)]
+    assert engine_step_histogram(ok, 4, streamed=True) == [1, 0, 1, 2, 0]
+    assert engine_step_histogram(ok, 4, streamed=False) == []  # one response sums every step
+    assert engine_step_histogram([(1, 0, 0), (4, 8, 2)], 4, True) == []  # two steps in one response
+    assert engine_step_histogram([(1, 0, 0), (1, 4, 2), (3, 8, 4)], 4, True) == []  # a cut step before the end
+    assert engine_step_histogram([(1, 0, 0), (6, 5, 5)], 4, True) == []  # more accepted than k
+    assert engine_step_histogram([(1, 0, 0), (2, 0, 1)], 4, True) == []  # accepted without drafts
+    assert engine_step_histogram([], 4, True) == [0] * 5  # nothing drafted: all zero, as vLLM answers
 
 
 def test_the_double_is_as_strict_as_the_backend():

@@ -175,8 +175,9 @@ def request_acceptance_counts(spec: Sequence[RequestSample]) -> AcceptanceCounts
         accepted=sum(s.accepted for s in spec),
         drafted=sum(s.drafted for s in spec),
         steps=steps,
-        # rounds that verified drafts (the histogram's); in-engine modes report no histogram: every step drafted
-        speculative_rounds=sum(hist) if hists else steps,
+        # rounds that verified drafts: a request's histogram where it has one (loop modes; in-engine modes whose BLS
+        # streamed the engine: steps with drafts), else its steps (every step drafted, the context step included)
+        speculative_rounds=sum(hist) + sum(s.steps for s in spec if not s.histogram),
         rounds_without_speculation=counts[0] if counts else 0,
         histogram=tuple(hist),
         draft_length_counts=tuple(counts),

@@ -12,7 +12,11 @@ any lock: two threads updating one metric can send one value twice and lose the 
 The accepted-length histogram counts the rounds that speculated (k > 0, as the response's
 accepted_length_histogram does): its _count + trt_spec_rounds_without_speculation_total = trt_spec_rounds_total.
 Labels: model (the BLS as served), mode (draft_target | ngram | engine). In engine mode (Medusa, EAGLE,
-lookahead: the engine drafts by itself) there are no rounds: only requests, drafted and accepted tokens.
+lookahead: the engine drafts by itself) there are no rounds: requests, drafted and accepted tokens, and, when the BLS
+streams its engine call (engine_steps: a decoupled deployment), the engine's verify steps from each request's
+accepted_length_histogram (speculative_loop.engine_step_histogram): the accepted-length histogram per step, vLLM's
+drafts and per-position counters. A request whose steps did not show (its histogram is empty) adds its tokens, not
+its steps.
 
 No module-level import of triton_python_backend_utils (it exists only inside a Triton stub): the BLS passes it in.
 """
@@ -76,9 +80,11 @@ class SpecMetricsExporter:
         log_error: Callable[[str], None] = print,
         *,
         suffix_cache: bool = False,
+        engine_steps: bool = False,
     ):
         self.log_error = log_error
         self.rounds = mode in LOOP_MODES
+        self.engine_steps = not self.rounds and engine_steps  # engine mode: steps from the response's histogram
         self._families: list = []
         self._m: dict[str, Any] = {}  # name -> Metric (the only references: close() deletes them first)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="spec-metrics")  # every update: see the module doc
@@ -99,6 +105,10 @@ class SpecMetricsExporter:
                 (METRIC_DRAFT_LATENCY, "Seconds proposing the draft, per round", histogram, list(LATENCY_BUCKETS)),
                 (METRIC_VERIFY_LATENCY, "Seconds of the target call, per round", histogram, list(LATENCY_BUCKETS)),
             ]
+        elif self.engine_steps:
+            published.append(
+                (METRIC_ACCEPTED_LENGTH, "Accepted draft tokens per engine verify step with drafts", histogram, lengths)
+            )
         published.append(
             (METRIC_IN_FLIGHT, "Requests the speculative model holds now", pb_utils.MetricFamily.GAUGE, None)
         )
@@ -117,14 +127,18 @@ class SpecMetricsExporter:
                 )
             except Exception as e:  # noqa: BLE001 - e.g. a server without metrics: serve anyway
                 log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
-        # vLLM's names (records/names.py): the same counts, for dashboards written for vLLM
+        self.positions = max_draft_len if self.rounds or self.engine_steps else 0
+        self._register_vllm(pb_utils, model)
+
+    def _register_vllm(self, pb_utils: Any, model: str) -> None:
+        """vLLM's names (records/names.py): the same counts, for dashboards written for vLLM."""
+        counter = pb_utils.MetricFamily.COUNTER
         vllm = {"model_name": model, "engine": "0"}
-        self.positions = max_draft_len if self.rounds else 0
         vllm_published = [
             (VLLM_NUM_DRAFT_TOKENS, "Draft tokens proposed", [None]),
             (VLLM_NUM_ACCEPTED_TOKENS, "Draft tokens accepted", [None]),
         ]
-        if self.rounds:
+        if self.positions:
             vllm_published += [
                 (VLLM_NUM_DRAFTS, "Speculative rounds (drafts)", [None]),
                 (
@@ -141,7 +155,7 @@ class SpecMetricsExporter:
                     key = name if pos is None else f"{name}/{pos}"
                     self._m[key] = family.Metric(labels=vllm if pos is None else {**vllm, "position": str(pos)})
             except Exception as e:  # noqa: BLE001
-                log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
+                self.log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
 
     def in_flight(self, delta: int) -> None:
         """A request starts (+1) or ends (-1): the gauge `trt_spec serve` reads to know when a drain is done (queued on
@@ -174,6 +188,8 @@ class SpecMetricsExporter:
             self._inc(METRIC_ACCEPTED_TOKENS, m.accepted)
             self._inc(VLLM_NUM_DRAFT_TOKENS, m.drafted)
             self._inc(VLLM_NUM_ACCEPTED_TOKENS, m.accepted)
+            if self.engine_steps:
+                self._engine_steps(m.hist)
             if not self.rounds:
                 return
             speculative = [r for r in m.rounds if r.drafted]  # a draft, as vLLM counts them
@@ -195,6 +211,15 @@ class SpecMetricsExporter:
                 gauge.set(float(m.cache_tokens))
         except Exception as e:  # noqa: BLE001 - metrics must not cost a client its answer
             self.log_error(f"speculation metrics not published for a request: {type(e).__name__}: {e}")
+
+    def _engine_steps(self, hist: list[int]) -> None:
+        """Engine mode: the request's verify steps (its histogram, steps with drafts only): as a round that drafted."""
+        self._inc(VLLM_NUM_DRAFTS, sum(hist))
+        for pos in range(self.positions):
+            self._inc(f"{VLLM_NUM_ACCEPTED_PER_POS}/{pos}", sum(hist[pos + 1 :]))
+        for accepted, steps in enumerate(hist):
+            for _ in range(steps):
+                self._observe(METRIC_ACCEPTED_LENGTH, accepted)
 
     def close(self) -> None:
         """Delete the metrics, then their families: the python backend needs that order, and left to the garbage
@@ -289,14 +314,16 @@ def scraped_acceptance_counts(samples: list[MetricSample], model: str = BLS) -> 
     - those), and the accepted-length and draft-length histograms per value."""
     rounds = int(value(samples, METRIC_ROUNDS, model=model))
     no_spec = int(value(samples, METRIC_ROUNDS_NO_SPEC, model=model))
+    hist = _per_value(histogram(samples, METRIC_ACCEPTED_LENGTH, model=model))
     return AcceptanceCounts(
         requests=int(value(samples, METRIC_REQUESTS, model=model)),
         accepted=int(value(samples, METRIC_ACCEPTED_TOKENS, model=model)),
         drafted=int(value(samples, METRIC_DRAFT_TOKENS, model=model)),
         steps=rounds,
-        speculative_rounds=rounds - no_spec,
+        # engine mode has no rounds: its verify steps with drafts are its accepted-length histogram's observations
+        speculative_rounds=rounds - no_spec if rounds else sum(hist),
         rounds_without_speculation=no_spec,
-        histogram=_per_value(histogram(samples, METRIC_ACCEPTED_LENGTH, model=model)),
+        histogram=hist,
         draft_length_counts=_per_value(histogram(samples, METRIC_DRAFT_LENGTH, model=model)),
     )
 

@@ -11,7 +11,9 @@ Modes:
   target's tokens } until max_tokens, EOS or a stop word. Every round resends the whole sequence (the engine
   reuses its cached prefix), so the sequence must stay within the engine's input limit.
 - engine (Medusa, EAGLE, lookahead: the target engine drafts by itself): ONE request for the whole
-  generation, streamed through, with the engine's own acceptance metrics (return_perf_metrics).
+  generation, streamed through, with the engine's own acceptance metrics (return_perf_metrics); streamed from the
+  engine whenever the deployment can (stream_engine), so the per-step accepted-length histogram comes from its
+  responses (engine_step_histogram).
 
 Every engine request asks for both mandatory outputs (output_ids, sequence_length) and sends sampling
 inputs only when the client sent them (TensorRT-LLM treats absent top_k/top_p as greedy).
@@ -202,7 +204,9 @@ class LoopStats:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
-    hist: list[int] = field(default_factory=list)  # rounds by accepted count 0..k (loop modes)
+    # rounds by accepted count 0..k (loop modes); in-engine modes: verify steps by accepted count 0..max_draft_len
+    # (engine_step_histogram), empty when the engine's responses do not show its steps
+    hist: list[int] = field(default_factory=list)
     rounds: list[Round] = field(default_factory=list)  # loop modes: one per target call
     engine: EnginePerf = field(default_factory=EnginePerf)  # SpecRequest.perf: the engines' perf outputs
     cache_tokens: Optional[int] = None  # tokens the deployment's suffix cache holds once this request is in (None: off)
@@ -364,10 +368,64 @@ def find_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]], start:
     return best
 
 
+# -- in-engine modes: the engine's verify steps from its streamed responses ---------------------------------------
+# TensorRT-LLM's engine runtime (the C++ executor behind the tensorrtllm backend; read at the stored 1.2-line commits of
+# NVIDIA/TensorRT-LLM, the v1.2.1 tag being too large to fetch here):
+# - cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp (d879430b) calls, for every request after every
+#   iteration, llmReq->updateNumTokensPerIteration(tokens the iteration added, ...) BEFORE it fills the draft tokens
+#   for the next step; cpp/include/tensorrt_llm/batch_manager/llmRequest.h (d879430b) updateNumTokensPerIteration then
+#   adds, only when the request had draft tokens in that iteration (hasDraftTokens) and asked for perf metrics,
+#   tokens - 1 to totalAcceptedDraftTokens and min(draft tokens, the module's max draft PATH length) to
+#   totalDraftTokens. So the context phase (no drafts yet) adds nothing; each verify step adds exactly its own counts;
+#   a tree (Medusa, EAGLE) counts its path length, not its nodes.
+# - cpp/tensorrt_llm/batch_manager/llmRequest.cpp (89fd9b74) createResult: a streaming request gets a result whenever
+#   it has tokens past the last one sent (one per iteration), a finished one its final result; each carries
+#   requestPerfMetrics, the running totals; the backend writes them on every response (backend_contract
+#   PERF_OUTPUT_TYPES).
+# So, streamed, each response's change in the two totals is one iteration's verify step: a step with drafts adds
+# (drafted > 0, accepted = its tokens - 1), the context and plain decode steps add (0, 0). The reference engine's
+# EAGLE/Medusa path answers the same (reference/batching.py _complete_eagle: one on_tokens response per step; a chain
+# the policy cut short or a run without drafts shows as a smaller or zero drafted change).
+# Not honest, so no histogram: a non-streamed call (one response, all steps summed), and any response that holds more
+# than one step with drafts (tokens > accepted + 1: an engine that batches iterations into one response, as the
+# PyTorch flow's stream_interval > 1 does). Only the last response may hold fewer tokens than accepted + 1: the
+# request's end cut its step (the end token, which the engine does not output, a stop word, max_tokens) after the
+# engine counted it.
+
+
+def engine_step_histogram(responses: Sequence[tuple[int, int, int]], k: int, streamed: bool) -> list[int]:
+    """An in-engine request's verify steps by accepted draft count 0..k (k: the engine's max_draft_len, vLLM's
+    num_spec_tokens), from its engine responses in order, each (tokens, total_draft_tokens, total_accepted_draft_tokens)
+    as the response carried them; steps without drafts are not counted (as vLLM counts). [] when the responses do not
+    show the steps one by one (see above). It adds up with the engine's totals by construction: sum(j * h[j]) is the
+    last response's accepted total, and every drafted token is in a counted step."""
+    if not streamed:
+        return []
+    hist = [0] * (k + 1)
+    drafted = accepted = 0
+    for i, (tokens, d_total, a_total) in enumerate(responses):
+        d, a = d_total - drafted, a_total - accepted
+        drafted, accepted = d_total, a_total
+        if d == 0 and a == 0:  # the context step, a step without drafts (or a response with no step)
+            continue
+        last = i == len(responses) - 1
+        if not 0 <= a <= min(d, k) or tokens > a + 1 or (tokens < a + 1 and not last):
+            return []
+        hist[a] += 1
+    if sum(j * h for j, h in enumerate(hist)) != accepted:  # the definition AIPerf checks (cannot fail; said here)
+        return []
+    return hist
+
+
 class SpeculativeLoop:
-    def __init__(self, cfg: LoopConfig, call: EngineCall):
+    def __init__(self, cfg: LoopConfig, call: EngineCall, *, stream_engine: bool = False):
+        """stream_engine: in-engine modes stream their engine call whether or not the client streams (the engine
+        models are decoupled: the BLS's deployment is), so every request gets its per-step histogram. The cost is
+        the engine's per-iteration responses (one BLS response per step instead of one per request), a few python
+        backend messages per step, small next to a GPU step."""
         self.cfg = cfg
         self.call = call
+        self.stream_engine = stream_engine
         self.ngram = NgramDraft(max_ngram=cfg.ngram_size, k=cfg.max_draft_len)
         self.policy = DraftLengthPolicy(cfg.draft_len_policy)  # shared costs; `active` = requests in the loop
         # earlier requests' text for the suffix proposer (None: no cache, or a mode / proposer that cannot use one)
@@ -511,11 +569,13 @@ class SpeculativeLoop:
     async def _in_engine(
         self, r: SpecRequest, emit, cancelled: Callable[[], bool], m: LoopStats
     ) -> tuple[list[int], LoopStats]:
-        ins = engine_inputs(r, r.prompt, r.max_tokens, 0, streaming=r.stream)
+        streamed = r.stream or self.stream_engine
+        ins = engine_inputs(r, r.prompt, r.max_tokens, 0, streaming=streamed)
         ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
         if r.stop_words:
             ins[bc.STOP_WORDS_LIST] = bc.word_list_array(r.stop_words)[None]
         generated: list[int] = []
+        steps: list[tuple[int, int, int]] = []  # per response: tokens, drafted and accepted totals
 
         def on_response(out: dict[str, np.ndarray]) -> None:
             if cancelled():
@@ -525,6 +585,7 @@ class SpeculativeLoop:
             if "total_draft_tokens" in out:
                 m.drafted = int(np.asarray(out["total_draft_tokens"]).reshape(-1)[0])
                 m.accepted = int(np.asarray(out["total_accepted_draft_tokens"]).reshape(-1)[0])
+                steps.append((len(new), m.drafted, m.accepted))
             if r.perf:  # one call: its values so far are the request's
                 m.engine = EnginePerf()
                 m.engine.add([out], output=True)
@@ -539,4 +600,5 @@ class SpeculativeLoop:
             on_response,
         )
         m.steps = max(0, len(generated) - m.accepted)  # each engine step yields its accepted tokens + 1
+        m.hist = engine_step_histogram(steps, self.cfg.max_draft_len, streamed)
         return generated, m

@@ -67,6 +67,11 @@ class Post:
 POST_OUTPUT_IDS = Post.OUTPUT_IDS
 # The BLS's whole-request metrics: the engine's perf outputs plus its own steps and accepted-length histogram.
 TOTAL_STEPS = "total_steps"
+# [j] = the request's speculative steps that accepted exactly j drafts, steps without drafts not counted (vLLM's
+# acceptance_histogram). Loop modes: the rounds that drafted, j in 0..k (the request's num_draft_tokens). In-engine
+# modes (Medusa, EAGLE, lookahead): the engine's verify steps, j in 0..max_draft_len, read from its streamed responses
+# (in_triton/speculative_loop.py engine_step_histogram); empty where those do not show one step each (a non-decoupled
+# deployment, whose engine call cannot stream), never a guess.
 ACCEPTED_LENGTH_HISTOGRAM = "accepted_length_histogram"
 DRAFT_LENGTHS = "draft_lengths"  # the draft length k the policy chose per round; 0 = a round without speculation
 LIST_METRICS = (ACCEPTED_LENGTH_HISTOGRAM, DRAFT_LENGTHS)  # metric outputs that are lists, not one number

@@ -6,7 +6,8 @@ metrics) is trt_spec/in_triton/speculative_loop.py, unit-tested against a strict
 
 Beyond NVIDIA's BLS: streaming (stream=true sends each accepted chunk as its own response; decoupled
 deployments only), concurrent requests (async; every request has its own state), whole-request metrics
-(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens, total_steps, accepted_length_histogram),
+(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens, total_steps, accepted_length_histogram: the
+in-engine modes' too, from the engine's streamed steps),
 an output_ids output, and validation errors returned as Triton errors. A non-streaming request gets exactly
 one response. NVIDIA's clients' beam_width / num_return_sequences inputs are accepted when 1. The optional `tenant`
 input scopes the n-gram suffix proposer's cross-request cache (speculative.suffix_cache; docs/draft-policy.md).
@@ -126,7 +127,10 @@ class TritonPythonModel:
         cfg = resolve_path_parameters(json.loads(args["model_config"]), args["model_repository"])
         p = BlsParameters.from_parameters({k: v.get("string_value", "") for k, v in cfg["parameters"].items()})
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
-        self.loop = SpeculativeLoop(LoopConfig.from_bls(p), self._call)
+        # in-engine modes stream the engine call whenever the deployment is decoupled (the engine models are then too):
+        # every request, streamed or not, gets the engine's per-step accepted-length histogram (speculative_loop
+        # engine_step_histogram); a non-decoupled deployment cannot stream the engine and reports none
+        self.loop = SpeculativeLoop(LoopConfig.from_bls(p), self._call, stream_engine=self.decoupled)
         self.default_k = p.num_draft_tokens
         self.tokenizer = load_tokenizer(p.tokenizer_dir)
         self._held: list = []  # finished engine response iterators, kept until a _checkpoint says they are safe
@@ -146,6 +150,7 @@ class TritonPythonModel:
             self.loop.cfg.max_draft_len,
             pb_utils.Logger.log_error,
             suffix_cache=self.loop.cache is not None,
+            engine_steps=self.loop.stream_engine,
         )
 
     def finalize(self):
