@@ -526,7 +526,7 @@ _serve_options = _with(
         default=None,
         help="Also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /metrics) on this "
         "port, in front of the server's gRPC port; models: ensemble (baseline), tensorrt_llm_bls "
-        "(speculative).",
+        "(speculative); runtime llmapi: tensorrt_llm.",
     ),
     click.option(
         "--drain-timeout",

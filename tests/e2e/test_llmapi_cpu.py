@@ -7,6 +7,7 @@ equals the speculative model's."""
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.request
 
 import numpy as np
@@ -27,13 +28,23 @@ from .conftest import _serve
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"
 
 
+CHATML = (  # the tiny target's tokenizer gets a chat template, for the OpenAI chat API
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
 def llmapi_server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("llmapi")
+    target = root / "target"
+    shutil.copytree(tiny_models["target"], target)
+    tok_cfg = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "chat_template": CHATML}))
     cfg = {
         "engine": "reference",
         "runtime": "llmapi",
-        "target": {"checkpoint": str(tiny_models["target"])},
+        "target": {"checkpoint": str(target)},
         "quantization": {"weights": "fp32"},
         "speculative": {"mode": "ngram", "max_draft_len": 4, "ngram_size": 3},
         "limits": {"max_batch_size": 4, "max_input_len": 384, "max_seq_len": 512, "max_num_tokens": 512},
@@ -297,3 +308,113 @@ def test_phase_switch_needs_the_admin_key_and_restores_on_error(llmapi_server, m
         speculative_then_baseline(c, lambda: None, broken)
     assert ready(llmapi_server, "tensorrt_llm") and not ready(llmapi_server, "tensorrt_llm_baseline")
     assert llmapi_server.dead_models() == []  # the speculative model's new stub serves it: nothing is dead
+
+
+# -- The OpenAI API over the LLM-API model (trt-spec serve --openai-port) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llmapi_openai(llmapi_server, tmp_path_factory):
+    """The OpenAI frontend `trt-spec serve REPO --openai-port P` starts (openai_process.FrontendProcess, checked on
+    the repository first, as serve does), in front of the llmapi deployment's gRPC port."""
+    openai = pytest.importorskip("openai")
+    from trt_spec.in_triton.serving import load_tokenizer
+    from trt_spec.serve.openai_process import FrontendProcess
+    from trt_spec.serve.server import free_port
+
+    log = tmp_path_factory.mktemp("llmapi_openai") / "openai.log"
+    fe = FrontendProcess(llmapi_server.repo, llmapi_server.grpc_url, free_port(), "127.0.0.1", log).start()
+    try:
+        fe.wait_ready()
+        ns = type("Served", (), {})()
+        ns.url, ns.openai = fe.url, openai
+        ns.client = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        ns.tokenizer = load_tokenizer(
+            yaml.safe_load((llmapi_server.repo / "tensorrt_llm/1/model.yaml").read_text())["model"]
+        )
+        yield ns
+    finally:
+        fe.stop()
+
+
+def kserve(server, text: str, max_tokens: int, **extra) -> dict:
+    """The model's own answer to the request the frontend sends for a greedy OpenAI request."""
+    return generate(
+        server,
+        lc.MODEL_NAME,
+        {
+            "text_input": text,
+            "sampling_param_max_tokens": max_tokens,
+            "sampling_param_exclude_input_from_output": True,
+            "return_finish_reason": True,
+            **extra,
+        },
+    )
+
+
+def test_openai_completions_equal_the_models_answer_with_its_acceptance(llmapi_server, llmapi_openai):
+    """Only the loaded model is listed; greedy completions, streamed and not, are the model's own text; usage is the
+    target tokenizer's count; the acceptance is what the model returned (1.2.1's zeros), said to be unmeasured."""
+    from trt_spec.serve.openai_metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE
+
+    s = llmapi_openai
+    assert [m.id for m in s.client.models.list().data] == [lc.MODEL_NAME]
+    with pytest.raises(s.openai.NotFoundError) as e:
+        s.client.completions.create(model=lc.BASELINE_MODEL, prompt=PROMPT, max_tokens=4)
+    assert "baseline phase" in e.value.body["message"] and e.value.body["code"] == "model_not_found"
+    want = kserve(llmapi_server, PROMPT, 24)
+    r = s.client.completions.create(model=lc.MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+    text = r.choices[0].text
+    assert text == want["text_output"] and r.choices[0].finish_reason == want["finish_reason"]
+    assert r.usage.prompt_tokens == len(s.tokenizer.encode(PROMPT))
+    # counted from the text (the model returns no ids): max_tokens when it ended for length, else re-tokenized
+    retokenized = min(len(s.tokenizer.encode(text, add_special_tokens=False)), 24)
+    assert r.usage.completion_tokens == (24 if want["finish_reason"] == "length" else retokenized) > 0
+    zeros = {"draft_acceptance_rate": 0.0, "num_accepted_draft_tokens": 0, "num_draft_tokens": 0}
+    metrics = {"speculative_decoding": zeros, LLMAPI_NOTE_KEY: LLMAPI_ZERO_NOTE}
+    assert r.model_extra["metrics"] == metrics  # no histogram and no steps: the model reports none
+    chunks = list(
+        s.client.completions.create(
+            model=lc.MODEL_NAME,
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    parts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+    assert "".join(parts) == text and len(parts) > 1  # deltas of the model's whole-text responses, per iteration
+    assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == r.usage.model_dump()
+    assert chunks[-1].model_extra["metrics"] == metrics
+    # a stop string: cut from the text; the model stops at it itself, so its final response (and counts) come
+    stop = text[4:7]
+    cut = s.client.completions.create(model=lc.MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+    assert cut.model_extra["metrics"] == metrics
+
+
+def test_openai_chat_seeded_sampling_and_refused_engine_knobs(llmapi_server, llmapi_openai):
+    s = llmapi_openai
+    messages = [{"role": "user", "content": PROMPT}]
+    rendered = s.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    want = kserve(llmapi_server, rendered, 16)["text_output"]
+    c = s.client.chat.completions.create(model=lc.MODEL_NAME, messages=messages, max_tokens=16, temperature=0)
+    assert c.choices[0].message.content == want and c.usage.prompt_tokens == len(s.tokenizer.encode(rendered))
+    streamed = s.client.chat.completions.create(
+        model=lc.MODEL_NAME, messages=messages, max_tokens=16, temperature=0, stream=True, user="someone"
+    )
+    assert "".join(x.choices[0].delta.content or "" for x in streamed if x.choices) == want  # `user` is ignored
+    seeded = [
+        s.client.completions.create(model=lc.MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=7)
+        for _ in range(2)
+    ]
+    assert seeded[0].choices[0].text == seeded[1].choices[0].text  # sampled with the seed, as the model samples
+    for name, value in (("num_draft_tokens", 2), ("draft_len_policy", "fixed")):
+        with pytest.raises(s.openai.BadRequestError) as e:
+            s.client.completions.create(model=lc.MODEL_NAME, prompt=PROMPT, max_tokens=4, extra_body={name: value})
+        assert e.value.body["param"] == name and "speculative_config" in e.value.body["message"]
+    with urllib.request.urlopen(s.url + "/metrics", timeout=10) as r:
+        exposition = r.read().decode()
+    assert f'vllm:generation_tokens_total{{engine="0",model_name="{lc.MODEL_NAME}"}}' in exposition

@@ -7,6 +7,9 @@ stubs over grpc.aio) for the models. The two model names are the repository's: `
 `tensorrt_llm_bls` (speculative decoding). A request becomes one KServe request to that model with the text models'
 tensors (records/names.py); the answer's text is detokenized here from the output ids, incrementally, with the
 target's tokenizer (the one the repository's models use), so both models stream the same text for the same tokens.
+A `runtime: llmapi` repository is served too: its loaded model `tensorrt_llm` (TensorRT-LLM's LLM-API model), text in
+and text out (openai_llmapi.py); its baseline `tensorrt_llm_baseline` is loaded only for check's and bench's baseline
+phase, so it is not listed and a request for it is a 404 that says so.
 
 Why not Triton's own OpenAI frontend (server `python/openai/`, shipped in the NGC images): it starts its own
 in-process tritonserver instead of reaching a running one, it sends `return_num_input_tokens` /
@@ -16,8 +19,9 @@ request schemas forbid extra fields (`ConfigDict(extra="forbid")`), so the specu
 triton.py). The same frontend serves a CPU and a GPU deployment; it needs only the gRPC port.
 
 The parts, one purpose each: openai_requests.py (request checks, limits, the model's tensors), openai_triton.py (the
-gRPC calls), openai_metrics.py (the Prometheus metrics), openai_process.py (the child process `trt-spec serve`
-starts); this module is the app and its routes. Semantics (OpenAI's): `stop` strings end the generation (sent as stop
+gRPC calls), openai_metrics.py (the Prometheus metrics, the per-request acceptance), openai_llmapi.py (the LLM-API
+model's request and answers), openai_process.py (the child process `trt-spec serve` starts); this module is the app
+and its routes. Semantics (OpenAI's): `stop` strings end the generation (sent as stop
 words, and cut from the text, which never contains them); finish_reason is "length" when max_tokens tokens came,
 else "stop". Errors are OpenAI's error JSON with its status codes.
 """
@@ -35,9 +39,23 @@ from typing import Any, AsyncIterator, Optional
 
 from ..in_triton.serving import StopCutter, input_byte_limit
 from ..records.names import SPECULATIVE
-from .openai_metrics import SPEC_DECODE_KEY, FrontendMetricsExporter, speculative_decoding
+from .openai_llmapi import TextDeltas, completion_tokens, finish_reason, llmapi_tensors
+from .openai_metrics import (
+    LLMAPI_NOTE_KEY,
+    SPEC_DECODE_KEY,
+    FrontendMetricsExporter,
+    llmapi_speculative_decoding,
+    speculative_decoding,
+)
 from .openai_process import FrontendProcess, frontend_argv  # noqa: F401 - importable from here (cli, demo)
-from .openai_requests import FrontendSettings, GenRequest, OpenAIError, parse_request, request_tensors
+from .openai_requests import (
+    FrontendSettings,
+    GenRequest,
+    OpenAIError,
+    model_not_found,
+    parse_request,
+    request_tensors,
+)
 from .openai_triton import TritonCallError, TritonModels
 
 
@@ -47,6 +65,7 @@ class Completion:
     tokens: int = 0
     finish_reason: str = "stop"
     spec: Optional[dict] = None  # vLLM's metrics.speculative_decoding (openai_metrics.py); None: the baseline
+    note: Optional[str] = None  # runtime llmapi: why the counts say nothing (openai_metrics.LLMAPI_NOTE_KEY)
 
 
 class Frontend:
@@ -65,6 +84,11 @@ class Frontend:
     async def run(self, r: GenRequest) -> AsyncIterator[tuple[str, Completion]]:
         """(text delta, completion so far) per model response; the last item carries the finish reason."""
         from ..in_triton.serving import IncrementalDetokenizer
+
+        if self.s.llmapi:
+            async for item in self._run_llmapi(r):
+                yield item
+            return
 
         detok = IncrementalDetokenizer(self.tokenizer)
         cut = StopCutter(r.stop)
@@ -106,6 +130,50 @@ class Frontend:
         finally:
             self.metrics.running(r.model, -1)
 
+    async def _run_llmapi(self, r: GenRequest) -> AsyncIterator[tuple[str, Completion]]:
+        """run() for the LLM-API model (openai_llmapi.py): its whole-text responses as deltas; the tokens counted
+        once, at the end (it returns no ids: completion_tokens). Latency metrics: TTFT at the first text; the
+        inter-token latency is the request's mean gap, (last text - first text) / (tokens - 1), observed once per
+        token after the first, as the model says nothing of the tokens each response added."""
+        deltas = TextDeltas(r.stop)
+        done, outputs = Completion(), {}
+        t0 = time.perf_counter()
+        first = last = None
+        ended = False  # the model's final response came (its counts are the whole request's)
+        self.metrics.running(r.model, +1)
+        try:
+            gen = self.models.generate_text(r.model, llmapi_tensors(r, self.s), outputs)
+            try:
+                async for whole in gen:
+                    delta = deltas.add(whole)
+                    if delta:
+                        last = time.perf_counter()
+                        if first is None:
+                            first = last
+                            self.metrics.token_times(r.model, first - t0, None, 0)
+                        done.text += delta
+                        yield delta, done
+                    if deltas.stopped:  # cut here: the call is cancelled, as the engine path's
+                        break
+                else:
+                    ended = True
+            finally:
+                await gen.aclose()
+            tail = deltas.flush()
+            done.text += tail
+            retokenized = len(self.tokenizer.encode(done.text, add_special_tokens=False))
+            done.finish_reason = finish_reason(outputs.get("finish_reason"), retokenized, r, deltas.stopped)
+            done.tokens = completion_tokens(retokenized, done.finish_reason, r)
+            if first is not None and done.tokens > 1:
+                self.metrics.token_times(r.model, None, (last - first) / (done.tokens - 1), done.tokens - 1)
+            # as vLLM: no `metrics` for a model that does not speculate; none for a call cut before its end either
+            if self.s.speculative_config and ended:
+                done.spec, done.note = llmapi_speculative_decoding(outputs)
+            self.metrics.finished(r.model, r.prompt_tokens, done.tokens, time.perf_counter() - t0)
+            yield tail, done
+        finally:
+            self.metrics.running(r.model, -1)
+
 
 # -- Response bodies -------------------------------------------------------------------------------------------
 
@@ -117,7 +185,9 @@ def _usage(r: GenRequest, c: Completion) -> dict:
 def _with_metrics(body: dict, c: Completion) -> dict:
     """The body with vLLM's top-level `metrics` object when the model reported acceptance (the speculative model);
     the baseline's body is left as it is, as vLLM leaves it without speculation (openai_metrics.py)."""
-    return {**body, "metrics": {SPEC_DECODE_KEY: c.spec}} if c.spec is not None else body
+    if c.spec is None:
+        return body
+    return {**body, "metrics": {SPEC_DECODE_KEY: c.spec, **({LLMAPI_NOTE_KEY: c.note} if c.note else {})}}
 
 
 def _chunk(
@@ -289,7 +359,8 @@ def _add_routes(app, fe: Frontend) -> None:
     async def model(model: str):
         if model not in models_served:
             return _error(
-                OpenAIError(404, f"The model `{model}` does not exist", param="model", code="model_not_found")
+                model_not_found(model, fe.s)
+                or OpenAIError(404, f"The model `{model}` does not exist", param="model", code="model_not_found")
             )
         return {"id": model, "object": "model", "created": fe.created, "owned_by": "trt-spec"}
 

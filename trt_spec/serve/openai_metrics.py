@@ -9,6 +9,7 @@ Also here: the per-request acceptance the speculative model's responses carry, i
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from ..records import names as n
@@ -115,8 +116,10 @@ class FrontendMetricsExporter:
 # model_repo/tensorrt_llm_bls). Loop modes (draft_target, ngram): accepted_length_histogram is the request's
 # rounds that drafted, by accepted count 0..k (k = the request's num_draft_tokens), which is vLLM's histogram and
 # num_spec_steps; rounds the policy ran without a draft are not in it, as vLLM leaves out steps without drafts.
-# In-engine modes (Medusa/EAGLE/lookahead): the engine reports only the two totals, no histogram and no count of
-# verify steps, so only the counts and the rate are sent; AIPerf needs the histogram and shows none for them.
+# In-engine modes (Medusa/EAGLE/lookahead): the BLS streams its engine call in a decoupled repository and builds the
+# histogram from the engine's running totals per step (in_triton/speculative_loop.py engine_step_histogram; k = the
+# engine's max_draft_len); where it could not (a non-decoupled repository, or steps it could not tell apart) the
+# histogram is empty and only the counts and the rate are sent: AIPerf needs the histogram and shows none then.
 SPEC_DECODE_KEY = "speculative_decoding"  # under the body's top-level "metrics"
 MEAN_ACCEPTANCE_LENGTH = "mean_acceptance_length"
 DRAFT_ACCEPTANCE_RATE = "draft_acceptance_rate"
@@ -139,7 +142,7 @@ def speculative_decoding(outputs: dict[str, list[int] | float]) -> Optional[dict
         NUM_DRAFT_TOKENS: drafted,
     }
     hist = [int(x) for x in outputs.get(n.ACCEPTED_LENGTH_HISTOGRAM) or []]
-    if not hist:  # in-engine modes: no histogram, no verify-step count
+    if not hist:  # no histogram (an in-engine request the BLS could not split into steps): no step count
         return out
     steps = sum(hist)
     # zero steps (k = 0, or a policy that never drafted): 1.0, nothing accepted, as vLLM's compute_acceptance_len
@@ -151,3 +154,42 @@ def speculative_decoding(outputs: dict[str, list[int] | float]) -> Optional[dict
         NUM_SPEC_STEPS: steps,
         NUM_SPEC_TOKENS: len(hist) - 1,
     }
+
+
+# runtime llmapi (records/llmapi_contract.py): the LLM-API model's perf outputs on its responses (with
+# sampling_param_return_perf_metrics), strings as MODEL encodes them: total_accepted_draft_tokens, total_draft_tokens,
+# acceptance_rate. No per-step histogram and no count of verify steps, so only the counts and the rate are sent (as
+# for an in-engine request without one; AIPerf shows no Spec Decode section without the histogram), never invented
+# steps. On TensorRT-LLM 1.2.1's PyTorch flow they are 0 whether or not drafting ran (lc.SPEC_PERF_ZERO,
+# NVIDIA/TensorRT-LLM#17082; the CPU stand-in answers 0 too): sent as the model returned them, and where the model
+# reports nothing drafted although its model.yaml has a speculative_config, `metrics` says so beside them
+# (LLMAPI_NOTE_KEY; never inside speculative_decoding, whose keys are vLLM's).
+LLMAPI_SPEC_OUTPUTS = ("total_accepted_draft_tokens", "total_draft_tokens", "acceptance_rate")
+LLMAPI_NOTE_KEY = "trt_spec_acceptance_note"  # under the body's top-level "metrics", beside SPEC_DECODE_KEY
+LLMAPI_ZERO_NOTE = (
+    "not measured: the LLM-API model reported 0 drafted tokens although its model.yaml has a speculative_config; "
+    "TensorRT-LLM 1.2.1's PyTorch flow leaves its per-request speculative perf outputs 0 (NVIDIA/TensorRT-LLM#17082)"
+)
+
+
+def _perf_number(v) -> Optional[float]:
+    try:
+        return float(v.decode() if isinstance(v, bytes) else v)
+    except (TypeError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def llmapi_speculative_decoding(outputs: dict) -> tuple[Optional[dict], Optional[str]]:
+    """(vLLM's `metrics.speculative_decoding` from the LLM-API model's perf outputs, the note for `metrics` or None).
+    (None, None) when the responses carried no readable counts (a request the frontend cut at a stop string)."""
+    accepted, drafted, rate = (_perf_number(outputs.get(name)) for name in LLMAPI_SPEC_OUTPUTS)
+    if accepted is None or drafted is None or accepted < 0 or drafted < 0:
+        return None, None
+    if rate is None or not math.isfinite(rate):  # not readable: the rate of the counts
+        rate = accepted / drafted if drafted else 0.0
+    out = {
+        DRAFT_ACCEPTANCE_RATE: rate,
+        NUM_ACCEPTED_DRAFT_TOKENS: int(accepted),
+        NUM_DRAFT_TOKENS: int(drafted),
+    }
+    return out, LLMAPI_ZERO_NOTE if drafted == 0 else None

@@ -10,6 +10,10 @@ sent no sampling input: TensorRT-LLM's greedy, backend_contract.effective_top_k_
 tokens, chat to what the context leaves. The speculation knobs `num_draft_tokens` and `draft_len_policy` (extra body
 fields) apply to the speculative model only. OpenAI's `user` is the speculative model's `tenant`: the scope of its
 cross-request suffix cache (docs/draft-policy.md; the baseline ignores it).
+
+A `runtime: llmapi` repository (records/llmapi_contract.py) is served too: its one loaded model `tensorrt_llm`, text
+in and text out (openai_llmapi.py); its limits and tokenizer are model.yaml's. Its speculation is model.yaml's
+speculative_config, so the per-request knobs are refused there, and `user` is ignored as the baseline ignores it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from ..in_triton.serving import input_byte_limit
 from ..records import backend_contract as bc
+from ..records import llmapi_contract as lc
 from ..records.defaults import ADD_SPECIAL_TOKENS, TENANT_MAX_BYTES
 from ..records.names import (
     BASELINE,
@@ -36,7 +41,10 @@ from ..records.names import (
     TEXT_MODELS,
     TOP_P,
 )
+from ..records.recipes import RUNTIMES
 from ..records.speculation import POLICIES
+
+ENGINE_RUNTIME, LLMAPI_RUNTIME = RUNTIMES
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 # Request fields accepted and ignored (no effect on the output)
@@ -113,10 +121,18 @@ class FrontendSettings:
     add_special_tokens: bool = ADD_SPECIAL_TOKENS
     models: tuple[str, ...] = TEXT_MODELS
     max_input_len: Optional[int] = None  # the deployment's prompt limit in tokens (None: max_seq_len)
+    runtime: str = ENGINE_RUNTIME  # the repository's: the engine path's text models, or the LLM-API model
+    speculative_config: bool = True  # llmapi: model.yaml has a speculative_config (the model speculates)
+    decoupled: bool = True  # llmapi: the model streams (model.yaml triton_config.decoupled)
+    phase_models: tuple[str, ...] = ()  # llmapi: the repository's models not loaded while it serves
 
     @property
     def prompt_limit(self) -> int:
         return self.max_input_len or self.max_seq_len
+
+    @property
+    def llmapi(self) -> bool:
+        return self.runtime == LLMAPI_RUNTIME
 
     @staticmethod
     def from_repository(repo: Path, triton_url: str) -> "FrontendSettings":
@@ -125,11 +141,13 @@ class FrontendSettings:
         from ..repository.writer import RepositoryError, parse_config
 
         path = Path(repo) / SPECULATIVE / "config.pbtxt"
+        if not path.is_file() and (Path(repo) / lc.MODEL_NAME / "1" / lc.YAML_FILE).is_file():
+            return FrontendSettings.from_llmapi_repository(Path(repo), triton_url)
         if not path.is_file():
             raise RepositoryError(
-                f"{repo}: no {SPECULATIVE}/config.pbtxt: the OpenAI frontend serves the engine "
-                "runtime's repository (ensemble and the speculative BLS), which `trt-spec repo` "
-                "writes; a runtime llmapi repository is not served by it"
+                f"{repo}: neither {SPECULATIVE}/config.pbtxt nor {lc.MODEL_NAME}/1/{lc.YAML_FILE}: the OpenAI "
+                "frontend serves a repository `trt-spec repo` writes (runtime engine: ensemble and the "
+                "speculative BLS; runtime llmapi: the LLM-API model); write one with `trt-spec repo`"
             )
         try:
             p = BlsParameters.from_parameters({k: v.string_value for k, v in parse_config(path).parameters.items()})
@@ -142,6 +160,52 @@ class FrontendSettings:
             p.max_draft_len,
             p.add_special_tokens,
             max_input_len=p.max_input_len,
+        )
+
+    @staticmethod
+    def from_llmapi_repository(repo: Path, triton_url: str) -> "FrontendSettings":
+        """A runtime llmapi repository's: model.yaml of its loaded model (records/llmapi_contract.py). The tokenizer
+        is the one the model loads, model.yaml's `model` (trt-spec writes the target's directory there, absolute);
+        the prompt limit is the stand-in's min(max_seq_len - 1, max_num_tokens) (the model.yaml trt-spec writes has
+        no chunked prefill: a prompt is one context pass); the room kept for drafts is speculative_config's
+        max_draft_len (MTP: num_nextn_predict_layers, as MTPDecodingConfig sets it). Prompts are counted with
+        special tokens, as the LLM API tokenizes text_input (SamplingParams.add_special_tokens defaults to True:
+        NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py @ 000a01de)."""
+        import yaml
+
+        from ..in_triton.serving import repo_path
+        from ..repository.writer import RepositoryError
+
+        path = repo / lc.MODEL_NAME / "1" / lc.YAML_FILE
+        try:
+            y = yaml.safe_load(path.read_text())
+            model = repo_path(str(path.parent.parent), str(y["model"]))
+            max_seq_len, max_num_tokens = int(y["max_seq_len"]), int(y["max_num_tokens"])
+            spec = y.get("speculative_config")
+            k = int((spec or {}).get("max_draft_len", (spec or {}).get(lc.NUM_NEXTN, 0)))
+            decoupled = bool((y.get(lc.TRITON_KEY) or {}).get("decoupled", False))
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RepositoryError(
+                f"{path}: not a model.yaml the OpenAI frontend can read ({type(e).__name__}: {e}); rewrite the "
+                "repository with `trt-spec repo`"
+            ) from None
+        if not Path(model).is_dir():
+            raise RepositoryError(
+                f"{path}: model {model} is not a directory on this machine: the OpenAI frontend reads the target's "
+                "tokenizer there, as the model does; serve the repository where its checkpoint is"
+            )
+        return FrontendSettings(
+            triton_url,
+            model,
+            max_seq_len,
+            k,
+            True,
+            models=(lc.MODEL_NAME,),
+            max_input_len=bc.max_input_len(max_seq_len, max_num_tokens),
+            runtime=LLMAPI_RUNTIME,
+            speculative_config=spec is not None,
+            decoupled=decoupled,
+            phase_models=(lc.BASELINE_MODEL,) if (repo / lc.BASELINE_MODEL).is_dir() else (),
         )
 
 
@@ -178,6 +242,29 @@ def _number(body: dict, name: str, kind, lo=None, hi=None, lo_open: bool = False
     return v
 
 
+def model_not_found(model: str, s: FrontendSettings) -> Optional[OpenAIError]:
+    """The 404 for a runtime llmapi repository's model that is not loaded while it serves (its baseline, loaded by
+    check and bench for their baseline phase only, in place of the speculative model: repository/llmapi.py
+    PHASE_MODELS) or for any other unknown model; None for the engine runtime (its own words stay)."""
+    if not s.llmapi:
+        return None
+    served = ", ".join(s.models)
+    if model in s.phase_models:
+        return OpenAIError(
+            404,
+            f"The model `{model}` is not served: it is this runtime llmapi deployment's baseline, loaded only "
+            f"for the baseline phase of `trt-spec check` / `bench`, in place of {served}; this server has {served}",
+            param="model",
+            code="model_not_found",
+        )
+    return OpenAIError(
+        404,
+        f"The model `{model}` does not exist; this server has {served} (TensorRT-LLM's LLM-API model)",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def _check_fields(body: Any, s: FrontendSettings, chat: bool) -> str:
     """The body's model (one this server has), every field known and served, and n = 1."""
     if not isinstance(body, dict):
@@ -186,7 +273,7 @@ def _check_fields(body: Any, s: FrontendSettings, chat: bool) -> str:
     if not isinstance(model, str) or not model:
         raise OpenAIError(400, "'model' is required: one of " + ", ".join(s.models), param="model")
     if model not in s.models:
-        raise OpenAIError(
+        raise model_not_found(model, s) or OpenAIError(
             404,
             f"The model `{model}` does not exist; this server has {', '.join(s.models)} "
             f"({BASELINE}: the baseline, {SPECULATIVE}: speculative decoding)",
@@ -326,6 +413,16 @@ def _stream(body: dict) -> tuple[bool, bool]:
 
 def _speculation(body: dict, s: FrontendSettings, model: str) -> tuple[Optional[int], Optional[str]]:
     """(num_draft_tokens, draft_len_policy): the speculative model's knobs, None where the request leaves them."""
+    if s.llmapi:  # the LLM-API model has no such inputs (records/llmapi_contract.py INPUTS)
+        for name in (NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY):
+            if body.get(name) is not None:
+                raise OpenAIError(
+                    400,
+                    f"'{name}' is not taken by {model}: TensorRT-LLM's LLM-API model speculates as its model.yaml's "
+                    f"speculative_config says (runtime: llmapi), with no per-request setting; omit it",
+                    param=name,
+                )
+        return None, None
     k = _number(body, NUM_DRAFT_TOKENS, int, 0, s.max_draft_len)
     policy = body.get(DRAFT_LEN_POLICY)
     if (k is not None or policy is not None) and model != SPECULATIVE:

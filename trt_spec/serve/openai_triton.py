@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from contextlib import aclosing
 from typing import AsyncIterator, Optional
 
 import numpy as np
 
+from ..records import llmapi_contract as lc
 from ..records.names import LIST_METRICS, METRIC_OUTPUTS, OUTPUT_IDS
+from .openai_metrics import LLMAPI_SPEC_OUTPUTS
+
+LLMAPI_OUTPUTS = ("finish_reason", *LLMAPI_SPEC_OUTPUTS)  # asked of the LLM-API model beside text_output
 
 
 class TritonCallError(Exception):
@@ -44,6 +49,10 @@ def _store_metrics(result, into: dict) -> None:
         if arr is not None:
             flat = arr.reshape(-1)
             into[name] = [int(x) for x in flat] if name in LIST_METRICS else flat[0].item()
+
+
+def _text(v) -> str:
+    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
 
 
 class TritonModels:
@@ -78,14 +87,38 @@ class TritonModels:
         engine between iterations). With `metrics` (the speculative model only: the ensemble declares none of them),
         the BLS's whole-request metric outputs (records/names.py METRIC_OUTPUTS; its final response carries them) are
         asked for too and stored in it as they come: numbers, and lists for LIST_METRICS."""
+        wanted = [OUTPUT_IDS, *(METRIC_OUTPUTS if metrics is not None else ())]
+        async with aclosing(self._responses(model, tensors, wanted)) as responses:  # closed with this one: cancels
+            async for result in responses:
+                ids = result.as_numpy(OUTPUT_IDS)
+                if metrics is not None:
+                    _store_metrics(result, metrics)
+                yield [int(x) for x in ids.reshape(-1)] if ids is not None else []
+
+    async def generate_text(self, model: str, tensors: dict[str, np.ndarray], outputs: dict) -> AsyncIterator[str]:
+        """runtime llmapi: TensorRT-LLM's LLM-API model (records/llmapi_contract.py), text in and text out. Yields
+        each response's text_output, which is the WHOLE text so far, not a delta (MODEL sends CompletionOutput.text);
+        its other outputs (finish_reason, the speculative perf outputs: strings as MODEL encodes them) are stored in
+        `outputs` as they come, the final response's last. Closing early cancels the call, as generate."""
+        wanted = [lc.TEXT_OUTPUT, *LLMAPI_OUTPUTS]
+        async with aclosing(self._responses(model, tensors, wanted)) as responses:
+            async for result in responses:
+                for name in LLMAPI_OUTPUTS:
+                    arr = result.as_numpy(name)
+                    if arr is not None and arr.size:
+                        outputs[name] = arr.reshape(-1)[0]
+                text = result.as_numpy(lc.TEXT_OUTPUT)
+                yield "" if text is None or not text.size else _text(text.reshape(-1)[0])
+
+    async def _responses(self, model: str, tensors: dict[str, np.ndarray], wanted: list[str]):
+        """One streaming call: the InferResult of every response until the final one (flagged: the stream's end)."""
         import grpc
         from tritonclient.grpc import InferResult, service_pb2
 
         req = service_pb2.ModelInferRequest(model_name=model, id=uuid.uuid4().hex)
         for name, arr in tensors.items():
             _encode_input(name, arr, req)
-        req.outputs.add(name=OUTPUT_IDS)
-        for name in METRIC_OUTPUTS if metrics is not None else ():
+        for name in wanted:
             req.outputs.add(name=name)
         req.parameters["triton_enable_empty_final_response"].bool_param = True  # the stream's end, always
 
@@ -98,11 +131,7 @@ class TritonModels:
                 if resp.error_message:
                     msg = resp.error_message.strip()
                     raise TritonCallError(msg, 500 if "internal error" in msg else 400)
-                result = InferResult(resp.infer_response)
-                ids = result.as_numpy(OUTPUT_IDS)
-                if metrics is not None:
-                    _store_metrics(result, metrics)
-                yield [int(x) for x in ids.reshape(-1)] if ids is not None else []
+                yield InferResult(resp.infer_response)
                 final = resp.infer_response.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     return
