@@ -445,8 +445,8 @@ class LLMClient:
         for name in (bc.TEMPERATURE, TOP_K, TOP_P, bc.SEED):
             if name in params:
                 fields[lc.SAMPLING_PREFIX + name] = params.pop(name)
-        if STOP_WORDS in params:
-            fields[lc.SAMPLING_PREFIX + "stop"] = params.pop(STOP_WORDS)
+        if STOP_WORDS in params:  # NVIDIA's model cannot pass stop strings on (lc.STOP_INPUT)
+            raise ClientError(f"{model}: {lc.STOP_REFUSED}")
         if params:
             raise ClientError(f"{model}: not an input of the LLM-API model: {', '.join(sorted(params))}")
         t0 = time.perf_counter()

@@ -11,8 +11,8 @@ What is the LLM API's and what is the stand-in's:
   False (text_output = prompt + completion), as MODEL's helpers; streaming sends one response per iteration (a round
   of the loop), each with the whole text so far (records/llmapi_contract.py), the last one final;
 - sampling: absent temperature/top_k/top_p = greedy (SamplingParams' defaults); `sampling_param_max_tokens` defaults
-  to SamplingParams' 32; `sampling_param_stop` strings end the generation and are not in the text
-  (include_stop_str_in_output defaults to False);
+  to SamplingParams' 32; `sampling_param_stop` is refused with MODEL's generation error, as NVIDIA's model fails it
+  (it hands SamplingParams the input's undecoded bytes: lc.STOP_INPUT);
 - the perf outputs (with sampling_param_return_perf_metrics) are strings, as MODEL encodes them; acceptance_rate,
   total_accepted_draft_tokens and total_draft_tokens are 0, as 1.2.1's PyTorch flow answers (lc.SPEC_PERF_ZERO).
 """
@@ -31,7 +31,6 @@ from ..records.speculation import Mode, Policy, Proposer
 from .local_engines import LocalEngines
 from .serving import (
     IncrementalDetokenizer,
-    StopCutter,
     check_input_bytes,
     decode_strings,
     encode,
@@ -71,7 +70,6 @@ class LlmRequest:
     return_finish_reason: bool = False
     sampling: dict[str, np.ndarray] = field(default_factory=dict)  # engine tensors
     seed: Optional[int] = None
-    stop: list[str] = field(default_factory=list)
 
 
 def _engine(name: str, engine_dir: str, decoupled: bool):
@@ -137,10 +135,11 @@ class LlmapiStandIn:
         if streaming and not self.decoupled:
             raise LlmapiError(lc.STREAMING_NEEDS_DECOUPLED)
         try:  # stricter than the LLM API model: a prompt too long to fit is refused before it is tokenized
-            for name in (lc.TEXT_INPUT, lc.SAMPLING_PREFIX + "stop"):
-                check_input_bytes(inputs.get(name), self.byte_limit, name, self.loop.cfg.max_input_len)
+            check_input_bytes(inputs.get(lc.TEXT_INPUT), self.byte_limit, lc.TEXT_INPUT, self.loop.cfg.max_input_len)
         except RequestError as e:
             raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
+        if inputs.get(lc.STOP_INPUT) is not None:  # as NVIDIA's model fails it (lc.STOP_INPUT)
+            raise LlmapiError(lc.GENERATION_ERROR.format(msg=lc.STOP_REFUSED))
         text = (decode_strings(inputs[lc.TEXT_INPUT]) or [""])[0]
 
         def param(name, kind):
@@ -162,7 +161,6 @@ class LlmapiStandIn:
             bool(param("return_perf_metrics", bool) or False),
             bool(scalar(inputs.get("return_finish_reason"), False)),
             seed=seed,
-            stop=[s for s in decode_strings(inputs.get(lc.SAMPLING_PREFIX + "stop")) if s],
         )
         try:
             check_sampling(
@@ -195,7 +193,6 @@ class LlmapiStandIn:
     ) -> dict:
         """Streamed chunks go to emit (streaming requests); returns the final response's tensors."""
         detok = IncrementalDetokenizer(self.tokenizer)
-        cut = StopCutter(r.stop)
         arrival = time.monotonic_ns()
         times: list[int] = []
         chunks: list[str] = []
@@ -204,17 +201,16 @@ class LlmapiStandIn:
 
         def on_tokens(new: list[int]) -> None:
             times.append(time.monotonic_ns())
-            delta = "" if cut.stopped else cut.add(detok.add(new))
+            delta = detok.add(new)
             chunks.append(delta)
             if r.streaming:  # one response per iteration, with the whole text so far (lc: MODEL sends output.text)
                 if pending:
                     emit(pending.pop())
                 pending.append({lc.TEXT_OUTPUT: np.array([(head + "".join(chunks)).encode("utf-8")], dtype=object)})
 
-        stop_ids = [encode(self.tokenizer, s, add_special_tokens=False) for s in r.stop]
         try:
             if self.mode is None:
-                tokens, drafted, accepted = await self._decode(r, stop_ids, on_tokens), 0, 0
+                tokens, drafted, accepted = await self._decode(r, on_tokens), 0, 0
             else:
                 spec = SpecRequest(
                     r.prompt,
@@ -224,18 +220,17 @@ class LlmapiStandIn:
                     0,
                     sampling=r.sampling,
                     seed=r.seed,
-                    stop_words=stop_ids,
                 )
                 tokens, m = await self.loop.generate(spec, on_tokens, cancelled)
                 drafted, accepted = m.drafted, m.accepted
         except (EngineError, RequestError) as e:
             raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
-        tail = "" if cut.stopped else cut.add(detok.flush()) + cut.flush()
+        tail = detok.flush()
         chunks.append(tail)
         # the final response (streaming: the last iteration's, with the flushed text): the whole text
         out = {lc.TEXT_OUTPUT: np.array([(head + "".join(chunks)).encode("utf-8")], dtype=object)}
         if r.return_finish_reason:
-            reason = "length" if len(tokens) >= r.max_tokens and not cut.stopped else "stop"
+            reason = "length" if len(tokens) >= r.max_tokens else "stop"
             out["finish_reason"] = np.array([reason.encode()], dtype=object)
         if r.return_perf:  # MODEL _create_response: every value as a string
             perf = {
@@ -256,14 +251,10 @@ class LlmapiStandIn:
             out.update({k: np.array([str(v).encode()], dtype=object) for k, v in perf.items()})
         return out
 
-    async def _decode(self, r: LlmRequest, stop_ids, on_tokens) -> list[int]:
+    async def _decode(self, r: LlmRequest, on_tokens) -> list[int]:
         """The baseline: one decode of the target, streamed token by token."""
-        spec = SpecRequest(
-            r.prompt, r.max_tokens, 0, self.end_id, 0, sampling=r.sampling, seed=r.seed, stop_words=stop_ids
-        )
+        spec = SpecRequest(r.prompt, r.max_tokens, 0, self.end_id, 0, sampling=r.sampling, seed=r.seed)
         ins = engine_inputs(spec, r.prompt, r.max_tokens, 0, streaming=True)
-        if stop_ids:
-            ins[bc.STOP_WORDS_LIST] = bc.word_list_array(stop_ids)[None]
         tokens: list[int] = []
 
         def on_response(out):

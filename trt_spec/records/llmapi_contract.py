@@ -37,7 +37,7 @@ class Tensor:
 
 
 # CFG inputs: every one optional but text_input. No end_id / pad_id / stop-word-id inputs: the LLM API tokenizes and
-# stops by itself (sampling_param_stop are strings).
+# stops by itself (sampling_param_stop are strings, which NVIDIA's model cannot pass on: STOP_INPUT below).
 INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "TYPE_STRING", (-1,), optional=False),
     Tensor("streaming", "TYPE_BOOL", (1,)),
@@ -93,6 +93,21 @@ OUTPUTS: tuple[Tensor, ...] = (
 #   tensorrt_llm/executor/result.py accumulates (DetokenizedGenerationResultBase: `text` = decode_incrementally(...,
 #   prev_text=text); `text_diff` is the delta), one response per executor response: one per iteration.
 SPEC_PERF_ZERO = True
+# - sampling_param_stop cannot work through NVIDIA's model: helpers.py get_sampling_params_from_request passes the
+#   input tensor itself as SamplingParams' `stop` (`kwargs['stop'] = get_input_tensor_by_name(request,
+#   'sampling_param_stop')`, read at stored commit 0df60f9a: a numpy array of the tensor's BYTES elements, undecoded —
+#   unlike its LoRA inputs, which it decodes), and SamplingParams._setup tokenizes each element as text
+#   (`tokenizer.encode(s, ...)`, tensorrt_llm/sampling_params.py @ 000a01de): Hugging Face tokenizers refuse bytes
+#   ("text input must be of type `str`"), so the request fails with GENERATION_ERROR. NVIDIA's own unit test of
+#   helpers.py mocks the tensor with a unicode array, which is not what Triton's python backend hands the model.
+#   trt-spec never sends it: the OpenAI frontend and the harness cut stop strings from the text themselves and end the
+#   call; the stand-in refuses it.
+STOP_INPUT = "sampling_param_stop"
+STOP_REFUSED = (
+    "sampling_param_stop: SamplingParams tokenizes each stop string as text, but the model passes the input's bytes "
+    "undecoded (helpers.py get_sampling_params_from_request) and the tokenizer refuses bytes; cut stop strings from "
+    "text_output in the client instead"
+)
 ACCEPTANCE_SOURCE = "acceptance_source"  # the harness's metric naming where acceptance came from
 FROM_PERF_OUTPUTS = "the model's perf outputs"
 FROM_STREAMED_CHUNKS = (

@@ -3,12 +3,14 @@
 
 The request: text_input (the prompt, or the chat rendered with the tokenizer's template, as the engine path sends
 it), `streaming` whenever the model is decoupled (one call, one response per iteration, as the engine path's calls),
-sampling_param_max_tokens, sampling_param_stop, exclude_input_from_output (the completion only), return_perf_metrics
-and return_finish_reason. Sampling as NVIDIA's helpers.py get_sampling_params_from_request reads it (each
-sampling_param_X is SamplingParams' X; MODEL = triton_backend/all_models/llmapi/tensorrt_llm/1, lc): greedy sends no
-sampling input — SamplingParams' greedy is top_k and top_p unset, whatever the temperature
-(tensorrt_llm/sampling_params.py @ 000a01de `_greedy_decoding`) —; sampling sends the temperature and top_p (1 when
-the request has none, OpenAI's default), as the engine path does; seed as sampling_param_seed.
+sampling_param_max_tokens, exclude_input_from_output (the completion only), return_perf_metrics and
+return_finish_reason. Never sampling_param_stop: NVIDIA's model cannot pass it on (lc.STOP_INPUT); stop strings are
+cut here from the text and the call ended, as the engine path ends its call at a text stop. Sampling as NVIDIA's
+helpers.py get_sampling_params_from_request reads it (each sampling_param_X is SamplingParams' X; MODEL =
+triton_backend/all_models/llmapi/tensorrt_llm/1, lc): greedy sends no sampling input — SamplingParams' greedy is
+top_k and top_p unset, whatever the temperature (tensorrt_llm/sampling_params.py @ 000a01de `_greedy_decoding`) —;
+sampling sends the temperature and top_p (1 when the request has none, OpenAI's default), as the engine path does;
+seed as sampling_param_seed.
 
 The answers: each response's text_output is the whole text so far (MODEL sends CompletionOutput.text), turned into
 deltas here (TextDeltas), through the same StopCutter as the engine path, so the text never holds a stop string.
@@ -48,8 +50,6 @@ def llmapi_tensors(r: GenRequest, s: FrontendSettings) -> dict[str, np.ndarray]:
         t[lc.SAMPLING_PREFIX + "top_p"] = one(r.top_p if r.top_p is not None else 1.0, np.float32)
     if r.seed is not None:
         t[lc.SAMPLING_PREFIX + "seed"] = one(r.seed, np.uint64)
-    if r.stop:
-        t[lc.SAMPLING_PREFIX + "stop"] = np.array([w.encode("utf-8") for w in r.stop], dtype=object)
     return t
 
 
