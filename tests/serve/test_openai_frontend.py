@@ -158,3 +158,17 @@ def test_acceptance_in_vllms_shape_from_the_bls_outputs_and_read_back_by_bench()
     assert response_acceptance({"speculative_decoding": vllm_doc})["total_steps"] == 43
     for absent in (None, {}, {"speculative_decoding": None}, {"speculative_decoding": {"num_draft_tokens": "9"}}):
         assert response_acceptance(absent) == {lc.ACCEPTANCE_SOURCE: NOT_REPORTED}
+
+
+def test_bench_openai_does_not_take_llmapi_zero_counts_for_a_measurement():
+    """Over the LLM-API model (TensorRT-LLM 1.2.1) trt-spec's frontend sends the model's zero counts with a note
+    beside them: bench openai reports acceptance as not reported, naming why, never a 0% rate."""
+    from trt_spec.harness.openai_client import response_acceptance
+    from trt_spec.records import llmapi_contract as lc
+    from trt_spec.serve.openai_metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE, SPEC_DECODE_KEY
+
+    zeros = {"num_accepted_draft_tokens": 0, "num_draft_tokens": 0, "draft_acceptance_rate": 0.0}
+    got = response_acceptance({SPEC_DECODE_KEY: zeros, LLMAPI_NOTE_KEY: LLMAPI_ZERO_NOTE})
+    assert set(got) == {lc.ACCEPTANCE_SOURCE} and LLMAPI_ZERO_NOTE in got[lc.ACCEPTANCE_SOURCE]
+    assert got[lc.ACCEPTANCE_SOURCE].startswith("nowhere: not reported")
+    assert response_acceptance({SPEC_DECODE_KEY: zeros})["total_draft_tokens"] == 0  # without the note: the counts

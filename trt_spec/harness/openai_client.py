@@ -45,8 +45,12 @@ NOT_REPORTED = (
 def response_acceptance(metrics: object) -> dict:
     """A response's top-level `metrics` object -> Generation.metrics in the harness's names (the BLS's: accepted and
     drafted tokens, steps, accepted-length histogram) and the source; only the source (NOT_REPORTED) when it holds no
-    speculative_decoding counts. Steps and histogram only where the server sent them (vLLM's summary has both)."""
+    speculative_decoding counts, or when trt-spec says its counts measured nothing (om.LLMAPI_NOTE_KEY). Steps and
+    histogram only where the server sent them (vLLM's summary has both)."""
     spec = metrics.get(om.SPEC_DECODE_KEY) if isinstance(metrics, dict) else None
+    note = metrics.get(om.LLMAPI_NOTE_KEY) if isinstance(metrics, dict) else None
+    if isinstance(note, str) and note:  # trt-spec over the LLM-API model: its zero counts measured nothing
+        return {lc.ACCEPTANCE_SOURCE: f"nowhere: not reported ({note})"}
     counts = (spec or {}).get(om.NUM_ACCEPTED_DRAFT_TOKENS), (spec or {}).get(om.NUM_DRAFT_TOKENS)
     if not all(type(x) is int and x >= 0 for x in counts):
         return {lc.ACCEPTANCE_SOURCE: NOT_REPORTED}
