@@ -51,10 +51,9 @@ import yaml
 from .. import __version__
 from ..records import defaults
 from ..records import llmapi_contract as lc
-from ..records.atomic import replacing_dir
 from ..records.manifest import BuildManifest
 from .k8s import chart_name
-from .llm_api import LlmApiArgsError, checkpoint, engine_args, load, node_layout
+from .llm_api import check_port, checkpoint, engine_args, load, node_layout, write_files
 
 WHAT = "Dynamo"
 DYNAMO_VERSION = "1.6.1"  # ai-dynamo on PyPI
@@ -71,10 +70,6 @@ ENGINE_ARGS_DIR = "/etc/trt-spec"  # where the DGD's worker mounts the ConfigMap
 MODELS_CLAIM = "models"  # the PersistentVolumeClaim the checkpoints are on (the upstream multinode example's name)
 FRONTEND_CMD = ["python3", "-m", "dynamo.frontend"]
 WORKER_CMD = ["python3", "-m", "dynamo.trtllm"]
-
-
-class DynamoBundleError(LlmApiArgsError):
-    """One line: the bundle cannot be written as asked, and the fix."""
 
 
 def worker_args(m: BuildManifest, args: dict, engine_args_path: str, discovery: Optional[str]) -> list[str]:
@@ -272,12 +267,11 @@ def write_bundle(
     gpu: Optional[str] = None,
 ) -> Path:
     """Write DIR atomically (temp dir, then rename; safe to rerun over an earlier bundle). Every check runs before
-    anything is written. Raises LlmApiArgsError (DynamoBundleError), or ConfigError/PreflightError/HardwareError."""
+    anything is written. Raises LlmApiArgsError, or ConfigError/PreflightError/HardwareError."""
     m = load(source, sets, gpu, what=WHAT)
     lay = node_layout(m, gpus_per_node)
     ranks, nodes, per = lay.ranks, lay.nodes, lay.gpus_per_node
-    if not 0 < port < 65536:
-        raise DynamoBundleError(f"--port must be in 1..65535, got {port}")
+    check_port(port)
     args = engine_args(m)
     files = {
         ENGINE_ARGS_FILE: f"# The LLM's arguments for {m.name} (trt-spec deploy dynamo; model.yaml's, one source)\n"
@@ -287,15 +281,4 @@ def write_bundle(
     }
     if on_claim(model_dirs(m, args)):
         files[DGD_FILE] = dgd_yaml(m, dgd(m, args, nodes, per, port), nodes, per)
-    out = Path(out)
-    if out.exists() and not (out / LAUNCH_FILE).is_file():
-        if not out.is_dir() or any(out.iterdir()):
-            raise DynamoBundleError(
-                f"{out}: exists and is not a bundle trt-spec wrote; pass an empty or new --out directory"
-            )
-    with replacing_dir(out) as tmp:
-        tmp.mkdir()
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        (tmp / LAUNCH_FILE).chmod(0o755)
-    return out
+    return write_files(Path(out), files, LAUNCH_FILE)

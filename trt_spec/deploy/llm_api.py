@@ -107,3 +107,26 @@ def node_layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> NodeLa
             f"of {per} GPUs; pass a --gpus-per-node that divides {ranks}"
         )
     return NodeLayout(ranks, nodes, ranks // nodes)
+
+
+def check_port(port: int) -> None:
+    if not 0 < port < 65536:
+        raise LlmApiArgsError(f"--port must be in 1..65535, got {port}")
+
+
+def write_files(out: Path, files: dict[str, str], launch_file: str) -> Path:
+    """A bundle's files into `out`, atomically (temp dir, then rename; safe to rerun over an earlier bundle, which
+    holds `launch_file`); refuses a directory trt-spec did not write. launch_file is made executable."""
+    from ..records.atomic import replacing_dir
+
+    if out.exists() and not (out / launch_file).is_file():
+        if not out.is_dir() or any(out.iterdir()):
+            raise LlmApiArgsError(
+                f"{out}: exists and is not a bundle trt-spec wrote; pass an empty or new --out directory"
+            )
+    with replacing_dir(out) as tmp:
+        tmp.mkdir()
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        (tmp / launch_file).chmod(0o755)
+    return out

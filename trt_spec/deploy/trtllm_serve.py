@@ -23,9 +23,8 @@ from .. import __version__
 from ..builder.model_info import is_imported
 from ..builder.trtllm import NGC_IMAGE, TRTLLM_VERSION
 from ..records import llmapi_contract as lc
-from ..records.atomic import replacing_dir
 from ..records.manifest import BuildManifest
-from .llm_api import LlmApiArgsError, NodeLayout, checkpoint, engine_args, load, node_layout
+from .llm_api import NodeLayout, check_port, checkpoint, engine_args, load, node_layout, write_files
 
 WHAT = "trtllm-serve"
 OPTIONS_FILE = "extra_llm_api_options.yaml"
@@ -46,10 +45,6 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "--max_seq_len": ("max_seq_len",),
     "--kv_cache_free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
 }
-
-
-class ServeBundleError(LlmApiArgsError):
-    """One line: the bundle cannot be written as asked, and the fix."""
 
 
 def _value(args: dict, path: tuple[str, ...]):
@@ -197,11 +192,10 @@ def write_bundle(
     gpu: Optional[str] = None,
 ) -> Path:
     """Write DIR atomically (temp dir, then rename; safe to rerun over an earlier bundle). Every check runs before
-    anything is written. Raises LlmApiArgsError (ServeBundleError), or ConfigError/PreflightError/HardwareError."""
+    anything is written. Raises LlmApiArgsError, or ConfigError/PreflightError/HardwareError."""
     m = load(source, sets, gpu, what=WHAT)
     lay = node_layout(m, gpus_per_node)
-    if not 0 < port < 65536:
-        raise ServeBundleError(f"--port must be in 1..65535, got {port}")
+    check_port(port)
     args = engine_args(m)
     serve = serve_argv(m, args, host=lc.TRTLLM_SERVE_HOST, port=port)
     files = {
@@ -210,15 +204,4 @@ def write_bundle(
         LAUNCH_FILE: launch_sh(m, Path(source), lay, serve),
         README_FILE: readme(m, Path(source), lay, args, port=port),
     }
-    out = Path(out)
-    if out.exists() and not (out / LAUNCH_FILE).is_file():
-        if not out.is_dir() or any(out.iterdir()):
-            raise ServeBundleError(
-                f"{out}: exists and is not a bundle trt-spec wrote; pass an empty or new --out directory"
-            )
-    with replacing_dir(out) as tmp:
-        tmp.mkdir()
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        (tmp / LAUNCH_FILE).chmod(0o755)
-    return out
+    return write_files(Path(out), files, LAUNCH_FILE)
