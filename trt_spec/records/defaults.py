@@ -90,6 +90,28 @@ K8S_SHM_SIZE = "16Gi"  # memory-backed /dev/shm: python-backend tensors of every
 # TensorRT-LLM_Autoscaling_and_Load_Balancing: a PrometheusRule records it, prometheus-adapter serves it by that name).
 QUEUE_COMPUTE_METRIC = "triton:queue_compute:ratio"
 OPENAI_PORT = 9000  # the chart's OpenAI endpoint (trt-spec serve --openai-port; Triton's own frontend's default too)
+# -- The OpenAI frontend's keys and limits (serve/openai_guard.py; each limit a frontend flag and a `serve` option) --
+OPENAI_API_KEY_ENV = "TRT_SPEC_OPENAI_API_KEY"  # the key when no --api-key-file is given (as vLLM's VLLM_API_KEY)
+# Request body cap, checked on Content-Length before reading and again while reading (chunked bodies): well below
+# the ~4 MiB JSON body on which Triton 2.51's HTTP server crashes (docs/reliability.md); a prompt the deployment can
+# take is far smaller (the frontend refuses one over max_input_len tokens anyway).
+OPENAI_MAX_BODY_BYTES = 2**20
+OPENAI_MAX_MESSAGES = 1024  # chat `messages` per request (checked before the chat template renders them)
+OPENAI_MAX_CONTENT_PARTS = 1024  # content parts in one message
+# Admission: requests working in Triton at once, and requests waiting (in order) for one of those slots; beyond
+# both, a 429 with Retry-After. 256 in flight is above what one engine batches (max_batch_size) and below what the
+# frontend's memory minds; the queue bounds the rest.
+OPENAI_MAX_CONCURRENT = 256
+OPENAI_MAX_QUEUED = 256
+OPENAI_RETRY_AFTER_S = 1  # the 429's Retry-After (seconds): a slot frees as soon as any one generation ends
+# A streamed response whose client takes longer than this to accept one chunk is abandoned (its connection closed,
+# its Triton call cancelled if still running): a reader that stopped reading holds nothing for long.
+OPENAI_SEND_TIMEOUT_S = 60.0
+# uvicorn's limit_concurrency (connections and tasks; beyond it a bare 503): above max_concurrent + max_queued so the
+# frontend's own OpenAI-shaped 429 answers first; the frontend raises it to 2 x (their sum) if they are larger.
+OPENAI_CONNECTION_LIMIT = 2048
+# uvicorn's timeout_keep_alive (its own default, said here): an idle keep-alive connection is closed after this.
+OPENAI_KEEP_ALIVE_S = 5
 VERIFY_COST_GPU = 1.0  # r: a GPU at small batch verifies k+1 tokens in about one decode step (memory-bound)
 
 # -- Reference engine: the prefix cache (KV of earlier requests, reused by a request sharing their prefix) ----

@@ -20,10 +20,11 @@ triton.py). The same frontend serves a CPU and a GPU deployment; it needs only t
 
 The parts, one purpose each: openai_requests.py (request checks, limits, the model's tensors), openai_triton.py (the
 gRPC calls), openai_metrics.py (the Prometheus metrics, the per-request acceptance), openai_llmapi.py (the LLM-API
-model's request and answers), openai_process.py (the child process `trt-spec serve` starts); this module is the app
-and its routes. Semantics (OpenAI's): `stop` strings end the generation (sent as stop
-words, and cut from the text, which never contains them); finish_reason is "length" when max_tokens tokens came,
-else "stop". Errors are OpenAI's error JSON with its status codes.
+model's request and answers), openai_process.py (the child process `trt-spec serve` starts), openai_guard.py (the
+API key, the body cap, admission to Triton, the send timeout); this module is the app and its routes. Semantics
+(OpenAI's): `stop` strings end the generation (sent as stop words, and cut from the text, which never contains them);
+finish_reason is "length" when max_tokens tokens came, else "stop".
+Errors are OpenAI's error JSON with its status codes.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) at runtime.
@@ -39,6 +40,15 @@ from typing import Any, AsyncIterator, Optional
 
 from ..in_triton.serving import StopCutter, input_byte_limit
 from ..records.names import SPECULATIVE
+from .openai_guard import (
+    TOO_LARGE,
+    Admission,
+    ApiKeyGuard,
+    Limits,
+    SendTimeout,
+    read_body,
+    retry_after_headers,
+)
 from .openai_llmapi import TextDeltas, completion_tokens, finish_reason, llmapi_tensors
 from .openai_metrics import (
     LLMAPI_NOTE_KEY,
@@ -71,15 +81,18 @@ class Completion:
 class Frontend:
     """The app's state: settings, tokenizer, the Triton channel, and the vLLM-named metrics."""
 
-    def __init__(self, settings: FrontendSettings, tokenizer=None):
+    def __init__(self, settings: FrontendSettings, tokenizer=None, limits: Optional[Limits] = None):
         from ..in_triton.serving import load_tokenizer
 
         self.s = settings
+        self.limits = limits or Limits()
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.tokenizer_dir)
         input_byte_limit(self.tokenizer, settings.prompt_limit)  # its one-time cost at start, not in a request
         self.created = int(time.time())
         self.models: Optional[TritonModels] = None
         self.metrics = FrontendMetricsExporter()
+        self.admission = Admission(self.limits.max_concurrent, self.limits.max_queued, self.metrics.refused)
+        self.metrics.watch_admission(self.admission)
 
     async def run(self, r: GenRequest) -> AsyncIterator[tuple[str, Completion]]:
         """(text delta, completion so far) per model response; the last item carries the finish reason."""
@@ -230,17 +243,10 @@ def _sse(obj: Any) -> str:
 def _error(e: OpenAIError):
     from fastapi.responses import JSONResponse
 
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=retry_after_headers() if e.status == 429 else None)
 
 
 # -- Serving one completion request -----------------------------------------------------------------------------
-
-
-async def _body_of(request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        raise OpenAIError(400, "the request body is not valid JSON") from None
 
 
 async def _disconnected(request) -> None:
@@ -248,7 +254,26 @@ async def _disconnected(request) -> None:
         await asyncio.sleep(0.25)
 
 
+class _ClientGone(Exception):
+    pass
+
+
+async def _unless_gone(request, work):
+    """The result of `work` (a coroutine or task), or _ClientGone (`work` cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        finished, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task not in finished:
+        task.cancel()
+        raise _ClientGone()
+    return task.result()
+
+
 async def _collect(fe: Frontend, r: GenRequest) -> Completion:
+    """The whole answer (run as a task the admission slot is held for: Admission.hold)."""
     c = Completion()
     try:
         async for _, c in fe.run(r):
@@ -256,6 +281,47 @@ async def _collect(fe: Frontend, r: GenRequest) -> Completion:
     except TritonCallError as e:
         raise OpenAIError(e.status, str(e), type="invalid_request_error" if e.status == 400 else "server_error")
     return c
+
+
+async def _produce(fe: Frontend, r: GenRequest, rid: str, q: asyncio.Queue) -> None:
+    """A streamed answer generated into `q` at the model's pace, not the reader's: the admission slot (held for
+    this task: Admission.hold) is released when generation ends, so a client that stops reading holds no slot (its
+    text waits in memory, at most max_tokens of it, until SendTimeout gives up on it). None ends the queue."""
+    try:
+        async for event in _stream(fe, r, rid):
+            q.put_nowait(event)
+    except Exception as e:  # noqa: BLE001 - the status is sent already: the error goes in the stream, as OpenAI's
+        print(f"trt-spec openai: stream {rid} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        err = OpenAIError(
+            500, f"internal error ({type(e).__name__}); the frontend's log has the details", type="internal_error"
+        )
+        q.put_nowait(_sse(err.body()))
+        q.put_nowait("data: [DONE]\n\n")
+    finally:
+        q.put_nowait(None)
+
+
+async def _drain(q: asyncio.Queue):
+    while (event := await q.get()) is not None:
+        yield event
+
+
+def _streaming_response(fe: Frontend, r: GenRequest, rid: str):
+    """The SSE response of a request that holds an admission slot; its producer is cancelled (the Triton call with
+    it) when the response ends any other way than by the producer's own end: client gone, send timed out."""
+    from fastapi.responses import StreamingResponse
+
+    q: asyncio.Queue = asyncio.Queue()
+    producer = fe.admission.hold(asyncio.ensure_future(_produce(fe, r, rid, q)))
+
+    class _Owned(StreamingResponse):
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                producer.cancel()
+
+    return _Owned(_drain(q), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def _stream(fe: Frontend, r: GenRequest, rid: str):
@@ -280,27 +346,27 @@ async def _stream(fe: Frontend, r: GenRequest, rid: str):
 
 
 async def _complete(fe: Frontend, request, chat: bool):
-    """One /v1/completions or /v1/chat/completions request: streamed (SSE), or whole once done."""
-    from fastapi.responses import Response, StreamingResponse
+    """One /v1/completions or /v1/chat/completions request: checked (the server's room first, then the body, all
+    before any tokenizing), admitted (a slot, or a place in the queue, or a 429), then streamed (SSE) or whole."""
+    from fastapi.responses import Response
 
     try:
-        r = parse_request(await _body_of(request), fe.tokenizer, fe.s, chat=chat)
+        fe.admission.check_room()
+        r = parse_request(await read_body(request, fe.limits.max_body_bytes), fe.tokenizer, fe.s, chat=chat)
+        await _unless_gone(request, fe.admission.acquire())
     except OpenAIError as e:
+        if e.status == 413:
+            fe.metrics.refused(TOO_LARGE)
         return _error(e)
+    except _ClientGone:  # left while queued: its place is given up (acquire cancelled)
+        return Response(status_code=499)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if r.stream:
-        return StreamingResponse(
-            _stream(fe, r, rid), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-    task = asyncio.ensure_future(_collect(fe, r))
-    watch = asyncio.ensure_future(_disconnected(request))
-    finished, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    if task not in finished:  # the client left: cancel the work (the Triton call is cancelled on the way out)
-        task.cancel()
+        return _streaming_response(fe, r, rid)
+    try:  # the client leaving cancels the work (the Triton call is cancelled on the way out)
+        c = await _unless_gone(request, fe.admission.hold(asyncio.ensure_future(_collect(fe, r))))
+    except _ClientGone:
         return Response(status_code=499)
-    watch.cancel()
-    try:
-        c = task.result()
     except OpenAIError as e:
         return _error(e)
     return _completion(r, rid, c)
@@ -373,13 +439,20 @@ def _add_routes(app, fe: Frontend) -> None:
         return await _complete(fe, request, chat=True)
 
 
-def create_app(settings: FrontendSettings, tokenizer=None):
-    """The ASGI app (FastAPI)."""
+def create_app(
+    settings: FrontendSettings, tokenizer=None, api_key: Optional[str] = None, limits: Optional[Limits] = None
+):
+    """The ASGI app (FastAPI), with its guards (openai_guard.py): the API key on /v1/* (`api_key`, else
+    limits.api_key; neither: no key asked for), the body cap and admission (`limits`), the send timeout."""
+    import dataclasses
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI
 
-    fe = Frontend(settings, tokenizer)
+    limits = limits or Limits()
+    if api_key is not None:
+        limits = dataclasses.replace(limits, api_key=api_key)
+    fe = Frontend(settings, tokenizer, limits)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -393,30 +466,75 @@ def create_app(settings: FrontendSettings, tokenizer=None):
     app.state.frontend = fe
     _add_error_handlers(app)
     _add_routes(app, fe)
+    if fe.limits.api_key:
+        app.add_middleware(ApiKeyGuard, key=fe.limits.api_key, refused=fe.metrics.refused)
+    app.add_middleware(SendTimeout, seconds=fe.limits.send_timeout_s, abandoned=fe.metrics.abandoned)  # outermost
     return app
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """python -m trt_spec.serve.openai_frontend --repository REPO --triton HOST:GRPC_PORT --port P [--host H]"""
+    """python -m trt_spec.serve.openai_frontend --repository REPO --triton HOST:GRPC_PORT --port P [--host H]
+    [--api-key-file FILE] [--max-concurrent N] [--max-queued N] [--max-body-bytes N]"""
     import argparse
 
-    import uvicorn
-
+    from ..records import defaults as d
     from ..repository.writer import RepositoryError
+    from .openai_guard import ApiKeyFileError, read_api_key
 
     ap = argparse.ArgumentParser(prog="trt-spec-openai", description=main.__doc__)
     ap.add_argument("--repository", required=True)
     ap.add_argument("--triton", required=True, help="Triton's gRPC endpoint, HOST:PORT")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument(
+        "--api-key-file", help=f"the bearer key /v1/* asks for (its first line); else ${d.OPENAI_API_KEY_ENV}"
+    )
+    ap.add_argument("--max-concurrent", type=int, default=d.OPENAI_MAX_CONCURRENT, help="requests in Triton at once")
+    ap.add_argument("--max-queued", type=int, default=d.OPENAI_MAX_QUEUED, help="requests waiting; then 429")
+    ap.add_argument("--max-body-bytes", type=int, default=d.OPENAI_MAX_BODY_BYTES, help="request body cap; then 413")
     a = ap.parse_args(argv)
     try:
+        key = read_api_key(a.api_key_file)
+        limits = Limits(
+            max_body_bytes=a.max_body_bytes, max_concurrent=a.max_concurrent, max_queued=a.max_queued, api_key=key
+        )
         settings = FrontendSettings.from_repository(Path(a.repository), a.triton)
-    except RepositoryError as e:
+    except (RepositoryError, ApiKeyFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(settings), host=a.host, port=a.port, log_level="warning", access_log=False)
+    print(
+        f"trt-spec OpenAI frontend on http://{a.host}:{a.port} (Triton gRPC {a.triton}); API key: "
+        f"{'required' if key else 'none'}; limits: {limits.max_concurrent} requests in flight, {limits.max_queued} "
+        f"waiting, {limits.max_body_bytes} body bytes",
+        file=sys.stderr,
+        flush=True,
+    )
+    _serve(create_app(settings, limits=limits), a.host, a.port, limits)
     return 0
+
+
+def _serve(app, host: str, port: int, limits: Limits) -> None:
+    """uvicorn with its limits explicit. limit_concurrency (connections and tasks at once; beyond it uvicorn answers a
+    bare 503) sits above the frontend's own admission (max_concurrent + max_queued, twice over), so the frontend's
+    OpenAI-shaped 429 answers a flood first and uvicorn's cap only bounds the memory of idle or slow connections.
+    timeout_keep_alive: an idle keep-alive connection is closed after defaults.OPENAI_KEEP_ALIVE_S (uvicorn's own
+    default, said here so a change upstream does not change the deployment). timeout_graceful_shutdown: on SIGTERM
+    uvicorn stops accepting and lets open streams finish for up to defaults.DRAIN_TIMEOUT_S (as Triton drains its
+    KServe requests), then closes what is left; without it uvicorn would wait on a stuck stream forever."""
+    import uvicorn
+
+    from ..records import defaults as d
+
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        limit_concurrency=max(d.OPENAI_CONNECTION_LIMIT, 2 * (limits.max_concurrent + limits.max_queued)),
+        timeout_keep_alive=d.OPENAI_KEEP_ALIVE_S,
+        timeout_graceful_shutdown=d.DRAIN_TIMEOUT_S,
+    )
 
 
 if __name__ == "__main__":

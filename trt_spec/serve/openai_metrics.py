@@ -46,6 +46,13 @@ LATENCY_BUCKETS_S = (
 )
 
 
+# The frontend's own admission metrics (openai_guard.py), beside vLLM's: no model label (they are the server's)
+ADMITTED_METRIC = "trt_spec_openai_requests_admitted"  # requests holding a slot (their Triton call running)
+WAITING_METRIC = "trt_spec_openai_requests_waiting"  # requests queued for a slot
+REFUSED_METRIC = "trt_spec_openai_requests_refused_total"  # {reason: queue_full | unauthorized | too_large}
+ABANDONED_METRIC = "trt_spec_openai_streams_abandoned_total"  # responses whose client stopped reading (send timeout)
+
+
 class FrontendMetricsExporter:
     """The frontend's Prometheus metrics (FRONTEND_METRICS), labelled per model, and their exposition."""
 
@@ -68,6 +75,32 @@ class FrontendMetricsExporter:
         self.generation = counter(n.VLLM_GENERATION_TOKENS, "Generated tokens")
         self.requests = counter(n.VLLM_REQUEST_SUCCESS, "Finished requests")
         self.running_g = Gauge(n.VLLM_RUNNING, "Requests in flight", labels, registry=self.registry)
+        self.refused_c = Counter(
+            REFUSED_METRIC.removesuffix("_total"),
+            "Requests refused by the frontend",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.abandoned_c = Counter(
+            ABANDONED_METRIC.removesuffix("_total"), "Responses abandoned: client not reading", registry=self.registry
+        )
+
+    def watch_admission(self, admission) -> None:
+        """Gauges read from the frontend's Admission at each scrape."""
+        from prometheus_client import Gauge
+
+        Gauge(ADMITTED_METRIC, "Requests admitted to Triton", registry=self.registry).set_function(
+            lambda: admission.running
+        )
+        Gauge(WAITING_METRIC, "Requests waiting for admission", registry=self.registry).set_function(
+            lambda: admission.waiting
+        )
+
+    def refused(self, reason: str) -> None:
+        self.refused_c.labels(reason).inc()
+
+    def abandoned(self) -> None:
+        self.abandoned_c.inc()
 
     def running(self, model: str, d: int) -> None:
         self.running_g.labels(model, "0").inc(d)

@@ -11,11 +11,33 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from .openai_requests import FrontendSettings
 
 
-def frontend_argv(repo: Path, triton_url: str, port: int, host: str) -> list[str]:
+def frontend_argv(
+    repo: Path,
+    triton_url: str,
+    port: int,
+    host: str,
+    api_key_file: Optional[Path] = None,
+    max_concurrent: Optional[int] = None,
+    max_queued: Optional[int] = None,
+    max_body_bytes: Optional[int] = None,
+) -> list[str]:
+    """The frontend's command line; an option not given is left off (the frontend's defaults, defaults.py). The key
+    goes by file (or the environment variable defaults.OPENAI_API_KEY_ENV, inherited), never on the command line,
+    where `ps` would show it."""
+    extra: list[str] = []
+    for flag, value in (
+        ("--api-key-file", api_key_file),
+        ("--max-concurrent", max_concurrent),
+        ("--max-queued", max_queued),
+        ("--max-body-bytes", max_body_bytes),
+    ):
+        if value is not None:
+            extra += [flag, str(value)]
     return [
         sys.executable,
         "-m",
@@ -28,6 +50,7 @@ def frontend_argv(repo: Path, triton_url: str, port: int, host: str) -> list[str
         str(port),
         "--host",
         host,
+        *extra,
     ]
 
 
@@ -35,12 +58,16 @@ class FrontendProcess:
     """The frontend as a child process of `trt-spec serve` (it dies with the thread that started it), on host:port,
     in front of a running Triton's gRPC endpoint. start() -> wait_ready() -> stop()."""
 
-    def __init__(self, repo: Path, triton_url: str, port: int, host: str, log_path: Path):
+    def __init__(self, repo: Path, triton_url: str, port: int, host: str, log_path: Path, **options):
+        """`options`: frontend_argv's (api_key_file, max_concurrent, max_queued, max_body_bytes)."""
+        from .openai_guard import read_api_key
         from .server import check_port_free
 
         FrontendSettings.from_repository(repo, triton_url)  # a repository it cannot serve fails here, in one line
+        if options.get("api_key_file") is not None:
+            read_api_key(options["api_key_file"])  # a key file it cannot use too (openai_guard.ApiKeyFileError)
         check_port_free(host if host != "0.0.0.0" else "", port, "openai")
-        self.argv = frontend_argv(repo, triton_url, port, host)
+        self.argv = frontend_argv(repo, triton_url, port, host, **options)
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
         self.log_path = Path(log_path)
         self.proc = None

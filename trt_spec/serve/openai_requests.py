@@ -18,6 +18,7 @@ speculative_config, so the per-request knobs are refused there, and `user` is ig
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -27,7 +28,7 @@ import numpy as np
 from ..in_triton.serving import input_byte_limit
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
-from ..records.defaults import ADD_SPECIAL_TOKENS, TENANT_MAX_BYTES
+from ..records.defaults import ADD_SPECIAL_TOKENS, OPENAI_MAX_CONTENT_PARTS, OPENAI_MAX_MESSAGES, TENANT_MAX_BYTES
 from ..records.names import (
     BASELINE,
     DRAFT_LEN_POLICY,
@@ -47,6 +48,7 @@ from ..records.speculation import POLICIES
 ENGINE_RUNTIME, LLMAPI_RUNTIME = RUNTIMES
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+METADATA_MAX_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits on `metadata`
 # Request fields accepted and ignored (no effect on the output)
 IGNORED_FIELDS = {
     "metadata",
@@ -233,7 +235,12 @@ def _number(body: dict, name: str, kind, lo=None, hi=None, lo_open: bool = False
     v = body.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (isinstance(v, float) and not math.isfinite(v))  # Python's JSON reads NaN and Infinity
+        or (kind is int and not float(v).is_integer())
+    ):
         raise OpenAIError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {v!r}", param=name)
     v = kind(v)
     if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
@@ -290,18 +297,46 @@ def _check_fields(body: Any, s: FrontendSettings, chat: bool) -> str:
     if unknown:
         raise OpenAIError(400, f"unrecognized request argument: {unknown[0]!r}", param=unknown[0])
     for name, defaults in UNSUPPORTED.items():
-        if name in body and body[name] not in defaults:
+        v = body.get(name)
+        # a container's size first: a 100k-entry logit_bias is refused without comparing its entries
+        if name in body and ((isinstance(v, (dict, list)) and len(v) > 1) or v not in defaults):
             raise OpenAIError(400, f"'{name}' is not supported by this deployment; omit it", param=name)
+    _metadata(body.get("metadata"))
     choices = _number(body, "n", int)
     if choices not in (None, 1):
         raise OpenAIError(400, f"'n' must be 1 (one choice per request), got {choices}", param="n")
     return model
 
 
+def _metadata(meta: Any) -> None:
+    """OpenAI's `metadata` (accepted and ignored) within OpenAI's own limits."""
+    if meta is None:
+        return
+    if not isinstance(meta, dict) or len(meta) > METADATA_MAX_KEYS:
+        raise OpenAIError(
+            400, f"'metadata' must be an object of at most {METADATA_MAX_KEYS} keys; send fewer", param="metadata"
+        )
+    for k, v in meta.items():
+        if len(k) > METADATA_KEY_CHARS or not isinstance(v, str) or len(v) > METADATA_VALUE_CHARS:
+            raise OpenAIError(
+                400,
+                f"'metadata' keys must be at most {METADATA_KEY_CHARS} characters and its values strings of at most "
+                f"{METADATA_VALUE_CHARS}; shorten {k[:METADATA_KEY_CHARS]!r}",
+                param="metadata",
+            )
+
+
 def _text_content(content: Any, i: int) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: text only
+        if len(content) > OPENAI_MAX_CONTENT_PARTS:
+            raise OpenAIError(
+                400,
+                f"messages[{i}].content has {len(content)} parts; this server takes at most "
+                f"{OPENAI_MAX_CONTENT_PARTS} per message; join them",
+                param="messages",
+            )
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
@@ -311,26 +346,41 @@ def _text_content(content: Any, i: int) -> str:
     raise OpenAIError(400, f"messages[{i}].content must be a string or a list of text parts", param="messages")
 
 
-def _chat_text(body: dict, tokenizer) -> str:
-    """The messages rendered with the tokenizer's chat template (developer: system)."""
+def _chat_text(body: dict, tokenizer, s: FrontendSettings, byte_limit: int) -> str:
+    """The messages rendered with the tokenizer's chat template (developer: system). Their count and text are
+    bounded before the template runs: rendering 10 MB of turns costs as much as tokenizing them."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise OpenAIError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
-    conv = []
+    if len(messages) > OPENAI_MAX_MESSAGES:
+        raise OpenAIError(
+            400,
+            f"'messages' has {len(messages)} messages; this server takes at most {OPENAI_MAX_MESSAGES}; send fewer",
+            param="messages",
+        )
+    conv, size = [], 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
             raise OpenAIError(400, f"messages[{i}] needs a role of system, user or assistant", param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
         conv.append({"role": role, "content": _text_content(m.get("content"), i)})
+        size += len(conv[-1]["content"].encode("utf-8"))
+        if size > byte_limit:
+            raise OpenAIError(
+                400,
+                f"the messages' text is over {size} bytes: more than any prompt of at most {s.prompt_limit} tokens "
+                f"can be ({byte_limit} bytes); shorten it",
+                param="messages",
+            )
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(400, "the model's tokenizer has no chat template; use /v1/completions")
     return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
 
 
-def _prompt_text(body: dict, tokenizer, chat: bool) -> str:
+def _prompt_text(body: dict, tokenizer, s: FrontendSettings, chat: bool, byte_limit: int) -> str:
     """The text the model is sent: the chat rendered, or the one prompt; never empty."""
     if chat:
-        text = _chat_text(body, tokenizer)
+        text = _chat_text(body, tokenizer, s, byte_limit)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -365,9 +415,25 @@ def _prompt_tokens(text: str, tokenizer, s: FrontendSettings, chat: bool, byte_l
     return prompt_tokens, room
 
 
-def _max_tokens(body: dict, s: FrontendSettings, chat: bool, prompt_tokens: int, room: int) -> int:
-    limit = _number(body, "max_completion_tokens", int, 1) if chat else None
-    limit = limit if limit is not None else _number(body, "max_tokens", int, 1)
+def _asked_tokens(body: dict, s: FrontendSettings, chat: bool) -> Optional[int]:
+    """max_completion_tokens (chat) or max_tokens, checked against the context before the prompt is tokenized: a
+    value no prompt leaves room for (10**12) is refused without tokenizing anything."""
+    most = s.max_seq_len - s.max_draft_len - 1  # the room a one-token prompt leaves
+    for name in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
+        limit = _number(body, name, int, 1)
+        if limit is not None and limit > most:
+            raise OpenAIError(
+                400,
+                f"'{name}' {limit} exceeds this deployment's context ({s.max_seq_len} tokens, less max_draft_len "
+                f"{s.max_draft_len} and the prompt's tokens); ask for at most {most} less the prompt's tokens",
+                param=name,
+            )
+        if limit is not None:
+            return limit
+    return None
+
+
+def _max_tokens(limit: Optional[int], s: FrontendSettings, chat: bool, prompt_tokens: int, room: int) -> int:
     if limit is None:
         limit = room if chat else 16  # OpenAI: completions default to 16 tokens, chat to what the context leaves
     if limit > room:
@@ -450,18 +516,21 @@ def _tenant(body: dict, model: str) -> Optional[str]:
 
 
 def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> GenRequest:
-    """A request body -> GenRequest, or OpenAIError naming the field and the fix (before any model work)."""
+    """A request body -> GenRequest, or OpenAIError naming the field and the fix (before any model work). The
+    cheap checks come first: nothing is rendered or tokenized for a request that a field alone refuses."""
     model = _check_fields(body, s, chat)
-    text = _prompt_text(body, tokenizer, chat)
-    byte_limit = input_byte_limit(tokenizer, s.prompt_limit)
-    prompt_tokens, room = _prompt_tokens(text, tokenizer, s, chat, byte_limit)
-    limit = _max_tokens(body, s, chat, prompt_tokens, room)
+    asked = _asked_tokens(body, s, chat)
     temperature = _number(body, "temperature", float, 0, 2)
     top_p = _number(body, "top_p", float, 0, 1, lo_open=True)
     seed = _number(body, "seed", int, 0, 2**64 - 1)
+    byte_limit = input_byte_limit(tokenizer, s.prompt_limit)  # computed once per tokenizer (Frontend's start)
     stop = _stop(body, s, byte_limit)
     stream, include_usage = _stream(body)
     k, policy = _speculation(body, s, model)
+    tenant = _tenant(body, model)
+    text = _prompt_text(body, tokenizer, s, chat, byte_limit)
+    prompt_tokens, room = _prompt_tokens(text, tokenizer, s, chat, byte_limit)
+    limit = _max_tokens(asked, s, chat, prompt_tokens, room)
     greedy = temperature == 0.0
     return GenRequest(
         model,
@@ -477,7 +546,7 @@ def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> G
         stop,
         k,
         policy,
-        _tenant(body, model),
+        tenant,
     )
 
 
