@@ -529,6 +529,41 @@ _serve_options = _with(
         "(speculative); runtime llmapi: tensorrt_llm.",
     ),
     click.option(
+        "--openai-api-key-file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="The OpenAI API's key: its first line. Every /v1/* request then needs the header "
+        "`Authorization: Bearer KEY` (else 401); /health, /metrics and /openapi.json stay open for probes and "
+        f"Prometheus. Without it, the environment variable {defaults.OPENAI_API_KEY_ENV} (if set) is the key.",
+    ),
+    click.option(
+        "--openai-allow-unauthenticated",
+        is_flag=True,
+        help="With no key and a --host other than loopback, bind the OpenAI port on --host anyway (without it, "
+        "the OpenAI port stays on 127.0.0.1 and says so; Triton's own ports follow --host either way).",
+    ),
+    click.option(
+        "--openai-max-concurrent",
+        type=click.IntRange(1, None),
+        default=defaults.OPENAI_MAX_CONCURRENT,
+        show_default=True,
+        help="OpenAI requests working in Triton at once; the rest wait in the queue.",
+    ),
+    click.option(
+        "--openai-max-queued",
+        type=click.IntRange(0, None),
+        default=defaults.OPENAI_MAX_QUEUED,
+        show_default=True,
+        help="OpenAI requests waiting for a slot; beyond them, 429 with Retry-After.",
+    ),
+    click.option(
+        "--openai-max-body-bytes",
+        type=click.IntRange(1, None),
+        default=defaults.OPENAI_MAX_BODY_BYTES,
+        show_default=True,
+        help="Largest OpenAI request body (413 beyond it); below the ~4 MiB body Triton 2.51's HTTP server crashes on.",
+    ),
+    click.option(
         "--drain-timeout",
         default=defaults.DRAIN_TIMEOUT_S,
         type=click.FloatRange(0, None),
@@ -544,7 +579,14 @@ _serve_options = _with(
 @main.command()
 @click.argument("repository", type=click.Path(file_okay=False))
 @_serve_options
-def serve(repository: str, log_path: Optional[str], admin_key_file: Optional[str], dry_run: bool, **kw) -> None:
+def serve(
+    repository: str,
+    log_path: Optional[str],
+    admin_key_file: Optional[str],
+    openai_api_key_file: Optional[str],
+    dry_run: bool,
+    **kw,
+) -> None:
     """Start tritonserver on REPOSITORY (mpirun for TP/PP > 1) and keep it running until SIGTERM/Ctrl-C/SIGHUP.
 
     A signal drains: new requests are refused with a "shutting down" line and readiness turns false, the requests
@@ -557,6 +599,7 @@ def serve(repository: str, log_path: Optional[str], admin_key_file: Optional[str
         Path(repository),
         log_path=Path(log_path) if log_path else None,
         admin_key_file=Path(admin_key_file) if admin_key_file else None,
+        openai_api_key_file=Path(openai_api_key_file) if openai_api_key_file else None,
         restart="trt-spec " + shlex.join(sys.argv[1:]),
         **kw,  # the ports, host, timeouts and verbosity, named as ServeOptions names them
     )

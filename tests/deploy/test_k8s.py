@@ -524,3 +524,45 @@ def test_grafana_dashboard_ships_with_the_chart_and_reads_published_metrics(rend
     # the mean acceptance length is the one definition: 1 + accepted / speculative rounds (vLLM's drafts)
     (mal,) = [p for p in dash["panels"] if p["title"] == "Mean acceptance length"]
     assert mal["targets"][0]["expr"].startswith("1 + ") and n.VLLM_NUM_DRAFTS in mal["targets"][0]["expr"]
+
+
+def _openai_pod(objs):
+    (pod,) = _server_pods(objs)
+    return pod["spec"], pod["spec"]["containers"][0]
+
+
+def test_openai_key_comes_from_a_secret_by_default(charts, rendered):
+    """`deploy k8s` asks for the OpenAI key by default: the pod reads it from a read-only Secret volume (0400), by
+    file (never on the command line, where `ps` or the pod spec would show it), and NOTES says how to make it."""
+    values = yaml.safe_load((charts["llama33-70b-fp8-h100-tp2"] / "values.yaml").read_text())["server"]
+    secret = "llama33-70b-fp8-h100-tp2-openai-key"
+    assert (values["openaiApiKeySecret"], values["openaiApiKeySecretKey"]) == (secret, "key")
+    assert values["openaiAllowUnauthenticated"] is False
+    spec, c = _openai_pod(rendered["llama33-70b-fp8-h100-tp2"])
+    assert "--openai-api-key-file=/var/run/trt-spec/openai/key" in c["command"]
+    assert "--openai-allow-unauthenticated" not in c["command"]
+    vol = {v["name"]: v for v in spec["volumes"]}["openai-key"]["secret"]
+    assert vol == {"secretName": secret, "defaultMode": 0o400, "items": [{"key": "key", "path": "key"}]}
+    mount = {m["name"]: m for m in c["volumeMounts"]}["openai-key"]
+    assert mount == {"name": "openai-key", "mountPath": "/var/run/trt-spec/openai", "readOnly": True}
+    with helm.Chart.load(str(charts["llama33-70b-fp8-h100-tp2"])) as ch:
+        notes = ch.render(None, name="rel", namespace="serving")["llama33-70b-fp8-h100-tp2/templates/NOTES.txt"]
+    assert f"kubectl create secret generic {secret} --from-literal=key=" in notes
+    assert "Authorization: Bearer" in notes
+
+
+def test_openai_without_a_key_fails_the_render_in_one_line_unless_allowed(charts):
+    chart = charts["llama33-70b-fp8-h100-tp2"]
+    with pytest.raises(helm.HelmRenderError) as e:
+        render(chart, {"server": {"openaiApiKeySecret": ""}})
+    msg = str(e.value)
+    assert "\n" not in msg.strip()
+    assert "server.openaiApiKeySecret" in msg and "server.openaiAllowUnauthenticated" in msg
+    assert "kubectl create secret generic llama33-70b-fp8-h100-tp2-openai-key" in msg
+    spec, c = _openai_pod(render(chart, {"server": {"openaiApiKeySecret": "", "openaiAllowUnauthenticated": True}}))
+    assert "--openai-allow-unauthenticated" in c["command"]
+    assert not any(a.startswith("--openai-api-key-file") for a in c["command"])
+    assert "openai-key" not in {v["name"] for v in spec["volumes"]}
+    # without the OpenAI port, no key is asked for and none is mounted
+    spec, c = _openai_pod(render(chart, {"server": {"openai": False, "openaiApiKeySecret": ""}}))
+    assert not any("openai" in a for a in c["command"]) and "openai-key" not in {v["name"] for v in spec["volumes"]}

@@ -38,6 +38,7 @@ from ..records.speculation import Mode, break_even_acceptance
 CHART_SOURCES = Path(__file__).parent / "chart"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
 ADMIN_KEY_FILE = "/var/run/trt-spec/admin/key"
+OPENAI_KEY_FILE = "/var/run/trt-spec/openai/key"  # the OpenAI API key, from server.openaiApiKeySecret
 TRITON_UID = 1000  # user triton-server in NVIDIA's tritonserver images (see values.yaml: podSecurityContext)
 
 
@@ -302,6 +303,7 @@ def plan_values(m: BuildManifest, lay: Layout, acc: Acceptance, *, gpu: Optional
         "queueComputeMetric": defaults.QUEUE_COMPUTE_METRIC,
         "queueComputeRule": QUEUE_COMPUTE_RULE,
         "adminKeyFile": ADMIN_KEY_FILE,
+        "openaiKeyFile": OPENAI_KEY_FILE,
         "ports": {
             "http": defaults.HTTP_PORT,
             "grpc": defaults.GRPC_PORT,
@@ -350,6 +352,7 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
         metrics_port=defaults.METRICS_PORT,
         openai_port=defaults.OPENAI_PORT,
         openai_enabled="true" if m.config.recipe.openai else "false",
+        openai_key_secret=f"{m.name}-openai-key",
         drain_timeout_s=int(defaults.DRAIN_TIMEOUT_S),
         stop_margin_s=int(defaults.DRAIN_CUT_GRACE_S + defaults.EXIT_TIMEOUT_S + 5),
         uid=TRITON_UID,

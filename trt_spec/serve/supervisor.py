@@ -43,6 +43,11 @@ class ServeOptions:
     log_path: Optional[Path] = None  # tritonserver's log; None: server.default_log_path
     admin_key_file: Optional[Path] = None
     openai_port: Optional[int] = None  # also the OpenAI frontend, on this port
+    openai_api_key_file: Optional[Path] = None  # its key (else env defaults.OPENAI_API_KEY_ENV, inherited; else none)
+    openai_allow_unauthenticated: bool = False  # no key and a non-loopback host: bind `host` anyway
+    openai_max_concurrent: int = defaults.OPENAI_MAX_CONCURRENT
+    openai_max_queued: int = defaults.OPENAI_MAX_QUEUED
+    openai_max_body_bytes: int = defaults.OPENAI_MAX_BODY_BYTES
     drain_timeout: float = defaults.DRAIN_TIMEOUT_S
     verbose: bool = False
     restart: str = "trt-spec serve"  # the command line that restarts it, named when a model died
@@ -56,10 +61,75 @@ class ServeOptions:
     def frontend_log(self) -> Path:
         return Path(f"{str(self.repository).rstrip('/')}.openai.{self.openai_port}.log")
 
+    def openai_has_key(self, environ=None) -> bool:
+        """Whether the frontend will ask for a key: a file given, or the environment variable it inherits set."""
+        import os
+
+        env = os.environ if environ is None else environ
+        return self.openai_api_key_file is not None or bool(env.get(defaults.OPENAI_API_KEY_ENV))
+
+    def frontend_options(self) -> dict:
+        """FrontendProcess's / frontend_argv's options: the key's file (never the key) and the limits."""
+        return dict(
+            api_key_file=self.openai_api_key_file,
+            max_concurrent=self.openai_max_concurrent,
+            max_queued=self.openai_max_queued,
+            max_body_bytes=self.openai_max_body_bytes,
+        )
+
 
 def loopback(host: str) -> str:
     """Where a process on this machine reaches a server bound to `host`."""
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach a server bound to `host` (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve to any interface
+
+
+def openai_bind_host(host: str, has_key: bool, allow_unauthenticated: bool) -> str:
+    """Where the OpenAI frontend listens: `host`, unless it would be open to the network with no key (then
+    loopback only, as a server anyone on the network could use for free should be asked for, not a default)."""
+    if has_key or allow_unauthenticated or is_loopback(host):
+        return host
+    return "127.0.0.1"
+
+
+def loopback_note(o: ServeOptions, bind: str) -> Optional[str]:
+    """The one line saying the frontend was kept on loopback, and the two fixes; None when it binds --host."""
+    if bind == o.host:
+        return None
+    return (
+        f"the OpenAI frontend binds {bind}:{o.openai_port} only, not {o.host}: it has no API key; give one "
+        f"(--openai-api-key-file FILE, or env {defaults.OPENAI_API_KEY_ENV}) or --openai-allow-unauthenticated "
+        "to expose it anyway"
+    )
+
+
+def _openai_bind(o: ServeOptions) -> str:
+    return openai_bind_host(o.host, o.openai_has_key(), o.openai_allow_unauthenticated)
+
+
+def _check_openai_key(o: ServeOptions) -> None:
+    """The key file, before anything starts: given without --openai-port, unreadable or empty is one line."""
+    if o.openai_api_key_file is None:
+        return
+    if o.openai_port is None:
+        raise ServerError("--openai-api-key-file needs --openai-port (the key guards the OpenAI frontend)")
+    from .openai_guard import ApiKeyFileError, read_api_key
+
+    try:
+        read_api_key(o.openai_api_key_file)
+    except ApiKeyFileError as e:
+        raise ServerError(str(e)) from None
 
 
 def dry_run(o: ServeOptions) -> list[str]:
@@ -83,8 +153,13 @@ def dry_run(o: ServeOptions) -> list[str]:
         from ..records.procutil import shell_line
         from .openai_process import frontend_argv
 
-        argv = frontend_argv(o.repository, o.triton_grpc, o.openai_port, o.host)
+        _check_openai_key(o)
+        bind = _openai_bind(o)
+        argv = frontend_argv(o.repository, o.triton_grpc, o.openai_port, bind, **o.frontend_options())
         lines.append(f"# then, once it is ready: {shell_line(argv)}")
+        note = loopback_note(o, bind)
+        if note:
+            lines.append(f"# {note}")
     return lines
 
 
@@ -108,11 +183,13 @@ class _Running:
             self.server.stop()
 
 
-def _refuse_early(o: ServeOptions, run: _Running) -> None:
-    """The checks before any process starts: the engines are the ones the build made (the tensorrtllm backend itself
-    does not check), and the frontend's port and repository (one line, at once, not after a long load)."""
+def _refuse_early(o: ServeOptions, run: _Running, err: Say = lambda line: None) -> None:
+    """The checks before any process starts: the frontend's key file, the engines are the ones the build made (the
+    tensorrtllm backend itself does not check), and the frontend's port and repository (one line, at once, not after
+    a long load). err: the line saying the frontend stays on loopback, if it does."""
     from ..records.integrity import IntegrityError, verify_repository_engines
 
+    _check_openai_key(o)
     try:
         verify_repository_engines(Path(o.repository))
     except IntegrityError as e:
@@ -121,10 +198,16 @@ def _refuse_early(o: ServeOptions, run: _Running) -> None:
         from ..repository.writer import RepositoryError
         from .openai_process import FrontendProcess
 
+        bind = _openai_bind(o)
         try:
-            run.frontend = FrontendProcess(Path(o.repository), o.triton_grpc, o.openai_port, o.host, o.frontend_log)
+            run.frontend = FrontendProcess(
+                Path(o.repository), o.triton_grpc, o.openai_port, bind, o.frontend_log, **o.frontend_options()
+            )
         except RepositoryError as e:
             raise ServerError(str(e)) from None
+        note = loopback_note(o, bind)
+        if note:
+            err(note)
 
 
 def _start(o: ServeOptions, run: _Running, err: Say) -> None:
@@ -177,7 +260,7 @@ def run(o: ServeOptions, *, out: Say, err: Say) -> int:
     state = _Running()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(sig, state.on_signal)
-    _refuse_early(o, state)
+    _refuse_early(o, state, err)
     try:
         _start(o, state, err)
     except KeyboardInterrupt:

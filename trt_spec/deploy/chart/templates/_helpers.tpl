@@ -35,6 +35,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* One pod per replica holds every GPU the plan needs; a plan larger than a node is refused (trt-spec serves on one
 node: see trt_spec/deploy/k8s.py MULTI_NODE_REFUSED). Included by every object that places pods. */}}
+{{/* The OpenAI port is open to whatever reaches the Service: a key (server.openaiApiKeySecret), or an explicit
+server.openaiAllowUnauthenticated. Neither is refused at render, in one line with the fix. */}}
+{{- define "trtspec.checkOpenaiKey" -}}
+{{- if and .Values.server.openai (not .Values.server.openaiApiKeySecret) (not .Values.server.openaiAllowUnauthenticated) -}}
+{{- fail (printf "server.openai is true but neither server.openaiApiKeySecret nor server.openaiAllowUnauthenticated is set: create the key with kubectl create secret generic %s-openai-key --from-literal=key=\"$(openssl rand -hex 32)\" and set server.openaiApiKeySecret=%s-openai-key, or set server.openaiAllowUnauthenticated=true to serve it without a key" .Values.plan.name .Values.plan.name) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "trtspec.checkFits" -}}
 {{- $ranks := int .Values.plan.ranks -}}
 {{- $per := int .Values.gpusPerNode -}}
@@ -144,6 +152,11 @@ requests:
   mountPath: {{ dir .Values.plan.adminKeyFile }}
   readOnly: true
 {{- end }}
+{{- if and .Values.server.openai .Values.server.openaiApiKeySecret }}
+- name: openai-key
+  mountPath: {{ dir .Values.plan.openaiKeyFile }}
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "trtspec.volumes" -}}
@@ -165,6 +178,15 @@ requests:
     items:
       - key: {{ .Values.server.adminKeySecretKey }}
         path: {{ base .Values.plan.adminKeyFile }}
+{{- end }}
+{{- if and .Values.server.openai .Values.server.openaiApiKeySecret }}
+- name: openai-key
+  secret:
+    secretName: {{ .Values.server.openaiApiKeySecret }}
+    defaultMode: 0400
+    items:
+      - key: {{ .Values.server.openaiApiKeySecretKey }}
+        path: {{ base .Values.plan.openaiKeyFile }}
 {{- end }}
 {{- end -}}
 

@@ -1,0 +1,145 @@
+"""`trt-spec serve --openai-port` with a key, over the real tritonserver: the official openai SDK with the key is
+answered, a wrong key is openai.AuthenticationError, /health and /metrics stay open for probes and Prometheus, and
+the key is on no command line. Without a key and with --host 0.0.0.0 the frontend stays on loopback and says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from trt_spec.records import defaults  # noqa: E402
+from trt_spec.serve.server import free_port  # noqa: E402
+
+from .conftest import build_deployment  # noqa: E402
+from .test_openai import CHATML, ROOT  # noqa: E402
+
+KEY = "sk-trtspec-e2e-4f1c9a7b2d"
+
+
+@pytest.fixture(scope="module")
+def chat_repo(tiny_models, tmp_path_factory) -> Path:
+    """The n-gram deployment of the tiny target with a chat template (as test_openai.py's openai_server)."""
+    root = tmp_path_factory.mktemp("openai_keys")
+    target = root / "target"
+    shutil.copytree(tiny_models["target"], target)
+    cfg = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": CHATML}))
+    return build_deployment(root, "ngram", None, target)
+
+
+def serve(repo: Path, tmp: Path, *extra: str, env: dict):
+    """`trt-spec serve REPO --openai-port P ...` until ready: (process, ready line, ports, stderr file)."""
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
+    err_path = tmp / "serve.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trt_spec.cli", "serve", str(repo)]
+            + [f"--{name}-port={port}" for name, port in ports.items()]
+            + list(extra),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+    line = proc.stdout.readline()
+    if "OpenAI" not in line:
+        proc.kill()
+        pytest.fail(f"serve did not come up: {line!r} {err_path.read_text()[-2000:]}")
+    return proc, line, ports, err_path
+
+
+def stop(proc) -> None:
+    proc.send_signal(2)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def no_key_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != defaults.OPENAI_API_KEY_ENV}
+
+
+def get(url: str, headers: dict | None = None):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
+def test_a_key_file_guards_v1_and_leaves_health_and_metrics_open(chat_repo, tmp_path):
+    key_file = tmp_path / "openai.key"
+    key_file.write_text(KEY + "\n")
+    proc, line, ports, _ = serve(chat_repo, tmp_path, "--openai-api-key-file", str(key_file), env=no_key_env())
+    try:
+        base = f"http://127.0.0.1:{ports['openai']}"
+        assert f"OpenAI {base}/v1" in line
+        good = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        models = {m.id for m in good.models.list()}
+        assert models
+        chat = good.chat.completions.create(
+            model=sorted(models)[0], messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+        )
+        assert chat.choices[0].message.content is not None
+        bad = openai.OpenAI(base_url=base + "/v1", api_key=KEY + "x", max_retries=0, timeout=30)
+        with pytest.raises(openai.AuthenticationError) as e:
+            bad.models.list()
+        assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            bad.chat.completions.create(model=sorted(models)[0], messages=[{"role": "user", "content": "hi"}])
+        status, headers, body = get(base + "/v1/models")  # no header at all
+        assert status == 401 and headers["WWW-Authenticate"] == "Bearer" and KEY not in body.decode()
+        for path in ("/health", "/metrics"):  # probes and Prometheus need no key
+            assert get(base + path)[0] == 200, path
+        assert get(base + "/openapi.json")[0] != 401  # the schema is not behind the key either
+        # the key travels by file: no process's command line holds it
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                assert KEY.encode() not in cmdline.read_bytes()
+            except OSError:
+                continue
+    finally:
+        stop(proc)
+
+
+def _lan_address() -> str | None:
+    """An address of this machine other than loopback (none on a host without a network)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: this only picks the outgoing interface
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
+def test_no_key_and_host_0000_keeps_the_frontend_on_loopback(chat_repo, tmp_path):
+    proc, line, ports, err_path = serve(chat_repo, tmp_path, "--host", "0.0.0.0", env=no_key_env())
+    try:
+        base = f"http://127.0.0.1:{ports['openai']}"
+        assert f"OpenAI {base}/v1" in line  # the address actually bound
+        (note,) = [n for n in err_path.read_text().splitlines() if "binds 127.0.0.1" in n]
+        assert "--openai-api-key-file FILE" in note and "--openai-allow-unauthenticated" in note
+        assert get(base + "/v1/models")[0] == 200  # no key: loopback callers need none
+        lan = _lan_address()
+        if lan is not None:
+            assert get(f"http://{lan}:{ports['http']}/v2/health/ready")[0] == 200  # Triton's ports follow --host
+            with pytest.raises(OSError):
+                socket.create_connection((lan, ports["openai"]), timeout=5).close()
+    finally:
+        stop(proc)
