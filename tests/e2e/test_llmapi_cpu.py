@@ -160,6 +160,7 @@ def test_stop_strings_and_refusals_in_the_models_words(llmapi_server):
     assert bad["status"] == 400 and bad["error"].startswith("Error generating request: ")
 
 
+@pytest.mark.slow  # a minute: check + bench's three phases over HTTP; make slow (CI) runs it
 def test_check_and_bench_against_the_llmapi_models(llmapi_server, tmp_path):
     """The harness maps its baseline and speculative roles onto tensorrt_llm_baseline and tensorrt_llm (the LLM-API
     path has no ensemble), counts tokens with the target's tokenizer, measures the speculative model, then the
