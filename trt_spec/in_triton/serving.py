@@ -23,8 +23,11 @@ import numpy as np
 # requests in flight need new ones — the BLS's next engine call, the ensemble's next postprocessing step.
 DRAIN_FILE_ENV = "TRT_SPEC_DRAIN_FILE"
 DRAINING, CANCELLING = "drain", "cancel"
-REFUSED_WHILE_DRAINING = "server shutting down: it accepts no new requests; send this request to another replica"
-CUT_AT_DRAIN_TIMEOUT = "server shutting down: the request was still running when the drain timeout ended it"
+# Both lines start with SHUTTING_DOWN: a gRPC stream's error carries no status code, only its text, and the OpenAI
+# frontend reports a line starting so as a 503 (serve/openai_triton.py), as Triton's HTTP endpoint does (UNAVAILABLE).
+SHUTTING_DOWN = "server shutting down"
+REFUSED_WHILE_DRAINING = f"{SHUTTING_DOWN}: it accepts no new requests; send this request to another replica"
+CUT_AT_DRAIN_TIMEOUT = f"{SHUTTING_DOWN}: the request was still running when the drain timeout ended it"
 
 
 class ShuttingDown(RuntimeError):

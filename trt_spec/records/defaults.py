@@ -107,6 +107,10 @@ OPENAI_RETRY_AFTER_S = 1  # the 429's Retry-After (seconds): a slot frees as soo
 # A streamed response whose client takes longer than this to accept one chunk is abandoned (its connection closed,
 # its Triton call cancelled if still running): a reader that stopped reading holds nothing for long.
 OPENAI_SEND_TIMEOUT_S = 60.0
+# The frontend stopping (SIGTERM: serve stops it after Triton drained, or after a fault): the streams and calls still
+# open get this long to end on their own (after a drain they only have their last bytes to send), then each ends with
+# a 503 "server shutting down" error in OpenAI's shape, not a dropped connection (a dead model's calls never end).
+OPENAI_STOP_GRACE_S = 2.0
 # uvicorn's limit_concurrency (connections and tasks; beyond it a bare 503): above max_concurrent + max_queued so the
 # frontend's own OpenAI-shaped 429 answers first; the frontend raises it to 2 x (their sum) if they are larger.
 OPENAI_CONNECTION_LIMIT = 2048

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
-from ..in_triton.serving import StopCutter, input_byte_limit
+from ..in_triton.serving import SHUTTING_DOWN, StopCutter, input_byte_limit
 from ..records.names import SPECULATIVE
 from .openai_guard import (
     TOO_LARGE,
@@ -93,6 +93,23 @@ class Frontend:
         self.metrics = FrontendMetricsExporter()
         self.admission = Admission(self.limits.max_concurrent, self.limits.max_queued, self.metrics.refused)
         self.metrics.watch_admission(self.admission)
+        self.stopping = False  # set once the frontend begins to stop (SIGTERM): a request admitted then gets STOPPED
+        self.live: dict[asyncio.Future, Optional[asyncio.Queue]] = {}  # calls running: their stream's queue, if any
+
+    def track(self, task: asyncio.Future, q: Optional[asyncio.Queue] = None) -> asyncio.Future:
+        self.live[task] = q
+        task.add_done_callback(lambda t: self.live.pop(t, None))
+        return task
+
+    def end_calls(self) -> None:
+        """The frontend stopping, its grace over: every call still running ends with STOPPED (a stream gets it as
+        its last event, a whole answer as its response) and its Triton call is cancelled."""
+        for task, q in list(self.live.items()):
+            if q is not None:
+                q.put_nowait(_sse(STOPPED.body()))
+                q.put_nowait("data: [DONE]\n\n")
+                q.put_nowait(None)
+            task.cancel()
 
     async def run(self, r: GenRequest) -> AsyncIterator[tuple[str, Completion]]:
         """(text delta, completion so far) per model response; the last item carries the finish reason."""
@@ -258,6 +275,15 @@ class _ClientGone(Exception):
     pass
 
 
+# What a call still running gets when the frontend stops (serve stops it after Triton drained, or after a fault: a
+# dead model's calls would never end): OpenAI's 503, which its SDK retries and a load balancer sends elsewhere.
+STOPPED = OpenAIError(
+    503,
+    f"{SHUTTING_DOWN}: the request was still running when the server stopped; retry it",
+    type="server_error",
+)
+
+
 async def _unless_gone(request, work):
     """The result of `work` (a coroutine or task), or _ClientGone (`work` cancelled) if the client disconnects first."""
     task = asyncio.ensure_future(work)
@@ -312,7 +338,7 @@ def _streaming_response(fe: Frontend, r: GenRequest, rid: str):
     from fastapi.responses import StreamingResponse
 
     q: asyncio.Queue = asyncio.Queue()
-    producer = fe.admission.hold(asyncio.ensure_future(_produce(fe, r, rid, q)))
+    producer = fe.track(fe.admission.hold(asyncio.ensure_future(_produce(fe, r, rid, q))), q)
 
     class _Owned(StreamingResponse):
         async def __call__(self, scope, receive, send):
@@ -354,6 +380,9 @@ async def _complete(fe: Frontend, request, chat: bool):
         fe.admission.check_room()
         r = parse_request(await read_body(request, fe.limits.max_body_bytes), fe.tokenizer, fe.s, chat=chat)
         await _unless_gone(request, fe.admission.acquire())
+        if fe.stopping:  # admitted after the frontend began stopping: the slot goes back, the client to another replica
+            fe.admission.release()
+            raise STOPPED
     except OpenAIError as e:
         if e.status == 413:
             fe.metrics.refused(TOO_LARGE)
@@ -364,11 +393,15 @@ async def _complete(fe: Frontend, request, chat: bool):
     if r.stream:
         return _streaming_response(fe, r, rid)
     try:  # the client leaving cancels the work (the Triton call is cancelled on the way out)
-        c = await _unless_gone(request, fe.admission.hold(asyncio.ensure_future(_collect(fe, r))))
+        c = await _unless_gone(request, fe.track(fe.admission.hold(asyncio.ensure_future(_collect(fe, r)))))
     except _ClientGone:
         return Response(status_code=499)
     except OpenAIError as e:
         return _error(e)
+    except asyncio.CancelledError:  # the work, not this handler, was cancelled: Frontend.end_calls
+        if not fe.stopping:
+            raise
+        return _error(STOPPED)
     return _completion(r, rid, c)
 
 
@@ -520,12 +553,24 @@ def _serve(app, host: str, port: int, limits: Limits) -> None:
     timeout_keep_alive: an idle keep-alive connection is closed after defaults.OPENAI_KEEP_ALIVE_S (uvicorn's own
     default, said here so a change upstream does not change the deployment). timeout_graceful_shutdown: on SIGTERM
     uvicorn stops accepting and lets open streams finish for up to defaults.DRAIN_TIMEOUT_S (as Triton drains its
-    KServe requests), then closes what is left; without it uvicorn would wait on a stuck stream forever."""
+    KServe requests), then closes what is left; without it uvicorn would wait on a stuck stream forever. Before that,
+    after defaults.OPENAI_STOP_GRACE_S, every call still open ends with an OpenAI-shaped 503 (Frontend.end_calls): serve
+    stops the frontend once Triton has drained (nothing left but last bytes) or after a fault (a dead model's calls
+    never end), and a client should read why, not a dropped connection."""
     import uvicorn
 
     from ..records import defaults as d
 
-    uvicorn.run(
+    fe: Frontend = app.state.frontend
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            """A signal: no new work; the calls still open get defaults.OPENAI_STOP_GRACE_S, then STOPPED."""
+            fe.stopping = True
+            asyncio.get_running_loop().call_later(d.OPENAI_STOP_GRACE_S, fe.end_calls)
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -535,6 +580,7 @@ def _serve(app, host: str, port: int, limits: Limits) -> None:
         timeout_keep_alive=d.OPENAI_KEEP_ALIVE_S,
         timeout_graceful_shutdown=d.DRAIN_TIMEOUT_S,
     )
+    Server(config).run()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import AsyncIterator, Optional
 
 import numpy as np
 
+from ..in_triton.serving import SHUTTING_DOWN
 from ..records import llmapi_contract as lc
 from ..records.names import LIST_METRICS, METRIC_OUTPUTS, OUTPUT_IDS
 from .openai_metrics import LLMAPI_SPEC_OUTPUTS
@@ -28,6 +29,15 @@ class TritonCallError(Exception):
     def __init__(self, message: str, status: int):
         super().__init__(message)
         self.status = status
+
+
+def _status_of(message: str) -> int:
+    """The HTTP status of a model's error line (a gRPC stream's error has only its text): 503 for a server draining
+    (the client, or its load balancer, should go to another replica; the openai SDK retries it), 500 for a fault of
+    the server's (its line says "internal error", nothing more), else 400 (the request's own values)."""
+    if SHUTTING_DOWN in message:
+        return 503
+    return 500 if "internal error" in message else 400
 
 
 def _encode_input(name: str, arr: np.ndarray, request) -> None:
@@ -130,7 +140,7 @@ class TritonModels:
             async for resp in call:
                 if resp.error_message:
                     msg = resp.error_message.strip()
-                    raise TritonCallError(msg, 500 if "internal error" in msg else 400)
+                    raise TritonCallError(msg, _status_of(msg))
                 yield InferResult(resp.infer_response)
                 final = resp.infer_response.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
