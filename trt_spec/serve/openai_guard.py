@@ -24,6 +24,7 @@ import collections
 import hmac
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -152,6 +153,16 @@ class _SendTimedOut(Exception):
     pass
 
 
+async def _within(awaitable, seconds: float) -> None:
+    """`await awaitable`, or TimeoutError after `seconds`: asyncio.timeout where it exists (Python 3.11+: no task per
+    send, as wait_for makes one), wait_for on 3.10 (pyproject's floor)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            await awaitable
+    else:  # pragma: no cover - 3.10 only
+        await asyncio.wait_for(awaitable, seconds)
+
+
 class SendTimeout:
     """Pure ASGI: a send that waits longer than `seconds` (the client not reading: uvicorn's send waits for the
     socket to drain) ends the app's call; the response is left incomplete, so uvicorn closes the connection."""
@@ -168,9 +179,8 @@ class SendTimeout:
         async def timed_send(message):
             nonlocal timed_out
             try:
-                async with asyncio.timeout(self.seconds):  # no task per send (wait_for makes one): cheap per chunk
-                    await send(message)
-            except TimeoutError:
+                await _within(send(message), self.seconds)
+            except (TimeoutError, asyncio.TimeoutError):
                 timed_out = True
                 raise _SendTimedOut() from None
 
