@@ -140,6 +140,8 @@ def assert_openai_errors_soon(streams: list[Stream], since: float, max_tokens: i
         assert "Traceback" not in body["message"] and "/tmp/" not in body["message"], report
         assert st.ended - since < ERROR_WITHIN_S, report
         assert st.usage is None or st.usage.completion_tokens < max_tokens, report
+    last = max(st.ended for st in streams) - since
+    print(f"{len(streams)} OpenAI streams ended with a 503 error event {last:.1f} s after the fault")
 
 
 @pytest.mark.slow  # a server of its own (~30-60 s): `make slow`, which CI runs
