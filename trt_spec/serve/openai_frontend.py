@@ -21,7 +21,8 @@ triton.py). The same frontend serves a CPU and a GPU deployment; it needs only t
 The parts, one purpose each: openai_requests.py (request checks, limits, the model's tensors), openai_triton.py (the
 gRPC calls), openai_metrics.py (the Prometheus metrics, the per-request acceptance), openai_llmapi.py (the LLM-API
 model's request and answers), openai_process.py (the child process `trt-spec serve` starts), openai_guard.py (the
-API key, the body cap, admission to Triton, the send timeout); this module is the app and its routes. Semantics
+API key, the body cap, admission to Triton, the send timeout), openai_schema.py (the OpenAPI document at
+/openapi.json); this module is the app and its routes. Semantics
 (OpenAI's): `stop` strings end the generation (sent as stop words, and cut from the text, which never contains them);
 finish_reason is "length" when max_tokens tokens came, else "stop".
 Errors are OpenAI's error JSON with its status codes.
@@ -66,6 +67,7 @@ from .openai_requests import (
     parse_request,
     request_tensors,
 )
+from .openai_schema import openapi_document
 from .openai_triton import TritonCallError, TritonModels
 
 
@@ -440,6 +442,12 @@ def _add_routes(app, fe: Frontend) -> None:
     async def health():
         ok = await fe.models.ready()
         return JSONResponse({"status": "ok" if ok else "triton unavailable"}, status_code=200 if ok else 503)
+
+    document = openapi_document(fe.s, keyed=bool(fe.limits.api_key))  # openai_schema.py: the real bounds
+
+    @app.get("/openapi.json")
+    async def openapi():
+        return document
 
     @app.get("/metrics")
     async def metrics():

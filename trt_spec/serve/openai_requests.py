@@ -299,13 +299,19 @@ def _check_fields(body: Any, s: FrontendSettings, chat: bool) -> str:
     for name, defaults in UNSUPPORTED.items():
         v = body.get(name)
         # a container's size first: a 100k-entry logit_bias is refused without comparing its entries
-        if name in body and ((isinstance(v, (dict, list)) and len(v) > 1) or v not in defaults):
+        if name in body and ((isinstance(v, (dict, list)) and len(v) > 1) or not _is_default(v, defaults)):
             raise OpenAIError(400, f"'{name}' is not supported by this deployment; omit it", param=name)
     _metadata(body.get("metadata"))
     choices = _number(body, "n", int)
     if choices not in (None, 1):
         raise OpenAIError(400, f"'n' must be 1 (one choice per request), got {choices}", param="n")
     return model
+
+
+def _is_default(v: Any, defaults: tuple) -> bool:
+    """`v` is one of `defaults`, a boolean only as a boolean (Python's 0 == False and 1 == True would let
+    `"logprobs": 0` or `"best_of": true` through)."""
+    return any(v == d and isinstance(v, bool) == isinstance(d, bool) for d in defaults)
 
 
 def _metadata(meta: Any) -> None:

@@ -1,0 +1,275 @@
+"""The OpenAI frontend's OpenAPI document (served at /openapi.json): what each route takes and answers, with the
+frontend's real bounds.
+
+Every bound comes from where the frontend enforces it (openai_requests.py, defaults.py, the repository's settings),
+so the document cannot drift from the checks: it is what `schemathesis` fuzzes the frontend from
+(tests/e2e/test_fuzz.py), and what any client generator would read. The routes take a raw `Request` (the frontend
+parses bodies itself, to answer in OpenAI's error shape), so FastAPI could describe no body; this module does.
+Cross-field rules a schema cannot say (the prompt's tokens against max_tokens, `stream_options` only with `stream`,
+speculation knobs only on the speculative model, the messages' total text) are the server's 400s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..records.defaults import OPENAI_MAX_CONTENT_PARTS, OPENAI_MAX_MESSAGES, TENANT_MAX_BYTES
+from ..records.names import DRAFT_LEN_POLICY, NUM_DRAFT_TOKENS
+from ..records.speculation import POLICIES
+from .openai_requests import (
+    IGNORED_FIELDS,
+    MAX_STOP_SEQUENCES,
+    METADATA_KEY_CHARS,
+    METADATA_MAX_KEYS,
+    METADATA_VALUE_CHARS,
+    UNSUPPORTED,
+    FrontendSettings,
+)
+
+BEARER = "bearerAuth"
+JSON = "application/json"
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _error_response(description: str, headers: dict | None = None) -> dict:
+    out: dict[str, Any] = {"description": description, "content": {JSON: {"schema": _ERROR}}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+def _errors(keyed: bool) -> dict:
+    """The error answers of a /v1 generation route (OpenAI's statuses; 503: Triton unreachable or draining)."""
+    out = {
+        "400": _error_response("a field out of bounds or malformed, named with its fix"),
+        "404": _error_response("no such model"),
+        "413": _error_response("the body is over the frontend's --max-body-bytes"),
+        "429": _error_response(
+            "over --max-concurrent requests in flight and --max-queued waiting",
+            {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}},
+        ),
+        "503": _error_response("Triton unreachable, or the server draining: retry on another replica"),
+    }
+    if keyed:
+        out["401"] = _error_response("no bearer key, or not this server's")
+    return out
+
+
+def _token_bound(s: FrontendSettings) -> dict:
+    """max_tokens: at least 1, at most the room a one-token prompt leaves (the prompt's own tokens are the 400's)."""
+    return {"type": "integer", "minimum": 1, "maximum": s.max_seq_len - s.max_draft_len - 1}
+
+
+def _nullable(schema: dict) -> dict:
+    """An optional field the frontend reads with body.get(): null is the same as leaving it out."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _common_properties(s: FrontendSettings) -> dict:
+    optional: dict[str, Any] = {
+        "max_tokens": _token_bound(s),
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "n": {"type": "integer", "enum": [1]},
+        "stop": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP_SEQUENCES},
+            ]
+        },
+        "seed": {"type": "integer", "minimum": 0, "maximum": 2**64 - 1},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        "user": {"type": "string", "maxLength": TENANT_MAX_BYTES, "description": f"at most {TENANT_MAX_BYTES} bytes"},
+        "metadata": {
+            "type": "object",
+            "maxProperties": METADATA_MAX_KEYS,
+            "propertyNames": {"maxLength": METADATA_KEY_CHARS},
+            "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_CHARS},
+        },
+    }
+    if s.llmapi:  # the LLM-API model takes no speculation knob (openai_requests._speculation): null only
+        optional[NUM_DRAFT_TOKENS] = optional[DRAFT_LEN_POLICY] = {"type": "null"}
+    else:  # the speculative model's (the baseline's 400 names them)
+        optional[NUM_DRAFT_TOKENS] = {"type": "integer", "minimum": 0, "maximum": s.max_draft_len}
+        optional[DRAFT_LEN_POLICY] = {"type": "string", "enum": list(POLICIES)}
+    props: dict[str, Any] = {
+        "model": {"type": "string", "enum": list(s.models)},
+        "stream": {"type": "boolean"},
+        **{name: _nullable(schema) for name, schema in optional.items()},
+    }
+    for name in sorted(IGNORED_FIELDS - set(props)):
+        props[name] = {"description": "accepted and ignored"}
+    for name, defaults in UNSUPPORTED.items():  # not served: only their default values
+        props[name] = {"enum": list(defaults), "description": "not served by this deployment: its default only"}
+    return props
+
+
+def _message() -> dict:
+    part = {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    }
+    return {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+            "content": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": part, "maxItems": OPENAI_MAX_CONTENT_PARTS},
+                ]
+            },
+        },
+    }
+
+
+def request_schemas(s: FrontendSettings) -> dict[str, dict]:
+    """The request bodies of /v1/completions and /v1/chat/completions."""
+    common = _common_properties(s)
+    completion = {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "additionalProperties": False,
+        "properties": {
+            **common,
+            "prompt": {
+                "anyOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+                ]
+            },
+        },
+    }
+    chat = {
+        "type": "object",
+        "required": ["model", "messages"],
+        "additionalProperties": False,
+        "properties": {
+            **common,
+            "messages": {"type": "array", "items": _message(), "minItems": 1, "maxItems": OPENAI_MAX_MESSAGES},
+            "max_completion_tokens": _nullable(_token_bound(s)),
+        },
+    }
+    return {"CompletionRequest": completion, "ChatCompletionRequest": chat}
+
+
+# One server-sent event (OpenAPI before 3.2: a stream's `schema` describes each event, as 3.2's itemSchema does): its
+# data is a chunk's JSON, an error's, or [DONE].
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
+
+
+def _generation(name: str, summary: str, keyed: bool) -> dict:
+    answer = {"type": "object", "required": ["id", "object", "created", "model", "choices"]}
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": f"#/components/schemas/{name}"}}}},
+            "responses": {
+                "200": {
+                    "description": "the answer (JSON), or with stream: true its server-sent events",
+                    "content": {JSON: {"schema": answer}, "text/event-stream": {"schema": _SSE_EVENT}},
+                },
+                **_errors(keyed),
+            },
+        }
+    }
+
+
+def _models_paths(keyed: bool) -> dict:
+    model = {"type": "object", "required": ["id", "object", "created", "owned_by"]}
+    denied = {"401": _error_response("no bearer key, or not this server's")} if keyed else {}
+    return {
+        "/v1/models": {
+            "get": {
+                "summary": "the models served",
+                "responses": {
+                    "200": {
+                        "description": "the list",
+                        "content": {JSON: {"schema": {"type": "object", "required": ["object", "data"]}}},
+                    },
+                    **denied,
+                },
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "one model",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "the model", "content": {JSON: {"schema": model}}},
+                    "404": _error_response("no such model"),
+                    **denied,
+                },
+            }
+        },
+    }
+
+
+def _open_paths() -> dict:
+    status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+    return {
+        "/health": {
+            "get": {
+                "summary": "ready: Triton answers and is ready (no key asked: probes carry none)",
+                "security": [],
+                "responses": {
+                    "200": {"description": "ready", "content": {JSON: {"schema": status}}},
+                    "503": {"description": "Triton unreachable or draining", "content": {JSON: {"schema": status}}},
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus exposition (no key asked: scrapers carry none)",
+                "security": [],
+                "responses": {
+                    "200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}
+                },
+            }
+        },
+    }
+
+
+def openapi_document(s: FrontendSettings, keyed: bool) -> dict:
+    """The document /openapi.json serves; `keyed`: the frontend asks for a bearer key on /v1/*."""
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "trt-spec OpenAI-compatible frontend", "version": "1"},
+        "paths": {
+            **_open_paths(),
+            **_models_paths(keyed),
+            "/v1/completions": _generation("CompletionRequest", "a text completion", keyed),
+            "/v1/chat/completions": _generation("ChatCompletionRequest", "a chat completion", keyed),
+        },
+        "components": {
+            "schemas": {
+                **request_schemas(s),
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["message", "type"],
+                            "properties": {
+                                "message": {"type": "string"},
+                                "type": {"type": "string"},
+                                "param": {"type": ["string", "null"]},
+                                "code": {"type": ["string", "null"]},
+                            },
+                        }
+                    },
+                },
+            },
+        },
+    }
+    if keyed:
+        doc["components"]["securitySchemes"] = {BEARER: {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{BEARER: []}]
+    return doc
