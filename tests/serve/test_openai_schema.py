@@ -74,3 +74,12 @@ def test_no_generated_body_breaks_the_parser(path, mode):
         assert statuses.get(200, 0) > 0, statuses  # the schema's valid bodies do get through
     else:
         assert statuses.get(400, 0) > 0, statuses
+
+
+@pytest.mark.parametrize("field,value", [("logprobs", 0), ("best_of", True), ("top_logprobs", False)])
+def test_a_boolean_is_not_taken_for_a_number_default_or_back(field, value):
+    """The schema says `logprobs` is null or false; Python's 0 == False must not let 0 through (schemathesis's
+    negative_data_rejection check found the server laxer than its document)."""
+    with pytest.raises(OpenAIError) as e:
+        parse_request({"model": SMALL.models[0], "prompt": "hi", field: value}, Tok(), SMALL, chat=False)
+    assert e.value.status == 400 and e.value.param == field
