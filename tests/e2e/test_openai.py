@@ -462,7 +462,9 @@ def test_aiperf_spec_decode_section_shows_the_servers_acceptance(openai_server, 
     counted = acceptance_delta(before, server_acceptance(s))
     rep = json.loads((out / "profile_export_aiperf.json").read_text())
     assert rep["request_count"]["avg"] == 6 and rep.get("error_request_count", {}).get("avg", 0) == 0
-    assert counted["accepted"] > 0 and counted["drafted"] > counted["accepted"], counted  # partial acceptance
+    # drafts were made and some accepted (how many depends on what this server ran before: run alone, some drafts
+    # are refused; after this module's other tests every draft may be accepted, which the counts below still check)
+    assert counted["accepted"] > 0 and counted["drafted"] >= counted["accepted"], counted
     assert rep["total_accepted_draft_tokens"]["avg"] == counted["accepted"], rep["total_accepted_draft_tokens"]
     assert rep["total_draft_tokens"]["avg"] == counted["drafted"]
     assert rep["total_spec_decode_steps"]["avg"] == counted["steps"]
