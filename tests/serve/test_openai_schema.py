@@ -83,3 +83,12 @@ def test_a_boolean_is_not_taken_for_a_number_default_or_back(field, value):
     with pytest.raises(OpenAIError) as e:
         parse_request({"model": SMALL.models[0], "prompt": "hi", field: value}, Tok(), SMALL, chat=False)
     assert e.value.status == 400 and e.value.param == field
+
+
+@pytest.mark.parametrize("usage", [None, "yes", 1])
+def test_include_usage_is_a_boolean_as_the_document_says(usage):
+    """schemathesis found `"stream_options": {"include_usage": null}` accepted though the document says boolean."""
+    body = {"model": SMALL.models[0], "prompt": "hi", "stream": True, "stream_options": {"include_usage": usage}}
+    with pytest.raises(OpenAIError) as e:
+        parse_request(body, Tok(), SMALL, chat=False)
+    assert e.value.status == 400 and e.value.param == "stream_options"

@@ -480,7 +480,10 @@ def _stream(body: dict) -> tuple[bool, bool]:
     options = body.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict)):
         raise OpenAIError(400, "'stream_options' is only allowed with stream: true", param="stream_options")
-    return stream, bool((options or {}).get("include_usage"))
+    include_usage = (options or {}).get("include_usage", False)
+    if not isinstance(include_usage, bool):  # OpenAI's is a boolean; a null or a string is not taken for one
+        raise OpenAIError(400, "'stream_options.include_usage' must be true or false", param="stream_options")
+    return stream, include_usage
 
 
 def _speculation(body: dict, s: FrontendSettings, model: str) -> tuple[Optional[int], Optional[str]]:
