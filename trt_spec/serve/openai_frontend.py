@@ -520,7 +520,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from ..records import defaults as d
     from ..repository.writer import RepositoryError
-    from .openai_guard import ApiKeyFileError, read_api_key
+    from .openai_guard import read_api_key
 
     ap = argparse.ArgumentParser(prog="trt-spec-openai", description=main.__doc__)
     ap.add_argument("--repository", required=True)
@@ -540,7 +540,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             max_body_bytes=a.max_body_bytes, max_concurrent=a.max_concurrent, max_queued=a.max_queued, api_key=key
         )
         settings = FrontendSettings.from_repository(Path(a.repository), a.triton)
-    except (RepositoryError, ApiKeyFileError, ValueError) as e:
+    except (RepositoryError, ValueError) as e:  # ValueError: openai_guard.ApiKeyFileError, Limits
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(

@@ -59,13 +59,11 @@ class FrontendProcess:
     in front of a running Triton's gRPC endpoint. start() -> wait_ready() -> stop()."""
 
     def __init__(self, repo: Path, triton_url: str, port: int, host: str, log_path: Path, **options):
-        """`options`: frontend_argv's (api_key_file, max_concurrent, max_queued, max_body_bytes)."""
-        from .openai_guard import read_api_key
+        """`options`: frontend_argv's (api_key_file, max_concurrent, max_queued, max_body_bytes); the key file is
+        checked by its caller (supervisor._check_openai_key) before anything starts."""
         from .server import check_port_free
 
         FrontendSettings.from_repository(repo, triton_url)  # a repository it cannot serve fails here, in one line
-        if options.get("api_key_file") is not None:
-            read_api_key(options["api_key_file"])  # a key file it cannot use too (openai_guard.ApiKeyFileError)
         check_port_free(host if host != "0.0.0.0" else "", port, "openai")
         self.argv = frontend_argv(repo, triton_url, port, host, **options)
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"

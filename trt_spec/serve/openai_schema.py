@@ -38,9 +38,14 @@ def _error_response(description: str, headers: dict | None = None) -> dict:
     return out
 
 
+def _denied(keyed: bool) -> dict:
+    """The 401 of a /v1 route when the frontend asks for a key; nothing when it does not."""
+    return {"401": _error_response("no bearer key, or not this server's")} if keyed else {}
+
+
 def _errors(keyed: bool) -> dict:
     """The error answers of a /v1 generation route (OpenAI's statuses; 503: Triton unreachable or draining)."""
-    out = {
+    return {
         "400": _error_response("a field out of bounds or malformed, named with its fix"),
         "404": _error_response("no such model"),
         "413": _error_response("the body is over the frontend's --max-body-bytes"),
@@ -49,10 +54,8 @@ def _errors(keyed: bool) -> dict:
             {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}},
         ),
         "503": _error_response("Triton unreachable, or the server draining: retry on another replica"),
+        **_denied(keyed),
     }
-    if keyed:
-        out["401"] = _error_response("no bearer key, or not this server's")
-    return out
 
 
 def _token_bound(s: FrontendSettings) -> dict:
@@ -183,7 +186,7 @@ def _generation(name: str, summary: str, keyed: bool) -> dict:
 
 def _models_paths(keyed: bool) -> dict:
     model = {"type": "object", "required": ["id", "object", "created", "owned_by"]}
-    denied = {"401": _error_response("no bearer key, or not this server's")} if keyed else {}
+    denied = _denied(keyed)
     return {
         "/v1/models": {
             "get": {
