@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny checkpoints (config.json + tokenizer.json) and stand-in TensorRT-LLM tools."""
+"""Shared fixtures: the farm of tiny deployments and shared servers (tests/farm.py), tiny checkpoints (config.json +
+tokenizer.json) and stand-in TensorRT-LLM tools."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,119 @@ def _no_env_overrides(monkeypatch):
     for k in list(os.environ):
         if k.startswith("TRT_SPEC__"):
             monkeypatch.delenv(k)
+
+
+# -- the farm (tests/farm.py): tiny deployments built once, servers started once, for the whole session -------------
+
+
+@pytest.fixture(scope="session")
+def farm(tmp_path_factory):
+    from .farm import Farm
+
+    f = Farm(tmp_path_factory.mktemp("farm"))
+    FARMS.append(f)
+    yield f
+    f.close()
+
+
+FARMS: list = []  # the session's farm: its servers' logs explain a failed test
+
+
+@pytest.fixture(scope="session")
+def tiny_models(farm):
+    return farm.models()
+
+
+@pytest.fixture(scope="session")
+def dtm_server(farm):
+    """Draft-target (k 5) whose draft is a different random model (partial/low acceptance), decoupled."""
+    return farm.server("dtm")
+
+
+@pytest.fixture(scope="session")
+def unary_server(farm):
+    """The --no-decoupled repository (NVIDIA's DTM recipe) of the same draft-target build."""
+    return farm.server("dtm_unary")
+
+
+@pytest.fixture(scope="session")
+def ngram_server(farm):
+    """N-gram over the tiny target whose tokenizer has a chat template."""
+    return farm.server("ngram")
+
+
+@pytest.fixture(scope="session")
+def eagle_server(farm):
+    """EAGLE in the engine: a head trained at build time inside the target engine, the baseline engine beside it."""
+    return farm.server("eagle")
+
+
+@pytest.fixture(scope="session")
+def llmapi_server(farm):
+    return farm.server("llmapi")
+
+
+@pytest.fixture(scope="session")
+def faulty_server(farm):
+    """A draft-target repository with an engine queue of farm.MAX_QUEUE and a BLS that accepts drafts unverified."""
+    return farm.server("faulty")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed (or timed-out) test carries the tail of every running farm server's log in its report, so a CI log
+    shows what the server was doing, not only that the client gave up."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for f in FARMS:
+            for server in f.servers.values():
+                report.sections.append((f"tritonserver log tail ({server.log_path})", server.log_tail(60)))
+
+
+# -- how many tritonservers the session started (the farm's and every test's own), in the summary -------------------
+
+_STARTS: list[int] = []
+_POLLING = threading.Event()
+
+
+def _is_tritonserver(pid: str) -> bool:
+    return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "tritonserver"
+
+
+def _parent(pid: str) -> str:
+    stat = open(f"/proc/{pid}/stat").read()
+    return stat[stat.rindex(")") + 2 :].split()[1]
+
+
+def _count_tritonservers() -> None:
+    """Polls /proc; a process is watched for 3 s after it appears (a fork becomes tritonserver at its exec)."""
+    import time
+
+    first: dict = {}  # pid -> when first seen; None once counted or past watching
+    while not _POLLING.wait(0.2):
+        now = time.monotonic()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or first.get(pid, now) is None:
+                continue
+            since = first.setdefault(pid, now)
+            try:  # the binary, not a stand-in script of that name, nor its fork about to exec a backend stub
+                if _is_tritonserver(pid) and not _is_tritonserver(_parent(pid)):
+                    _STARTS.append(int(pid))
+                    first[pid] = None
+                    continue
+            except OSError:
+                pass
+            if now - since > 3:
+                first[pid] = None
+
+
+def pytest_configure(config):
+    if sys.platform.startswith("linux"):
+        threading.Thread(target=_count_tritonservers, daemon=True).start()
+
+
+def pytest_terminal_summary(terminalreporter):
+    _POLLING.set()
+    farm = sum(f.starts for f in FARMS)
+    terminalreporter.write_line(f"tritonserver starts: {len(_STARTS)} ({farm} shared by the farm)")

@@ -11,33 +11,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pytest
 import tritonclient.grpc as grpcclient
 
 from trt_spec.harness.client import LLMClient
 from trt_spec.records import backend_contract as bc
-from trt_spec.records.manifest import BuildManifest
-from trt_spec.repository.writer import write_repository
 
-from .conftest import _serve, build_deployment
-from .test_reliability import PROMPTS, _tensor, b, i32, raw
+from ..farm import LIMITS, MAX_QUEUE
+from ..requests import PROMPTS, _tensor, b, i32, raw
 
 GREEDY: dict = {}
 BATCH_LINE = re.compile(r"tensorrt_llm: batching: (\d+) iterations, sequences per forward max (\d+)")
-MAX_QUEUE = 2
-MAX_BATCH = 4  # build_deployment's limits.max_batch_size
+MAX_BATCH = LIMITS["max_batch_size"]
 LONG = 440  # tokens per long request: keeps a slot busy for a while on the tiny model
-
-
-@pytest.fixture(scope="module")
-def queue_server(tiny_models, tmp_path_factory):
-    """An n-gram deployment whose engine models queue at most MAX_QUEUE requests for a slot."""
-    root = tmp_path_factory.mktemp("queue")
-    repo = build_deployment(root, "ngram", None, tiny_models["target"])
-    write_repository(BuildManifest.read(root / "build"), repo, max_queue_size=MAX_QUEUE)
-    server = _serve(repo, root / "server.log")
-    yield server
-    server.stop()
 
 
 def engine_request(prompt_ids, n, stream=True):
@@ -127,17 +112,17 @@ def test_concurrent_requests_share_forwards(dtm_server):
     assert max(seqs for _, seqs in lines) > 1, lines
 
 
-def test_full_queue_gets_the_executors_error(queue_server):
+def test_full_queue_gets_the_executors_error(faulty_server):
     """MAX_BATCH long requests take every slot, MAX_QUEUE more wait; the next ones are refused at once with the
     text TensorRT-LLM's executor throws (backend_contract.QUEUE_FULL); the others all finish."""
     prompt = [5, 6, 7, 8]
     streams = []
     try:
         for _ in range(MAX_BATCH + MAX_QUEUE):
-            streams.append(Stream(queue_server.grpc_url, engine_request(prompt, LONG)))
+            streams.append(Stream(faulty_server.grpc_url, engine_request(prompt, LONG)))
             time.sleep(0.02)  # one at a time through Triton's own queue (it applies the same bound)
         refused = [
-            raw(queue_server.grpc_url, "tensorrt_llm", engine_request(prompt, 8), outputs=list(bc.MANDATORY_OUTPUTS))
+            raw(faulty_server.grpc_url, "tensorrt_llm", engine_request(prompt, 8), outputs=list(bc.MANDATORY_OUTPUTS))
             for _ in range(2)
         ]
         for s in streams:
@@ -149,18 +134,18 @@ def test_full_queue_gets_the_executors_error(queue_server):
     assert all(s.error is None and len(s.tokens) == LONG for s in streams), [(s.error, len(s.tokens)) for s in streams]
     # and the queue accepts again once it drained
     kind, out = raw(
-        queue_server.grpc_url, "tensorrt_llm", engine_request(prompt, 8), outputs=list(bc.MANDATORY_OUTPUTS)
+        faulty_server.grpc_url, "tensorrt_llm", engine_request(prompt, 8), outputs=list(bc.MANDATORY_OUTPUTS)
     )
     assert kind == "ok", out
 
 
-def test_cancelled_request_frees_its_slot_while_others_continue(queue_server):
+def test_cancelled_request_frees_its_slot_while_others_continue(faulty_server):
     """Every slot busy and one request queued: cancelling one running request lets the queued one start while
     the other running ones are still generating, and they finish with their full, unchanged output."""
     prompts = [[5 + i, 9, 11, 13] for i in range(MAX_BATCH + 1)]
     solo, solo_s = [], []
     for p in prompts:
-        s = Stream(queue_server.grpc_url, engine_request(p, LONG)).wait()
+        s = Stream(faulty_server.grpc_url, engine_request(p, LONG)).wait()
         s.close()
         solo.append(s.tokens)
         solo_s.append(s.end - s.first)
@@ -172,12 +157,12 @@ def test_cancelled_request_frees_its_slot_while_others_continue(queue_server):
         # One at a time, each running before the next is sent: Triton's own queue (max_queue_size, requests not yet
         # handed to execute) refuses a burst beyond MAX_QUEUE even with slots free ("Exceeds maximum queue size").
         for p in prompts[:MAX_BATCH]:
-            running.append(Stream(queue_server.grpc_url, engine_request(p, LONG)))
+            running.append(Stream(faulty_server.grpc_url, engine_request(p, LONG)))
             deadline = time.time() + 60
             while time.time() < deadline and running[-1].first is None and running[-1].end is None:
                 time.sleep(0.002)
             assert running[-1].error is None and running[-1].first is not None, running[-1].error
-        queued = Stream(queue_server.grpc_url, engine_request(prompts[-1], LONG))
+        queued = Stream(faulty_server.grpc_url, engine_request(prompts[-1], LONG))
         time.sleep(pause)
         assert queued.first is None, (
             "the queued request started before a slot was free",

@@ -13,14 +13,13 @@ from tritonclient.utils import InferenceServerException
 
 from trt_spec.harness.client import ClientError, LLMClient
 from trt_spec.records import backend_contract as bc
-from trt_spec.records.manifest import BuildManifest
-from trt_spec.repository.writer import write_repository
 from trt_spec.serve.errors import ServerError
 from trt_spec.serve.server import TritonServer, free_port
 
-from .conftest import _serve, build_deployment
+from ..farm import DEPLOYMENTS, LIMITS, tokenizer_dir
 
 PROMPT = "def add(a, b):\n    return"
+K = DEPLOYMENTS["dtm"].k  # dtm_server's max_draft_len
 GREEDY = {"exclude_input_in_output": True}
 
 
@@ -77,9 +76,7 @@ def stream_call(url, model, inputs, outputs):
 def prompt_ids(server):
     from trt_spec.in_triton.serving import encode, load_tokenizer
 
-    from .test_harness import tokenizer_dir
-
-    tok = load_tokenizer(tokenizer_dir(server))
+    tok = load_tokenizer(tokenizer_dir(server.repo))
     return encode(tok, PROMPT)
 
 
@@ -95,10 +92,10 @@ def test_engine_refuses_a_request_without_the_mandatory_outputs(dtm_server):
 
 
 def test_engine_refuses_more_draft_tokens_than_it_was_built_for(dtm_server):
-    ids = prompt_ids(dtm_server)  # dtm_server's target: max_draft_len 4
-    ins = engine_request(ids, 6, draft_input_ids=([[5, 6, 7, 8, 9]], np.int32))
+    ids = prompt_ids(dtm_server)
+    ins = engine_request(ids, K + 2, draft_input_ids=([list(range(5, 5 + K + 1))], np.int32))
     _, errs = stream_call(dtm_server.grpc_url, "tensorrt_llm", ins, list(bc.MANDATORY_OUTPUTS))
-    assert errs and "Draft tokens length (5) exceeds maximum draft tokens length (4)." in errs[0]
+    assert errs and f"Draft tokens length ({K + 1}) exceeds maximum draft tokens length ({K})." in errs[0]
     _, errs = stream_call(
         dtm_server.grpc_url,
         "tensorrt_llm",
@@ -178,8 +175,8 @@ def test_nvidia_end_to_end_client_inputs_with_text_and_ids_on_the_ensemble(dtm_s
 
 
 @pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
-def test_engine_model_without_an_unguarded_parameter_fails_to_load(tiny_models, tmp_path):
-    repo = build_deployment(tmp_path, "ngram", None, tiny_models["target"])
+def test_engine_model_without_an_unguarded_parameter_fails_to_load(farm, tmp_path):
+    repo = farm.copy_repo("ngram", tmp_path / "repo")
     cfg = repo / "tensorrt_llm" / "config.pbtxt"
     text = cfg.read_text()
     cut = re.sub(r'parameters \{\n  key: "tokenizer_dir"\n  value \{\n    string_value: "[^"]*"\n  \}\n\}\n', "", text)
@@ -192,18 +189,6 @@ def test_engine_model_without_an_unguarded_parameter_fails_to_load(tiny_models, 
         server.start().wait_ready(120)
     log = (tmp_path / "log").read_text()
     assert "Cannot find parameter with name: tokenizer_dir" in log
-
-
-@pytest.fixture(scope="module")
-def unary_server(tiny_models, tmp_path_factory):
-    """The --no-decoupled repository (NVIDIA's DTM recipe) of a draft-target deployment."""
-    root = tmp_path_factory.mktemp("unary")
-    build_deployment(root, "draft_target", tiny_models["draft_other"], tiny_models["target"])
-    repo = root / "repo_unary"
-    write_repository(BuildManifest.read(root / "build"), repo, decoupled=False)
-    server = _serve(repo, root / "server.log")
-    yield server
-    server.stop()
 
 
 def test_nvidia_draft_target_client_calls_engines_with_unary_infer(unary_server):
@@ -235,23 +220,23 @@ def test_nvidia_draft_target_client_calls_engines_with_unary_infer(unary_server)
         LLMClient(unary_server.grpc_url, "grpc").generate("tensorrt_llm_bls", PROMPT, 8, stream=True, **GREEDY)
 
 
-@pytest.fixture(scope="module")
-def lookahead_repo(tiny_models, tmp_path_factory):
+def _serve(repo, log):
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log)
+    return server.start().wait_ready(180)
+
+
+@pytest.mark.slow  # two servers of its own (~20-50 s each): `make slow`, which CI runs
+def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(farm, tmp_path):
     """A lookahead deployment: the engine drafts by itself (on CPU the stand-in decodes plainly), so the BLS makes ONE
-    streamed engine call with return_perf_metrics, as for Medusa and EAGLE on a GPU."""
-    root = tmp_path_factory.mktemp("lookahead")
-    return build_deployment(root, "lookahead", None, tiny_models["target"], k=15)  # (N-2)+(W-1+G)(N-1) for 4,3,4
-
-
-@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
-def test_in_engine_modes_get_the_perf_outputs_the_backend_writes(lookahead_repo, tmp_path):
-    """return_perf_metrics makes the backend write ten perf outputs on every response; the engine config declares
-    them all, so Medusa/EAGLE/lookahead requests through the BLS are answered. The same repository with one of them
-    left out fails every such request with Triton core's refusal, as the C++ backend's response would."""
+    streamed engine call with return_perf_metrics, as for Medusa and EAGLE on a GPU. return_perf_metrics makes the
+    backend write ten perf outputs on every response; the engine config declares them all, so Medusa/EAGLE/lookahead
+    requests through the BLS are answered. The same repository with one of them left out fails every such request
+    with Triton core's refusal, as the C++ backend's response would."""
     from google.protobuf import text_format
 
     from trt_spec.repository.writer import parse_config
 
+    lookahead_repo = farm.repo("lookahead")
     server = _serve(lookahead_repo, tmp_path / "ok.log")
     try:
         c = LLMClient(server.grpc_url, "grpc")
@@ -321,13 +306,12 @@ def test_an_output_past_max_seq_len_is_lowered_not_refused_by_the_engine(dtm_ser
     the ensemble answers short. The BLS refuses such a request up front instead (its loop could not finish it)."""
     c = LLMClient(dtm_server.grpc_url, "grpc")
     n = len(prompt_ids(dtm_server))
-    room = 512 - n - 4  # dtm_server: max_seq_len 512, max_draft_len 4
+    room = LIMITS["max_seq_len"] - n - K
     got = c.generate("ensemble", PROMPT, room + 5, end_id=-1, **GREEDY).output_ids
     assert len(got) == room
     assert "Number of requested output tokens is changed to" in dtm_server.log_tail(400)
     with pytest.raises(
         ClientError,
-        match=r"\+ max_draft_len \(4\) exceeds max_seq_len 512; lower max_tokens to at "
-        rf"most {room}",
+        match=rf"\+ max_draft_len \({K}\) exceeds max_seq_len 512; lower max_tokens to at most {room}",
     ):
         c.generate("tensorrt_llm_bls", PROMPT, room + 5, **GREEDY)

@@ -13,12 +13,12 @@ from trt_spec.harness.client import GREEDY, LLMClient
 from trt_spec.records import backend_contract as bc
 from trt_spec.records.names import ACCEPTED_LENGTH_HISTOGRAM, BASELINE_ENGINE, SPECULATIVE, TARGET
 
-from .test_harness import cli, tokenizer_dir
+from ..farm import cli_in_process, tokenizer_dir
 
 
 def test_check_passes_and_bench_reports_in_engine_acceptance(eagle_server):
     for proto, url in (("grpc", eagle_server.grpc_url), ("http", eagle_server.http_url)):
-        r = cli(
+        r = cli_in_process(
             "check",
             "--url",
             url,
@@ -31,7 +31,7 @@ def test_check_passes_and_bench_reports_in_engine_acceptance(eagle_server):
             "--limit",
             "3",
             "--tokenizer",
-            tokenizer_dir(eagle_server),
+            tokenizer_dir(eagle_server.repo),
             "--format",
             "json",
         )

@@ -30,8 +30,9 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 
 from trt_spec.records.names import BASELINE, SPECULATIVE  # noqa: E402
 
-from .test_openai import ROOT  # noqa: E402
-from .test_openai_keys import KEY, chat_repo, serve  # noqa: E402, F401 - chat_repo: the fixture
+from ..farm import OPENAI_KEY as KEY  # noqa: E402
+from ..farm import ROOT  # noqa: E402
+from ..farm import serve_openai as serve  # noqa: E402
 
 OPENAI_CASES = 150  # per operation and generation mode (positive, negative): ~0.05 s each on 2 cores
 KSERVE_CASES = 500  # per model: ~0.02 s each
@@ -71,7 +72,7 @@ def status_of(url: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def fuzzed(chat_repo, tmp_path_factory):  # noqa: F811 - the imported fixture
+def fuzzed(chat_repo, tmp_path_factory):
     """`trt-spec serve` with --openai-port and a key file: (process, ports, repo)."""
     tmp = tmp_path_factory.mktemp("fuzz")
     key_file = tmp / "key"

@@ -4,8 +4,6 @@ the right position, bench reports every metric over HTTP and gRPC, errors are on
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 import time
 
@@ -15,7 +13,9 @@ from trt_spec.harness.bench import paired_ab
 from trt_spec.harness.client import LLMClient
 from trt_spec.harness.identity import check_greedy, check_sampling, first_divergence
 from trt_spec.harness.prompts import Prompt
-from trt_spec.serve.server import TritonServer, free_port
+from trt_spec.serve.server import free_port
+
+from ..farm import cli, cli_in_process, tokenizer_dir
 
 PROMPTS = [
     Prompt("def add(a, b):\n    return", 24),
@@ -24,23 +24,9 @@ PROMPTS = [
 ]
 
 
-def cli(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "trt_spec.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
-def tokenizer_dir(server) -> str:
-    cfg = (server.repo / "preprocessing" / "config.pbtxt").read_text()
-    from trt_spec.in_triton.serving import repo_path
-
-    rel = cfg.split('key: "tokenizer_dir"')[1].split('string_value: "')[1].split('"')[0]
-    return repo_path(str(server.repo / "preprocessing"), rel)  # written relative to the repository
-
-
 def test_check_passes_over_both_protocols(dtm_server):
     for proto, url in (("grpc", dtm_server.grpc_url), ("http", dtm_server.http_url)):
-        r = cli(
+        r = cli_in_process(
             "check",
             "--url",
             url,
@@ -53,7 +39,7 @@ def test_check_passes_over_both_protocols(dtm_server):
             "--limit",
             "2",
             "--tokenizer",
-            tokenizer_dir(dtm_server),
+            tokenizer_dir(dtm_server.repo),
             "--format",
             "json",
         )
@@ -62,60 +48,11 @@ def test_check_passes_over_both_protocols(dtm_server):
         assert rep["passed"] and rep["match_rate"] == 1.0 and rep["protocol"] == proto
 
 
-# The broken BLS: the shipped model.py, kept whole under another name, loaded by path and subclassed. Its engine
-# calls go through the shipped _call (and so its _held/_checkpoint bookkeeping); only the target's verification
-# result is replaced: the target "accepts" every draft token and adds its own last token.
-BROKEN_BLS = '''"""tensorrt_llm_bls with broken verification: every draft token is accepted unverified."""
-import importlib.util
-import sys
-from pathlib import Path
-
-import numpy as np
-
-_spec = importlib.util.spec_from_file_location("shipped_tensorrt_llm_bls", Path(__file__).with_name("shipped_model.py"))
-shipped = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = shipped
-_spec.loader.exec_module(shipped)
-
-
-class TritonPythonModel(shipped.TritonPythonModel):
-    async def _call(self, model, inputs, outputs, on_response=None):
-        res = await super()._call(model, inputs, outputs, on_response)
-        d = inputs.get("draft_input_ids")
-        if d is not None and res:
-            last = res[-1]["output_ids"].reshape(-1)[int(res[-1]["sequence_length"].reshape(-1)[0]) - 1]
-            toks = [int(x) for x in d.reshape(-1)] + [int(last)]
-            res = [{"output_ids": np.asarray(toks, np.int32).reshape(1, 1, -1),
-                    "sequence_length": np.asarray([[len(toks)]], np.int32)}]
-        return res
-'''
-
-
-@pytest.fixture(scope="module")
-def broken_server(dtm_server, tmp_path_factory):
-    """A copy of the draft-target repository whose BLS accepts every draft token unverified."""
-    repo = tmp_path_factory.mktemp("broken") / "repo"
-    shutil.copytree(dtm_server.repo, repo, symlinks=True)
-    version = repo / "tensorrt_llm_bls" / "1"
-    (version / "model.py").rename(version / "shipped_model.py")
-    (version / "model.py").write_text(BROKEN_BLS)
-    # The fixed draft length: a broken BLS's output depends on what it drafts, and the adaptive policy's choices
-    # depend on timing; the test compares two runs of the same prompt.
-    cfg = repo / "tensorrt_llm_bls" / "config.pbtxt"
-    text = cfg.read_text()
-    assert text.count('string_value: "adaptive"') == 1
-    cfg.write_text(text.replace('string_value: "adaptive"', 'string_value: "fixed"'))
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
-    server.start().wait_ready(180)
-    yield server
-    server.stop()
-
-
-def test_broken_speculative_model_is_caught_at_the_right_position(broken_server):
+def test_broken_speculative_model_is_caught_at_the_right_position(faulty_server):
     from trt_spec.in_triton.serving import load_tokenizer
 
-    client = LLMClient(broken_server.grpc_url, "grpc")
-    tok = load_tokenizer(tokenizer_dir(broken_server))
+    client = LLMClient(faulty_server.grpc_url, "grpc")
+    tok = load_tokenizer(tokenizer_dir(faulty_server.repo))
     rep = check_greedy(client, PROMPTS, num_draft_tokens=3, tokenizer=tok)
     assert not rep.passed and rep.real_mismatches >= 1
     for p, res in zip(PROMPTS, rep.results):
@@ -132,10 +69,10 @@ def test_broken_speculative_model_is_caught_at_the_right_position(broken_server)
             d.index == idx and d.baseline_token == base.output_ids[idx] and d.speculative_token == spec.output_ids[idx]
         )
         assert d.margin is not None and d.margin > 0.05 and d.kind == "mismatch"  # the engine returned logits
-    r = cli(
+    r = cli_in_process(
         "check",
         "--url",
-        broken_server.http_url,
+        faulty_server.http_url,
         "--protocol",
         "http",
         "--prompts",
@@ -168,9 +105,9 @@ def test_in_process_bench_runs_the_served_loop_round_for_round(dtm_server):
         "--format",
         "json",
     )
-    served = cli("bench", "served", "--url", dtm_server.grpc_url, *args)
+    served = cli_in_process("bench", "served", "--url", dtm_server.grpc_url, *args)
     assert served.returncode == 0, served.stderr
-    inproc = cli("bench", "in-process", str(dtm_server.repo.parent / "draft_target.yaml"), *args, timeout=600)
+    inproc = cli_in_process("bench", "in-process", str(dtm_server.repo.parent / "draft_target.yaml"), *args)
     assert inproc.returncode == 0, inproc.stderr
     s = json.loads(served.stdout)["bench"][0]["acceptance"]
     i = json.loads(inproc.stdout)["sweep"][0]["acceptance"]
@@ -195,7 +132,7 @@ def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
     # greedy, fixed k: both protocols see exactly the same drafting and acceptance
     assert reps["grpc"]["acceptance"] == reps["http"]["acceptance"]
     out = tmp_path / "rep"
-    r = cli(
+    r = cli_in_process(
         "bench",
         "served",
         "--url",
@@ -257,7 +194,7 @@ def test_bench_reports_every_metric_and_protocols_agree(dtm_server, tmp_path):
 
 
 def test_tune_recommends_a_k(ngram_server, tmp_path):
-    r = cli(
+    r = cli_in_process(
         "tune",
         "--url",
         ngram_server.grpc_url,

@@ -1,7 +1,8 @@
 """`trt-spec serve` run as a user runs it (a subprocess) on a tiny deployment: the server dies with the launcher,
-SIGHUP stops it cleanly, no work dir stays behind, the python backend's shared memory is owner-only, the admin
-APIs need the admin key, a dead model stops serve, a model that fails to load is named with its reason, and SIGTERM
-drains the requests in flight."""
+SIGHUP stops it cleanly, no work dir stays behind, a dead model stops serve, a model that fails to load is named with
+its reason, and SIGTERM drains the requests in flight (each a server of its own: `make slow`). On the farm's shared
+draft-target server (served with an admin key file): the python backend's shared memory is owner-only, the admin APIs
+need the admin key, and the harness finds it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,138 +24,21 @@ import pytest
 from trt_spec.harness.client import LLMClient
 from trt_spec.serve.server import free_port
 
-from .conftest import build_deployment
+from ..farm import SHM, ServeProcess, refused
 
 ROOT = Path(__file__).resolve().parents[2]
-SHM = Path("/dev/shm")
-
-
-@pytest.fixture(scope="module")
-def built_repo(tiny_models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("launcher")
-    return build_deployment(root, "draft_target", tiny_models["draft_other"], tiny_models["target"])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
-    except OSError:
-        return []
-
-
-def _refused(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2)
-        try:
-            s.connect(("127.0.0.1", port))
-        except ConnectionRefusedError:
-            return True
-        return False
-
-
-class Serve:
-    """`python -m trt_spec.cli serve REPO …` with its own TMPDIR; procs() are the server's processes (tritonserver and
-    python-backend stubs: every live process whose command line names this test's repository, launcher aside)."""
-
-    def __init__(self, repo: Path, tmp: Path, *extra: str):
-        self.repo = repo.resolve()
-        self.tmpdir = tmp / "tmp"
-        self.tmpdir.mkdir(parents=True)
-        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
-        self.out, self.err = tmp / "serve.out", tmp / "serve.err"
-        cmd = [
-            sys.executable,
-            "-m",
-            "trt_spec.cli",
-            "serve",
-            str(self.repo),
-            "--http-port",
-            str(self.http),
-            "--grpc-port",
-            str(self.grpc),
-            "--metrics-port",
-            str(self.metrics),
-            *extra,
-        ]
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=err, cwd=ROOT, env={**os.environ, "TMPDIR": str(self.tmpdir)}
-            )
-
-    def stderr(self) -> str:
-        return self.err.read_text()
-
-    def procs(self) -> dict[int, list[str]]:
-        out = {}
-        for p in Path("/proc").iterdir():
-            if p.name.isdigit() and int(p.name) != self.proc.pid and _alive(int(p.name)):
-                argv = _argv(int(p.name))
-                if any(str(self.repo) in a for a in argv[1:]):
-                    out[int(p.name)] = argv
-        return out
-
-    def wait_ready(self, timeout: float = 180) -> "Serve":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}:\n{self.stderr()}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        self.procs()
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.25)
-        pytest.fail(f"not ready after {timeout}s:\n{self.stderr()}")
-
-    def stubs(self) -> dict[int, list[str]]:
-        return {pid: a for pid, a in self.procs().items() if a[0].endswith("triton_python_backend_stub")}
-
-    def shm_prefix(self) -> str:
-        for argv in self.procs().values():
-            for a in argv:
-                m = re.search(r"shm-region-prefix-name=(\S+)", a)
-                if m:
-                    return m.group(1)
-        raise AssertionError("no tritonserver with a shm-region-prefix-name")
-
-    def wait_gone(self, timeout: float = 20) -> dict[int, list[str]]:
-        deadline = time.monotonic() + timeout
-        while self.procs() and time.monotonic() < deadline:
-            time.sleep(0.25)
-        return self.procs()
-
-    def close(self) -> None:
-        """Whatever a failed test left: this launcher and the processes that name this test's repository."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pid in self.procs():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for f in SHM.glob(f"trtspec{self.proc.pid}_*"):
-            f.unlink(missing_ok=True)
 
 
 @pytest.fixture
-def serve(built_repo, tmp_path):
-    started: list[Serve] = []
+def serve(farm, tmp_path):
+    """Starts `trt-spec serve` on a private copy of the farm's draft-target repository (or on `repo`); whatever a
+    test leaves running is killed after it."""
+    started: list[ServeProcess] = []
 
-    def start(*extra: str, repo: Path | None = None) -> Serve:
+    def start(*extra: str, repo: Path | None = None) -> ServeProcess:
         if repo is None:
-            repo = tmp_path / "repo"
-            shutil.copytree(built_repo, repo, symlinks=True)
-        s = Serve(repo, tmp_path / f"serve{len(started)}", *extra)
+            repo = farm.copy_repo("dtm", tmp_path / "repo")
+        s = ServeProcess(repo, tmp_path / f"serve{len(started)}", *extra)
         started.append(s)
         return s
 
@@ -165,10 +47,7 @@ def serve(built_repo, tmp_path):
         s.close()
 
 
-def _workdirs(s: Serve) -> list[Path]:
-    return list(s.tmpdir.glob("trt-spec-triton-*"))
-
-
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_kill_9_of_the_launcher_stops_the_server_and_its_stubs(serve):
     s = serve().wait_ready()
     procs = s.procs()
@@ -176,51 +55,48 @@ def test_kill_9_of_the_launcher_stops_the_server_and_its_stubs(serve):
     s.proc.kill()
     s.proc.wait()
     assert s.wait_gone(20) == {}, "tritonserver or a stub outlived its launcher"
-    assert _refused(s.http) and _refused(s.grpc)
+    assert refused(s.http) and refused(s.grpc)
 
 
-def test_sighup_stops_cleanly_and_removes_the_work_dir(serve):
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
+def test_sighup_stops_cleanly_and_removes_the_work_dir(serve, tmp_path):
     from trt_spec.serve.admin_key import admin_key_path
 
-    s = serve().wait_ready()
-    assert len(_workdirs(s)) == 1
+    key_file = tmp_path / "admin.key"
+    s = serve("--admin-key-file", str(key_file)).wait_ready()
+    key = key_file.read_text().strip()  # --admin-key-file: created owner-only, never printed
+    assert key_file.stat().st_mode & 0o777 == 0o600 and key not in s.stderr() + s.stdout()
+    assert len(s.workdirs()) == 1
     assert admin_key_path(s.http).is_file() and admin_key_path(s.grpc).is_file()  # the harness's, while it runs
     s.proc.send_signal(signal.SIGHUP)
     assert s.proc.wait(30) == 0, s.stderr()
     assert s.wait_gone(5) == {}
-    assert _refused(s.http) and _refused(s.grpc)
-    assert _workdirs(s) == []
+    assert refused(s.http) and refused(s.grpc)
+    assert s.workdirs() == []
     assert not admin_key_path(s.http).exists() and not admin_key_path(s.grpc).exists()  # the key left with it
     log = s.repo.parent / f"repo.tritonserver.{s.http}.log"  # the log outlives the server, next to the repository
     assert "stopped" in s.stderr() and "Started HTTPService" in log.read_text()
 
 
 @pytest.fixture(scope="module")
-def keyed(built_repo, tmp_path_factory):
-    """One deployment served with --admin-key-file, after one request over each protocol."""
-    tmp = tmp_path_factory.mktemp("keyed")
-    repo = tmp / "repo"
-    shutil.copytree(built_repo, repo, symlinks=True)
-    key_file = tmp / "admin.key"
-    s = Serve(repo, tmp, "--admin-key-file", str(key_file)).wait_ready()
-    try:
-        for url, proto in ((f"127.0.0.1:{s.http}", "http"), (f"127.0.0.1:{s.grpc}", "grpc")):
-            assert LLMClient(url, proto).generate("tensorrt_llm_bls", "Hello, world!", 4).output_ids
-        yield s, key_file
-    finally:
-        s.close()
+def keyed(farm, dtm_server):
+    """The farm's draft-target server (served with an admin key file: Farm.server), after one request over each
+    protocol: (server, its key file)."""
+    for url, proto in ((dtm_server.http_url, "http"), (dtm_server.grpc_url, "grpc")):
+        assert LLMClient(url, proto).generate("tensorrt_llm_bls", "Hello, world!", 4).output_ids
+    return dtm_server, farm.root / "logs" / "dtm.admin.key"
 
 
 def test_python_backend_shared_memory_is_owner_only(keyed):
     s, _ = keyed
-    regions = list(SHM.glob(f"{s.shm_prefix()}*"))
+    regions = list(SHM.glob(f"{s.spec.shm_prefix}*"))
     assert len(regions) >= 5  # one per stub
     assert {f.name: oct(f.stat().st_mode & 0o777) for f in regions if f.stat().st_mode & 0o077} == {}
 
 
-def _http(s: Serve, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> int:
+def _http(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> int:
     req = urllib.request.Request(
-        f"http://127.0.0.1:{s.http}{path}",
+        f"http://127.0.0.1:{port}{path}",
         method=method,
         headers=headers or {},
         data=None if body is None else json.dumps(body).encode(),
@@ -238,11 +114,11 @@ def test_admin_apis_need_the_admin_key(keyed):
 
     s, key_file = keyed
     register = {"key": "/trtspec_probe", "offset": 0, "byte_size": 64}
-    assert _http(s, "POST", "/v2/systemsharedmemory/region/x/register", register) == 403
-    assert _http(s, "POST", "/v2/logging", {"log_verbose_level": 1}) == 403
-    assert _http(s, "POST", "/v2/repository/models/ensemble/unload", {}) == 403
-    assert _http(s, "POST", "/v2/logging", {"log_verbose_level": 1}, {"triton-admin-key": "wrong-key"}) == 403
-    g = grpcclient.InferenceServerClient(f"127.0.0.1:{s.grpc}")
+    assert _http(s.http_port, "POST", "/v2/systemsharedmemory/region/x/register", register) == 403
+    assert _http(s.http_port, "POST", "/v2/logging", {"log_verbose_level": 1}) == 403
+    assert _http(s.http_port, "POST", "/v2/repository/models/ensemble/unload", {}) == 403
+    assert _http(s.http_port, "POST", "/v2/logging", {"log_verbose_level": 1}, {"triton-admin-key": "wrong-key"}) == 403
+    g = grpcclient.InferenceServerClient(s.grpc_url)
     with pytest.raises(InferenceServerException, match="restricted"):
         g.update_log_settings({"log_verbose_level": 1})
     with pytest.raises(InferenceServerException, match="restricted"):
@@ -250,21 +126,21 @@ def test_admin_apis_need_the_admin_key(keyed):
     # --admin-key-file: created owner-only, never printed, unlocks them
     assert key_file.stat().st_mode & 0o777 == 0o600
     key = key_file.read_text().strip()
-    assert key not in s.stderr() + s.out.read_text()
-    assert _http(s, "POST", "/v2/logging", {"log_verbose_level": 0}, {"triton-admin-key": key}) == 200
+    assert key not in s.log_path.read_text()  # nor in serve's own output: the SIGHUP test
+    assert _http(s.http_port, "POST", "/v2/logging", {"log_verbose_level": 0}, {"triton-admin-key": key}) == 200
     g.update_log_settings({"log_verbose_level": 0}, headers={"triton-grpc-protocol-triton-admin-key": key})
     # model configs too: they name this machine's engine and tokenizer directories (absolute, as any launch needs)
-    assert _http(s, "GET", "/v2/models/tensorrt_llm/config") == 403
-    assert _http(s, "GET", "/v2/models/tensorrt_llm/config", headers={"triton-admin-key": key}) == 200
+    assert _http(s.http_port, "GET", "/v2/models/tensorrt_llm/config") == 403
+    assert _http(s.http_port, "GET", "/v2/models/tensorrt_llm/config", headers={"triton-admin-key": key}) == 200
     with pytest.raises(InferenceServerException, match="restricted"):
         g.get_model_config("tensorrt_llm")
     cfg = g.get_model_config("tensorrt_llm", headers={"triton-grpc-protocol-triton-admin-key": key}, as_json=True)
     assert cfg["config"]["parameters"]["gpt_model_path"]["string_value"].startswith("/")
     # open: health, metadata, statistics, inference
     for path in ("/v2/health/ready", "/v2", "/v2/models/ensemble", "/v2/models/ensemble/stats"):
-        assert _http(s, "GET", path) == 200, path
+        assert _http(s.http_port, "GET", path) == 200, path
     assert g.is_model_ready("tensorrt_llm_bls")
-    assert LLMClient(f"127.0.0.1:{s.grpc}", "grpc").generate("ensemble", "The quick", 3).output_ids
+    assert LLMClient(s.grpc_url, "grpc").generate("ensemble", "The quick", 3).output_ids
 
 
 def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
@@ -275,7 +151,7 @@ def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
 
     s, key_file = keyed
     key = key_file.read_text().strip()
-    for port, proto in ((s.http, "http"), (s.grpc, "grpc")):
+    for port, proto in ((s.http_port, "http"), (s.grpc_port, "grpc")):
         f = admin_key_path(port)
         assert f.read_text().strip() == key and f.stat().st_mode & 0o777 == 0o600
         assert f.parent.stat().st_mode & 0o077 == 0
@@ -288,8 +164,8 @@ def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
     # check without the cache file and without --admin-key-file (a client on another host): the engine runtime needs
     # no key (the runtime is read from the unrestricted metadata, the near-tie probe falls back to the loaded engine);
     # the one check that reads model configs is skipped with a note naming the option
-    moved = admin_key_path(s.grpc).with_suffix(".moved")
-    os.replace(admin_key_path(s.grpc), moved)
+    moved = admin_key_path(s.grpc_port).with_suffix(".moved")
+    os.replace(admin_key_path(s.grpc_port), moved)
     try:
         r = subprocess.run(
             [
@@ -298,7 +174,7 @@ def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
                 "trt_spec.cli",
                 "check",
                 "--url",
-                f"127.0.0.1:{s.grpc}",
+                s.grpc_url,
                 "--limit",
                 "1",
                 "--max-tokens",
@@ -318,7 +194,7 @@ def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
                 "trt_spec.cli",
                 "check",
                 "--url",
-                f"127.0.0.1:{s.grpc}",
+                s.grpc_url,
                 "--limit",
                 "1",
                 "--max-tokens",
@@ -333,16 +209,17 @@ def test_the_harness_finds_the_key_of_a_server_on_this_host(keyed):
         )
         assert r.returncode == 0, r.stderr
     finally:
-        os.replace(moved, admin_key_path(s.grpc))
+        os.replace(moved, admin_key_path(s.grpc_port))
 
 
-def test_the_printed_plain_command_serves_from_another_directory(built_repo, tmp_path):
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
+def test_the_printed_plain_command_serves_from_another_directory(farm, tmp_path):
     """`trt-spec repo` prints the real launch; started as printed from a directory that is not the repository (only
     ports added), tritonserver loads every model (the stand-in opens gpt_model_path against the working directory,
     as the backend does) and answers."""
     from trt_spec.records.manifest import RepoRecord
 
-    build = built_repo.parent / "build"
+    build = farm.build("dtm")
     repo = tmp_path / "repo"
     r = subprocess.run(
         [sys.executable, "-m", "trt_spec.cli", "repo", str(build), "--out", str(repo)],
@@ -408,14 +285,13 @@ def test_a_dead_python_backend_process_stops_serve_with_its_model_named(serve):
     assert rc == 3, err  # the exit code `serve --help` documents (server.MODEL_DIED_EXIT)
     assert f"model tensorrt_llm_draft stopped (its python-backend process {draft[0]} died)" in err
     assert "restart it with: trt-spec serve" in err
-    assert s.wait_gone(10) == {} and _refused(s.http) and _refused(s.grpc)
-    assert _workdirs(s) == []
+    assert s.wait_gone(10) == {} and refused(s.http) and refused(s.grpc)
+    assert s.workdirs() == []
 
 
 @pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
-def test_a_model_that_fails_to_load_is_named_with_its_reason(serve, built_repo, tmp_path):
-    repo = tmp_path / "repo"
-    shutil.copytree(built_repo, repo, symlinks=True)
+def test_a_model_that_fails_to_load_is_named_with_its_reason(serve, farm, tmp_path):
+    repo = farm.copy_repo("dtm", tmp_path / "repo")
     cfg = repo / "tensorrt_llm" / "config.pbtxt"
     text = cfg.read_text()
     cut = re.sub(r'parameters \{\n  key: "tokenizer_dir"\n  value \{\n    string_value: "[^"]*"\n  \}\n\}\n', "", text)
@@ -431,7 +307,7 @@ def test_a_model_that_fails_to_load_is_named_with_its_reason(serve, built_repo, 
     assert lines[cause - 1].startswith("error: tritonserver exited with code 1 before becoming ready")
     log = Path(re.search(r"full log: (\S+)", err).group(1))
     assert log.is_file() and "tokenizer_dir" in log.read_text() and s.tmpdir not in log.parents
-    assert _workdirs(s) == [] and s.wait_gone(10) == {}
+    assert s.workdirs() == [] and s.wait_gone(10) == {}
 
 
 class _Stream(threading.Thread):
@@ -482,6 +358,7 @@ class _Stream(threading.Thread):
             c.close()
 
 
+@pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_sigterm_drains_the_streams_in_flight_then_exits_0(serve):
     """SIGTERM with 16 streams of 48 tokens in flight (8 speculative, 8 ensemble): readiness turns false, a new
     request gets the "shutting down" line, all 16 finish whole, and serve exits 0. (Triton's own SIGTERM would cut
@@ -495,10 +372,10 @@ def test_sigterm_drains_the_streams_in_flight_then_exits_0(serve):
         assert st.first.wait(120)
     s.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while _http(s, "GET", "/v2/health/ready") == 200 and time.monotonic() < deadline:
+    while _http(s.http, "GET", "/v2/health/ready") == 200 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _http(s, "GET", "/v2/health/ready") != 200, "still ready while draining"
-    assert _http(s, "GET", "/v2/health/live") == 200
+    assert _http(s.http, "GET", "/v2/health/ready") != 200, "still ready while draining"
+    assert _http(s.http, "GET", "/v2/health/live") == 200
     for model in ("tensorrt_llm_bls", "ensemble"):
         late = _Stream(url, model, 4)
         late.run()
@@ -530,10 +407,10 @@ def test_the_drain_timeout_ends_what_is_left_with_a_clear_error(serve):
     assert "drain timeout (1s): ending" in s.stderr()
 
 
-def test_serve_refuses_a_build_directory_and_names_trt_spec_repo(built_repo, tmp_path):
+def test_serve_refuses_a_build_directory_and_names_trt_spec_repo(farm, tmp_path):
     """A build directory (manifest.json, no repository) gets one line naming the command that writes a repository,
     before any server starts (it used to start tritonserver and print a CUDA driver error)."""
-    build = built_repo.parent / "build"
+    build = farm.build("dtm")
     assert (build / "manifest.json").is_file()
     r = subprocess.run(
         [sys.executable, "-m", "trt_spec.cli", "serve", str(build), "--http-port", str(free_port())],

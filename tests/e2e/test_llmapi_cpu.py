@@ -7,7 +7,6 @@ equals the speculative model's."""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 
 import numpy as np
@@ -15,50 +14,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from trt_spec.builder.plan import make_plan
-from trt_spec.builder.preflight import run_preflight
-from trt_spec.builder.runner import run_plan
 from trt_spec.records import llmapi_contract as lc
-from trt_spec.records.config import load_config
-from trt_spec.records.manifest import BuildManifest
-from trt_spec.repository.writer import write_repository
-
-from .conftest import _serve
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"
-
-
-CHATML = (  # the tiny target's tokenizer gets a chat template, for the OpenAI chat API
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def llmapi_server(tiny_models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("llmapi")
-    target = root / "target"
-    shutil.copytree(tiny_models["target"], target)
-    tok_cfg = json.loads((target / "tokenizer_config.json").read_text())
-    (target / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "chat_template": CHATML}))
-    cfg = {
-        "engine": "reference",
-        "runtime": "llmapi",
-        "target": {"checkpoint": str(target)},
-        "quantization": {"weights": "fp32"},
-        "speculative": {"mode": "ngram", "max_draft_len": 4, "ngram_size": 3},
-        "limits": {"max_batch_size": 4, "max_input_len": 384, "max_seq_len": 512, "max_num_tokens": 512},
-        "output_dir": str(root / "build"),
-    }
-    path = root / "ngram.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    c = load_config(path)
-    run_plan(make_plan(c, run_preflight(c, None, require_checkpoints=True), path), config_path=path)
-    repo = root / "repo"
-    write_repository(BuildManifest.read(root / "build"), repo)
-    server = _serve(repo, root / "server.log")
-    yield server
-    server.stop()
 
 
 def generate(server, model: str, body: dict) -> dict:
@@ -306,27 +264,18 @@ def test_phase_switch_needs_the_admin_key_and_restores_on_error(llmapi_server, m
 
 
 @pytest.fixture(scope="module")
-def llmapi_openai(llmapi_server, tmp_path_factory):
+def llmapi_openai(farm, llmapi_server):
     """The OpenAI frontend `trt-spec serve REPO --openai-port P` starts (openai_process.FrontendProcess, checked on
     the repository first, as serve does), in front of the llmapi deployment's gRPC port."""
     openai = pytest.importorskip("openai")
     from trt_spec.in_triton.serving import load_tokenizer
-    from trt_spec.serve.openai_process import FrontendProcess
-    from trt_spec.serve.server import free_port
 
-    log = tmp_path_factory.mktemp("llmapi_openai") / "openai.log"
-    fe = FrontendProcess(llmapi_server.repo, llmapi_server.grpc_url, free_port(), "127.0.0.1", log).start()
-    try:
-        fe.wait_ready()
-        ns = type("Served", (), {})()
-        ns.url, ns.openai = fe.url, openai
-        ns.client = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        ns.tokenizer = load_tokenizer(
-            yaml.safe_load((llmapi_server.repo / "tensorrt_llm/1/model.yaml").read_text())["model"]
-        )
-        yield ns
-    finally:
-        fe.stop()
+    fe = farm.openai("llmapi")
+    ns = type("Served", (), {})()
+    ns.url, ns.openai, ns.client = fe.url, openai, fe.client
+    model_yaml = yaml.safe_load((llmapi_server.repo / "tensorrt_llm/1/model.yaml").read_text())
+    ns.tokenizer = load_tokenizer(model_yaml["model"])
+    return ns
 
 
 def kserve(server, text: str, max_tokens: int, **extra) -> dict:

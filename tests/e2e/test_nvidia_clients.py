@@ -13,29 +13,17 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from trt_spec.harness.client import GREEDY, LLMClient
-from trt_spec.records.manifest import BuildManifest
-from trt_spec.repository.writer import write_repository
 
 from . import nvidia_clients as nv
-from .conftest import _serve, build_deployment
 
 PROMPTS = ["def add(a, b):\n    return", "The quick brown fox", "Hello, world! What is"]
 OUT = 16
 
 
 @pytest.fixture(scope="module")
-def deployments(tiny_models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("nvidia")
-    build_deployment(root, "draft_target", tiny_models["draft_other"], tiny_models["target"], k=5)
-    unary_repo = root / "repo_unary"
-    write_repository(BuildManifest.read(root / "build"), unary_repo, decoupled=False)
-    servers = {
-        "decoupled": _serve(root / "repo", root / "decoupled.log"),
-        "unary": _serve(unary_repo, root / "unary.log"),
-    }
-    yield servers
-    for s in servers.values():
-        s.stop()
+def deployments(dtm_server, unary_server):
+    """The farm's draft-target deployment (max_draft_len 5), decoupled and --no-decoupled."""
+    return {"decoupled": dtm_server, "unary": unary_server}
 
 
 def _completion(server, prompt):

@@ -19,72 +19,21 @@ openai = pytest.importorskip("openai")
 
 from trt_spec.harness.client import GREEDY, LLMClient  # noqa: E402
 from trt_spec.records.names import BASELINE, SPECULATIVE, TARGET  # noqa: E402
-from trt_spec.serve.server import free_port  # noqa: E402
-
-from .conftest import build_deployment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 PROMPT = "def add(a, b):\n    return"
 
 
 @pytest.fixture(scope="module")
-def openai_server(tiny_models, tmp_path_factory):
-    """An n-gram deployment of the tiny target whose tokenizer has a chat template, served with --openai-port."""
-    root = tmp_path_factory.mktemp("openai")
-    target = root / "target"
-    shutil.copytree(tiny_models["target"], target)
-    cfg = json.loads((target / "tokenizer_config.json").read_text())
-    (target / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": CHATML}))
-    repo = build_deployment(root, "ngram", None, target)
-    ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
-    err = open(root / "serve.err", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trt_spec.cli",
-            "serve",
-            str(repo),
-            "--http-port",
-            str(ports["http"]),
-            "--grpc-port",
-            str(ports["grpc"]),
-            "--metrics-port",
-            str(ports["metrics"]),
-            "--openai-port",
-            str(ports["openai"]),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=err,
-        text=True,
-        cwd=ROOT,
-    )
-    line = proc.stdout.readline()  # "ready: … OpenAI http://127.0.0.1:P/v1 …" once everything is up
-    if "OpenAI" not in line:
-        proc.kill()
-        pytest.fail(f"serve --openai-port did not come up: {line!r} {(root / 'serve.err').read_text()[-2000:]}")
+def openai_server(farm, ngram_server):
+    """The farm's n-gram deployment (its tokenizer has a chat template) with the OpenAI frontend `trt-spec serve
+    --openai-port` starts in front of it."""
+    fe = farm.openai("ngram")
     ns = type("Served", (), {})()
-    ns.url, ns.grpc, ns.repo, ns.proc, ns.log = (
-        f"http://127.0.0.1:{ports['openai']}",
-        f"127.0.0.1:{ports['grpc']}",
-        repo,
-        proc,
-        Path(f"{repo}.openai.log"),
-    )
-    ns.tokenizer_dir = str(target)
-    ns.triton_metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
-    ns.client = openai.OpenAI(base_url=ns.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield ns
-    proc.send_signal(2)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    err.close()
+    ns.url, ns.grpc, ns.repo, ns.log, ns.client = fe.url, ngram_server.grpc_url, ngram_server.repo, fe.log, fe.client
+    ns.tokenizer_dir = str(farm.models()["chat_target"])
+    ns.triton_metrics = f"http://127.0.0.1:{ngram_server.metrics_port}/metrics"
+    return ns
 
 
 def kserve_greedy(s, model: str, prompt: str, n: int) -> str:

@@ -19,36 +19,14 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from trt_spec.records.names import BASELINE, SPECULATIVE  # noqa: E402
-from trt_spec.serve.server import free_port  # noqa: E402
 
-from .conftest import build_deployment  # noqa: E402
-from .test_launcher import Serve, _refused  # noqa: E402
+from ..farm import ServeProcess, refused  # noqa: E402
 
 ERROR_WITHIN_S = 10.0  # a stream whose server died ends with an error within this: seconds, not a client timeout
 
 
-@pytest.fixture(scope="module")
-def built_repo(tiny_models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("openai_faults")
-    return build_deployment(root, "draft_target", tiny_models["draft_other"], tiny_models["target"])
-
-
-class OpenAIServe(Serve):
-    """Serve with --openai-port: ready once its ready line (stdout) names the OpenAI endpoint."""
-
-    def __init__(self, repo, tmp, *extra):
-        self.openai_port = free_port()
-        super().__init__(repo, tmp, "--openai-port", str(self.openai_port), *extra)
-        self.url = f"http://127.0.0.1:{self.openai_port}"
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def wait_openai(self, timeout: float = 180) -> "OpenAIServe":
-        deadline = time.monotonic() + timeout
-        while "OpenAI" not in self.out.read_text():
-            assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}:\n{self.stderr()}"
-            assert time.monotonic() < deadline, f"no ready line after {timeout}s:\n{self.stderr()}"
-            time.sleep(0.25)
-        return self
+class OpenAIServe(ServeProcess):
+    """`trt-spec serve --openai-port`, ready once its ready line names the OpenAI endpoint."""
 
     def health(self) -> int:
         """The frontend's /health status; 0 when nothing answers."""
@@ -67,17 +45,14 @@ class OpenAIServe(Serve):
 
 
 @pytest.fixture
-def serve(built_repo, tmp_path):
-    import shutil
-
+def serve(farm, tmp_path):
     started: list[OpenAIServe] = []
 
     def start(*extra: str) -> OpenAIServe:
-        repo = tmp_path / f"repo{len(started)}"
-        shutil.copytree(built_repo, repo, symlinks=True)
-        s = OpenAIServe(repo, tmp_path / f"serve{len(started)}", *extra)
+        repo = farm.copy_repo("dtm", tmp_path / f"repo{len(started)}")
+        s = OpenAIServe(repo, tmp_path / f"serve{len(started)}", *extra, openai=True)
         started.append(s)
-        return s.wait_openai()
+        return s.wait_ready()
 
     yield start
     for s in started:
@@ -156,7 +131,7 @@ def test_tritonserver_killed_ends_openai_streams_with_an_error_and_serve_exits_1
     rc = s.proc.wait(15)
     assert rc == 1, s.stderr()
     assert "error: tritonserver exited with code -9" in s.stderr()
-    assert s.wait_gone(10) == {} and _refused(s.openai_port)
+    assert s.wait_gone(10) == {} and refused(s.openai_port)
 
 
 @pytest.mark.slow  # a server of its own (~30-60 s): `make slow`, which CI runs
@@ -170,7 +145,7 @@ def test_a_killed_stub_ends_openai_streams_with_an_error_and_serve_exits_3(serve
     rc = s.proc.wait(15)
     assert rc == 3, s.stderr()
     assert f"model tensorrt_llm_bls stopped (its python-backend process {stub} died)" in s.stderr()
-    assert s.wait_gone(10) == {} and _refused(s.openai_port)
+    assert s.wait_gone(10) == {} and refused(s.openai_port)
 
 
 @pytest.mark.slow  # a server of its own (~40 s): `make slow`, which CI runs
@@ -209,4 +184,4 @@ def test_the_frontend_killed_alone_stops_serve_with_one_line(serve):
     assert rc == 1, err
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "the OpenAI frontend exited with code -9" in lines[0], err
-    assert s.wait_gone(10) == {} and _refused(s.http)
+    assert s.wait_gone(10) == {} and refused(s.http)

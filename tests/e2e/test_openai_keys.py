@@ -4,12 +4,7 @@ the key is on no command line. Without a key and with --host 0.0.0.0 the fronten
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,58 +13,11 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from trt_spec.records import defaults  # noqa: E402
-from trt_spec.serve.server import free_port  # noqa: E402
 
-from .conftest import build_deployment  # noqa: E402
-from .test_openai import CHATML, ROOT  # noqa: E402
+from ..farm import OPENAI_KEY, env_without_openai_key, serve_openai, stop_serve  # noqa: E402
 
-KEY = "sk-trtspec-e2e-4f1c9a7b2d"
-
-
-@pytest.fixture(scope="module")
-def chat_repo(tiny_models, tmp_path_factory) -> Path:
-    """The n-gram deployment of the tiny target with a chat template (as test_openai.py's openai_server)."""
-    root = tmp_path_factory.mktemp("openai_keys")
-    target = root / "target"
-    shutil.copytree(tiny_models["target"], target)
-    cfg = json.loads((target / "tokenizer_config.json").read_text())
-    (target / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": CHATML}))
-    return build_deployment(root, "ngram", None, target)
-
-
-def serve(repo: Path, tmp: Path, *extra: str, env: dict):
-    """`trt-spec serve REPO --openai-port P ...` until ready: (process, ready line, ports, stderr file)."""
-    ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
-    err_path = tmp / "serve.err"
-    with open(err_path, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trt_spec.cli", "serve", str(repo)]
-            + [f"--{name}-port={port}" for name, port in ports.items()]
-            + list(extra),
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            cwd=ROOT,
-            env=env,
-        )
-    line = proc.stdout.readline()
-    if "OpenAI" not in line:
-        proc.kill()
-        pytest.fail(f"serve did not come up: {line!r} {err_path.read_text()[-2000:]}")
-    return proc, line, ports, err_path
-
-
-def stop(proc) -> None:
-    proc.send_signal(2)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-def no_key_env() -> dict:
-    return {k: v for k, v in os.environ.items() if k != defaults.OPENAI_API_KEY_ENV}
+KEY = OPENAI_KEY
+serve, stop, no_key_env = serve_openai, stop_serve, env_without_openai_key
 
 
 def get(url: str, headers: dict | None = None):

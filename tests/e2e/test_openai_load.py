@@ -28,7 +28,9 @@ psutil = pytest.importorskip("psutil")
 
 from trt_spec.records.names import SPECULATIVE  # noqa: E402
 
-from .test_openai_keys import chat_repo, no_key_env, serve, stop  # noqa: E402, F401 - chat_repo: the fixture
+from ..farm import env_without_openai_key as no_key_env  # noqa: E402
+from ..farm import serve_openai as serve  # noqa: E402
+from ..farm import stop_serve as stop  # noqa: E402
 
 STREAMS, DISTINCT = 256, 32  # 32 distinct prompts, 8 streams each
 NON_READERS, READERS = 64, 8
@@ -39,7 +41,7 @@ ASYNCIO_HIGH_WATER = 64 << 10  # asyncio's transport buffer above which uvicorn'
 
 
 @pytest.fixture(scope="module")
-def loaded(chat_repo, tmp_path_factory):  # noqa: F811 - the imported fixture
+def loaded(chat_repo, tmp_path_factory):
     """serve --openai-port (no key: loopback), sized to admit all 256 at once: (base URL, frontend process)."""
     tmp = tmp_path_factory.mktemp("load")
     proc, _, ports, _ = serve(

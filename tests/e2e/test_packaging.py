@@ -166,7 +166,7 @@ def _trt_spec_modules(model_py: Path) -> set[str]:
 def test_wheel_install_writes_and_serves_a_repository(ngram_server, tmp_path):
     work = tmp_path.resolve()
     assert not work.is_relative_to(ROOT)
-    build_dir = ngram_server.repo.parent / "build"  # what build_deployment built (tests/e2e/conftest.py)
+    build_dir = ngram_server.repo.parent / "build"  # what the farm built (tests/farm.py)
     assert (build_dir / "manifest.json").is_file()
 
     site = make_venv(work / "venv", build_wheel(work / "wheel"))

@@ -11,6 +11,8 @@ import pytest
 
 from trt_spec.harness.client import ClientError, LLMClient
 
+from ..farm import DEPLOYMENTS
+
 PROMPTS = [
     "def add(a, b):\n    return",
     "class Stack:\n    def push(self, x):",
@@ -98,7 +100,7 @@ def test_sixteen_concurrent_requests(dtm_server):
     "kwargs,message",
     [
         ({"prompt": ""}, "text_input is empty"),
-        ({"num_draft_tokens": 9}, "num_draft_tokens 9 is outside 0..max_draft_len (4)"),
+        ({"num_draft_tokens": 9}, f"num_draft_tokens 9 is outside 0..max_draft_len ({DEPLOYMENTS['dtm'].k})"),
         ({"max_tokens": 0}, "max_tokens must be >= 1"),
         ({"max_tokens": 5000}, "exceeds max_seq_len 512"),
         ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
@@ -162,12 +164,10 @@ def test_unknown_model_and_server_down(dtm_server):
 
 
 @pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
-def test_serve_stop_leaves_nothing_behind(tiny_models, tmp_path):
+def test_serve_stop_leaves_nothing_behind(farm, tmp_path):
     from trt_spec.serve.server import TritonServer, free_port
 
-    from .conftest import build_deployment
-
-    repo = build_deployment(tmp_path, "ngram", None, tiny_models["target"])
+    repo = farm.copy_repo("ngram", tmp_path / "repo")
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start().wait_ready(180)
     pgid = server.proc.pid

@@ -18,6 +18,8 @@ from trt_spec.harness.client import ClientError, LLMClient
 from trt_spec.in_triton.spec_metrics import LATENCY_BUCKETS, histogram, parse_metrics, scrape, scraped_acceptance, value
 from trt_spec.records import names as n
 
+from ..farm import DEPLOYMENTS
+
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return",
     "class Stack:\n    def push(self, x):",
@@ -25,7 +27,6 @@ PROMPTS = [
     "for i in range(10):\n   ",
 ]
 GREEDY = {"exclude_input_in_output": True}
-MAX_DRAFT_LEN = 4  # conftest.build_deployment's k
 COUNTERS = (
     n.METRIC_REQUESTS,
     n.METRIC_DRAFT_TOKENS,
@@ -66,6 +67,7 @@ def cumulative(counts: list[int]) -> list[int]:
 @pytest.mark.parametrize("fixture,mode", [("ngram_server", "ngram"), ("dtm_server", "draft_target")])
 def test_prometheus_metrics_equal_the_responses_own(request, fixture, mode):
     server = request.getfixturevalue(fixture)
+    max_draft_len = DEPLOYMENTS[fixture.removesuffix("_server")].k
     url = metrics_url(server)
     labels = {"model": n.BLS, "mode": mode}
     before = scrape(url)
@@ -85,12 +87,12 @@ def test_prometheus_metrics_equal_the_responses_own(request, fixture, mode):
     drafted = sum(m["total_draft_tokens"] for m in got)
     accepted = sum(m["total_accepted_draft_tokens"] for m in got)
     rounds = sum(m["total_steps"] for m in got)
-    accepted_hist = [0] * (MAX_DRAFT_LEN + 1)
+    accepted_hist = [0] * (max_draft_len + 1)
     for m in got:
         for i, c in enumerate(as_list(m["accepted_length_histogram"])):
             accepted_hist[i] += c
     ks = Counter(k for m in got for k in as_list(m["draft_lengths"]))
-    k_hist = [ks[i] for i in range(MAX_DRAFT_LEN + 1)]
+    k_hist = [ks[i] for i in range(max_draft_len + 1)]
     # the responses' histogram counts the rounds that speculated (k > 0); the mix has rounds without
     assert sum(accepted_hist) == rounds - ks[0] and sum(k_hist) == rounds and drafted > 0 and ks[0] > 0
 
@@ -122,8 +124,8 @@ def test_prometheus_metrics_equal_the_responses_own(request, fixture, mode):
 
     assert vdelta(n.VLLM_NUM_DRAFT_TOKENS) == drafted and vdelta(n.VLLM_NUM_ACCEPTED_TOKENS) == accepted
     assert vdelta(n.VLLM_NUM_DRAFTS) == rounds - ks[0]  # a draft = a speculative round
-    per_pos = [vdelta(n.VLLM_NUM_ACCEPTED_PER_POS, position=str(i)) for i in range(MAX_DRAFT_LEN)]
-    assert per_pos == [sum(accepted_hist[i + 1 :]) for i in range(MAX_DRAFT_LEN)] and sum(per_pos) == accepted
+    per_pos = [vdelta(n.VLLM_NUM_ACCEPTED_PER_POS, position=str(i)) for i in range(max_draft_len)]
+    assert per_pos == [sum(accepted_hist[i + 1 :]) for i in range(max_draft_len)] and sum(per_pos) == accepted
 
 
 def test_metric_names_and_types_as_published(ngram_server):

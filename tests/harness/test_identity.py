@@ -29,9 +29,6 @@ from trt_spec.records import backend_contract as bc  # noqa: E402
 from trt_spec.records.defaults import GPU_NUMERICS_ENV, NEAR_TIE_MARGIN  # noqa: E402
 from trt_spec.records.names import BASELINE, BASELINE_ENGINE, DRAFT, NUM_DRAFT_TOKENS, TARGET  # noqa: E402
 
-from ..e2e.conftest import build_deployment  # noqa: E402
-from ..tiny import make_model, make_tokenizer  # noqa: E402
-
 PROMPTS = [
     Prompt(t, 24)
     for t in (
@@ -87,14 +84,8 @@ class InProcessClient:
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    root = tmp_path_factory.mktemp("identity")
-    tok = make_tokenizer(root / "tok")
-    target = make_model(root / "target", tok, seed=0)
-    draft = make_model(root / "draft", tok, seed=1)
-    (root / "dtm").mkdir()
-    build_deployment(root / "dtm", "draft_target", draft, target, k=4, speculative={"draft_len_policy": "fixed"})
-    return root / "dtm" / "build"
+def build(farm):
+    return farm.build("dtm_fixed")
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ tests/e2e/test_harness.py's."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -15,8 +13,7 @@ pytest.importorskip("transformers")
 
 from trt_spec.records.speculation import leviathan_bound  # noqa: E402
 
-from ..e2e.conftest import build_deployment  # noqa: E402
-from ..tiny import make_model, make_tokenizer  # noqa: E402
+from ..farm import cli_in_process  # noqa: E402
 
 CONTRACT = (
     "speedup",
@@ -32,50 +29,17 @@ CONTRACT = (
 
 
 @pytest.fixture(scope="module")
-def configs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("inproc")
-    tok = make_tokenizer(root / "tok")
-    target = make_model(root / "target", tok, seed=0)
-    out = {}
-    for name, draft in (
-        ("copy", make_model(root / "draft_copy", tok, copy_from=target)),
-        ("other", make_model(root / "draft_other", tok, seed=1)),
-    ):
-        (root / name).mkdir()
-        build_deployment(root / name, "draft_target", draft, target, k=4)
-        out[name] = root / name / "draft_target.yaml"
-    (root / "ngram").mkdir()
-    build_deployment(root / "ngram", "ngram", None, target, k=4)
-    out["ngram"] = root / "ngram" / "ngram.yaml"
-    return out
+def configs(farm):
+    """The farm's builds: draft-target with the target as its draft, with another random draft, and n-gram."""
+    return {"copy": farm.config("dtm_copy"), "other": farm.config("dtm_fixed"), "ngram": farm.config("ngram")}
 
 
 def bench(config, *args):
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trt_spec.cli",
-            "bench",
-            "in-process",
-            str(config),
-            "--format",
-            "json",
-            "--prompts",
-            "code-edit",
-            "--limit",
-            "2",
-            "--max-tokens",
-            "24",
-            "--ignore-eos",
-            "--threads",
-            "1",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    """`trt-spec bench in-process CONFIG --format json ...`, in this process (the CLI's own code)."""
+    p = cli_in_process(
+        "bench", "in-process", str(config), "--format", "json", "--prompts", "code-edit", "--limit", "2",
+        "--max-tokens", "24", "--ignore-eos", "--threads", "1", *args,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout)
 
@@ -137,12 +101,7 @@ def test_a_wrong_draft_is_reported_as_slower(configs):
 def test_ngram_and_a_k_beyond_the_build_is_one_clear_error(configs):
     rep = bench(configs["ngram"], "--k", "2")
     assert rep["mode"] == "ngram" and rep["token_identity"] == 1.0
-    p = subprocess.run(
-        [sys.executable, "-m", "trt_spec.cli", "bench", "in-process", str(configs["copy"]), "--k", "9", "--limit", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = cli_in_process("bench", "in-process", str(configs["copy"]), "--k", "9", "--limit", "1")
     assert p.returncode != 0
     assert "max_draft_len" in p.stderr and "Traceback" not in p.stderr
 

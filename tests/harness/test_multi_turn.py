@@ -6,8 +6,6 @@ Spec-Bench-shaped file on a tiny deployment whose tokenizer has a chat template.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -186,29 +184,21 @@ def test_turns_all_without_a_chat_template_is_one_line_before_any_server(cmd, wo
 
 
 @pytest.fixture(scope="module")
-def chat_deployment(tmp_path_factory):
-    """A draft-target deployment of a tiny target whose tokenizer has a chat template (the draft is the target)."""
+def chat_deployment(farm):
+    """The farm's draft-target deployment of a tiny target whose tokenizer has a chat template (the draft is the
+    target)."""
     pytest.importorskip("torch")
-    from ..e2e.conftest import build_deployment
-    from ..tiny import make_model, make_tokenizer
-
-    root = tmp_path_factory.mktemp("multiturn")
-    tok = make_tokenizer(root / "tok")
-    cfg = json.loads((tok / "tokenizer_config.json").read_text())
-    (tok / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": CHATML}))
-    target = make_model(root / "target", tok, seed=0)
-    build_deployment(root, "draft_target", make_model(root / "draft", tok, copy_from=target), target, k=2)
-    return root / "draft_target.yaml"
+    return farm.config("dtm_copy")
 
 
-def _in_process(config: Path, f: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "trt_spec.cli", "bench", "in-process", str(config), "--prompts", str(f)]
-        + ["--max-tokens", "6", "--ignore-eos", "--threads", "1", "--k", "2", "--policy", "fixed", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def _in_process(config: Path, f: Path, *args):
+    """`trt-spec bench in-process` (in this process: the CLI's own code, no new interpreter)."""
+    from ..farm import cli_in_process
+
+    return cli_in_process(
+        "bench", "in-process", str(config), "--prompts", str(f),
+        "--max-tokens", "6", "--ignore-eos", "--threads", "1", "--k", "2", "--policy", "fixed", *args,
+    )  # fmt: skip
 
 
 def test_in_process_runs_every_turn_as_a_conversation(chat_deployment, tmp_path):
@@ -253,14 +243,9 @@ def test_in_process_a_conversation_past_the_input_limit_is_one_line_before_any_w
     assert _in_process(chat_deployment, f).returncode == 0  # the first turn alone fits
 
 
-def test_in_process_without_a_chat_template_refuses_turns_all(tmp_path):
+def test_in_process_without_a_chat_template_refuses_turns_all(farm, tmp_path):
     pytest.importorskip("torch")
-    from ..e2e.conftest import build_deployment
-    from ..tiny import make_model, make_tokenizer
-
-    tok = make_tokenizer(tmp_path / "tok")  # no chat template
-    build_deployment(tmp_path, "ngram", None, make_model(tmp_path / "target", tok), k=2)
-    p = _in_process(tmp_path / "ngram.yaml", _file(tmp_path), "--turns", "all")
+    p = _in_process(farm.config("dtm_fixed"), _file(tmp_path), "--turns", "all")  # its target has no chat template
     assert p.returncode == 2 and "Traceback" not in p.stderr
     (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert line.startswith("error: --turns all ") and "has none" in line and "--turns first" in line
