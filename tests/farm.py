@@ -300,9 +300,8 @@ class Farm:
         """Frontends, then every server at once (each takes seconds to unload its models)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        for fe in self._frontends.values():
-            fe.stop()
-        with ThreadPoolExecutor(max(1, len(self.servers))) as pool:
+        with ThreadPoolExecutor(max(1, len(self._frontends), len(self.servers))) as pool:
+            list(pool.map(lambda fe: fe.stop(), self._frontends.values()))
             list(pool.map(lambda server: server.stop(), self.servers.values()))
 
 

@@ -362,6 +362,7 @@ def test_bench_openai_client_reads_any_servers_acceptance(openai_server):
     silent.close()
 
 
+@pytest.mark.slow  # AIPerf's run (~15 s): `make slow`, which CI runs
 def test_aiperf_spec_decode_section_shows_the_servers_acceptance(openai_server, tmp_path):
     """`aiperf profile` (0.13) against the OpenAI port: its Spec Decode metrics, read back from its JSON export, equal
     what the server counted over the run (the BLS's counters on Triton's metrics port)."""
