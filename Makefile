@@ -121,10 +121,12 @@ dynamo: $(TEST_TOOLS) $(DYNAMO_VENV)/bin/python
 test-all: lint
 	$(BIN)/python -m pytest -q --durations=15
 
-# make test's suite twice in a row, its modules in a random order each time (pytest-random-order, seeds printed)
+# make test's suite twice in a row, the modules and the tests in each in a random order each time (pytest-random-order;
+# the seed is on the command line: SEED=N reruns an order)
+SEED ?= $(shell date +%s)
 test-random: $(TEST_TOOLS)
-	$(BIN)/python -m pytest -q -m "not soak and not slow" --random-order-bucket=module
-	$(BIN)/python -m pytest -q -m "not soak and not slow" --random-order-bucket=module
+	$(BIN)/python -m pytest -q -m "not soak and not slow" -p random_order --random-order-bucket=module --random-order-seed=$(SEED)
+	$(BIN)/python -m pytest -q -m "not soak and not slow" -p random_order --random-order-bucket=module --random-order-seed=$$(($(SEED) + 1))
 
 clean:
 	rm -rf build .pytest_cache
