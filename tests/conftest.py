@@ -265,5 +265,5 @@ def pytest_configure(config):
 
 def pytest_terminal_summary(terminalreporter):
     _POLLING.set()
-    farm = sum(f.starts for f in FARMS)
+    farm = sum(len(f.servers) for f in FARMS)
     terminalreporter.write_line(f"tritonserver starts: {len(_STARTS)} ({farm} shared by the farm)")

@@ -190,7 +190,6 @@ class Farm:
         self._repos: dict[str, Path] = {}
         self.servers: dict = {}  # name -> TritonServer, in start order
         self._frontends: dict = {}
-        self.starts = 0  # tritonservers the farm started
 
     def models(self) -> dict:
         """The tiny byte-level tokenizer and random Llama models every deployment is built from."""
@@ -274,9 +273,7 @@ class Farm:
                 admin_key_file=self.root / "logs" / f"{name}.admin.key",
             )
             self.servers[name] = server
-            self.starts += 1
             server.start().wait_ready(180)
-            server.is_serving = True
         return self.servers[name]
 
     def openai(self, name: str):

@@ -6,6 +6,7 @@ import queue
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "import numpy as np\n", "Once upon a time"]
 TIMEOUT_S = 60.0
@@ -13,13 +14,7 @@ TIMEOUT_S = 60.0
 
 def _tensor(name, value, dtype):
     arr = np.asarray(value, dtype=dtype)
-    t = grpcclient.InferInput(
-        name,
-        list(arr.shape),
-        "BYTES"
-        if dtype is object
-        else {np.int32: "INT32", np.int64: "INT64", np.uint64: "UINT64", np.float32: "FP32", np.bool_: "BOOL"}[dtype],
-    )
+    t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
     t.set_data_from_numpy(arr)
     return t
 

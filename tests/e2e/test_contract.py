@@ -17,33 +17,21 @@ from trt_spec.serve.errors import ServerError
 from trt_spec.serve.server import TritonServer, free_port
 
 from ..farm import DEPLOYMENTS, LIMITS, tokenizer_dir
+from ..requests import _tensor
 
 PROMPT = "def add(a, b):\n    return"
 K = DEPLOYMENTS["dtm"].k  # dtm_server's max_draft_len
 GREEDY = {"exclude_input_in_output": True}
 
 
-def _inp(name, value, dtype):
-    arr = np.asarray(value, dtype=dtype)
-    t = grpcclient.InferInput(
-        name,
-        list(arr.shape),
-        "BYTES"
-        if dtype is object
-        else {np.int32: "INT32", np.float32: "FP32", bool: "BOOL", np.uint64: "UINT64"}[dtype],
-    )
-    t.set_data_from_numpy(arr)
-    return t
-
-
 def engine_request(ids, out_len, **extra):
     ins = [
-        _inp("input_ids", [ids], np.int32),
-        _inp("input_lengths", [[len(ids)]], np.int32),
-        _inp("request_output_len", [[out_len]], np.int32),
+        _tensor("input_ids", [ids], np.int32),
+        _tensor("input_lengths", [[len(ids)]], np.int32),
+        _tensor("request_output_len", [[out_len]], np.int32),
     ]
     for k, (v, dt) in extra.items():
-        ins.append(_inp(k, v, dt))
+        ins.append(_tensor(k, v, dt))
     return ins
 
 
@@ -134,13 +122,13 @@ def _e2e_client_inputs(beam_width=1):
     """What inflight_batcher_llm/client/end_to_end_grpc_client.py sends: the stream API, text_input, max_tokens,
     stream, beam_width, temperature and exclude_input_in_output always; no top_k/top_p; it requests text_output."""
     return [
-        _inp("text_input", [[PROMPT.encode()]], object),
-        _inp("max_tokens", [[12]], np.int32),
-        _inp("stream", [[False]], bool),
-        _inp("beam_width", [[beam_width]], np.int32),
-        _inp("temperature", [[1.0]], np.float32),
-        _inp("exclude_input_in_output", [[True]], bool),
-        _inp("num_return_sequences", [[1]], np.int32),
+        _tensor("text_input", [[PROMPT.encode()]], object),
+        _tensor("max_tokens", [[12]], np.int32),
+        _tensor("stream", [[False]], bool),
+        _tensor("beam_width", [[beam_width]], np.int32),
+        _tensor("temperature", [[1.0]], np.float32),
+        _tensor("exclude_input_in_output", [[True]], bool),
+        _tensor("num_return_sequences", [[1]], np.int32),
     ]
 
 

@@ -8,7 +8,6 @@ case. `make slow` (CI runs it); the counts print with -s (README's reliability f
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -31,8 +30,11 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from trt_spec.records.names import BASELINE, SPECULATIVE  # noqa: E402
 
 from ..farm import OPENAI_KEY as KEY  # noqa: E402
-from ..farm import ROOT  # noqa: E402
-from ..farm import serve_openai as serve  # noqa: E402
+from ..farm import (  # noqa: E402
+    ROOT,  # noqa: E402
+    env_without_openai_key,
+    serve_openai,
+)
 
 OPENAI_CASES = 150  # per operation and generation mode (positive, negative): ~0.05 s each on 2 cores
 KSERVE_CASES = 500  # per model: ~0.02 s each
@@ -77,8 +79,9 @@ def fuzzed(chat_repo, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
     key_file = tmp / "key"
     key_file.write_text(KEY + "\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRT_SPEC_OPENAI_API_KEY"}
-    proc, _, ports, err = serve(chat_repo, tmp, f"--openai-api-key-file={key_file}", env=env)
+    proc, _, ports, err = serve_openai(
+        chat_repo, tmp, f"--openai-api-key-file={key_file}", env=env_without_openai_key()
+    )
     yield proc, ports, chat_repo
     proc.send_signal(2)
     try:

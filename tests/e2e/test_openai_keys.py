@@ -14,10 +14,8 @@ import pytest
 openai = pytest.importorskip("openai")
 
 
-from ..farm import OPENAI_KEY, env_without_openai_key, serve_openai, stop_serve  # noqa: E402
-
-KEY = OPENAI_KEY
-serve, stop, no_key_env = serve_openai, stop_serve, env_without_openai_key
+from ..farm import OPENAI_KEY as KEY  # noqa: E402
+from ..farm import env_without_openai_key, serve_openai, stop_serve  # noqa: E402
 
 
 def get(url: str, headers: dict | None = None):
@@ -32,7 +30,9 @@ def get(url: str, headers: dict | None = None):
 def test_a_key_file_guards_v1_and_leaves_health_and_metrics_open(chat_repo, tmp_path):
     key_file = tmp_path / "openai.key"
     key_file.write_text(KEY + "\n")
-    proc, line, ports, _ = serve(chat_repo, tmp_path, "--openai-api-key-file", str(key_file), env=no_key_env())
+    proc, line, ports, _ = serve_openai(
+        chat_repo, tmp_path, "--openai-api-key-file", str(key_file), env=env_without_openai_key()
+    )
     try:
         base = f"http://127.0.0.1:{ports['openai']}"
         assert f"OpenAI {base}/v1" in line
@@ -61,7 +61,7 @@ def test_a_key_file_guards_v1_and_leaves_health_and_metrics_open(chat_repo, tmp_
             except OSError:
                 continue
     finally:
-        stop(proc)
+        stop_serve(proc)
 
 
 def _lan_address() -> str | None:
@@ -77,7 +77,7 @@ def _lan_address() -> str | None:
 
 @pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs
 def test_no_key_and_host_0000_keeps_the_frontend_on_loopback(chat_repo, tmp_path):
-    proc, line, ports, err_path = serve(chat_repo, tmp_path, "--host", "0.0.0.0", env=no_key_env())
+    proc, line, ports, err_path = serve_openai(chat_repo, tmp_path, "--host", "0.0.0.0", env=env_without_openai_key())
     try:
         base = f"http://127.0.0.1:{ports['openai']}"
         assert f"OpenAI {base}/v1" in line  # the address actually bound
@@ -90,4 +90,4 @@ def test_no_key_and_host_0000_keeps_the_frontend_on_loopback(chat_repo, tmp_path
             with pytest.raises(OSError):
                 socket.create_connection((lan, ports["openai"]), timeout=5).close()
     finally:
-        stop(proc)
+        stop_serve(proc)

@@ -28,9 +28,7 @@ psutil = pytest.importorskip("psutil")
 
 from trt_spec.records.names import SPECULATIVE  # noqa: E402
 
-from ..farm import env_without_openai_key as no_key_env  # noqa: E402
-from ..farm import serve_openai as serve  # noqa: E402
-from ..farm import stop_serve as stop  # noqa: E402
+from ..farm import env_without_openai_key, serve_openai, stop_serve  # noqa: E402
 
 STREAMS, DISTINCT = 256, 32  # 32 distinct prompts, 8 streams each
 NON_READERS, READERS = 64, 8
@@ -44,14 +42,14 @@ ASYNCIO_HIGH_WATER = 64 << 10  # asyncio's transport buffer above which uvicorn'
 def loaded(chat_repo, tmp_path_factory):
     """serve --openai-port (no key: loopback), sized to admit all 256 at once: (base URL, frontend process)."""
     tmp = tmp_path_factory.mktemp("load")
-    proc, _, ports, _ = serve(
-        chat_repo, tmp, "--openai-max-concurrent", "256", "--openai-max-queued", "256", env=no_key_env()
+    proc, _, ports, _ = serve_openai(
+        chat_repo, tmp, "--openai-max-concurrent", "256", "--openai-max-queued", "256", env=env_without_openai_key()
     )
     (frontend,) = [
         p for p in psutil.Process(proc.pid).children() if "trt_spec.serve.openai_frontend" in " ".join(p.cmdline())
     ]
     yield f"http://127.0.0.1:{ports['openai']}", frontend
-    stop(proc)
+    stop_serve(proc)
 
 
 def chat(prompt: str, max_tokens: int) -> dict:

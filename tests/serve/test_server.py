@@ -17,6 +17,7 @@ from trt_spec.serve.locate import find_tritonserver
 from trt_spec.serve.server import TritonServer, check_port_free
 
 from ..conftest import REPO
+from ..farm import alive
 
 
 @pytest.fixture(scope="module")
@@ -279,20 +280,12 @@ def test_a_started_child_dies_with_its_launcher(tmp_path):
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and _running(child):
+        while time.monotonic() < deadline and alive(child):
             time.sleep(0.05)
-        assert not _running(child)
+        assert not alive(child)
     finally:
-        if _running(child):
+        if alive(child):
             os.kill(child, 9)
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def test_ready_timeout_of_an_llmapi_repository_counts_its_checkpoints(tmp_path):
