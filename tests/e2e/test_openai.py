@@ -402,6 +402,8 @@ def test_aiperf_spec_decode_section_shows_the_servers_acceptance(openai_server, 
             "temperature:0",
             "--extra-inputs",
             "max_tokens:24",
+            "--extra-inputs",  # drafts on any machine: the adaptive policy may have learned they do not pay here
+            "draft_len_policy:fixed",
         ],
         capture_output=True,
         text=True,
@@ -412,8 +414,7 @@ def test_aiperf_spec_decode_section_shows_the_servers_acceptance(openai_server, 
     counted = acceptance_delta(before, server_acceptance(s))
     rep = json.loads((out / "profile_export_aiperf.json").read_text())
     assert rep["request_count"]["avg"] == 6 and rep.get("error_request_count", {}).get("avg", 0) == 0
-    # drafts were made and some accepted (how many depends on what this server ran before: run alone, some drafts
-    # are refused; after this module's other tests every draft may be accepted, which the counts below still check)
+    # drafts were made and some accepted (how many depends on what this server's suffix cache saw before)
     assert counted["accepted"] > 0 and counted["drafted"] >= counted["accepted"], counted
     assert rep["total_accepted_draft_tokens"]["avg"] == counted["accepted"], rep["total_accepted_draft_tokens"]
     assert rep["total_draft_tokens"]["avg"] == counted["drafted"]
