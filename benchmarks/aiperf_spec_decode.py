@@ -133,7 +133,7 @@ def questions(config, manifest, args) -> list:
 
 
 def run_config(config: Path, args, out: Path) -> list[dict]:
-    from trt_spec.serve.openai_process import FrontendProcess
+    from trt_spec.serve.openai.process import FrontendProcess
     from trt_spec.serve.server import TritonServer, free_port
 
     repo, manifest = build_and_repo(config, args.build)

@@ -281,7 +281,7 @@ class Farm:
         if name not in self._frontends:
             import openai
 
-            from trt_spec.serve.openai_process import FrontendProcess
+            from trt_spec.serve.openai.process import FrontendProcess
             from trt_spec.serve.server import free_port
 
             server = self.server(name)

@@ -107,7 +107,7 @@ def openai_call(repo: Path, server: TritonServer, out: Path, s: DemoSettings, sa
     completion through the official `openai` SDK, streamed, with its usage."""
     import openai
 
-    from .serve.openai_process import FrontendProcess
+    from .serve.openai.process import FrontendProcess
 
     fe = FrontendProcess(repo, server.grpc_url, free_port(), "127.0.0.1", out / "openai.log").start()
     try:

@@ -497,7 +497,7 @@ def test_grafana_dashboard_ships_with_the_chart_and_reads_published_metrics(rend
     """The dashboard ConfigMap carries the shipped JSON; every metric its panels query is one trt-spec publishes (the
     BLS's and the frontend's names, Triton's own, the recorded HPA ratio); tests/e2e/test_openai.py scrapes them."""
     from trt_spec.records import names as n
-    from trt_spec.serve.openai_metrics import FRONTEND_METRICS
+    from trt_spec.serve.openai.metrics import FRONTEND_METRICS
 
     cm = _config_map(rendered["llama33-70b-fp8-h200"], "-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"

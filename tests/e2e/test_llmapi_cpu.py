@@ -296,7 +296,7 @@ def kserve(server, text: str, max_tokens: int, **extra) -> dict:
 def test_openai_completions_equal_the_models_answer_with_its_acceptance(llmapi_server, llmapi_openai):
     """Only the loaded model is listed; greedy completions, streamed and not, are the model's own text; usage is the
     target tokenizer's count; the acceptance is what the model returned (1.2.1's zeros), said to be unmeasured."""
-    from trt_spec.serve.openai_metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE
+    from trt_spec.serve.openai.metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE
 
     s = llmapi_openai
     assert [m.id for m in s.client.models.list().data] == [lc.MODEL_NAME]

@@ -223,7 +223,7 @@ def acceptance_delta(before: dict, after: dict) -> dict:
 
 
 def check_vllm_shape(spec: dict, counted: dict) -> None:
-    """vLLM's metrics.speculative_decoding (serve/openai_metrics.py), equal to what the server counted."""
+    """vLLM's metrics.speculative_decoding (serve/openai/metrics.py), equal to what the server counted."""
     hist = spec["acceptance_histogram"]
     assert spec["num_spec_tokens"] == len(hist) - 1 and spec["num_spec_steps"] == sum(hist)
     assert spec["num_accepted_draft_tokens"] == sum(j * c for j, c in enumerate(hist))

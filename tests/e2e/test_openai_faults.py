@@ -174,7 +174,7 @@ def test_sigterm_drains_openai_streams_then_exits_0(serve):
 @pytest.mark.slow  # a server of its own (~30-60 s): `make slow`, which CI runs
 def test_the_frontend_killed_alone_stops_serve_with_one_line(serve):
     s = serve()
-    frontend = s.pid("trt_spec.serve.openai_frontend")
+    frontend = s.pid("trt_spec.serve.openai.frontend")
     os.kill(frontend, signal.SIGKILL)
     try:
         rc = s.proc.wait(15)

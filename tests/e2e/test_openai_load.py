@@ -46,7 +46,7 @@ def loaded(chat_repo, tmp_path_factory):
         chat_repo, tmp, "--openai-max-concurrent", "256", "--openai-max-queued", "256", env=env_without_openai_key()
     )
     (frontend,) = [
-        p for p in psutil.Process(proc.pid).children() if "trt_spec.serve.openai_frontend" in " ".join(p.cmdline())
+        p for p in psutil.Process(proc.pid).children() if "trt_spec.serve.openai.frontend" in " ".join(p.cmdline())
     ]
     yield f"http://127.0.0.1:{ports['openai']}", frontend
     stop_serve(proc)

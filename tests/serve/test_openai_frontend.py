@@ -7,7 +7,7 @@ import pytest
 
 from trt_spec.in_triton.serving import StopCutter
 from trt_spec.records.names import BASELINE, SPECULATIVE
-from trt_spec.serve.openai_requests import FrontendSettings, OpenAIError, parse_request, request_tensors
+from trt_spec.serve.openai.requests import FrontendSettings, OpenAIError, parse_request, request_tensors
 
 S = FrontendSettings("127.0.0.1:8001", "tok", max_seq_len=64, max_draft_len=4)
 
@@ -117,7 +117,7 @@ def test_acceptance_in_vllms_shape_from_the_bls_outputs_and_read_back_by_bench()
     documented example) back into the harness's names, and a response without it as "not reported"."""
     from trt_spec.harness.openai_client import FROM_RESPONSES, NOT_REPORTED, response_acceptance
     from trt_spec.records import llmapi_contract as lc
-    from trt_spec.serve.openai_metrics import speculative_decoding
+    from trt_spec.serve.openai.metrics import speculative_decoding
 
     bls = {"total_accepted_draft_tokens": 12, "total_draft_tokens": 28, "total_steps": 15}
     spec = speculative_decoding({**bls, "accepted_length_histogram": [4, 6, 1, 0, 1], "draft_lengths": [4] * 15})
@@ -168,7 +168,7 @@ def test_bench_openai_does_not_take_llmapi_zero_counts_for_a_measurement():
     beside them: bench openai reports acceptance as not reported, naming why, never a 0% rate."""
     from trt_spec.harness.openai_client import response_acceptance
     from trt_spec.records import llmapi_contract as lc
-    from trt_spec.serve.openai_metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE, SPEC_DECODE_KEY
+    from trt_spec.serve.openai.metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE, SPEC_DECODE_KEY
 
     zeros = {"num_accepted_draft_tokens": 0, "num_draft_tokens": 0, "draft_acceptance_rate": 0.0}
     got = response_acceptance({SPEC_DECODE_KEY: zeros, LLMAPI_NOTE_KEY: LLMAPI_ZERO_NOTE})

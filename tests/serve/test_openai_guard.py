@@ -1,4 +1,4 @@
-"""The OpenAI frontend's own guards (serve/openai_guard.py): its API key, its bounds (all before any tokenizing), its
+"""The OpenAI frontend's own guards (serve/openai/guard.py): its API key, its bounds (all before any tokenizing), its
 body cap, its admission (429 + Retry-After, a slot freed when generation ends or the client leaves) and its send
 timeout. The app is the real one; only Triton is replaced, by an in-process async model that yields token ids (the
 e2e tests, tests/e2e/test_openai.py, run the real server). Admission and slow readers run on a real uvicorn socket."""
@@ -15,9 +15,9 @@ import time
 import pytest
 
 from trt_spec.records.names import SPECULATIVE
-from trt_spec.serve.openai_frontend import create_app
-from trt_spec.serve.openai_guard import Admission, Limits, read_api_key
-from trt_spec.serve.openai_requests import FrontendSettings, OpenAIError
+from trt_spec.serve.openai.frontend import create_app
+from trt_spec.serve.openai.guard import Admission, Limits, read_api_key
+from trt_spec.serve.openai.requests import FrontendSettings, OpenAIError
 
 S = FrontendSettings("127.0.0.1:1", "tok", max_seq_len=1 << 20, max_draft_len=4)
 SMALL = FrontendSettings("127.0.0.1:1", "tok", max_seq_len=4096, max_draft_len=4)  # prompts of <= 4096 tokens
@@ -140,7 +140,7 @@ def test_the_key_comes_from_its_file_or_the_environment(tmp_path):
 
 
 def test_frontend_cli_refuses_an_empty_key_file_in_one_line(tmp_path, capsys):
-    from trt_spec.serve.openai_frontend import main
+    from trt_spec.serve.openai.frontend import main
 
     f = tmp_path / "key"
     f.write_text("")
@@ -154,7 +154,7 @@ def test_frontend_cli_refuses_an_empty_key_file_in_one_line(tmp_path, capsys):
 
 
 def test_frontend_argv_passes_only_the_options_given(tmp_path):
-    from trt_spec.serve.openai_process import frontend_argv
+    from trt_spec.serve.openai.process import frontend_argv
 
     plain = frontend_argv(tmp_path, "h:1", 9000, "127.0.0.1")
     assert "--api-key-file" not in plain and "--max-concurrent" not in plain

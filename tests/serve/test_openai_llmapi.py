@@ -10,10 +10,10 @@ import yaml
 
 from trt_spec.records import llmapi_contract as lc
 from trt_spec.repository.writer import RepositoryError
-from trt_spec.serve.openai_frontend import Completion, _with_metrics
-from trt_spec.serve.openai_llmapi import TextDeltas, completion_tokens, finish_reason, llmapi_tensors
-from trt_spec.serve.openai_metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE, llmapi_speculative_decoding
-from trt_spec.serve.openai_requests import FrontendSettings, OpenAIError, parse_request
+from trt_spec.serve.openai.frontend import Completion, _with_metrics
+from trt_spec.serve.openai.llmapi import TextDeltas, completion_tokens, finish_reason, llmapi_tensors
+from trt_spec.serve.openai.metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE, llmapi_speculative_decoding
+from trt_spec.serve.openai.requests import FrontendSettings, OpenAIError, parse_request
 
 from .test_openai_frontend import Tok
 

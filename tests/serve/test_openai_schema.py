@@ -1,4 +1,4 @@
-"""The frontend's OpenAPI document (serve/openai_schema.py, served at /openapi.json): schemathesis loads it, it
+"""The frontend's OpenAPI document (serve/openai/schema.py, served at /openapi.json): schemathesis loads it, it
 describes every route the app has, its bounds are the frontend's own, and no body it generates — valid or not —
 makes the request parser fail any other way than with an OpenAI error (the e2e fuzz, tests/e2e/test_fuzz.py, sends
 them to the real server)."""
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from trt_spec.records.defaults import OPENAI_MAX_CONTENT_PARTS, OPENAI_MAX_MESSAGES  # noqa: E402
 from trt_spec.records.names import NUM_DRAFT_TOKENS  # noqa: E402
-from trt_spec.serve.openai_requests import MAX_STOP_SEQUENCES, OpenAIError, parse_request  # noqa: E402
-from trt_spec.serve.openai_schema import openapi_document  # noqa: E402
+from trt_spec.serve.openai.requests import MAX_STOP_SEQUENCES, OpenAIError, parse_request  # noqa: E402
+from trt_spec.serve.openai.schema import openapi_document  # noqa: E402
 
 from .test_openai_guard import KEY, SMALL, Tok, app_with, client  # noqa: E402
 

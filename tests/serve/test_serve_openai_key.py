@@ -62,7 +62,7 @@ def _dry(repo, *extra, env=None):
         env={defaults.OPENAI_API_KEY_ENV: None, **(env or {})},
     )
     assert r.exit_code == 0, r.output
-    (frontend,) = [line for line in r.output.splitlines() if "trt_spec.serve.openai_frontend" in line]
+    (frontend,) = [line for line in r.output.splitlines() if "trt_spec.serve.openai.frontend" in line]
     return r.output, frontend
 
 

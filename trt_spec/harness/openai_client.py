@@ -9,7 +9,7 @@ request-rate mode run unchanged, with the same report. Requests go through the o
 API a prompt is one user message, or a whole conversation given as its messages (bench --turns all).
 
 Acceptance: from any server whose responses carry vLLM's per-request `metrics.speculative_decoding` (the shape is
-written down in serve/openai_metrics.py; trt-spec's frontend sends it, vLLM does when started with
+written down in serve/openai/metrics.py; trt-spec's frontend sends it, vLLM does when started with
 `--per-request-spec-decode-metrics summary|detailed`), taken from the trailing usage chunk into the harness's names,
 so the bench's acceptance summary is that server's own count. A server that sends none: acceptance "not reported"
 (the rates are None, never a made-up 0), and the report says so.
@@ -30,7 +30,7 @@ from ..records.names import (
     TEXT_MODELS,
     TOTAL_STEPS,
 )
-from ..serve import openai_metrics as om
+from ..serve.openai import metrics as om
 from .client import ClientError, Generation
 
 APIS = ("chat", "completions")

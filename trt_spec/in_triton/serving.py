@@ -24,7 +24,7 @@ import numpy as np
 DRAIN_FILE_ENV = "TRT_SPEC_DRAIN_FILE"
 DRAINING, CANCELLING = "drain", "cancel"
 # Both lines start with SHUTTING_DOWN: a gRPC stream's error carries no status code, only its text, and the OpenAI
-# frontend reports a line starting so as a 503 (serve/openai_triton.py), as Triton's HTTP endpoint does (UNAVAILABLE).
+# frontend reports a line starting so as a 503 (serve/openai/triton.py), as Triton's HTTP endpoint does (UNAVAILABLE).
 SHUTTING_DOWN = "server shutting down"
 REFUSED_WHILE_DRAINING = f"{SHUTTING_DOWN}: it accepts no new requests; send this request to another replica"
 CUT_AT_DRAIN_TIMEOUT = f"{SHUTTING_DOWN}: the request was still running when the drain timeout ended it"

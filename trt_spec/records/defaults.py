@@ -90,7 +90,7 @@ K8S_SHM_SIZE = "16Gi"  # memory-backed /dev/shm: python-backend tensors of every
 # TensorRT-LLM_Autoscaling_and_Load_Balancing: a PrometheusRule records it, prometheus-adapter serves it by that name).
 QUEUE_COMPUTE_METRIC = "triton:queue_compute:ratio"
 OPENAI_PORT = 9000  # the chart's OpenAI endpoint (trt-spec serve --openai-port; Triton's own frontend's default too)
-# -- The OpenAI frontend's keys and limits (serve/openai_guard.py; each limit a frontend flag and a `serve` option) --
+# -- The OpenAI frontend's keys and limits (serve/openai/guard.py; each limit a frontend flag and a `serve` option) --
 OPENAI_API_KEY_ENV = "TRT_SPEC_OPENAI_API_KEY"  # the key when no --api-key-file is given (as vLLM's VLLM_API_KEY)
 # Request body cap, checked on Content-Length before reading and again while reading (chunked bodies): well below
 # the ~4 MiB JSON body on which Triton 2.51's HTTP server crashes (docs/reliability.md); a prompt the deployment can

@@ -124,7 +124,7 @@ def _check_openai_key(o: ServeOptions) -> None:
         return
     if o.openai_port is None:
         raise ServerError("--openai-api-key-file needs --openai-port (the key guards the OpenAI frontend)")
-    from .openai_guard import ApiKeyFileError, read_api_key
+    from .openai.guard import ApiKeyFileError, read_api_key
 
     try:
         read_api_key(o.openai_api_key_file)
@@ -151,7 +151,7 @@ def dry_run(o: ServeOptions) -> list[str]:
         )
     if o.openai_port is not None:
         from ..records.procutil import shell_line
-        from .openai_process import frontend_argv
+        from .openai.process import frontend_argv
 
         _check_openai_key(o)
         bind = _openai_bind(o)
@@ -169,7 +169,7 @@ class _Running:
 
     drain: threading.Event = field(default_factory=threading.Event)
     server: Optional[TritonServer] = None
-    frontend: Optional[object] = None  # openai_process.FrontendProcess
+    frontend: Optional[object] = None  # openai.process.FrontendProcess
 
     def on_signal(self, *_) -> None:
         if self.drain.is_set() or self.server is None or not self.server.is_serving:
@@ -196,7 +196,7 @@ def _refuse_early(o: ServeOptions, run: _Running, err: Say = lambda line: None) 
         raise ServerError(str(e)) from None
     if o.openai_port is not None:
         from ..repository.writer import RepositoryError
-        from .openai_process import FrontendProcess
+        from .openai.process import FrontendProcess
 
         bind = _openai_bind(o)
         try:

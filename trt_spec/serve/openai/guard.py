@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..records.defaults import (
+from ...records.defaults import (
     OPENAI_API_KEY_ENV,
     OPENAI_MAX_BODY_BYTES,
     OPENAI_MAX_CONCURRENT,
@@ -37,7 +37,7 @@ from ..records.defaults import (
     OPENAI_RETRY_AFTER_S,
     OPENAI_SEND_TIMEOUT_S,
 )
-from .openai_requests import OpenAIError
+from .requests import OpenAIError
 
 # trt_spec_openai_requests_refused_total's reasons
 QUEUE_FULL, UNAUTHORIZED, TOO_LARGE = "queue_full", "unauthorized", "too_large"

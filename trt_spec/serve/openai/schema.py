@@ -1,7 +1,7 @@
 """The OpenAI frontend's OpenAPI document (served at /openapi.json): what each route takes and answers, with the
 frontend's real bounds.
 
-Every bound comes from where the frontend enforces it (openai_requests.py, defaults.py, the repository's settings),
+Every bound comes from where the frontend enforces it (openai/requests.py, defaults.py, the repository's settings),
 so the document cannot drift from the checks: it is what `schemathesis` fuzzes the frontend from
 (tests/e2e/test_fuzz.py), and what any client generator would read. The routes take a raw `Request` (the frontend
 parses bodies itself, to answer in OpenAI's error shape), so FastAPI could describe no body; this module does.
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..records.defaults import OPENAI_MAX_CONTENT_PARTS, OPENAI_MAX_MESSAGES, TENANT_MAX_BYTES
-from ..records.names import DRAFT_LEN_POLICY, NUM_DRAFT_TOKENS
-from ..records.speculation import POLICIES
-from .openai_requests import (
+from ...records.defaults import OPENAI_MAX_CONTENT_PARTS, OPENAI_MAX_MESSAGES, TENANT_MAX_BYTES
+from ...records.names import DRAFT_LEN_POLICY, NUM_DRAFT_TOKENS
+from ...records.speculation import POLICIES
+from .requests import (
     IGNORED_FIELDS,
     MAX_STOP_SEQUENCES,
     METADATA_KEY_CHARS,

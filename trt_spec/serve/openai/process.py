@@ -1,9 +1,9 @@
 """The OpenAI frontend as a child process of `trt-spec serve` (or the demo): its command line and its lifetime.
 
-The frontend runs in a process of its own (`python -m trt_spec.serve.openai_frontend`): `trt-spec serve` starts it
+The frontend runs in a process of its own (`python -m trt_spec.serve.openai.frontend`): `trt-spec serve` starts it
 with frontend_argv, and prints the same command line for a plain launch, so both start the same thing. The process is
 checked before it starts (the repository it would serve, its port), so a mistake is one line before Triton starts.
-trt_spec.serve.openai_frontend re-exports both names.
+trt_spec.serve.openai.frontend re-exports both names.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .openai_requests import FrontendSettings
+from .requests import FrontendSettings
 
 
 def frontend_argv(
@@ -41,7 +41,7 @@ def frontend_argv(
     return [
         sys.executable,
         "-m",
-        "trt_spec.serve.openai_frontend",
+        "trt_spec.serve.openai.frontend",
         "--repository",
         str(repo),
         "--triton",
@@ -61,7 +61,7 @@ class FrontendProcess:
     def __init__(self, repo: Path, triton_url: str, port: int, host: str, log_path: Path, **options):
         """`options`: frontend_argv's (api_key_file, max_concurrent, max_queued, max_body_bytes); the key file is
         checked by its caller (supervisor._check_openai_key) before anything starts."""
-        from .server import check_port_free
+        from ..server import check_port_free
 
         FrontendSettings.from_repository(repo, triton_url)  # a repository it cannot serve fails here, in one line
         check_port_free(host if host != "0.0.0.0" else "", port, "openai")
@@ -74,7 +74,7 @@ class FrontendProcess:
         import signal
         import subprocess
 
-        from ..records.procutil import die_with_parent
+        from ...records.procutil import die_with_parent
 
         log = open(self.log_path, "w")
         try:

@@ -15,10 +15,10 @@ from typing import AsyncIterator, Optional
 
 import numpy as np
 
-from ..in_triton.serving import SHUTTING_DOWN
-from ..records import llmapi_contract as lc
-from ..records.names import LIST_METRICS, METRIC_OUTPUTS, OUTPUT_IDS
-from .openai_metrics import LLMAPI_SPEC_OUTPUTS
+from ...in_triton.serving import SHUTTING_DOWN
+from ...records import llmapi_contract as lc
+from ...records.names import LIST_METRICS, METRIC_OUTPUTS, OUTPUT_IDS
+from .metrics import LLMAPI_SPEC_OUTPUTS
 
 LLMAPI_OUTPUTS = ("finish_reason", *LLMAPI_SPEC_OUTPUTS)  # asked of the LLM-API model beside text_output
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from ..records import names as n
+from ...records import names as n
 
 FRONTEND_METRICS = (
     n.VLLM_TTFT,
@@ -46,7 +46,7 @@ LATENCY_BUCKETS_S = (
 )
 
 
-# The frontend's own admission metrics (openai_guard.py), beside vLLM's: no model label (they are the server's)
+# The frontend's own admission metrics (openai/guard.py), beside vLLM's: no model label (they are the server's)
 ADMITTED_METRIC = "trt_spec_openai_requests_admitted"  # requests holding a slot (their Triton call running)
 WAITING_METRIC = "trt_spec_openai_requests_waiting"  # requests queued for a slot
 REFUSED_METRIC = "trt_spec_openai_requests_refused_total"  # {reason: queue_full | unauthorized | too_large}

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..in_triton.serving import StopCutter
-from ..records import llmapi_contract as lc
-from .openai_requests import FrontendSettings, GenRequest
+from ...in_triton.serving import StopCutter
+from ...records import llmapi_contract as lc
+from .requests import FrontendSettings, GenRequest
 
 FINISH_REASONS = ("stop", "length")  # the model's finish_reason values that are OpenAI's (MODEL: also timeout, ...)
 

@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP frontend over a served trt-spec repository: `/v1/models`, `/v1/completions`,
 `/v1/chat/completions` (SSE streaming, usage; the speculative model's per-request acceptance in vLLM's
-`metrics.speculative_decoding`, openai_metrics.py), and `/metrics` in vLLM's names.
+`metrics.speculative_decoding`, openai/metrics.py), and `/metrics` in vLLM's names.
 
 A thin async adapter: FastAPI on uvicorn for HTTP, and Triton's gRPC streaming API (tritonclient's protobuf service
 stubs over grpc.aio) for the models. The two model names are the repository's: `ensemble` (the baseline) and
@@ -8,7 +8,7 @@ stubs over grpc.aio) for the models. The two model names are the repository's: `
 tensors (records/names.py); the answer's text is detokenized here from the output ids, incrementally, with the
 target's tokenizer (the one the repository's models use), so both models stream the same text for the same tokens.
 A `runtime: llmapi` repository is served too: its loaded model `tensorrt_llm` (TensorRT-LLM's LLM-API model), text in
-and text out (openai_llmapi.py); its baseline `tensorrt_llm_baseline` is loaded only for check's and bench's baseline
+and text out (openai/llmapi.py); its baseline `tensorrt_llm_baseline` is loaded only for check's and bench's baseline
 phase, so it is not listed and a request for it is a 404 that says so.
 
 Why not Triton's own OpenAI frontend (server `python/openai/`, shipped in the NGC images): it starts its own
@@ -18,10 +18,10 @@ request schemas forbid extra fields (`ConfigDict(extra="forbid")`), so the specu
 `draft_len_policy` could not be sent (server r26.04, python/openai/openai_frontend/schemas/openai.py, engine/utils/
 triton.py). The same frontend serves a CPU and a GPU deployment; it needs only the gRPC port.
 
-The parts, one purpose each: openai_requests.py (request checks, limits, the model's tensors), openai_triton.py (the
-gRPC calls), openai_metrics.py (the Prometheus metrics, the per-request acceptance), openai_llmapi.py (the LLM-API
-model's request and answers), openai_process.py (the child process `trt-spec serve` starts), openai_guard.py (the
-API key, the body cap, admission to Triton, the send timeout), openai_schema.py (the OpenAPI document at
+The parts, one purpose each: openai/requests.py (request checks, limits, the model's tensors), openai/triton.py (the
+gRPC calls), openai/metrics.py (the Prometheus metrics, the per-request acceptance), openai/llmapi.py (the LLM-API
+model's request and answers), openai/process.py (the child process `trt-spec serve` starts), openai/guard.py (the
+API key, the body cap, admission to Triton, the send timeout), openai/schema.py (the OpenAPI document at
 /openapi.json); this module is the app and its routes. Semantics
 (OpenAI's): `stop` strings end the generation (sent as stop words, and cut from the text, which never contains them);
 finish_reason is "length" when max_tokens tokens came, else "stop".
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
-from ..in_triton.serving import SHUTTING_DOWN, StopCutter, input_byte_limit
-from ..records.names import SPECULATIVE
-from .openai_guard import (
+from ...in_triton.serving import SHUTTING_DOWN, StopCutter, input_byte_limit
+from ...records.names import SPECULATIVE
+from .guard import (
     TOO_LARGE,
     Admission,
     ApiKeyGuard,
@@ -50,16 +50,16 @@ from .openai_guard import (
     read_body,
     retry_after_headers,
 )
-from .openai_llmapi import TextDeltas, completion_tokens, finish_reason, llmapi_tensors
-from .openai_metrics import (
+from .llmapi import TextDeltas, completion_tokens, finish_reason, llmapi_tensors
+from .metrics import (
     LLMAPI_NOTE_KEY,
     SPEC_DECODE_KEY,
     FrontendMetricsExporter,
     llmapi_speculative_decoding,
     speculative_decoding,
 )
-from .openai_process import FrontendProcess, frontend_argv  # noqa: F401 - importable from here (cli, demo)
-from .openai_requests import (
+from .process import FrontendProcess, frontend_argv  # noqa: F401 - importable from here (cli, demo)
+from .requests import (
     FrontendSettings,
     GenRequest,
     OpenAIError,
@@ -67,8 +67,8 @@ from .openai_requests import (
     parse_request,
     request_tensors,
 )
-from .openai_schema import openapi_document
-from .openai_triton import TritonCallError, TritonModels
+from .schema import openapi_document
+from .triton import TritonCallError, TritonModels
 
 
 @dataclass
@@ -76,15 +76,15 @@ class Completion:
     text: str = ""
     tokens: int = 0
     finish_reason: str = "stop"
-    spec: Optional[dict] = None  # vLLM's metrics.speculative_decoding (openai_metrics.py); None: the baseline
-    note: Optional[str] = None  # runtime llmapi: why the counts say nothing (openai_metrics.LLMAPI_NOTE_KEY)
+    spec: Optional[dict] = None  # vLLM's metrics.speculative_decoding (openai/metrics.py); None: the baseline
+    note: Optional[str] = None  # runtime llmapi: why the counts say nothing (openai.metrics.LLMAPI_NOTE_KEY)
 
 
 class Frontend:
     """The app's state: settings, tokenizer, the Triton channel, and the vLLM-named metrics."""
 
     def __init__(self, settings: FrontendSettings, tokenizer=None, limits: Optional[Limits] = None):
-        from ..in_triton.serving import load_tokenizer
+        from ...in_triton.serving import load_tokenizer
 
         self.s = settings
         self.limits = limits or Limits()
@@ -115,7 +115,7 @@ class Frontend:
 
     async def run(self, r: GenRequest) -> AsyncIterator[tuple[str, Completion]]:
         """(text delta, completion so far) per model response; the last item carries the finish reason."""
-        from ..in_triton.serving import IncrementalDetokenizer
+        from ...in_triton.serving import IncrementalDetokenizer
 
         if self.s.llmapi:
             async for item in self._run_llmapi(r):
@@ -163,7 +163,7 @@ class Frontend:
             self.metrics.running(r.model, -1)
 
     async def _run_llmapi(self, r: GenRequest) -> AsyncIterator[tuple[str, Completion]]:
-        """run() for the LLM-API model (openai_llmapi.py): its whole-text responses as deltas; the tokens counted
+        """run() for the LLM-API model (openai/llmapi.py): its whole-text responses as deltas; the tokens counted
         once, at the end (it returns no ids: completion_tokens). Latency metrics: TTFT at the first text; the
         inter-token latency is the request's mean gap, (last text - first text) / (tokens - 1), observed once per
         token after the first, as the model says nothing of the tokens each response added."""
@@ -216,7 +216,7 @@ def _usage(r: GenRequest, c: Completion) -> dict:
 
 def _with_metrics(body: dict, c: Completion) -> dict:
     """The body with vLLM's top-level `metrics` object when the model reported acceptance (the speculative model);
-    the baseline's body is left as it is, as vLLM leaves it without speculation (openai_metrics.py)."""
+    the baseline's body is left as it is, as vLLM leaves it without speculation (openai/metrics.py)."""
     if c.spec is None:
         return body
     return {**body, "metrics": {SPEC_DECODE_KEY: c.spec, **({LLMAPI_NOTE_KEY: c.note} if c.note else {})}}
@@ -443,7 +443,7 @@ def _add_routes(app, fe: Frontend) -> None:
         ok = await fe.models.ready()
         return JSONResponse({"status": "ok" if ok else "triton unavailable"}, status_code=200 if ok else 503)
 
-    document = openapi_document(fe.s, keyed=bool(fe.limits.api_key))  # openai_schema.py: the real bounds
+    document = openapi_document(fe.s, keyed=bool(fe.limits.api_key))  # openai/schema.py: the real bounds
 
     @app.get("/openapi.json")
     async def openapi():
@@ -483,7 +483,7 @@ def _add_routes(app, fe: Frontend) -> None:
 def create_app(
     settings: FrontendSettings, tokenizer=None, api_key: Optional[str] = None, limits: Optional[Limits] = None
 ):
-    """The ASGI app (FastAPI), with its guards (openai_guard.py): the API key on /v1/* (`api_key`, else
+    """The ASGI app (FastAPI), with its guards (openai/guard.py): the API key on /v1/* (`api_key`, else
     limits.api_key; neither: no key asked for), the body cap and admission (`limits`), the send timeout."""
     import dataclasses
     from contextlib import asynccontextmanager
@@ -514,13 +514,13 @@ def create_app(
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """python -m trt_spec.serve.openai_frontend --repository REPO --triton HOST:GRPC_PORT --port P [--host H]
+    """python -m trt_spec.serve.openai.frontend --repository REPO --triton HOST:GRPC_PORT --port P [--host H]
     [--api-key-file FILE] [--max-concurrent N] [--max-queued N] [--max-body-bytes N]"""
     import argparse
 
-    from ..records import defaults as d
-    from ..repository.writer import RepositoryError
-    from .openai_guard import read_api_key
+    from ...records import defaults as d
+    from ...repository.writer import RepositoryError
+    from .guard import read_api_key
 
     ap = argparse.ArgumentParser(prog="trt-spec-openai", description=main.__doc__)
     ap.add_argument("--repository", required=True)
@@ -540,7 +540,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             max_body_bytes=a.max_body_bytes, max_concurrent=a.max_concurrent, max_queued=a.max_queued, api_key=key
         )
         settings = FrontendSettings.from_repository(Path(a.repository), a.triton)
-    except (RepositoryError, ValueError) as e:  # ValueError: openai_guard.ApiKeyFileError, Limits
+    except (RepositoryError, ValueError) as e:  # ValueError: guard.ApiKeyFileError, Limits
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(
@@ -567,7 +567,7 @@ def _serve(app, host: str, port: int, limits: Limits) -> None:
     never end), and a client should read why, not a dropped connection."""
     import uvicorn
 
-    from ..records import defaults as d
+    from ...records import defaults as d
 
     fe: Frontend = app.state.frontend
 

@@ -12,7 +12,7 @@ fields) apply to the speculative model only. OpenAI's `user` is the speculative 
 cross-request suffix cache (docs/draft-policy.md; the baseline ignores it).
 
 A `runtime: llmapi` repository (records/llmapi_contract.py) is served too: its one loaded model `tensorrt_llm`, text
-in and text out (openai_llmapi.py); its limits and tokenizer are model.yaml's. Its speculation is model.yaml's
+in and text out (openai/llmapi.py); its limits and tokenizer are model.yaml's. Its speculation is model.yaml's
 speculative_config, so the per-request knobs are refused there, and `user` is ignored as the baseline ignores it.
 """
 
@@ -25,11 +25,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..in_triton.serving import input_byte_limit
-from ..records import backend_contract as bc
-from ..records import llmapi_contract as lc
-from ..records.defaults import ADD_SPECIAL_TOKENS, OPENAI_MAX_CONTENT_PARTS, OPENAI_MAX_MESSAGES, TENANT_MAX_BYTES
-from ..records.names import (
+from ...in_triton.serving import input_byte_limit
+from ...records import backend_contract as bc
+from ...records import llmapi_contract as lc
+from ...records.defaults import ADD_SPECIAL_TOKENS, OPENAI_MAX_CONTENT_PARTS, OPENAI_MAX_MESSAGES, TENANT_MAX_BYTES
+from ...records.names import (
     BASELINE,
     DRAFT_LEN_POLICY,
     MAX_TOKENS,
@@ -42,8 +42,8 @@ from ..records.names import (
     TEXT_MODELS,
     TOP_P,
 )
-from ..records.recipes import RUNTIMES
-from ..records.speculation import POLICIES
+from ...records.recipes import RUNTIMES
+from ...records.speculation import POLICIES
 
 ENGINE_RUNTIME, LLMAPI_RUNTIME = RUNTIMES
 
@@ -138,9 +138,9 @@ class FrontendSettings:
 
     @staticmethod
     def from_repository(repo: Path, triton_url: str) -> "FrontendSettings":
-        from ..in_triton.serving import repo_path
-        from ..records.bls_parameters import BlsParameters, ParameterError
-        from ..repository.writer import RepositoryError, parse_config
+        from ...in_triton.serving import repo_path
+        from ...records.bls_parameters import BlsParameters, ParameterError
+        from ...repository.writer import RepositoryError, parse_config
 
         path = Path(repo) / SPECULATIVE / "config.pbtxt"
         if not path.is_file() and (Path(repo) / lc.MODEL_NAME / "1" / lc.YAML_FILE).is_file():
@@ -175,8 +175,8 @@ class FrontendSettings:
         NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py @ 000a01de)."""
         import yaml
 
-        from ..in_triton.serving import repo_path
-        from ..repository.writer import RepositoryError
+        from ...in_triton.serving import repo_path
+        from ...repository.writer import RepositoryError
 
         path = repo / lc.MODEL_NAME / "1" / lc.YAML_FILE
         try:

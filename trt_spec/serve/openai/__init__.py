@@ -1,0 +1,1 @@
+"""The OpenAI-compatible frontend: its own process in front of tritonserver."""
