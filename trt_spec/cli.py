@@ -18,28 +18,24 @@ from typing import Optional
 
 import click
 
-from .builder.hardware import HardwareError
 from .builder.pipeline import manifest_from, plan_for
-from .builder.preflight import PreflightError
 from .builder.progress import StepWatch
 from .builder.runner import BuildError, run_plan
 from .deploy.dynamo import FRONTEND_PORT as DYNAMO_PORT
-from .deploy.k8s import ADAPTER_VALUES, DeployError, write_chart
+from .deploy.k8s import ADAPTER_VALUES, write_chart
 from .doctor import run_checks
+from .errors import TrtSpecError
 from .gpu_smoke import SmokeSettings, run_smoke
 from .harness import commands
 from .harness.bench import tune_k
-from .harness.client import ClientError
 from .harness.identity import format_check
 from .harness.prompts import PROMPT_SETS, TURNS, load_prompts, select_prompts
 from .harness.report import environment, markdown, write_reports
 from .records import defaults
 from .records import llmapi_contract as lc
 from .records.config import ConfigError, load_config
-from .records.manifest import ManifestError
 from .records.speculation import POLICIES
 from .serve import supervisor
-from .serve.errors import ServerError
 from .serve.launch import plain_launch
 
 USER_ERROR = 2  # bad config / failed preflight (before any expensive work)
@@ -77,14 +73,8 @@ def _plan_for(
     require_checkpoints: bool,
     allow_offload: Optional[bool] = False,
 ):
-    try:
-        cfg = load_config(config, sets)
-    except ConfigError as e:
-        raise UserError(str(e)) from None
-    try:
-        return plan_for(cfg, Path(config), gpu, require_checkpoints=require_checkpoints, allow_offload=allow_offload)
-    except (PreflightError, HardwareError) as e:
-        raise UserError(str(e)) from None
+    cfg = load_config(config, sets)
+    return plan_for(cfg, Path(config), gpu, require_checkpoints=require_checkpoints, allow_offload=allow_offload)
 
 
 def os_error_line(e: OSError) -> str:
@@ -113,6 +103,8 @@ class _Main(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
             raise
+        except TrtSpecError as e:
+            raise UserError(str(e)) from None
         except OSError as e:
             raise UserError(os_error_line(e)) from None
         except Exception as e:  # noqa: BLE001 - an internal fault: a line here, the trace in a file
@@ -320,10 +312,7 @@ def plan(
     """Check CONFIG and print the build plan (runs nothing), and for a GPU config the predicted speedup at batch 1."""
     from .builder import perf_model
 
-    try:
-        measured = perf_model.read_alpha(Path(alpha_from)) if alpha_from else None
-    except perf_model.PerfModelError as e:
-        raise UserError(str(e)) from None
+    measured = perf_model.read_alpha(Path(alpha_from)) if alpha_from else None
     # a plan builds nothing: a calibration that does not fit is a warning here (build refuses it without the flag)
     p = _plan_for(config, sets, gpu, require_checkpoints=False, allow_offload=allow_offload or None)
     if fmt == "json":
@@ -467,16 +456,13 @@ def repo(
 ) -> None:
     """Write a Triton model repository from BUILD_DIR (its manifest.json) or from a CONFIG's plan."""
     from .repository.llmapi import missing_sources
-    from .repository.writer import RepositoryError, write_repository
+    from .repository.writer import write_repository
 
     src = Path(source)
-    try:
-        manifest = manifest_from(src, sets, gpu)
-        build_dir = src if src.is_dir() else manifest.config.resolved_output_dir(src)
-        dest = Path(out_dir) if out_dir else build_dir / defaults.REPO_SUBDIR
-        configs = write_repository(manifest, dest, decoupled=decoupled, max_queue_size=max_queue_size)
-    except (ConfigError, PreflightError, HardwareError, ManifestError, RepositoryError) as e:
-        raise UserError(str(e)) from None
+    manifest = manifest_from(src, sets, gpu)
+    build_dir = src if src.is_dir() else manifest.config.resolved_output_dir(src)
+    dest = Path(out_dir) if out_dir else build_dir / defaults.REPO_SUBDIR
+    configs = write_repository(manifest, dest, decoupled=decoupled, max_queue_size=max_queue_size)
     click.echo(f"wrote {dest} ({', '.join(sorted(configs))})")
     for line in missing_sources(dest):  # runtime llmapi written where the image's model source is not
         click.echo(f"note: {line}")
@@ -603,14 +589,11 @@ def serve(
         restart="trt-spec " + shlex.join(sys.argv[1:]),
         **kw,  # the ports, host, timeouts and verbosity, named as ServeOptions names them
     )
-    try:
-        if dry_run:
-            for line in supervisor.dry_run(o):
-                click.echo(line)
-            return
-        code = supervisor.run(o, out=click.echo, err=_err)
-    except ServerError as e:
-        raise UserError(str(e)) from None
+    if dry_run:
+        for line in supervisor.dry_run(o):
+            click.echo(line)
+        return
+    code = supervisor.run(o, out=click.echo, err=_err)
     sys.exit(code)
 
 
@@ -677,11 +660,8 @@ def check(
         temperature=temperature,
         samples=samples,
     )
-    try:
-        client = commands.served_client(url, protocol, wait, admin_key_file, note=_note)
-        rep = commands.run_check(client, prompts, o, stage=_stage(), note=_note)
-    except ClientError as e:
-        raise UserError(str(e)) from None
+    client = commands.served_client(url, protocol, wait, admin_key_file, note=_note)
+    rep = commands.run_check(client, prompts, o, stage=_stage(), note=_note)
     click.echo(json.dumps(rep.to_dict(), indent=2) if fmt == "json" else format_check(rep))
     sys.exit(0 if rep.passed else 1)
 
@@ -794,11 +774,8 @@ def _print_prediction(plan, rep: dict, fmt: str) -> None:
 def _bench_remote(target, runs, load: dict, fmt: str, out_dir: Optional[str], predict: Optional[str] = None) -> None:
     """bench served / openai: reach the server (target: a harness.commands function), run, print the report."""
     plan = _plan_for(predict, (), None, require_checkpoints=False, allow_offload=None) if predict else None
-    try:
-        commands.check_turns(runs, commands.Load(**load))  # before the server is reached
-        rep = commands.bench_remote(target(), runs, commands.Load(**load), stage=_stage(), note=_note)
-    except ClientError as e:
-        raise UserError(str(e)) from None
+    commands.check_turns(runs, commands.Load(**load))  # before the server is reached
+    rep = commands.bench_remote(target(), runs, commands.Load(**load), stage=_stage(), note=_note)
     _print_report(rep, fmt, out_dir)
     if plan is not None:
         _print_prediction(plan, rep, fmt)
@@ -962,7 +939,7 @@ def bench_in_process(
             compare_hf=compare_hf,
             progress=lambda s: _err(s) if fmt == "text" else None,
         )
-    except (ValueError, BuildError) as e:
+    except ValueError as e:
         raise UserError(str(e)) from None
     click.echo(to_json(rep) if fmt == "json" else format_report(rep))
     if plan is not None:
@@ -1003,14 +980,11 @@ def tune(
     """Sweep fixed num_draft_tokens (k), then the adaptive policy, against a served deployment; recommend a k and
     report adaptive against the best fixed k (speedups with 95% intervals, one run)."""
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
-    try:
-        client = commands.served_client(url, protocol, wait, admin_key_file, note=_note)
-        prompts = commands.chat_prompts(prompts, tokenizer, _note)
-        prog, cb = _stage()("k sweep (fixed, then adaptive)", len(ks) + 1)
-        with prog:
-            res = tune_k(client, prompts, list(ks), repeats=repeats, progress=cb, note=_note)
-    except ClientError as e:
-        raise UserError(str(e)) from None
+    client = commands.served_client(url, protocol, wait, admin_key_file, note=_note)
+    prompts = commands.chat_prompts(prompts, tokenizer, _note)
+    prog, cb = _stage()("k sweep (fixed, then adaptive)", len(ks) + 1)
+    with prog:
+        res = tune_k(client, prompts, list(ks), repeats=repeats, progress=cb, note=_note)
     rep = {"title": f"tune {url}", "tune": res}
     if out_dir:
         write_reports(rep, Path(out_dir))
@@ -1038,9 +1012,9 @@ def demo(config: str, out_dir: str) -> None:
     except KeyboardInterrupt:
         _err("interrupted: the server was stopped")
         sys.exit(130)
-    except ConfigError as e:
-        raise UserError(str(e)) from None
-    except (PreflightError, BuildError, ManifestError, ServerError, ClientError) as e:
+    except ConfigError:
+        raise
+    except TrtSpecError as e:  # the demo failed past its config: exit 1, as a failed check
         _err(f"error: {e}")
         sys.exit(1)
     click.echo(format_verdict(rep))
@@ -1089,12 +1063,9 @@ def k8s(
     """Write a Helm chart for BUILD_DIR (its manifest.json) or CONFIG (its plan): pinned NGC image, build Job into a
     PersistentVolumeClaim, Deployment (or LeaderWorkerSet), Service, PodMonitor, HPA, PodDisruptionBudget and an
     acceptance alert."""
-    try:
-        out = write_chart(
-            Path(source), Path(out_dir), gpus_per_node=gpus_per_node, min_acceptance=min_acceptance, sets=sets, gpu=gpu
-        )
-    except (DeployError, ConfigError, PreflightError, HardwareError) as e:
-        raise UserError(str(e)) from None
+    out = write_chart(
+        Path(source), Path(out_dir), gpus_per_node=gpus_per_node, min_acceptance=min_acceptance, sets=sets, gpu=gpu
+    )
     click.echo(f"wrote {out} (Helm chart) and {out / ADAPTER_VALUES}")
     click.echo(f"install: helm install NAME {out}   (render first: helm template NAME {out})")
 
@@ -1123,13 +1094,9 @@ def deploy_trtllm_serve(
 ) -> None:
     """Write TensorRT-LLM's own OpenAI server launch for a `runtime: llmapi` BUILD_DIR or CONFIG: the LLM's
     arguments (model.yaml's), launch.sh and a README."""
-    from .deploy.llm_api import LlmApiArgsError
     from .deploy.trtllm_serve import LAUNCH_FILE, write_bundle
 
-    try:
-        out = write_bundle(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, port=port, sets=sets, gpu=gpu)
-    except (LlmApiArgsError, ConfigError, PreflightError, HardwareError) as e:
-        raise UserError(str(e)) from None
+    out = write_bundle(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, port=port, sets=sets, gpu=gpu)
     click.echo(f"wrote {out} (trtllm-serve launch); run: bash {out / LAUNCH_FILE}   (see {out / 'README.md'})")
 
 
@@ -1161,12 +1128,8 @@ def deploy_dynamo(
     --extra-engine-args (model.yaml's LLM arguments), launch.sh (frontend + worker), a DynamoGraphDeployment and a
     README."""
     from .deploy.dynamo import DGD_FILE, LAUNCH_FILE, write_bundle
-    from .deploy.llm_api import LlmApiArgsError
 
-    try:
-        out = write_bundle(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, port=port, sets=sets, gpu=gpu)
-    except (LlmApiArgsError, ConfigError, PreflightError, HardwareError) as e:
-        raise UserError(str(e)) from None
+    out = write_bundle(Path(source), Path(out_dir), gpus_per_node=gpus_per_node, port=port, sets=sets, gpu=gpu)
     dgd = f"; Kubernetes: kubectl apply -f {out / DGD_FILE}" if (out / DGD_FILE).is_file() else ""
     click.echo(f"wrote {out} (Dynamo); run: bash {out / LAUNCH_FILE}{dgd}   (see {out / 'README.md'})")
 

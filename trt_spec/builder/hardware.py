@@ -6,8 +6,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from ..errors import TrtSpecError
 
-class HardwareError(ValueError):
+
+class HardwareError(TrtSpecError, ValueError):
     """Unknown GPU name or unusable nvidia-smi output."""
 
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..errors import TrtSpecError
 
-class PreflightError(ValueError):
+
+class PreflightError(TrtSpecError, ValueError):
     """A check failed: one line naming the problem and the fix."""
 
 

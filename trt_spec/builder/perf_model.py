@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ..errors import TrtSpecError
 from ..records.speculation import Mode, expected_tokens, solve_alpha
 from .hardware import GpuRates, gpu_rates
 from .memory import BYTES_PER_WEIGHT, GIB, LLMAPI_SPEC_MODEL_WEIGHTS, kv_cache_gib
@@ -25,7 +26,7 @@ from .model_info import ModelInfo
 from .preflight import PreflightReport
 
 
-class PerfModelError(ValueError):
+class PerfModelError(TrtSpecError, ValueError):
     """The model cannot predict for this config or report: one line naming why and the fix."""
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..errors import TrtSpecError
 from ..records.backend_contract import LOGITS_DTYPE
 from ..records.config import BuildConfig, EagleTrain
 from ..records.defaults import TOKENS_PER_BLOCK
@@ -28,7 +29,7 @@ from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED, SPEC_MODE_TO_TRTLLM, 
 STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
 
 
-class PlanError(RuntimeError):
+class PlanError(TrtSpecError, RuntimeError):
     """The planner produced something the target tool would reject (a trt-spec bug, not a user error)."""
 
 

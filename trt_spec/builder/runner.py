@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .. import __version__
+from ..errors import TrtSpecError
 from ..records.integrity import IntegrityError, file_sums, verify
 from ..records.manifest import (
     BuildManifest,
@@ -51,7 +52,7 @@ LOG_TAIL_LINES = 25
 log = logging.getLogger(__name__)
 
 
-class BuildError(RuntimeError):
+class BuildError(TrtSpecError, RuntimeError):
     def __init__(
         self, message: str, step: Optional[str] = None, log: Optional[Path] = None, tail: str = "", rerun: str = ""
     ):

@@ -30,6 +30,7 @@ import yaml
 from .. import __version__
 from ..builder.model_info import is_imported
 from ..builder.trtllm import NGC_IMAGE
+from ..errors import TrtSpecError
 from ..records import defaults
 from ..records.atomic import replacing_dir
 from ..records.manifest import BuildManifest, ManifestError
@@ -42,7 +43,7 @@ OPENAI_KEY_FILE = "/var/run/trt-spec/openai/key"  # the OpenAI API key, from ser
 TRITON_UID = 1000  # user triton-server in NVIDIA's tritonserver images (see values.yaml: podSecurityContext)
 
 
-class DeployError(ValueError):
+class DeployError(TrtSpecError, ValueError):
     """Bad input for a deployment bundle: one line naming the problem and the fix."""
 
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from ..errors import TrtSpecError
 from ..records import llmapi_contract as lc
 from ..records.manifest import BuildManifest, ManifestError
 
 ON_COMMAND_LINE = ("model",)  # the checkpoint: trtllm-serve's MODEL argument, Dynamo's --model-path
 
 
-class LlmApiArgsError(ValueError):
+class LlmApiArgsError(TrtSpecError, ValueError):
     """One line: the build cannot be served by the LLM API outside Triton, and the fix."""
 
 

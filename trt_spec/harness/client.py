@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..errors import TrtSpecError
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
 from ..records.defaults import LOADING_WAIT_S, PROTOCOLS
@@ -52,7 +53,7 @@ from ..records.names import (
 )
 
 
-class ClientError(RuntimeError):
+class ClientError(TrtSpecError, RuntimeError):
     """Server down, unknown model or a request error: one clear line."""
 
 

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..errors import TrtSpecError
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
 from ..records.speculation import Mode, Policy, Proposer
@@ -55,7 +56,7 @@ TARGET, DRAFT = "target", "draft"
 MODES = {"NGram": "ngram", "DraftTarget": "draft_target"}  # what the CPU stand-in serves of DECODING_TYPES
 
 
-class LlmapiError(ValueError):
+class LlmapiError(TrtSpecError, ValueError):
     """What the LLM-API model answers a request with (its own words)."""
 
 

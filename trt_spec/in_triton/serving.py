@@ -15,6 +15,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import TrtSpecError
+
 # --- draining: `trt-spec serve` tells the models it is shutting down (serve/server.py TritonServer.drain) -------
 # The launcher writes one word into the file this variable names (tritonserver's environment, which every stub
 # inherits): DRAINING = refuse new requests, let the ones in flight finish; CANCELLING = the drain timeout passed,
@@ -30,7 +32,7 @@ REFUSED_WHILE_DRAINING = f"{SHUTTING_DOWN}: it accepts no new requests; send thi
 CUT_AT_DRAIN_TIMEOUT = f"{SHUTTING_DOWN}: the request was still running when the drain timeout ended it"
 
 
-class ShuttingDown(RuntimeError):
+class ShuttingDown(TrtSpecError, RuntimeError):
     """A request refused or ended because the server is draining (its client gets the line, code UNAVAILABLE)."""
 
 

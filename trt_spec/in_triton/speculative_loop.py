@@ -28,6 +28,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
+from ..errors import TrtSpecError
 from ..records import backend_contract as bc
 from ..records import defaults
 from ..records.bls_parameters import BlsParameters
@@ -48,15 +49,15 @@ SUFFIX_CACHE_MIN_MATCH = 2
 SEED_STRIDE = 1_000_003  # per-round seed offset: independent random streams across verify calls
 
 
-class RequestError(ValueError):
+class RequestError(TrtSpecError, ValueError):
     """A bad request: reported to the client as one error line; the server stays up."""
 
 
-class EngineError(RuntimeError):
+class EngineError(TrtSpecError, RuntimeError):
     """An engine model answered a call with an error."""
 
 
-class Cancelled(Exception):
+class Cancelled(TrtSpecError):
     """The client cancelled the request (or went away): the loop stopped between rounds."""
 
 

@@ -22,6 +22,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..errors import TrtSpecError
+
 BACKEND = "tensorrtllm_backend@c2e65b8 inflight_batcher_llm/src"
 
 # ---------------------------------------------------------------------------------------------------------
@@ -96,7 +98,7 @@ REQUEST_TYPES = ("active", "max", "scheduled", "context", "waiting")
 QUEUE_FULL = "Maximum queue size of {max} has been reached, please try again later"
 
 
-class ContractError(ValueError):
+class ContractError(TrtSpecError, ValueError):
     """What the backend would refuse, with its own message."""
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar, Mapping, Optional, TypeVar, get_args, get_type_hints
 
+from ..errors import TrtSpecError
 from . import defaults
 from .defaults import ADD_SPECIAL_TOKENS
 from .names import BLS, PREPROCESSING
@@ -25,7 +26,7 @@ from .speculation import BLS_MODES, CACHE_SCOPES, POLICIES, PROPOSERS, CacheScop
 BOOLS = {"true": True, "false": False}  # how the writer spells a bool (and all a reader accepts)
 
 
-class ParameterError(ValueError):
+class ParameterError(TrtSpecError, ValueError):
     """A model config's parameter is missing or not of its type: one line naming the model and the key."""
 
 

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..errors import TrtSpecError
 from . import defaults
 from .defaults import BUILD_ROOT, EAGLE_DRAFT_VOCAB, EAGLE_TRAIN_STEPS
 from .recipes import RECIPES, Recipe, RecipeError, recipe
@@ -33,7 +34,7 @@ RuntimeKind = Literal["engine", "llmapi"]
 CheckpointDtype = Literal["auto", "float16", "bfloat16", "float32"]
 
 
-class ConfigError(ValueError):
+class ConfigError(TrtSpecError, ValueError):
     """A user error in the build configuration: one line naming the problem and the fix."""
 
 

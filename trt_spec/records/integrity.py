@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Iterable, Optional
 
+from ..errors import TrtSpecError
 from .manifest import ManifestError, RepoRecord
 
 CHUNK = 8 << 20  # bytes read per hash update
@@ -20,7 +21,7 @@ CHUNK = 8 << 20  # bytes read per hash update
 Sums = dict[str, dict]  # relative posix path -> {"size": int, "sha256": hex}
 
 
-class IntegrityError(ValueError):
+class IntegrityError(TrtSpecError, ValueError):
     """A built file differs from what the build recorded (one line: the file, how it differs, the fix)."""
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
+from ..errors import TrtSpecError
+
 if TYPE_CHECKING:
     from .config import BuildConfig
 
@@ -39,7 +41,7 @@ REPO_VERSION_KEY = "trt_spec_repo_version"
 Sums = dict[str, dict]  # relative posix path -> {"size": int, "sha256": hex} (integrity.file_sums)
 
 
-class ManifestError(ValueError):
+class ManifestError(TrtSpecError, ValueError):
     """A record that cannot be used (one line: the file, what is wrong, the command that writes a current one)."""
 
 
@@ -312,7 +314,7 @@ def _write_json(path: Path, data: dict) -> Path:
     return path
 
 
-class _Damaged(ValueError):
+class _Damaged(TrtSpecError, ValueError):
     pass
 
 

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Optional
 
+from ..errors import TrtSpecError
 from .speculation import Mode
 
 RUNTIMES = ("engine", "llmapi")  # config `runtime:`
 ENGINES = ("tensorrt", "reference")  # config `engine:`
 
 
-class RecipeError(ValueError):
+class RecipeError(TrtSpecError, ValueError):
     """A runtime x engine x mode trt-spec does not serve: one line naming it and the fix. `fix`: the key to change."""
 
     def __init__(self, line: str, fix: str):

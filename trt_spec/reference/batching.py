@@ -39,6 +39,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..errors import TrtSpecError
 from ..records.backend_contract import QUEUE_FULL
 from ..records.draft_policy import Decision, Outcome, RequestPolicy
 from .eagle import head_step
@@ -55,11 +56,11 @@ from .engine import (
 from .sampling import select
 
 
-class QueueFullError(RuntimeError):
+class QueueFullError(TrtSpecError, RuntimeError):
     """submit() while `max_queue_size` requests are already waiting for a slot."""
 
 
-class EngineClosedError(RuntimeError):
+class EngineClosedError(TrtSpecError, RuntimeError):
     """The scheduler was closed before the request finished."""
 
 

@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ..errors import TrtSpecError
+
 PKG_PREFIX = "pkg:"
 
 
-class SourceError(ValueError):
+class SourceError(TrtSpecError, ValueError):
     pass
 
 

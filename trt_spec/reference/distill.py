@@ -91,6 +91,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from ..errors import TrtSpecError
 from ..records.names import TOKENIZER_FILES
 
 REPORT_NAME = "trt_spec_distill.json"
@@ -122,7 +123,7 @@ EVAL_CHAT_PROMPTS = (
 )
 
 
-class DistillError(ValueError):
+class DistillError(TrtSpecError, ValueError):
     """Bad input to the distillation step (reported as one line by the CLI)."""
 
 

@@ -36,6 +36,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from ..errors import TrtSpecError
 from ..records.defaults import EAGLE_DRAFT_VOCAB, EAGLE_TRAIN_STEPS
 from .eagle import REPORT_NAME, Eagle3Head, HeadConfig, default_aux_layers
 
@@ -168,7 +169,7 @@ TRAIN_PROMPTS: tuple[str, ...] = (
 SAMPLE_TEMPERATURE = 0.7  # the extra answers per prompt: near the target's greedy path, not on it
 
 
-class TrainError(ValueError):
+class TrainError(TrtSpecError, ValueError):
     """Bad input to the training step (one line on the CLI)."""
 
 

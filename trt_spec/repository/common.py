@@ -18,6 +18,7 @@ from typing import Callable
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..errors import TrtSpecError
 from ..records.atomic import replacing_dir
 from ..records.manifest import BuildManifest, RepoRecord
 from .memory import overflow
@@ -32,7 +33,7 @@ def model_repo_sources() -> Path:
     return Path(str(files("trt_spec.model_repo")))
 
 
-class RepositoryError(ValueError):
+class RepositoryError(TrtSpecError, ValueError):
     """A broken model repository (one line naming the model, the problem and the fix)."""
 
 

@@ -23,6 +23,7 @@ from typing import Optional
 import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..errors import TrtSpecError
 from ..records import llmapi_contract as lc
 from ..records.manifest import BuildManifest, RepoRecord
 from ..records.speculation import Mode
@@ -46,7 +47,7 @@ LAUNCH_MODELS = [lc.MODEL_NAME]
 PHASE_MODELS = {lc.BASELINE_MODEL: [lc.MODEL_NAME]}
 
 
-class LlmapiRepositoryError(ValueError):
+class LlmapiRepositoryError(TrtSpecError, ValueError):
     """One line: what is wrong with the LLM-API repository and the fix."""
 
 

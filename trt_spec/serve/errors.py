@@ -3,6 +3,8 @@ serve/ raises it; `trt-spec serve` prints it (exit 2 before the server starts, 1
 
 from __future__ import annotations
 
+from ..errors import TrtSpecError
 
-class ServerError(RuntimeError):
+
+class ServerError(TrtSpecError, RuntimeError):
     pass

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
+from ...errors import TrtSpecError
 from ...in_triton.serving import SHUTTING_DOWN, StopCutter, input_byte_limit
 from ...records.names import SPECULATIVE
 from .guard import (
@@ -273,7 +274,7 @@ async def _disconnected(request) -> None:
         await asyncio.sleep(0.25)
 
 
-class _ClientGone(Exception):
+class _ClientGone(TrtSpecError):
     pass
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ...errors import TrtSpecError
 from ...records.defaults import (
     OPENAI_API_KEY_ENV,
     OPENAI_MAX_BODY_BYTES,
@@ -43,7 +44,7 @@ from .requests import OpenAIError
 QUEUE_FULL, UNAUTHORIZED, TOO_LARGE = "queue_full", "unauthorized", "too_large"
 
 
-class ApiKeyFileError(ValueError):
+class ApiKeyFileError(TrtSpecError, ValueError):
     """The key file cannot be used (absent, unreadable, empty): one line naming it and the fix."""
 
 
@@ -149,7 +150,7 @@ class ApiKeyGuard:
         await self.app(scope, receive, send)
 
 
-class _SendTimedOut(Exception):
+class _SendTimedOut(TrtSpecError):
     pass
 
 

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ...errors import TrtSpecError
 from ...in_triton.serving import input_byte_limit
 from ...records import backend_contract as bc
 from ...records import llmapi_contract as lc
@@ -93,7 +94,7 @@ COMMON_FIELDS = {
 }
 
 
-class OpenAIError(Exception):
+class OpenAIError(TrtSpecError):
     """One request's error, as OpenAI reports it: HTTP status and {"error": {message, type, param, code}}."""
 
     def __init__(

@@ -15,6 +15,7 @@ from typing import AsyncIterator, Optional
 
 import numpy as np
 
+from ...errors import TrtSpecError
 from ...in_triton.serving import SHUTTING_DOWN
 from ...records import llmapi_contract as lc
 from ...records.names import LIST_METRICS, METRIC_OUTPUTS, OUTPUT_IDS
@@ -23,7 +24,7 @@ from .metrics import LLMAPI_SPEC_OUTPUTS
 LLMAPI_OUTPUTS = ("finish_reason", *LLMAPI_SPEC_OUTPUTS)  # asked of the LLM-API model beside text_output
 
 
-class TritonCallError(Exception):
+class TritonCallError(TrtSpecError):
     """A model's error response, or Triton unreachable: the message, and the HTTP status it is reported with."""
 
     def __init__(self, message: str, status: int):
