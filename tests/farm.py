@@ -281,12 +281,14 @@ class Farm:
         if name not in self._frontends:
             import openai
 
+            from trt_spec.serve.launch import ServedRepository
             from trt_spec.serve.openai.process import FrontendProcess
             from trt_spec.serve.server import free_port
 
             server = self.server(name)
             log = self.root / "logs" / f"{name}.openai.log"
-            fe = FrontendProcess(server.repo, server.grpc_url, free_port(), "127.0.0.1", log).start()
+            served = ServedRepository.load(server.repo)
+            fe = FrontendProcess(served, server.grpc_url, free_port(), "127.0.0.1", log).start()
             self._frontends[name] = fe
             fe.wait_ready()
             fe.log = log

@@ -274,3 +274,17 @@ def test_the_layout_map_names_every_module():
         if p.name != "__init__.py" and "__pycache__" not in p.parts and p.name not in named
     )
     assert not missing, f"README.md, Layout: name these modules with what they hold: {missing}"
+
+
+def test_every_upstream_fact_the_code_names_is_written_down():
+    """NVIDIA's and others' behaviour the code relies on lives in docs/upstream-facts.md, once, with its source; the
+    code names the fact (`upstream-facts: NAME`), so a name without an entry is a fact with no source."""
+    facts = set(
+        re.findall(r"^- \*\*([a-z0-9][a-z0-9.-]*)\*\*", (ROOT / "docs" / "upstream-facts.md").read_text(), re.M)
+    )
+    missing = []
+    for f in [*(ROOT / "trt_spec").rglob("*.py"), *(ROOT / "model_repo").rglob("*.py")]:
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            for refs in re.findall(r"upstream-facts: ([a-z0-9][a-z0-9.-]*(?:, *[a-z0-9][a-z0-9.-]*)*)", line):
+                missing += [f"{_rel(f)}:{n}: {r}" for r in re.split(r", *", refs) if r not in facts]
+    assert len(facts) > 50 and not missing, missing

@@ -1,7 +1,5 @@
-"""`trt-spec` command line: a thin Click shell over the plain functions of each stage. Each command parses its
-options, calls one function of the stage that owns the work (builder/, repository/, serve/, harness/, deploy/) and
-prints what it returns; a user's mistake is one `error:` line and exit 2. Modules slow to import (rich, the repository
-writer, the in-process engines, tritonclient) load inside the command that needs them, so `--help` stays quick."""
+"""`trt-spec` command line: a thin Click shell, each command calling one stage function. Slow modules are imported
+inside the command that needs them, so `--help` stays quick."""
 
 from __future__ import annotations
 
@@ -38,13 +36,13 @@ from .records.speculation import POLICIES
 from .serve import supervisor
 from .serve.launch import plain_launch
 
-USER_ERROR = 2  # bad config / failed preflight (before any expensive work)
+USER_ERROR = 2  # a user's mistake, before any expensive work
 
 
 class UserError(click.ClickException):
     exit_code = USER_ERROR
 
-    def show(self, file=None) -> None:  # one clear line
+    def show(self, file=None) -> None:
         click.echo(f"error: {self.message}", err=True)
 
 
@@ -53,12 +51,11 @@ def _err(msg: str) -> None:
 
 
 def _note(line: str) -> None:
-    """A note on stderr (a phase switch of harness/phases.py, a check that was skipped, raw prompts)."""
     _err(f"note: {line}")
 
 
 def _sigterm_as_ctrl_c() -> None:
-    """SIGTERM unwinds like Ctrl-C, so a running server is stopped and its shared memory removed."""
+    """SIGTERM unwinds like Ctrl-C, so a running server is stopped and cleaned up."""
 
     def _raise(*_):
         raise KeyboardInterrupt
@@ -78,7 +75,7 @@ def _plan_for(
 
 
 def os_error_line(e: OSError) -> str:
-    """One line for a disk or network error a user can fix: what failed on which path, and the fix."""
+    """One line for a disk or network error a user can fix."""
     where = f"{e.filename}: " if e.filename else ""
     what = e.strerror or str(e)
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -95,8 +92,7 @@ def os_error_line(e: OSError) -> str:
 
 
 class _Main(click.Group):
-    """Every command: a user's mistake (click's errors, UserError, an OSError) is one line and exit 2; anything else
-    is ours: one line naming the log that holds the full trace, and exit 1."""
+    """A user's mistake is one line and exit 2; anything else one line naming the trace's log, and exit 1."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -121,20 +117,6 @@ class _Main(click.Group):
                 err=True,
             )
             sys.exit(1)
-
-
-# --- options several commands share ----------------------------------------------------------------------------
-
-
-class _HiddenAliases(click.Option):
-    """An option whose extra names (old spellings that still work) are kept out of --help."""
-
-    def get_help_record(self, ctx: click.Context):
-        names, self.opts = self.opts, self.opts[:1]
-        try:
-            return super().get_help_record(ctx)
-        finally:
-            self.opts = names
 
 
 def _with(*options):
@@ -175,12 +157,10 @@ _offload_option = click.option(
     help="Quantize a target bigger than the GPUs hold: accelerate offloads the rest to host "
     "memory (slow). Without it such a build is refused.",
 )
-_prompt_options = _with(  # --prompt-set: bench's old name, still accepted
+_prompt_options = _with(
     click.option(
         "--prompts",
-        "--prompt-set",
         "prompt_set",
-        cls=_HiddenAliases,
         metavar="SET|FILE",
         default=defaults.PROMPT_SET,
         help=f"Prompt set ({', '.join(PROMPT_SETS)}), a JSONL file (one "
@@ -222,8 +202,7 @@ def _prompts(prompt_set: str, max_tokens: Optional[int], limit: Optional[int], c
 
 
 def _progress(console, total: int, label: str):
-    """(context, callback(done)) for a long loop: a rich bar with elapsed time and ETA on stderr; where stderr is not a
-    terminal (CI, a pipe), a plain line at most every PROGRESS_LINE_S and at the end instead."""
+    """(context, callback(done)): a rich bar on a terminal's stderr, else a plain line every PROGRESS_LINE_S."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
     if console.is_terminal:
@@ -253,7 +232,7 @@ def _progress(console, total: int, label: str):
 
 
 def _stage():
-    """The stage callback of harness/phases.measure: a progress display per measurement, on stderr."""
+    """harness/phases.measure's stage callback: a progress display per measurement."""
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -261,7 +240,7 @@ def _stage():
 
 
 def _print_report(rep: dict, fmt: str, out_dir: Optional[str]) -> None:
-    """A bench/tune report: its files under out_dir, then JSON or markdown (with this machine's environment)."""
+    """A bench/tune report: its files under out_dir, then JSON or markdown."""
     if out_dir:
         from rich.console import Console
 
@@ -272,9 +251,6 @@ def _print_report(rep: dict, fmt: str, out_dir: Optional[str]) -> None:
         click.echo(json.dumps(rep, indent=2, default=float))
     else:
         click.echo(markdown({**rep, "environment": environment()}))
-
-
-# --- commands --------------------------------------------------------------------------------------------------
 
 
 @click.group(cls=_Main, context_settings={"show_default": True, "help_option_names": ["-h", "--help"]})
@@ -313,7 +289,7 @@ def plan(
     from .builder import perf_model
 
     measured = perf_model.read_alpha(Path(alpha_from)) if alpha_from else None
-    # a plan builds nothing: a calibration that does not fit is a warning here (build refuses it without the flag)
+    # a plan builds nothing: a calibration that does not fit only warns
     p = _plan_for(config, sets, gpu, require_checkpoints=False, allow_offload=allow_offload or None)
     if fmt == "json":
         click.echo(json.dumps(p.to_json(), indent=2))
@@ -325,8 +301,7 @@ def plan(
 
 
 class _StepStatus:
-    """builder.progress's display of a running step: a live status line on a terminal, a plain line every
-    PROGRESS_LINE_S x 3 elsewhere."""
+    """A running step's display: a live status line on a terminal, else a periodic plain line."""
 
     def __init__(self, console):
         self.console = console
@@ -349,7 +324,7 @@ class _StepStatus:
 
 
 def _build_events(console, log_dir: Path):
-    """run_plan's on_event: each step's name, description and log path, its progress while it runs, its time."""
+    """run_plan's on_event callback."""
     watch = StepWatch()
 
     def on_event(event: str, step, i: int, n: int) -> None:
@@ -464,7 +439,7 @@ def repo(
     dest = Path(out_dir) if out_dir else build_dir / defaults.REPO_SUBDIR
     configs = write_repository(manifest, dest, decoupled=decoupled, max_queue_size=max_queue_size)
     click.echo(f"wrote {dest} ({', '.join(sorted(configs))})")
-    for line in missing_sources(dest):  # runtime llmapi written where the image's model source is not
+    for line in missing_sources(dest):  # runtime llmapi without NVIDIA's model source here
         click.echo(f"note: {line}")
     click.echo(f"serve it: trt-spec serve {dest}")
     plain = plain_launch(dest, manifest.engine)
@@ -587,7 +562,7 @@ def serve(
         admin_key_file=Path(admin_key_file) if admin_key_file else None,
         openai_api_key_file=Path(openai_api_key_file) if openai_api_key_file else None,
         restart="trt-spec " + shlex.join(sys.argv[1:]),
-        **kw,  # the ports, host, timeouts and verbosity, named as ServeOptions names them
+        **kw,  # named as ServeOptions names them
     )
     if dry_run:
         for line in supervisor.dry_run(o):
@@ -666,7 +641,7 @@ def check(
     sys.exit(0 if rep.passed else 1)
 
 
-# --- bench: a group of three modes; the options each mode shares are declared once here ---------------------------
+# bench's three modes share these options
 
 _runs_options = _with(
     _prompt_options,
@@ -759,11 +734,10 @@ _predict_option = click.option(
 
 
 def _print_prediction(plan, rep: dict, fmt: str) -> None:
-    """bench --predict: the plan's GPU prediction at the alpha this run measured (or why there is none); on stderr
-    with --format json, so stdout stays one JSON document."""
+    """bench --predict; on stderr with --format json, so stdout stays one JSON document."""
     from .builder import perf_model
 
-    k = plan.report.speculative_record().num_draft_tokens
+    k = plan.report.num_draft_tokens
     try:
         text = perf_model.prediction_text(plan.report, perf_model.alpha_from_report(rep, "this bench run", k))
     except perf_model.PerfModelError as e:
@@ -772,7 +746,7 @@ def _print_prediction(plan, rep: dict, fmt: str) -> None:
 
 
 def _bench_remote(target, runs, load: dict, fmt: str, out_dir: Optional[str], predict: Optional[str] = None) -> None:
-    """bench served / openai: reach the server (target: a harness.commands function), run, print the report."""
+    """bench served / openai: run `target` (a harness.commands function) and print the report."""
     plan = _plan_for(predict, (), None, require_checkpoints=False, allow_offload=None) if predict else None
     commands.check_turns(runs, commands.Load(**load))  # before the server is reached
     rep = commands.bench_remote(target(), runs, commands.Load(**load), stage=_stage(), note=_note)
@@ -928,7 +902,7 @@ def bench_in_process(
 
     plan = _plan_for(predict, (), None, require_checkpoints=False, allow_offload=None) if predict else None
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
-    try:  # a bad config or build, the loop's request checks (RequestError), an engine's refusal
+    try:
         rep = commands.bench_in_process(
             Path(config),
             sets,

@@ -1,9 +1,5 @@
-"""`trt-spec demo` (what `make demo` runs): the whole product end to end on one machine.
-
-build the config -> write the Triton repository -> start tritonserver (and the OpenAI frontend) -> identity check
-over HTTP and gRPC -> paired A/B benchmark over HTTP and gRPC -> concurrency sweep -> one OpenAI chat call -> reports
--> stop the server.
-Returns a verdict dict; the caller prints it and exits non-zero when identity fails.
+"""`trt-spec demo` (`make demo`): build -> repository -> serve -> identity check -> A/B benchmark -> concurrency
+sweep -> one OpenAI chat call -> reports, on one machine; returns a verdict dict.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ class DemoSettings:
     bench_prompts: int = 3
     bench_tokens: int = 64
     concurrency: tuple[int, ...] = (1, 2, 4, 8)  # requests in flight
-    concurrency_requests: int = 8  # per level and model (rounded up to a multiple of the level)
+    concurrency_requests: int = 8  # per level and model, rounded up to a multiple of the level
     concurrency_tokens: int = 24
     openai_tokens: int = 32
 
@@ -103,13 +99,12 @@ def run_demo(config: Path, out: Path, s: DemoSettings = DemoSettings(), say: Cal
 
 
 def openai_call(repo: Path, server: TritonServer, out: Path, s: DemoSettings, say: Callable[[str], None]) -> dict:
-    """The OpenAI frontend in front of the demo's server (what `trt-spec serve --openai-port` starts), and one chat
-    completion through the official `openai` SDK, streamed, with its usage."""
+    """Start the OpenAI frontend and stream one chat completion through the `openai` SDK."""
     import openai
 
     from .serve.openai.process import FrontendProcess
 
-    fe = FrontendProcess(repo, server.grpc_url, free_port(), "127.0.0.1", out / "openai.log").start()
+    fe = FrontendProcess(server.served, server.grpc_url, free_port(), "127.0.0.1", out / "openai.log").start()
     try:
         fe.wait_ready()
         say(f"      OpenAI API at {fe.url}/v1: one chat completion ({SPECULATIVE}, streamed)")
@@ -143,8 +138,7 @@ def openai_call(repo: Path, server: TritonServer, out: Path, s: DemoSettings, sa
 
 
 def format_sweep(rows: list[dict]) -> list[str]:
-    """The concurrency sweep as a text table: total tok/s per model, speedup, acceptance, per-request TPOT p50
-    and latency p99 per model."""
+    """The concurrency sweep as a text table."""
     out = [
         f"{'in flight':>9}{'base tok/s':>12}{'spec tok/s':>12}{'speedup':>9}{'accept':>8}{'mean len':>9}"
         f"{'TPOT ms base/spec':>19}{'p99 s base/spec':>17}"
@@ -163,7 +157,7 @@ def format_sweep(rows: list[dict]) -> list[str]:
 
 
 def format_server_metrics(m: dict) -> list[str]:
-    """What the BLS published to Prometheus over the whole demo (trt_spec_* on Triton's metrics port)."""
+    """The BLS's trt_spec_* Prometheus metrics over the whole demo."""
 
     def f(key: str, spec: str) -> str:
         return "n/a" if m[key] is None else format(m[key], spec)

@@ -1,20 +1,8 @@
-"""`make gpu-smoke` / `trt-spec smoke`: the whole GPU chain on one small model, in minutes, with one diagnosis report.
+"""`make gpu-smoke` / `trt-spec smoke`: the whole GPU chain on SmolLM2-135M, with one diagnosis report.
 
-Two chains over SmolLM2-135M (build_configs/smollm2-first-contact-*.yaml), after `trt-spec doctor`:
-- engine: plan -> every build step (import, distill, ModelOpt FP8 quantize.py, trtllm-build; one link each) ->
-  repo -> the plain launch `repo` printed, started from another directory (PLAIN_CWD) with only the ports added ->
-  NVIDIA's end_to_end_grpc_client.py against it (ensemble) -> stop it -> serve to READY (serve's own ready timeout) ->
-  NVIDIA's client against ensemble and tensorrt_llm_bls, unary, then streaming with every perf output
-  (`-S --return-perf-metrics`) -> check -> bench;
-- llmapi: the runtime: llmapi twin over the same imported / distilled checkpoints: plan -> build steps -> repo ->
-  the plain launch from another directory -> NVIDIA's documented LLM-API request (Triton's generate endpoint, curl)
-  -> stop it -> serve -> check -> bench (NVIDIA's end_to_end client names only ensemble / tensorrt_llm_bls, which an
-  LLM-API repository does not have).
-Every link is a command (the CLI as a user types it, the image's python3); its output goes to LOG_DIR/CHAIN-LINK.log.
-A chain stops at its first failure; the report (report.json + report.md) says, per link, ok, or failed with the lines
-of its logs that matter (the last error-looking lines; the build step's own log and the server's log included), or
-not run. A failed doctor runs no chain. Nothing here needs a GPU itself: tests run it against stand-in commands.
-What it does not run: a TP/PP > 1 launch (mpirun with several ranks, orchestrator mode) — one GPU, one rank.
+After `trt-spec doctor`, two chains (engine, llmapi) run plan -> build steps -> repo -> plain launch + a request ->
+serve -> NVIDIA's clients (engine only) -> check -> bench, one command per link, logged to LOG_DIR/CHAIN-LINK.log.
+A chain stops at its first failure; report.{json,md} gives each link's status and log excerpts. One GPU, one rank.
 """
 
 from __future__ import annotations
@@ -40,59 +28,53 @@ from .records.atomic import write_atomic
 ENGINE_CONFIG = "build_configs/smollm2-first-contact-fp8.yaml"
 LLMAPI_CONFIG = "build_configs/smollm2-first-contact-llmapi.yaml"
 OUT_DIR = "build/gpu-smoke"
-# NVIDIA's client in the 26.04 image: tensorrtllm_backend r26.04 dockerfile/Dockerfile.triton.trt_llm_backend
-# (WORKDIR /app; COPY .../triton_backend/inflight_batcher_llm/client client)
+# (upstream-facts: e2e-client-image-path)
 NVIDIA_CLIENT = "/app/client/end_to_end_grpc_client.py"
 CLIENT_PROMPT = "The capital of France is"
-# end_to_end_grpc_client.py prints a server error and still exits 0 (run_inference: "Received an error from server:")
+# the client exits 0 on a server error (upstream-facts: e2e-client-exit-zero-on-error)
 CLIENT_FAILURE = ("Received an error from server", "Traceback")
-LLMAPI_MODEL = "tensorrt_llm"  # records.llmapi_contract.MODEL_NAME: what the LLM-API repository launches
-GENERATE_FAILURE = ('"error"',)  # generate_stream: an error after the first response still comes with status 200
+LLMAPI_MODEL = "tensorrt_llm"  # records.llmapi_contract.MODEL_NAME
+GENERATE_FAILURE = ('"error"',)  # (upstream-facts: generate-stream-late-error-200)
 EXCERPT_LINES = 12
-# error-looking: words, TensorRT / TensorRT-LLM's "[E]" lines, Triton's glog "E1202 ..." lines
+# words, TensorRT's "[E]" lines, Triton's glog "E1202 ..." lines
 ERROR_LOOKING = re.compile(
     r"\[E\]|^E\d{4} |error|exception|traceback|fail|fatal|assert|refus|cannot|can't|unable|not found|no such|"
     r"out of memory|\boom\b|killed|denied|invalid|unsupported|what\(\)|core dumped|segmentation|timed out|timeout",
     re.I,
 )
-READY_LINE = re.compile(r"^ready: ", re.M)  # what `trt-spec serve` prints once every model is READY
-# what `trt-spec repo` prints after the repository: the real launch (serve.launch.plain_launch, LaunchSpec.plain)
+READY_LINE = re.compile(r"^ready: ", re.M)  # `trt-spec serve` prints this once every model is READY
 PLAIN_LINE = re.compile(r"^or start tritonserver yourself, from any directory: (.+)$", re.M)
-# the plain launch runs from here, not from the checkout nor the repository: a path the backend resolves against the
-# working directory (gpt_model_path) fails as it would for a user
+# not the checkout: a path the backend resolves against the cwd (gpt_model_path) must fail as it would for a user
 PLAIN_CWD = tempfile.gettempdir()
-# doctor imports tensorrt_llm in subprocesses (its own check, NVIDIA's LLM-API model) and runs pip check
-DOCTOR_TIMEOUT_S = 900.0
-READY_MARGIN_S = 120.0  # the driver's own watchdog over serve's ready timeout (serve fails first, with its reason)
+DOCTOR_TIMEOUT_S = 900.0  # doctor imports tensorrt_llm in subprocesses and runs pip check
+READY_MARGIN_S = 120.0  # over serve's ready timeout, so serve fails first, with its reason
 
 
 def configured_calib_dataset(config: str) -> Optional[str]:
-    """The engine config's quantization.calib_dataset (the first-contact config names trt-spec's bundled set,
-    builder/calibration.py BUNDLED_CALIB_DATASET), or None: then quantize.py would download cnn_dailymail."""
+    """The engine config's quantization.calib_dataset, or None (upstream-facts: quantize-py-default-calib)."""
     from .records.config import ConfigError, load_config
 
     try:
         return load_config(config).quantization.calib_dataset
     except ConfigError:
-        return None  # the plan link says what is wrong with the config
+        return None  # the plan link reports the config error
 
 
 @dataclass
 class Link:
-    """One command of a chain. background: started and left running (the server) once `ready` is seen in its output;
-    stopped when the chain ends."""
+    """One command of a chain; a background link keeps running once ready and stops when the chain ends."""
 
     name: str
     argv: list[str]
     timeout_s: float = 1800.0
     env: dict[str, str] = field(default_factory=dict)
-    logs: tuple[str, ...] = ()  # other logs that matter: a build step's own log, the server's log
+    logs: tuple[str, ...] = ()  # other logs to excerpt on failure
     background: bool = False
     ready: re.Pattern = READY_LINE
     failure_text: tuple[str, ...] = ()  # output that means failure even with exit code 0
-    parse: Optional[Callable[[str], None]] = None  # reads the output of an ok link (the plan), may raise ValueError
-    probe: Optional[Callable[[], bool]] = None  # background: ready when this is true (instead of `ready` in its output)
-    stops: str = ""  # not a command: stop the background link of this name (its whole process group)
+    parse: Optional[Callable[[str], None]] = None  # may raise ValueError
+    probe: Optional[Callable[[], bool]] = None  # replaces `ready` when set
+    stops: str = ""  # not a command: stop this background link's process group
 
 
 @dataclass
@@ -108,8 +90,7 @@ class LinkResult:
 
 
 def excerpt(text: str, n: int = EXCERPT_LINES) -> list[str]:
-    """The lines of a log that matter: the last n error-looking lines, else its last n lines (the `$ command` line that
-    heads a link's and a build step's log is in the report already)."""
+    """The last n error-looking lines of a log, else its last n lines."""
     lines = [ln.rstrip()[:400] for ln in text.splitlines() if ln.strip() and not ln.startswith("$ ")]
     hits = [ln for ln in lines if ERROR_LOOKING.search(ln)]
     return (hits or lines)[-n:]
@@ -129,7 +110,7 @@ def _excerpts(paths: list[str], n: int = EXCERPT_LINES) -> list[dict]:
 
 
 def _group_alive(pgid: int) -> bool:
-    """Whether a process of group pgid is still running (zombies do not count: nobody may reap an orphan soon)."""
+    """Whether a non-zombie process of group pgid runs (an orphan may stay unreaped)."""
     proc_dir = Path("/proc")
     if not proc_dir.is_dir():
         try:
@@ -152,9 +133,9 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 60.0) -> bool:
-    """SIGTERM to the process group (trt-spec serve drains, then stops tritonserver; a shell's tritonserver outlives
-    the shell), then wait until no process of the group runs, SIGKILL after grace_s. True when it ended within
-    grace_s (the ports are free again)."""
+    """SIGTERM the whole group (a shell's tritonserver outlives the shell), SIGKILL after grace_s.
+
+    True when the group ended within grace_s."""
     pgid = proc.pid
     try:
         os.killpg(pgid, signal.SIGTERM)
@@ -177,8 +158,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 60.0) -> bool:
 def run_chain(
     chain: str, links: list[Link], log_dir: Path, say: Callable[[str], None] = lambda m: None, poll_s: float = 0.5
 ) -> list[LinkResult]:
-    """Run the links in order; the first failure ends the chain (the rest: not run). Background links stop at the end,
-    or at a link that `stops` them. `links` may grow while it runs (the plan link adds the build steps it reads)."""
+    """Run the links in order until the first failure; `links` may grow while it runs (the plan link)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     results: list[LinkResult] = []
     running: dict[str, subprocess.Popen] = {}
@@ -212,8 +192,7 @@ def run_chain(
 
 
 def _stop_link(chain: str, link: Link, server_log: Path, cmd: str, running: dict) -> LinkResult:
-    """Stop a background link: ok when its process group ended within link.timeout_s of SIGTERM, having served until
-    then."""
+    """Ok when the link served until now and its group ended within link.timeout_s of SIGTERM."""
     t0 = time.monotonic()
     res = LinkResult(chain, link.name, "failed", command=cmd, log=str(server_log))
     proc = running.pop(link.stops, None)
@@ -296,19 +275,19 @@ class SmokeSettings:
     engine_config: str = ENGINE_CONFIG
     llmapi_config: str = LLMAPI_CONFIG
     out_dir: str = OUT_DIR
-    gpu: str = "auto"  # --gpu for plan/build: auto = nvidia-smi
-    trt_spec: tuple[str, ...] = (sys.executable, "-m", "trt_spec.cli")  # how the CLI is started
+    gpu: str = "auto"
+    trt_spec: tuple[str, ...] = (sys.executable, "-m", "trt_spec.cli")
     python: str = sys.executable  # runs NVIDIA's client
     nvidia_client: str = NVIDIA_CLIENT
-    curl: str = "curl"  # NVIDIA's documented LLM-API request (tensorrtllm_backend docs/llmapi.md)
-    plain_cwd: str = PLAIN_CWD  # where the plain launch starts
-    calib_dataset: Optional[str] = None  # a local set instead of the engine config's (--set quantization.calib_dataset)
+    curl: str = "curl"
+    plain_cwd: str = PLAIN_CWD
+    calib_dataset: Optional[str] = None  # overrides the engine config's
     build_timeout_s: float = 1800.0
-    ready_timeout_s: Optional[float] = None  # None: serve's own default (what the smoke tests); a number: --timeout
-    stop_timeout_s: float = 120.0  # the plain launch's process group must be gone this long after SIGTERM
+    ready_timeout_s: Optional[float] = None  # None: serve's own default
+    stop_timeout_s: float = 120.0
     client_timeout_s: float = 300.0
     bench_timeout_s: float = 900.0
-    ports: Optional[tuple[int, int, int]] = None  # http, grpc, metrics (None: free ports)
+    ports: Optional[tuple[int, int, int]] = None  # http, grpc, metrics; None: free ports
 
 
 def _ports(s: SmokeSettings) -> tuple[int, int, int]:
@@ -320,13 +299,12 @@ def _ports(s: SmokeSettings) -> tuple[int, int, int]:
 
 
 def chain_links(kind: str, s: SmokeSettings, calib: Optional[str]) -> list[Link]:
-    """The links of one chain (kind engine | llmapi). The plan link reads `trt-spec plan --format json` and inserts
-    one build link per step (`trt-spec build CONFIG --only STEP`: the step's own log is build/NAME/logs/STEP.log)."""
+    """The links of one chain (kind engine | llmapi)."""
     return _ChainLinks(kind, s, calib).links()
 
 
 def _read_plan_json(stdout: str) -> dict:
-    """The plan `trt-spec plan --format json` printed: the JSON object on the first line that starts with `{`."""
+    """The JSON object on the first stdout line that starts with `{`."""
     start = next((m.start() for m in re.finditer(r"^\{", stdout, re.M)), None)
     try:
         plan = json.JSONDecoder().raw_decode(stdout[start:])[0] if start is not None else None
@@ -338,9 +316,7 @@ def _read_plan_json(stdout: str) -> dict:
 
 
 class _ChainLinks:
-    """One chain's links and what they share (config, ports, repository, server log). Two links read their output into
-    the others: the plan link inserts the build links and fills in {BUILD_DIR} / {TOKENIZER}; the repo link gives the
-    plain launch its command line and the plain launch and serve their ready timeouts."""
+    """One chain's links; the plan and repo links fill in the links after them from their output."""
 
     def __init__(self, kind: str, s: SmokeSettings, calib: Optional[str]) -> None:
         self.kind, self.s = kind, s
@@ -353,11 +329,10 @@ class _ChainLinks:
         self.url = f"127.0.0.1:{self.grpc}"
         self.repo = self.out / "repo"
         self.server_log = self.out / "tritonserver.log"
-        self.chain: list[Link] = []  # the list run_chain runs and read_plan edits in place
+        self.chain: list[Link] = []  # read_plan edits it in place while run_chain runs it
         plan_argv = self.cli + ["plan", self.config, *self.sets, "--format", "json"]
         self.plan_link = Link("plan", plan_argv, 300.0, parse=self.read_plan)
-        # the launch a user copies from `repo`, from another directory, as it is but for the ports; ready when Triton
-        # says so on /v2/health/ready (it prints no line of trt-spec's)
+        # Triton prints no line of trt-spec's: ready is /v2/health/ready
         self.plain_link = Link(
             "plain-launch",
             [],
@@ -374,7 +349,7 @@ class _ChainLinks:
         )
 
     def links(self) -> list[Link]:
-        """plan -> repo -> the plain launch, a request to it, its stop -> serve -> what runs against serve."""
+        """plan -> repo -> plain launch, request, stop -> serve -> served links."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.chain += [
             self.plan_link,
@@ -388,13 +363,13 @@ class _ChainLinks:
         return self.chain
 
     def serve_argv(self) -> list[str]:
-        """`trt-spec serve REPO` on this chain's ports, with --timeout only when the settings give one."""
+        """`trt-spec serve REPO` on this chain's ports."""
         ports = ["--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics)]
         timeout = [] if self.s.ready_timeout_s is None else ["--timeout", str(int(self.s.ready_timeout_s))]
         return self.cli + ["serve", str(self.repo), *ports, *timeout, "--log", str(self.server_log)]
 
     def plain_request_link(self) -> Link:
-        """A request to the plain launch: NVIDIA's client (engine), NVIDIA's documented generate request (llmapi)."""
+        """NVIDIA's client (engine) or the documented generate request (llmapi) to the plain launch."""
         plain_log = str(Path(self.s.out_dir) / "logs" / f"{self.kind}-plain-launch.log")  # run_smoke's log_dir
         if self.kind == "engine":
             return Link(
@@ -414,19 +389,18 @@ class _ChainLinks:
         )
 
     def read_plan(self, stdout: str) -> None:
-        """The plan link's output -> one build link per step and the manifest link, right after the plan link; the
-        build directory and the tokenizer (the imported target, else the plan's target) into the links after them."""
+        """Insert a build link per step plus the manifest link; fill in {BUILD_DIR} / {TOKENIZER}."""
         plan = _read_plan_json(stdout)
         build_dir = Path(plan["output_dir"])
         steps = plan.get("steps") or []
         imported = next((st["output"] for st in steps if st["name"] == "import-target"), None)
         tokenizer = str(Path(imported).resolve()) if imported else plan["engines"].get("target", "")
         builds = [self.build_link(st["name"], build_dir) for st in steps]
-        # the manifest (a runtime: llmapi plan may have no step at all; an up-to-date build just writes it)
+        # an llmapi plan may have no step; an up-to-date build just writes the manifest
         builds.append(Link("build:manifest", self.cli + ["build", self.config, *self.sets], self.s.build_timeout_s))
         at = self.chain.index(self.plan_link) + 1
         self.chain[at:at] = builds
-        for link in self.chain[at + len(builds) :]:  # now that the build directory and the tokenizer are known
+        for link in self.chain[at + len(builds) :]:
             link.argv = [a.replace("{BUILD_DIR}", str(build_dir)).replace("{TOKENIZER}", tokenizer) for a in link.argv]
 
     def build_link(self, step: str, build_dir: Path) -> Link:
@@ -438,8 +412,7 @@ class _ChainLinks:
         )
 
     def read_repo(self, stdout: str) -> None:
-        """The plain launch `repo` printed -> the plain-launch link: started from s.plain_cwd with only the ports
-        added; the ready timeouts serve computes for this repository (its weights)."""
+        """Set the plain-launch command from `repo`'s output, and both ready timeouts."""
         m = PLAIN_LINE.search(stdout)
         if m is None:
             raise ValueError(
@@ -448,13 +421,13 @@ class _ChainLinks:
             )
         line = with_ports(m.group(1).strip(), self.http, self.grpc, self.metrics)
         self.plain_link.argv = ["bash", "-c", f"cd {shlex.quote(self.s.plain_cwd)} && {line}"]
-        wait = self.s.ready_timeout_s or serve_ready_timeout_s(self.repo)  # what serve waits for this repository
+        wait = self.s.ready_timeout_s or serve_ready_timeout_s(self.repo)
         self.plain_link.timeout_s = wait
         self.serve_link.timeout_s = wait + READY_MARGIN_S
 
 
 def _served_links(kind: str, s: SmokeSettings, url: str, out: Path, server_log: Path) -> list[Link]:
-    """What runs against `trt-spec serve` once it is ready: NVIDIA's clients (engine chain), check and bench."""
+    """NVIDIA's clients (engine chain), check and bench against `trt-spec serve`."""
     cli, links = list(s.trt_spec), []
     if kind == "engine":
         for streaming in (False, True):
@@ -516,16 +489,14 @@ def _served_links(kind: str, s: SmokeSettings, url: str, out: Path, server_log: 
 
 
 def nvidia_client(s: SmokeSettings, url: str, model: str, streaming: bool = False) -> list[str]:
-    """NVIDIA's end_to_end_grpc_client.py (flags as its argparse defines them: -u, -p, -o, --model-name ensemble |
-    tensorrt_llm_bls, -S/--streaming, --return-perf-metrics). With --return-perf-metrics the client reads all ten perf
-    outputs of every response (`result.as_numpy(name)[0][0]`): a missing one is a traceback."""
+    """NVIDIA's end_to_end_grpc_client.py argv (upstream-facts: e2e-client-perf-metrics)."""
     argv = [s.python, s.nvidia_client, "-u", url, "-p", CLIENT_PROMPT, "-o", "16", "--model-name", model]
     return argv + (["-S", "--return-perf-metrics"] if streaming else [])
 
 
 def llmapi_request(s: SmokeSettings, http: str) -> list[str]:
-    """NVIDIA's documented request to the LLM-API model (tensorrtllm_backend docs/llmapi.md: curl to Triton's generate
-    endpoint), on generate_stream: trt-spec writes the model decoupled, and /generate answers exactly one response."""
+    """The documented curl request to the LLM-API model (upstream-facts: llmapi-generate-curl), on generate_stream:
+    the model is decoupled and /generate answers exactly one response."""
     body = json.dumps({"text_input": CLIENT_PROMPT, "sampling_param_max_tokens": 16})
     return [
         s.curl,
@@ -545,8 +516,7 @@ def expect_text_output(stdout: str) -> None:
 
 
 def with_ports(plain: str, http: int, grpc: int, metrics: int) -> str:
-    """The plain launch line with the ports added right after its (first) --model-repository flag: the rank that
-    serves the endpoints (worker ranks of a multi-rank mpirun line allow none); nothing else changes."""
+    """Add the ports right after the first --model-repository flag (the rank that serves the endpoints)."""
     try:
         words = shlex.split(plain)
     except ValueError as e:
@@ -568,11 +538,15 @@ def http_ready(hostport: str) -> bool:
 
 
 def serve_ready_timeout_s(repo: Path) -> float:
-    """What `trt-spec serve` waits for this repository by default (serve.launch.repo_ready_timeout_s: the weights it
-    loads, plus the LLM API's start-up on a GPU)."""
-    from .serve.launch import repo_ready_timeout_s
+    """`trt-spec serve`'s default ready timeout for this repository."""
+    from .records.manifest import ManifestError, RepoRecord
+    from .serve.launch import ServedRepository
 
-    return repo_ready_timeout_s(repo)
+    try:
+        record = RepoRecord.read(Path(repo))
+    except ManifestError:
+        record = None
+    return ServedRepository(Path(repo), record).ready_timeout_s()
 
 
 @dataclass
@@ -641,8 +615,9 @@ def _now() -> str:
 
 
 def run_smoke(s: SmokeSettings = SmokeSettings(), say: Callable[[str], None] = lambda m: None) -> SmokeReport:
-    """doctor, then the engine chain, then the llmapi chain; writes OUT_DIR/report.{json,md} and returns the report.
-    Without a calibration set it refuses before anything runs (quantize.py would download cnn_dailymail)."""
+    """doctor, then the engine and llmapi chains; writes OUT_DIR/report.{json,md}.
+
+    Without a calibration set nothing runs (upstream-facts: quantize-py-default-calib)."""
     configured = configured_calib_dataset(s.engine_config)
     rep = SmokeReport(_now(), calib_dataset=s.calib_dataset or configured)
     out, logs = Path(s.out_dir), Path(s.out_dir) / "logs"

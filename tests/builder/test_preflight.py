@@ -6,9 +6,9 @@ import pytest
 import yaml
 
 from trt_spec.builder.hardware import named_gpu
-from trt_spec.builder.memory import kv_cache_gib
 from trt_spec.builder.preflight import PreflightError, run_preflight
 from trt_spec.records.config import ConfigError, load_config
+from trt_spec.records.memory import kv_cache_gib
 
 from ..conftest import make_checkpoint
 

@@ -14,7 +14,8 @@ from trt_spec.builder.plan import make_plan
 from trt_spec.builder.preflight import run_preflight
 from trt_spec.builder.runner import BuildError, BuildLockedError, run_plan
 from trt_spec.records.config import load_config
-from trt_spec.records.manifest import BuildManifest, WorldSize
+from trt_spec.records.deployment import WorldSize
+from trt_spec.records.manifest import BuildManifest
 
 from ..conftest import tool_calls
 
@@ -34,8 +35,8 @@ def test_full_build_writes_engines_and_manifest(fake_build):
     m = BuildManifest.read(fake_build["out"])
     assert m.config_hash == p.config_hash and m.engine == "tensorrt" and m.config == p.report.config
     assert m.target.max_draft_len == 4 and m.draft.max_draft_len == 0
-    assert m.world_size == WorldSize(target=1, draft=1, total=2)
-    assert m.gpu.name == "h100" and m.speculative.mode == "draft_target"
+    assert m.deployment.placement.world_size == WorldSize(target=1, draft=1, total=2)
+    assert m.gpu.name == "h100" and m.deployment.speculation.mode == "draft_target"
     assert "--speculative_decoding_mode" in m.target.argv
     assert m.target.files and m.draft.files  # built: each engine's sums
     assert [s.status for s in m.steps] == ["ran"] * 4

@@ -175,7 +175,6 @@ def test_bench_is_a_group_of_three_modes_each_with_its_own_options():
     in_process = run("bench", "in-process", "--help").output
     assert _options_of(in_process) == SHARED | {"--ignore-eos", "--threads", "--compare-hf", "--set"}
     assert "bench in-process [OPTIONS] CONFIG" in in_process
-    assert "--prompt-set" not in out + in_process  # the old name still works, but is not advertised
 
 
 @pytest.mark.parametrize(
@@ -208,11 +207,10 @@ def test_bench_openai_takes_one_or_two_urls_in_one_line():
 
 
 @pytest.mark.parametrize("cmd", [("check",), ("bench", "served", "--url", "127.0.0.1:1"), ("tune",)])
-def test_prompts_option_and_its_old_name(cmd, tmp_path):
+def test_prompts_option_names_a_missing_file_in_one_line(cmd, tmp_path):
     missing = str(tmp_path / "none.jsonl")
-    for name in ("--prompts", "--prompt-set"):
-        r = run(*cmd, name, missing)
-        assert r.exit_code == 2 and f"prompt set '{missing}'" in r.output
+    r = run(*cmd, "--prompts", missing)
+    assert r.exit_code == 2 and f"prompt set '{missing}'" in r.output
 
 
 def test_option_defaults_come_from_the_defaults_module():

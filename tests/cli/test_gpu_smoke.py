@@ -501,7 +501,7 @@ def test_llmapi_generate_error_fails_the_plain_link(smoke):
 
 
 def test_serve_runs_with_its_own_ready_timeout_unless_one_is_given(smoke):
-    from trt_spec.serve.launch import repo_ready_timeout_s
+    from trt_spec.serve.launch import ServedRepository
 
     rep, calls = smoke["run"]()
     serves = [c for c in calls if c[0] == "serve"]
@@ -515,7 +515,7 @@ def test_serve_runs_with_its_own_ready_timeout_unless_one_is_given(smoke):
         "--model-repository=/nonexistent/repo\n"
     )
     serve = next(ln for ln in links if ln.name == "serve")
-    assert serve.timeout_s == repo_ready_timeout_s(Path("/nonexistent/repo")) + gs.READY_MARGIN_S
+    assert serve.timeout_s == ServedRepository(Path("/nonexistent/repo"), None).ready_timeout_s() + gs.READY_MARGIN_S
     smoke["settings"].ready_timeout_s = 77
     serve = next(ln for ln in gs.chain_links("engine", smoke["settings"], None) if ln.name == "serve")
     assert serve.argv[serve.argv.index("--timeout") + 1] == "77"

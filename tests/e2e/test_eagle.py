@@ -120,10 +120,13 @@ def test_the_openai_frontend_returns_vllms_acceptance_for_an_eagle_deployment(ea
     on the unary body and the streamed usage chunk."""
     from fastapi.testclient import TestClient
 
+    from trt_spec.serve.launch import ServedRepository
     from trt_spec.serve.openai.frontend import create_app
     from trt_spec.serve.openai.requests import FrontendSettings
 
-    settings = FrontendSettings.from_repository(eagle_server.repo, eagle_server.grpc_url.split("://")[-1])
+    settings = FrontendSettings.from_repository(
+        ServedRepository.load(eagle_server.repo), eagle_server.grpc_url.split("://")[-1]
+    )
     body = {"model": SPECULATIVE, "prompt": "def add(a, b):\n    return", "max_tokens": 24, "temperature": 0}
     with TestClient(create_app(settings)) as http:
         unary = http.post("/v1/completions", json=body).json()

@@ -50,7 +50,7 @@ class InProcessClient:
 
     def __init__(self, build_dir):
         self.d = load_deployment(build_dir)
-        self.loop = SpeculativeLoop(self.d.loop_config, self.d.engines)
+        self.loop = SpeculativeLoop(self.d.bls, self.d.engines)
         self.probed: list[str] = []
 
     def generate(self, model, text, max_tokens, **params) -> Generation:

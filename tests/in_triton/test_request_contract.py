@@ -287,8 +287,8 @@ def test_the_standin_opens_gpt_model_path_as_the_backend_does(tmp_path, monkeypa
 
 
 def test_the_loop_reads_the_bls_parameters_block():
-    """The BLS's parameters as Triton hands them (strings) -> the typed record -> the loop's config."""
-    from trt_spec.in_triton.speculative_loop import LoopConfig
+    """The BLS's parameters as Triton hands them (strings) -> the typed record, which is the loop's config."""
+    from trt_spec.in_triton.speculative_loop import SpeculativeLoop
     from trt_spec.records.bls_parameters import BlsParameters, ParameterError
 
     block = {
@@ -307,9 +307,16 @@ def test_the_loop_reads_the_bls_parameters_block():
         "add_special_tokens": "false",
     }
     p = BlsParameters.from_parameters(block)
-    cfg = LoopConfig.from_bls(p)
-    assert (cfg.target, cfg.draft, cfg.mode, cfg.max_draft_len, cfg.ngram_size) == ("tensorrt_llm", None, "ngram", 4, 2)
-    assert (cfg.max_prompt_len, cfg.max_input_len) == (20, bc.max_input_len(64, 32))
+    cfg = SpeculativeLoop(p, call=None).cfg
+    assert cfg is p
+    assert (cfg.tensorrt_llm_model_name, cfg.draft, cfg.speculative_mode, cfg.max_draft_len, cfg.ngram_size) == (
+        "tensorrt_llm",
+        None,
+        "ngram",
+        4,
+        2,
+    )
+    assert (cfg.max_input_len, cfg.engine_input_limit) == (20, bc.max_input_len(64, 32))
     assert (cfg.draft_len_policy, cfg.proposer, p.num_draft_tokens, p.add_special_tokens) == (
         "fixed",
         "prompt_lookup",

@@ -9,7 +9,6 @@ import pytest
 from trt_spec.in_triton.speculative_loop import (
     Cancelled,
     EngineError,
-    LoopConfig,
     RequestError,
     SpecRequest,
     SpeculativeLoop,
@@ -17,6 +16,7 @@ from trt_spec.in_triton.speculative_loop import (
     validate,
 )
 from trt_spec.records import backend_contract as bc
+from trt_spec.records.bls_parameters import BlsParameters
 
 from ..engine_double import END_ID, ContractEngine, Router, draft_next, target_next
 
@@ -42,17 +42,20 @@ def setup(
 ):
     target = ContractEngine(target_next, limits, in_engine_accept=in_engine_accept, decoupled=decoupled)
     draft = ContractEngine(draft_next, draft_limits or bc.EngineLimits(4, 256, 256), decoupled=decoupled)
-    cfg = LoopConfig(
-        target="tensorrt_llm",
-        draft="tensorrt_llm_draft" if mode == "draft_target" else None,
-        mode=mode,
+    cfg = BlsParameters(
+        tensorrt_llm_model_name="tensorrt_llm",
+        tensorrt_llm_draft_model_name="tensorrt_llm_draft" if mode == "draft_target" else "",
+        speculative_mode=mode,
         max_draft_len=k_max,
+        num_draft_tokens=k_max,
         ngram_size=3,
         max_seq_len=limits.max_seq_len,
-        max_input_len=limits.input_limit(),
+        max_num_tokens=limits.max_num_tokens,  # the engine's input limit: limits.input_limit()
         draft_len_policy=policy,
         proposer=proposer,
+        tokenizer_dir="unused",
     )
+    assert cfg.engine_input_limit == limits.input_limit()
     return SpeculativeLoop(cfg, Router(tensorrt_llm=target, tensorrt_llm_draft=draft)), target, draft
 
 
@@ -273,16 +276,20 @@ def test_a_cancelled_in_engine_stream_stops_at_the_next_response():
 
 
 def test_prompt_over_the_deployments_max_input_len_is_refused():
-    cfg = LoopConfig(
-        target="t",
-        draft=None,
-        mode="ngram",
+    cfg = BlsParameters(
+        tensorrt_llm_model_name="t",
+        speculative_mode="ngram",
         max_draft_len=4,
+        num_draft_tokens=4,
         ngram_size=3,
+        draft_len_policy="adaptive",
+        proposer="suffix",
         max_seq_len=256,
-        max_input_len=255,
-        max_prompt_len=100,
+        max_num_tokens=256,  # the engine's input limit: min(256 - 1, 256) = 255
+        max_input_len=100,
+        tokenizer_dir="unused",
     )
+    assert cfg.engine_input_limit == 255
     validate(cfg, 100, 8, 4, False)
     with pytest.raises(RequestError, match="prompt is 101 tokens, more than max_input_len 100"):
         validate(cfg, 101, 8, 4, False)

@@ -1,4 +1,4 @@
-"""Draft-free suffix proposals (trt_spec/in_triton/suffix.py): exact proposals on hand-made sequences."""
+"""Draft-free suffix proposals (trt_spec/in_triton/proposers.py): exact proposals on hand-made sequences."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trt_spec.in_triton.suffix import SuffixProposer, SuffixStore
+from trt_spec.in_triton.proposers import SuffixProposer, SuffixStore
 
 
 def test_copies_a_repeated_block_by_the_longest_match():

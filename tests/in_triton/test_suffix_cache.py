@@ -1,22 +1,19 @@
-"""The suffix proposer's cross-request cache (trt_spec/in_triton/suffix.py SuffixCache) in the BLS's loop: scopes and
+"""The suffix proposer's cross-request cache (trt_spec/in_triton/proposers.py SuffixCache) in the BLS's loop: scopes and
 tenant isolation, bounds and eviction, the store's candidate budget, and that the output stays the target's (the cache
 only changes drafts). The loop runs against the strict backend double, with the fixed policy so that every round
 consults the proposer and a request's counts are a function of its proposals alone."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
+from trt_spec.in_triton.proposers import CACHE_MIN_MATCH, SuffixCache, SuffixProposer, SuffixStore
 from trt_spec.in_triton.spec_metrics import SpecMetricsExporter
-from trt_spec.in_triton.speculative_loop import (
-    SUFFIX_CACHE_MIN_MATCH,
-    LoopConfig,
-    RequestError,
-    check_tenant,
-)
-from trt_spec.in_triton.suffix import SuffixCache, SuffixProposer, SuffixStore
+from trt_spec.in_triton.speculative_loop import RequestError, check_tenant
 from trt_spec.records import names as n
 from trt_spec.records.bls_parameters import BlsParameters
+from trt_spec.records.deployment import SuffixCacheConfig
 
 from .test_spec_metrics import FakeMetricFamily, FakePbUtils, metric
 from .test_speculative_loop import baseline, req, run, setup
@@ -27,7 +24,7 @@ OTHER = [12, 30, 31, 9, 8]
 
 def ngram_loop(scope="tenant", **bounds):
     loop, target, _ = setup("ngram", policy="fixed", proposer="suffix")
-    loop.__init__(LoopConfig(**{**vars(loop.cfg), "suffix_cache_scope": scope, **bounds}), loop.call)
+    loop.__init__(dataclasses.replace(loop.cfg, suffix_cache=SuffixCacheConfig(scope, **bounds)), loop.call)
     return loop, target
 
 
@@ -101,7 +98,7 @@ def test_concurrent_requests_keep_the_output_and_the_tenants_apart():
 
 
 def test_a_tenant_evicts_only_its_own_sequences_and_the_least_recent_tenant_goes_first():
-    cache = SuffixCache("tenant", max_tokens=20, max_sequences=2, max_tenants=2, anchor_len=2)
+    cache = SuffixCache(SuffixCacheConfig("tenant", max_tokens=20, max_sequences=2, max_tenants=2), anchor_len=2)
     cache.add("a", [1, 2, 3, 4])
     for i in range(10):  # b floods its own store: a keeps what it had
         cache.add("b", [100 + i, 101 + i, 102 + i, 103 + i, 104 + i, 105 + i, 106 + i, 107 + i])
@@ -132,7 +129,7 @@ def test_the_store_gives_at_most_max_candidates_anchor_hits_most_recent_first():
 
 
 def test_the_store_proposes_only_on_a_match_of_its_anchor_length():
-    store = SuffixStore(anchor_len=SUFFIX_CACHE_MIN_MATCH)
+    store = SuffixStore(anchor_len=CACHE_MIN_MATCH)
     store.add([4, 5, 77, 78])
     p = SuffixProposer(8, min_match=1, tokens_per_match=2.0, store=store)
     assert p.propose([1, 5]) == [] and not p.store_hit  # one token: the sequence's own text only
@@ -142,11 +139,12 @@ def test_the_store_proposes_only_on_a_match_of_its_anchor_length():
 
 
 def test_bounds_and_scope_are_checked():
-    with pytest.raises(ValueError, match="scope 'everyone'"):
-        SuffixCache("everyone", max_tokens=1, max_sequences=1, max_tenants=1, anchor_len=2)
+    # an unknown scope is refused where the record is built, before any cache or loop exists
+    with pytest.raises(ValueError, match="'everyone' is not a valid CacheScope"):
+        SuffixCacheConfig("everyone", max_tokens=1, max_sequences=1, max_tenants=1)
     with pytest.raises(ValueError, match="max_tenants must be an integer >= 1"):
-        SuffixCache("tenant", max_tokens=1, max_sequences=1, max_tenants=0, anchor_len=2)
-    with pytest.raises(ValueError, match="suffix_cache_scope 'x'"):
+        SuffixCache(SuffixCacheConfig("tenant", max_tokens=1, max_sequences=1, max_tenants=0), anchor_len=2)
+    with pytest.raises(ValueError, match="'x' is not a valid CacheScope"):
         ngram_loop("x")
 
 
@@ -176,11 +174,11 @@ def test_the_deployments_bounds_reach_the_loop_through_the_bls_parameters():
         }
     )
     loop, _ = ngram_loop()
-    loop.__init__(LoopConfig.from_bls(p), loop.call)
+    loop.__init__(p, loop.call)
     c = loop.cache
-    assert (c.scope, c.max_tokens, c.max_sequences, c.max_tenants) == ("deployment", 100, 3, 5)
+    assert (c.scope, c.cfg.max_tokens, c.cfg.max_sequences, c.cfg.max_tenants) == ("deployment", 100, 3, 5)
     older = BlsParameters.from_parameters({k: v for k, v in p.to_parameters().items() if "suffix_cache" not in k})
-    assert older.suffix_cache_scope == "tenant"  # a repository written before the cache: the defaults
+    assert older.suffix_cache.scope == "tenant"  # a repository written before the cache: the defaults
 
 
 def test_cache_metrics_are_published_when_the_cache_is_on():

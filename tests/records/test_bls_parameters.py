@@ -9,7 +9,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trt_spec.builder.pipeline import manifest_for_config
 from trt_spec.records.bls_parameters import BlsParameters, ParameterError, PreprocessingParameters
 from trt_spec.records.speculation import Policy, Proposer
-from trt_spec.repository.writer import RepoSettings, bls_config, bls_parameters, preprocessing_config
+from trt_spec.repository.writer import bls_config, bls_parameters, preprocessing_config
 
 from ..conftest import REPO
 
@@ -52,6 +52,10 @@ def test_the_readers_defaults():
         for k, v in BLS.to_parameters().items()
         if k not in ("tensorrt_llm_draft_model_name", "max_input_len", "add_special_tokens")
     }
+    # a draft_target block must name its draft model: the draft name's default is read in ngram mode
+    with pytest.raises(ParameterError, match="^draft_target mode needs tensorrt_llm_draft_model_name$"):
+        BlsParameters.from_parameters(p)
+    p["speculative_mode"] = "ngram"
     got = BlsParameters.from_parameters(p)
     assert (got.tensorrt_llm_draft_model_name, got.max_input_len, got.add_special_tokens) == ("", None, True)
     assert BlsParameters.from_parameters({**p, "max_input_len": ""}).max_input_len is None  # empty: absent
@@ -102,12 +106,12 @@ def test_a_bad_preprocessing_value_names_its_model():
 
 @pytest.mark.parametrize("config", ["llama33-70b-fp8-h100-tp2", "qwen25-coder-32b-ngram-h100", "vicuna-7b-eagle-h100"])
 def test_the_writers_dict_is_the_records(config):
-    s = RepoSettings.from_manifest(manifest_for_config(REPO / "build_configs" / f"{config}.yaml"))
-    written = strings(bls_config(s))
-    record = bls_parameters(s)
+    d = manifest_for_config(REPO / "build_configs" / f"{config}.yaml").deployment
+    written = strings(bls_config(d, decoupled=True))
+    record = bls_parameters(d)
     assert written == record.to_parameters()
     assert BlsParameters.from_parameters(written) == record
-    pre = strings(preprocessing_config(s))
+    pre = strings(preprocessing_config(d))
     assert PreprocessingParameters.from_parameters(pre).to_parameters() == pre
     assert pre["max_input_len"] == written["max_input_len"]
 

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from trt_spec.builder.pipeline import manifest_for_config
 from trt_spec.cli import main
+from trt_spec.records.deployment import WorldSize
 from trt_spec.records.integrity import IntegrityError, verify_repository_engines, verify_served_engine
 from trt_spec.records.manifest import (
     MANIFEST_VERSION_KEY,
@@ -20,7 +21,6 @@ from trt_spec.records.manifest import (
     EngineSums,
     ManifestError,
     RepoRecord,
-    WorldSize,
 )
 from trt_spec.repository.writer import write_repository
 
@@ -28,7 +28,7 @@ from ..conftest import REPO
 
 GPU_CONFIG = REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml"  # draft + target, TP 2
 NGRAM_CONFIG = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"  # no draft
-# manifest.json's keys as trt-spec wrote them before the version field (users and scripts read them)
+# manifest.json's keys (users and scripts read them)
 MANIFEST_KEYS = [
     "name",
     "config_path",
@@ -38,10 +38,7 @@ MANIFEST_KEYS = [
     "created",
     "tool_versions",
     "gpu",
-    "speculative",
-    "limits",
-    "runtime",
-    "world_size",
+    "deployment",
     "engines",
     "steps",
     "calibration",
@@ -65,8 +62,7 @@ ENGINE_KEYS = [
 REPO_KEYS = [
     "name",
     "config_hash",
-    "engine",
-    "world_size",
+    "deployment",
     "orchestrator",
     "mpi_ranks",
     "models",
@@ -100,7 +96,7 @@ def test_manifest_round_trip_keeps_the_field_names(manifest, tmp_path):
     data = json.loads(path.read_text())
     assert list(data) == [MANIFEST_VERSION_KEY, *MANIFEST_KEYS] and data[MANIFEST_VERSION_KEY] == SCHEMA_VERSION
     assert list(data["engines"]) == ["target", "draft"] and list(data["engines"]["target"]) == ENGINE_KEYS
-    assert data["world_size"] == {"target": 2, "draft": 1, "total": 3}
+    assert data["deployment"]["placement"]["world_size"] == {"target": 2, "draft": 1, "total": 3}
     assert data["config"] == manifest.config.model_dump(mode="json")
     back = BuildManifest.read(tmp_path)
     assert back == manifest and back.to_json() == data
@@ -121,15 +117,17 @@ def test_manifest_of_an_older_trt_spec_is_refused(manifest, tmp_path):
     old = {k: v for k, v in manifest.to_json().items() if k != MANIFEST_VERSION_KEY}
     f = written(tmp_path, old) / "manifest.json"
     assert refusal(tmp_path) == (
-        f"{f}: build manifest from an older trt-spec (no trt_spec_manifest_version; this trt-spec reads version 1); "
-        f"rebuild with `trt-spec build {GPU_CONFIG}`"
+        f"{f}: build manifest from an older trt-spec (no trt_spec_manifest_version; this trt-spec reads version "
+        f"{SCHEMA_VERSION}); rebuild with `trt-spec build {GPU_CONFIG}`"
     )
 
 
 def test_manifest_of_another_version_is_refused(manifest, tmp_path):
-    f = written(tmp_path, {**manifest.to_json(), MANIFEST_VERSION_KEY: 2}) / "manifest.json"
+    newer = SCHEMA_VERSION + 1
+    f = written(tmp_path, {**manifest.to_json(), MANIFEST_VERSION_KEY: newer}) / "manifest.json"
     assert refusal(tmp_path) == (
-        f"{f}: build manifest version 2, this trt-spec reads version 1; rebuild with `trt-spec build {GPU_CONFIG}`"
+        f"{f}: build manifest version {newer}, this trt-spec reads version {SCHEMA_VERSION}; "
+        f"rebuild with `trt-spec build {GPU_CONFIG}`"
     )
 
 
@@ -176,7 +174,7 @@ def test_cli_repo_refuses_an_old_manifest_on_one_line(manifest, tmp_path):
     assert r.exit_code == 2
     assert r.stderr.splitlines() == [
         f"error: {f}: build manifest from an older trt-spec (no trt_spec_manifest_version; this trt-spec reads "
-        f"version 1); rebuild with `trt-spec build {GPU_CONFIG}`"
+        f"version {SCHEMA_VERSION}); rebuild with `trt-spec build {GPU_CONFIG}`"
     ]
     assert not (tmp_path / "model_repo").exists()
 
@@ -191,7 +189,11 @@ def test_repo_record_round_trip(manifest, tmp_path):
     data = json.loads((repo / "trt_spec_repo.json").read_text())
     assert list(data) == [REPO_VERSION_KEY, *REPO_KEYS]
     record = RepoRecord.read(repo)
-    assert record.world_size == WorldSize(2, 1, 3) and record.orchestrator and record.gpu_ids == [0, 1]
+    assert (
+        record.deployment.placement.world_size == WorldSize(2, 1, 3)
+        and record.orchestrator
+        and record.gpu_ids == [0, 1]
+    )
     assert record.to_json() == data
     sums = {"/e/target": EngineSums("engine-target", "c.yaml", {"rank0.engine": {"size": 3, "sha256": "ab"}})}
     with_sums = dataclasses.replace(record, engines=sums)

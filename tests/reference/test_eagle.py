@@ -371,14 +371,13 @@ def test_the_chain_measures_its_costs_at_load_as_the_policys_starting_point(targ
     t = eng.policy.costs.at(1)
     assert t.verify_s(2) == pytest.approx(1.3) and t.verify_s(K + 1) == pytest.approx(clock.forward(K + 1))
     assert t.draft_s(3) == pytest.approx(0.6) and t.decode_s() == pytest.approx(1.0)
-    # fixed: nothing to decide, nothing measured; "confidence" (what engines exported earlier say) reads as adaptive
+    # fixed: nothing to decide, nothing measured; an unknown word is refused
     assert not ReferenceEngine(
         target, 256, head=new_head(target), max_draft_len=K, draft_policy="fixed"
     ).policy.costs.levels
-    old = ReferenceEngine(target, 256, head=new_head(target), max_draft_len=K, draft_policy="confidence", clock=clock)
-    assert old.draft_policy == "adaptive" and old.policy.default == "adaptive"
-    with pytest.raises(ValueError, match=r"eagle_draft_policy 'tree': use one of adaptive, fixed"):
-        ReferenceEngine(target, 256, head=new_head(target), max_draft_len=K, draft_policy="tree")
+    for word in ("tree", "confidence"):
+        with pytest.raises(ValueError, match=rf"eagle_draft_policy '{word}': use one of adaptive, fixed"):
+            ReferenceEngine(target, 256, head=new_head(target), max_draft_len=K, draft_policy=word)
 
 
 def test_a_head_that_loses_falls_to_runs_without_speculation_and_never_costs_more(target, monkeypatch):

@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from trt_spec.in_triton.local_engines import LocalEngines  # noqa: E402
-from trt_spec.in_triton.speculative_loop import LoopConfig, SpecRequest, SpeculativeLoop  # noqa: E402
+from trt_spec.in_triton.speculative_loop import SpecRequest, SpeculativeLoop  # noqa: E402
 from trt_spec.records import backend_contract as bc  # noqa: E402
+from trt_spec.records.bls_parameters import BlsParameters  # noqa: E402
 from trt_spec.records.names import DRAFT, TARGET  # noqa: E402
 from trt_spec.reference.model import ReferenceModel  # noqa: E402
 from trt_spec.reference.standin import StandIn  # noqa: E402
@@ -58,16 +59,18 @@ class Served:
             standins[DRAFT] = standin(DRAFT, draft, 0)
         self.engines = LocalEngines(standins)
         self.loop = SpeculativeLoop(
-            LoopConfig(
-                TARGET,
-                DRAFT if draft is not None else None,
-                mode,
-                k,
-                3,
-                MAX_SEQ_LEN,
-                bc.max_input_len(MAX_SEQ_LEN, MAX_SEQ_LEN),
+            BlsParameters(
+                tensorrt_llm_model_name=TARGET,
+                tensorrt_llm_draft_model_name=DRAFT if draft is not None else "",
+                speculative_mode=mode,
+                max_draft_len=k,
+                num_draft_tokens=k,
+                ngram_size=3,
+                max_seq_len=MAX_SEQ_LEN,
+                max_num_tokens=MAX_SEQ_LEN,  # the engine's input limit: bc.max_input_len(MAX_SEQ_LEN, MAX_SEQ_LEN)
                 draft_len_policy=policy,
                 proposer=proposer,
+                tokenizer_dir="(in memory)",
             ),
             self.engines,
         )

@@ -19,7 +19,7 @@ from trt_spec.records.config import ConfigError, load_config
 from trt_spec.repository import llmapi as lr
 from trt_spec.repository.writer import RepositoryError, parse_config, validate_repository, write_repository
 from trt_spec.serve.errors import ServerError
-from trt_spec.serve.launch import repo_info
+from trt_spec.serve.launch import ServedRepository
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {  # the shipped LLM-API configs -> their mode's decoding_type
@@ -185,7 +185,7 @@ def test_shipped_configs_write_a_repository_the_contract_accepts(name, tmp_path)
     assert [i.name for i in cfg.input] == [t.name for t in lc.INPUTS] and cfg.max_batch_size == 0
     # on this machine NVIDIA's model.py is not there: written without it, and serve refuses with one line
     with pytest.raises(ServerError, match="tensorrt_llm: no 1/model.py: copy NVIDIA's LLM-API model"):
-        repo_info(tmp_path / "r")
+        ServedRepository.load(tmp_path / "r")
 
 
 def test_eagle3_and_draft_target_name_their_speculative_model(tmp_path):
@@ -214,7 +214,9 @@ def test_the_image_source_is_copied_and_a_tampered_model_is_refused(tmp_path):
         "model.py",
         "model.yaml",
     ]
-    assert repo_info(tmp_path / "r") == (1, False, [0])  # one tritonserver process: the LLM API spawns its ranks
+    served = ServedRepository.load(tmp_path / "r")
+    # one tritonserver process: the LLM API spawns its ranks
+    assert (served.mpi_ranks, served.orchestrator, served.gpu_ids) == (1, False, [0])
     y = tmp_path / "r" / lc.MODEL_NAME / "1" / "model.yaml"
     good = y.read_text()
     for bad, match in (
@@ -280,7 +282,7 @@ def test_the_launch_loads_the_speculative_model_only(name, tmp_path):
     """F1: the baseline (a second full copy of the target) is a phase model; serve and the printed launch load
     tensorrt_llm by name, never every model."""
     from trt_spec.records.manifest import RepoRecord
-    from trt_spec.serve.launch import launch_spec
+    from trt_spec.serve.launch import ServedRepository, launch_spec
     from trt_spec.serve.locate import NGC_TRITONSERVER
 
     src = tmp_path / "nvidia" / "1"
@@ -290,7 +292,7 @@ def test_the_launch_loads_the_speculative_model_only(name, tmp_path):
     write_repository(m, tmp_path / "r")
     rec = RepoRecord.read(tmp_path / "r")
     assert rec.load_models == [lc.MODEL_NAME] and rec.phase_models == {lc.BASELINE_MODEL: [lc.MODEL_NAME]}
-    spec = launch_spec(tmp_path / "r", binary=NGC_TRITONSERVER)
+    spec = launch_spec(ServedRepository.load(tmp_path / "r"), binary=NGC_TRITONSERVER)
     loads = [a for a in spec.argv if a.startswith("--load-model")]
     assert loads == [f"--load-model={lc.MODEL_NAME}"] and "--model-control-mode=explicit" in spec.argv
     assert f"--load-model={lc.MODEL_NAME}" in spec.plain and "--load-model=*" not in spec.plain

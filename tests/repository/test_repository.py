@@ -10,7 +10,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trt_spec.builder.pipeline import manifest_for_config
 from trt_spec.records import backend_contract as bc
-from trt_spec.records.manifest import RepoRecord, WorldSize
+from trt_spec.records.deployment import WorldSize
+from trt_spec.records.manifest import RepoRecord
 from trt_spec.repository.writer import RepositoryError, parse_config, validate_repository, write_repository
 
 from ..conftest import REPO
@@ -143,7 +144,11 @@ def test_tensorrt_engine_parameters(gpu_repo):
         "total_draft_tokens",
     }
     record = RepoRecord.read(gpu_repo)
-    assert record.orchestrator is True and record.world_size == WorldSize(2, 1, 3) and record.mpi_ranks == 1
+    assert (
+        record.orchestrator is True
+        and record.deployment.placement.world_size == WorldSize(2, 1, 3)
+        and record.mpi_ranks == 1
+    )
     assert record.engines == {}  # written from the config's plan: no engine built, no sums yet
 
 

@@ -4,12 +4,15 @@ serves it)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
 
 from trt_spec.records import llmapi_contract as lc
 from trt_spec.repository.writer import RepositoryError
+from trt_spec.serve.launch import ServedRepository
 from trt_spec.serve.openai.frontend import Completion, _with_metrics
 from trt_spec.serve.openai.llmapi import TextDeltas, completion_tokens, finish_reason, llmapi_tensors
 from trt_spec.serve.openai.metrics import LLMAPI_NOTE_KEY, LLMAPI_ZERO_NOTE, llmapi_speculative_decoding
@@ -35,25 +38,34 @@ def write_repo(root, spec: dict | None = None, model: str | None = None, baselin
     return root / "repo"
 
 
+def _unrecorded(repo):
+    """A repository as serve reads one without trt-spec's record (read for what it holds)."""
+    return ServedRepository(Path(repo), None)
+
+
 def test_settings_from_model_yaml(tmp_path):
-    s = FrontendSettings.from_repository(write_repo(tmp_path, {"decoding_type": "NGram", "max_draft_len": 4}), "h:1")
+    s = FrontendSettings.from_repository(
+        _unrecorded(write_repo(tmp_path, {"decoding_type": "NGram", "max_draft_len": 4})), "h:1"
+    )
     assert s.llmapi and s.models == (lc.MODEL_NAME,) and s.phase_models == (lc.BASELINE_MODEL,)
     assert (s.tokenizer_dir, s.max_seq_len, s.max_draft_len) == (str(tmp_path / "target"), 64, 4)
     assert s.prompt_limit == 48 and s.add_special_tokens and s.decoupled and s.speculative_config
-    mtp = FrontendSettings.from_repository(write_repo(tmp_path, {"decoding_type": "MTP", lc.NUM_NEXTN: 3}), "h:1")
+    mtp = FrontendSettings.from_repository(
+        _unrecorded(write_repo(tmp_path, {"decoding_type": "MTP", lc.NUM_NEXTN: 3})), "h:1"
+    )
     assert mtp.max_draft_len == 3  # MTPDecodingConfig's max_draft_len is num_nextn_predict_layers
-    plain = FrontendSettings.from_repository(write_repo(tmp_path, None), "h:1")
+    plain = FrontendSettings.from_repository(_unrecorded(write_repo(tmp_path, None)), "h:1")
     assert not plain.speculative_config and plain.max_draft_len == 0
 
 
 def test_settings_refusals_are_one_line(tmp_path):
     with pytest.raises(RepositoryError, match="is not a directory on this machine"):
-        FrontendSettings.from_repository(write_repo(tmp_path, None, model=str(tmp_path / "gone")), "h:1")
+        FrontendSettings.from_repository(_unrecorded(write_repo(tmp_path, None, model=str(tmp_path / "gone"))), "h:1")
     (tmp_path / "repo" / lc.MODEL_NAME / "1" / lc.YAML_FILE).write_text("model: [")
     with pytest.raises(RepositoryError, match="not a model.yaml the OpenAI frontend can read"):
-        FrontendSettings.from_repository(tmp_path / "repo", "h:1")
+        FrontendSettings.from_repository(_unrecorded(tmp_path / "repo"), "h:1")
     with pytest.raises(RepositoryError, match="neither tensorrt_llm_bls/config.pbtxt nor tensorrt_llm/1/model.yaml"):
-        FrontendSettings.from_repository(tmp_path, "h:1")
+        FrontendSettings.from_repository(_unrecorded(tmp_path), "h:1")
 
 
 S = FrontendSettings(

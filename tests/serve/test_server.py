@@ -12,7 +12,7 @@ import pytest
 from trt_spec.builder.pipeline import manifest_for_config
 from trt_spec.repository.writer import write_repository
 from trt_spec.serve.errors import ServerError
-from trt_spec.serve.launch import launch_spec
+from trt_spec.serve.launch import ServedRepository, launch_spec
 from trt_spec.serve.locate import find_tritonserver
 from trt_spec.serve.server import TritonServer, check_port_free
 
@@ -29,7 +29,9 @@ def tp2_repo(tmp_path_factory):
 
 
 def test_single_model_tp2_runs_one_tritonserver_per_rank_under_mpirun(tp2_repo, tmp_path):
-    spec = launch_spec(tp2_repo, workdir=tmp_path, http_port=9000, grpc_port=9001, metrics_port=9002)
+    spec = launch_spec(
+        ServedRepository.load(tp2_repo), workdir=tmp_path, http_port=9000, grpc_port=9001, metrics_port=9002
+    )
     argv = spec.argv
     assert argv[:2] == ["mpirun", "--allow-run-as-root"]
     assert argv.count("-n") == 2 and argv.count(":") == 1
@@ -55,7 +57,7 @@ def test_single_model_tp2_runs_one_tritonserver_per_rank_under_mpirun(tp2_repo, 
 def test_two_models_with_tp_use_orchestrator_mode(tmp_path):
     out = tmp_path / "repo"
     write_repository(manifest_for_config(REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml"), out)
-    spec = launch_spec(out, workdir=tmp_path)
+    spec = launch_spec(ServedRepository.load(out), workdir=tmp_path)
     # NVIDIA's launch_triton_server.py --multi-model: one server under mpirun -n 1, no memory pools of its own
     assert spec.argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and spec.argv.count("-n") == 1
     assert spec.env["TRTLLM_ORCHESTRATOR"] == "1" and spec.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
@@ -92,7 +94,7 @@ def test_plain_command_on_nvidia_pytriton_names_a_prepared_backend_directory(tmp
         pytest.skip("nvidia-pytriton is not installed")
     out = tmp_path / "repo"
     write_repository(manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"), out)
-    spec = launch_spec(out)
+    spec = launch_spec(ServedRepository.load(out))
     assert spec.plain_backends == plain_backends_dir()
     assert f"--backend-directory={plain_backends_dir()}" in spec.plain and "WORKDIR" not in spec.plain
     assert "LD_LIBRARY_PATH=" in spec.plain and f"--model-repository={out.resolve()}" in spec.plain
@@ -109,15 +111,17 @@ def test_ready_timeout_grows_with_the_engines(tmp_path):
 
     from trt_spec.records import defaults
     from trt_spec.records.manifest import EngineSums, RepoRecord
-    from trt_spec.serve.launch import engine_bytes
+    from trt_spec.serve.launch import ServedRepository
 
     out = tmp_path / "repo"
     write_repository(manifest_for_config(REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"), out)
-    assert engine_bytes(out) == 0 and TritonServer(out).ready_timeout == defaults.READY_TIMEOUT_S
+    assert (
+        ServedRepository.load(out).engine_bytes() == 0 and TritonServer(out).ready_timeout == defaults.READY_TIMEOUT_S
+    )
     record = RepoRecord.read(out)
     files = {f"rank{i}.engine": {"size": 16 * 2**30, "sha256": "0" * 64} for i in range(2)}
     replace(record, engines={"/models/engines/target": EngineSums("engine-target", None, files)}).write(out)
-    assert engine_bytes(out) == 32 * 2**30
+    assert ServedRepository.load(out).engine_bytes() == 32 * 2**30
     want = defaults.READY_TIMEOUT_S + 32 * defaults.READY_S_PER_ENGINE_GIB
     assert TritonServer(out).ready_timeout == want == defaults.ready_timeout_s(32 * 2**30)
 
@@ -176,18 +180,20 @@ def test_admin_apis_are_restricted_on_the_serving_rank(tp2_repo, tmp_path):
 
     # model-config too: the configs name this machine's engine and tokenizer directories (absolute paths)
     assert set(RESTRICTED_APIS) == {"shared-memory", "model-config", "model-repository", "trace", "logging"}
-    spec = launch_spec(tp2_repo, workdir=tmp_path)
+    spec = launch_spec(ServedRepository.load(tp2_repo), workdir=tmp_path)
     rank0, rank1 = " ".join(spec.argv).split(" : ")
     want = f"shared-memory,model-config,model-repository,trace,logging:triton-admin-key={spec.admin_key}"
     assert f"--http-restricted-api={want}" in rank0 and f"--grpc-restricted-protocol={want}" in rank0
     assert "-restricted-" not in rank1  # worker ranks serve no endpoint
     assert len(spec.admin_key) >= 32 and spec.admin_key not in spec.shell()
-    assert launch_spec(tp2_repo, workdir=tmp_path).admin_key != spec.admin_key  # random per launch
-    assert launch_spec(tp2_repo, workdir=tmp_path, admin_key="k" * 20).admin_key == "k" * 20
+    assert (
+        launch_spec(ServedRepository.load(tp2_repo), workdir=tmp_path).admin_key != spec.admin_key
+    )  # random per launch
+    assert launch_spec(ServedRepository.load(tp2_repo), workdir=tmp_path, admin_key="k" * 20).admin_key == "k" * 20
 
 
 def test_two_servers_in_one_process_have_distinct_shared_memory_prefixes(tp2_repo, tmp_path):
-    a, b = (launch_spec(tp2_repo, workdir=tmp_path).shm_prefix for _ in range(2))
+    a, b = (launch_spec(ServedRepository.load(tp2_repo), workdir=tmp_path).shm_prefix for _ in range(2))
     assert a != b and not a.startswith(b) and not b.startswith(a)  # stopping one removes only its own regions
 
 
@@ -294,7 +300,8 @@ def test_ready_timeout_of_an_llmapi_repository_counts_its_checkpoints(tmp_path):
     import yaml
 
     from trt_spec.records import defaults
-    from trt_spec.serve.launch import engine_bytes, repo_ready_timeout_s
+    from trt_spec.records.manifest import RepoRecord
+    from trt_spec.serve.launch import ServedRepository
 
     ckpt, head = tmp_path / "ckpt", tmp_path / "head"
     for d, size in ((ckpt, 3 * 2**20), (head, 2**20)):
@@ -308,6 +315,7 @@ def test_ready_timeout_of_an_llmapi_repository_counts_its_checkpoints(tmp_path):
     doc["model"] = str(ckpt)
     doc["speculative_config"]["speculative_model_dir"] = str(head)
     y.write_text(yaml.safe_dump(doc))
-    assert engine_bytes(out) == 4 * 2**20  # the baseline (phase only) names the same checkpoint: not counted twice
+    served = ServedRepository(out, RepoRecord.read(out))  # written off the GPU host: no NVIDIA model.py to load
+    assert served.engine_bytes() == 4 * 2**20  # the phase-only baseline names the same checkpoint: counted once
     want = defaults.ready_timeout_s(4 * 2**20) + defaults.LLMAPI_READY_EXTRA_S
-    assert repo_ready_timeout_s(out) == want > defaults.READY_TIMEOUT_S + 299
+    assert served.ready_timeout_s() == want > defaults.READY_TIMEOUT_S + 299

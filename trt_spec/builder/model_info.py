@@ -1,63 +1,22 @@
-"""Model facts: a checkpoint's dimensions and special tokens (config.json), its vocabulary (tokenizer files),
-and a built-in table of the models the shipped configs name.
+"""Model facts, offline: a checkpoint's dimensions and special tokens, its vocabulary, and a table of known models.
 
-Works offline from config.json / tokenizer files only (no torch, no transformers). A missing or unreadable file
-raises PreflightError (defined here, the first check that can fail; trt_spec.builder.preflight re-exports it).
+A missing or unreadable file raises PreflightError.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from ..errors import TrtSpecError
+from ..records.models import ModelInfo
 
 
 class PreflightError(TrtSpecError, ValueError):
     """A check failed: one line naming the problem and the fix."""
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    architecture: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    num_experts: int = 1
-    bos_token_id: Optional[int] = None
-    eos_token_ids: tuple[int, ...] = ()
-    source: str = "checkpoint"
-    kv_latent_dim: int = (
-        0  # multi-head latent attention (DeepSeek): cached elements per token and layer, K and V in one
-    )
-
-    def param_counts(self) -> tuple[int, int]:
-        """(parameters in quantizable linear layers, parameters in embedding + LM head)."""
-        h, layers = self.hidden_size, self.num_layers
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        attn = h * q + 2 * h * kv + q * h
-        mlp = 3 * h * self.intermediate_size * self.num_experts
-        linear = layers * (attn + mlp)
-        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return linear, embed + (2 * layers + 1) * h
-
-    @property
-    def num_params(self) -> int:
-        return sum(self.param_counts())
-
-
-# Published config.json values of the models the shipped build configs name, so `trt-spec plan` can show a
-# memory plan on a machine that does not hold the checkpoints. `trt-spec build` always reads the real files.
-# The 70B's published dimensions, shared by NVIDIA's pre-quantized FP8 checkpoint of it (runtime llmapi).
+# Published config.json values of the models shipped configs name, so `trt-spec plan` works without the checkpoints.
 _LLAMA_33_70B = ModelInfo("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072,
                           bos_token_id=128000, eos_token_ids=(128001, 128008, 128009))  # fmt: skip
 # fmt: off
@@ -80,8 +39,7 @@ KNOWN_MODELS: dict[str, ModelInfo] = {
                                              bos_token_id=151643, eos_token_ids=(151645,)),
     "smollm2-135m-instruct": ModelInfo("LlamaForCausalLM", 30, 576, 9, 3, 64, 1536, 49152, True, 8192,
                                        bos_token_id=1, eos_token_ids=(2,)),
-    # MoE with multi-head latent attention: 256 routed experts + 1 shared of moe_intermediate_size 2048 (the 3 dense
-    # layers are counted as MoE ones: within 2%), KV cache = kv_lora_rank 512 + qk_rope_head_dim 64 per token and layer.
+    # 256 routed + 1 shared expert (3 dense layers counted as MoE: within 2%); KV = kv_lora_rank 512 + rope dim 64.
     "deepseek-v3": ModelInfo("DeepseekV3ForCausalLM", 61, 7168, 128, 128, 128, 2048, 129280, False, 163840,
                              num_experts=257, bos_token_id=0, eos_token_ids=(1,), kv_latent_dim=576),
     "vicuna-7b-v1.3": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048,
@@ -168,8 +126,7 @@ def _packaged_model_info(spec: str, role: str, require: bool) -> ModelInfo:
 
 
 def is_imported(checkpoint: str) -> bool:
-    """A GGUF source (pkg:<module>/<file>.gguf or a .gguf path): the plan's import step converts it to a Hugging Face
-    directory at build time (trt_spec.reference.checkpoints)."""
+    """A GGUF source, which the plan's import step converts to a Hugging Face directory."""
     return checkpoint.startswith("pkg:") or checkpoint.endswith(".gguf")
 
 

@@ -1,13 +1,7 @@
-"""The GPU performance model: the speedup a config's speculative deployment should reach on its GPU at batch 1, from
-first principles (docs/performance-model.md).
+"""The GPU performance model: a config's batch-1 speculative speedup on its GPU (docs/performance-model.md).
 
-A decode step at batch 1 reads every weight once, plus the KV cache of the context, so its time is those bytes (per GPU
-under tensor parallelism) over the GPU's sustained HBM bandwidth — unless its FLOPs take longer (roofline: the larger
-of the two). A speculative round costs the draft's proposals plus one target pass over the verified tokens and yields
-E tokens; the speedup is E x (baseline step) / (round time). E = (1 - a^(d+1)) / (1 - a) (Leviathan et al. 2023) for a
-per-token acceptance a and a draft depth d, a measured from a bench report or a stated prior per mode (PRIORS).
-Not modelled: tensor-parallel all-reduce latency, kernel-launch overhead, prefill (TTFT), MoE routing, batching.
-Pure Python; the GPU figures are builder/hardware.py's GPU_RATES, the byte widths builder/memory.py's.
+Speedup = E x (baseline step) / (round time), E = Leviathan's expected tokens for acceptance a (measured or PRIORS).
+Not modelled: all-reduce latency, launch overhead, prefill, MoE routing, batching.
 """
 
 from __future__ import annotations
@@ -19,9 +13,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..errors import TrtSpecError
+from ..records.memory import BYTES_PER_WEIGHT, GIB, LLMAPI_SPEC_MODEL_WEIGHTS, kv_cache_gib
 from ..records.speculation import Mode, expected_tokens, solve_alpha
 from .hardware import GpuRates, gpu_rates
-from .memory import BYTES_PER_WEIGHT, GIB, LLMAPI_SPEC_MODEL_WEIGHTS, kv_cache_gib
 from .model_info import ModelInfo
 from .preflight import PreflightReport
 
@@ -30,15 +24,13 @@ class PerfModelError(TrtSpecError, ValueError):
     """The model cannot predict for this config or report: one line naming why and the fix."""
 
 
-# Sustained share of the datasheet HBM bandwidth a decode step reaches. Streaming copy/triad kernels sustain ~90% of
-# the datasheet figure on H100 (≈3.0–3.1 of 3.35 TB/s); GEMV-shaped decode kernels reach less. An assumption, stated
-# once, not fitted to the published figures below.
+# Sustained share of datasheet HBM bandwidth a decode step reaches: an assumption, not fitted to PUBLISHED.
 BANDWIDTH_EFFICIENCY = 0.85
-DEFAULT_CONTEXT = 2048  # tokens of context a decode step reads the KV cache of (capped by limits.max_seq_len)
+DEFAULT_CONTEXT = 2048  # context tokens whose KV cache a decode step reads (capped by max_seq_len)
 MAX_BEST_K = 16  # the largest chain draft length best_k considers
 HEAD_BYTES = 2.0  # Medusa/EAGLE heads are published and served 16-bit
 
-# -- priors: the acceptance a mode reaches when no bench report is given ---------------------------------------------
+# -- priors: a mode's acceptance when no bench report is given
 SPEC_BENCH = (
     "Spec-Bench leaderboard (github.com/hemingkx/Spec-Bench Leaderboard.md), A100, Vicuna-7B-v1.3, greedy, bs 1"
 )
@@ -46,8 +38,7 @@ SPEC_BENCH = (
 
 @dataclass(frozen=True)
 class Prior:
-    """alpha: a per-token acceptance; mean_len: mean accepted tokens per round (converted to alpha at the config's
-    draft depth); exactly one is set."""
+    """Exactly one of alpha (per-token acceptance) and mean_len (accepted tokens per round) is set."""
 
     alpha: Optional[float] = None
     mean_len: Optional[float] = None
@@ -66,9 +57,7 @@ PRIORS: dict[str, Prior] = {
         alpha=0.85, source="DeepSeek-V3 Technical Report (arXiv 2412.19437) §5.4.3: 2nd-token acceptance 85-90%"
     ),
 }
-# draft_target: Leviathan et al. 2023 (arXiv 2211.17192) Table 3, greedy (T=0) alpha of LM drafts against their
-# targets: (draft params, target params, alpha). The prior is the least-squares line of alpha over log10(draft/target),
-# read at the config's ratio (clamped to the observed alphas).
+# draft_target: (draft params, target params, greedy alpha) from LEVIATHAN_SOURCE.
 LEVIATHAN_TABLE3 = (
     (77e6, 11e9, 0.75),  # T5-XXL EnDe, T5-small
     (250e6, 11e9, 0.80),  # T5-base
@@ -81,7 +70,7 @@ LEVIATHAN_SOURCE = "Leviathan et al. 2023 (arXiv 2211.17192) Table 3, greedy alp
 
 
 def draft_target_prior(draft_params: float, target_params: float) -> float:
-    """Prior alpha of a draft model: the line through LEVIATHAN_TABLE3's greedy alphas over log10(size ratio)."""
+    """Prior alpha of a draft model: LEVIATHAN_TABLE3's least-squares line over log10(size ratio), clamped."""
     xs = [math.log10(d / t) for d, t, _ in LEVIATHAN_TABLE3]
     ys = [a for _, _, a in LEVIATHAN_TABLE3]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -90,20 +79,19 @@ def draft_target_prior(draft_params: float, target_params: float) -> float:
     return min(max(a, min(ys)), max(ys))
 
 
-# -- alpha measured by a bench run -----------------------------------------------------------------------------------
+# -- alpha measured by a bench run
 
 
 @dataclass(frozen=True)
 class MeasuredAlpha:
     alpha: float
     mean_len: float
-    k: Optional[float]  # the draft length it was measured at (mean over rounds); None: unknown, the config's is used
+    k: Optional[float]  # mean draft length measured at; None: the config's
     source: str
 
 
 def _entries(rep: dict) -> list[dict]:
-    """The runs of a bench report carrying an acceptance summary: `bench served|openai` (rep["bench"]), `bench
-    in-process` (its sweep rows), or one run's dict."""
+    """The runs of a bench report (served, in-process or one run) that carry an acceptance summary."""
     if isinstance(rep.get("bench"), list):
         return [b for b in rep["bench"] if isinstance(b, dict) and isinstance(b.get("acceptance"), dict)]
     if isinstance(rep.get("sweep"), list):
@@ -112,9 +100,9 @@ def _entries(rep: dict) -> list[dict]:
 
 
 def alpha_from_report(rep: dict, where: str = "the report", default_k: Optional[int] = None) -> MeasuredAlpha:
-    """The per-token acceptance a bench run measured: the alpha whose Leviathan E over the runs' rounds (by chosen k:
-    the draft_length_counts; else the histogram's k, the run's k, or default_k) gives the tokens they yielded (rounds +
-    accepted). A report without per-round acceptance is a PerfModelError."""
+    """The alpha whose Leviathan E over the report's rounds (by their k) gives the tokens they yielded.
+
+    Raises PerfModelError for a report without per-round acceptance."""
     rounds: dict[int, int] = {}
     accepted = spec_rounds = 0
     for e in _entries(rep):
@@ -169,12 +157,11 @@ def read_alpha(path: Path, default_k: Optional[int] = None) -> MeasuredAlpha:
     return alpha_from_report(rep, str(path), default_k)
 
 
-# -- the roofline of one pass -----------------------------------------------------------------------------------------
+# -- the roofline of one pass
 
 
 def step_bytes(info: ModelInfo, weights: str, kv_cache: str, context: int, tp: int = 1) -> float:
-    """Bytes one GPU reads for a decode step: the quantized linear layers, the 16-bit LM head (the embedding table is
-    only indexed) and the KV cache of `context` tokens, each split over tp GPUs."""
+    """Bytes one GPU reads per decode step: linear layers, 16-bit LM head, `context` tokens of KV cache; over tp."""
     if info.num_experts > 1:
         raise PerfModelError(
             f"the model has {info.num_experts} experts: a MoE step reads only its routed experts, which the "
@@ -197,8 +184,7 @@ def step_flops(info: ModelInfo, context: int, tokens: int, tp: int = 1) -> float
 def pass_seconds(
     info: ModelInfo, weights: str, kv_cache: str, context: int, tokens: int, tp: int, rates: GpuRates
 ) -> float:
-    """Roofline time of one pass: the larger of its bytes over the sustained bandwidth and its FLOPs over the dense
-    tensor peak (FP8 for FP8 weights where the GPU has it, else BF16)."""
+    """Roofline seconds of one pass: max(bytes / sustained bandwidth, FLOPs / dense FP8-or-BF16 peak)."""
     bw = rates.bandwidth_tb_s * 1e12 * BANDWIDTH_EFFICIENCY
     peak = (rates.fp8_tflops if weights == "fp8" and rates.fp8_tflops else rates.bf16_tflops) * 1e12
     return max(step_bytes(info, weights, kv_cache, context, tp) / bw, step_flops(info, context, tokens, tp) / peak)
@@ -210,7 +196,7 @@ def _head_layer_params(info: ModelInfo, fc_inputs: int) -> float:
     return 2 * h * q + 2 * h * kv + 3 * h * info.intermediate_size + fc_inputs * h * h + info.vocab_size * h
 
 
-# -- the prediction ---------------------------------------------------------------------------------------------------
+# -- the prediction
 
 CHAIN_MODES = (Mode.DRAFT_TARGET, Mode.NGRAM, Mode.EAGLE3, Mode.MTP)  # k drafts in a row, k + 1 verified
 
@@ -221,18 +207,18 @@ class Prediction:
     tp: int
     context: int
     mode: str
-    depth: int  # tokens a round can accept beyond the bonus token (k for a chain, the tree's depth)
-    verify_tokens: int  # tokens the target verifies per round (k + 1, or the tree's nodes + 1)
+    depth: int  # tokens a round can accept beyond the bonus token
+    verify_tokens: int  # tokens the target verifies per round
     alpha: float
     alpha_source: str
     tokens_per_round: float  # Leviathan E(alpha, depth)
-    target_step_ms: float  # baseline time per output token (TPOT)
+    target_step_ms: float  # baseline TPOT
     draft_ms_per_round: float
     verify_ms: float
     speculative_tpot_ms: float
     speedup: float
     break_even_alpha: Optional[float]  # None: no alpha pays at this depth
-    best_k: Optional[int]  # chain modes: the k with the highest speedup at this alpha
+    best_k: Optional[int]  # chain modes only
     best_speedup: Optional[float]
     target_gb_per_gpu: float
 
@@ -267,7 +253,7 @@ def _round_model(report: PreflightReport, rates: GpuRates, context: int) -> tupl
 
 def _depth(report: PreflightReport) -> tuple[int, int]:
     """(draft depth, verified tokens per round) of the config as served."""
-    s, k = report.config.speculative, report.speculative_record().num_draft_tokens
+    s, k = report.config.speculative, report.num_draft_tokens
     if s.mode is Mode.MEDUSA:
         return s.medusa.num_heads, report.max_draft_len + 1
     if s.mode is Mode.EAGLE:
@@ -291,7 +277,7 @@ def _prior_alpha(report: PreflightReport, depth: int) -> tuple[float, str]:
 def predict(
     report: PreflightReport, measured: Optional[MeasuredAlpha] = None, context: Optional[int] = None
 ) -> Prediction:
-    """The batch-1 prediction for a planned config on its GPU: alpha measured (a bench report) or its mode's prior."""
+    """The batch-1 prediction for a planned config on its GPU, from a measured alpha or its mode's prior."""
     cfg = report.config
     if report.gpu is None:
         raise PerfModelError(
@@ -369,7 +355,7 @@ def prediction_text(report: PreflightReport, measured: Optional[MeasuredAlpha] =
         return f"prediction: n/a ({e})"
 
 
-# -- NVIDIA's published figures the model is checked against (tests/builder/test_perf_model.py) -----------------------
+# -- published figures the model is checked against
 
 
 @dataclass(frozen=True)
@@ -377,12 +363,12 @@ class Published:
     """One published figure: what was measured, on which setup, and where."""
 
     name: str
-    config: str  # a shipped build config of the same shape, planned with `sets`
+    config: str  # a shipped build config of the same shape, with `sets` applied
     sets: Sequence[str]
     metric: str  # "speedup" | "baseline_tok_s"
     value: float
     source: str
-    outside: str = ""  # why the model is known to miss this figure by more than TOLERANCE ("" = within it)
+    outside: str = ""  # why the model misses this figure by more than TOLERANCE ("" = within)
 
 
 _BLOG_70B = (
@@ -395,7 +381,7 @@ _BLOG_MEDUSA = (
     "NVIDIA HGX H200 with NVLink Switch', Sep 2024: HGX H200 (8 GPUs, TP8), FP8, tokens/s/user, Medusa vs none"
 )
 _70B = ("target.checkpoint=/models/Llama-3.3-70B-Instruct", "speculative.max_draft_len=10")
-TOLERANCE = 0.25  # the model must land within +-25% of each published figure it claims (issue 32)
+TOLERANCE = 0.25  # relative error allowed against each figure the model claims
 PUBLISHED: tuple[Published, ...] = (
     Published("Llama 3.3 70B FP8, no draft: 51.14 tok/s", "llama33-70b-fp8-h200", _70B, "baseline_tok_s", 51.14,
               _BLOG_70B),

@@ -1,7 +1,6 @@
 """Plan: a build config + preflight report -> an ordered list of Steps (argv, env, inputs, output, fingerprint).
 
-The plan is pure: it runs nothing. `trt-spec plan` prints it (text, json, or a runnable bash script);
-`trt-spec build` hands it to the runner.
+Pure: it runs nothing; `trt-spec plan` prints it and `trt-spec build` hands it to the runner.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ class Plan:
     report: PreflightReport
     steps: list[Step]
     engines: dict[str, str]  # role -> engine directory
-    # role -> the HF directory an import/distill step writes for it (GGUF target, distilled draft); empty otherwise
+    # role -> the HF directory an import/distill step writes for it
     sources: dict[str, str] = field(default_factory=dict)
 
     def step(self, name: str) -> Step:
@@ -68,7 +67,6 @@ class Plan:
 
     def to_json(self) -> dict:
         r = self.report
-        spec = r.speculative_record()
         return {
             "name": self.name,
             "config_hash": self.config_hash,
@@ -85,9 +83,9 @@ class Plan:
             },
             "quantization": {"weights": r.quant.weights, "kv_cache": r.quant.kv_cache, "fell_back": r.quant.fell_back},
             "speculative": {
-                "mode": spec.mode,
-                "max_draft_len": spec.max_draft_len,
-                "num_draft_tokens": spec.num_draft_tokens,
+                "mode": r.config.speculative.mode.value,
+                "max_draft_len": r.max_draft_len,
+                "num_draft_tokens": r.num_draft_tokens,
             },
             "devices": {"target": r.target_devices, "draft": r.draft_devices},
             "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
@@ -147,8 +145,7 @@ class Plan:
         return "\n".join(out) + "\n"
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Fingerprints
+# -- Fingerprints
 
 
 def path_identity(path: str) -> str:
@@ -167,8 +164,7 @@ def path_identity(path: str) -> str:
 
 
 def _interpreter(arg: str) -> str:
-    """`.venv/bin/python` and `.venv/bin/python3` (how `python -m trt_spec.cli` and the `trt-spec` script start) are
-    one interpreter: the same token in a fingerprint, so neither rebuilds the other's steps."""
+    """This interpreter under any of its names is one fingerprint token, so neither rebuilds the other's steps."""
     try:
         same = os.path.basename(arg).startswith("python") and os.path.realpath(arg) == os.path.realpath(sys.executable)
     except OSError:
@@ -183,7 +179,7 @@ def _fingerprint(argv: tuple[str, ...], env: dict[str, str], input_ids: list[str
 
 
 def _finish(steps: list[Step]) -> list[Step]:
-    """Fill fingerprints in order: an input produced by an earlier step contributes that step's fingerprint."""
+    """Fill fingerprints in order; an input an earlier step produced contributes that step's fingerprint."""
     produced: dict[str, str] = {}
     out = []
     for s in steps:
@@ -194,8 +190,7 @@ def _finish(steps: list[Step]) -> list[Step]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------
-# TensorRT-LLM steps
+# -- TensorRT-LLM steps
 
 
 def _check_flags(argv: list[str], allowed: frozenset[str], tool: str) -> None:
@@ -205,8 +200,7 @@ def _check_flags(argv: list[str], allowed: frozenset[str], tool: str) -> None:
 
 
 def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str) -> Step:
-    """role: target | draft | baseline (the target's base checkpoint without Medusa/EAGLE heads). source: the HF
-    directory it reads (the configured checkpoint, or the import/distill step's output)."""
+    """role: target | draft | baseline (the target without heads); source: the HF directory it reads."""
     mode = cfg.speculative.mode
     if role == "target" and mode is Mode.EAGLE:
         return _eagle_checkpoint_step(cfg, report, role, out, source)
@@ -316,7 +310,7 @@ def _quantize_checkpoint_step(
     if q.weights in QUANTIZE_CALIBRATED or q.kv_cache != "none":
         cq = cfg.quantization
         cal = report.calibration
-        if cal is not None and cal.path is not None:  # the directory preflight checked (pkg: resolved, absolute)
+        if cal is not None and cal.path is not None:  # as preflight resolved it
             argv += ["--calib_dataset", cal.path]
             inputs.append(cal.path)
         # fmt: off
@@ -371,10 +365,9 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
         "--kv_cache_type", "paged",
         "--tokens_per_block", str(TOKENS_PER_BLOCK),
         "--use_paged_context_fmha", "enable",
-        # what builder.py decides anyway (FP8 weights + FP8 KV + paged context FMHA on SM >= 89), made explicit
+        # what trtllm-build decides anyway, made explicit (upstream-facts: trtllm-build-fp8-context-fmha)
         "--use_fp8_context_fmha", "enable" if q.fp8_context_fmha else "disable",
-        # FP32 logits (backend_contract.LOGITS_DTYPE): ModelOpt's export leaves float16, which the penalty kernel
-        # clamps at +-65504 after scaling by 1/(T + 1e-6): greedy and draft verification then pick among ties
+        # FP16 logits clamp into ties at low temperature (upstream-facts: trtllm-temperature-clamp)
         "--logits_dtype", LOGITS_DTYPE,
     ]
     # fmt: on
@@ -403,16 +396,14 @@ def _engine_step(cfg: BuildConfig, report: PreflightReport, role: str, ckpt: Pat
     )
 
 
-# The Hugging Face dtype the import and distill steps write for engine: tensorrt (quantize.py --dtype auto would turn
-# a float32 directory into float16; the LLM API serves the directory's dtype, and its attention runs 16-bit)
+# What import/distill write for GPU engines: quantize.py --dtype auto turns float32 into float16, and the LLM API
+# serves the directory's dtype with 16-bit attention.
 GPU_SOURCE_DTYPE = "bfloat16"
 
 
 def _source_steps(cfg: BuildConfig, out: Path, dtype: Optional[str] = None) -> tuple[list[Step], dict[str, str]]:
-    """The checkpoints a config names but does not have yet, as Hugging Face directories under out/hf: import-target
-    (a GGUF source -> HF dir) and distill-draft (draft.distill: a small draft distilled from the target). Both run
-    this interpreter (trt_spec.reference.*: torch + transformers; on a GPU host the image's). Returns the steps and
-    role -> HF directory (a configured directory as it is). dtype: what the steps save (None: float32)."""
+    """Steps making the HF directories a config names but lacks (import-target from GGUF, distill-draft), and
+    role -> HF directory. dtype: what they save (None: float32)."""
     py = sys.executable
     steps: list[Step] = []
     hf: dict[str, str] = {}
@@ -463,11 +454,10 @@ def _source_steps(cfg: BuildConfig, out: Path, dtype: Optional[str] = None) -> t
 
 
 def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tuple[list[Step], dict[str, str]]:
-    """import (GGUF -> HF dir) -> distill-draft or train-eagle (optional) -> export-draft -> export-target (with the
-    EAGLE-3 head in eagle mode) -> export-baseline (in-engine modes)."""
+    """import -> distill-draft or train-eagle (optional) -> export-draft -> export-target -> export-baseline."""
     steps, hf = _source_steps(cfg, out)
     head_dir = None
-    eg = cfg.speculative.eagle if "train-eagle" in cfg.recipe.steps else None  # mode eagle: an EAGLE-3 head
+    eg = cfg.speculative.eagle if "train-eagle" in cfg.recipe.steps else None
     if eg is not None and eg.train is not None:
         head_dir = str(out / "heads" / "eagle3")
         steps.append(_train_eagle_step(eg.train, report, hf["target"], head_dir))
@@ -483,7 +473,7 @@ def _reference_steps(cfg: BuildConfig, report: PreflightReport, out: Path) -> tu
 
 
 def _train_eagle_step(t: EagleTrain, report: PreflightReport, target: str, head_dir: str) -> Step:
-    """An EAGLE-3 head for the target (its HF directory) into head_dir, trained as speculative.eagle.train says."""
+    """Train an EAGLE-3 head for the target into head_dir."""
     # fmt: off
     argv = (
         sys.executable, "-m", "trt_spec.reference.train_eagle",
@@ -507,8 +497,7 @@ def _train_eagle_step(t: EagleTrain, report: PreflightReport, target: str, head_
 def _export_step(
     cfg: BuildConfig, report: PreflightReport, role: str, checkpoint: str, edir: Path, head_dir: Optional[str]
 ) -> Step:
-    """One role's reference engine (trt_spec.reference.export) from its HF checkpoint; the target's carries the
-    EAGLE-3 head in head_dir where there is one."""
+    """One role's reference engine from its HF checkpoint (the target's with the EAGLE-3 head, if any)."""
     lim = cfg.limits
     # fmt: off
     argv = (
@@ -522,11 +511,9 @@ def _export_step(
         "--logits_dtype", LOGITS_DTYPE,
     )
     # fmt: on
-    if gathers_generation_logits(cfg, role):  # as trtllm-build's flag: the stand-in refuses logits without it
+    if gathers_generation_logits(cfg, role):  # the stand-in refuses logits without it, as the executor does
         argv += ("--gather_generation_logits",)
-    # The target's engine limits as trtllm-build bakes them for every speculative mode (max_draft_len also lowers
-    # request_output_len near max_seq_len: backend_contract.OUTPUT_LEN_CLAMPED). In-engine modes (lookahead) run
-    # as plain decoding on CPU, through the same in-engine contract (return_perf_metrics, streamed responses).
+    # The target's limits as trtllm-build bakes them (max_draft_len also clamps output length: OUTPUT_LEN_CLAMPED).
     if role == "target" and cfg.speculative.mode != "none":
         # fmt: off
         argv += (
@@ -536,7 +523,7 @@ def _export_step(
         # fmt: on
     inputs: tuple[str, ...] = (checkpoint,)
     if role == "target" and head_dir is not None:
-        # the chain decides its draft length with the loop's policy, under the same key (records/draft_policy.py)
+        # the chain uses the loop's draft-length policy
         argv += ("--eagle_head", head_dir, "--eagle_draft_policy", cfg.speculative.draft_len_policy.value)
         inputs += (head_dir,)
     return Step(
@@ -550,8 +537,7 @@ def _export_step(
 
 
 def engine_roles(cfg: BuildConfig) -> list[str]:
-    """The engines a config builds: the target, the draft (draft-target mode) and, for modes that speculate inside
-    the target engine, the non-speculative baseline the ensemble serves (speculation.Mode.in_engine)."""
+    """The engines a config builds: target, draft (draft-target) and baseline (in-engine modes' ensemble)."""
     return (
         ["target"]
         + (["draft"] if cfg.draft is not None else [])
@@ -560,30 +546,26 @@ def engine_roles(cfg: BuildConfig) -> list[str]:
 
 
 def baseline_role(cfg: BuildConfig) -> Optional[str]:
-    """The engine that serves the baseline (the ensemble's): the baseline engine where the target speculates inside
-    itself (speculative.has_baseline_engine), else the target (draft-target, n-gram, none); None where the ensemble
-    would run a speculating target (baseline_engine: false: check and bench refuse to compare)."""
+    """The engine the ensemble (the baseline) serves; None where it would be a speculating target."""
     if cfg.speculative.has_baseline_engine:
         return "baseline"
     return None if cfg.speculative.mode.in_engine else "target"
 
 
 def gathers_generation_logits(cfg: BuildConfig, role: str) -> bool:
-    """Whether an engine is built with --gather_generation_logits: the engine that serves the baseline (at a divergence
-    `trt-spec check` reads its next-token logits, and the executor answers return_generation_logits only from an engine
-    built so: backend_contract.NO_GENERATION_LOGITS) and a draft whose logits rejection sampling uses."""
+    """Whether an engine gets --gather_generation_logits: the baseline's (`trt-spec check` probes its logits) and a
+    draft whose logits rejection sampling uses (NO_GENERATION_LOGITS)."""
     return role == baseline_role(cfg) or (role == "draft" and cfg.speculative.use_draft_logits)
 
 
 def llmapi_models(cfg: BuildConfig, sources: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """runtime: llmapi serves checkpoints as they are (no build step but the imports): role -> directory. The target,
-    and the draft model (draft-target) or the EAGLE-3 head (its speculative_model_dir). sources: the HF directories
-    of the import/distill steps (_source_steps), which replace the configured GGUF target and distilled draft."""
+    """runtime llmapi: role -> the checkpoint directory it serves as is (the draft role may be an EAGLE-3 head).
+    sources: import/distill outputs, which replace the configured ones."""
     sources = sources or {}
     out = {"target": sources.get("target", cfg.target.checkpoint)}
     if cfg.draft is not None:
         out["draft"] = sources.get("draft", cfg.draft.checkpoint)
-    elif "heads" in cfg.recipe.models:  # eagle3: the EAGLE-3 head, loaded as the speculative model
+    elif "heads" in cfg.recipe.models:  # eagle3
         out["draft"] = cfg.speculative.eagle3.heads_dir
     return out
 
@@ -595,10 +577,10 @@ def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) ->
     if "export" in rec.steps:
         steps, engines = _reference_steps(cfg, report, out)
         return Plan(name, cfg.config_hash(), cfg.engine, str(out), report.gpu, report, _finish(steps), engines)
-    # a GGUF target / a distilled draft: imported / distilled first (first-contact configs), then as any checkpoint
+    # a GGUF target / a distilled draft: made first, then used as any checkpoint
     pre, hf = _source_steps(cfg, out, GPU_SOURCE_DTYPE)
     sources = {s.name.split("-", 1)[1]: s.output for s in pre}
-    if "engine" not in rec.steps:  # runtime llmapi: nothing to build, the checkpoints are served as they are
+    if "engine" not in rec.steps:  # runtime llmapi: nothing to build
         return Plan(
             name,
             cfg.config_hash(),
@@ -613,15 +595,15 @@ def make_plan(cfg: BuildConfig, report: PreflightReport, source: Path | None) ->
     roles = engine_roles(cfg)
     ckpts = {r: out / "checkpoints" / r for r in roles}
     if "baseline" in roles and cfg.speculative.mode is Mode.LOOKAHEAD:
-        ckpts["baseline"] = ckpts["target"]  # lookahead: the target's checkpoint is the plain base model
+        ckpts["baseline"] = ckpts["target"]  # lookahead's target checkpoint is the plain model
     engs = {r: out / "engines" / r for r in roles}
-    src = {r: hf["draft" if r == "draft" else "target"] for r in roles}  # the baseline is built from the target's
+    src = {r: hf["draft" if r == "draft" else "target"] for r in roles}
     steps = pre + [
         _checkpoint_step(cfg, report, r, ckpts[r], src[r])
         for r in roles
         if r == "target" or ckpts[r] != ckpts["target"]
     ]
-    # Draft engine first: it is small and fails fast if the toolchain is broken.
+    # Draft engine first: small, it fails fast on a broken toolchain.
     steps += [_engine_step(cfg, report, r, ckpts[r], engs[r]) for r in reversed(roles)]
     return Plan(
         name,

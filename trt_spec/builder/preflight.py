@@ -1,9 +1,6 @@
-"""Preflight: every check that can fail a build, before any expensive step.
+"""Preflight: every check that can fail a build, before any expensive step; each failure is one PreflightError line.
 
-Each failure raises PreflightError with one line naming the problem and the fix. Checks that read
-checkpoints work offline from config.json / tokenizer files only (no torch, no transformers). Model facts
-come from trt_spec.builder.model_info, the memory plan from trt_spec.builder.memory, TensorRT-LLM's own limits from
-trt_spec.builder.trtllm; the rules that combine them with the config live here.
+Checkpoints are read offline from config.json / tokenizer files only (no torch, no transformers).
 """
 
 from __future__ import annotations
@@ -16,14 +13,19 @@ from typing import Optional
 
 from ..records.backend_contract import generation_logits_cache_bytes
 from ..records.config import BuildConfig
-from ..records.defaults import TOKENS_PER_BLOCK, served_num_draft_tokens
+from ..records.defaults import DEFAULT_KV_FRACTION, TOKENS_PER_BLOCK, served_num_draft_tokens
+from ..records.deployment import (
+    Deployment,
+    Limits,
+    Lookahead,
+    Models,
+    Placement,
+    Speculation,
+    SuffixCacheConfig,
+    WorldSize,
+)
 from ..records.llmapi_contract import EAGLE3_SUPPORT, MTP_ARCHITECTURES
-from ..records.manifest import SpeculativeRecord
-from ..records.recipes import RecipeError, recipe
-from ..records.speculation import Mode
-from .calibration import BUNDLED_CALIB_DATASET, CalibSet, calibrates, check_calib_dataset, quantizes
-from .hardware import GpuSpec
-from .memory import (
+from ..records.memory import (
     GIB,
     LLMAPI_SPEC_MODEL_WEIGHTS,
     MemoryRow,
@@ -32,10 +34,14 @@ from .memory import (
     shared_gpu_kv_fraction,
     totals_per_gpu,
 )
+from ..records.recipes import RecipeError, recipe
+from ..records.speculation import Mode
+from .calibration import BUNDLED_CALIB_DATASET, CalibSet, calibrates, check_calib_dataset, quantizes
+from .hardware import GpuSpec
 from .model_info import ModelInfo, PreflightError, is_imported, model_info_for, read_vocab
-from .trtllm import DEFAULT_KV_FRACTION, MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
+from .trtllm import MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
 
-# The CPU reference engine implements the Llama-style decoder (Llama, SmolLM2, Qwen2).
+# The CPU reference engine implements the Llama-style decoder.
 REFERENCE_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 
 VOCAB_PAD_TOLERANCE = 128
@@ -50,8 +56,7 @@ class QuantChoice:
 
     @property
     def fp8_context_fmha(self) -> bool:
-        """What tensorrt_llm/builder.py build() decides by itself (1.2): FP8 context FMHA is on with FP8 weights, an
-        FP8 KV cache and paged context FMHA on SM >= 89 (an explicit `disable` is overridden), off otherwise."""
+        """Whether trtllm-build turns FP8 context FMHA on by itself (upstream-facts: trtllm-build-fp8-context-fmha)."""
         return self.weights == "fp8" and self.kv_cache == "fp8"
 
 
@@ -66,25 +71,58 @@ class PreflightReport:
     draft_devices: list[int]
     kv_cache_free_gpu_mem_fraction: float
     max_draft_len: int
-    # max_tokens_in_paged_kv_cache of an engine that shares the target's GPUs: the draft, or the baseline of an
-    # in-engine mode (speculation.Mode.in_engine), which lives on the target's own GPUs
+    # max_tokens_in_paged_kv_cache of the draft or baseline engine sharing the target's GPUs
     draft_kv_tokens: Optional[int] = None
     memory: list[MemoryRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    head: Optional[ModelInfo] = None  # runtime llmapi eagle3: the EAGLE-3 head (loaded with the target)
-    calibration: Optional[CalibSet] = None  # the set quantize.py calibrates on; None when nothing is calibrated
+    head: Optional[ModelInfo] = None  # llmapi eagle3: the EAGLE-3 head
+    calibration: Optional[CalibSet] = None  # None when nothing is calibrated
 
-    def speculative_record(self) -> SpeculativeRecord:
-        """Speculation as this build serves it (the manifest's record; the plan shows the same): the effective
-        max_draft_len, and the k of a request that names none, the one place it is computed."""
-        s = self.config.speculative
-        return SpeculativeRecord(
-            mode=s.mode.value,
-            max_draft_len=self.max_draft_len,
-            num_draft_tokens=served_num_draft_tokens(s.default_k, self.max_draft_len),
-            ngram_size=s.ngram_size,
-            use_draft_logits=s.use_draft_logits,
+    @property
+    def num_draft_tokens(self) -> int:
+        """The k of a request that names none."""
+        return served_num_draft_tokens(self.config.speculative.default_k, self.max_draft_len)
+
+    def deployment(self, tokenizer_dir: str) -> Deployment:
+        """What this build serves, resolved once: every later stage reads this record, not the config."""
+        cfg, s = self.config, self.config.speculative
+        la = s.lookahead
+        return Deployment(
+            runtime=cfg.runtime,
+            engine=cfg.engine,
+            speculation=Speculation(
+                mode=s.mode,
+                max_draft_len=self.max_draft_len,
+                num_draft_tokens=self.num_draft_tokens,
+                ngram_size=s.ngram_size,
+                draft_len_policy=s.draft_len_policy,
+                proposer=s.proposer,
+                use_draft_logits=s.use_draft_logits,
+                suffix_cache=SuffixCacheConfig(**s.suffix_cache.model_dump()),
+                medusa_choices=s.medusa.choices if s.medusa else None,
+                eagle_choices=s.eagle.choices if s.eagle else None,
+                lookahead=Lookahead(**la.model_dump()) if la else None,
+                eagle3_one_model=s.eagle3.one_model if s.eagle3 else True,
+                num_nextn_predict_layers=s.mtp.num_nextn_predict_layers if s.mtp else None,
+            ),
+            limits=Limits(**cfg.limits.model_dump()),
+            placement=Placement(
+                target_devices=list(self.target_devices),
+                draft_devices=list(self.draft_devices),
+                kv_cache_free_gpu_mem_fraction=self.kv_cache_free_gpu_mem_fraction,
+                draft_max_tokens_in_paged_kv_cache=self.draft_kv_tokens,
+                world_size=WorldSize(
+                    cfg.target.world_size,
+                    draft_world := cfg.draft.world_size if cfg.draft else 0,
+                    cfg.target.world_size + draft_world,
+                ),
+                memory_reserve_gib=cfg.serving.memory_reserve_gib,
+            ),
+            weights=self.quant.weights,
+            kv_cache=self.quant.kv_cache,
+            tokenizer_dir=tokenizer_dir,
+            models=Models(self.target, self.draft, self.head),
         )
 
     @property
@@ -226,9 +264,9 @@ def checkpoint_quant_method(checkpoint: str) -> Optional[str]:
 
 
 def _llmapi_quantization(cfg: BuildConfig, has_fp8: bool, gname: str, cc: str) -> tuple[QuantChoice, list[str]]:
-    """runtime: llmapi. The LLM API's PyTorch path has no quantization pass (TorchLlmArgs has no quant_config,
-    llmapi_contract): FP8 weights are a pre-quantized checkpoint's (config.json quantization_config), the FP8 KV cache
-    is kv_cache_config.dtype fp8. Both need FP8 hardware (SM >= 8.9)."""
+    """runtime: llmapi, which cannot quantize: FP8 weights come pre-quantized, FP8 KV is kv_cache_config.dtype.
+
+    Both need SM >= 8.9 (upstream-facts: llmapi-pytorch-no-quant-pass)."""
     q, warnings = cfg.quantization, []
     method = checkpoint_quant_method(cfg.target.checkpoint)
     present = (Path(cfg.target.checkpoint) / "config.json").is_file()
@@ -278,10 +316,7 @@ def _llmapi_quantization(cfg: BuildConfig, has_fp8: bool, gname: str, cc: str) -
     return QuantChoice(weights=weights, kv_cache=kv), warnings
 
 
-# NVIDIA/TensorRT-LLM#7842: one-model EAGLE-3 with a 16-bit head over an FP8-KV target asserted "KV cache data type
-# e4m3 is not the same as input data type fp16" (kernels/fmhaDispatcher.cpp) on the first request; PR #8910 (merged
-# 2025-11-06) forces FP8 FMHA for that case. Whether the v1.2.1 tag carries it could not be read here (the tag is not
-# fetchable), so this is a warning with the way out, not a refusal.
+# A warning, not a refusal: the fix is unverified in 1.2.1 (upstream-facts: trtllm-eagle3-fp8-kv-assert).
 EAGLE3_FP8_KV_RISK = (
     "EAGLE-3 one-model with an FP8 KV cache: TensorRT-LLM #7842 (a 16-bit head over an FP8-KV target "
     "asserted 'KV cache data type e4m3 is not the same as input data type' on the first request) was "
@@ -291,9 +326,7 @@ EAGLE3_FP8_KV_RISK = (
 
 
 def _llmapi_checks(cfg: BuildConfig, target: ModelInfo, require: bool) -> tuple[Optional[ModelInfo], list[str]]:
-    """runtime: llmapi, before any work: the EAGLE-3 head matches the target and the target's architecture serves
-    the chosen one- or two-model form; MTP needs a model with MTP layers. Returns the head's model facts (for the
-    memory plan) and notes."""
+    """runtime: llmapi: the EAGLE-3 head fits the target and its form; MTP needs MTP layers. Returns (head, notes)."""
     s, notes = cfg.speculative, []
     head = None
     if s.mode is Mode.EAGLE3:
@@ -356,7 +389,7 @@ def effective_max_draft_len(cfg: BuildConfig) -> int:
     s = cfg.speculative
     if s.mode is Mode.NONE:
         return 0
-    if s.mode is Mode.MTP:  # MTPDecodingConfig.from_dict: max_draft_len = num_nextn_predict_layers
+    if s.mode is Mode.MTP:  # upstream-facts: llmapi-mtp-max-draft-len
         return s.mtp.num_nextn_predict_layers
     if s.mode is Mode.LOOKAHEAD:
         need = s.lookahead.max_draft_len()
@@ -371,15 +404,12 @@ def effective_max_draft_len(cfg: BuildConfig) -> int:
     return s.max_draft_len
 
 
-# What the import step (GGUF -> Hugging Face directory) needs in the build's python besides torch + transformers:
-# transformers reads GGUF with the gguf package and refuses without accelerate ("accelerate is required when loading
-# a GGUF file"). The NGC image has accelerate (TensorRT-LLM requires it), not gguf: make gpu-smoke installs it.
+# The GGUF import's needs beyond torch + transformers (upstream-facts: transformers-gguf-needs-accelerate).
 GGUF_IMPORT_MODULES = ("gguf", "accelerate")
 
 
 def _check_imported_sources(cfg: BuildConfig, target: ModelInfo, require: bool) -> None:
-    """A GGUF target (imported at build time) and a distilled draft (distilled from the imported or given target) on
-    any engine: the distiller reads a Llama teacher; the import needs GGUF_IMPORT_MODULES (checked by build)."""
+    """A GGUF target and a distilled draft: the distiller needs a Llama teacher, the import GGUF_IMPORT_MODULES."""
     import importlib.util
 
     if cfg.draft is not None and cfg.draft.distill is not None and target.architecture != "LlamaForCausalLM":
@@ -411,10 +441,8 @@ def _check_speculative(cfg: BuildConfig, k_max: int) -> None:
             "speculative.use_draft_logits needs mode draft_target (there are no draft logits otherwise)"
         )
     lim = cfg.limits
-    # runtime llmapi: every generation request of a full batch runs 1 + max_draft_len tokens per step, within
-    # max_num_tokens; one-model drafters (EAGLE-3 one-model, MTP) do not reserve the draft tokens in the scheduler on
-    # 1.2.x, so an overfull step trips "total_num_tokens (N) should be less than or equal to max_num_tokens (M)"
-    # (NVIDIA/TensorRT-LLM#16101, merged 2026-07-08; #5076: (1 + max_draft_len) * max_cuda_graph_bs <= max_num_tokens)
+    # llmapi: a full batch's step of 1 + max_draft_len tokens each must fit max_num_tokens
+    # (upstream-facts: trtllm-one-model-draft-max-num-tokens)
     if rec.llm_api and rec.drafts and lim.max_batch_size * (k_max + 1) > lim.max_num_tokens:
         raise PreflightError(
             f"limits.max_num_tokens {lim.max_num_tokens} < max_batch_size x (max_draft_len + 1) = "
@@ -457,7 +485,7 @@ def _check_parallel(role: str, tp: int, pp: int, info: ModelInfo) -> None:
 
 
 def _calibration_set(cfg: BuildConfig, quant: QuantChoice, require: bool) -> tuple[Optional[CalibSet], list[str]]:
-    """The set quantize.py calibrates on, validated as it reads it (calibration.py), and a note saying which."""
+    """The validated set quantize.py calibrates on, and a note saying which."""
     q = cfg.quantization
     if not calibrates(cfg.engine, cfg.runtime, quant.weights, quant.kv_cache):
         unused = (
@@ -484,10 +512,8 @@ def _calibration_set(cfg: BuildConfig, quant: QuantChoice, require: bool) -> tup
 def _check_calibration_fits(
     cfg: BuildConfig, quant: QuantChoice, target: ModelInfo, gpu: GpuSpec, allow_offload: Optional[bool]
 ) -> list[str]:
-    """quantize.py loads the 16-bit target on every GPU it sees (quantize_by_modelopt.get_model: device_map "auto"), so
-    the calibration peak (CALIBRATION_PEAK_FACTOR x the 16-bit weights) must fit them; beyond that accelerate offloads
-    to host memory: hours instead of minutes, and ModelOpt's export of offloaded modules is fragile. Refused unless
-    allow_offload (True: a warning; None, a caller that builds nothing: a warning)."""
+    """The calibration peak must fit the GPUs quantize.py sees, or accelerate offloads to host memory (hours, and a
+    fragile export; upstream-facts: modelopt-quantize-device-map-auto). Refused unless allow_offload (None: warns)."""
     if not quantizes(cfg.engine, cfg.runtime, quant.weights):
         return []
     need = calibration_peak_gib(target.num_params)
@@ -519,10 +545,10 @@ def run_preflight(
     allow_offload: Optional[bool] = None,
     calibration_gpu: Optional[GpuSpec] = None,
 ) -> PreflightReport:
-    """All checks, cheapest first. `require_checkpoints=False` (plan) tolerates absent checkpoints. allow_offload, for
-    a target whose quantization needs more than the GPUs hold: False (plan, build) refuses it, True (--allow-offload)
-    lets accelerate offload the rest to host memory, None (callers that build nothing: the repository, deploy) only
-    warns. calibration_gpu: the GPUs quantize.py will see (this host's, at build time); None: `gpu`."""
+    """All checks, cheapest first; `require_checkpoints=False` tolerates absent checkpoints.
+
+    allow_offload: False refuses a calibration that overflows the GPUs, True allows offload, None only warns.
+    calibration_gpu: the GPUs quantize.py will see (None: `gpu`)."""
     rec = cfg.recipe
     if rec.gpu and gpu is None:
         raise PreflightError(
@@ -585,7 +611,7 @@ def _check_mode_quantization(cfg: BuildConfig, quant: QuantChoice) -> None:
 
 
 def _distilled_draft(target: ModelInfo, d) -> ModelInfo:
-    """The facts of a draft distilled at build time (distill.DistillConfig's shape; the target's tokenizer)."""
+    """The facts of a draft distilled at build time."""
     return ModelInfo(
         **{
             **target.__dict__,
@@ -601,7 +627,7 @@ def _distilled_draft(target: ModelInfo, d) -> ModelInfo:
 
 
 def _architectures(cfg: BuildConfig) -> tuple[set[str], str]:
-    """The architectures the config's engine builds, and how to name that engine in an error."""
+    """The architectures the config's engine builds, and the engine's name for errors."""
     rec = cfg.recipe
     if not rec.gpu:
         return set(REFERENCE_ARCHITECTURES), "the reference engine"
@@ -612,8 +638,7 @@ def _architectures(cfg: BuildConfig) -> tuple[set[str], str]:
 
 
 def _model_facts(cfg: BuildConfig, require: bool) -> tuple[ModelInfo, Optional[ModelInfo], list[str]]:
-    """The target's and the draft's facts (config.json, or a draft to distill), checked against what the engine
-    builds and the configured sequence length. Returns (target, draft, notes)."""
+    """The target's and draft's facts, checked against the engine and max_seq_len. Returns (target, draft, notes)."""
     target = model_info_for(cfg.target.checkpoint, "target", require)
     draft = None
     if cfg.draft is not None and cfg.draft.distill is not None:
@@ -644,8 +669,7 @@ def _model_facts(cfg: BuildConfig, require: bool) -> tuple[ModelInfo, Optional[M
 def _runtime_checks(
     cfg: BuildConfig, target: ModelInfo, quant: QuantChoice, require: bool
 ) -> tuple[Optional[ModelInfo], list[str], list[str]]:
-    """The runtime x engine x mode is one trt-spec serves (records/recipes.py; the config refused the runtime's
-    own), and the LLM API's checks on a GPU. Returns (the EAGLE-3 head's facts, notes, warnings)."""
+    """The recipe is served, and the LLM API's GPU checks. Returns (EAGLE-3 head, notes, warnings)."""
     try:
         rec = recipe(cfg.runtime, cfg.engine, cfg.speculative.mode)
     except RecipeError as e:
@@ -668,7 +692,7 @@ def _check_parallelism(cfg: BuildConfig, target: ModelInfo, draft: Optional[Mode
 
 
 def _check_draft_compat(cfg: BuildConfig, target: ModelInfo, draft: Optional[ModelInfo]) -> tuple[list[str], list[str]]:
-    """The draft speaks the target's vocabulary: logits as wide, the same tokenizer. Returns (notes, warnings)."""
+    """The draft shares the target's vocabulary. Returns (notes, warnings)."""
     notes: list[str] = []
     warnings: list[str] = []
     if draft is not None and cfg.speculative.use_draft_logits and draft.vocab_size != target.vocab_size:
@@ -717,9 +741,8 @@ class _Devices:
 
 
 def _devices(cfg: BuildConfig, head: Optional[ModelInfo]) -> _Devices:
-    """The GPUs of the target and of the draft (or head), and the cap on a sharing engine's KV cache."""
-    # The draft never needs more KV cache than max_batch_size full sequences: cap it, or the backend's fraction
-    # of free memory lets a 1B draft that loads first take most of the GPU from the target.
+    """The target's and draft's GPUs, and the KV-cache cap of an engine sharing them."""
+    # Cap the draft at max_batch_size full sequences, or a draft that loads first takes most of the GPU.
     baseline = cfg.speculative.has_baseline_engine
     draft_kv = (
         -(-cfg.limits.max_batch_size * cfg.limits.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
@@ -731,7 +754,7 @@ def _devices(cfg: BuildConfig, head: Optional[ModelInfo]) -> _Devices:
     if cfg.draft is not None:
         d_dev = cfg.serving.draft_gpu_device_ids or t_dev[: cfg.draft.world_size]
     if cfg.recipe.llm_api and (cfg.draft is not None or head is not None):
-        d_dev = list(t_dev)  # the LLM API loads the draft or the head in the target's process, on its GPUs
+        d_dev = list(t_dev)  # the LLM API loads the draft or head in the target's process
     return _Devices(t_dev, d_dev, draft_kv)
 
 
@@ -744,8 +767,7 @@ def _memory_plan(
     head: Optional[ModelInfo],
     dev: _Devices,
 ) -> tuple[list[MemoryRow], float, list[str]]:
-    """GPU engines: the device lists fit the node, every GPU holds what loads on it. Returns (rows, the target's
-    KV-cache fraction, notes)."""
+    """Every GPU holds what loads on it. Returns (rows, the target's KV-cache fraction, notes)."""
     t_dev, d_dev, notes = dev.target, dev.draft, []
     if len(t_dev) != cfg.target.world_size:
         raise PreflightError(
@@ -774,7 +796,7 @@ def _memory_plan(
     if kv_frac is None:
         kv_frac = DEFAULT_KV_FRACTION
         shares = bool(set(t_dev) & set(d_dev))
-        # runtime llmapi: one process loads the target and the draft or head, then sizes one KV cache pool
+        # llmapi: one process, one KV cache pool
         if (shares or baseline) and not cfg.recipe.llm_api:
             kv_frac = shared_gpu_kv_fraction(memory, gpu.memory_gib)
             who = "draft" if shares else "baseline"
@@ -796,17 +818,18 @@ def _memory_rows(
     head: Optional[ModelInfo],
     dev: _Devices,
 ) -> list[MemoryRow]:
-    """One row per model per GPU: the target, the draft or the EAGLE-3 head, the baseline engine."""
+    """One row per model per GPU."""
     t_dev, d_dev = dev.target, dev.draft
-    memory = memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg)
+    sizing = (cfg.limits, cfg.serving.memory_reserve_gib)
+    memory = memory_rows("target", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, *sizing)
     spec_weights = LLMAPI_SPEC_MODEL_WEIGHTS if cfg.recipe.llm_api else quant.weights
     if draft is not None:
-        memory += memory_rows("draft", draft, spec_weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, cfg)
-    if head is not None:  # the EAGLE-3 head: its weights and its own KV cache, on the target's GPUs
-        memory += memory_rows("draft", head, spec_weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, d_dev, cfg)
-    if cfg.speculative.has_baseline_engine:  # the non-speculative target the ensemble serves: its weights again
+        memory += memory_rows("draft", draft, spec_weights, quant.kv_cache, cfg.draft.tp, cfg.draft.pp, d_dev, *sizing)
+    if head is not None:  # on the target's GPUs, with its own KV cache
+        memory += memory_rows("draft", head, spec_weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, d_dev, *sizing)
+    if cfg.speculative.has_baseline_engine:  # the target's weights again
         memory += memory_rows(
-            "baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, cfg
+            "baseline", target, quant.weights, quant.kv_cache, cfg.target.tp, cfg.target.pp, t_dev, *sizing
         )
     return memory
 

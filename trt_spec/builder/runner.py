@@ -1,15 +1,7 @@
-"""Runner: executes a Plan incrementally, atomically and resumably, then writes manifest.json
-(trt_spec/records/manifest.py).
+"""Runner: executes a Plan incrementally, atomically and resumably, then writes manifest.json.
 
-- A step whose output carries a stamp with the same fingerprint is skipped.
-- Each step writes into a hidden temporary directory next to its output, renamed on success; a failure,
-  Ctrl-C or a crash leaves no half-written output (stale temporaries are removed by the next run).
-- One build per output directory at a time (an advisory lock, released by the OS if the process dies).
-- A step's tool dies with the build: SIGINT/SIGTERM/SIGHUP stop it and remove its temporary; on Linux a build
-  killed outright (kill -9) takes the tool with it (PR_SET_PDEATHSIG).
-- The stamp records the size and sha256 of every output file; a step whose output no longer matches is rerun,
-  and the manifest carries each engine's sums (trt_spec/records/integrity.py).
-- Each step logs to <output_dir>/logs/<step>.log; a failure reports the log tail and the rerun command.
+Steps write to a temporary directory renamed on success, under a per-output-dir lock; a stamp (fingerprint, file
+sizes and sha256) skips up-to-date steps. A step's tool dies with the build, even on kill -9 (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -37,10 +29,7 @@ from ..records.manifest import (
     CalibrationRecord,
     EngineEntry,
     GpuRecord,
-    LimitsRecord,
-    RuntimeRecord,
     StepRecord,
-    WorldSize,
 )
 from ..records.procutil import die_with_parent, stop_group
 from .calibration import fingerprint as calibration_fingerprint
@@ -90,13 +79,12 @@ def read_stamp(output: Path) -> Optional[dict]:
 
 
 def is_up_to_date(step: Step) -> bool:
-    """The stamp has the step's fingerprint and every file it records still has its size and sha256 (sizes
-    first, then hashes). A changed file is logged (one line naming it) and makes the step run again."""
+    """The stamp has the step's fingerprint and every recorded file still matches; a changed file is logged."""
     out = Path(step.output)
     stamp = read_stamp(out)
     if not stamp or stamp.get("fingerprint") != step.fingerprint:
         return False
-    try:  # stamps written before checksums were recorded carry no "files": nothing to verify
+    try:  # older stamps carry no "files"
         verify(out, stamp.get("files") or {}, "rerunning the step", kind=f"step {step.name}: output file")
     except IntegrityError as e:
         log.warning("%s", e)
@@ -150,8 +138,7 @@ def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
 
 
 class _TerminateAsInterrupt:
-    """While a tool runs, SIGTERM and SIGHUP unwind like Ctrl-C, so the tool is stopped and its temporary removed.
-    Signal handlers can only be set from the main thread; elsewhere this does nothing."""
+    """SIGTERM and SIGHUP unwind like Ctrl-C while a tool runs (main thread only; elsewhere a no-op)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -182,7 +169,7 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
     with open(log_path, "w") as logf, _TerminateAsInterrupt():
         logf.write(f"$ {shlex.join(argv)}\n")
         logf.flush()
-        try:  # own session (the build's Ctrl-C is handled below), but it dies with this thread (PDEATHSIG)
+        try:  # own session (Ctrl-C is handled below), but dies with this thread (PDEATHSIG)
             proc = subprocess.Popen(
                 argv,
                 stdout=logf,
@@ -203,7 +190,7 @@ def _run_step(step: Step, log_path: Path, rerun: str) -> float:
             ) from None
         try:
             rc = proc.wait()
-        except BaseException:  # Ctrl-C / SIGTERM / SIGHUP: stop the tool's whole process group, leave nothing behind
+        except BaseException:  # Ctrl-C / SIGTERM / SIGHUP: stop the tool's process group
             stop_group(proc, grace_s=10)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -255,7 +242,6 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
     r = plan.report
     engines = {role: _engine_entry(plan, role, edir) for role, edir in plan.engines.items()}
     g = plan.gpu
-    draft_world = cfg.draft.world_size if cfg.draft else 0
     return BuildManifest(
         name=plan.name,
         config_path=str(config_path) if config_path else None,
@@ -265,20 +251,7 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(),
         tool_versions=tool_versions(plan),
         gpu=None if g is None else GpuRecord(g.name, list(g.compute_capability), g.memory_gib, g.count, g.source),
-        speculative=r.speculative_record(),
-        limits=LimitsRecord(
-            max_batch_size=cfg.limits.max_batch_size,
-            max_input_len=cfg.limits.max_input_len,
-            max_seq_len=cfg.limits.max_seq_len,
-            max_num_tokens=cfg.limits.max_num_tokens,
-        ),
-        runtime=RuntimeRecord(
-            kv_cache_free_gpu_mem_fraction=r.kv_cache_free_gpu_mem_fraction,
-            draft_max_tokens_in_paged_kv_cache=r.draft_kv_tokens,
-            target_devices=list(r.target_devices),
-            draft_devices=list(r.draft_devices),
-        ),
-        world_size=WorldSize(cfg.target.world_size, draft_world, cfg.target.world_size + draft_world),
+        deployment=r.deployment(_tokenizer_dir(plan, engines)),
         engines=engines,
         steps=[StepRecord(s.name, s.status, round(s.seconds, 3)) for s in results],
         calibration=None
@@ -294,9 +267,15 @@ def build_manifest(plan: Plan, config_path: Optional[Path], results: list[StepRe
     )
 
 
+def _tokenizer_dir(plan: Plan, engines: dict[str, EngineEntry]) -> str:
+    """The tokenizer the repository serves with: the target's HF checkpoint on GPUs, else the exported engine."""
+    cfg, target = plan.report.config, engines["target"]
+    tok = (target.checkpoint or cfg.target.checkpoint) if cfg.recipe.gpu else target.dir
+    return tok if tok.startswith("pkg:") else os.path.abspath(tok)
+
+
 def _engine_entry(plan: Plan, role: str, edir: str) -> EngineEntry:
-    """One role's engine as the manifest records it (for runtime llmapi on engine tensorrt: the checkpoint it serves,
-    with no build step)."""
+    """One role's engine as the manifest records it (llmapi on GPUs: the checkpoint it serves)."""
     cfg = plan.report.config
     r = plan.report
     model = cfg.draft if role == "draft" else cfg.target  # the baseline is the target, built plain
@@ -322,7 +301,6 @@ def _engine_entry(plan: Plan, role: str, edir: str) -> EngineEntry:
     stamp = read_stamp(Path(step.output)) or {}
     built = stamp.get("fingerprint") == step.fingerprint
     return EngineEntry(
-        # an imported / distilled source: its HF directory (the tokenizer the repository serves with)
         dir=str(Path(edir).resolve()),
         checkpoint=str(Path(plan.sources[role]).resolve()) if role in plan.sources else model.checkpoint,
         tp=model.tp,
@@ -336,7 +314,6 @@ def _engine_entry(plan: Plan, role: str, edir: str) -> EngineEntry:
         max_draft_len=r.max_draft_len if role == "target" else 0,
         gather_generation_logits="--gather_generation_logits" in step.argv,
         step=step.name,
-        # as the build wrote it (verified by the run that writes this manifest); None before the engine is built
         files=stamp.get("files") if built else None,
     )
 

@@ -1,42 +1,8 @@
-"""Dynamo bundle: a `runtime: llmapi` build (or a config's plan) -> NVIDIA Dynamo's TensorRT-LLM worker, its OpenAI
-frontend, and a DynamoGraphDeployment for Dynamo's Kubernetes operator, from the same LLM arguments as model.yaml.
+"""`trt-spec deploy dynamo`: a `runtime: llmapi` build (or a config's plan) -> an NVIDIA Dynamo bundle.
 
-`trt-spec deploy dynamo BUILD_DIR|CONFIG --out DIR` writes, atomically:
-- DIR/extra-engine-args.yaml: the LLM's arguments (deploy/llm_api.py engine_args: model.yaml's, one source), which
-  `python -m dynamo.trtllm --extra-engine-args FILE` merges over its own defaults;
-- DIR/launch.sh: the frontend and the worker; on one node with file-based discovery (no etcd, no NATS), past one
-  node the worker under srun with trtllm-llmapi-launch and etcd for discovery;
-- DIR/dynamo-graph-deployment.yaml: a ConfigMap holding the engine args and a DynamoGraphDeployment (Frontend +
-  TRTLLMWorker, `multinode.nodeCount` when the plan's GPUs exceed a node), when the checkpoints live under the
-  claim's mount path;
-- DIR/README.md.
-
-What Dynamo does, as read at the pinned release (ai-dynamo 1.6.1 from PyPI, its wheel's sources; the GitHub repository
-is too large to fetch here, so its examples and operator types were read at stored versions, named below):
-- WORKER = dynamo/trtllm/backend_args.py: flags --model (alias --model-path), --served-model-name,
-  --tensor-parallel-size, --pipeline-parallel-size, --extra-engine-args; dynamo/trtllm/workers/llm_worker.py builds
-  the LLM's kwargs from those flags, then `update_llm_args_with_extra_options(arg_map, extra_engine_args)`: the file's
-  keys win, so the file alone decides the plan (trt-spec passes the same TP and PP as flags too: the release's
-  profiler reads them from the flags, dynamo/profiler/utils/config.py _get_per_instance_gpus).
-- RUNTIME = dynamo/common/configuration/groups/runtime_args.py, shared by worker and frontend:
-  --discovery-backend {kubernetes,etcd,file,mem} (default etcd; file: a directory, DYN_FILE_KV),
-  --request-plane (default tcp), --event-plane (zmq unless set): on one host nothing but the two processes is needed;
-  past one host the ranks' leader and the frontend must share discovery (etcd, ETCD_ENDPOINTS).
-- FRONTEND = dynamo/frontend/frontend_args.py: --http-port (default 8000), --router-mode (default round-robin).
-  Started here from the installed wheel (no GPU): `python -m dynamo.frontend --http-port P --discovery-backend file`
-  answers /health and /v1/models (tests/deploy/test_dynamo.py, when TRT_SPEC_DYNAMO_PYTHON names a Python with it).
-- IMAGE = dynamo/profiler/templates/dgd/trtllm/agg.yaml: nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1; the
-  wheel's `trtllm` extra pins tensorrt-llm==1.3.0rc29 (METADATA), the TensorRT-LLM that image runs.
-- DGD = the release's own DGD model, dynamo/profiler/utils/config.py (apiVersion nvidia.com/v1beta1,
-  spec.components[] with name, type, replicas, podTemplate, multinode.nodeCount) and setup_worker_component_resources
-  (a multi-node worker's pod asks for min(GPUs, GPUs per node) and nodeCount = ceil(GPUs / GPUs per node)); operator
-  types deploy/operator/api/v1beta1/common.go @ 02911c80 (ComponentType enum, MultinodeSpec nodeCount >= 2) and
-  dynamographdeployment_types.go @ 0fddc01b (backendFramework, components, env); examples
-  examples/backends/trtllm/deploy/v1beta1/agg-with-config.yaml @ 2ac51dda (engine args from a ConfigMap volume) and
-  disagg-multinode.yaml @ 04521f47 (a TP8 worker on nodeCount 2 x 4 GPUs, OMPI_ALLOW_RUN_AS_ROOT in spec.env: the
-  operator launches the ranks under MPI itself).
-- MULTINODE = the "Multi-node TRTLLM Workers with Dynamo on Slurm" example README (stored version): one worker over
-  several nodes is one MPI world (srun or mpirun) whose ranks run trtllm-llmapi-launch; etcd reachable by all.
+Writes extra-engine-args.yaml (model.yaml's LLM arguments; upstream-facts: dynamo-worker-flags), launch.sh (frontend
+and worker: file discovery on one node, srun + etcd past one), a DynamoGraphDeployment when the checkpoints are on
+the claim (upstream-facts: dynamo-dgd-model), and a README.
 """
 
 from __future__ import annotations
@@ -57,24 +23,26 @@ from .llm_api import check_port, checkpoint, engine_args, load, node_layout, wri
 
 WHAT = "Dynamo"
 DYNAMO_VERSION = "1.6.1"  # ai-dynamo on PyPI
-DYNAMO_IMAGE = f"nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:{DYNAMO_VERSION}"  # IMAGE
-DYNAMO_TRTLLM_VERSION = "1.3.0rc29"  # IMAGE: the wheel's trtllm extra
-DGD_API_VERSION = "nvidia.com/v1beta1"  # DGD
+# (upstream-facts: dynamo-trtllm-image)
+DYNAMO_IMAGE = f"nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:{DYNAMO_VERSION}"
+DYNAMO_TRTLLM_VERSION = "1.3.0rc29"
+DGD_API_VERSION = "nvidia.com/v1beta1"
 DGD_KIND = "DynamoGraphDeployment"
-FRONTEND_PORT = 8000  # FRONTEND --http-port default
+FRONTEND_PORT = 8000  # dynamo.frontend's --http-port default
 ENGINE_ARGS_FILE = "extra-engine-args.yaml"
 LAUNCH_FILE = "launch.sh"
 DGD_FILE = "dynamo-graph-deployment.yaml"
 README_FILE = "README.md"
-ENGINE_ARGS_DIR = "/etc/trt-spec"  # where the DGD's worker mounts the ConfigMap
-MODELS_CLAIM = "models"  # the PersistentVolumeClaim the checkpoints are on (the upstream multinode example's name)
+ENGINE_ARGS_DIR = "/etc/trt-spec"  # the worker's ConfigMap mount
+MODELS_CLAIM = "models"  # the checkpoints' PersistentVolumeClaim, named as in Dynamo's multinode example
 FRONTEND_CMD = ["python3", "-m", "dynamo.frontend"]
 WORKER_CMD = ["python3", "-m", "dynamo.trtllm"]
 
 
 def worker_args(m: BuildManifest, args: dict, engine_args_path: str, discovery: Optional[str]) -> list[str]:
-    """dynamo.trtllm's flags (WORKER): the checkpoint, the served name, the engine args file, TP and PP (the file's
-    numbers), and the discovery backend (RUNTIME; None: the environment's, as the operator sets it)."""
+    """dynamo.trtllm's flags; discovery None leaves it to the environment (the operator sets it).
+
+    TP and PP repeat the file's numbers (upstream-facts: dynamo-worker-flags)."""
     argv = [
         "--model",
         checkpoint(m),
@@ -99,7 +67,7 @@ def _q(a: str) -> str:
 
 
 def _lines(argv: list[str], head: int, indent: str = "") -> str:
-    """A command over several lines: its first `head` words, then a flag and its value a line."""
+    """A command over several lines: the first `head` words, then one flag and value per line."""
     out = [" ".join(_q(a) for a in argv[:head])]
     out += [f"{_q(argv[i])} {_q(argv[i + 1])}" for i in range(head, len(argv), 2)]
     return f" \\\n{indent}  ".join(out)
@@ -110,7 +78,7 @@ def launch_sh(m: BuildManifest, source: Path, args: dict, ranks: int, nodes: int
     head = (
         "#!/usr/bin/env bash\n"
         f"# Dynamo {DYNAMO_VERSION} for {m.name}: written by trt-spec {__version__} deploy dynamo from {source}\n"
-        f"# (config {m.config_hash[:12]}); regenerate rather than edit. {m.speculative.mode} speculation inside "
+        f"# (config {m.config_hash[:12]}); regenerate rather than edit. {m.speculation.mode} speculation inside "
         f"TensorRT-LLM's LLM API,\n# TP{m.target.tp} x PP{m.target.pp} on {where}; the LLM's arguments: "
         f"{ENGINE_ARGS_FILE}.\n# Run inside {DYNAMO_IMAGE}.\n"
         "set -euo pipefail\n"
@@ -147,7 +115,7 @@ def model_dirs(m: BuildManifest, args: dict) -> list[str]:
 
 
 def on_claim(dirs: list[str]) -> bool:
-    """The checkpoints are under the claim's mount path (defaults.K8S_MOUNT_PATH, as the Helm chart's)."""
+    """Whether every checkpoint is under the claim's mount path."""
     mount = defaults.K8S_MOUNT_PATH.rstrip("/") + "/"
     return all(posixpath.normpath(d).startswith(mount) for d in dirs)
 
@@ -157,8 +125,7 @@ def _container(args: list[str], command: list[str]) -> dict:
 
 
 def dgd(m: BuildManifest, args: dict, nodes: int, per: int, port: int) -> list[dict]:
-    """The ConfigMap with the engine args and the DynamoGraphDeployment (DGD): a Frontend and one TRTLLMWorker whose
-    pod(s) mount the ConfigMap and the checkpoints' claim; multinode.nodeCount past one node."""
+    """The engine-args ConfigMap and the DynamoGraphDeployment (Frontend + TRTLLMWorker)."""
     name = chart_name(m)
     cm = f"{name}-engine-args"
     worker = _container(worker_args(m, args, f"{ENGINE_ARGS_DIR}/{ENGINE_ARGS_FILE}", None), WORKER_CMD)
@@ -182,7 +149,7 @@ def dgd(m: BuildManifest, args: dict, nodes: int, per: int, port: int) -> list[d
         "podTemplate": {"spec": {"containers": [_container(frontend_args(port, None), FRONTEND_CMD)]}},
     }
     spec: dict = {"backendFramework": "trtllm", "components": [frontend, worker_component]}
-    if nodes > 1:  # DGD: as the upstream multinode example (the image runs as root; mpirun refuses root otherwise)
+    if nodes > 1:  # the image runs as root (upstream-facts: dynamo-multinode-root-env)
         spec["env"] = [
             {"name": "OMPI_ALLOW_RUN_AS_ROOT", "value": "1"},
             {"name": "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "value": "1"},
@@ -198,7 +165,7 @@ def dgd(m: BuildManifest, args: dict, nodes: int, per: int, port: int) -> list[d
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (the ConfigMap's engine args) as literal blocks."""
+    """Multi-line strings as literal blocks."""
 
 
 _Dumper.add_representer(
@@ -239,7 +206,7 @@ def readme(m: BuildManifest, source: Path, args: dict, ranks: int, nodes: int, p
     return f"""# Dynamo: {m.name}
 
 Written by `trt-spec deploy dynamo {source}` (trt-spec {__version__}); regenerate rather than edit. NVIDIA Dynamo
-{DYNAMO_VERSION}'s TensorRT-LLM worker ({m.speculative.mode} speculation inside the LLM API, TP{m.target.tp} x
+{DYNAMO_VERSION}'s TensorRT-LLM worker ({m.speculation.mode} speculation inside the LLM API, TP{m.target.tp} x
 PP{m.target.pp} on {where}) behind Dynamo's OpenAI frontend on port {port}.
 
 - `{ENGINE_ARGS_FILE}`: the LLM's arguments, those of the Triton LLM-API model's `model.yaml` for this
@@ -266,8 +233,9 @@ def write_bundle(
     sets: Iterable[str] = (),
     gpu: Optional[str] = None,
 ) -> Path:
-    """Write DIR atomically (temp dir, then rename; safe to rerun over an earlier bundle). Every check runs before
-    anything is written. Raises LlmApiArgsError, or ConfigError/PreflightError/HardwareError."""
+    """Write the bundle to `out` atomically, after every check.
+
+    Raises LlmApiArgsError, or ConfigError/PreflightError/HardwareError."""
     m = load(source, sets, gpu, what=WHAT)
     lay = node_layout(m, gpus_per_node)
     ranks, nodes, per = lay.ranks, lay.nodes, lay.gpus_per_node

@@ -1,16 +1,8 @@
-"""Kubernetes bundle: a build manifest (or a config's plan) -> a Helm chart for the GPU deployment.
+"""`trt-spec deploy k8s`: a build manifest (or a config's plan) -> a Helm chart for the GPU deployment.
 
-`trt-spec deploy k8s BUILD_DIR|CONFIG --out DIR` writes DIR/ as a Helm chart (Chart.yaml, values.yaml, templates/)
-plus DIR/prometheus-adapter-values.yaml, following NVIDIA's guide (triton-inference-server/tutorials,
-Deployment/Kubernetes/TensorRT-LLM_Autoscaling_and_Load_Balancing): the pinned NGC image, a PersistentVolumeClaim
-with a Job that runs `trt-spec build` and `trt-spec repo` into it, one Deployment (one pod per replica, on one node)
-serving with trt-spec's own launch, a Service, a PodMonitor, an HPA on Triton's queue-to-compute ratio, a
-PodDisruptionBudget and an alert on speculative acceptance.
-
-The templates are static package data (trt_spec/deploy/chart/templates); this module writes what the build decides
-(values.yaml: `plan` holds the facts, everything else is a knob) and checks, before writing anything, that the
-plan fits the nodes. Helm renders the templates; the tests render them with Helm's own engine and validate every
-object against the Kubernetes and CRD schemas.
+The templates are static package data (deploy/chart/templates); this module writes values.yaml (`plan` holds the
+build's facts, the rest are knobs) and prometheus-adapter values, after checking the plan fits the nodes
+(upstream-facts: k8s-autoscaling-guide).
 """
 
 from __future__ import annotations
@@ -34,35 +26,30 @@ from ..errors import TrtSpecError
 from ..records import defaults
 from ..records.atomic import replacing_dir
 from ..records.manifest import BuildManifest, ManifestError
-from ..records.speculation import Mode, break_even_acceptance
+from ..records.speculation import break_even_acceptance
 
 CHART_SOURCES = Path(__file__).parent / "chart"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
 ADMIN_KEY_FILE = "/var/run/trt-spec/admin/key"
-OPENAI_KEY_FILE = "/var/run/trt-spec/openai/key"  # the OpenAI API key, from server.openaiApiKeySecret
-TRITON_UID = 1000  # user triton-server in NVIDIA's tritonserver images (see values.yaml: podSecurityContext)
+OPENAI_KEY_FILE = "/var/run/trt-spec/openai/key"  # from server.openaiApiKeySecret
+TRITON_UID = 1000  # (upstream-facts: tritonserver-image-uid)
 
 
 class DeployError(TrtSpecError, ValueError):
-    """Bad input for a deployment bundle: one line naming the problem and the fix."""
+    """Bad input for a deployment bundle."""
 
 
 @dataclass(frozen=True)
 class Layout:
     """How the plan's GPUs land on nodes."""
 
-    ranks: int  # GPUs the plan needs: target TP x PP, plus the draft's own GPUs where it has them
+    ranks: int  # target TP x PP plus the draft's own GPUs
     gpus_per_node: int
-    single_process: bool  # one tritonserver process holds every GPU (no mpirun)
+    single_process: bool  # no mpirun
 
 
-# Multi-node serving is refused, not half-supported. NVIDIA's multi-node launch (triton-inference-server/tutorials
-# Deployment/Kubernetes EKS and LeaderWorkerSet guides) runs the tensorrtllm backend in leader mode under
-# `mpirun --host pod0:G,pod1:G -mca plm_rsh_agent kubessh` (kubectl exec: kubectl in the image and pods/exec RBAC; the
-# NGC image has no sshd), sets `num_nodes` whenever `gpu_device_ids` is set (the executor checks deviceIds x numNodes
-# == tp x pp) and cannot use orchestrator mode (`--multi-model`: single node only, tensorrtllm_backend README), which
-# trt-spec needs for a draft beside a multi-GPU target. None of that can be tried here; a chart that cannot start
-# would be worse than this line.
+# Refused rather than half-supported: multi-node needs leader mode, which rules out the orchestrator mode a draft
+# beside a multi-GPU target needs (upstream-facts: multi-node-leader-mode).
 MULTI_NODE_REFUSED = (
     "{name}: the plan needs {ranks} GPUs but nodes have {per}; trt-spec serves a replica on one node "
     "(multi-node launch is not supported here): use nodes with >= {ranks} GPUs, or lower the target's "
@@ -72,10 +59,10 @@ MULTI_NODE_REFUSED = (
 
 @dataclass(frozen=True)
 class Acceptance:
-    k: int  # the served default draft length
-    c: float  # draft cost per token in target decode steps
-    r: float  # verification cost in decode steps
-    threshold: float  # break_even_acceptance(k, c, r), or the --min-acceptance override
+    k: int  # served default draft length
+    c: float  # draft cost per token, in target decode steps
+    r: float  # verification cost, in decode steps
+    threshold: float
     why: str
 
 
@@ -84,8 +71,9 @@ class Acceptance:
 
 
 def load_manifest(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> BuildManifest:
-    """BUILD_DIR (its manifest.json) or CONFIG (its plan, before the build). Refuses a CPU (reference) deployment.
-    Raises DeployError, or ConfigError/PreflightError/HardwareError from planning a config (one line each)."""
+    """The manifest of BUILD_DIR, or CONFIG's plan; refuses a CPU deployment.
+
+    Raises DeployError, or ConfigError/PreflightError/HardwareError from planning."""
     from ..builder.pipeline import manifest_from
 
     source = Path(source)
@@ -108,14 +96,15 @@ def load_manifest(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = N
 
 
 def plan_ranks(m: BuildManifest) -> int:
-    """GPUs the deployment needs: the target's devices (TP x PP) and the draft's, counted once where shared."""
-    return len(set(m.runtime.target_devices) | set(m.runtime.draft_devices)) or m.world_size.target
+    """GPUs the deployment needs: target and draft devices, shared ones counted once."""
+    pl = m.deployment.placement
+    return len(set(pl.target_devices) | set(pl.draft_devices)) or pl.world_size.target
 
 
 def layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> Layout:
     """Raises DeployError when the plan's GPUs cannot be placed on nodes of gpus_per_node GPUs (default: the GPU
     count the plan was made for, at most defaults.GPUS_PER_NODE)."""
-    from ..repository.writer import RepoSettings, mpi_ranks
+    from ..repository.writer import mpi_ranks, orchestrator
 
     ranks = plan_ranks(m)
     per = gpus_per_node if gpus_per_node is not None else min(m.gpu.count if m.gpu else ranks, defaults.GPUS_PER_NODE)
@@ -123,8 +112,7 @@ def layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> Layout:
         raise DeployError(f"--gpus-per-node must be >= 1, got {per}")
     if ranks > per:
         raise DeployError(MULTI_NODE_REFUSED.format(name=m.name, ranks=ranks, per=per))
-    s = RepoSettings.from_manifest(m)
-    return Layout(ranks, per, mpi_ranks(s) == 1 and not s.orchestrator)
+    return Layout(ranks, per, mpi_ranks(m.deployment, m.engines) == 1 and not orchestrator(m.engines))
 
 
 def model_sizes(m: BuildManifest) -> tuple[int, Optional[int]]:
@@ -147,18 +135,17 @@ class BuildResources:
 
 
 def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) -> BuildResources:
-    """The build Job's GPUs and memory from the plan: FP8/INT8/INT4 calibration loads the target's 16-bit weights
-    (preflight's estimate: x memory.CALIBRATION_PEAK_FACTOR at peak) into GPU memory, so the Job asks for the GPUs
-    that hold that (at least the serving pod's), and host memory for the 16-bit checkpoint it reads (x1.25 + 32 GiB).
-    A node size given with --gpus-per-node that cannot hold the calibration is refused with the fix."""
-    from ..builder.memory import CALIBRATION_PEAK_FACTOR, GIB, calibration_peak_gib
+    """The build Job's GPUs (enough for calibration's 16-bit peak) and host memory (the 16-bit checkpoint).
+
+    Raises DeployError when a given --gpus-per-node cannot hold the calibration."""
+    from ..records.memory import CALIBRATION_PEAK_FACTOR, GIB, calibration_peak_gib
 
     gpus = min(lay.ranks, lay.gpus_per_node)
     target_params, _ = model_sizes(m)
     weights16 = target_params * 2 / GIB
     memory = int(math.ceil((weights16 * 1.25 + 32) / 16) * 16)
     weights = m.engines["target"].weights if "target" in m.engines else ""
-    if m.config.recipe.llm_api:  # the LLM API builds at load: the Job only writes the repository
+    if m.config.recipe.llm_api:  # builds at load: the Job only writes the repository
         return BuildResources(gpus, 64, "runtime llmapi builds nothing ahead: the serving pod's GPUs, 64 GiB")
     if m.gpu is None or weights in ("bf16", "fp16", "fp32"):
         return BuildResources(
@@ -186,13 +173,13 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
 
 
 def acceptance(m: BuildManifest, min_acceptance: Optional[float] = None) -> Acceptance:
-    """The acceptance under which speculation at the served k loses: a* = c + (r - 1) / k with r = 1 (a GPU at
-    small batch verifies k+1 tokens in about one decode step) and c = draft/target parameters (decode is
-    bandwidth-bound: a step costs what its weights weigh), 0 for draft-free modes."""
-    k = m.speculative.num_draft_tokens
+    """Break-even acceptance a* = c + (r - 1) / k at the served k.
+
+    c = draft/target parameters (decode is bandwidth-bound), 0 for draft-free modes; r = 1 on a GPU."""
+    k = m.speculation.num_draft_tokens
     r = defaults.VERIFY_COST_GPU
-    if Mode(m.speculative.mode).draft_free:
-        c, why = 0.0, f"{m.speculative.mode}: no draft model (c = 0)"
+    if m.speculation.mode.draft_free:
+        c, why = 0.0, f"{m.speculation.mode}: no draft model (c = 0)"
     else:
         target, draft = model_sizes(m)
         if draft is None:
@@ -208,7 +195,7 @@ def acceptance(m: BuildManifest, min_acceptance: Optional[float] = None) -> Acce
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The launch: trt-spec's own (trt_spec/serve/launch.py launch_spec), as `trt-spec serve --dry-run` prints it
+# The launch
 
 
 def pod_paths(m: BuildManifest) -> dict[str, str]:
@@ -222,16 +209,13 @@ def pod_paths(m: BuildManifest) -> dict[str, str]:
 
 
 def launch(m: BuildManifest, repository: str, *, admin_key: bool):
-    """trt-spec's launch command for this deployment, with the repository at its path in the pod: a pure function of
-    the repository's record (what `trt-spec repo` will write there: world size, orchestrator mode, GPU ids), computed
-    from the manifest; nothing is written or read to compute it."""
+    """trt-spec's launch argv for the repository's pod path, computed from the manifest alone."""
     from ..repository.writer import repo_record
-    from ..serve.launch import launch_spec
+    from ..serve.launch import ServedRepository, launch_spec
     from ..serve.locate import NGC_TRITONSERVER
 
     spec = launch_spec(
-        Path(repository),
-        record=repo_record(m),
+        ServedRepository(Path(repository), repo_record(m)),
         binary=NGC_TRITONSERVER,
         host="0.0.0.0",
         admin_key_file=Path(ADMIN_KEY_FILE) if admin_key else None,
@@ -250,8 +234,7 @@ def chart_name(m: BuildManifest) -> str:
 
 
 def build_config_text(m: BuildManifest, paths: dict[str, str], gpu: Optional[str]) -> str:
-    """The deployment's config as the build Job reads it: output_dir on the claim (checkpoint paths as configured:
-    put the checkpoints there on the claim, or edit plan.buildConfig)."""
+    """The config the build Job reads, with output_dir on the claim."""
     data = m.config.model_dump(mode="json")
     data["name"] = m.name
     data["output_dir"] = paths["buildDir"]
@@ -278,11 +261,11 @@ def _j(v) -> str:
     return json.dumps(v)
 
 
-VALUES_TEMPLATE = Path(__file__).parent / "values.yaml.in"  # every knob, documented; ${...} filled from the build
+VALUES_TEMPLATE = Path(__file__).parent / "values.yaml.in"
 
 
 class _PlanDumper(yaml.SafeDumper):
-    """Multi-line strings (the build script and config) as literal blocks: readable in values.yaml and in diffs."""
+    """Multi-line strings as literal blocks."""
 
 
 _PlanDumper.add_representer(
@@ -291,15 +274,14 @@ _PlanDumper.add_representer(
 
 
 def plan_values(m: BuildManifest, lay: Layout, acc: Acceptance, *, gpu: Optional[str], env: dict) -> dict:
-    """values.yaml's `plan` block: the build's facts the templates read (regenerate the chart to change them); env:
-    the environment of the pod's launch line."""
+    """values.yaml's `plan` block: the build's facts the templates read."""
     paths = pod_paths(m)
     return {
         "name": m.name,
         "configHash": m.config_hash,
         "ranks": lay.ranks,
         "singleProcess": lay.single_process,
-        "speculativeMode": m.speculative.mode,
+        "speculativeMode": m.speculation.mode.value,
         "numDraftTokens": acc.k,
         "queueComputeMetric": defaults.QUEUE_COMPUTE_METRIC,
         "queueComputeRule": QUEUE_COMPUTE_RULE,
@@ -319,8 +301,7 @@ def plan_values(m: BuildManifest, lay: Layout, acc: Acceptance, *, gpu: Optional
 
 
 def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *, gpu: Optional[str]) -> str:
-    """values.yaml: the shipped, documented knobs (values.yaml.in, a few filled from the build) and the `plan` block
-    dumped from plan_values, under comments that say where its GPUs are and what the pod runs."""
+    """values.yaml: the knobs from values.yaml.in, then the `plan` block."""
     paths = pod_paths(m)
     argv, spec = launch(m, paths["repository"], admin_key=False)
     res = build_resources(m, lay, False)
@@ -362,7 +343,7 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
         why=acc.why,
         min_acceptance=repr(acc.threshold),
     )
-    dev = m.runtime
+    dev = m.deployment.placement
     draft = f", draft on GPU(s) {dev.draft_devices}" if m.draft else ""
     shown = shlex.join(argv).replace(spec.admin_key, spec.admin_key_shown)
     plan = yaml.dump(
@@ -375,15 +356,14 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
     )
 
 
-# NVIDIA's recording rule (their autoscaling tutorial's triton-metrics_prometheus-rule.yaml): time requests spent
-# queued over time they spent computing, per series, over 1 minute. The chart's PrometheusRule records it.
+# queued over computing time, per series (upstream-facts: k8s-queue-compute-rule)
 QUEUE_COMPUTE_RULE = (
     "rate(nv_inference_queue_duration_us[1m]) / clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)"
 )
 
 
 def adapter_values_yaml() -> str:
-    """prometheus-adapter values (rules.custom) that serve the recorded ratio to the HPA under its own name."""
+    """prometheus-adapter values that serve the recorded ratio to the HPA."""
     name = defaults.QUEUE_COMPUTE_METRIC
     query = "sum by (<<.GroupBy>>) (<<.Series>>{<<.LabelMatchers>>})"
     return f"""\
@@ -414,7 +394,7 @@ def chart_yaml(m: BuildManifest) -> str:
     return f"""\
 apiVersion: v2
 name: {chart_name(m)}
-description: {_j(f"trt-spec speculative decoding deployment {m.name} ({m.speculative.mode}) on Triton + TensorRT-LLM")}
+description: {_j(f"trt-spec speculative decoding deployment {m.name} ({m.speculation.mode}) on Triton + TensorRT-LLM")}
 type: application
 version: {__version__}
 appVersion: {_j(tag)}
@@ -431,8 +411,7 @@ def write_chart(
     sets: Iterable[str] = (),
     gpu: Optional[str] = None,
 ) -> Path:
-    """Write the chart to `out` atomically (temp dir, then rename; safe to rerun over an earlier chart). Every check
-    runs before anything is written. Returns `out`."""
+    """Write the chart to `out` atomically, after every check; returns `out`."""
     m = load_manifest(source, sets, gpu)
     cfg = m.config
     if is_imported(cfg.target.checkpoint) or (cfg.draft is not None and cfg.draft.distill is not None):
@@ -442,7 +421,7 @@ def write_chart(
             "and draft.checkpoint are Hugging Face directories"
         )
     lay = layout(m, gpus_per_node)
-    build_resources(m, lay, gpus_per_node is not None)  # refused before anything is written
+    build_resources(m, lay, gpus_per_node is not None)  # may refuse
     if min_acceptance is not None and not 0.0 <= min_acceptance <= 1.0:
         raise DeployError(f"--min-acceptance must be in [0, 1], got {min_acceptance}")
     acc = acceptance(m, min_acceptance)

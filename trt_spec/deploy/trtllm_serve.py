@@ -1,13 +1,5 @@
-"""trtllm-serve bundle: a `runtime: llmapi` build (or a config's plan) -> the files that serve it with TensorRT-LLM's
-own OpenAI server, outside Triton (records/llmapi_contract.py, TRTLLM_SERVE_*: the flags and their sources).
-
-`trt-spec deploy trtllm-serve BUILD_DIR|CONFIG --out DIR` writes, atomically:
-- DIR/extra_llm_api_options.yaml: the LLM's arguments, deploy/llm_api.py engine_args: model.yaml's (the Triton
-  LLM-API model's), so both paths load the same speculative model with the same memory plan;
-- DIR/launch.sh: `trtllm-serve MODEL --backend pytorch --host --port`, the parallelism and limits as flags (the same
-  numbers as the YAML: whichever of the two wins in a TensorRT-LLM version, the plan is the same) and
-  `--extra_llm_api_options`; a plan wider than a node runs under srun or mpirun with trtllm-llmapi-launch;
-- DIR/README.md: what to run, on which image, and a request to try it.
+"""`trt-spec deploy trtllm-serve`: a `runtime: llmapi` build (or a config's plan) -> a bundle serving it with
+TensorRT-LLM's own OpenAI server: extra_llm_api_options.yaml (model.yaml's LLM arguments), launch.sh and a README.
 """
 
 from __future__ import annotations
@@ -33,9 +25,9 @@ README_FILE = "README.md"
 BUNDLE_FILES = (OPTIONS_FILE, LAUNCH_FILE, README_FILE)
 SERVE = "trtllm-serve"
 OPTIONS_PATH = f"$HERE/{OPTIONS_FILE}"  # launch.sh sets HERE to its own directory
-LAUNCHERS = ("srun", "mpirun")  # past one node (LAUNCHER=...; srun first: the trtllm-serve docs' multi-node example)
+LAUNCHERS = ("srun", "mpirun")  # srun is the default (upstream-facts: trtllm-serve-multinode-srun)
 
-# trtllm-serve flag -> the path of the same value in the LLM's arguments (engine_args): one source for both
+# trtllm-serve flag -> the same value's path in engine_args, so flags and YAML agree whichever wins
 FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "--backend": ("backend",),
     "--tp_size": ("tensor_parallel_size",),
@@ -55,7 +47,7 @@ def _value(args: dict, path: tuple[str, ...]):
 
 
 def serve_argv(m: BuildManifest, args: dict, *, host: str, port: int) -> list[str]:
-    """trtllm-serve's command line: MODEL, the flags (values from the LLM's arguments `args`) and the options file."""
+    """trtllm-serve's argv: MODEL, the flags (values from `args`) and the options file."""
     argv = [SERVE, checkpoint(m), "--backend", str(args["backend"]), "--host", host, "--port", str(port)]
     for flag, path in FLAG_KEYS.items():
         if flag != "--backend":
@@ -64,11 +56,11 @@ def serve_argv(m: BuildManifest, args: dict, *, host: str, port: int) -> list[st
 
 
 def launcher_argv(lay: NodeLayout, launcher: str) -> list[str]:
-    """The multi-node prefix: every rank runs trtllm-llmapi-launch, rank 0 the server (records: LAUNCH)."""
+    """The multi-node prefix: every rank runs trtllm-llmapi-launch, rank 0 the server."""
     if launcher == "srun":
         head = ["srun", "-N", str(lay.nodes), "--ntasks", str(lay.ranks)]
         head += ["--ntasks-per-node", str(lay.gpus_per_node), "--mpi=pmix"]
-    else:  # OpenMPI: HOSTS=node0:G,node1:G (slots per node)
+    else:  # OpenMPI: HOSTS=node0:G,node1:G
         head = ["mpirun", "-np", str(lay.ranks), "-H", "$HOSTS"]
     return head + [lc.TRTLLM_LLMAPI_LAUNCH]
 
@@ -78,7 +70,7 @@ def _q(a: str) -> str:
 
 
 def _shell(prefix: list[str], serve: list[str], indent: str) -> str:
-    """One command over several lines: the launcher, trtllm-serve and MODEL first, then a flag and its value a line."""
+    """One command over several lines: launcher, trtllm-serve and MODEL, then one flag and value per line."""
     lines = [" ".join(_q(a) for a in prefix + serve[:2])]
     lines += [f"{_q(serve[i])} {_q(serve[i + 1])}" for i in range(2, len(serve), 2)]
     return f" \\\n{indent}  ".join(lines)
@@ -89,7 +81,7 @@ def launch_sh(m: BuildManifest, source: Path, lay: NodeLayout, serve: list[str])
     head = (
         "#!/usr/bin/env bash\n"
         f"# trtllm-serve for {m.name}: written by trt-spec {__version__} deploy trtllm-serve from {source}\n"
-        f"# (config {m.config_hash[:12]}); regenerate rather than edit. {m.speculative.mode} speculation inside "
+        f"# (config {m.config_hash[:12]}); regenerate rather than edit. {m.speculation.mode} speculation inside "
         f"TensorRT-LLM {TRTLLM_VERSION}'s\n# LLM API, TP{m.target.tp} x PP{m.target.pp} = {lay.ranks} GPU(s){where}; "
         f"the LLM's arguments: {OPTIONS_FILE}.\n"
         "set -euo pipefail\n"
@@ -115,8 +107,7 @@ def launch_sh(m: BuildManifest, source: Path, lay: NodeLayout, serve: list[str])
 
 
 def _run_it(lay: NodeLayout, port: int, dirs: list[str]) -> str:
-    """How to start launch.sh: one node in docker (the checkpoints mounted at their paths); more under srun or
-    mpirun, inside the image on every node."""
+    """README instructions to start launch.sh: docker on one node, srun or mpirun past one."""
     if lay.nodes == 1:
         mounts = " ".join(f"-v {shlex.quote(d)}:{shlex.quote(d)}:ro" for d in dirs)
         return f"""```bash
@@ -138,8 +129,7 @@ LAUNCHER=mpirun HOSTS=node0:{per},node1:{per} bash {LAUNCH_FILE}   # OpenMPI
 
 
 def readme(m: BuildManifest, source: Path, lay: NodeLayout, args: dict, *, port: int) -> str:
-    """What to run, on which image, what it holds, and a request to try it."""
-    model = Path(checkpoint(m)).name  # the served model name: MODEL's directory name (records: SERVER)
+    model = Path(checkpoint(m)).name  # trtllm-serve serves a local MODEL under its directory name
     cfg = m.config
     before = ""
     if is_imported(cfg.target.checkpoint) or (cfg.draft is not None and cfg.draft.distill is not None):
@@ -156,7 +146,7 @@ def readme(m: BuildManifest, source: Path, lay: NodeLayout, args: dict, *, port:
     return f"""# trtllm-serve: {m.name}
 
 Written by `trt-spec deploy trtllm-serve {source}` (trt-spec {__version__}); regenerate rather than
-edit. TensorRT-LLM {TRTLLM_VERSION}'s OpenAI server over its LLM API: {m.speculative.mode} speculation inside the
+edit. TensorRT-LLM {TRTLLM_VERSION}'s OpenAI server over its LLM API: {m.speculation.mode} speculation inside the
 model (`speculative_config`), TP{m.target.tp} x PP{m.target.pp} on {where}.
 {before}
 - `{OPTIONS_FILE}`: the LLM's arguments, those of the Triton LLM-API model's `model.yaml` for
@@ -191,8 +181,9 @@ def write_bundle(
     sets: Iterable[str] = (),
     gpu: Optional[str] = None,
 ) -> Path:
-    """Write DIR atomically (temp dir, then rename; safe to rerun over an earlier bundle). Every check runs before
-    anything is written. Raises LlmApiArgsError, or ConfigError/PreflightError/HardwareError."""
+    """Write the bundle to `out` atomically, after every check.
+
+    Raises LlmApiArgsError, or ConfigError/PreflightError/HardwareError."""
     m = load(source, sets, gpu, what=WHAT)
     lay = node_layout(m, gpus_per_node)
     check_port(port)

@@ -1,32 +1,9 @@
-"""In-process benchmark of a CPU deployment: the served speculative loop over in-process engine calls, no server.
+"""In-process benchmark of a CPU deployment: the BLS's SpeculativeLoop over stand-in engines loaded from the
+repository's own configs, no server; the served path's ceiling, and where the draft/target cost ratio c is measured.
 
-The deployment is the one `trt-spec repo` writes for the build (repository.writer's model configs): every engine model
-becomes a reference.standin.StandIn loaded from its own config, and the speculative side is the BLS's
-`SpeculativeLoop` (in_triton/speculative_loop.py) built from the BLS's own parameters, with the same draft-length
-policy and proposers. Every engine call goes through the backend contract (the stand-in's request checks and
-outputs) and the engine's in-flight batching scheduler, as in Triton; only Triton itself, the tokenizer in the
-loop and the network are left out. So this is the served path's ceiling, and the one place trt-spec measures the
-draft/target cost ratio.
-
-Baseline (the ensemble's engine call: target only, greedy) and speculative (the loop) alternate per prompt in one
-run, with a k sweep (k is the cap under the adaptive policy). Reported per k: baseline and speculative tokens/s,
-speedup (end to end: Σ baseline / Σ speculative seconds over the paired prompts, with its paired bootstrap 95%
-interval: records.speculation.paired_speedup, the served bench's definition; it was the ratio of tokens/s before,
-the same number whenever both sides produce the same tokens), decode speedup (the same ratio over the time after
-the first token: the baseline's from the engine's perf outputs, the loop's from its first emitted chunk), token
-identity (fraction of prompts whose tokens are identical), the acceptance summary exactly as the served bench
-reports it (records.speculation.acceptance_summary: acceptance rate, mean acceptance length, per-position
-acceptance, the policy's per-round k counts and its rounds without speculation),
-the per-token acceptance α that explains the mean acceptance length at k under Leviathan et al.'s i.i.d. model,
-the draft/target cost ratio c (draft seconds per drafted token / baseline decode seconds per token), the Leviathan
-bound S = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) and efficiency = speedup / bound. The theorem takes a verification
-to cost one decode step; on a CPU it costs more (r, in decode steps, measured in the same run: mean target seconds
-of a speculative round / baseline decode seconds per token), so the report adds the bound with r in place of 1 and
-the efficiency against it.
-
-With turns "all" (--turns all) every prompt is a conversation in the model's chat template: one pair per turn, each
-side fed its own earlier answers (decoded), so token identity counts turns; a turn past the engine's input limit is
-one RequestError line naming the question and turn.
+Baseline and speculative runs alternate per prompt over a k sweep. Per k: tokens/s, paired speedup, decode speedup,
+token identity, the served bench's acceptance summary, α, c, the Leviathan bound and efficiency, plus the bound with
+r (a verification's measured cost in decode steps) in place of 1.
 """
 
 from __future__ import annotations
@@ -42,7 +19,6 @@ import numpy as np
 
 from ..in_triton.local_engines import LocalEngines
 from ..in_triton.speculative_loop import (
-    LoopConfig,
     RequestError,
     SpecRequest,
     SpeculativeLoop,
@@ -52,6 +28,7 @@ from ..in_triton.speculative_loop import (
 )
 from ..records import backend_contract as bc
 from ..records import defaults
+from ..records.bls_parameters import BlsParameters
 from ..records.names import BASELINE, BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
 from ..records.speculation import acceptance_summary, leviathan_bound, paired_speedup, solve_alpha
 from .bench import RequestSample, per_category, request_acceptance_counts
@@ -64,37 +41,35 @@ NS = 1e-9
 @dataclass
 class Loaded:
     engines: LocalEngines
-    loop_config: LoopConfig  # the BLS's, from its own parameters
+    bls: BlsParameters
     baseline_model: str  # the engine model the ensemble calls
-    default_k: int  # the BLS's num_draft_tokens
+    default_k: int
     tokenizer: object
     end_id: int
     pad_id: int
-    target_dir: str  # the target's engine directory
+    target_dir: str
 
     @property
     def mode(self) -> str:
-        return self.loop_config.mode
+        return self.bls.speculative_mode
 
     @property
     def max_draft_len(self) -> int:
-        return self.loop_config.max_draft_len
+        return self.bls.max_draft_len
 
     def close(self) -> None:
         self.engines.close()
 
 
 def load_deployment(build_dir: Path) -> Loaded:
-    """The deployment `trt-spec repo` would write for this build, loaded in process (written non-decoupled: the loop's
-    engine calls are all unary)."""
+    """The deployment `trt-spec repo` would write, loaded in process (non-decoupled: the engine calls are unary)."""
     from google.protobuf import json_format
     from transformers import AutoTokenizer
 
     from ..in_triton.serving import default_end_id, default_pad_id
-    from ..records.bls_parameters import BlsParameters
     from ..records.manifest import BuildManifest
     from ..reference.standin import StandIn, model_parameters
-    from ..repository.writer import RepoSettings, repository_configs
+    from ..repository.writer import RepoOptions, repository_configs
 
     m = BuildManifest.read(build_dir)
     if m.engine != "reference":
@@ -104,7 +79,7 @@ def load_deployment(build_dir: Path) -> Loaded:
         )
     configs = {
         name: json_format.MessageToDict(cfg, preserving_proto_field_name=True)
-        for name, cfg in repository_configs(RepoSettings.from_manifest(m, decoupled=False)).items()
+        for name, cfg in repository_configs(m.deployment, m.engines, RepoOptions(decoupled=False)).items()
     }
     standins = {}
     try:
@@ -122,7 +97,7 @@ def load_deployment(build_dir: Path) -> Loaded:
     tok = AutoTokenizer.from_pretrained(m.target.dir)
     return Loaded(
         LocalEngines(standins),
-        LoopConfig.from_bls(bls),
+        bls,
         baseline,
         bls.num_draft_tokens,
         tok,
@@ -149,7 +124,7 @@ def conversation_ids(tokenizer, messages: list[dict]) -> list[int]:
 class BaselineRun:
     tokens: list[int]
     wall_s: float
-    decode_s: float  # after the first token (the engine's first/last token times)
+    decode_s: float  # after the first token
 
 
 @dataclass(frozen=True)
@@ -163,17 +138,17 @@ class SpecRun:
 class Pair(NamedTuple):
     """One prompt and repeat of a row, on both sides."""
 
-    prompt: str | int  # the prompt's id (its index when it has none)
+    prompt: str | int  # id, else index
     repeat: int
     base: BaselineRun
     spec: SpecRun
-    category: str  # the prompt's (prompts.Prompt.category)
-    index: int  # the prompt's place in the prompt list
-    turn: int = 1  # the turn of its conversation (turns "all")
+    category: str
+    index: int
+    turn: int = 1
 
 
 async def baseline_call(d: Loaded, prompt: list[int], max_tokens: int, end_id: int) -> BaselineRun:
-    """The ensemble's engine call: the target alone, greedy, with its perf outputs for the first/last token times."""
+    """The ensemble's engine call: the target alone, greedy, with its perf outputs."""
     r = SpecRequest(prompt, max_tokens, 0, end_id, d.pad_id)
     ins = engine_inputs(r, prompt, max_tokens, 0)
     ins[bc.RETURN_PERF_METRICS] = np.asarray([[True]], dtype=bool)
@@ -209,18 +184,18 @@ def run_inprocess(
     turns: str = defaults.TURNS,
 ) -> dict:
     """Paired baseline/speculative runs per (policy, k), alternating per prompt. policy None: the deployment's.
-    turns "all": every turn of each prompt's conversation (module docstring)."""
+    turns "all": one pair per conversation turn, each side fed its own answers."""
     import torch
 
     say = progress or (lambda s: None)
     if turns == "all" and not getattr(d.tokenizer, "chat_template", None):
         raise ValueError(NEEDS_TEMPLATE.format(why=f"the target's tokenizer ({d.target_dir}) has none"))
     ids = [chat_ids(d.tokenizer, p.text) for p in prompts]
-    end_id = -1 if ignore_eos else d.end_id  # -1: the engine never stops on EOS (backend_contract)
+    end_id = -1 if ignore_eos else d.end_id  # -1: never stop on EOS
     for policy in policies:
         for k in ks:
-            for p, x in zip(prompts, ids):  # the BLS's request checks: one line (RequestError), before any work
-                validate(d.loop_config, len(x), p.max_tokens, k, False, policy)
+            for p, x in zip(prompts, ids):  # the BLS's request checks, before any work
+                validate(d.bls, len(x), p.max_tokens, k, False, policy)
                 if turns == "all" and len(p.turns) > 1:  # the last turn, even with empty answers before it
                     last = conversation_ids(d.tokenizer, conversation(p.turns, [""] * (len(p.turns) - 1)))
                     _validate_turn(d, p, len(p.turns), last, k, policy)
@@ -229,7 +204,7 @@ def run_inprocess(
         rows = []
         for policy in policies:
             for k in ks:
-                loop = SpeculativeLoop(d.loop_config, d.engines)  # fresh policy state per row, warmed like a server
+                loop = SpeculativeLoop(d.bls, d.engines)  # fresh policy state per row, warmed like a server
                 if warmup:
                     await baseline_call(d, ids[0], 4, end_id)
                     await speculative_call(d, loop, ids[0], min(8, prompts[0].max_tokens), k, end_id, policy)
@@ -241,7 +216,7 @@ def run_inprocess(
                         )
                         pair_up = _conversation_pairs if turns == "all" else _prompt_pair
                         pairs += await pair_up(d, loop, p, x, i, r, k, end_id, policy)
-                rows.append(_row(k, policy or d.loop_config.draft_len_policy, pairs))
+                rows.append(_row(k, policy or d.bls.draft_len_policy, pairs))
         return rows
 
     results = asyncio.run(run())
@@ -259,7 +234,7 @@ def run_inprocess(
 
 
 async def _prompt_pair(d: Loaded, loop, p: Prompt, x: list[int], i: int, r: int, k, end_id, policy) -> list[Pair]:
-    """Prompt i (its ids x) on both sides, which goes first alternating by prompt and repeat (no drift bias)."""
+    """Prompt i on both sides; which goes first alternates (no drift bias)."""
     runs = {}
     for which in ("base", "spec") if (i + r) % 2 == 0 else ("spec", "base"):
         runs[which] = (
@@ -271,8 +246,7 @@ async def _prompt_pair(d: Loaded, loop, p: Prompt, x: list[int], i: int, r: int,
 
 
 async def _conversation_pairs(d: Loaded, loop, p: Prompt, x: list[int], i: int, r: int, k, end_id, policy) -> list:
-    """Every turn of prompt i's conversation on both sides, each side fed its own answers: a Pair per turn (x: turn 1's
-    ids, the same on both sides)."""
+    """A Pair per turn of prompt i's conversation, each side fed its own answers (x: turn 1's ids)."""
     answers: dict[str, list[str]] = {"base": [], "spec": []}
     pairs = []
     for t in range(1, len(p.turns) + 1):
@@ -291,9 +265,9 @@ async def _conversation_pairs(d: Loaded, loop, p: Prompt, x: list[int], i: int, 
 
 
 def _validate_turn(d: Loaded, p: Prompt, t: int, ids: list[int], k: int, policy: Optional[str]) -> None:
-    """The BLS's request checks for turn t of p's conversation: one RequestError line naming the question and turn."""
+    """The BLS's request checks for turn t of p's conversation; RequestError."""
     try:
-        validate(d.loop_config, len(ids), p.max_tokens, k, False, policy)
+        validate(d.bls, len(ids), p.max_tokens, k, False, policy)
     except RequestError as e:
         raise RequestError(
             f"question {p.id or '?'} turn {t}: {e}; a conversation grows by each answer: lower --max-tokens, or "
@@ -302,8 +276,7 @@ def _validate_turn(d: Loaded, p: Prompt, t: int, ids: list[int], k: int, policy:
 
 
 def _row(k: int, policy: str, pairs: list[Pair]) -> dict:
-    """One (policy, k): the paired runs summed, the acceptance as the served bench summarizes it (per category too),
-    and the model."""
+    """One (policy, k): the paired runs summed, the acceptance, and the model."""
     base = [x.base for x in pairs]
     spec = [x.spec for x in pairs]
     base_t, spec_t = sum(b.wall_s for b in base), sum(s.wall_s for s in spec)
@@ -315,7 +288,6 @@ def _row(k: int, policy: str, pairs: list[Pair]) -> dict:
     verifications = [rd for rd in rounds if rd.drafted]
     draft_s = sum(rd.draft_s for rd in rounds)
     drafted = sum(rd.drafted for rd in rounds)
-    # one baseline decode step: the target's seconds per token after the first
     base_step = base_dec / max(1, sum(max(0, len(b.tokens) - 1) for b in base))
     c = (draft_s / drafted) / base_step if drafted and base_step > 0 else 0.0
     verify_cost = (
@@ -366,8 +338,7 @@ def _row(k: int, policy: str, pairs: list[Pair]) -> dict:
 
 
 def _request_samples(pairs: list[Pair]) -> list[RequestSample]:
-    """Both runs of every pair as the served bench records a request (the speculative one with its acceptance
-    counts), for bench.per_category and the acceptance summary."""
+    """Both runs of every pair as the served bench records a request."""
 
     def sample(model: str, x: Pair, run, *counts) -> RequestSample:
         ttft = run.wall_s - run.decode_s
@@ -386,7 +357,7 @@ def _request_samples(pairs: list[Pair]) -> list[RequestSample]:
 
 
 def _pair_records(k: int, pairs: list[Pair]) -> list[dict]:
-    """Every (prompt, repeat) pair of a row: both wall times, identity and the speculative run's counts."""
+    """Every pair of a row: both wall times, identity and the speculative run's counts."""
     return [
         {
             "prompt": x.prompt,
@@ -465,7 +436,7 @@ def format_report(rep: dict) -> str:
 
 
 def _category_lines(rep: dict) -> list[str]:
-    """Per (policy, k) whose prompts carry more than one category: bench.per_category's rows."""
+    """bench.per_category's rows per (policy, k) with more than one category."""
     lines = []
     for r in rep["sweep"]:
         if not r.get("categories"):
@@ -503,8 +474,8 @@ def to_json(rep: dict) -> str:
 
 
 def compare_hf(d: Loaded, prompts: Sequence[Prompt], *, max_tokens: int = 64) -> dict:
-    """Target-only greedy: the engine call (the ensemble's) vs HF transformers `generate` on the same (dequantized)
-    weights and prompts, alternating per prompt. Returns tokens/s of both and their ratio."""
+    """Target-only greedy: the engine call vs HF `generate` on the same weights and prompts; tokens/s of both and
+    their ratio."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -1,20 +1,7 @@
-"""The CPU stand-in of TensorRT-LLM's LLM-API Triton model (records/llmapi_contract.py), free of Triton.
+"""The CPU stand-in of the LLM-API Triton model (records/llmapi_contract.py), free of Triton.
 
-It takes the same model.yaml (`model`: the exported reference engine; `speculative_config` with NGram or DraftTarget)
-and the same request tensors, refuses what NVIDIA's model.py refuses with its words, and speculates inside the model
-as the LLM API does: the one speculative loop (speculative_loop.py, fixed k = max_draft_len every step, as the LLM
-API drafts) over the reference engines' stand-ins (local_engines.py), with no BLS. Without speculative_config it is the
-baseline: one decode of the target. `model_repo/llmapi/1/model.py` is the thin Triton adapter over it.
-
-What is the LLM API's and what is the stand-in's:
-- text in, text out; the tokenizer is the engine directory's; `sampling_param_exclude_input_from_output` defaults to
-  False (text_output = prompt + completion), as MODEL's helpers; streaming sends one response per iteration (a round
-  of the loop), each with the whole text so far (records/llmapi_contract.py), the last one final;
-- sampling: absent temperature/top_k/top_p = greedy (SamplingParams' defaults); `sampling_param_max_tokens` defaults
-  to SamplingParams' 32; `sampling_param_stop` is refused with MODEL's generation error, as NVIDIA's model fails it
-  (it hands SamplingParams the input's undecoded bytes: lc.STOP_INPUT);
-- the perf outputs (with sampling_param_return_perf_metrics) are strings, as MODEL encodes them; acceptance_rate,
-  total_accepted_draft_tokens and total_draft_tokens are 0, as 1.2.1's PyTorch flow answers (lc.SPEC_PERF_ZERO).
+Same model.yaml, tensors and refusals; speculates inside with the speculative loop at fixed k = max_draft_len over
+the reference engines' stand-ins. Without speculative_config it is the baseline: one decode of the target.
 """
 
 from __future__ import annotations
@@ -28,6 +15,7 @@ import numpy as np
 from ..errors import TrtSpecError
 from ..records import backend_contract as bc
 from ..records import llmapi_contract as lc
+from ..records.bls_parameters import BlsParameters
 from ..records.speculation import Mode, Policy, Proposer
 from .local_engines import LocalEngines
 from .serving import (
@@ -41,7 +29,6 @@ from .serving import (
 )
 from .speculative_loop import (
     EngineError,
-    LoopConfig,
     RequestError,
     SpecRequest,
     SpeculativeLoop,
@@ -53,11 +40,11 @@ from .speculative_loop import (
 
 DEFAULT_MAX_TOKENS = 32  # tensorrt_llm SamplingParams.max_tokens default
 TARGET, DRAFT = "target", "draft"
-MODES = {"NGram": "ngram", "DraftTarget": "draft_target"}  # what the CPU stand-in serves of DECODING_TYPES
+MODES = {"NGram": "ngram", "DraftTarget": "draft_target"}  # the decoding types the CPU stand-in serves
 
 
 class LlmapiError(TrtSpecError, ValueError):
-    """What the LLM-API model answers a request with (its own words)."""
+    """A refusal in the LLM-API model's own words."""
 
 
 @dataclass
@@ -108,38 +95,40 @@ class LlmapiStandIn:
         k = int(spec.get("max_draft_len", 0)) if spec else 0
         self.k = k
         self.loop = SpeculativeLoop(
-            LoopConfig(
-                TARGET,
-                DRAFT if self.mode == Mode.DRAFT_TARGET else None,
-                self.mode or Mode.NGRAM.value,
-                max(k, 1),
-                int((spec or {}).get(lc.NGRAM_MATCH, 3)),
-                lim.max_seq_len,
-                bc.max_input_len(lim.max_seq_len, lim.max_num_tokens),
-                draft_len_policy=Policy.FIXED.value,
-                proposer=Proposer.PROMPT_LOOKUP.value,
+            BlsParameters(
+                tensorrt_llm_model_name=TARGET,
+                tensorrt_llm_draft_model_name=DRAFT if self.mode == Mode.DRAFT_TARGET else "",
+                speculative_mode=self.mode or Mode.NGRAM.value,
+                max_draft_len=max(k, 1),
+                num_draft_tokens=max(k, 1),
+                ngram_size=int((spec or {}).get(lc.NGRAM_MATCH, 3)),
+                draft_len_policy=Policy.FIXED,
+                proposer=Proposer.PROMPT_LOOKUP,
+                max_seq_len=lim.max_seq_len,
+                max_num_tokens=lim.max_num_tokens,
+                tokenizer_dir=y["model"],
             ),
             self.engines,
         )
         self.tokenizer = load_tokenizer(y["model"])
-        self.byte_limit = input_byte_limit(self.tokenizer, self.loop.cfg.max_input_len)  # checked before tokenizing
+        self.byte_limit = input_byte_limit(self.tokenizer, self.loop.cfg.engine_input_limit)
 
     def close(self) -> None:
         self.engines.close()
 
-    # -- requests ---------------------------------------------------------------------------------------
     def parse(self, inputs: dict[str, Optional[np.ndarray]]) -> LlmRequest:
-        """The request tensors (no batch dimension: max_batch_size 0), checked as MODEL checks them."""
+        """The request tensors (no batch dimension), checked as the LLM-API model checks them."""
         if inputs.get(lc.TEXT_INPUT) is None:
             raise LlmapiError(lc.NO_TEXT_INPUT)
         streaming = bool(scalar(inputs.get(lc.STREAMING), False))
         if streaming and not self.decoupled:
             raise LlmapiError(lc.STREAMING_NEEDS_DECOUPLED)
-        try:  # stricter than the LLM API model: a prompt too long to fit is refused before it is tokenized
-            check_input_bytes(inputs.get(lc.TEXT_INPUT), self.byte_limit, lc.TEXT_INPUT, self.loop.cfg.max_input_len)
+        try:  # stricter than the LLM-API model: refused before tokenizing
+            limit = self.loop.cfg.engine_input_limit
+            check_input_bytes(inputs.get(lc.TEXT_INPUT), self.byte_limit, lc.TEXT_INPUT, limit)
         except RequestError as e:
             raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
-        if inputs.get(lc.STOP_INPUT) is not None:  # as NVIDIA's model fails it (lc.STOP_INPUT)
+        if inputs.get(lc.STOP_INPUT) is not None:  # the LLM-API model fails it too
             raise LlmapiError(lc.GENERATION_ERROR.format(msg=lc.STOP_REFUSED))
         text = (decode_strings(inputs[lc.TEXT_INPUT]) or [""])[0]
 
@@ -192,19 +181,19 @@ class LlmapiStandIn:
     async def generate(
         self, r: LlmRequest, emit: Callable[[dict], None], cancelled: Callable[[], bool] = lambda: False
     ) -> dict:
-        """Streamed chunks go to emit (streaming requests); returns the final response's tensors."""
+        """Streamed responses go to emit; returns the final response's tensors."""
         detok = IncrementalDetokenizer(self.tokenizer)
         arrival = time.monotonic_ns()
         times: list[int] = []
         chunks: list[str] = []
         head = "" if r.exclude_input else r.text
-        pending: list[dict] = []  # the latest iteration's response, sent when the next one comes (the last is final)
+        pending: list[dict] = []  # held until the next one comes: the last is sent as final
 
         def on_tokens(new: list[int]) -> None:
             times.append(time.monotonic_ns())
             delta = detok.add(new)
             chunks.append(delta)
-            if r.streaming:  # one response per iteration, with the whole text so far (lc: MODEL sends output.text)
+            if r.streaming:  # per iteration, the whole text so far (upstream-facts: standin-llmapi-cumulative-text)
                 if pending:
                     emit(pending.pop())
                 pending.append({lc.TEXT_OUTPUT: np.array([(head + "".join(chunks)).encode("utf-8")], dtype=object)})
@@ -228,18 +217,17 @@ class LlmapiStandIn:
             raise LlmapiError(lc.GENERATION_ERROR.format(msg=e)) from None
         tail = detok.flush()
         chunks.append(tail)
-        # the final response (streaming: the last iteration's, with the flushed text): the whole text
         out = {lc.TEXT_OUTPUT: np.array([(head + "".join(chunks)).encode("utf-8")], dtype=object)}
         if r.return_finish_reason:
             reason = "length" if len(tokens) >= r.max_tokens else "stop"
             out["finish_reason"] = np.array([reason.encode()], dtype=object)
-        if r.return_perf:  # MODEL _create_response: every value as a string
+        if r.return_perf:  # every value as a string, as the LLM-API model sends them
             perf = {
                 "arrival_time_ns": arrival,
                 "first_scheduled_time_ns": arrival,
                 "first_token_time_ns": times[0] if times else 0,
                 "last_token_time_ns": times[-1] if times else 0,
-                # 1.2.1's PyTorch flow: zero, drafting or not (lc.SPEC_PERF_ZERO, NVIDIA/TensorRT-LLM#17082)
+                # upstream-facts: standin-llmapi-spec-perf-zero
                 "acceptance_rate": 0.0 if lc.SPEC_PERF_ZERO else (accepted / drafted if drafted else 0.0),
                 "total_accepted_draft_tokens": 0 if lc.SPEC_PERF_ZERO else accepted,
                 "total_draft_tokens": 0 if lc.SPEC_PERF_ZERO else drafted,
@@ -253,7 +241,7 @@ class LlmapiStandIn:
         return out
 
     async def _decode(self, r: LlmRequest, on_tokens) -> list[int]:
-        """The baseline: one decode of the target, streamed token by token."""
+        """The baseline: one streamed decode of the target."""
         spec = SpecRequest(r.prompt, r.max_tokens, 0, self.end_id, 0, sampling=r.sampling, seed=r.seed)
         ins = engine_inputs(spec, r.prompt, r.max_tokens, 0, streaming=True)
         tokens: list[int] = []

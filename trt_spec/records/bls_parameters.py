@@ -1,33 +1,25 @@
-"""The `parameters` blocks of the text models' config.pbtxt, as typed records: one writer, several readers.
-
-Triton hands a python model its config's parameters as strings. The `tensorrt_llm_bls` block is written by the
-repository writer (repository/writer.py bls_config) and read by the BLS itself (model_repo/tensorrt_llm_bls), by the
-speculative loop's config (in_triton/speculative_loop.LoopConfig), by `bench in-process` (harness/inprocess.py) and
-by the OpenAI frontend (serve/openai_requests.FrontendSettings); the `preprocessing` block by the writer and the
-preprocessing model. Each block is one frozen dataclass here whose field names are the parameter keys exactly:
-`to_parameters()` gives the strings the writer puts in config.pbtxt, `from_parameters()` parses them back, so the
-readers cannot disagree on a key's spelling, type or default.
-
-Parsing: a missing or empty value takes the field's default; a required key without one, or a value of the wrong
-type, is one ParameterError line naming the model and the key.
+"""The `parameters` blocks of the text models' config.pbtxt as typed records. Field names are the keys, a nested
+record's prefixed with its name (suffix_cache_max_tokens); a missing or empty value takes the default.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from enum import Enum
 from typing import ClassVar, Mapping, Optional, TypeVar, get_args, get_type_hints
 
 from ..errors import TrtSpecError
-from . import defaults
+from .backend_contract import max_input_len
 from .defaults import ADD_SPECIAL_TOKENS
+from .deployment import SuffixCacheConfig
 from .names import BLS, PREPROCESSING
-from .speculation import BLS_MODES, CACHE_SCOPES, POLICIES, PROPOSERS, CacheScope, Policy, Proposer
+from .speculation import BLS_MODES, Mode, Policy, Proposer
 
-BOOLS = {"true": True, "false": False}  # how the writer spells a bool (and all a reader accepts)
+BOOLS = {"true": True, "false": False}  # all a reader accepts
 
 
 class ParameterError(TrtSpecError, ValueError):
-    """A model config's parameter is missing or not of its type: one line naming the model and the key."""
+    """A model config's parameter is missing or not of its type."""
 
 
 def _to_string(value: object) -> str:
@@ -37,7 +29,8 @@ def _to_string(value: object) -> str:
 
 
 def _parse(model: str, key: str, raw: str, kind: type, choices: Optional[tuple[str, ...]]) -> object:
-    """One parameter's string as its field's type (kind: bool, int, str or a str enum)."""
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        choices = tuple(m.value for m in kind)
     if kind is bool:
         if raw not in BOOLS:
             raise ParameterError(f"{model} parameter {key}: expected true or false, got {raw!r}")
@@ -56,77 +49,98 @@ R = TypeVar("R", bound="_Parameters")
 
 
 class _Parameters:
-    """The shared string form of a parameters record (subclasses are frozen dataclasses; MODEL names the model)."""
+    """The shared string form of a parameters record (subclasses are frozen dataclasses)."""
 
     MODEL: ClassVar[str]
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}  # key -> the values a str key may take
 
     def to_parameters(self) -> dict[str, str]:
-        """The parameters block as written: key -> string value, in field order; None fields are left out."""
-        return {f.name: _to_string(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}
+        """key -> string value, in field order; None fields are left out."""
+        return _flat(self, "")
 
     @classmethod
     def from_parameters(cls: type[R], p: Mapping[str, str]) -> R:
-        """The record of a config's parameters (key -> string value); ParameterError, one line, on a bad one."""
-        hints = get_type_hints(cls)
-        values = {}
-        for f in fields(cls):
-            raw = p.get(f.name)
-            if raw is None or raw == "":
-                if f.default is MISSING:
-                    raise ParameterError(
-                        f"{cls.MODEL} parameter {f.name} is missing; write the repository again with `trt-spec repo`"
-                    )
-                continue
-            kind = next((t for t in get_args(hints[f.name]) if t is not type(None)), hints[f.name])  # Optional[X]: X
-            values[f.name] = _parse(cls.MODEL, f.name, raw, kind, cls.CHOICES.get(f.name))
-        return cls(**values)
+        """The record of a config's parameters; ParameterError on a bad one."""
+        return _read(cls, p, "", cls.MODEL, cls.CHOICES)
+
+
+def _flat(record: object, prefix: str) -> dict[str, str]:
+    out = {}
+    for f in fields(record):
+        v = getattr(record, f.name)
+        if is_dataclass(v):
+            out.update(_flat(v, f"{prefix}{f.name}_"))
+        elif v is not None:
+            out[prefix + f.name] = _to_string(v)
+    return out
+
+
+def _read(cls: type, p: Mapping[str, str], prefix: str, model: str, choices: dict) -> object:
+    hints = get_type_hints(cls)
+    values = {}
+    for f in fields(cls):
+        key = prefix + f.name
+        kind = next((t for t in get_args(hints[f.name]) if t is not type(None)), hints[f.name])  # Optional[X]: X
+        if is_dataclass(kind):
+            values[f.name] = _read(kind, p, f"{key}_", model, choices)
+            continue
+        raw = p.get(key)
+        if raw is None or raw == "":
+            if f.default is MISSING:
+                raise ParameterError(
+                    f"{model} parameter {key} is missing; write the repository again with `trt-spec repo`"
+                )
+            continue
+        values[f.name] = _parse(model, key, raw, kind, choices.get(key))
+    return cls(**values)
 
 
 @dataclass(frozen=True, kw_only=True)
 class BlsParameters(_Parameters):
-    """The `tensorrt_llm_bls` model's parameters (the speculative model), in the writer's order."""
+    """The speculative `tensorrt_llm_bls` model's parameters, in the writer's order."""
 
     MODEL: ClassVar[str] = BLS
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "speculative_mode": BLS_MODES,
-        "draft_len_policy": POLICIES,
-        "proposer": PROPOSERS,
-        "suffix_cache_scope": CACHE_SCOPES,
-    }
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"speculative_mode": BLS_MODES}
 
-    tensorrt_llm_model_name: str  # the target engine model
-    tensorrt_llm_draft_model_name: str = ""  # the draft engine model (draft_target mode); "" for none
-    speculative_mode: str  # BLS_MODES: the loop's mode, or "engine" when the target engine drafts by itself
+    tensorrt_llm_model_name: str
+    tensorrt_llm_draft_model_name: str = ""  # draft_target mode only
+    speculative_mode: str  # "engine": the target engine drafts by itself
     max_draft_len: int  # K built into the target engine
-    num_draft_tokens: int  # the k of a request that names none (records.defaults.served_num_draft_tokens)
+    num_draft_tokens: int  # the k of a request that names none
     ngram_size: int
-    draft_len_policy: Policy  # one of POLICIES (the loop's)
+    draft_len_policy: Policy
     proposer: Proposer  # n-gram mode's draft-free proposer
     max_seq_len: int
     max_num_tokens: int
-    max_input_len: Optional[int] = None  # the deployment's prompt limit in tokens (None: the engine's)
-    tokenizer_dir: str  # absolute (writer ABSOLUTE_PATHS); relative to the repository in older ones (PATH_PARAMETERS)
-    # tokenized as preprocessing does, or identity compares other prompts
-    add_special_tokens: bool = ADD_SPECIAL_TOKENS
-    # the suffix proposer's cross-request cache (speculative.suffix_cache; absent in older repositories: the defaults)
-    suffix_cache_scope: CacheScope = CacheScope(defaults.SUFFIX_CACHE_SCOPE)
-    suffix_cache_max_tokens: int = defaults.SUFFIX_CACHE_MAX_TOKENS
-    suffix_cache_max_sequences: int = defaults.SUFFIX_CACHE_MAX_SEQUENCES
-    suffix_cache_max_tenants: int = defaults.SUFFIX_CACHE_MAX_TENANTS
+    max_input_len: Optional[int] = None  # prompt limit in tokens (None: the engine's)
+    tokenizer_dir: str
+    add_special_tokens: bool = ADD_SPECIAL_TOKENS  # must match preprocessing, or identity compares other prompts
+    suffix_cache: SuffixCacheConfig = SuffixCacheConfig()
 
-    def __post_init__(self):  # a caller's plain string becomes its enum member: the fields hold their types
+    def __post_init__(self):  # plain strings become enum members
         object.__setattr__(self, "draft_len_policy", Policy(self.draft_len_policy))
         object.__setattr__(self, "proposer", Proposer(self.proposer))
-        object.__setattr__(self, "suffix_cache_scope", CacheScope(self.suffix_cache_scope))
+        if self.speculative_mode not in BLS_MODES:
+            raise ParameterError(f"speculative_mode {self.speculative_mode!r}: use one of {', '.join(BLS_MODES)}")
+        if self.speculative_mode == Mode.DRAFT_TARGET and not self.tensorrt_llm_draft_model_name:
+            raise ParameterError("draft_target mode needs tensorrt_llm_draft_model_name")
+
+    @property
+    def draft(self) -> Optional[str]:
+        return self.tensorrt_llm_draft_model_name or None
+
+    @property
+    def engine_input_limit(self) -> int:
+        """The longest input the target engine takes."""
+        return max_input_len(self.max_seq_len, self.max_num_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
 class PreprocessingParameters(_Parameters):
-    """The `preprocessing` model's parameters (text -> token ids for the ensemble)."""
+    """The `preprocessing` model's parameters."""
 
     MODEL: ClassVar[str] = PREPROCESSING
 
     tokenizer_dir: str
-    max_input_len: int  # the deployment's prompt limit in tokens
+    max_input_len: int  # prompt limit in tokens
     add_special_tokens: bool = ADD_SPECIAL_TOKENS

@@ -1,5 +1,4 @@
-"""Defaults used in more than one place, one definition each: the functions take them as keyword defaults and the
-CLI's options show them (`default=defaults.X`), so `--help` and the code cannot drift apart.
+"""Defaults shared by the code and the CLI's `--help`, one definition each.
 
 Standard library only: the CLI imports this module at startup.
 """
@@ -8,52 +7,45 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# -- Build ---------------------------------------------------------------------------------------------------
+# -- Build
 BUILD_ROOT = "build"  # a config without output_dir builds into BUILD_ROOT/NAME
-TOKENS_PER_BLOCK = 32  # KV-cache block size (trtllm-build --tokens_per_block): small blocks reuse more prefix
-REPO_SUBDIR = "model_repo"  # the Triton model repository inside a build dir (trt-spec repo) or a demo dir
+TOKENS_PER_BLOCK = 32  # KV-cache block size: small blocks reuse more prefix
+REPO_SUBDIR = "model_repo"  # the Triton model repository inside a build or demo dir
 
 
 def served_num_draft_tokens(default_k: int, max_draft_len: int) -> int:
-    """The deployment's k per request when a request names none: speculative.num_draft_tokens (else
-    max_draft_len), never more than the max_draft_len the engine is built with."""
+    """The k of a request that names none, capped at the engine's built max_draft_len."""
     return min(default_k, max_draft_len)
 
 
-# -- The served python models ------------------------------------------------------------------------------
-ADD_SPECIAL_TOKENS = True  # preprocessing and the BLS tokenize prompts with the tokenizer's special tokens (BOS)
-# The suffix proposer's cross-request cache (speculative.suffix_cache; in_triton/suffix.py SuffixCache). Per store
-# (one per tenant, or one per deployment): the last SUFFIX_CACHE_MAX_SEQUENCES finished requests, at most
-# SUFFIX_CACHE_MAX_TOKENS tokens (~130 bytes each, index included); at most SUFFIX_CACHE_MAX_TENANTS tenant stores.
-# Worst case 32 x 16384 tokens, ~70 MB per BLS instance.
-SUFFIX_CACHE_SCOPE = "tenant"  # records.speculation.CacheScope: a request without a tenant neither reads nor writes it
+# -- The served python models
+ADD_SPECIAL_TOKENS = True  # prompts are tokenized with the tokenizer's special tokens (BOS)
+# The suffix proposer's cross-request cache, per store (one per tenant or per deployment): the last MAX_SEQUENCES
+# finished requests, at most MAX_TOKENS tokens; at most MAX_TENANTS tenant stores.
+SUFFIX_CACHE_SCOPE = "tenant"  # a request without a tenant neither reads nor writes it
 SUFFIX_CACHE_MAX_TOKENS = 16384
 SUFFIX_CACHE_MAX_SEQUENCES = 64
 SUFFIX_CACHE_MAX_TENANTS = 32
-TENANT_MAX_BYTES = 256  # the longest tenant id a request may send (the BLS's tenant input, OpenAI's user)
+TENANT_MAX_BYTES = 256  # the longest tenant id a request may send
 
-# -- Serving (trt-spec serve) and the clients that reach it -------------------------------------------------
+# -- Serving (trt-spec serve) and its clients
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # tritonserver's own defaults
-HOST = "127.0.0.1"  # bind to loopback: nothing is open to the network unless asked
-READY_TIMEOUT_S = 180.0  # the longest wait for every model to load: this much, plus READY_S_PER_ENGINE_GIB per GiB
-READY_S_PER_ENGINE_GIB = 6.0  # of engine files (~170 MB/s: a cold 70B FP8 TP2 load from network storage, ~10 min)
+HOST = "127.0.0.1"  # loopback: nothing is open to the network unless asked
+READY_TIMEOUT_S = 180.0  # wait for every model to load: this, plus READY_S_PER_ENGINE_GIB per GiB of engine files
+READY_S_PER_ENGINE_GIB = 6.0  # sized for a cold load from network storage
 
 
-# runtime llmapi on a GPU: after the weights, the LLM API captures CUDA graphs for every padded batch size and autotunes
-# its kernels before the model reports READY (minutes for a 70B model; not measured here)
+# llmapi on a GPU: CUDA-graph capture and kernel autotuning run before READY (not measured)
 LLMAPI_READY_EXTRA_S = 300.0
 
 
 def ready_timeout_s(engine_bytes: int = 0) -> float:
-    """How long `trt-spec serve` waits for every model to load: READY_TIMEOUT_S plus READY_S_PER_ENGINE_GIB per GiB of
-    the repository's engine files (serve.launch.engine_bytes)."""
+    """Seconds `trt-spec serve` waits for every model to load, given the engine files' total bytes."""
     return READY_TIMEOUT_S + READY_S_PER_ENGINE_GIB * engine_bytes / 2**30
 
 
 def cache_dir() -> Path:
-    """trt-spec's per-user cache ($TRT_SPEC_CACHE_DIR, else $XDG_CACHE_HOME/trt-spec, else ~/.cache/trt-spec):
-    ADMIN_KEYS_SUBDIR (the key of each `trt-spec serve` on this host, by port) and PLAIN_BACKENDS_SUBDIR (the backend
-    directory the printed plain command names on nvidia-pytriton). Read at call time (tests point it elsewhere)."""
+    """$TRT_SPEC_CACHE_DIR, else $XDG_CACHE_HOME/trt-spec, else ~/.cache/trt-spec; read at call time (tests move it)."""
     import os
 
     if os.environ.get(CACHE_DIR_ENV):
@@ -64,98 +56,74 @@ def cache_dir() -> Path:
 CACHE_DIR_ENV = "TRT_SPEC_CACHE_DIR"
 
 
-ADMIN_KEYS_SUBDIR = (
-    "admin-keys"  # PORT.key: written 0600 by `trt-spec serve` for its HTTP and gRPC ports, removed on stop
-)
+ADMIN_KEYS_SUBDIR = "admin-keys"  # PORT.key, 0600, per served port; removed on stop
 PLAIN_BACKENDS_SUBDIR = "backends"
-# SIGTERM: serve stops admitting and lets requests in flight finish for at most this long, then ends the rest with a
-# clear error and stops. 60 s: a 2k-token answer at the slow end of a loaded replica.
+# SIGTERM: requests in flight get this long to finish, then end with a clear error. 60 s: a 2k-token answer on a
+# loaded replica.
 DRAIN_TIMEOUT_S = 60.0
-DRAIN_CUT_GRACE_S = 5.0  # after the drain timeout: this long for the cut requests' error lines to go out
-DRAIN_POLL_S = 0.25  # how often the drain reads the server's in-flight count (done = two zero reads in a row)
-EXIT_TIMEOUT_S = 10  # tritonserver --exit-timeout-secs: its own wait once serve stops it (nothing is left by then)
-PROTOCOLS = ("grpc", "http")  # what the harness client speaks
-PROTOCOL = "grpc"  # check / bench / tune
-URL = f"{HOST}:{GRPC_PORT}"  # check / bench / tune --url: a server started with the defaults, over PROTOCOL
-PROGRESS_LINE_S = 10.0  # check / bench / tune on a non-terminal stderr: a progress line at most this often
-LOADING_WAIT_S = 30.0  # check / bench / tune without --wait: how long a server that answers but is still loading gets
+DRAIN_CUT_GRACE_S = 5.0  # for the cut requests' error lines to go out
+DRAIN_POLL_S = 0.25  # in-flight count poll; drained = two zero reads in a row
+EXIT_TIMEOUT_S = 10  # tritonserver --exit-timeout-secs (nothing is left by then)
+PROTOCOLS = ("grpc", "http")
+PROTOCOL = "grpc"
+URL = f"{HOST}:{GRPC_PORT}"  # a server started with the defaults
+PROGRESS_LINE_S = 10.0  # on a non-terminal stderr
+LOADING_WAIT_S = 30.0  # without --wait: grace for a server that answers but is still loading
 
-# -- Kubernetes bundle (trt-spec deploy k8s) ---------------------------------------------------------------
-K8S_MOUNT_PATH = "/models"  # where the PersistentVolumeClaim (checkpoints, builds, repositories) is mounted
-# startupProbe budget: a 70B FP8 engine (~70 GB) is read from the claim, sha256-verified by `trt-spec serve` and
-# loaded; on network storage at ~200 MB/s that alone is ~6 min per pass. 60 min covers it with room.
+# -- Kubernetes bundle (trt-spec deploy k8s)
+K8S_MOUNT_PATH = "/models"  # where the PersistentVolumeClaim is mounted
+# startupProbe budget (60 min): a 70B FP8 engine is read from network storage, sha256-verified and loaded.
 K8S_STARTUP_PERIOD_S, K8S_STARTUP_FAILURES = 10, 360
-K8S_SHM_SIZE = "16Gi"  # memory-backed /dev/shm: python-backend tensors of every in-flight request + NCCL buffers
-# The HPA's custom metric, spelled as NVIDIA's Triton autoscaling tutorial spells it (tutorials, Deployment/Kubernetes/
-# TensorRT-LLM_Autoscaling_and_Load_Balancing: a PrometheusRule records it, prometheus-adapter serves it by that name).
+K8S_SHM_SIZE = "16Gi"  # /dev/shm: python-backend tensors of in-flight requests + NCCL buffers
+# HPA custom metric name (upstream-facts: triton-autoscaling-queue-compute-metric)
 QUEUE_COMPUTE_METRIC = "triton:queue_compute:ratio"
-OPENAI_PORT = 9000  # the chart's OpenAI endpoint (trt-spec serve --openai-port; Triton's own frontend's default too)
-# -- The OpenAI frontend's keys and limits (serve/openai/guard.py; each limit a frontend flag and a `serve` option) --
-OPENAI_API_KEY_ENV = "TRT_SPEC_OPENAI_API_KEY"  # the key when no --api-key-file is given (as vLLM's VLLM_API_KEY)
-# Request body cap, checked on Content-Length before reading and again while reading (chunked bodies): well below
-# the ~4 MiB JSON body on which Triton 2.51's HTTP server crashes (docs/reliability.md); a prompt the deployment can
-# take is far smaller (the frontend refuses one over max_input_len tokens anyway).
+OPENAI_PORT = 9000  # the chart's OpenAI endpoint (upstream-facts: triton-openai-frontend-port)
+# -- OpenAI frontend keys and limits (serve/openai/guard.py)
+OPENAI_API_KEY_ENV = "TRT_SPEC_OPENAI_API_KEY"  # the key when no --api-key-file is given
+# Request body cap, far below the JSON size that crashes Triton's HTTP server
+# (upstream-facts: triton-http-large-json-crash).
 OPENAI_MAX_BODY_BYTES = 2**20
-OPENAI_MAX_MESSAGES = 1024  # chat `messages` per request (checked before the chat template renders them)
-OPENAI_MAX_CONTENT_PARTS = 1024  # content parts in one message
-# Admission: requests working in Triton at once, and requests waiting (in order) for one of those slots; beyond
-# both, a 429 with Retry-After. 256 in flight is above what one engine batches (max_batch_size) and below what the
-# frontend's memory minds; the queue bounds the rest.
+OPENAI_MAX_MESSAGES = 1024  # checked before the chat template renders them
+OPENAI_MAX_CONTENT_PARTS = 1024  # per message
+# Admission: requests in Triton at once, then a FIFO queue; beyond both a 429. 256 exceeds one engine's batch.
 OPENAI_MAX_CONCURRENT = 256
 OPENAI_MAX_QUEUED = 256
-OPENAI_RETRY_AFTER_S = 1  # the 429's Retry-After (seconds): a slot frees as soon as any one generation ends
-# A streamed response whose client takes longer than this to accept one chunk is abandoned (its connection closed,
-# its Triton call cancelled if still running): a reader that stopped reading holds nothing for long.
+OPENAI_RETRY_AFTER_S = 1  # a slot frees as soon as any generation ends
+# A stream whose client takes longer than this to accept one chunk is abandoned and its Triton call cancelled.
 OPENAI_SEND_TIMEOUT_S = 60.0
-# The frontend stopping (SIGTERM: serve stops it after Triton drained, or after a fault): the streams and calls still
-# open get this long to end on their own (after a drain they only have their last bytes to send), then each ends with
-# a 503 "server shutting down" error in OpenAI's shape, not a dropped connection (a dead model's calls never end).
+# On stop, open streams get this long, then a 503 in OpenAI's shape (a dead model's calls never end).
 OPENAI_STOP_GRACE_S = 2.0
-# uvicorn's limit_concurrency (connections and tasks; beyond it a bare 503): above max_concurrent + max_queued so the
-# frontend's own OpenAI-shaped 429 answers first; the frontend raises it to 2 x (their sum) if they are larger.
+# uvicorn limit_concurrency: above max_concurrent + max_queued, so the frontend's own 429 answers first.
 OPENAI_CONNECTION_LIMIT = 2048
-# uvicorn's timeout_keep_alive (its own default, said here): an idle keep-alive connection is closed after this.
-OPENAI_KEEP_ALIVE_S = 5
-VERIFY_COST_GPU = 1.0  # r: a GPU at small batch verifies k+1 tokens in about one decode step (memory-bound)
+OPENAI_KEEP_ALIVE_S = 5  # uvicorn's timeout_keep_alive default
+VERIFY_COST_GPU = 1.0  # r: at small batch, verifying k+1 tokens costs ~one decode step (memory-bound)
 
-# -- Reference engine: the prefix cache (KV of earlier requests, reused by a request sharing their prefix) ----
-PREFIX_CACHE_BYTES = 512 * 2**20  # ReferenceEngine's budget when its caller gives none (in-process use)
-# The served engine's budget, in positions, when its config has no max_tokens_in_paged_kv_cache (where the GPU
-# backend would take 0.9 of free memory).
-PREFIX_CACHE_TOKENS = 16384
+# -- Reference engine: prefix cache
+PREFIX_CACHE_BYTES = 512 * 2**20  # when the caller gives no budget
+PREFIX_CACHE_TOKENS = 16384  # positions, when the config has no max_tokens_in_paged_kv_cache
 
-# -- Reference engine: EAGLE-3 head training (speculative.eagle.train, trt_spec/reference/train_eagle.py) ----------
-EAGLE_DRAFT_VOCAB = 4096  # draft vocabulary: the commonest target tokens of the training data (EAGLE-3's d2t)
-EAGLE_TRAIN_STEPS = 300  # optimizer steps (4 rows of 192 positions x 3 unrolled drafting steps each)
+# -- Reference engine: EAGLE-3 head training
+EAGLE_DRAFT_VOCAB = 4096  # the commonest target tokens of the training data (d2t)
+EAGLE_TRAIN_STEPS = 300
 
-# -- Harness (check / bench / tune / demo) -------------------------------------------------------------------
+# -- Harness (check / bench / tune / demo)
 PROMPT_SET = "code-edit"
-TURNS = "first"  # bench --turns: a multi-turn question's first turn only (harness/prompts.TURNS)
-TUNE_KS = (1, 2, 4)  # tune's k sweep
+TURNS = "first"  # a multi-turn question's first turn only
+TUNE_KS = (1, 2, 4)
 SAMPLING_SAMPLES = 200  # check --temperature: seeded samples per prompt and model
-# check: a divergence whose two tokens lie within this many logits of the baseline engine's best (its top-2 margin,
-# read at the divergence from the engine that serves the baseline) is a numerical near-tie, not a mismatch: on a GPU
-# the speculative path computes those positions in the context phase (FP8 context FMHA, other GEMM shapes) while the
-# baseline decodes them one at a time, and two tokens this close swap under any kernel change. 0.25 is an estimate,
-# not a measurement: FP8 context FMHA quantizes Q/K/V and the softmax P to e4m3 (3 mantissa bits, ~6% relative step),
-# and batch-shape changes alone move a 70B model's BF16 logits by ~0.01-0.1; a broken accept rule takes tokens whole
-# logits below the best. The first GPU run (make gpu-smoke, trt-spec check) prints every divergence's margin: replace
-# the estimate with what it measures.
+# check: tokens within this many logits of the baseline's best are a near-tie, not a mismatch (GPU context-phase
+# kernels differ from decode). An estimate: replace it with the margins the first GPU run prints.
 NEAR_TIE_MARGIN = 0.25
-# ... and for the CPU stand-in (an engine model on Triton's python backend): its numerics are exact up to float32
-# summation order (~1e-6 relative), so anything wider is a defect, not a near-tie. check picks by the probed engine's
-# backend (Triton model metadata "platform"); --near-tie-margin overrides both.
+# The CPU stand-in is exact up to float32 summation order, so anything wider is a defect.
 NEAR_TIE_MARGIN_EXACT = 1e-3
-# The CPU stand-in's GPU-numerics mode (trt_spec/reference/numerics.py): "MARGIN[,SEED]" in the environment of the
-# process that loads the engine models perturbs every verification forward by less than MARGIN logits (seeded), so the
-# speculative path flips near-ties the way a GPU's does. Unset: exact greedy semantics.
+# "MARGIN[,SEED]": the CPU stand-in perturbs each verification forward by < MARGIN logits, as a GPU flips near-ties.
 GPU_NUMERICS_ENV = "TRT_SPEC_GPU_NUMERICS"
 
-# -- Demo (trt-spec demo, make demo) -------------------------------------------------------------------------
+# -- Demo
 DEMO_CONFIG = "build_configs/cpu-smollm2-ngram.yaml"
 DEMO_OUT = f"{BUILD_ROOT}/demo"
 
-# GPUs per node when a deployment bundle is not told (`deploy trtllm-serve|dynamo|k8s --gpus-per-node`): the 8 of an
-# HGX/DGX H100/H200/B200 node, the node Dynamo's and TensorRT-LLM's multi-node examples use. A plan wider than that is
-# a multi-node layout (trtllm-serve under srun/mpirun, Dynamo's multinode.nodeCount) or refused (the Helm chart).
+# One HGX/DGX node; a wider plan is multi-node or refused (the Helm chart).
 GPUS_PER_NODE = 8
+
+DEFAULT_KV_FRACTION = 0.9  # the executor's default share of free GPU memory for the KV cache

@@ -1,22 +1,13 @@
-"""Typed build records, written by one stage and read by the next:
+"""Typed build records as versioned JSON: manifest.json (what the build made, with engine checksums) and
+trt_spec_repo.json (how to launch a repository). A foreign or other-version file is one ManifestError line.
 
-  manifest.json        the runner -> `trt-spec repo`, `bench in-process`, `demo`: what was built, from which
-                       config, with which tools, and each engine's checksums
-  trt_spec_repo.json   the repository writer -> `serve` and the engine models at load: how to launch the
-                       repository and the sums of the engines it serves
-
-Each is a frozen dataclass written as JSON (field names are the file's keys, plus a version field first) and
-read back with `read()`. A file from an older or newer trt-spec, or one trt-spec did not write, is refused with
-one line (ManifestError) naming the file, what is wrong and the command that writes a current one. Writes are
-atomic (temporary file, then rename).
-
-Standard library only at import: the Triton python models read trt_spec_repo.json (through integrity.py). The
-build manifest's `config` is the pydantic BuildConfig, imported when a manifest is read.
+Standard library only at import: the Triton python models read trt_spec_repo.json.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import shlex
@@ -27,14 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
 from ..errors import TrtSpecError
+from .deployment import Deployment, Speculation
 
 if TYPE_CHECKING:
     from .config import BuildConfig
 
 MANIFEST = "manifest.json"  # in the build directory
 REPO_META = "trt_spec_repo.json"  # at the repository root
-SCHEMA_VERSION = 1  # manifest.json; bump on any change a reader of the previous version would misread
-REPO_SCHEMA_VERSION = 2  # trt_spec_repo.json (2: load_models / phase_models; a version-1 reader would load every model)
+SCHEMA_VERSION = 2  # manifest.json; bump on any change a reader of the previous version would misread
+REPO_SCHEMA_VERSION = 3  # trt_spec_repo.json
 MANIFEST_VERSION_KEY = "trt_spec_manifest_version"
 REPO_VERSION_KEY = "trt_spec_repo_version"
 
@@ -42,11 +34,7 @@ Sums = dict[str, dict]  # relative posix path -> {"size": int, "sha256": hex} (i
 
 
 class ManifestError(TrtSpecError, ValueError):
-    """A record that cannot be used (one line: the file, what is wrong, the command that writes a current one)."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# manifest.json
+    """A record that cannot be used: the file, what is wrong, and the command that writes a current one."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +53,7 @@ class EngineEntry:
     fingerprint: str
     max_draft_len: int  # 0 for the draft
     gather_generation_logits: bool
-    step: str  # the plan step that builds it (trt-spec build --only STEP)
+    step: str  # trt-spec build --only STEP
     files: Optional[Sums] = None  # size + sha256 per file as the build wrote it; None before it is built
 
 
@@ -79,38 +67,6 @@ class GpuRecord:
 
 
 @dataclass(frozen=True)
-class SpeculativeRecord:
-    mode: str
-    max_draft_len: int  # K built into the target engine
-    num_draft_tokens: int  # default k per request
-    ngram_size: int
-    use_draft_logits: bool
-
-
-@dataclass(frozen=True)
-class LimitsRecord:
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-    max_num_tokens: int
-
-
-@dataclass(frozen=True)
-class RuntimeRecord:
-    kv_cache_free_gpu_mem_fraction: float
-    draft_max_tokens_in_paged_kv_cache: Optional[int]
-    target_devices: list[int]
-    draft_devices: list[int]
-
-
-@dataclass(frozen=True)
-class WorldSize:
-    target: int
-    draft: int
-    total: int
-
-
-@dataclass(frozen=True)
 class StepRecord:
     name: str
     status: str  # ran | skipped
@@ -119,14 +75,12 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class CalibrationRecord:
-    """The set quantize.py calibrated on (builder/calibration.py): the config's value (quantize.py's Hub default
-    cnn_dailymail when none), the local directory it read (None: downloaded), the sha256 of its data files and the
-    samples it took."""
+    """The set quantize.py calibrated on (path None: downloaded)."""
 
     dataset: str
     path: Optional[str]
     fingerprint: Optional[str]  # "sha256:<hex>" over the directory's files; None when downloaded or absent
-    samples: Optional[int]  # rows taken (min(calib_size, rows)); None when not counted (parquet, the Hub)
+    samples: Optional[int]  # rows taken; None when not counted
     calib_size: int
     max_seq_length: int
 
@@ -152,13 +106,10 @@ class BuildManifest:
     created: str  # ISO 8601, UTC
     tool_versions: dict[str, Optional[str]]
     gpu: Optional[GpuRecord]  # None for the reference engine
-    speculative: SpeculativeRecord
-    limits: LimitsRecord
-    runtime: RuntimeRecord
-    world_size: WorldSize
+    deployment: Deployment
     engines: dict[str, EngineEntry]  # role ("target", "draft") -> engine
     steps: list[StepRecord]
-    calibration: Optional[CalibrationRecord] = None  # None: nothing calibrated (16-bit, the reference engine)
+    calibration: Optional[CalibrationRecord] = None  # None: nothing calibrated
 
     def __post_init__(self) -> None:
         if "target" not in self.engines:
@@ -167,6 +118,10 @@ class BuildManifest:
     @property
     def target(self) -> EngineEntry:
         return self.engines["target"]
+
+    @property
+    def speculation(self) -> Speculation:
+        return self.deployment.speculation
 
     @property
     def draft(self) -> Optional[EngineEntry]:
@@ -181,7 +136,7 @@ class BuildManifest:
 
     @classmethod
     def from_json(cls, data: object, source: Path) -> "BuildManifest":
-        """Raises ManifestError (one line naming `source`) for an old, foreign or damaged manifest."""
+        """ManifestError for an old, foreign or damaged manifest."""
         from .config import BuildConfig
 
         return _from_json(cls, data, source, _MANIFEST_KIND, {"BuildConfig": BuildConfig})
@@ -199,27 +154,20 @@ class BuildManifest:
         return cls.from_json(_load_json(f, _MANIFEST_KIND), f)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# trt_spec_repo.json
-
-
 @dataclass(frozen=True)
 class RepoRecord:
     """<repository>/trt_spec_repo.json: written by the repository writer next to the models."""
 
     name: str
     config_hash: str
-    engine: Literal["tensorrt", "reference"]
-    world_size: WorldSize
-    orchestrator: bool  # TRTLLM_ORCHESTRATOR: two TRT-LLM models with TP/PP > 1
+    deployment: Deployment
+    orchestrator: bool  # TRTLLM_ORCHESTRATOR
     mpi_ranks: int  # tritonserver processes under mpirun
     models: list[str]
     decoupled: bool
     gpu_ids: list[int]
     engines: dict[str, EngineSums]  # engine dir (gpt_model_path) -> its sums
-    # What the launch loads (tritonserver --load-model=NAME each; empty: every model, --load-model=*) and the models
-    # loaded for a measurement phase only, each -> the launch models it replaces while loaded (runtime llmapi: the
-    # baseline, a second full copy of the target, replaces the speculative model; check and bench switch them)
+    # load_models empty: every model; phase_models: model loaded for a measurement phase -> launch models it replaces
     load_models: list[str] = dataclasses.field(default_factory=list)
     phase_models: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
@@ -235,15 +183,11 @@ class RepoRecord:
 
     @classmethod
     def read(cls, repository: Path) -> Optional["RepoRecord"]:
-        """None when the repository has no record (one trt-spec did not write)."""
+        """None when the repository has no record."""
         f = Path(repository) / REPO_META
         if not f.is_file():
             return None
         return cls.from_json(_load_json(f, _REPO_KIND), f)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Reading and writing
 
 
 def _rebuild(data: object, source: Path) -> str:
@@ -319,11 +263,13 @@ class _Damaged(TrtSpecError, ValueError):
 
 
 def _plain(obj: Any) -> Any:
-    """A record as JSON values: dataclasses by field (in declaration order), the pydantic config as JSON."""
+    """A record as JSON values."""
     if dataclasses.is_dataclass(obj):
         return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if hasattr(obj, "model_dump"):
         return obj.model_dump(mode="json")
+    if isinstance(obj, enum.Enum):
+        return obj.value
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     if isinstance(obj, dict):
@@ -356,6 +302,15 @@ def _build(tp: Any, value: Any, where: str, ns: dict) -> Any:
         if value not in args:
             raise _Damaged(f"{at}: {value!r} is not one of {', '.join(map(repr, args))}")
         return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise _Damaged(f"{at}: {value!r} is not one of {', '.join(repr(m.value) for m in tp)}") from None
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise _Damaged(f"{at}: expected a list, got {type(value).__name__}")
+        return tuple(_build(args[0], v, f"{where}[{i}]", ns) for i, v in enumerate(value))
     if origin is list:
         if not isinstance(value, list):
             raise _Damaged(f"{at}: expected a list, got {type(value).__name__}")

@@ -1,20 +1,8 @@
 """The reference engine behind Triton's core `tensorrt_llm` tensor interface (CPU, PyTorch).
 
-Semantics mirror the TensorRT-LLM backend as the BLS uses it (the calls themselves run on batching.BatchScheduler,
-the stand-in's in-flight batching; standin.StandIn puts the backend's contract in front of it):
-- no draft tokens: generate up to `request_output_len` tokens (greedy or sampled), stopping after `end_id`
-  or a stop word (both kept); streaming yields each token as it is produced;
-- `draft_input_ids` d1..dk: one target forward over [last input token, d1..dk] verifies them; the output is
-  the accepted prefix plus one token of the target's own (a bonus token when all k agree). Greedy accepts
-  while d_i == argmax; sampling uses rejection sampling against `draft_logits` when given, else token
-  matching against the target's own samples (both exact).
-
-Prefix KV cache across requests (TensorRT-LLM's KV-cache block reuse, which draft-target needs): a call
-whose input_ids extend a cached sequence computes only the new tokens; otherwise every BLS round would
-re-read the whole prefix and the speedup would collapse. Entries are (tokens whose K/V are valid, a static
-position-addressed KVCache). A call *takes* the best-matching entry out of the LRU (exclusive while the call
-runs: no shared mutable state between in-flight calls) and puts it back extended; a divergent request reuses
-the common prefix and overwrites the rest. Bounded by bytes (LRU eviction).
+It generates, or verifies `draft_input_ids` in one target forward (accepted prefix + one target token), as the
+TensorRT-LLM backend does for the BLS. A byte-bounded LRU prefix KV cache (like TensorRT-LLM's block reuse) lets a
+call compute only the tokens past a cached prefix; without it every draft-target round would re-read the prompt.
 """
 
 from __future__ import annotations
@@ -37,12 +25,12 @@ from .model import KVCache, ReferenceModel
 from .numerics import GpuNumerics
 from .sampling import logits_to_probs
 
-CAPACITY_STEP = 256  # KV-cache capacity grows in multiples of this many positions
-DIVERGE_SLACK = 16  # default: a request may diverge this close to the end of a cached sequence and take it over
+CAPACITY_STEP = 256  # KV-cache capacity granularity
+DIVERGE_SLACK = 16  # a request diverging this close to a cached sequence's end takes it over
 
 
 def load_head(engine_dir: str | Path, model: ReferenceModel) -> Optional[Eagle3Head]:
-    """The EAGLE-3 head an engine directory carries (export --eagle_head), or None."""
+    """The EAGLE-3 head an engine directory carries, or None."""
     from .eagle import HEAD_DIR
 
     d = Path(engine_dir) / HEAD_DIR
@@ -58,7 +46,7 @@ def load_head(engine_dir: str | Path, model: ReferenceModel) -> Optional[Eagle3H
 
 
 def load_engine(engine_dir: str | Path) -> ReferenceModel:
-    """An exported engine directory (FP8/bf16/fp32, see export.py) or a plain HF directory."""
+    """Load an exported engine directory or a plain HF directory."""
     import json
 
     from .export import ENGINE_META, load_engine_state_dict
@@ -77,9 +65,9 @@ def kv_bytes_per_position(model: ReferenceModel) -> int:
 
 @dataclass
 class CacheEntry:
-    tokens: list[int]  # tokens whose K/V are valid at positions 0..len-1
+    tokens: list[int]  # tokens whose K/V are valid
     cache: KVCache
-    head: Optional[HeadState] = None  # an EAGLE engine's head K/V for the same sequence (eagle.HeadState)
+    head: Optional[HeadState] = None  # EAGLE head K/V
 
     @property
     def capacity(self) -> int:
@@ -114,12 +102,10 @@ class PrefixCache:
     def take(
         self, tokens: Sequence[int], copy: Callable[[CacheEntry, int], CacheEntry], slack: int = DIVERGE_SLACK
     ) -> tuple[Optional[CacheEntry], int]:
-        """The entry sharing the longest prefix with `tokens`, and that length.
+        """(entry, shared length) for the longest prefix match with `tokens`.
 
-        An entry that `tokens` extends (or leaves within `slack` positions of its end: the same request's
-        rejected draft tokens) is removed and handed out. An entry that only shares an early prefix with
-        `tokens` (another request's sequence) stays cached for its owner: its common prefix is copied into a
-        new entry instead, so concurrent requests never destroy each other's caches."""
+        An entry that `tokens` extends (within `slack` of its end) is handed out; otherwise its common prefix is
+        copied, so concurrent requests never destroy each other's caches."""
         with self._lock:
             best_key, best_len = None, 0
             for key, e in self._entries.items():
@@ -141,22 +127,20 @@ class PrefixCache:
             self._entries[self._next] = entry
             self._next += 1
             while self._entries and self.bytes() > self.budget:
-                self._entries.popitem(last=False)  # least recently used
+                self._entries.popitem(last=False)
 
 
 @dataclass
 class Sampling:
-    temperature: float = 0.0  # of the sampling rule: 0 = argmax (greedy)
+    temperature: float = 0.0  # 0 = greedy
     top_k: int = 0
     top_p: float = 1.0
     seed: Optional[int] = None
-    # What TensorRT-LLM's kernels do to the logits first (backend_contract.kernel_logits): the request's temperature
-    # as sent (None: absent) and the engine's logits dtype. The stand-in sets both and samples at temperature 1.
+    # the kernels' logits transform (backend_contract.kernel_logits); None: raw logits
     kernel_temperature: Optional[float] = None
-    logits_dtype: Optional[str] = None  # None: the logits as the model computed them (library use, tests)
+    logits_dtype: Optional[str] = None
 
     def logits(self, raw: torch.Tensor) -> torch.Tensor:
-        """The logits tokens are chosen from."""
         if self.logits_dtype is None:
             return raw
         from ..records.backend_contract import kernel_logits
@@ -176,18 +160,16 @@ class CallResult:
     tokens: list[int] = field(default_factory=list)
     accepted: int = 0
     drafted: int = 0
-    logits: list[torch.Tensor] = field(default_factory=list)  # raw logits per generated token (if asked)
-    cancelled: bool = False  # stopped early by should_stop
-    # What the executor's RequestPerfMetrics report (time.monotonic_ns, a steady clock like theirs); 0 = not yet.
+    logits: list[torch.Tensor] = field(default_factory=list)
+    cancelled: bool = False
+    # RequestPerfMetrics timestamps (monotonic ns); 0 = not yet
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     scheduled_ns: int = 0
     first_token_ns: int = 0
     last_token_ns: int = 0
-    reused_tokens: int = 0  # prompt positions whose K/V came from the prefix cache
-    # an EAGLE engine's speculative steps, (drafted, accepted) each (in process only: the backend reports totals)
+    reused_tokens: int = 0
+    # EAGLE only, in process: (drafted, accepted) per step, and the policy's k per round (0 = plain run)
     rounds: list[tuple[int, int]] = field(default_factory=list)
-    # an EAGLE engine's rounds as its draft-length policy chose them: drafts verified by a step, or 0 for a run of plain
-    # decode steps without the head (the loop's LoopStats.draft_lengths; in process only)
     draft_lengths: list[int] = field(default_factory=list)
 
     def token_time(self) -> None:
@@ -196,8 +178,7 @@ class CallResult:
 
 
 class ReferenceEngine:
-    """One loaded model + its prefix cache. Calls run on a batching.BatchScheduler over it (a solo call is a
-    one-request batch); `_compute` serializes forwards."""
+    """One loaded model + its prefix cache; calls run on a batching.BatchScheduler, `_compute` serializes forwards."""
 
     def __init__(
         self,
@@ -212,22 +193,14 @@ class ReferenceEngine:
         draft_costs: Optional[DraftCosts] = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        """numerics: the GPU-numerics mode (numerics.py): every verification forward's logits perturbed below its
-        margin; None = exact. diverge_slack: set to the deployment's max draft length + 1 (how far a request's own
-        rejected drafts can reach back). head: an EAGLE-3 head (eagle.py): every decode then speculates in the engine,
-        max_draft_len tokens per step (a chain), as a TensorRT-LLM engine built with speculative_decoding_mode eagle.
-        draft_policy: the chain's draft length, decided per step by the BLS loop's policy (records/draft_policy.py):
-        "fixed" drafts and verifies max_draft_len every step; "adaptive" drafts k (0..max_draft_len) a step from
-        the request's measured acceptance and the engine's costs, k = 0 being runs of plain decode steps that leave
-        the head idle ("confidence", what engines exported earlier say, reads as adaptive: speculation.
-        DEPRECATED_POLICIES). The adaptive costs start from DraftCosts (measured at load unless `draft_costs` is given)
-        and follow what serving measures with `clock`."""
+        """diverge_slack: max draft length + 1. head: speculate in-engine, up to max_draft_len per step, with
+        draft_policy "fixed" or "adaptive" (costs from draft_costs, else measured at load). numerics: None = exact."""
         self.model = model
         self.head = head
         self.max_draft_len = max_draft_len if head is not None else 0
         self.draft_policy = engine_policy(draft_policy)
         self.clock = clock
-        self.policy: Optional[DraftLengthPolicy] = None  # the chain's policy: its costs, shared by the requests
+        self.policy: Optional[DraftLengthPolicy] = None  # costs shared by all requests
         if head is not None:
             self.policy = DraftLengthPolicy(self.draft_policy.value)
             if self.draft_policy is Policy.ADAPTIVE and self.max_draft_len:
@@ -240,13 +213,10 @@ class ReferenceEngine:
         self.numerics = numerics
 
     def verification_logits(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
-        """A verification forward's logits [k + 1, V] as the accept rule sees them: exact, or perturbed in the
-        GPU-numerics mode (context: the fed sequence, prompt + drafts)."""
+        """Verification logits [k + 1, V] as the accept rule sees them (perturbed in GPU-numerics mode)."""
         return logits if self.numerics is None else self.numerics.perturb(logits, context)
 
-    # -- cache plumbing ---------------------------------------------------------------------------------
     def _copy_prefix(self, entry: CacheEntry, n: int, capacity: int) -> CacheEntry:
-        """A new entry of `capacity` positions holding the first n positions of `entry`."""
         fresh = self.model.new_cache(1, max(capacity, n + 1))
         for src, dst in ((entry.cache.k, fresh.k), (entry.cache.v, fresh.v)):
             for s, d in zip(src, dst):
@@ -255,16 +225,15 @@ class ReferenceEngine:
         return CacheEntry(list(entry.tokens[:n]), fresh, head)
 
     def _acquire(self, tokens: Sequence[int], need: int) -> CacheEntry:
-        """An entry valid for a prefix of `tokens` (never all of it: the last token is always re-fed) with
-        capacity >= need positions."""
+        """An entry valid for a proper prefix of `tokens` (the last token is always re-fed), capacity >= need."""
         cap = min(self.max_seq_len + 1, -(-need // CAPACITY_STEP) * CAPACITY_STEP)
         entry, n = self.prefix_cache.take(tokens, lambda e, m: self._copy_prefix(e, m, cap), self.slack)
         n = min(n, len(tokens) - 1)
         if entry is None:
             entry, n = CacheEntry([], self.model.new_cache(1, cap)), 0
-        elif entry.capacity < need:  # grow: copy the valid prefix into a bigger cache
+        elif entry.capacity < need:
             entry = self._copy_prefix(entry, n, max(cap, need))
-        if self.head is not None:  # the head's slots must cover the reused prefix: re-feed from its first stale slot
+        if self.head is not None:  # re-feed from the head's first stale slot
             valid = entry.head.valid_slots(tokens) if entry.head is not None else 0
             n = min(n, valid)
             if entry.head is None:
@@ -281,23 +250,19 @@ class ReferenceEngine:
             raise ValueError(f"input ({len(input_ids)} tokens) + output ({new}) exceeds max_seq_len {self.max_seq_len}")
 
 
-# The adaptive chain stops drafting when the head's own estimate that its next draft is accepted (the product of its
-# probabilities along the chain, EAGLE-2's signal) falls below this: the policy's k is the most a step drafts.
+# The adaptive chain stops once the product of the head's draft probabilities (EAGLE-2's signal) falls below this.
 STOP_CONFIDENCE = 0.05
 
 
 @dataclass(frozen=True)
 class DraftCosts:
-    """An EAGLE engine's costs measured at load, in seconds: forward_s[n - 1] = a forward feeding n tokens (n = 1..k +
-    1: a decode step, then verifications of 1..k drafts), head_s = one head step (one draft). On a GPU at small batch
-    a verification costs about a decode step; on a CPU well above one."""
+    """Seconds: forward_s[n - 1] = a forward feeding n tokens (n = 1..k + 1), head_s = one head step."""
 
     forward_s: tuple[float, ...]
     head_s: float
 
     def seed(self, costs: CostModel) -> None:
-        """The policy's starting costs at load level 1 (what serving measures takes over): V(n) for n = 2..k + 1, D(k)
-        = k head steps, one decode step."""
+        """Seed the policy's load-1 costs: verify V(n), draft D(k) = k head steps, one decode step."""
         k = len(self.forward_s) - 1
         costs.seed(
             {n: self.forward_s[n - 1] for n in range(2, k + 2)},
@@ -309,12 +274,12 @@ class DraftCosts:
 def measure_draft_costs(
     model: ReferenceModel, head: Eagle3Head, k: int, repeats: int = 3, clock: Callable[[], float] = time.perf_counter
 ) -> DraftCosts:
-    """Time forwards of 1..k + 1 tokens on a scratch cache, and head steps (median of repeats)."""
+    """Median times of forwards of 1..k + 1 tokens and of a head step, on a scratch cache."""
     from .eagle import HeadState, head_step
 
     def median(f) -> float:
         ts = []
-        for _ in range(repeats + 1):  # the first run warms up
+        for _ in range(repeats + 1):  # first run warms up
             t0 = clock()
             f()
             ts.append(clock() - t0)
@@ -344,8 +309,7 @@ def measure_draft_costs(
 def accept_draft(
     draft: Sequence[int], draft_logits: Optional[torch.Tensor], logits: torch.Tensor, sampling: Sampling
 ) -> tuple[list[int], int]:
-    """One verification: logits [k + 1, V] of the target after x_last, d1..dk -> (accepted drafts + one target
-    token, number accepted). Both logits go through the kernel's transform first (Sampling.logits)."""
+    """Target logits [k + 1, V] over x_last, d1..dk -> (accepted drafts + one target token, number accepted)."""
     k = len(draft)
     draft_probs = None
     if draft_logits is not None and sampling.temperature > 0:
@@ -364,7 +328,7 @@ def accept_draft(
 
 
 def cut_at_end(new: Sequence[int], accepted: int, end_id: Optional[int]) -> tuple[list[int], int]:
-    """A verification's tokens up to, not including, the end token (backend_contract.EOS_EXCLUDED)."""
+    """Tokens before the end token (backend_contract.EOS_EXCLUDED)."""
     new = list(new)
     if end_id is not None and end_id in new:
         new = new[: new.index(end_id)]

@@ -1,23 +1,8 @@
 """Reference-engine "compilation": a Hugging Face checkpoint -> an engine directory.
 
-FP8 export: every 2-D weight (linear layers, embedding / LM head) is stored as `torch.float8_e4m3fn` with a
-per-output-channel fp32 scale (`<name>.scale`, shape [out]): scale = amax(|row|) / 448, q = w / scale.
-Norm weights and biases stay fp32. bf16 / fp16 / fp32 exports store the weights in that dtype. The engine
-loads and dequantizes once to fp32 (CPU has no FP8 matmul).
-
-Engine directory: model.safetensors, config.json, tokenizer files, trt_spec_engine.json (format, weights,
-source, quantization report: relative weight error and FP8-vs-full-precision top-1 agreement, and the
-`build_config` the engine is limited by: what trtllm-build bakes into a TensorRT-LLM engine's config.json —
-max_batch_size, max_seq_len, max_num_tokens, max_draft_len, speculative_decoding_mode — which the served
-stand-in enforces exactly like the executor does).
-
-Byte-reproducible: the same checkpoint and arguments give identical files (canonical safetensors header, sorted
-JSON, no timestamps or durations in the files; the export time is printed instead), so engine checksums are
-stable across rebuilds.
-
-Run as a build step: python -m trt_spec.reference.export --checkpoint DIR --output_dir DIR --weights fp8
-    --max_batch_size B --max_seq_len S --max_num_tokens N [--speculative_decoding_mode draft_tokens_external
-    --max_draft_len K] [--eagle_head DIR: an EAGLE-3 head, copied to eagle3/ in the engine (mode eagle)]
+FP8 stores each 2-D weight as float8_e4m3fn with a per-output-channel fp32 `<name>.scale` (amax / 448); the engine
+dequantizes once to fp32. trt_spec_engine.json records the quantization report and the `build_config` limits that
+trtllm-build would bake in, which the stand-in enforces. Output is byte-reproducible (no timestamps in files).
 """
 
 from __future__ import annotations
@@ -34,7 +19,7 @@ import torch
 
 from ..records.backend_contract import LOGITS_DTYPE, LOGITS_DTYPES
 from ..records.names import TOKENIZER_FILES
-from ..records.speculation import DEPRECATED_POLICIES, POLICIES, Policy, engine_policy
+from ..records.speculation import POLICIES, Policy
 from .model import ReferenceModel, load_hf_state_dict
 
 ENGINE_FORMAT = "trt-spec-reference"
@@ -50,7 +35,7 @@ SAMPLE_PROMPTS = (
 
 
 def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [out, in] -> (q float8_e4m3fn [out, in], scale fp32 [out]); per-output-channel absmax scaling."""
+    """w [out, in] -> (q float8_e4m3fn [out, in], scale fp32 [out])."""
     w = w.float()
     amax = w.abs().amax(dim=1).clamp(min=1e-12)
     scale = amax / FP8_MAX
@@ -67,7 +52,7 @@ def _is_quantizable(name: str, t: torch.Tensor) -> bool:
 
 
 def export_state_dict(sd: dict[str, torch.Tensor], weights: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """Convert a state dict to the stored form; returns (tensors, per-format error statistics)."""
+    """(stored tensors, weight-error statistics) of a state dict."""
     out: dict[str, torch.Tensor] = {}
     err_sq = ref_sq = 0.0
     worst = ("", 0.0)
@@ -97,7 +82,7 @@ def export_state_dict(sd: dict[str, torch.Tensor], weights: str) -> tuple[dict[s
 
 
 def load_engine_state_dict(engine_dir: Path) -> dict[str, torch.Tensor]:
-    """Stored tensors -> fp32 state dict (FP8 weights dequantized once, here)."""
+    """An engine's fp32 state dict, FP8 weights dequantized."""
     from safetensors.torch import load_file
 
     raw = load_file(Path(engine_dir) / "model.safetensors")
@@ -123,13 +108,13 @@ def read_engine_meta(engine_dir: Path) -> dict:
 def top1_agreement(
     config: dict, full: dict[str, torch.Tensor], quant: dict[str, torch.Tensor], tokenizer_dir: Path
 ) -> dict:
-    """Fraction of positions where the exported model's argmax equals the full-precision argmax."""
+    """Share of positions where the exported model's argmax equals full precision's."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     a, b = ReferenceModel.from_state_dict(config, full), ReferenceModel.from_state_dict(config, quant)
 
-    def logits(model, ids):  # [S, V]: one prefill over the whole prompt
+    def logits(model, ids):  # [S, V]
         t = torch.tensor([ids])
         return model.forward(t, torch.arange(len(ids))[None], model.new_cache(1, len(ids)))[0]
 
@@ -142,8 +127,7 @@ def top1_agreement(
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    """safetensors.save_file with a canonical header: the library writes its metadata map in hash order (it
-    differs run to run); rewrite the header in place with the metadata sorted (same length, same data)."""
+    """safetensors.save_file, then rewrite the header sorted (the library writes metadata in hash order)."""
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata=metadata)
@@ -154,7 +138,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
         canon = {"__metadata__": dict(sorted(meta.items()))} if meta is not None else {}
         canon.update(sorted(header.items()))
         text = json.dumps(canon, separators=(",", ":"), ensure_ascii=False).encode()
-        if len(text) > n:  # never expected: the same JSON, reordered
+        if len(text) > n:  # not expected: same JSON, reordered
             raise RuntimeError(f"{path}: canonical safetensors header is longer than the written one")
         f.seek(8)
         f.write(text + b" " * (n - len(text)))
@@ -180,7 +164,7 @@ def export(
     for name in TOKENIZER_FILES:
         if (checkpoint / name).is_file():
             shutil.copy2(checkpoint / name, out / name)
-    if eagle_head is not None:  # the head rides in the engine (fp32: small next to the target, read every step)
+    if eagle_head is not None:  # kept fp32: small next to the target
         from .eagle import HEAD_DIR
 
         (out / HEAD_DIR).mkdir(exist_ok=True)
@@ -202,7 +186,7 @@ def export(
         "build_config": build_config or {},
     }
     (out / ENGINE_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    return {**meta, "seconds": round(time.monotonic() - t0, 1)}  # not in the file: it would change its bytes
+    return {**meta, "seconds": round(time.monotonic() - t0, 1)}  # not in the file: keeps it reproducible
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output_dir", required=True)
     ap.add_argument("--weights", default="fp8", choices=["fp8", *STORE_DTYPES])
     ap.add_argument("--no-agreement-check", action="store_true", help="skip the FP8-vs-full top-1 check")
-    # The engine's limits, named like trtllm-build's flags (they mean the same and the stand-in enforces them).
+    # the engine's limits, named like trtllm-build's flags
     ap.add_argument("--max_batch_size", type=int, required=True)
     ap.add_argument("--max_seq_len", type=int, required=True)
     ap.add_argument("--max_num_tokens", type=int, required=True)
@@ -221,14 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--eagle_draft_policy",
         default=Policy.ADAPTIVE.value,
-        choices=[*POLICIES, *DEPRECATED_POLICIES],  # a deprecated word is stored as what replaces it
+        choices=list(POLICIES),
         help="mode eagle: the chain's draft length, k per step from measured costs and acceptance (k = 0 included) "
         "or always max_draft_len (records/draft_policy.py, as the BLS's loop)",
     )
-    # trtllm-build's --logits_dtype: the stand-in applies the kernels' temperature rule and clamp in this dtype
+    # the stand-in applies the kernels' temperature rule and clamp in this dtype
     ap.add_argument("--logits_dtype", default=LOGITS_DTYPE, choices=LOGITS_DTYPES)
-    # trtllm-build's flag: without it the stand-in refuses return_generation_logits as the executor does
-    # (backend_contract.NO_GENERATION_LOGITS)
+    # without it return_generation_logits is refused (backend_contract.NO_GENERATION_LOGITS)
     ap.add_argument("--gather_generation_logits", action="store_true")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -243,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "logits_dtype": a.logits_dtype,
     }
     if a.eagle_head:
-        build_config["eagle_draft_policy"] = engine_policy(a.eagle_draft_policy).value
+        build_config["eagle_draft_policy"] = a.eagle_draft_policy
     meta = export(
         Path(a.checkpoint),
         Path(a.output_dir),

@@ -1,2 +1,1 @@
-"""Stage 2, repository: the Triton model repository writer (trt-spec repo), one writer per runtime, and the memory plan
-read from the repository as written."""
+"""Stage 2, repository: the Triton model repository writers (trt-spec repo) and its memory plan."""

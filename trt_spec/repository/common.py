@@ -1,11 +1,6 @@
-"""What every runtime's repository writer shares: where the shipped python models are, the one error, reading a
-config.pbtxt back, the memory check, and the atomic write of a planned repository.
-
-One writer per runtime (records/recipes.py Recipe.writer): writer.py for runtime engine (the tensorrt_llm models, the
-ensemble and the speculative BLS), llmapi.py for runtime llmapi (TensorRT-LLM's LLM-API model). Each plans its
-repository as a RepoPlan (the models' configs, the record, how to write the files); writer.write_repository picks the
-runtime's plan and writes it here, the same way for both: memory checked before anything is written, files into a
-temporary directory, validated, renamed into place.
+"""What the repository writers share (writer.py: runtime engine, llmapi.py: runtime llmapi): the shipped python
+models, the error, config.pbtxt parsing, and the atomic write of a RepoPlan (memory checked first, then a temporary
+directory, validated, renamed into place).
 """
 
 from __future__ import annotations
@@ -25,9 +20,8 @@ from .memory import overflow
 
 
 def model_repo_sources() -> Path:
-    """The python-backend models (NAME/1/model.py): top-level model_repo/ in a checkout, `trt_spec.model_repo` in an
-    installed wheel (pyproject.toml maps one to the other). Data: never imported by trt_spec (they import
-    triton_python_backend_utils, which exists only inside a Triton stub), copied into each repository."""
+    """The python-backend models (NAME/1/model.py), copied into each repository; never imported here (they need
+    Triton's triton_python_backend_utils)."""
     from importlib.resources import files
 
     return Path(str(files("trt_spec.model_repo")))
@@ -62,8 +56,7 @@ def write_config(model_dir: Path, cfg: mc.ModelConfig) -> None:
 def check_memory(
     manifest: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict], record: RepoRecord
 ) -> None:
-    """The repository's memory plan (repository/memory.py): RepositoryError, one line, when the models Triton holds at
-    once overflow a GPU; before anything is written."""
+    """RepositoryError when the models Triton holds at once overflow a GPU."""
     line = overflow(manifest, configs, yamls, record)
     if line is not None:
         raise RepositoryError(line)
@@ -73,18 +66,17 @@ def check_memory(
 class RepoPlan:
     """One runtime's repository before it is written."""
 
-    configs: dict[str, mc.ModelConfig]  # name -> config.pbtxt
-    record: RepoRecord  # trt_spec_repo.json
-    write: Callable[[Path], None]  # writes every model's files under a (temporary) repository directory
+    configs: dict[str, mc.ModelConfig]
+    record: RepoRecord
+    write: Callable[[Path], None]  # writes every model's files under the given repository directory
     yamls: dict[str, dict] = field(default_factory=dict)  # name -> 1/model.yaml (LLM-API models)
-    require_sources: bool = True  # validate: every python model has its model.py (LLM-API: NVIDIA's may be absent)
+    require_sources: bool = True  # False: NVIDIA's LLM-API model.py may be absent
 
 
 def write_planned(
     manifest: BuildManifest, plan: RepoPlan, dest: Path, validate: Callable[..., dict[str, mc.ModelConfig]]
 ) -> dict[str, mc.ModelConfig]:
-    """Check the plan's memory, then write it atomically (temp dir, validate, rename). Safe to rerun over an
-    existing repository."""
+    """Check the plan's memory, then write it atomically; safe to rerun over an existing repository."""
     check_memory(manifest, plan.configs, plan.yamls, plan.record)
     with replacing_dir(Path(dest)) as tmp:
         tmp.mkdir()

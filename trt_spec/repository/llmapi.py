@@ -1,17 +1,9 @@
-"""The Triton repository of a `runtime: llmapi` deployment: TensorRT-LLM's LLM-API model (records/llmapi_contract.py)
-twice over the same checkpoint — `tensorrt_llm` with the config's speculative_config, `tensorrt_llm_baseline` without
-it (what identity and speedup compare against: the LLM-API path has no separate baseline engine).
+"""The Triton repository of a `runtime: llmapi` deployment: TensorRT-LLM's LLM-API model twice over one checkpoint,
+`tensorrt_llm` (speculative) and `tensorrt_llm_baseline`, each config.pbtxt + 1/model.yaml + NVIDIA's 1/model.py.
 
-The two are never loaded together: each is a full copy of the target whose KV cache takes a share of the GPU memory
-left free (each LLM(**model.yaml) loads the weights, then sizes its KV cache: MODEL _init_engine/_run_llm_engine), so a
-second copy does not fit. The launch loads `tensorrt_llm` only (LAUNCH_MODELS); `tensorrt_llm_baseline` is a phase
-model (PHASE_MODELS, in trt_spec_repo.json): `trt-spec check` and `bench` unload the speculative model, load the
-baseline, measure it, unload it and load the speculative model back (harness/phases.py).
-
-Each model is `config.pbtxt` (the recorded tensor interface) + `1/model.yaml` (the LLM's arguments and its
-triton_config) + `1/model.py`. The python source is NVIDIA's, from the image (toolchain.llmapi_model_dir): trt-spec
-does not ship it. Where that directory is not on this machine (`trt-spec repo CONFIG` on a laptop) the repository is
-written without it and `trt-spec serve` refuses to start with one line naming the directory to copy.
+The two never load together, as each is a full target copy with its own KV cache
+(upstream-facts: llmapi-kv-cache-free-memory): the baseline is a phase model that check and bench swap in. NVIDIA's
+model.py comes from the image; where it is absent the repository is written without it and serve refuses to start.
 """
 
 from __future__ import annotations
@@ -30,11 +22,8 @@ from ..records.speculation import Mode
 from .common import RepoPlan, model_repo_sources, write_config
 
 DTYPES = {"TYPE_STRING", "TYPE_BOOL", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT64", "TYPE_FP32"}
-# The LLM API's cancellation poll (MODEL cancellation_loop; its default)
-CANCELLATION_CHECK_PERIOD_MS = 100
-# Where NVIDIA's LLM-API model source may be in the NGC image: tried in order when the config names none (unverified
-# on the image: docs/serving.md's first-run checklist finds it with
-# `find / -path '*all_models/llmapi/tensorrt_llm/1/model.py'`).
+CANCELLATION_CHECK_PERIOD_MS = 100  # upstream-facts: llmapi-cancellation-poll
+# tried in order when the config names none; unverified on the image (docs/serving.md's checklist finds it)
 LLMAPI_SOURCE_CANDIDATES = (
     "/app/all_models/llmapi/tensorrt_llm/1",
     "/app/tensorrt_llm/triton_backend/all_models/llmapi/tensorrt_llm/1",
@@ -42,19 +31,19 @@ LLMAPI_SOURCE_CANDIDATES = (
 )
 
 
-# What the launch loads, and the phase-only models with the launch models each replaces while loaded (RepoRecord)
+# phase-only model -> the launch models it replaces while loaded
 LAUNCH_MODELS = [lc.MODEL_NAME]
 PHASE_MODELS = {lc.BASELINE_MODEL: [lc.MODEL_NAME]}
 
 
 class LlmapiRepositoryError(TrtSpecError, ValueError):
-    """One line: what is wrong with the LLM-API repository and the fix."""
+    """What is wrong with the LLM-API repository and the fix, in one line."""
 
 
 def speculative_config(m: BuildManifest) -> Optional[dict]:
-    """The LLM's speculative_config for the manifest's mode (ARGS names, the 1.2 line); None for mode none."""
-    s, k = m.config.speculative, m.speculative.max_draft_len
-    mode = Mode(s.mode)
+    """The LLM's speculative_config for the manifest's mode; None for mode none."""
+    s = m.deployment.speculation
+    mode, k = s.mode, s.max_draft_len
     if mode is Mode.NONE:
         return None
     out: dict = {"decoding_type": lc.DECODING_TYPES[mode], "max_draft_len": k}
@@ -65,17 +54,18 @@ def speculative_config(m: BuildManifest) -> Optional[dict]:
             out[lc.NGRAM_MATCH] = s.ngram_size
         case Mode.EAGLE3:
             out[lc.SPEC_MODEL_DIR] = m.engines["draft"].dir
-            out[lc.EAGLE3_ONE_MODEL] = s.eagle3.one_model
+            out[lc.EAGLE3_ONE_MODEL] = s.eagle3_one_model
         case Mode.MTP:
-            del out["max_draft_len"]  # MTPDecodingConfig.from_dict sets it from num_nextn_predict_layers
-            out[lc.NUM_NEXTN] = s.mtp.num_nextn_predict_layers
+            del out["max_draft_len"]  # upstream-facts: llmapi-mtp-max-draft-len
+            out[lc.NUM_NEXTN] = s.num_nextn_predict_layers
     return out
 
 
 def model_yaml(m: BuildManifest, *, speculative: bool, decoupled: bool) -> dict:
-    """model.yaml: the LLM's arguments (LLM_KEYS) and triton_config (TRITON_KEYS)."""
-    lim, t = m.limits, m.target
-    kv: dict = {"free_gpu_memory_fraction": m.runtime.kv_cache_free_gpu_mem_fraction, "enable_block_reuse": True}
+    """model.yaml: the LLM's arguments and triton_config."""
+    lim, t = m.deployment.limits, m.target
+    kv: dict = {"free_gpu_memory_fraction": m.deployment.placement.kv_cache_free_gpu_mem_fraction}
+    kv["enable_block_reuse"] = True
     if t.kv_cache == "fp8":
         kv["dtype"] = "fp8"
     y: dict = {
@@ -88,13 +78,12 @@ def model_yaml(m: BuildManifest, *, speculative: bool, decoupled: bool) -> dict:
         "max_num_tokens": lim.max_num_tokens,
         "kv_cache_config": kv,
         "cuda_graph_config": {"max_batch_size": lim.max_batch_size, "enable_padding": True},
-        "return_perf_metrics": True,  # the perf outputs, acceptance included, for requests that ask for them
+        "return_perf_metrics": True,
     }
     spec = speculative_config(m) if speculative else None
     if spec is not None:
         y["speculative_config"] = spec
-    # NVIDIA's template: triton max_batch_size 0 (the LLM batches in flight by itself; Triton-level batching is not
-    # supported by this model, YAML L17-19).
+    # upstream-facts: llmapi-max-batch-size-zero
     y[lc.TRITON_KEY] = {
         "max_batch_size": 0,
         "decoupled": decoupled,
@@ -111,7 +100,7 @@ def _tensor(cls, t: lc.Tensor):
 
 
 def model_config(name: str, decoupled: bool) -> mc.ModelConfig:
-    """config.pbtxt of one LLM-API model: CFG's interface, max_batch_size 0, the transaction policy of model.yaml."""
+    """config.pbtxt of one LLM-API model."""
     cfg = mc.ModelConfig(name=name, backend=lc.BACKEND, max_batch_size=0)
     cfg.model_transaction_policy.decoupled = decoupled
     cfg.input.extend(_tensor(mc.ModelInput, t) for t in lc.INPUTS)
@@ -121,7 +110,7 @@ def model_config(name: str, decoupled: bool) -> mc.ModelConfig:
 
 
 def model_repo_llmapi() -> Path:
-    """The CPU stand-in of the LLM-API model (model_repo/llmapi/1: model.py over in_triton/llmapi_standin.py)."""
+    """The CPU stand-in of the LLM-API model."""
     return model_repo_sources() / "llmapi" / "1"
 
 
@@ -145,18 +134,16 @@ def llmapi_models(m: BuildManifest, decoupled: bool) -> dict[str, tuple[mc.Model
 
 
 def record(m: BuildManifest, decoupled: bool, names) -> RepoRecord:
-    """trt_spec_repo.json of the LLM-API repository: one tritonserver process (the LLM API spawns its own ranks), the
-    launch loading the speculative model only and the baseline as a phase model."""
+    """The LLM-API repository's record: one tritonserver process (the LLM API spawns its own ranks)."""
     return RepoRecord(
         name=m.name,
         config_hash=m.config_hash,
-        engine=m.engine,
-        world_size=m.world_size,
+        deployment=m.deployment,
         orchestrator=False,
         mpi_ranks=1,
         models=sorted(names),
         decoupled=decoupled,
-        gpu_ids=sorted(set(m.runtime.target_devices)),
+        gpu_ids=sorted(set(m.deployment.placement.target_devices)),
         engines={},
         load_models=list(LAUNCH_MODELS),
         phase_models={k: list(v) for k, v in PHASE_MODELS.items()},
@@ -164,10 +151,8 @@ def record(m: BuildManifest, decoupled: bool, names) -> RepoRecord:
 
 
 def write_models(m: BuildManifest, root: Path, decoupled: bool) -> tuple[dict[str, mc.ModelConfig], Optional[Path]]:
-    """Write both models under `root` (a temp dir the caller renames into place). Returns the configs and the
-    directory NVIDIA's model.py was copied from (None: not on this machine, not copied)."""
-    # the reference engine: trt-spec's own stand-in (model_repo/llmapi); a GPU: NVIDIA's, from the image
-    source = llmapi_source(m.config.toolchain.llmapi_model_dir) if m.config.recipe.gpu else model_repo_llmapi()
+    """Write both models under `root`; (configs, where model.py was copied from or None)."""
+    source = llmapi_source(m.config.toolchain.llmapi_model_dir) if m.deployment.gpu else model_repo_llmapi()
     configs = {}
     for name, (cfg, y) in llmapi_models(m, decoupled).items():
         d = root / name
@@ -181,7 +166,7 @@ def write_models(m: BuildManifest, root: Path, decoupled: bool) -> tuple[dict[st
 
 
 def repo_plan(m: BuildManifest, decoupled: bool) -> RepoPlan:
-    """runtime: llmapi's repository: both LLM-API models, the record; NVIDIA's model.py may be absent here."""
+    """The runtime llmapi repository's plan."""
     models = llmapi_models(m, decoupled)
 
     def write(root: Path) -> None:
@@ -197,8 +182,7 @@ def repo_plan(m: BuildManifest, decoupled: bool) -> RepoPlan:
 
 
 def check_model(cfg: mc.ModelConfig, y: dict, where: str) -> None:
-    """An LLM-API model against the recorded contract: its interface, and model.yaml's keys and speculative_config.
-    Raises LlmapiRepositoryError."""
+    """An LLM-API model's config and model.yaml against the recorded contract; LlmapiRepositoryError."""
     want_in = {t.name: t for t in lc.INPUTS}
     have_in = {i.name: i for i in cfg.input}
     for name, t in want_in.items():
@@ -253,8 +237,7 @@ def missing_sources(repo: Path) -> list[str]:
 
 
 def validate(repo: Path, models: dict[str, mc.ModelConfig], *, require_source: bool) -> None:
-    """Every LLM-API model of a repository (a directory with 1/model.yaml) against the contract; with
-    require_source, NVIDIA's model.py must be there (what serve needs)."""
+    """Every LLM-API model of a repository against the contract; require_source: model.py must be there too."""
     for name, cfg in models.items():
         f = Path(repo) / name / "1" / lc.YAML_FILE
         if not f.is_file():

@@ -1,2 +1,1 @@
-"""Stage 3, serve: the tritonserver launcher and supervisor (trt-spec serve) and the OpenAI-compatible frontend it can
-start beside Triton."""
+"""Stage 3, serve: the tritonserver launcher and supervisor (trt-spec serve) and the OpenAI frontend."""

@@ -1,10 +1,7 @@
-"""The admin key of a served repository: the admin APIs (shared-memory, model-config, model-repository, trace,
-logging) answer only requests carrying the header ADMIN_HEADER (gRPC: GRPC_ADMIN_HEADER) with it; health, metadata,
-statistics and inference stay open.
+"""The admin key of a served repository: Triton's admin APIs answer only requests carrying it in ADMIN_HEADER.
 
-model-config is restricted because the configs name this machine's engine and tokenizer directories (absolute, as
-NVIDIA's templates write them, so any launch finds them). The key of a running server is in admin_key_path(PORT) for
-its HTTP and gRPC ports (0600, removed on stop), where the harness on the same host finds it.
+model-config is restricted too, since configs name this machine's absolute engine and tokenizer paths. A running
+server's key is in admin_key_path(PORT) (0600, removed on stop) for the harness on the same host.
 """
 
 from __future__ import annotations
@@ -19,27 +16,26 @@ from typing import Optional
 from ..records import defaults
 from .errors import ServerError
 
-# Admin APIs, restricted on both protocols (tritonserver --http-restricted-api / --grpc-restricted-protocol).
 RESTRICTED_APIS = ("shared-memory", "model-config", "model-repository", "trace", "logging")
 ADMIN_HEADER = "triton-admin-key"
-GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # Triton prefixes the key of a restricted gRPC protocol
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # (upstream-facts: triton-grpc-restricted-header-prefix)
 ADMIN_KEY_RE = re.compile(r"[A-Za-z0-9._~+/-]{16,}")
 
 
 def launch_key(admin_key: Optional[str]) -> str:
-    """The key a launch restricts the admin APIs to: the one given (checked), else a random one nobody is told."""
+    """The given key (checked), else a random one nobody is told."""
     if admin_key is not None and not ADMIN_KEY_RE.fullmatch(admin_key):
         raise ServerError("the admin key must be at least 16 characters from A-Z a-z 0-9 . _ ~ + / -")
     return admin_key or secrets.token_urlsafe(32)
 
 
 def restricted_arg(key: str) -> str:
-    """The value of --http-restricted-api and --grpc-restricted-protocol: every admin API, behind `key`."""
+    """The value of --http-restricted-api and --grpc-restricted-protocol."""
     return ",".join(RESTRICTED_APIS) + f":{ADMIN_HEADER}={key}"
 
 
 def shown_key(admin_key_file: Optional[Path]) -> str:
-    """What a printed command line shows in place of the key: the file's contents, or a fresh random key."""
+    """What a printed command line shows in place of the key."""
     return (
         f'"$(cat {shlex.quote(str(admin_key_file))})"'
         if admin_key_file
@@ -48,7 +44,7 @@ def shown_key(admin_key_file: Optional[Path]) -> str:
 
 
 def read_admin_key(path: Path) -> str:
-    """The admin key stored in path; a missing file is created with a random key, readable by its owner only."""
+    """The key stored in path; a missing file is created (0600) with a random key."""
     path = Path(path)
     try:
         if not path.exists():
@@ -69,15 +65,12 @@ def read_admin_key(path: Path) -> str:
 
 
 def admin_key_path(port: int) -> Path:
-    """Where `trt-spec serve` leaves the admin key of its server on `port` (its HTTP and its gRPC port) while it
-    runs."""
+    """Where `trt-spec serve` leaves the key of its server on `port` (HTTP or gRPC) while it runs."""
     return defaults.cache_dir() / defaults.ADMIN_KEYS_SUBDIR / f"{int(port)}.key"
 
 
 def write_admin_key_files(key: str, ports: list[int]) -> list[Path]:
-    """The key, one line, in admin_key_path(port) for each port: owner-only (directory 0700, file 0600 from creation)
-    and atomic (written beside, then renamed). Returns the files written; a cache that cannot be written is skipped
-    (the harness then asks for --admin-key-file)."""
+    """Write the key owner-only and atomically to admin_key_path(port) per port; returns the files written."""
     written = []
     for port in ports:
         path = admin_key_path(port)
@@ -94,7 +87,7 @@ def write_admin_key_files(key: str, ports: list[int]) -> list[Path]:
 
 
 def remove_admin_key_files(key: str, paths: list[Path]) -> None:
-    """Remove the files write_admin_key_files wrote, each only while it still holds this server's key."""
+    """Remove each file only while it still holds this server's key."""
     for path in paths:
         try:
             if path.read_text().strip() == key:

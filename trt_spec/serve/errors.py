@@ -1,5 +1,4 @@
-"""ServerError: why a server cannot be launched, or stopped serving, as one line a user can act on. Every module of
-serve/ raises it; `trt-spec serve` prints it (exit 2 before the server starts, 1 after)."""
+"""ServerError: why a server cannot start or stopped serving, in one actionable line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The launch of a model repository: `tritonserver --model-repository …`, one process per rank under mpirun when
-TP/PP > 1 (or one under `mpirun -n 1` in orchestrator mode), as exact argv and environment (LaunchSpec), beside the
-plain launch a user can type anywhere; and what the launch loads (the bytes of weights, hence how long to wait)."""
+"""The launch of a model repository (tritonserver, under mpirun when TP/PP > 1) as exact argv and environment, beside
+the plain launch a user can type anywhere; and the bytes of weights it loads."""
 
 from __future__ import annotations
 
@@ -11,8 +10,9 @@ from pathlib import Path
 from typing import Optional
 
 from ..records import defaults
-from ..records.manifest import ManifestError, RepoRecord
+from ..records.manifest import REPO_META, ManifestError, RepoRecord
 from ..records.procutil import shell_line
+from ..records.speculation import Runtime
 from .admin_key import launch_key, restricted_arg, shown_key
 from .errors import ServerError
 from .locate import (
@@ -31,11 +31,11 @@ class LaunchSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     shm_prefix: str = ""
-    plain: str = ""  # the real launch without serve's extras (ports, keys, drain), as a user can type it anywhere
-    plain_backends: Optional[Path] = None  # nvidia-pytriton: the backend directory `plain` names (prepare_plain)
-    workdir: Optional[Path] = None  # the backends copy to prepare before starting (nvidia-pytriton only)
-    admin_key: str = ""  # header value that unlocks RESTRICTED_APIS; never printed
-    admin_key_shown: str = ""  # what shell() prints in its place
+    plain: str = ""  # the launch without serve's extras (ports, keys, drain)
+    plain_backends: Optional[Path] = None  # nvidia-pytriton: the backend directory `plain` names
+    workdir: Optional[Path] = None  # nvidia-pytriton: backends still to copy before starting
+    admin_key: str = ""  # unlocks the restricted APIs; never printed
+    admin_key_shown: str = ""
     notes: list[str] = field(default_factory=list)
 
     def shell(self) -> str:
@@ -43,55 +43,98 @@ class LaunchSpec:
         return text.replace(self.admin_key, self.admin_key_shown) if self.admin_key else text
 
     def prepare_plain(self) -> None:
-        """Make the backend directory `plain` names (nvidia-pytriton's backends and this interpreter's stub, in the
-        cache: defaults.cache_dir()); nothing to do for the NGC image's tritonserver."""
+        """Make the backend directory `plain` names (nvidia-pytriton only)."""
         if self.plain_backends is not None:
             prepare_cached_backends(self.plain_backends)
 
 
-def repo_info(repo: Path, record: Optional[RepoRecord] = None) -> tuple[int, bool, list[int]]:
-    """(tritonserver processes under mpirun, orchestrator mode, GPU ids) from the repository's record: the one given,
-    else its trt_spec_repo.json; (1, False, [0]) for a repository trt-spec did not write. An old or foreign record
-    is refused with one line."""
-    if record is None:
-        if not Path(repo).is_dir():
+@dataclass(frozen=True)
+class ServedRepository:
+    """A model repository as serve reads it, once: its path and record (None: not written by trt-spec, served as one
+    process loading every model)."""
+
+    path: Path
+    record: Optional[RepoRecord]
+
+    @staticmethod
+    def load(repo: Path) -> "ServedRepository":
+        """ServerError for a missing repository, a build directory, missing LLM-API sources, or a bad record."""
+        repo = Path(repo).resolve()
+        if not repo.is_dir():
             raise ServerError(
                 f"{repo}: model repository not found; write one with `trt-spec repo BUILD_DIR --out {repo}`"
             )
-        if (Path(repo) / "manifest.json").is_file() and not (Path(repo) / "trt_spec_repo.json").is_file():
+        if (repo / "manifest.json").is_file() and not (repo / REPO_META).is_file():
             raise ServerError(
                 f"{repo} is a build directory, not a model repository; write one from it, then serve "
-                f"that: trt-spec repo {repo} --out {Path(repo) / 'repo'} && trt-spec serve "
-                f"{Path(repo) / 'repo'}"
+                f"that: trt-spec repo {repo} --out {repo / 'repo'} && trt-spec serve {repo / 'repo'}"
             )
         from ..repository.llmapi import missing_sources
 
-        missing = missing_sources(Path(repo))
+        missing = missing_sources(repo)
         if missing:
             raise ServerError(missing[0])
         try:
-            record = RepoRecord.read(Path(repo))
+            return ServedRepository(repo, RepoRecord.read(repo))
         except ManifestError as e:
             raise ServerError(str(e)) from None
-    if record is None:
-        return 1, False, [0]
-    return record.mpi_ranks, record.orchestrator, list(record.gpu_ids or [0])
 
+    @property
+    def runtime(self) -> Optional[Runtime]:
+        return self.record.deployment.runtime if self.record else None
 
-def launch_models(repo: Path, record: Optional[RepoRecord] = None) -> list[str]:
-    """The models the launch loads by name when the repository has phase-only models (its record's load_models);
-    [] (every model) otherwise, or for a repository trt-spec did not write."""
-    if record is None:
-        try:
-            record = RepoRecord.read(Path(repo))
-        except ManifestError as e:
-            raise ServerError(str(e)) from None
-    return list(record.load_models) if record is not None and record.phase_models else []
+    @property
+    def llmapi(self) -> bool:
+        return self.runtime is Runtime.LLMAPI
+
+    @property
+    def mpi_ranks(self) -> int:
+        return self.record.mpi_ranks if self.record else 1
+
+    @property
+    def orchestrator(self) -> bool:
+        return bool(self.record and self.record.orchestrator)
+
+    @property
+    def gpu_ids(self) -> list[int]:
+        return list((self.record.gpu_ids if self.record else None) or [0])
+
+    @property
+    def launch_models(self) -> list[str]:
+        """The models the launch loads by name when the repository has phase-only models; [] (every model) else."""
+        r = self.record
+        return list(r.load_models) if r is not None and r.phase_models else []
+
+    def engine_bytes(self) -> int:
+        """Bytes of weights the launch loads (engines; runtime llmapi: the directories model.yaml names); 0 without a
+        record."""
+        if self.record is None:
+            return 0
+        total = 0
+        for d, sums in self.record.engines.items():
+            total += sum(int(f.get("size", 0)) for f in sums.files.values()) if sums.files else _dir_bytes(d)
+        if self.runtime is Runtime.LLMAPI:
+            import yaml
+
+            from ..records import llmapi_contract as lc
+
+            for name in self.record.load_models or []:
+                f = self.path / name / "1" / lc.YAML_FILE
+                y = (yaml.safe_load(f.read_text()) or {}) if f.is_file() else {}
+                dirs = [y.get("model"), (y.get("speculative_config") or {}).get(lc.SPEC_MODEL_DIR)]
+                total += sum(_dir_bytes(d) for d in dirs if isinstance(d, str) and os.path.isdir(d))
+        return total
+
+    def ready_timeout_s(self) -> float:
+        """serve's default ready timeout, in seconds; on a GPU the LLM API adds start-up work after the weights."""
+        d = self.record.deployment if self.record else None
+        llmapi_gpu = bool(d and d.runtime is Runtime.LLMAPI and d.gpu)
+        return defaults.ready_timeout_s(self.engine_bytes()) + (defaults.LLMAPI_READY_EXTRA_S if llmapi_gpu else 0.0)
 
 
 @dataclass(frozen=True)
 class _Ranks:
-    """What every rank's argv is made of; rank_args/processes give serve's launch (plain=False) or the plain one."""
+    """What every rank's argv is made of, for serve's launch or (plain=True) the plain one."""
 
     binary: Path
     repo: Path
@@ -102,7 +145,7 @@ class _Ranks:
     backend_args: list[str]
     plain_backend_args: list[str]
     shm_prefix: str
-    serving_args: list[str]  # rank 0 of serve's launch: addresses, ports, restricted APIs, log level
+    serving_args: list[str]  # rank 0 of serve's launch only
 
     def rank_args(self, rank: int, plain: bool = False) -> list[str]:
         if plain:
@@ -129,14 +172,11 @@ class _Ranks:
                 "--allow-grpc=false",
                 "--allow-metrics=false",
             ]
-        elif plain and self.loads:  # a repository with phase-only models: load the launch's models only, never all
+        elif plain and self.loads:  # phase-only models must not load at start
             a += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in self.loads)]
         elif not plain:
-            # explicit model control with every model loaded at start (as mode none does): `trt-spec serve` drains
-            # by loading a model that refuses to load, which turns /v2/health/ready false (TritonServer.drain).
-            # A repository with phase-only models (its record's phase_models: the LLM-API baseline) loads the
-            # launch's models by name instead (Triton refuses --load-model=* beside another --load-model: server
-            # docs/user_guide/model_management.md r26.04, "Model Control Mode EXPLICIT")
+            # explicit mode so that serve can drain (TritonServer.drain); models by name when some are phase-only
+            # (upstream-facts: triton-load-model-star-exclusive)
             a += ["--model-control-mode=explicit", *([f"--load-model={m}" for m in self.loads] or ["--load-model=*"])]
             a += self.serving_args
         return a
@@ -153,8 +193,7 @@ class _Ranks:
 
 
 def _backends(binary: Path, workdir: Optional[Path], prepare: bool):
-    """(backend args, env, notes, the work dir left to prepare) of the binary: nvidia-pytriton's needs its backends
-    copied into workdir (now, or by the caller when prepare=False; a placeholder WORKDIR without one)."""
+    """(backend args, env, notes, work dir left to prepare); nvidia-pytriton's binary needs its backends copied."""
     if not is_pytriton(binary):
         return [], {}, [], None
     notes, spec_workdir = [], None
@@ -173,7 +212,7 @@ def _backends(binary: Path, workdir: Optional[Path], prepare: bool):
 
 
 def launch_spec(
-    repo: Path,
+    served: ServedRepository,
     *,
     http_port: int = defaults.HTTP_PORT,
     grpc_port: int = defaults.GRPC_PORT,
@@ -185,27 +224,20 @@ def launch_spec(
     prepare: bool = True,
     admin_key: Optional[str] = None,
     admin_key_file: Optional[Path] = None,
-    record: Optional[RepoRecord] = None,
     shm_prefix: Optional[str] = None,
 ) -> LaunchSpec:
-    """The exact command line(s); world size and orchestrator mode come from the repository's record (`record`: the
-    record of a repository that need not exist here, e.g. a pod's; computed, nothing read or written).
+    """The exact command line(s) for `served` (which need not exist here, e.g. a pod's).
 
-    With nvidia-pytriton's binary the backends are copied into workdir (prepare=False: later, by the caller); without
-    a workdir the command names a placeholder WORKDIR and copies nothing. admin_key unlocks the restricted APIs
-    (default: a random key nobody is told; admin_key_file only changes how shell() shows it).
+    Without a workdir nvidia-pytriton's backends go to a placeholder WORKDIR; admin_key defaults to a random key.
     """
-    repo = Path(repo).resolve()
-    world, orchestrator, gpu_ids = repo_info(repo, record)
-    loads = launch_models(repo, record)
+    repo, world, orchestrator = served.path, served.mpi_ranks, served.orchestrator
+    gpu_ids, loads = served.gpu_ids, served.launch_models
     binary = binary or find_tritonserver()
     if binary is None:
         raise ServerError("tritonserver not found; use the NGC image or `pip install 'trt-spec[serve]'`")
     backend_args, env, notes, spec_workdir = _backends(binary, workdir, prepare)
     if orchestrator:
-        # Two TRT-LLM models with TP/PP > 1: orchestrator mode, as NVIDIA's scripts/launch_triton_server.py
-        # --multi-model runs it: one tritonserver under `mpirun -n 1`, the backend spawns the ranks, and the
-        # server keeps no pinned/CUDA memory pools or peer access of its own (they collide with the workers').
+        # two TRT-LLM models with TP/PP > 1 (upstream-facts: trtllm-orchestrator-multi-model)
         env["TRTLLM_ORCHESTRATOR"] = "1"
         env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
     # unique per server, also within one process; a fixed one for a pod (its own /dev/shm)
@@ -221,9 +253,7 @@ def launch_spec(
         f"--http-restricted-api={restricted_arg(key)}",
         f"--grpc-restricted-protocol={restricted_arg(key)}",
     ]
-    # The plain launch (what `repo` and `serve` print): the same processes, environment, repository (its configs name
-    # absolute paths, so any working directory does), backends and pools, without serve's own extras (addresses,
-    # restricted APIs, explicit model control, drain); ranks get NVIDIA's launch_triton_server.py shm prefixes.
+    # the plain launch: ranks get launch_triton_server.py's shm prefixes (upstream-facts: trtllm-launch-shm-prefix)
     plain_backends = plain_backends_dir() if backend_args else None
     ranks = _Ranks(
         binary,
@@ -251,18 +281,14 @@ def launch_spec(
 
 
 def plain_launch(repo: Path, engine: str) -> Optional[str]:
-    """The real launch of a written repository as `trt-spec repo` prints it (mpirun, orchestrator variables, pools,
-    backend directory; the NGC image's tritonserver for TensorRT engines), its backend directory prepared; None where
-    no tritonserver is known."""
+    """The plain launch of a written repository as `trt-spec repo` prints it, backends prepared; None without a
+    tritonserver."""
     try:
-        spec = launch_spec(repo, binary=NGC_TRITONSERVER if engine == "tensorrt" else None)
+        spec = launch_spec(ServedRepository.load(repo), binary=NGC_TRITONSERVER if engine == "tensorrt" else None)
         spec.prepare_plain()
     except ServerError:
         return None
     return spec.plain
-
-
-# --- what the launch loads -----------------------------------------------------------------------------------------
 
 
 def _dir_bytes(d: str) -> int:
@@ -274,47 +300,3 @@ def _dir_bytes(d: str) -> int:
             except OSError:
                 pass
     return total
-
-
-def engine_bytes(repo: Path) -> int:
-    """Bytes of weights the launch loads: the repository's engine files (the sizes its record stores, else what the
-    engine directories hold on disk); for runtime llmapi, the checkpoint and the draft/head directories that the
-    model.yaml of each model loaded at launch names. 0 for a repository without engines or record."""
-    try:
-        record = RepoRecord.read(Path(repo))
-    except ManifestError:
-        return 0
-    if record is None:
-        return 0
-    total = 0
-    for d, sums in record.engines.items():
-        total += sum(int(f.get("size", 0)) for f in sums.files.values()) if sums.files else _dir_bytes(d)
-    from ..records import llmapi_contract as lc
-
-    for name in record.load_models or []:
-        f = Path(repo) / name / "1" / lc.YAML_FILE
-        if not f.is_file():
-            continue
-        import yaml
-
-        y = yaml.safe_load(f.read_text()) or {}
-        dirs = [y.get("model"), (y.get("speculative_config") or {}).get(lc.SPEC_MODEL_DIR)]
-        total += sum(_dir_bytes(d) for d in dirs if isinstance(d, str) and os.path.isdir(d))
-    return total
-
-
-def repo_ready_timeout_s(repo: Path) -> float:
-    """serve's default ready timeout for the repository: defaults.ready_timeout_s of the weights it loads, plus the
-    LLM API's start-up work after the weights (CUDA-graph capture, autotuning) on a GPU."""
-    try:
-        record = RepoRecord.read(Path(repo))
-    except ManifestError:
-        record = None
-    from ..records import llmapi_contract as lc
-
-    llmapi_gpu = bool(
-        record
-        and record.engine == "tensorrt"
-        and any((Path(repo) / m / "1" / lc.YAML_FILE).is_file() for m in record.load_models or [])
-    )
-    return defaults.ready_timeout_s(engine_bytes(repo)) + (defaults.LLMAPI_READY_EXTRA_S if llmapi_gpu else 0.0)

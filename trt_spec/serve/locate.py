@@ -1,9 +1,5 @@
-"""Finding tritonserver and the python-backend stub (also what `trt-spec doctor` reports), and preparing the backend
-directory nvidia-pytriton's tritonserver needs.
-
-/opt/tritonserver/bin/tritonserver (NGC image) first, else the binary bundled in the PyPI wheel nvidia-pytriton,
-prepared per ../shared/TRITON_ON_CPU.md: backends copied into a directory with the python-backend stub of this
-interpreter, LD_LIBRARY_PATH = this interpreter's libpython + nvidia_pytriton.libs, PATH led by this interpreter's bin.
+"""Finding tritonserver and the python-backend stub (NGC image first, else nvidia-pytriton's bundled binary), and
+preparing the backend directory and environment nvidia-pytriton's binary needs (see ../shared/TRITON_ON_CPU.md).
 """
 
 from __future__ import annotations
@@ -47,18 +43,17 @@ def find_tritonserver() -> Optional[Path]:
 
 
 def is_pytriton(binary: Path) -> bool:
-    """Whether `binary` is nvidia-pytriton's tritonserver (it needs a prepared backend directory and environment)."""
+    """Whether `binary` is nvidia-pytriton's tritonserver."""
     d = pytriton_dir()
     return binary != NGC_TRITONSERVER and d is not None and str(binary).startswith(str(d))
 
 
 def _pytriton_stub(d: Path) -> Path:
-    """nvidia-pytriton's python-backend stub for this interpreter (d: pytriton_dir()); it may be absent."""
     return d / "python_backend_stubs" / PYTHON_VERSION / STUB_NAME
 
 
 def python_backend_stub() -> Optional[Path]:
-    """The NGC image's stub first, then nvidia-pytriton's for this interpreter; None when neither is there."""
+    """The NGC image's stub first, then nvidia-pytriton's for this interpreter."""
     if NGC_PYTHON_STUB.is_file():
         return NGC_PYTHON_STUB
     d = pytriton_dir()
@@ -99,8 +94,8 @@ def prepare_pytriton_backends(workdir: Path) -> tuple[Path, dict[str, str]]:
 
 
 def plain_backends_dir() -> Path:
-    """The backend directory the plain command names on nvidia-pytriton: its backends plus this interpreter's stub, in
-    the per-user cache, one per nvidia-pytriton version and Python version (a work dir dies with its server)."""
+    """The cached backend directory the plain command names, one per nvidia-pytriton and Python version (a work dir
+    dies with its server)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -111,8 +106,7 @@ def plain_backends_dir() -> Path:
 
 
 def prepare_cached_backends(backends: Path) -> Path:
-    """Make `backends` (plain_backends_dir()) once: copied beside it, then renamed into place (two launchers at once
-    both succeed)."""
+    """Make `backends` once, via a rename into place so that two launchers at once both succeed."""
     backends = Path(backends)
     if (backends / "python" / STUB_NAME).is_file():
         return backends

@@ -1,18 +1,7 @@
-"""A running tritonserver (TritonServer: start() -> wait_ready() -> stop()), on the launch serve/launch.py makes.
+"""A running tritonserver (TritonServer) on serve/launch.py's launch.
 
-What a started server guarantees:
-- it binds 127.0.0.1 unless told otherwise and waits for readiness (an error names the failing models from the log,
-  which stays on disk);
-- it dies with its launcher: tritonserver (or mpirun) gets SIGTERM when the launcher exits for any reason,
-  kill -9 included (PR_SET_PDEATHSIG), and its python-backend stubs exit with it;
-- stop() ends the whole process group and removes the work dir and the python-backend shared-memory regions;
-- the admin APIs answer only its admin key (serve/admin_key.py), left in admin_key_path(PORT) while it runs;
-- the python backend's shared-memory regions (prompt text passes through them) are made owner-only as they
-  appear (Triton 2.51 creates them 0644 whatever the umask; a process that opened one in that first ~0.1 s
-  keeps its access);
-- dead_models() notices a python-backend stub that died (serve/watchdog.py);
-- drain() stops admitting requests and turns readiness false while those in flight go on (what `trt-spec serve` does
-  on SIGTERM: serve/supervisor.py).
+It dies with its launcher (PR_SET_PDEATHSIG, kill -9 included), answers the admin APIs only with its admin key,
+makes the python backend's shared-memory regions owner-only as they appear, notices dead stubs and can drain.
 """
 
 from __future__ import annotations
@@ -39,7 +28,7 @@ from ..records import defaults
 from ..records.procutil import die_with_parent
 from .admin_key import ADMIN_HEADER, read_admin_key, remove_admin_key_files, write_admin_key_files
 from .errors import ServerError
-from .launch import launch_spec, repo_info, repo_ready_timeout_s
+from .launch import ServedRepository, launch_spec
 from .locate import prepare_pytriton_backends
 from .triton_log import log_errors
 from .watchdog import DeadModel, StubWatch, cmdline, stubs_below
@@ -47,7 +36,7 @@ from .watchdog import DeadModel, StubWatch, cmdline, stubs_below
 SHM_DIR = Path("/dev/shm")
 WORKDIR_PREFIX = "trt-spec-triton-"
 
-# The model `drain()` asks the server to load: it refuses to, so the server reports not ready while it drains.
+# drain() loads this model; it refuses to load, so the server reports not ready.
 DRAIN_MODEL = "trt_spec_draining"
 DRAIN_MODEL_CONFIG = {
     "name": DRAIN_MODEL,
@@ -82,15 +71,13 @@ def free_port(host: str = defaults.HOST) -> int:
 
 
 def default_log_path(repo: Path, http_port: int = defaults.HTTP_PORT) -> Path:
-    """Next to the repository, so it outlives the server's temporary work dir, and one per server (two servers of
-    one repository on other ports keep their own): REPO/../REPO_NAME.tritonserver.HTTP_PORT.log."""
+    """Beside the repository (it outlives the work dir), one per HTTP port."""
     repo = Path(repo).resolve()
     return repo.parent / f"{repo.name}.tritonserver.{http_port}.log"
 
 
 def _remove_stale_workdirs() -> None:
-    """Work dirs left by launchers killed with -9: this user's, whose launcher pid is gone and that no live process
-    names on its command line (an orphaned server still shutting down keeps its own)."""
+    """Remove this user's work dirs whose launcher is gone and that no live process names (kill -9 leftovers)."""
     stale = []
     for d in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
         m = re.match(rf"{WORKDIR_PREFIX}(\d+)-", d.name)
@@ -109,9 +96,9 @@ def _remove_stale_workdirs() -> None:
 
 
 class TritonServer:
-    """A running tritonserver: start() -> wait_ready() -> stop(). Also a context manager.
+    """A running tritonserver: start() -> wait_ready() -> stop(), or a context manager.
 
-    The server gets SIGTERM when the thread that called start() exits: start it from a thread that outlives it.
+    The server gets SIGTERM when the thread that called start() exits.
     """
 
     def __init__(
@@ -126,15 +113,15 @@ class TritonServer:
         verbose: bool = False,
         admin_key_file: Optional[Path] = None,
     ):
-        self.repo = Path(repo)
+        self.served = repo if isinstance(repo, ServedRepository) else ServedRepository.load(Path(repo))
+        self.repo = self.served.path
         self.host, self.http_port, self.grpc_port, self.metrics_port = host, http_port, grpc_port, metrics_port
-        # created by start(), removed by stop(); the pid in the name lets a later launcher remove it after a kill -9
+        # the pid in the name lets a later launcher remove it after a kill -9
         self.workdir = Path(tempfile.gettempdir()) / f"{WORKDIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         self.log_path = Path(log_path) if log_path else default_log_path(self.repo, http_port)
-        repo_info(self.repo)  # a missing repository is the error, before the key file is touched
         key = read_admin_key(Path(admin_key_file)) if admin_key_file else None  # else random: admin APIs off
         self.spec = launch_spec(
-            self.repo,
+            self.served,
             http_port=http_port,
             grpc_port=grpc_port,
             metrics_port=metrics_port,
@@ -145,13 +132,12 @@ class TritonServer:
             admin_key=key,
             admin_key_file=admin_key_file,
         )
-        # serving.DRAIN_FILE_ENV: the models read it (drain()); in the private work dir, with the backends copy
         self.drain_file = self.workdir / "drain"
         self.spec.env[DRAIN_FILE_ENV] = str(self.drain_file)
-        self.ready_timeout = repo_ready_timeout_s(self.repo)  # wait_ready's default
-        self._key_files: list[Path] = []  # admin_key_path(port) of the HTTP and gRPC ports, while it runs
+        self.ready_timeout = self.served.ready_timeout_s()
+        self._key_files: list[Path] = []
         self.proc: Optional[subprocess.Popen] = None
-        self.is_serving = False  # set by the caller once ready and serving (trt-spec serve: a signal then drains)
+        self.is_serving = False  # set by the caller once serving: a signal then drains
         self._log = None
         self._stub_watch = StubWatch()
 
@@ -178,10 +164,8 @@ class TritonServer:
             self.workdir.mkdir(mode=0o700)
             if self.spec.workdir is not None:
                 prepare_pytriton_backends(self.workdir)
-            # umask: files tritonserver creates are its owner's only (the python backend's /dev/shm regions are
-            # not: boost sets them 0644 explicitly, so wait_ready() narrows them).
-            # the configs name absolute paths: tritonserver runs in the launcher's working directory, as the plain
-            # command does (the tensorrtllm backend resolves a relative gpt_model_path against it)
+            # umask 077, but the shm regions ignore it (upstream-facts: triton-python-shm-0644); the working
+            # directory stays the launcher's, as for the plain command (upstream-facts: tensorrtllm-model-path-cwd)
             self.proc = subprocess.Popen(
                 self.spec.argv,
                 env={**os.environ, **self.spec.env},
@@ -221,8 +205,7 @@ class TritonServer:
             return False
 
     def protect_shm(self) -> None:
-        """Owner-only python-backend shared-memory regions (requests and responses, prompt text included, pass
-        through them; Triton 2.51 creates them 0644 whatever the umask)."""
+        """Make the python-backend shared-memory regions (prompt text passes through them) owner-only."""
         for f in SHM_DIR.glob(f"{self.spec.shm_prefix}*"):
             try:
                 f.chmod(0o600)
@@ -230,7 +213,6 @@ class TritonServer:
                 pass
 
     def wait_ready(self, timeout: Optional[float] = None) -> "TritonServer":
-        """timeout: default self.ready_timeout (defaults.ready_timeout_s of the repository's engine bytes)."""
         timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -250,24 +232,20 @@ class TritonServer:
         raise ServerError(msg)
 
     def stubs(self) -> dict[int, str]:
-        """pid -> model of every running python-backend stub below the server (under mpirun one level lower)."""
         return stubs_below(self.proc.pid) if self.proc is not None else {}
 
     def watch(self) -> None:
-        """Watch the stubs seen so far: the live ones, and dead ones whose model has no live stub now."""
         self._stub_watch.watch(self.stubs())
 
     def dead_models(self) -> list[DeadModel]:
-        """Watched stubs that exited or are zombies while Triton still counts their model READY (Triton 2.51 does not
-        restart them, nor notice: their model is dead). A model unloaded on purpose — check/bench's baseline phase
-        (harness/phases.py) unloads the speculative model and loads it back — is not: its stub's exit is the unload,
-        and the index says UNAVAILABLE/LOADING until a new stub serves it (rescanned here)."""
+        """Watched stubs that died while Triton still counts their model READY (a model unloaded on purpose is not
+        READY)."""
         dead = self._stub_watch.dead(self.stubs())
         ready = self.ready_models() if dead else None
         return dead if ready is None else [d for d in dead if d.model in ready]
 
     def ready_models(self) -> Optional[set[str]]:
-        """The models Triton's repository index calls READY (the admin API: serve's key); None if it cannot tell."""
+        """The models Triton's repository index calls READY; None if it cannot tell."""
         req = urllib.request.Request(
             f"http://{self.http_url}/v2/repository/index",
             data=b"{}",
@@ -280,16 +258,13 @@ class TritonServer:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
-    # --- draining (what `trt-spec serve` does on SIGTERM) --------------------------------------------------------
     def drain(self) -> None:
-        """Stop admitting: the models refuse new requests with a "shutting down" line (serving.DRAIN_FILE_ENV) and
-        /v2/health/ready turns false; requests in flight go on. Triton's readiness is all its models' (strict
-        readiness, core server.cc IsReady: a model in any state but READY, unless unloaded, makes the server not
-        ready), and a python backend cannot mark a model unready, so the server is asked to load one more model
-        (DRAIN_MODEL, its files sent with the request) that refuses to load."""
+        """Stop admitting new requests and turn /v2/health/ready false; requests in flight go on.
+
+        A python model cannot mark itself unready, so a refusing DRAIN_MODEL is loaded instead
+        (upstream-facts: triton-strict-readiness)."""
         self._set_state(DRAINING)
-        # the load returns once the refusing model's stub has started and failed (seconds on 2 cores): off the caller's
-        # thread, so that --drain-timeout counts from the signal, not from the end of this load
+        # off the caller's thread: --drain-timeout counts from the signal, not from the end of this load
         threading.Thread(target=self._load_drain_model, name="trt-spec-drain", daemon=True).start()
 
     def _load_drain_model(self) -> None:
@@ -324,10 +299,8 @@ class TritonServer:
         os.replace(tmp, self.drain_file)
 
     def in_flight(self) -> int:
-        """Requests the server still works on, from its metrics: those holding an engine slot
-        (nv_trt_llm_request_metrics active, the backend's and the stand-in's), those the speculative model holds
-        (trt_spec_requests_in_flight) and those queued in any model's scheduler (nv_inference_pending_request_count).
-        -1 when the metrics cannot be read."""
+        """Requests the server still works on (active, held by the speculative model, or queued), from its metrics;
+        -1 when they cannot be read."""
         from ..in_triton.spec_metrics import scrape, value
         from ..records.backend_contract import REQUEST_METRICS
         from ..records.names import METRIC_IN_FLIGHT

@@ -1,13 +1,5 @@
-"""`trt-spec serve` as one plain function: run(options) -> exit code. It starts tritonserver on a repository (and the
-OpenAI frontend in front of it with openai_port), keeps both running until SIGTERM/Ctrl-C/SIGHUP, then drains and
-stops them.
-
-A signal once serving drains: new requests are refused with a "shutting down" line and readiness turns false, the
-requests in flight finish (up to drain_timeout, then they end with a clear error), then the server stops: exit 0. A
-second signal, or one before the server serves, stops at once. While serving, a watchdog stops everything when
-tritonserver or the frontend exits (exit 1) or a model's python-backend process dies (exit MODEL_DIED_EXIT: Triton
-would keep answering /v2/health/ready for a model that can no longer answer). A bad repository, key or busy port is
-a ServerError raised before anything starts (the CLI's exit 2).
+"""`trt-spec serve` as one function, run(options) -> exit code: tritonserver (and the OpenAI frontend) until a
+signal, then drain and stop. A second signal, or one before serving, stops at once.
 """
 
 from __future__ import annotations
@@ -21,40 +13,39 @@ from typing import Callable, Optional
 
 from ..records import defaults
 from .errors import ServerError
-from .launch import launch_spec
+from .launch import ServedRepository, launch_spec
 from .server import TritonServer
 from .watchdog import dead_models_message
 
-MODEL_DIED_EXIT = 3  # `trt-spec serve` exit code when a model's python-backend process died
+MODEL_DIED_EXIT = 3  # a model's python-backend process died
 
 Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """What `trt-spec serve` runs: the repository, where to serve it, and how to stop."""
+    """What `trt-spec serve` runs."""
 
     repository: Path
     http_port: int = defaults.HTTP_PORT
     grpc_port: int = defaults.GRPC_PORT
     metrics_port: int = defaults.METRICS_PORT
     host: str = defaults.HOST
-    timeout: Optional[float] = None  # readiness; None: the repository's (launch.repo_ready_timeout_s)
-    log_path: Optional[Path] = None  # tritonserver's log; None: server.default_log_path
+    timeout: Optional[float] = None  # readiness; None: the repository's
+    log_path: Optional[Path] = None
     admin_key_file: Optional[Path] = None
-    openai_port: Optional[int] = None  # also the OpenAI frontend, on this port
-    openai_api_key_file: Optional[Path] = None  # its key (else env defaults.OPENAI_API_KEY_ENV, inherited; else none)
-    openai_allow_unauthenticated: bool = False  # no key and a non-loopback host: bind `host` anyway
+    openai_port: Optional[int] = None  # None: no OpenAI frontend
+    openai_api_key_file: Optional[Path] = None
+    openai_allow_unauthenticated: bool = False  # bind a non-loopback `host` even without a key
     openai_max_concurrent: int = defaults.OPENAI_MAX_CONCURRENT
     openai_max_queued: int = defaults.OPENAI_MAX_QUEUED
     openai_max_body_bytes: int = defaults.OPENAI_MAX_BODY_BYTES
     drain_timeout: float = defaults.DRAIN_TIMEOUT_S
     verbose: bool = False
-    restart: str = "trt-spec serve"  # the command line that restarts it, named when a model died
+    restart: str = "trt-spec serve"  # named when a model died
 
     @property
     def triton_grpc(self) -> str:
-        """Where the frontend, a process on this machine, reaches the server's gRPC port."""
         return f"{loopback(self.host)}:{self.grpc_port}"
 
     @property
@@ -62,14 +53,14 @@ class ServeOptions:
         return Path(f"{str(self.repository).rstrip('/')}.openai.{self.openai_port}.log")
 
     def openai_has_key(self, environ=None) -> bool:
-        """Whether the frontend will ask for a key: a file given, or the environment variable it inherits set."""
+        """Whether the frontend will ask for a key (file, or the inherited environment variable)."""
         import os
 
         env = os.environ if environ is None else environ
         return self.openai_api_key_file is not None or bool(env.get(defaults.OPENAI_API_KEY_ENV))
 
     def frontend_options(self) -> dict:
-        """FrontendProcess's / frontend_argv's options: the key's file (never the key) and the limits."""
+        """frontend_argv's options."""
         return dict(
             api_key_file=self.openai_api_key_file,
             max_concurrent=self.openai_max_concurrent,
@@ -84,7 +75,7 @@ def loopback(host: str) -> str:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether only this machine can reach a server bound to `host` (127.0.0.0/8, ::1, localhost)."""
+    """Whether only this machine can reach a server bound to `host`."""
     import ipaddress
 
     if host == "localhost":
@@ -96,15 +87,14 @@ def is_loopback(host: str) -> bool:
 
 
 def openai_bind_host(host: str, has_key: bool, allow_unauthenticated: bool) -> str:
-    """Where the OpenAI frontend listens: `host`, unless it would be open to the network with no key (then
-    loopback only, as a server anyone on the network could use for free should be asked for, not a default)."""
+    """`host`, or loopback when the frontend would be open to the network without a key."""
     if has_key or allow_unauthenticated or is_loopback(host):
         return host
     return "127.0.0.1"
 
 
 def loopback_note(o: ServeOptions, bind: str) -> Optional[str]:
-    """The one line saying the frontend was kept on loopback, and the two fixes; None when it binds --host."""
+    """The line saying the frontend was kept on loopback; None when it binds --host."""
     if bind == o.host:
         return None
     return (
@@ -119,7 +109,6 @@ def _openai_bind(o: ServeOptions) -> str:
 
 
 def _check_openai_key(o: ServeOptions) -> None:
-    """The key file, before anything starts: given without --openai-port, unreadable or empty is one line."""
     if o.openai_api_key_file is None:
         return
     if o.openai_port is None:
@@ -133,9 +122,9 @@ def _check_openai_key(o: ServeOptions) -> None:
 
 
 def dry_run(o: ServeOptions) -> list[str]:
-    """The exact command line, then `# ` notes: the plain launch, and the frontend's command with openai_port."""
+    """The exact command line, then `# ` notes."""
     spec = launch_spec(
-        o.repository,
+        ServedRepository.load(o.repository),
         http_port=o.http_port,
         grpc_port=o.grpc_port,
         metrics_port=o.metrics_port,
@@ -165,11 +154,12 @@ def dry_run(o: ServeOptions) -> list[str]:
 
 @dataclass
 class _Running:
-    """The processes of one serve and its drain flag: the first signal once serving sets it; any other stops at once."""
+    """The processes of one serve; the first signal once serving drains, any other stops at once."""
 
     drain: threading.Event = field(default_factory=threading.Event)
     server: Optional[TritonServer] = None
     frontend: Optional[object] = None  # openai.process.FrontendProcess
+    served: Optional[ServedRepository] = None
 
     def on_signal(self, *_) -> None:
         if self.drain.is_set() or self.server is None or not self.server.is_serving:
@@ -184,14 +174,14 @@ class _Running:
 
 
 def _refuse_early(o: ServeOptions, run: _Running, err: Say = lambda line: None) -> None:
-    """The checks before any process starts: the frontend's key file, the engines are the ones the build made (the
-    tensorrtllm backend itself does not check), and the frontend's port and repository (one line, at once, not after
-    a long load). err: the line saying the frontend stays on loopback, if it does."""
+    """The checks before any process starts, so a mistake is one line, not one after a long load (the tensorrtllm
+    backend does not verify its engines)."""
     from ..records.integrity import IntegrityError, verify_repository_engines
 
     _check_openai_key(o)
+    run.served = ServedRepository.load(Path(o.repository))
     try:
-        verify_repository_engines(Path(o.repository))
+        verify_repository_engines(run.served.path)
     except IntegrityError as e:
         raise ServerError(str(e)) from None
     if o.openai_port is not None:
@@ -201,7 +191,7 @@ def _refuse_early(o: ServeOptions, run: _Running, err: Say = lambda line: None) 
         bind = _openai_bind(o)
         try:
             run.frontend = FrontendProcess(
-                Path(o.repository), o.triton_grpc, o.openai_port, bind, o.frontend_log, **o.frontend_options()
+                run.served, o.triton_grpc, o.openai_port, bind, o.frontend_log, **o.frontend_options()
             )
         except RepositoryError as e:
             raise ServerError(str(e)) from None
@@ -212,7 +202,7 @@ def _refuse_early(o: ServeOptions, run: _Running, err: Say = lambda line: None) 
 
 def _start(o: ServeOptions, run: _Running, err: Say) -> None:
     run.server = TritonServer(
-        Path(o.repository),
+        run.served,
         http_port=o.http_port,
         grpc_port=o.grpc_port,
         metrics_port=o.metrics_port,
@@ -227,7 +217,7 @@ def _start(o: ServeOptions, run: _Running, err: Say) -> None:
 
 
 def _serve_until_signal(o: ServeOptions, run: _Running, out: Say, err: Say) -> int:
-    """Ready, then the watchdog once a second until a signal asks to drain; the exit code."""
+    """Wait for ready, then watch once a second until a signal asks to drain; the exit code."""
     server, frontend = run.server, run.frontend
     server.wait_ready(o.timeout)
     ready = f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}"
@@ -255,8 +245,7 @@ def _serve_until_signal(o: ServeOptions, run: _Running, out: Say, err: Say) -> i
 
 
 def run(o: ServeOptions, *, out: Say, err: Say) -> int:
-    """Serve o.repository until a signal; the exit code (0 stopped, 1 the server or frontend failed or exited,
-    MODEL_DIED_EXIT). Raises ServerError before anything starts. out: the ready line; err: everything else."""
+    """Serve until a signal: 0 stopped, 1 a process failed, MODEL_DIED_EXIT. ServerError before anything starts."""
     state = _Running()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(sig, state.on_signal)
@@ -283,7 +272,7 @@ def run(o: ServeOptions, *, out: Say, err: Say) -> int:
 
 
 def drain(server: TritonServer, drain_timeout: float, err: Say) -> None:
-    """Refuse new requests, let those in flight finish (up to drain_timeout), then end the rest with a clear error."""
+    """Refuse new requests, let those in flight finish within drain_timeout, then end the rest with an error."""
 
     def idle_within(seconds: float) -> bool:
         deadline, zeros = time.monotonic() + seconds, 0

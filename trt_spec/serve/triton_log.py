@@ -1,5 +1,4 @@
-"""The Triton log: the lines that say why the server stopped or never became ready (a failed model load and its
-reason first), for the one error a user reads; the log itself stays on disk."""
+"""The lines of a Triton log that say why the server stopped or never became ready."""
 
 from __future__ import annotations
 
@@ -7,11 +6,11 @@ import json
 import re
 
 _LOG_LINE = re.compile(r"^([EWIF])\d{4} [\d:.]+\s+\d+ [^\]]*\] (.*)$")
-_GPU_ABSENT = re.compile(r"CudaDriverHelper|CUDA driver|NVML|DCGM", re.I)  # expected on a machine without a GPU
+_GPU_ABSENT = re.compile(r"CudaDriverHelper|CUDA driver|NVML|DCGM", re.I)  # logged on any machine without a GPU
 
 
 def _log_message(raw: str) -> str:
-    """One-line form of a log record: the first line, plus the innermost frame of a Python backend's `At:` block."""
+    """A record's first line, plus the innermost frame of a Python backend's `At:` block."""
     if len(raw) >= 2 and raw[0] == raw[-1] == '"':
         try:
             raw = json.loads(raw)
@@ -29,9 +28,8 @@ def _log_message(raw: str) -> str:
 
 
 def log_errors(text: str, limit: int = 8) -> list[str]:
-    """The error lines of a Triton log, cause first: each model's `failed to load …` (else every E-level record,
-    those a machine without a GPU always logs last), the last line of each Python traceback, and tritonserver's
-    final `error: …`."""
+    """The error lines of a Triton log, cause first: failed loads (else E/F records, GPU-absent noise last),
+    each traceback's last line, then tritonserver's final `error: …`."""
     records: list[str] = []
     tracebacks: list[str] = []
     final: list[str] = []
@@ -50,7 +48,7 @@ def log_errors(text: str, limit: int = 8) -> list[str]:
     loads = [r for r in records if r.startswith("failed to load")]
     others = [r for r in records if r and r not in loads]
     quiet = [r for r in others if _GPU_ABSENT.search(r)]
-    causes = loads or [r for r in others if r not in quiet] + quiet  # a failed load says it all
+    causes = loads or [r for r in others if r not in quiet] + quiet
     picked = causes + tracebacks + final
     out: list[str] = []
     for r in picked:

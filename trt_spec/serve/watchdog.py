@@ -1,8 +1,6 @@
-"""The python-backend stubs below a running server, and which of them died.
+"""The python-backend stubs below a running server (read from /proc), and which of them died.
 
-Triton 2.51 never restarts a stub that died, nor notices: every request to its model fails while /v2/health/ready
-still answers 200. So the launcher remembers each stub it sees (while loading too) and reports a watched one that
-exited; `trt-spec serve` then stops the server (serve/supervisor.py). The processes are read from /proc.
+Triton does not notice a dead stub (upstream-facts: triton-dead-stub-unnoticed), so `trt-spec serve` watches them.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ def cmdline(pid: int) -> list[str]:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below pid, zombies included (children, grandchildren: tritonserver under mpirun, its stubs)."""
+    """Every process below pid, zombies included."""
     children: dict[int, list[int]] = {}
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
@@ -49,9 +47,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def stub_model(argv: list[str]) -> str:
-    """The model a python-backend stub serves. Its argv (Triton 2.51):
-    stub REPO/MODEL/VERSION/model.py SHM_REGION SHM_SIZE SHM_GROWTH PARENT_PID STUB_DIR IPC_SIZE INSTANCE RUNTIME;
-    the model is the directory two levels above the model file, else the instance name without `_GROUP_INDEX`."""
+    """The model a python-backend stub serves, from its argv (upstream-facts: triton-python-stub-argv)."""
     if len(argv) > 1 and argv[1].endswith(".py") and len(Path(argv[1]).parts) >= 4:
         return Path(argv[1]).parent.parent.name
     for a in reversed(argv[1:]):
@@ -62,7 +58,7 @@ def stub_model(argv: list[str]) -> str:
 
 
 def stubs_below(pid: int) -> dict[int, str]:
-    """pid -> model of every running python-backend stub below pid (under mpirun one level lower)."""
+    """pid -> model of every running python-backend stub below pid."""
     out = {}
     for child in descendants(pid):
         argv = cmdline(child)  # empty for a zombie
@@ -90,8 +86,7 @@ def dead_models_message(dead: list[DeadModel], restart: str) -> str:
 
 
 class StubWatch:
-    """The stubs of one server: each seen (pid -> model, start time), and the watched ones. Every method takes the
-    stubs running now (stubs_below of the server's pid)."""
+    """The stubs of one server, seen and watched. Every method takes the stubs running now (stubs_below)."""
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[str, int]] = {}
@@ -103,10 +98,10 @@ class StubWatch:
         return st is not None and st[0] not in "ZX" and st[2] == started
 
     def scan(self, running: dict[int, str]) -> None:
-        """Remember each stub seen (while loading too: one that dies before watch() is a zombie without argv)."""
+        """Remember each stub seen; call it while loading too (a stub that dies early is a zombie without argv)."""
         for pid, model in running.items():
             st = proc_stat(pid)
-            if st is not None and model != "?":  # a stub not (yet) showing a model's argv serves no model to watch
+            if st is not None and model != "?":
                 self._seen[pid] = (model, st[2])
 
     def watch(self, running: dict[int, str]) -> None:
@@ -117,7 +112,7 @@ class StubWatch:
         self._watched = {pid: v for pid, v in self._seen.items() if pid in live or v[0] not in served}
 
     def dead(self, running: dict[int, str]) -> list[DeadModel]:
-        """Watched stubs that exited or are zombies (rescanned first: a model loaded again has a new live stub)."""
+        """Watched stubs that exited or are zombies (rescans first: a reloaded model has a new stub)."""
         self.watch(running)
         return [
             DeadModel(model, pid)

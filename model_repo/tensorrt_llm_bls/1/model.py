@@ -48,7 +48,6 @@ from trt_spec.in_triton.spec_metrics import SpecMetricsExporter
 from trt_spec.in_triton.speculative_loop import (
     Cancelled,
     EngineError,
-    LoopConfig,
     LoopStats,
     RequestError,
     SpecRequest,
@@ -130,7 +129,7 @@ class TritonPythonModel:
         # in-engine modes stream the engine call whenever the deployment is decoupled (the engine models are then too):
         # every request, streamed or not, gets the engine's per-step accepted-length histogram (speculative_loop
         # engine_step_histogram); a non-decoupled deployment cannot stream the engine and reports none
-        self.loop = SpeculativeLoop(LoopConfig.from_bls(p), self._call, stream_engine=self.decoupled)
+        self.loop = SpeculativeLoop(p, self._call, stream_engine=self.decoupled)
         self.default_k = p.num_draft_tokens
         self.tokenizer = load_tokenizer(p.tokenizer_dir)
         self._held: list = []  # finished engine response iterators, kept until a _checkpoint says they are safe
@@ -140,14 +139,14 @@ class TritonPythonModel:
         self._workers = max(64, 4 * int(cfg.get("max_batch_size", 0) or 0))
         self._pool_loop = None
         self.add_special = p.add_special_tokens
-        self.max_prompt_len = self.loop.cfg.max_prompt_len or self.loop.cfg.max_input_len
+        self.max_prompt_len = p.max_input_len or p.engine_input_limit
         self.byte_limit = input_byte_limit(self.tokenizer, self.max_prompt_len)  # checked before tokenizing
         # Prometheus: trt_spec_* on the metrics port
         self.metrics = SpecMetricsExporter(
             pb_utils,
             args["model_name"],
-            self.loop.cfg.mode,
-            self.loop.cfg.max_draft_len,
+            p.speculative_mode,
+            p.max_draft_len,
             pb_utils.Logger.log_error,
             suffix_cache=self.loop.cache is not None,
             engine_steps=self.loop.stream_engine,

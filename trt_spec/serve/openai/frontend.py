@@ -1,34 +1,11 @@
-"""An OpenAI-compatible HTTP frontend over a served trt-spec repository: `/v1/models`, `/v1/completions`,
-`/v1/chat/completions` (SSE streaming, usage; the speculative model's per-request acceptance in vLLM's
-`metrics.speculative_decoding`, openai/metrics.py), and `/metrics` in vLLM's names.
+"""An OpenAI-compatible HTTP frontend (FastAPI on uvicorn) over a served repository's models via Triton's gRPC
+streaming API: `/v1/models`, `/v1/completions`, `/v1/chat/completions` and `/metrics` in vLLM's names. This module
+is the app and its routes. Text is detokenized here with the target's tokenizer, so both models stream the same text.
 
-A thin async adapter: FastAPI on uvicorn for HTTP, and Triton's gRPC streaming API (tritonclient's protobuf service
-stubs over grpc.aio) for the models. The two model names are the repository's: `ensemble` (the baseline) and
-`tensorrt_llm_bls` (speculative decoding). A request becomes one KServe request to that model with the text models'
-tensors (records/names.py); the answer's text is detokenized here from the output ids, incrementally, with the
-target's tokenizer (the one the repository's models use), so both models stream the same text for the same tokens.
-A `runtime: llmapi` repository is served too: its loaded model `tensorrt_llm` (TensorRT-LLM's LLM-API model), text in
-and text out (openai/llmapi.py); its baseline `tensorrt_llm_baseline` is loaded only for check's and bench's baseline
-phase, so it is not listed and a request for it is a 404 that says so.
-
-Why not Triton's own OpenAI frontend (server `python/openai/`, shipped in the NGC images): it starts its own
-in-process tritonserver instead of reaching a running one, it sends `return_num_input_tokens` /
-`return_num_output_tokens` inputs that trt-spec's text models (and NVIDIA's ensemble) do not declare, and its
-request schemas forbid extra fields (`ConfigDict(extra="forbid")`), so the speculation knobs `num_draft_tokens` and
-`draft_len_policy` could not be sent (server r26.04, python/openai/openai_frontend/schemas/openai.py, engine/utils/
-triton.py). The same frontend serves a CPU and a GPU deployment; it needs only the gRPC port.
-
-The parts, one purpose each: openai/requests.py (request checks, limits, the model's tensors), openai/triton.py (the
-gRPC calls), openai/metrics.py (the Prometheus metrics, the per-request acceptance), openai/llmapi.py (the LLM-API
-model's request and answers), openai/process.py (the child process `trt-spec serve` starts), openai/guard.py (the
-API key, the body cap, admission to Triton, the send timeout), openai/schema.py (the OpenAPI document at
-/openapi.json); this module is the app and its routes. Semantics
-(OpenAI's): `stop` strings end the generation (sent as stop words, and cut from the text, which never contains them);
-finish_reason is "length" when max_tokens tokens came, else "stop".
-Errors are OpenAI's error JSON with its status codes.
+Triton's own OpenAI frontend does not fit (upstream-facts: triton-openai-frontend-limits).
 """
 
-# No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) at runtime.
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations at runtime.
 
 import asyncio
 import json
@@ -77,8 +54,8 @@ class Completion:
     text: str = ""
     tokens: int = 0
     finish_reason: str = "stop"
-    spec: Optional[dict] = None  # vLLM's metrics.speculative_decoding (openai/metrics.py); None: the baseline
-    note: Optional[str] = None  # runtime llmapi: why the counts say nothing (openai.metrics.LLMAPI_NOTE_KEY)
+    spec: Optional[dict] = None  # vLLM's metrics.speculative_decoding; None: the baseline
+    note: Optional[str] = None  # runtime llmapi: why the counts say nothing
 
 
 class Frontend:
@@ -90,14 +67,14 @@ class Frontend:
         self.s = settings
         self.limits = limits or Limits()
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.tokenizer_dir)
-        input_byte_limit(self.tokenizer, settings.prompt_limit)  # its one-time cost at start, not in a request
+        input_byte_limit(self.tokenizer, settings.prompt_limit)  # pay its one-time cost at start
         self.created = int(time.time())
         self.models: Optional[TritonModels] = None
         self.metrics = FrontendMetricsExporter()
         self.admission = Admission(self.limits.max_concurrent, self.limits.max_queued, self.metrics.refused)
         self.metrics.watch_admission(self.admission)
-        self.stopping = False  # set once the frontend begins to stop (SIGTERM): a request admitted then gets STOPPED
-        self.live: dict[asyncio.Future, Optional[asyncio.Queue]] = {}  # calls running: their stream's queue, if any
+        self.stopping = False  # a request admitted after this gets STOPPED
+        self.live: dict[asyncio.Future, Optional[asyncio.Queue]] = {}  # running call -> its stream's queue
 
     def track(self, task: asyncio.Future, q: Optional[asyncio.Queue] = None) -> asyncio.Future:
         self.live[task] = q
@@ -105,8 +82,7 @@ class Frontend:
         return task
 
     def end_calls(self) -> None:
-        """The frontend stopping, its grace over: every call still running ends with STOPPED (a stream gets it as
-        its last event, a whole answer as its response) and its Triton call is cancelled."""
+        """End every call still running with STOPPED and cancel its Triton call."""
         for task, q in list(self.live.items()):
             if q is not None:
                 q.put_nowait(_sse(STOPPED.body()))
@@ -156,7 +132,6 @@ class Frontend:
             tail = "" if cut.stopped else cut.add(detok.flush()) + cut.flush()
             done.text += tail
             done.finish_reason = "length" if done.tokens >= r.max_tokens and not cut.stopped else "stop"
-            # a stop string cut the call before the BLS's final response: no totals, so none are reported
             done.spec = speculative_decoding(outputs) if outputs is not None else None
             self.metrics.finished(r.model, r.prompt_tokens, done.tokens, time.perf_counter() - t0)
             yield tail, done
@@ -164,15 +139,13 @@ class Frontend:
             self.metrics.running(r.model, -1)
 
     async def _run_llmapi(self, r: GenRequest) -> AsyncIterator[tuple[str, Completion]]:
-        """run() for the LLM-API model (openai/llmapi.py): its whole-text responses as deltas; the tokens counted
-        once, at the end (it returns no ids: completion_tokens). Latency metrics: TTFT at the first text; the
-        inter-token latency is the request's mean gap, (last text - first text) / (tokens - 1), observed once per
-        token after the first, as the model says nothing of the tokens each response added."""
+        """run() for the LLM-API model. It returns no ids, so tokens are counted at the end and the inter-token
+        latency is the request's mean gap, observed once per token after the first."""
         deltas = TextDeltas(r.stop)
         done, outputs = Completion(), {}
         t0 = time.perf_counter()
         first = last = None
-        ended = False  # the model's final response came (its counts are the whole request's)
+        ended = False
         self.metrics.running(r.model, +1)
         try:
             gen = self.models.generate_text(r.model, llmapi_tensors(r, self.s), outputs)
@@ -186,7 +159,7 @@ class Frontend:
                             self.metrics.token_times(r.model, first - t0, None, 0)
                         done.text += delta
                         yield delta, done
-                    if deltas.stopped:  # cut here: the call is cancelled, as the engine path's
+                    if deltas.stopped:
                         break
                 else:
                     ended = True
@@ -199,7 +172,7 @@ class Frontend:
             done.tokens = completion_tokens(retokenized, done.finish_reason, r)
             if first is not None and done.tokens > 1:
                 self.metrics.token_times(r.model, None, (last - first) / (done.tokens - 1), done.tokens - 1)
-            # as vLLM: no `metrics` for a model that does not speculate; none for a call cut before its end either
+            # as vLLM: no `metrics` without speculation; none for a call cut before its end either
             if self.s.speculative_config and ended:
                 done.spec, done.note = llmapi_speculative_decoding(outputs)
             self.metrics.finished(r.model, r.prompt_tokens, done.tokens, time.perf_counter() - t0)
@@ -208,16 +181,12 @@ class Frontend:
             self.metrics.running(r.model, -1)
 
 
-# -- Response bodies -------------------------------------------------------------------------------------------
-
-
 def _usage(r: GenRequest, c: Completion) -> dict:
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": c.tokens, "total_tokens": r.prompt_tokens + c.tokens}
 
 
 def _with_metrics(body: dict, c: Completion) -> dict:
-    """The body with vLLM's top-level `metrics` object when the model reported acceptance (the speculative model);
-    the baseline's body is left as it is, as vLLM leaves it without speculation (openai/metrics.py)."""
+    """The body with vLLM's top-level `metrics` object when the model reported acceptance."""
     if c.spec is None:
         return body
     return {**body, "metrics": {SPEC_DECODE_KEY: c.spec, **({LLMAPI_NOTE_KEY: c.note} if c.note else {})}}
@@ -240,7 +209,6 @@ def _chunk(
 
 
 def _completion(r: GenRequest, rid: str, c: Completion) -> dict:
-    """A whole (non-streamed) answer."""
     if r.chat:
         choice = {
             "index": 0,
@@ -266,9 +234,6 @@ def _error(e: OpenAIError):
     return JSONResponse(e.body(), status_code=e.status, headers=retry_after_headers() if e.status == 429 else None)
 
 
-# -- Serving one completion request -----------------------------------------------------------------------------
-
-
 async def _disconnected(request) -> None:
     while not await request.is_disconnected():
         await asyncio.sleep(0.25)
@@ -278,8 +243,7 @@ class _ClientGone(TrtSpecError):
     pass
 
 
-# What a call still running gets when the frontend stops (serve stops it after Triton drained, or after a fault: a
-# dead model's calls would never end): OpenAI's 503, which its SDK retries and a load balancer sends elsewhere.
+# a call still running when the frontend stops: a 503, which OpenAI's SDK retries and a load balancer sends elsewhere
 STOPPED = OpenAIError(
     503,
     f"{SHUTTING_DOWN}: the request was still running when the server stopped; retry it",
@@ -288,7 +252,7 @@ STOPPED = OpenAIError(
 
 
 async def _unless_gone(request, work):
-    """The result of `work` (a coroutine or task), or _ClientGone (`work` cancelled) if the client disconnects first."""
+    """The result of `work`, or _ClientGone (`work` cancelled) if the client disconnects first."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(request))
     try:
@@ -302,7 +266,6 @@ async def _unless_gone(request, work):
 
 
 async def _collect(fe: Frontend, r: GenRequest) -> Completion:
-    """The whole answer (run as a task the admission slot is held for: Admission.hold)."""
     c = Completion()
     try:
         async for _, c in fe.run(r):
@@ -313,13 +276,12 @@ async def _collect(fe: Frontend, r: GenRequest) -> Completion:
 
 
 async def _produce(fe: Frontend, r: GenRequest, rid: str, q: asyncio.Queue) -> None:
-    """A streamed answer generated into `q` at the model's pace, not the reader's: the admission slot (held for
-    this task: Admission.hold) is released when generation ends, so a client that stops reading holds no slot (its
-    text waits in memory, at most max_tokens of it, until SendTimeout gives up on it). None ends the queue."""
+    """Generate a streamed answer into `q` (None ends it) at the model's pace, so a client that stops reading holds
+    no admission slot."""
     try:
         async for event in _stream(fe, r, rid):
             q.put_nowait(event)
-    except Exception as e:  # noqa: BLE001 - the status is sent already: the error goes in the stream, as OpenAI's
+    except Exception as e:  # noqa: BLE001 - the status is sent already: the error goes in the stream
         print(f"trt-spec openai: stream {rid} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         err = OpenAIError(
             500, f"internal error ({type(e).__name__}); the frontend's log has the details", type="internal_error"
@@ -336,8 +298,7 @@ async def _drain(q: asyncio.Queue):
 
 
 def _streaming_response(fe: Frontend, r: GenRequest, rid: str):
-    """The SSE response of a request that holds an admission slot; its producer is cancelled (the Triton call with
-    it) when the response ends any other way than by the producer's own end: client gone, send timed out."""
+    """The SSE response; its producer (and Triton call) is cancelled when the response ends early."""
     from fastapi.responses import StreamingResponse
 
     q: asyncio.Queue = asyncio.Queue()
@@ -367,7 +328,7 @@ async def _stream(fe: Frontend, r: GenRequest, rid: str):
             obj = "chat.completion.chunk" if r.chat else "text_completion"
             body = {"id": rid, "object": obj, "created": created, "model": r.model, "choices": []}
             yield _sse(_with_metrics({**body, "usage": _usage(r, c)}, c))  # vLLM: metrics ride the usage chunk
-    except TritonCallError as e:  # mid-stream: the status is sent already; the error goes in the stream
+    except TritonCallError as e:  # the status is sent already
         yield _sse(
             OpenAIError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error").body()
         )
@@ -375,44 +336,40 @@ async def _stream(fe: Frontend, r: GenRequest, rid: str):
 
 
 async def _complete(fe: Frontend, request, chat: bool):
-    """One /v1/completions or /v1/chat/completions request: checked (the server's room first, then the body, all
-    before any tokenizing), admitted (a slot, or a place in the queue, or a 429), then streamed (SSE) or whole."""
+    """One completion request: checked (room first, then the body), admitted or 429, then streamed or whole."""
     from fastapi.responses import Response
 
     try:
         fe.admission.check_room()
         r = parse_request(await read_body(request, fe.limits.max_body_bytes), fe.tokenizer, fe.s, chat=chat)
         await _unless_gone(request, fe.admission.acquire())
-        if fe.stopping:  # admitted after the frontend began stopping: the slot goes back, the client to another replica
+        if fe.stopping:  # the client goes to another replica
             fe.admission.release()
             raise STOPPED
     except OpenAIError as e:
         if e.status == 413:
             fe.metrics.refused(TOO_LARGE)
         return _error(e)
-    except _ClientGone:  # left while queued: its place is given up (acquire cancelled)
+    except _ClientGone:
         return Response(status_code=499)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if r.stream:
         return _streaming_response(fe, r, rid)
-    try:  # the client leaving cancels the work (the Triton call is cancelled on the way out)
+    try:
         c = await _unless_gone(request, fe.track(fe.admission.hold(asyncio.ensure_future(_collect(fe, r)))))
     except _ClientGone:
         return Response(status_code=499)
     except OpenAIError as e:
         return _error(e)
-    except asyncio.CancelledError:  # the work, not this handler, was cancelled: Frontend.end_calls
+    except asyncio.CancelledError:  # the work, not this handler, was cancelled (end_calls)
         if not fe.stopping:
             raise
         return _error(STOPPED)
     return _completion(r, rid, c)
 
 
-# -- The app ----------------------------------------------------------------------------------------------------
-
-
 def _add_error_handlers(app) -> None:
-    """Every error as OpenAI's error JSON: HTTP errors, validation errors, and anything unexpected (as a 500)."""
+    """Every error as OpenAI's error JSON."""
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -444,7 +401,7 @@ def _add_routes(app, fe: Frontend) -> None:
         ok = await fe.models.ready()
         return JSONResponse({"status": "ok" if ok else "triton unavailable"}, status_code=200 if ok else 503)
 
-    document = openapi_document(fe.s, keyed=bool(fe.limits.api_key))  # openai/schema.py: the real bounds
+    document = openapi_document(fe.s, keyed=bool(fe.limits.api_key))
 
     @app.get("/openapi.json")
     async def openapi():
@@ -484,8 +441,7 @@ def _add_routes(app, fe: Frontend) -> None:
 def create_app(
     settings: FrontendSettings, tokenizer=None, api_key: Optional[str] = None, limits: Optional[Limits] = None
 ):
-    """The ASGI app (FastAPI), with its guards (openai/guard.py): the API key on /v1/* (`api_key`, else
-    limits.api_key; neither: no key asked for), the body cap and admission (`limits`), the send timeout."""
+    """The ASGI app with its guards; `api_key` overrides limits.api_key (neither: no key asked for)."""
     import dataclasses
     from contextlib import asynccontextmanager
 
@@ -520,7 +476,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import argparse
 
     from ...records import defaults as d
-    from ...repository.writer import RepositoryError
+    from ..launch import ServedRepository
     from .guard import read_api_key
 
     ap = argparse.ArgumentParser(prog="trt-spec-openai", description=main.__doc__)
@@ -540,8 +496,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         limits = Limits(
             max_body_bytes=a.max_body_bytes, max_concurrent=a.max_concurrent, max_queued=a.max_queued, api_key=key
         )
-        settings = FrontendSettings.from_repository(Path(a.repository), a.triton)
-    except (RepositoryError, ValueError) as e:  # ValueError: guard.ApiKeyFileError, Limits
+        settings = FrontendSettings.from_repository(ServedRepository.load(Path(a.repository)), a.triton)
+    except (TrtSpecError, ValueError) as e:  # ValueError: Limits
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(
@@ -556,16 +512,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _serve(app, host: str, port: int, limits: Limits) -> None:
-    """uvicorn with its limits explicit. limit_concurrency (connections and tasks at once; beyond it uvicorn answers a
-    bare 503) sits above the frontend's own admission (max_concurrent + max_queued, twice over), so the frontend's
-    OpenAI-shaped 429 answers a flood first and uvicorn's cap only bounds the memory of idle or slow connections.
-    timeout_keep_alive: an idle keep-alive connection is closed after defaults.OPENAI_KEEP_ALIVE_S (uvicorn's own
-    default, said here so a change upstream does not change the deployment). timeout_graceful_shutdown: on SIGTERM
-    uvicorn stops accepting and lets open streams finish for up to defaults.DRAIN_TIMEOUT_S (as Triton drains its
-    KServe requests), then closes what is left; without it uvicorn would wait on a stuck stream forever. Before that,
-    after defaults.OPENAI_STOP_GRACE_S, every call still open ends with an OpenAI-shaped 503 (Frontend.end_calls): serve
-    stops the frontend once Triton has drained (nothing left but last bytes) or after a fault (a dead model's calls
-    never end), and a client should read why, not a dropped connection."""
+    """uvicorn with its limits explicit. limit_concurrency sits above the frontend's own admission, so the 429
+    answers a flood first; timeout_graceful_shutdown keeps a stuck stream from blocking exit forever."""
     import uvicorn
 
     from ...records import defaults as d
@@ -574,7 +522,7 @@ def _serve(app, host: str, port: int, limits: Limits) -> None:
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
-            """A signal: no new work; the calls still open get defaults.OPENAI_STOP_GRACE_S, then STOPPED."""
+            """No new work; calls still open get OPENAI_STOP_GRACE_S, then STOPPED."""
             fe.stopping = True
             asyncio.get_running_loop().call_later(d.OPENAI_STOP_GRACE_S, fe.end_calls)
             await super().shutdown(sockets)

@@ -1,20 +1,7 @@
-"""The OpenAI frontend's guards: its API key, its body cap, its admission of requests to Triton, and its send timeout.
+"""The OpenAI frontend's guards: API key, body cap, admission of requests to Triton, send timeout.
 
-Why here and not in a proxy: `serve --openai-port` is what users put in front of clients, and Triton 2.51's HTTP
-server dies on a JSON body just over 4 MiB (docs/reliability.md), so the frontend bounds everything it passes on.
-
-- The key (ApiKeyGuard): every /v1/* route needs `Authorization: Bearer KEY`, compared in constant time; else a 401 in
-  OpenAI's error shape with `WWW-Authenticate: Bearer`. /health, /metrics and /openapi.json stay open, as vLLM leaves
-  them: operators' probes and Prometheus carry no key. The key is never printed or echoed.
-- The body (read_body): refused on Content-Length before reading, and while reading (chunked bodies), with a 413 in
-  OpenAI's shape (413 is HTTP's own word for it, and the openai SDK does not retry it, as it should not); JSON nested
-  deeper than the parser takes is a 400, not a 500.
-- Admission (Admission): at most max_concurrent requests work in Triton at once and max_queued wait for a slot, in
-  order; beyond that a 429 with Retry-After. A slot is held while the request's Triton call runs and released when
-  generation ends (a streamed answer is generated into memory at its own pace, so a client that stops reading holds
-  no slot once its tokens are made) or when the client leaves (the call is cancelled).
-- Slow readers (SendTimeout): a response whose client does not take a chunk within send_timeout_s is abandoned: the
-  app stops (its Triton call, if still running, is cancelled) and the connection is closed by uvicorn.
+The frontend bounds what it passes on: Triton's HTTP server crashes on large JSON bodies
+(upstream-facts: triton-http-body-size-crash). Like vLLM, only /v1/* needs the key (probes and Prometheus carry none).
 """
 
 from __future__ import annotations
@@ -40,17 +27,17 @@ from ...records.defaults import (
 )
 from .requests import OpenAIError
 
-# trt_spec_openai_requests_refused_total's reasons
+# refusal reasons (metric label)
 QUEUE_FULL, UNAUTHORIZED, TOO_LARGE = "queue_full", "unauthorized", "too_large"
 
 
 class ApiKeyFileError(TrtSpecError, ValueError):
-    """The key file cannot be used (absent, unreadable, empty): one line naming it and the fix."""
+    """The key file is absent, unreadable or empty."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    """The frontend's own limits (defaults.py; each a frontend flag)."""
+    """The frontend's own limits, each a frontend flag."""
 
     max_body_bytes: int = OPENAI_MAX_BODY_BYTES
     max_concurrent: int = OPENAI_MAX_CONCURRENT
@@ -74,9 +61,9 @@ class Limits:
 
 
 def read_api_key(path: Optional[str | Path], environ=os.environ) -> Optional[str]:
-    """The key: the file's first line, stripped; else the environment variable OPENAI_API_KEY_ENV; else None (no
-    auth). A file given but absent or empty is an error (ApiKeyFileError): a deployment meant to have a key must
-    not come up open."""
+    """The file's first line, else $OPENAI_API_KEY_ENV, else None (no auth).
+
+    Raises ApiKeyFileError for a bad file: a deployment meant to have a key must not come up open."""
     if path is None:
         return environ.get(OPENAI_API_KEY_ENV) or None
     try:
@@ -122,7 +109,7 @@ def _protected(path: str) -> bool:
 
 
 def key_error(scope, key: bytes) -> Optional[OpenAIError]:
-    """None if the request carries the key; else the 401 saying what was wrong (never what was sent)."""
+    """None if the request carries the key, else the 401 (never echoing what was sent)."""
     auth = _header(scope, b"authorization")
     parts = auth.split(None, 1) if auth else []
     if len(parts) != 2 or parts[0].lower() != b"bearer":
@@ -135,7 +122,7 @@ def key_error(scope, key: bytes) -> Optional[OpenAIError]:
 
 
 class ApiKeyGuard:
-    """Pure ASGI: /v1/* needs the bearer key; everything else passes (health, metrics, the schema)."""
+    """Pure ASGI: /v1/* needs the bearer key; everything else passes."""
 
     def __init__(self, app, key: str, refused: Callable[[str], None] = lambda reason: None):
         self.app, self.key, self.refused = app, key.encode("utf-8"), refused
@@ -155,8 +142,7 @@ class _SendTimedOut(TrtSpecError):
 
 
 async def _within(awaitable, seconds: float) -> None:
-    """`await awaitable`, or TimeoutError after `seconds`: asyncio.timeout where it exists (Python 3.11+: no task per
-    send, as wait_for makes one), wait_for on 3.10 (pyproject's floor)."""
+    """`await awaitable`, or TimeoutError after `seconds`; asyncio.timeout on 3.11+ avoids a task per send."""
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(seconds):
             await awaitable
@@ -165,8 +151,9 @@ async def _within(awaitable, seconds: float) -> None:
 
 
 class SendTimeout:
-    """Pure ASGI: a send that waits longer than `seconds` (the client not reading: uvicorn's send waits for the
-    socket to drain) ends the app's call; the response is left incomplete, so uvicorn closes the connection."""
+    """Pure ASGI: a send blocked over `seconds` (uvicorn's send waits for the socket to drain) ends the app's call.
+
+    The response is left incomplete, so uvicorn closes the connection."""
 
     def __init__(self, app, seconds: float, abandoned: Callable[[], None] = lambda: None):
         self.app, self.seconds, self.abandoned = app, seconds, abandoned
@@ -187,7 +174,7 @@ class SendTimeout:
 
         try:
             await self.app(scope, receive, timed_send)
-        except BaseException as e:  # noqa: BLE001 - starlette wraps it in an ExceptionGroup from its task group
+        except BaseException as e:  # noqa: BLE001 - starlette may wrap it in an ExceptionGroup
             if not timed_out or isinstance(e, asyncio.CancelledError):
                 raise
             self.abandoned()
@@ -206,7 +193,7 @@ def _too_large(size: str, cap: int) -> OpenAIError:
 
 
 async def read_body(request, cap: int) -> Any:
-    """The request's JSON, read at most `cap` bytes far (Content-Length checked first, then every chunk)."""
+    """The request's JSON, reading at most `cap` bytes; 413 beyond, 400 for bad or too deeply nested JSON."""
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
@@ -232,8 +219,9 @@ async def read_body(request, cap: int) -> Any:
 
 
 class Admission:
-    """At most `concurrent` requests hold a slot; at most `queued` wait for one, first come first served; a request
-    beyond both is refused (429). acquire() -> the Triton call -> release(), once."""
+    """At most `concurrent` requests hold a slot and `queued` wait in order; beyond both, 429.
+
+    A slot is held for the Triton call: acquire(), then release() once."""
 
     def __init__(self, concurrent: int, queued: int, refused: Callable[[str], None] = lambda reason: None):
         self.concurrent, self.queued, self.refused = concurrent, queued, refused
@@ -249,12 +237,12 @@ class Admission:
             429,
             f"the server is at its limit of {self.concurrent} requests in flight and {self.queued} waiting; "
             f"retry after {OPENAI_RETRY_AFTER_S} s (the frontend's --max-concurrent and --max-queued)",
-            type="requests",  # OpenAI's own 429: {"type": "requests", "code": "rate_limit_exceeded"}
+            type="requests",  # OpenAI's own 429 shape
             code="rate_limit_exceeded",
         )
 
     def check_room(self) -> None:
-        """A cheap early refusal (before the body is read) when a request could neither run nor wait."""
+        """Refuse early, before the body is read, when a request could neither run nor wait."""
         if self.running >= self.concurrent and len(self.waiters) >= self.queued:
             self.refused(QUEUE_FULL)
             raise self.busy_error()
@@ -269,15 +257,14 @@ class Admission:
         try:
             await fut  # release() hands its slot over: running stays counted
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # handed a slot just as the client left: pass it on
+            if fut.done() and not fut.cancelled():  # handed a slot as the client left: pass it on
                 self.release()
             elif fut in self.waiters:
                 self.waiters.remove(fut)
             raise
 
     def hold(self, task: asyncio.Future) -> asyncio.Future:
-        """The slot acquired for `task` is released when it ends, however it ends (cancelled before it ever ran
-        included: a `finally` in its coroutine would not run then)."""
+        """Release the slot when `task` ends, even if cancelled before it ran (a `finally` would not run then)."""
         task.add_done_callback(lambda _: self.release())
         return task
 

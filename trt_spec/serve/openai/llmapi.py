@@ -1,23 +1,8 @@
-"""The OpenAI frontend over a `runtime: llmapi` repository: TensorRT-LLM's LLM-API model `tensorrt_llm`
-(records/llmapi_contract.py), text in and text out. What a request becomes, and how its answers become OpenAI's.
+"""The OpenAI frontend over a `runtime: llmapi` repository (TensorRT-LLM's LLM-API model, text in and text out):
+the request's tensors, and the model's whole-text responses as OpenAI deltas, token counts and finish reasons.
 
-The request: text_input (the prompt, or the chat rendered with the tokenizer's template, as the engine path sends
-it), `streaming` whenever the model is decoupled (one call, one response per iteration, as the engine path's calls),
-sampling_param_max_tokens, exclude_input_from_output (the completion only), return_perf_metrics and
-return_finish_reason. Never sampling_param_stop: NVIDIA's model cannot pass it on (lc.STOP_INPUT); stop strings are
-cut here from the text and the call ended, as the engine path ends its call at a text stop. Sampling as NVIDIA's
-helpers.py get_sampling_params_from_request reads it (each sampling_param_X is SamplingParams' X; MODEL =
-triton_backend/all_models/llmapi/tensorrt_llm/1, lc): greedy sends no sampling input — SamplingParams' greedy is
-top_k and top_p unset, whatever the temperature (tensorrt_llm/sampling_params.py @ 000a01de `_greedy_decoding`) —;
-sampling sends the temperature and top_p (1 when the request has none, OpenAI's default), as the engine path does;
-seed as sampling_param_seed.
-
-The answers: each response's text_output is the whole text so far (MODEL sends CompletionOutput.text), turned into
-deltas here (TextDeltas), through the same StopCutter as the engine path, so the text never holds a stop string.
-The model returns no token ids: completion_tokens is max_tokens when the generation ended for length, else the final
-text re-tokenized with the target's tokenizer (at most max_tokens).
-finish_reason is the model's (its finish_reason output, on the final response) where it is OpenAI's "stop" or
-"length"; else, and when the frontend's own cut ended the call, as the engine path decides it.
+Stop strings are cut here, never sent (upstream-facts: llmapi-stop-input-broken). The model returns no token ids,
+so completion_tokens comes from re-tokenizing the final text.
 """
 
 from __future__ import annotations
@@ -28,7 +13,7 @@ from ...in_triton.serving import StopCutter
 from ...records import llmapi_contract as lc
 from .requests import FrontendSettings, GenRequest
 
-FINISH_REASONS = ("stop", "length")  # the model's finish_reason values that are OpenAI's (MODEL: also timeout, ...)
+FINISH_REASONS = ("stop", "length")  # the model's values that OpenAI also has
 
 
 def llmapi_tensors(r: GenRequest, s: FrontendSettings) -> dict[str, np.ndarray]:
@@ -45,7 +30,7 @@ def llmapi_tensors(r: GenRequest, s: FrontendSettings) -> dict[str, np.ndarray]:
         lc.RETURN_PERF: one(True, bool),
         "return_finish_reason": one(True, bool),
     }
-    if r.temperature is not None:  # sampling; greedy: none of these (SamplingParams' greedy)
+    if r.temperature is not None:  # greedy sends none (upstream-facts: llmapi-greedy-sampling-params)
         t[lc.SAMPLING_PREFIX + "temperature"] = one(r.temperature, np.float32)
         t[lc.SAMPLING_PREFIX + "top_p"] = one(r.top_p if r.top_p is not None else 1.0, np.float32)
     if r.seed is not None:
@@ -54,17 +39,17 @@ def llmapi_tensors(r: GenRequest, s: FrontendSettings) -> dict[str, np.ndarray]:
 
 
 class TextDeltas:
-    """The model's whole-text-so-far responses as text deltas, stop strings cut (StopCutter). A response that is not
-    an extension of the last one (the LLM API drops a stop string it matched from its final text, and an earlier
-    response may hold its beginning, which the cutter held back) is cut again from its start, and only what goes
-    beyond the text already handed out is handed out. If it does not begin with that text, nothing more is."""
+    """The model's whole-text-so-far responses as text deltas, stop strings cut.
+
+    A response that does not extend the last one (upstream-facts: llmapi-final-text-drops-stop) is cut again from
+    its start; if it does not begin with what was already sent, nothing more is sent."""
 
     def __init__(self, stops: list[str]):
         self.stops = stops
         self.cut = StopCutter(stops)
-        self.seen = ""  # the model's latest whole text
-        self.passed = ""  # what the cutter let through of it (a prefix of it)
-        self.sent = ""  # what was handed out (a prefix of passed)
+        self.seen = ""
+        self.passed = ""  # prefix of seen
+        self.sent = ""  # prefix of passed
         self.diverged = False
 
     @property
@@ -105,7 +90,6 @@ def finish_reason(model_says, tokens: int, r: GenRequest, cut: bool) -> str:
 
 
 def completion_tokens(retokenized: int, reason: str, r: GenRequest) -> int:
-    """The completion's tokens: max_tokens when it ended for length (the model generated exactly that many), else
-    the final text re-tokenized, at most max_tokens (a text re-tokenized need not give back the ids it was decoded
-    from, e.g. bytes of a broken UTF-8 sequence)."""
+    """max_tokens when it ended for length, else the re-tokenized count capped at max_tokens (re-tokenizing need not
+    give back the decoded ids)."""
     return r.max_tokens if reason == "length" else min(retokenized, r.max_tokens)

@@ -1,10 +1,6 @@
-"""The OpenAI frontend's Prometheus metrics: request latency and token counts as the client sees them, in vLLM's
-names and labels (records/names.py VLLM_*: model_name, engine), so dashboards and autoscalers written for vLLM read
-a trt-spec deployment unchanged. The speculation counters are not here: the BLS publishes them on Triton's metrics
-port (in_triton/spec_metrics.py). Each exporter has its own registry, not prometheus_client's global one, so two
-apps in one process (tests) do not collide.
-
-Also here: the per-request acceptance the speculative model's responses carry, in vLLM's shape (speculative_decoding).
+"""The OpenAI frontend's Prometheus metrics in vLLM's names and labels (so vLLM dashboards read trt-spec unchanged),
+and per-request acceptance in vLLM's response shape. Each exporter has its own registry, so two apps in one process
+do not collide.
 """
 
 from __future__ import annotations
@@ -46,15 +42,15 @@ LATENCY_BUCKETS_S = (
 )
 
 
-# The frontend's own admission metrics (openai/guard.py), beside vLLM's: no model label (they are the server's)
-ADMITTED_METRIC = "trt_spec_openai_requests_admitted"  # requests holding a slot (their Triton call running)
-WAITING_METRIC = "trt_spec_openai_requests_waiting"  # requests queued for a slot
+# the frontend's own admission metrics: server-wide, no model label
+ADMITTED_METRIC = "trt_spec_openai_requests_admitted"
+WAITING_METRIC = "trt_spec_openai_requests_waiting"
 REFUSED_METRIC = "trt_spec_openai_requests_refused_total"  # {reason: queue_full | unauthorized | too_large}
-ABANDONED_METRIC = "trt_spec_openai_streams_abandoned_total"  # responses whose client stopped reading (send timeout)
+ABANDONED_METRIC = "trt_spec_openai_streams_abandoned_total"  # the client stopped reading (send timeout)
 
 
 class FrontendMetricsExporter:
-    """The frontend's Prometheus metrics (FRONTEND_METRICS), labelled per model, and their exposition."""
+    """The frontend's Prometheus metrics, labelled per model, and their exposition."""
 
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -62,7 +58,7 @@ class FrontendMetricsExporter:
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
 
-        def counter(name, doc):  # prometheus_client adds the _total the exposition shows
+        def counter(name, doc):  # prometheus_client adds _total
             return Counter(name.removesuffix("_total"), doc, labels, registry=self.registry)
 
         def histogram(name, doc):
@@ -125,34 +121,10 @@ class FrontendMetricsExporter:
 
 
 # -- Per-request acceptance in the response body, in vLLM's shape ----------------------------------------------
-# vLLM (PR #48915, "Per-request acceptance stats in OpenAI API responses"; its doc vllm-project/vllm
-# docs/features/speculative_decoding/acceptance_metrics.md at 02cf515f0b62e6fc36d5ff8fb9b486a30e8dbe08):
-#   the top-level `metrics` object of a completion / chat.completion body holds `speculative_decoding`:
-#     mean_acceptance_length     1 + num_accepted_draft_tokens / num_spec_steps (bonus token included)
-#     draft_acceptance_rate      num_accepted_draft_tokens / num_draft_tokens
-#     acceptance_histogram       dense list of num_spec_tokens + 1 ints: [j] = verify steps that accepted exactly j
-#                                drafts (bonus excluded); steps without scheduled drafts are not counted
-#     num_spec_steps             verify steps (= sum of the histogram; vllm:spec_decode_num_drafts_total summed)
-#     num_accepted_draft_tokens  (vllm:spec_decode_num_accepted_tokens_total summed)
-#     num_draft_tokens           (vllm:spec_decode_num_draft_tokens_total summed)
-#     num_spec_tokens            k, the most drafts per step
-#   present when speculation is on and n == 1, all-zero histogram if nothing was drafted; `null` otherwise (and the
-#   response unchanged when the feature is off). Streaming: `metrics` rides the final usage chunk (`choices: []`),
-#   sent only with stream_options.include_usage.
-# AIPerf 0.13.0 reads it there (aiperf/endpoints/base_endpoint.py extract_spec_decode_stats: json["metrics"]
-# ["speculative_decoding"], the body or the trailing usage chunk) and claims it only when acceptance_histogram and
-# num_spec_steps are both present (aiperf/spec_decode/vllm_adapter.py _VLLM_SIGNATURE_KEYS); it checks
-# len(histogram) == num_spec_tokens + 1, sum(histogram) == num_spec_steps and sum(j * h[j]) == accepted
-# (aiperf/common/models/spec_decode_models.py), and drops a payload that fails.
-#
-# trt-spec's source: the BLS's whole-request outputs on its final response (records/names.py METRIC_OUTPUTS;
-# model_repo/tensorrt_llm_bls). Loop modes (draft_target, ngram): accepted_length_histogram is the request's
-# rounds that drafted, by accepted count 0..k (k = the request's num_draft_tokens), which is vLLM's histogram and
-# num_spec_steps; rounds the policy ran without a draft are not in it, as vLLM leaves out steps without drafts.
-# In-engine modes (Medusa/EAGLE/lookahead): the BLS streams its engine call in a decoupled repository and builds the
-# histogram from the engine's running totals per step (in_triton/speculative_loop.py engine_step_histogram; k = the
-# engine's max_draft_len); where it could not (a non-decoupled repository, or steps it could not tell apart) the
-# histogram is empty and only the counts and the rate are sent: AIPerf needs the histogram and shows none then.
+# Keys and semantics: upstream-facts vllm-per-request-acceptance; AIPerf claims the payload only with
+# acceptance_histogram and num_spec_steps (upstream-facts: aiperf-spec-decode-reader). Loop modes' histogram counts
+# only rounds that drafted, as vLLM skips steps without drafts; in-engine modes build it per engine step where they
+# can, else it is empty and only the counts and rate are sent.
 SPEC_DECODE_KEY = "speculative_decoding"  # under the body's top-level "metrics"
 MEAN_ACCEPTANCE_LENGTH = "mean_acceptance_length"
 DRAFT_ACCEPTANCE_RATE = "draft_acceptance_rate"
@@ -164,8 +136,7 @@ NUM_SPEC_TOKENS = "num_spec_tokens"
 
 
 def speculative_decoding(outputs: dict[str, list[int] | float]) -> Optional[dict]:
-    """vLLM's `metrics.speculative_decoding` for one request from the BLS's metric outputs (scalars, and lists for
-    records.names.LIST_METRICS); None when the response carried no totals (a request cut short by the client)."""
+    """vLLM's `metrics.speculative_decoding` from the BLS's metric outputs; None without totals."""
     if "total_accepted_draft_tokens" not in outputs or "total_draft_tokens" not in outputs:
         return None
     accepted, drafted = int(outputs["total_accepted_draft_tokens"]), int(outputs["total_draft_tokens"])
@@ -175,11 +146,10 @@ def speculative_decoding(outputs: dict[str, list[int] | float]) -> Optional[dict
         NUM_DRAFT_TOKENS: drafted,
     }
     hist = [int(x) for x in outputs.get(n.ACCEPTED_LENGTH_HISTOGRAM) or []]
-    if not hist:  # no histogram (an in-engine request the BLS could not split into steps): no step count
+    if not hist:  # no histogram: no step count either
         return out
     steps = sum(hist)
-    # zero steps (k = 0, or a policy that never drafted): 1.0, nothing accepted, as vLLM's compute_acceptance_len
-    # answers for no drafts (vllm/v1/spec_decode/metrics.py)
+    # zero steps: 1.0 (upstream-facts: vllm-acceptance-len-no-drafts)
     return {
         MEAN_ACCEPTANCE_LENGTH: 1.0 + accepted / steps if steps else 1.0,
         **out,
@@ -189,16 +159,11 @@ def speculative_decoding(outputs: dict[str, list[int] | float]) -> Optional[dict
     }
 
 
-# runtime llmapi (records/llmapi_contract.py): the LLM-API model's perf outputs on its responses (with
-# sampling_param_return_perf_metrics), strings as MODEL encodes them: total_accepted_draft_tokens, total_draft_tokens,
-# acceptance_rate. No per-step histogram and no count of verify steps, so only the counts and the rate are sent (as
-# for an in-engine request without one; AIPerf shows no Spec Decode section without the histogram), never invented
-# steps. On TensorRT-LLM 1.2.1's PyTorch flow they are 0 whether or not drafting ran (lc.SPEC_PERF_ZERO,
-# NVIDIA/TensorRT-LLM#17082; the CPU stand-in answers 0 too): sent as the model returned them, and where the model
-# reports nothing drafted although its model.yaml has a speculative_config, `metrics` says so beside them
-# (LLMAPI_NOTE_KEY; never inside speculative_decoding, whose keys are vLLM's).
+# runtime llmapi: the model's perf outputs (strings) carry counts and a rate but no histogram or step count, so only
+# those are sent, never invented steps. A zero draft count despite a speculative_config gets a note beside
+# speculative_decoding (upstream-facts: trtllm-pytorch-spec-perf-zero).
 LLMAPI_SPEC_OUTPUTS = ("total_accepted_draft_tokens", "total_draft_tokens", "acceptance_rate")
-LLMAPI_NOTE_KEY = "trt_spec_acceptance_note"  # under the body's top-level "metrics", beside SPEC_DECODE_KEY
+LLMAPI_NOTE_KEY = "trt_spec_acceptance_note"  # beside SPEC_DECODE_KEY
 LLMAPI_ZERO_NOTE = (
     "not measured: the LLM-API model reported 0 drafted tokens although its model.yaml has a speculative_config; "
     "TensorRT-LLM 1.2.1's PyTorch flow leaves its per-request speculative perf outputs 0 (NVIDIA/TensorRT-LLM#17082)"
@@ -213,12 +178,11 @@ def _perf_number(v) -> Optional[float]:
 
 
 def llmapi_speculative_decoding(outputs: dict) -> tuple[Optional[dict], Optional[str]]:
-    """(vLLM's `metrics.speculative_decoding` from the LLM-API model's perf outputs, the note for `metrics` or None).
-    (None, None) when the responses carried no readable counts (a request the frontend cut at a stop string)."""
+    """(speculative_decoding from the LLM-API model's perf outputs, a note or None); (None, None) without counts."""
     accepted, drafted, rate = (_perf_number(outputs.get(name)) for name in LLMAPI_SPEC_OUTPUTS)
     if accepted is None or drafted is None or accepted < 0 or drafted < 0:
         return None, None
-    if rate is None or not math.isfinite(rate):  # not readable: the rate of the counts
+    if rate is None or not math.isfinite(rate):
         rate = accepted / drafted if drafted else 0.0
     out = {
         DRAFT_ACCEPTANCE_RATE: rate,

@@ -1,10 +1,4 @@
-"""The OpenAI frontend as a child process of `trt-spec serve` (or the demo): its command line and its lifetime.
-
-The frontend runs in a process of its own (`python -m trt_spec.serve.openai.frontend`): `trt-spec serve` starts it
-with frontend_argv, and prints the same command line for a plain launch, so both start the same thing. The process is
-checked before it starts (the repository it would serve, its port), so a mistake is one line before Triton starts.
-trt_spec.serve.openai.frontend re-exports both names.
-"""
+"""The OpenAI frontend as a child process of `trt-spec serve`: its command line and its lifetime."""
 
 from __future__ import annotations
 
@@ -13,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ..launch import ServedRepository
 from .requests import FrontendSettings
 
 
@@ -26,9 +21,7 @@ def frontend_argv(
     max_queued: Optional[int] = None,
     max_body_bytes: Optional[int] = None,
 ) -> list[str]:
-    """The frontend's command line; an option not given is left off (the frontend's defaults, defaults.py). The key
-    goes by file (or the environment variable defaults.OPENAI_API_KEY_ENV, inherited), never on the command line,
-    where `ps` would show it."""
+    """The frontend's command line; options not given are left off. The API key never goes on it (`ps` shows it)."""
     extra: list[str] = []
     for flag, value in (
         ("--api-key-file", api_key_file),
@@ -55,17 +48,15 @@ def frontend_argv(
 
 
 class FrontendProcess:
-    """The frontend as a child process of `trt-spec serve` (it dies with the thread that started it), on host:port,
-    in front of a running Triton's gRPC endpoint. start() -> wait_ready() -> stop()."""
+    """The frontend process (it dies with the thread that started it): start() -> wait_ready() -> stop()."""
 
-    def __init__(self, repo: Path, triton_url: str, port: int, host: str, log_path: Path, **options):
-        """`options`: frontend_argv's (api_key_file, max_concurrent, max_queued, max_body_bytes); the key file is
-        checked by its caller (supervisor._check_openai_key) before anything starts."""
+    def __init__(self, served: ServedRepository, triton_url: str, port: int, host: str, log_path: Path, **options):
+        """`options`: frontend_argv's keyword arguments."""
         from ..server import check_port_free
 
-        FrontendSettings.from_repository(repo, triton_url)  # a repository it cannot serve fails here, in one line
+        FrontendSettings.from_repository(served, triton_url)  # fail in one line before anything starts
         check_port_free(host if host != "0.0.0.0" else "", port, "openai")
-        self.argv = frontend_argv(repo, triton_url, port, host, **options)
+        self.argv = frontend_argv(served.path, triton_url, port, host, **options)
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
         self.log_path = Path(log_path)
         self.proc = None

@@ -1,19 +1,7 @@
 """The OpenAI frontend's requests: what a body may hold, its checks, and the text model's tensors it becomes.
 
-Every check runs before any model work, and a bad request is one OpenAIError naming the field and the fix, with
-OpenAI's status codes. The limits are the deployment's own, read from the BLS's parameters
-(records/bls_parameters.py): a prompt or max_tokens the engine could not serve is refused here, in OpenAI's words,
-instead of failing inside the model.
-
-Semantics (OpenAI's): temperature defaults to 1 (sampling, top_p 1); temperature 0 is greedy (the engine is then
-sent no sampling input: TensorRT-LLM's greedy, backend_contract.effective_top_k_top_p). Completions default to 16
-tokens, chat to what the context leaves. The speculation knobs `num_draft_tokens` and `draft_len_policy` (extra body
-fields) apply to the speculative model only. OpenAI's `user` is the speculative model's `tenant`: the scope of its
-cross-request suffix cache (docs/draft-policy.md; the baseline ignores it).
-
-A `runtime: llmapi` repository (records/llmapi_contract.py) is served too: its one loaded model `tensorrt_llm`, text
-in and text out (openai/llmapi.py); its limits and tokenizer are model.yaml's. Its speculation is model.yaml's
-speculative_config, so the per-request knobs are refused there, and `user` is ignored as the baseline ignores it.
+Every check runs before any model work, against the deployment's own limits, and a bad request is one OpenAIError
+naming the field and the fix. OpenAI's `user` is the speculative model's `tenant` (its suffix cache's scope).
 """
 
 from __future__ import annotations
@@ -50,7 +38,6 @@ ENGINE_RUNTIME, LLMAPI_RUNTIME = RUNTIMES
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 METADATA_MAX_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits on `metadata`
-# Request fields accepted and ignored (no effect on the output)
 IGNORED_FIELDS = {
     "metadata",
     "store",
@@ -59,7 +46,7 @@ IGNORED_FIELDS = {
     "prompt_cache_key",
     "safety_identifier",
 }
-# Fields that change the output in ways this deployment does not serve: refused unless at their default
+# refused unless at their default
 UNSUPPORTED = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
@@ -90,12 +77,12 @@ COMMON_FIELDS = {
     "stream_options",
     NUM_DRAFT_TOKENS,
     DRAFT_LEN_POLICY,
-    "user",  # the speculative model's tenant (its suffix cache's scope); the baseline ignores it
+    "user",  # the baseline ignores it
 }
 
 
 class OpenAIError(TrtSpecError):
-    """One request's error, as OpenAI reports it: HTTP status and {"error": {message, type, param, code}}."""
+    """One request's error, as OpenAI reports it."""
 
     def __init__(
         self,
@@ -115,7 +102,7 @@ class OpenAIError(TrtSpecError):
 
 @dataclass(frozen=True)
 class FrontendSettings:
-    """What the frontend needs from the repository it fronts (the BLS's own parameters)."""
+    """What the frontend needs from the repository it fronts."""
 
     triton_url: str  # host:port of Triton's gRPC endpoint
     tokenizer_dir: str
@@ -123,11 +110,11 @@ class FrontendSettings:
     max_draft_len: int
     add_special_tokens: bool = ADD_SPECIAL_TOKENS
     models: tuple[str, ...] = TEXT_MODELS
-    max_input_len: Optional[int] = None  # the deployment's prompt limit in tokens (None: max_seq_len)
-    runtime: str = ENGINE_RUNTIME  # the repository's: the engine path's text models, or the LLM-API model
-    speculative_config: bool = True  # llmapi: model.yaml has a speculative_config (the model speculates)
-    decoupled: bool = True  # llmapi: the model streams (model.yaml triton_config.decoupled)
-    phase_models: tuple[str, ...] = ()  # llmapi: the repository's models not loaded while it serves
+    max_input_len: Optional[int] = None  # prompt limit in tokens (None: max_seq_len)
+    runtime: str = ENGINE_RUNTIME
+    speculative_config: bool = True  # llmapi: the model speculates
+    decoupled: bool = True  # llmapi: the model streams
+    phase_models: tuple[str, ...] = ()  # llmapi: models not loaded while it serves
 
     @property
     def prompt_limit(self) -> int:
@@ -138,14 +125,17 @@ class FrontendSettings:
         return self.runtime == LLMAPI_RUNTIME
 
     @staticmethod
-    def from_repository(repo: Path, triton_url: str) -> "FrontendSettings":
+    def from_repository(served, triton_url: str) -> "FrontendSettings":
+        """served: a launch.ServedRepository; without a record the runtime is guessed from its files."""
         from ...in_triton.serving import repo_path
         from ...records.bls_parameters import BlsParameters, ParameterError
         from ...repository.writer import RepositoryError, parse_config
 
-        path = Path(repo) / SPECULATIVE / "config.pbtxt"
-        if not path.is_file() and (Path(repo) / lc.MODEL_NAME / "1" / lc.YAML_FILE).is_file():
-            return FrontendSettings.from_llmapi_repository(Path(repo), triton_url)
+        repo = served.path
+        path = repo / SPECULATIVE / "config.pbtxt"
+        llmapi = (repo / lc.MODEL_NAME / "1" / lc.YAML_FILE).is_file() if served.runtime is None else served.llmapi
+        if llmapi:
+            return FrontendSettings.from_llmapi_repository(repo, triton_url)
         if not path.is_file():
             raise RepositoryError(
                 f"{repo}: neither {SPECULATIVE}/config.pbtxt nor {lc.MODEL_NAME}/1/{lc.YAML_FILE}: the OpenAI "
@@ -167,13 +157,8 @@ class FrontendSettings:
 
     @staticmethod
     def from_llmapi_repository(repo: Path, triton_url: str) -> "FrontendSettings":
-        """A runtime llmapi repository's: model.yaml of its loaded model (records/llmapi_contract.py). The tokenizer
-        is the one the model loads, model.yaml's `model` (trt-spec writes the target's directory there, absolute);
-        the prompt limit is the stand-in's min(max_seq_len - 1, max_num_tokens) (the model.yaml trt-spec writes has
-        no chunked prefill: a prompt is one context pass); the room kept for drafts is speculative_config's
-        max_draft_len (MTP: num_nextn_predict_layers, as MTPDecodingConfig sets it). Prompts are counted with
-        special tokens, as the LLM API tokenizes text_input (SamplingParams.add_special_tokens defaults to True:
-        NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py @ 000a01de)."""
+        """From the loaded model's model.yaml. The prompt limit assumes no chunked prefill; prompts are counted with
+        special tokens (upstream-facts: llmapi-add-special-tokens, llmapi-mtp-max-draft-len)."""
         import yaml
 
         from ...in_triton.serving import repo_path
@@ -218,7 +203,7 @@ class GenRequest:
 
     model: str
     chat: bool
-    text: str  # the prompt as sent to the model (chat: rendered with the tokenizer's chat template)
+    text: str  # chat: rendered with the tokenizer's chat template
     prompt_tokens: int
     max_tokens: int
     stream: bool = False
@@ -251,9 +236,7 @@ def _number(body: dict, name: str, kind, lo=None, hi=None, lo_open: bool = False
 
 
 def model_not_found(model: str, s: FrontendSettings) -> Optional[OpenAIError]:
-    """The 404 for a runtime llmapi repository's model that is not loaded while it serves (its baseline, loaded by
-    check and bench for their baseline phase only, in place of the speculative model: repository/llmapi.py
-    PHASE_MODELS) or for any other unknown model; None for the engine runtime (its own words stay)."""
+    """The runtime llmapi 404 for an unknown or phase-only model; None for the engine runtime."""
     if not s.llmapi:
         return None
     served = ", ".join(s.models)
@@ -299,7 +282,7 @@ def _check_fields(body: Any, s: FrontendSettings, chat: bool) -> str:
         raise OpenAIError(400, f"unrecognized request argument: {unknown[0]!r}", param=unknown[0])
     for name, defaults in UNSUPPORTED.items():
         v = body.get(name)
-        # a container's size first: a 100k-entry logit_bias is refused without comparing its entries
+        # size first: a huge logit_bias is refused without comparing its entries
         if name in body and ((isinstance(v, (dict, list)) and len(v) > 1) or not _is_default(v, defaults)):
             raise OpenAIError(400, f"'{name}' is not supported by this deployment; omit it", param=name)
     _metadata(body.get("metadata"))
@@ -310,13 +293,11 @@ def _check_fields(body: Any, s: FrontendSettings, chat: bool) -> str:
 
 
 def _is_default(v: Any, defaults: tuple) -> bool:
-    """`v` is one of `defaults`, a boolean only as a boolean (Python's 0 == False and 1 == True would let
-    `"logprobs": 0` or `"best_of": true` through)."""
+    """`v` is one of `defaults`, a boolean only as a boolean (0 == False in Python)."""
     return any(v == d and isinstance(v, bool) == isinstance(d, bool) for d in defaults)
 
 
 def _metadata(meta: Any) -> None:
-    """OpenAI's `metadata` (accepted and ignored) within OpenAI's own limits."""
     if meta is None:
         return
     if not isinstance(meta, dict) or len(meta) > METADATA_MAX_KEYS:
@@ -354,8 +335,7 @@ def _text_content(content: Any, i: int) -> str:
 
 
 def _chat_text(body: dict, tokenizer, s: FrontendSettings, byte_limit: int) -> str:
-    """The messages rendered with the tokenizer's chat template (developer: system). Their count and text are
-    bounded before the template runs: rendering 10 MB of turns costs as much as tokenizing them."""
+    """The messages rendered with the tokenizer's chat template, bounded first (rendering costs like tokenizing)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise OpenAIError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
@@ -385,7 +365,6 @@ def _chat_text(body: dict, tokenizer, s: FrontendSettings, byte_limit: int) -> s
 
 
 def _prompt_text(body: dict, tokenizer, s: FrontendSettings, chat: bool, byte_limit: int) -> str:
-    """The text the model is sent: the chat rendered, or the one prompt; never empty."""
     if chat:
         text = _chat_text(body, tokenizer, s, byte_limit)
     else:
@@ -401,9 +380,9 @@ def _prompt_text(body: dict, tokenizer, s: FrontendSettings, chat: bool, byte_li
 
 
 def _prompt_tokens(text: str, tokenizer, s: FrontendSettings, chat: bool, byte_limit: int) -> tuple[int, int]:
-    """(the prompt's tokens, the tokens the engine can still generate after it), or the prompt is too long."""
+    """(prompt tokens, tokens the engine can still generate after it)."""
     size = len(text.encode("utf-8"))
-    if size > byte_limit:  # before tokenizing: 10 MB would take seconds and a GB to count
+    if size > byte_limit:  # before tokenizing, which is slow on huge text
         raise OpenAIError(
             400,
             f"the prompt is {size} bytes: more than any text of at most {s.prompt_limit} tokens "
@@ -411,7 +390,7 @@ def _prompt_tokens(text: str, tokenizer, s: FrontendSettings, chat: bool, byte_l
             param="messages" if chat else "prompt",
         )
     prompt_tokens = len(tokenizer.encode(text, add_special_tokens=s.add_special_tokens))
-    room = s.max_seq_len - prompt_tokens - s.max_draft_len  # what the engine can still generate (OUTPUT_LEN_CLAMPED)
+    room = s.max_seq_len - prompt_tokens - s.max_draft_len  # bc.OUTPUT_LEN_CLAMPED
     if room < 1:
         raise OpenAIError(
             400,
@@ -423,8 +402,7 @@ def _prompt_tokens(text: str, tokenizer, s: FrontendSettings, chat: bool, byte_l
 
 
 def _asked_tokens(body: dict, s: FrontendSettings, chat: bool) -> Optional[int]:
-    """max_completion_tokens (chat) or max_tokens, checked against the context before the prompt is tokenized: a
-    value no prompt leaves room for (10**12) is refused without tokenizing anything."""
+    """max_completion_tokens (chat) or max_tokens, refused before tokenizing when no prompt leaves room for it."""
     most = s.max_seq_len - s.max_draft_len - 1  # the room a one-token prompt leaves
     for name in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
         limit = _number(body, name, int, 1)
@@ -482,14 +460,14 @@ def _stream(body: dict) -> tuple[bool, bool]:
     if options is not None and (not stream or not isinstance(options, dict)):
         raise OpenAIError(400, "'stream_options' is only allowed with stream: true", param="stream_options")
     include_usage = (options or {}).get("include_usage", False)
-    if not isinstance(include_usage, bool):  # OpenAI's is a boolean; a null or a string is not taken for one
+    if not isinstance(include_usage, bool):
         raise OpenAIError(400, "'stream_options.include_usage' must be true or false", param="stream_options")
     return stream, include_usage
 
 
 def _speculation(body: dict, s: FrontendSettings, model: str) -> tuple[Optional[int], Optional[str]]:
-    """(num_draft_tokens, draft_len_policy): the speculative model's knobs, None where the request leaves them."""
-    if s.llmapi:  # the LLM-API model has no such inputs (records/llmapi_contract.py INPUTS)
+    """(num_draft_tokens, draft_len_policy), None where the request leaves them."""
+    if s.llmapi:  # the LLM-API model has no such inputs
         for name in (NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY):
             if body.get(name) is not None:
                 raise OpenAIError(
@@ -510,7 +488,7 @@ def _speculation(body: dict, s: FrontendSettings, model: str) -> tuple[Optional[
 
 
 def _tenant(body: dict, model: str) -> Optional[str]:
-    """OpenAI's `user` as the speculative model's tenant (None: none, empty, or the baseline model)."""
+    """OpenAI's `user` as the speculative model's tenant."""
     user = body.get("user")
     if user is None:
         return None
@@ -526,14 +504,13 @@ def _tenant(body: dict, model: str) -> Optional[str]:
 
 
 def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> GenRequest:
-    """A request body -> GenRequest, or OpenAIError naming the field and the fix (before any model work). The
-    cheap checks come first: nothing is rendered or tokenized for a request that a field alone refuses."""
+    """A request body -> GenRequest, or OpenAIError; cheap checks first, before anything is tokenized."""
     model = _check_fields(body, s, chat)
     asked = _asked_tokens(body, s, chat)
     temperature = _number(body, "temperature", float, 0, 2)
     top_p = _number(body, "top_p", float, 0, 1, lo_open=True)
     seed = _number(body, "seed", int, 0, 2**64 - 1)
-    byte_limit = input_byte_limit(tokenizer, s.prompt_limit)  # computed once per tokenizer (Frontend's start)
+    byte_limit = input_byte_limit(tokenizer, s.prompt_limit)  # cached per tokenizer
     stop = _stop(body, s, byte_limit)
     stream, include_usage = _stream(body)
     k, policy = _speculation(body, s, model)
@@ -561,14 +538,14 @@ def parse_request(body: Any, tokenizer, s: FrontendSettings, *, chat: bool) -> G
 
 
 def request_tensors(r: GenRequest) -> dict[str, np.ndarray]:
-    """The text model's inputs for one request ([1, …]: the batch dimension first)."""
+    """The text model's inputs for one request, each [1, …]."""
     t: dict[str, np.ndarray] = {
         TEXT_INPUT: np.array([[r.text.encode("utf-8")]], dtype=object),
         MAX_TOKENS: np.array([[r.max_tokens]], dtype=np.int32),
         STREAM: np.array([[r.stream]], dtype=bool),
         bc.EXCLUDE_INPUT_IN_OUTPUT: np.array([[True]], dtype=bool),
     }
-    if r.temperature is not None:  # sampling: TensorRT-LLM samples only when top_k or top_p is set (top_p 1: all)
+    if r.temperature is not None:  # upstream-facts: trtllm-absent-sampling-greedy
         t[bc.TEMPERATURE] = np.array([[r.temperature]], dtype=np.float32)
         t[TOP_P] = np.array([[r.top_p if r.top_p is not None else 1.0]], dtype=np.float32)
     if r.seed is not None:

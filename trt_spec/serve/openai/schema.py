@@ -1,12 +1,6 @@
-"""The OpenAI frontend's OpenAPI document (served at /openapi.json): what each route takes and answers, with the
-frontend's real bounds.
+"""The OpenAI frontend's OpenAPI document (/openapi.json), its bounds read from where the frontend enforces them.
 
-Every bound comes from where the frontend enforces it (openai/requests.py, defaults.py, the repository's settings),
-so the document cannot drift from the checks: it is what `schemathesis` fuzzes the frontend from
-(tests/e2e/test_fuzz.py), and what any client generator would read. The routes take a raw `Request` (the frontend
-parses bodies itself, to answer in OpenAI's error shape), so FastAPI could describe no body; this module does.
-Cross-field rules a schema cannot say (the prompt's tokens against max_tokens, `stream_options` only with `stream`,
-speculation knobs only on the speculative model, the messages' total text) are the server's 400s.
+The routes parse raw bodies, so FastAPI cannot describe them; cross-field rules stay the server's 400s.
 """
 
 from __future__ import annotations
@@ -39,12 +33,10 @@ def _error_response(description: str, headers: dict | None = None) -> dict:
 
 
 def _denied(keyed: bool) -> dict:
-    """The 401 of a /v1 route when the frontend asks for a key; nothing when it does not."""
     return {"401": _error_response("no bearer key, or not this server's")} if keyed else {}
 
 
 def _errors(keyed: bool) -> dict:
-    """The error answers of a /v1 generation route (OpenAI's statuses; 503: Triton unreachable or draining)."""
     return {
         "400": _error_response("a field out of bounds or malformed, named with its fix"),
         "404": _error_response("no such model"),
@@ -59,12 +51,12 @@ def _errors(keyed: bool) -> dict:
 
 
 def _token_bound(s: FrontendSettings) -> dict:
-    """max_tokens: at least 1, at most the room a one-token prompt leaves (the prompt's own tokens are the 400's)."""
+    """At most the room a one-token prompt leaves."""
     return {"type": "integer", "minimum": 1, "maximum": s.max_seq_len - s.max_draft_len - 1}
 
 
 def _nullable(schema: dict) -> dict:
-    """An optional field the frontend reads with body.get(): null is the same as leaving it out."""
+    """Null is the same as leaving the field out."""
     return {"anyOf": [schema, {"type": "null"}]}
 
 
@@ -90,9 +82,9 @@ def _common_properties(s: FrontendSettings) -> dict:
             "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_CHARS},
         },
     }
-    if s.llmapi:  # the LLM-API model takes no speculation knob (openai_requests._speculation): null only
+    if s.llmapi:  # no per-request speculation knobs
         optional[NUM_DRAFT_TOKENS] = optional[DRAFT_LEN_POLICY] = {"type": "null"}
-    else:  # the speculative model's (the baseline's 400 names them)
+    else:
         optional[NUM_DRAFT_TOKENS] = {"type": "integer", "minimum": 0, "maximum": s.max_draft_len}
         optional[DRAFT_LEN_POLICY] = {"type": "string", "enum": list(POLICIES)}
     props: dict[str, Any] = {
@@ -102,7 +94,7 @@ def _common_properties(s: FrontendSettings) -> dict:
     }
     for name in sorted(IGNORED_FIELDS - set(props)):
         props[name] = {"description": "accepted and ignored"}
-    for name, defaults in UNSUPPORTED.items():  # not served: only their default values
+    for name, defaults in UNSUPPORTED.items():
         props[name] = {"enum": list(defaults), "description": "not served by this deployment: its default only"}
     return props
 
@@ -158,8 +150,7 @@ def request_schemas(s: FrontendSettings) -> dict[str, dict]:
     return {"CompletionRequest": completion, "ChatCompletionRequest": chat}
 
 
-# One server-sent event (OpenAPI before 3.2: a stream's `schema` describes each event, as 3.2's itemSchema does): its
-# data is a chunk's JSON, an error's, or [DONE].
+# one server-sent event (before OpenAPI 3.2's itemSchema, a stream's `schema` describes each event)
 _SSE_EVENT = {
     "type": "object",
     "required": ["data"],

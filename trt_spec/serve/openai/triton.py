@@ -1,9 +1,7 @@
-"""The OpenAI frontend's way to the models: Triton's gRPC streaming API, one call per request.
+"""The OpenAI frontend's client of the models: Triton's gRPC streaming API over grpc.aio, one call per request.
 
-tritonclient's protobuf service stubs over grpc.aio, one channel for the whole frontend. Every call is a
-bidirectional stream of one request; the models answer with one response per streamed chunk, and the final one is
-flagged (`triton_enable_empty_final_response`), so the end of every generation is seen the same way, streamed or
-not, and closing a call early cancels the request in Triton.
+The final response is always flagged (upstream-facts: triton-grpc-final-response-flag), so every generation ends the
+same way, streamed or not; closing a call early cancels the request in Triton.
 """
 
 from __future__ import annotations
@@ -21,11 +19,11 @@ from ...records import llmapi_contract as lc
 from ...records.names import LIST_METRICS, METRIC_OUTPUTS, OUTPUT_IDS
 from .metrics import LLMAPI_SPEC_OUTPUTS
 
-LLMAPI_OUTPUTS = ("finish_reason", *LLMAPI_SPEC_OUTPUTS)  # asked of the LLM-API model beside text_output
+LLMAPI_OUTPUTS = ("finish_reason", *LLMAPI_SPEC_OUTPUTS)  # beside text_output
 
 
 class TritonCallError(TrtSpecError):
-    """A model's error response, or Triton unreachable: the message, and the HTTP status it is reported with."""
+    """A model's error response or Triton unreachable, with the HTTP status to report."""
 
     def __init__(self, message: str, status: int):
         super().__init__(message)
@@ -33,9 +31,7 @@ class TritonCallError(TrtSpecError):
 
 
 def _status_of(message: str) -> int:
-    """The HTTP status of a model's error line (a gRPC stream's error has only its text): 503 for a server draining
-    (the client, or its load balancer, should go to another replica; the openai SDK retries it), 500 for a fault of
-    the server's (its line says "internal error", nothing more), else 400 (the request's own values)."""
+    """HTTP status from a stream error's text: 503 draining (clients retry elsewhere), 500 internal, else 400."""
     if SHUTTING_DOWN in message:
         return 503
     return 500 if "internal error" in message else 400
@@ -47,7 +43,7 @@ def _encode_input(name: str, arr: np.ndarray, request) -> None:
     t = request.inputs.add()
     t.name, t.datatype = name, np_to_triton_dtype(arr.dtype) if arr.dtype != object else "BYTES"
     t.shape.extend(arr.shape)
-    if arr.dtype == object:  # BYTES: each element length-prefixed (tritonclient's own encoding)
+    if arr.dtype == object:  # BYTES: tritonclient's length-prefixed encoding
         serialized = serialize_byte_tensor(arr)
         request.raw_input_contents.append(serialized.item() if serialized.size > 0 else b"")
     else:
@@ -67,7 +63,7 @@ def _text(v) -> str:
 
 
 class TritonModels:
-    """Requests to the text models over one gRPC channel (Triton's bidirectional stream, one call per request)."""
+    """Requests to the models over one gRPC channel."""
 
     def __init__(self, url: str):
         import grpc
@@ -93,13 +89,11 @@ class TritonModels:
     async def generate(
         self, model: str, tensors: dict[str, np.ndarray], metrics: Optional[dict] = None
     ) -> AsyncIterator[list[int]]:
-        """New token ids per response until the final one. Closing the iterator early (a client gone, a stop string
-        seen) cancels the call: Triton then cancels the request in the model (the BLS stops between rounds, the
-        engine between iterations). With `metrics` (the speculative model only: the ensemble declares none of them),
-        the BLS's whole-request metric outputs (records/names.py METRIC_OUTPUTS; its final response carries them) are
-        asked for too and stored in it as they come: numbers, and lists for LIST_METRICS."""
+        """New token ids per response until the final one; closing the iterator early cancels the request.
+
+        With `metrics` (speculative model only), the BLS's METRIC_OUTPUTS are stored in it as they come."""
         wanted = [OUTPUT_IDS, *(METRIC_OUTPUTS if metrics is not None else ())]
-        async with aclosing(self._responses(model, tensors, wanted)) as responses:  # closed with this one: cancels
+        async with aclosing(self._responses(model, tensors, wanted)) as responses:
             async for result in responses:
                 ids = result.as_numpy(OUTPUT_IDS)
                 if metrics is not None:
@@ -107,10 +101,8 @@ class TritonModels:
                 yield [int(x) for x in ids.reshape(-1)] if ids is not None else []
 
     async def generate_text(self, model: str, tensors: dict[str, np.ndarray], outputs: dict) -> AsyncIterator[str]:
-        """runtime llmapi: TensorRT-LLM's LLM-API model (records/llmapi_contract.py), text in and text out. Yields
-        each response's text_output, which is the WHOLE text so far, not a delta (MODEL sends CompletionOutput.text);
-        its other outputs (finish_reason, the speculative perf outputs: strings as MODEL encodes them) are stored in
-        `outputs` as they come, the final response's last. Closing early cancels the call, as generate."""
+        """runtime llmapi: yields each response's text_output, the WHOLE text so far, not a delta
+        (upstream-facts: llmapi-cumulative-text-output); its other outputs are stored in `outputs`."""
         wanted = [lc.TEXT_OUTPUT, *LLMAPI_OUTPUTS]
         async with aclosing(self._responses(model, tensors, wanted)) as responses:
             async for result in responses:
@@ -122,7 +114,7 @@ class TritonModels:
                 yield "" if text is None or not text.size else _text(text.reshape(-1)[0])
 
     async def _responses(self, model: str, tensors: dict[str, np.ndarray], wanted: list[str]):
-        """One streaming call: the InferResult of every response until the final one (flagged: the stream's end)."""
+        """One streaming call: the InferResult of every response until the flagged final one."""
         import grpc
         from tritonclient.grpc import InferResult, service_pb2
 
@@ -131,7 +123,7 @@ class TritonModels:
             _encode_input(name, arr, req)
         for name in wanted:
             req.outputs.add(name=name)
-        req.parameters["triton_enable_empty_final_response"].bool_param = True  # the stream's end, always
+        req.parameters["triton_enable_empty_final_response"].bool_param = True
 
         async def one():
             yield req

@@ -1,16 +1,16 @@
-"""The memory plan: what each GPU holds (weights, KV cache, reserve) for a target/draft pair, and the KV-cache
-share of free memory the target may take when the draft shares its GPU.
-"""
+"""GPU memory maths for the build plan and the repository: per-GPU weights, KV cache and reserve, and overflow."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from ..records.config import BuildConfig
-from .model_info import ModelInfo
-from .trtllm import DEFAULT_KV_FRACTION
+from .defaults import DEFAULT_KV_FRACTION
+from .models import ModelInfo
+
+if TYPE_CHECKING:
+    from .deployment import Limits
 
 GIB = 1024**3
 
@@ -25,15 +25,13 @@ BYTES_PER_WEIGHT = {
     "fp32": 4.0,
 }
 BYTES_PER_KV = {"fp8": 1.0, "int8": 1.0, "none": 2.0}
-# runtime llmapi loads the draft or EAGLE-3 head checkpoint as it is, and published heads and drafts are 16-bit (the
-# FP8 of the target is its pre-quantized checkpoint's, not the build's): counted as bf16, the larger case
+# llmapi loads draft/head checkpoints as they are, and published ones are 16-bit
 LLMAPI_SPEC_MODEL_WEIGHTS = "bf16"
-# FP8 calibration of a 70B model peaks above 210 GB: ~1.6x its 16-bit weights.
-CALIBRATION_PEAK_FACTOR = 1.6
+CALIBRATION_PEAK_FACTOR = 1.6  # quantize.py's GPU peak over the target's 16-bit weights
 
 
 def calibration_peak_gib(num_params: int) -> float:
-    """GPU memory quantize.py needs at peak: the target's 16-bit weights x CALIBRATION_PEAK_FACTOR."""
+    """GPU memory quantize.py needs at peak."""
     return num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
 
 
@@ -65,28 +63,33 @@ def _weights_gib(info: ModelInfo, weights: str) -> float:
 
 
 def kv_cache_gib(info: ModelInfo, kv: str, batch: int, seq: int) -> float:
-    """layers x kv_heads x head_dim x 2 (K and V) x bytes x max_batch_size x max_seq_len; with multi-head latent
-    attention, layers x the latent (K and V in one) instead."""
+    """KV-cache GiB for `batch` sequences of `seq` tokens (MLA models: the latent holds K and V in one)."""
     per_layer = info.kv_latent_dim or info.num_kv_heads * info.head_dim * 2
     return info.num_layers * per_layer * BYTES_PER_KV[kv] * batch * seq / GIB
 
 
 def memory_rows(
-    role: str, info: ModelInfo, weights: str, kv_cache: str, tp: int, pp: int, devices: list[int], cfg: BuildConfig
+    role: str,
+    info: ModelInfo,
+    weights: str,
+    kv_cache: str,
+    tp: int,
+    pp: int,
+    devices: list[int],
+    limits: Limits,
+    reserve_gib: float,
 ) -> list[MemoryRow]:
-    """One row per GPU of the role: its shard of the weights and KV cache (max_batch_size full sequences)."""
+    """One row per GPU: its shard of the weights and of max_batch_size full sequences' KV cache."""
     w = _weights_gib(info, weights) / (tp * pp)
-    kv = kv_cache_gib(info, kv_cache, cfg.limits.max_batch_size, cfg.limits.max_seq_len) / (tp * pp)
-    return [MemoryRow(d, role, w, kv, cfg.serving.memory_reserve_gib) for d in devices]
+    kv = kv_cache_gib(info, kv_cache, limits.max_batch_size, limits.max_seq_len) / (tp * pp)
+    return [MemoryRow(d, role, w, kv, reserve_gib) for d in devices]
 
 
 SHARING_ROLES = ("draft", "baseline")  # engines whose KV cache is capped so the target can size its own
 
 
 def shared_gpu_kv_fraction(memory: list[MemoryRow], gpu_gib: float) -> float:
-    """Target kv_cache_free_gpu_mem_fraction on a GPU shared with the draft: the share of the memory left after
-    the target's weights and reserve that still leaves the draft's weights, capped KV cache and reserve free
-    (rounded down to 0.05; the executor's default 0.9 at most)."""
+    """The target's kv_cache_free_gpu_mem_fraction that leaves room for a draft on its GPU (rounded down to 0.05)."""
     fracs = []
     for gid in {r.gpu_id for r in memory if r.role in SHARING_ROLES}:
         t = [r for r in memory if r.gpu_id == gid and r.role == "target"]
@@ -99,17 +102,13 @@ def shared_gpu_kv_fraction(memory: list[MemoryRow], gpu_gib: float) -> float:
     return round(max(0.05, min(DEFAULT_KV_FRACTION, math.floor(f * 20) / 20)), 2)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The memory plan of a written repository (repository/writer.py builds the instances from the models it writes)
+# -- The memory plan of a written repository
 
 
 @dataclass(frozen=True)
 class Instance:
-    """What one Triton model loads onto its GPUs: the weights of one model (the target, a draft, an EAGLE-3 head) and
-    its KV cache, sized by the model's policy: a share of the memory free when it loads (kv_fraction: the tensorrtllm
-    backend's kv_cache_free_gpu_mem_fraction, the LLM API's kv_cache_config.free_gpu_memory_fraction), or at most
-    kv_tokens tokens (max_tokens_in_paged_kv_cache). Instances of one model share its process (the LLM API loads the
-    target and its draft or head together)."""
+    """One model's weights and KV cache loaded by a Triton model; the cache is a share of free memory (kv_fraction)
+    or capped at kv_tokens."""
 
     model: str  # the Triton model
     role: str  # target | draft | baseline
@@ -123,9 +122,11 @@ class Instance:
     kv_tokens: Optional[int] = None
 
 
-def instance_rows(inst: Instance, cfg: BuildConfig) -> list[MemoryRow]:
-    """memory_rows of one instance, its KV cache capped at kv_tokens where the model caps it."""
-    rows = memory_rows(inst.role, inst.info, inst.weights, inst.kv_cache, inst.tp, inst.pp, inst.devices, cfg)
+def instance_rows(inst: Instance, limits: Limits, reserve_gib: float) -> list[MemoryRow]:
+    """memory_rows of one instance, KV cache capped at kv_tokens if set."""
+    rows = memory_rows(
+        inst.role, inst.info, inst.weights, inst.kv_cache, inst.tp, inst.pp, inst.devices, limits, reserve_gib
+    )
     if inst.kv_tokens is None:
         return rows
     kv = kv_cache_gib(inst.info, inst.kv_cache, 1, inst.kv_tokens) / (inst.tp * inst.pp)
@@ -135,8 +136,7 @@ def instance_rows(inst: Instance, cfg: BuildConfig) -> list[MemoryRow]:
 def concurrent_sets(
     models: list[str], load_models: list[str], phase_models: dict[str, list[str]]
 ) -> dict[str, list[str]]:
-    """The sets of models Triton holds at once: what the launch loads (load_models; empty: every model but the
-    phase-only ones) and, per phase model, the launch set with the models it replaces swapped for it."""
+    """The sets of models Triton holds at once: the launch set, and per phase model the set it swaps into."""
     launch = list(load_models) or [m for m in models if m not in phase_models]
     out = {"launch": launch}
     for phase, replaces in phase_models.items():
@@ -147,17 +147,15 @@ def concurrent_sets(
 def repository_overflow(
     instances: list[Instance],
     sets: dict[str, list[str]],
-    cfg: BuildConfig,
+    limits: Limits,
+    reserve_gib: float,
     gpu_name: str,
     gpu_gib: float,
     gpu_count: int,
 ) -> Optional[str]:
-    """One line naming the first GPU a set of concurrently loaded models overflows (and the fix), else None:
-    - every instance's weights + KV cache (max_batch_size full sequences, or its token cap) + reserve, summed per GPU;
-    - at most one model per GPU sizes its KV cache as a share of free memory: two such models (two LLM-API copies of
-      the target) each take that share of what the other left, so whichever loads second cannot fit;
-    - a model sizing by share (f) leaves the capped models on its GPU (1 - f) of what its weights leave free, which
-      must hold them (it may load first)."""
+    """One line naming the first GPU a set of concurrently loaded models overflows, else None.
+
+    Two models sizing their KV cache by share on one GPU cannot both fit: whichever loads second runs out."""
     for what, names in sets.items():
         live = [i for i in instances if i.model in names]
         for i in live:
@@ -166,7 +164,7 @@ def repository_overflow(
                     f"{i.model}: GPU ids {i.devices} need {max(i.devices) + 1} GPUs but the plan has {gpu_count} "
                     f"{gpu_name}; regenerate the repository for this node"
                 )
-        rows = {id(i): instance_rows(i, cfg) for i in live}
+        rows = {id(i): instance_rows(i, limits, reserve_gib) for i in live}
         for gid in sorted({d for i in live for d in i.devices}):
             here = [(i, [r for r in rows[id(i)] if r.gpu_id == gid]) for i in live if gid in i.devices]
             total = sum(r.total_gib for _, rs in here for r in rs)

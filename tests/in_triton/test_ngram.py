@@ -1,10 +1,10 @@
-"""Prompt-lookup (n-gram) proposals."""
+"""Prompt-lookup (n-gram) proposals (trt_spec/in_triton/proposers.py NgramDraft)."""
 
 from __future__ import annotations
 
 import pytest
 
-from trt_spec.reference.ngram import NgramDraft
+from trt_spec.in_triton.proposers import NgramDraft
 
 
 def test_proposes_the_continuation_of_the_longest_matching_ngram():

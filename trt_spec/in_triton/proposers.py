@@ -1,37 +1,7 @@
-"""Draft-free suffix proposals: continue the longest earlier occurrence of the sequence's own suffix.
+"""n-gram mode's draft-free proposers for the BLS and `bench in-process`: prompt lookup (NgramDraft) and the suffix
+proposer (after SuffixDecoding, Oliaro et al. 2024) with its cross-request cache.
 
-Pure Python (no numpy needed, no torch), deterministic: it runs inside the `tensorrt_llm_bls` model on a GPU host.
-A stronger sibling of prompt lookup (reference/ngram.py), after SuffixDecoding (Oliaro et al., 2024): the match is
-searched in the current sequence (prompt + generated) and in a bounded store of earlier requests, the continuation
-is chosen by frequency among all occurrences of the match, and the proposal length follows the match's confidence.
-
-Policy of `SuffixProposer.propose(tokens)` (L = len(tokens)):
-1. Match. m = the longest suffix length, min_match <= m <= max_match, such that tokens[L-m:] also ends at an earlier
-   position e (e < L in the sequence itself — overlapping the suffix is allowed —, any end in a stored sequence)
-   with at least one token after it. No such m -> []. A longer match beats a more frequent shorter one. In a stored
-   sequence a match counts from the store's anchor_len tokens (>= min_match): another request's text is proposed on
-   a longer match than the request's own.
-2. Continuation, token by token. The occurrences are every earlier end of that m-token suffix. At each step the
-   next token is the most frequent among the live occurrences' next tokens; a tie goes to the token whose latest
-   occurrence is the most recent (the current sequence is more recent than the store, a later position more
-   recent than an earlier one, a later-stored request more recent than an earlier one). Occurrences that disagree
-   or run out of tokens drop out; the proposal stops when none is left. An occurrence in the sequence itself
-   that reaches its end reads on into the proposal, so a periodic tail ("a b a b a b") continues its period.
-3. Length. agreement p = the product over steps of (occurrences choosing the token / live occurrences); a token is
-   not proposed once p would fall below min_agreement. The length is at most
-       budget = min(k_max, k, ceil(tokens_per_match * m) + (c1 - 1))
-   where c1 is how many occurrences agree on the first token: a longer match and more agreeing occurrences give a
-   longer proposal, one matched token buys `tokens_per_match` proposed tokens. The proposal ends at the first
-   EOS it contains (EOS included), as in prompt lookup.
-
-Cost: an index anchor (the last min_match tokens) -> end positions, updated incrementally while the sequence only
-grows (rebuilt when it does not); a call extends the match backwards from at most max_candidates most recent
-anchor hits in the sequence and max_candidates in the whole store (its most recent sequences first), so it is
-O(max_candidates * max_match) Python steps, independent of L and of the store's size.
-
-SuffixCache is the served loop's cross-request memory: per deployment (BLS instance), the stores of each scope
-(records.speculation.CacheScope: off, per tenant, or one for the deployment), bounded, filled with each finished
-request's prompt + output (docs/draft-policy.md, "The cross-request cache").
+numpy at most: they run inside the BLS on a GPU host.
 """
 
 from __future__ import annotations
@@ -42,7 +12,15 @@ from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
 from typing import Optional
 
-from ..records.speculation import CACHE_SCOPES, CacheScope
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..records.bls_parameters import BlsParameters
+from ..records.deployment import SuffixCacheConfig
+from ..records.speculation import CacheScope, Proposer
+
+# As served; across requests a match counts from two tokens (a one-token match there is close to noise).
+MIN_MATCH, TOKENS_PER_MATCH, CACHE_MIN_MATCH = 1, 2.0, 2
 
 
 def _check_int(name: str, value: int, lo: int) -> None:
@@ -51,7 +29,7 @@ def _check_int(name: str, value: int, lo: int) -> None:
 
 
 class _Index:
-    """anchor (tuple of `anchor_len` tokens) -> ascending end positions e (tokens[e-anchor_len:e] == anchor)."""
+    """anchor (`anchor_len` tokens) -> ascending end positions e with tokens[e-anchor_len:e] == anchor."""
 
     __slots__ = ("anchor_len", "tokens", "ends")
 
@@ -87,12 +65,9 @@ class _Index:
 
 
 class SuffixStore:
-    """Earlier sequences (prompt + output of finished requests) searched by every proposer that shares the store.
+    """Finished requests' prompt + output, bounded by max_sequences and max_tokens, oldest evicted first.
 
-    Bounded: at most max_sequences sequences and max_tokens tokens in all; the oldest are evicted first
-    (a sequence longer than max_tokens keeps only its last max_tokens tokens). A sequence already stored is not
-    stored twice: adding it again makes it the most recent. Thread-safe (a lock around add and sources; a stored
-    sequence's index never changes, so a proposer reads its snapshot of sources() without the lock)."""
+    Thread-safe; a stored sequence's index never changes, so a snapshot of sources() is read without the lock."""
 
     def __init__(self, max_sequences: int = 16, max_tokens: int = 65536, *, anchor_len: int = 2):
         _check_int("max_sequences", max_sequences, 1)
@@ -116,10 +91,10 @@ class SuffixStore:
     def add(self, tokens: Sequence[int]) -> None:
         toks = [int(t) for t in tokens][-self.max_tokens :]
         if len(toks) <= self.anchor_len:
-            return  # no anchor with a continuation: nothing to find
+            return  # no anchor with a continuation
         with self._lock:
             same = next((item for item in self._seqs if item[1].tokens == toks), None)
-            if same is not None:  # a repeat: the stored copy becomes the most recent
+            if same is not None:  # a repeat becomes the most recent
                 self._seqs.remove(same)
                 self._seqs.append((self._serial, same[1]))
             else:
@@ -137,8 +112,13 @@ class SuffixStore:
 
 
 class SuffixProposer:
-    """Per-request suffix proposer (see the module docstring for the policy). Reuse one object across the rounds
-    of a request: its index of the request's own sequence is extended incrementally."""
+    """Per-request suffix proposer; reuse it across a request's rounds (its own index grows incrementally).
+
+    Match: the longest suffix (min_match..max_match) that also ends earlier with a token after it, in the sequence
+    or the store (where it counts from the store's anchor_len). Continuation: the most frequent next token among
+    the live occurrences, ties to the most recent. Length: at most ceil(tokens_per_match * m) + (first-token
+    agreers - 1), stopping where cumulative agreement < min_agreement or at an EOS (included). A call costs
+    O(max_candidates * max_match), independent of the sequence and store sizes."""
 
     def __init__(
         self,
@@ -181,8 +161,7 @@ class SuffixProposer:
         )
 
     def propose(self, tokens: Sequence[int], k: int | None = None, eos_token_ids: Collection[int] = ()) -> list[int]:
-        """Up to min(k_max, k) proposed tokens; [] when no suffix of at least min_match tokens occurred before.
-        Sets store_hit: whether an occurrence in a stored sequence backed the proposal's first token."""
+        """Up to min(k_max, k) proposed tokens, [] without a match; sets store_hit."""
         self.store_hit = False
         cap = self.k_max if k is None else min(self.k_max, k)
         toks = [int(t) for t in tokens]
@@ -196,9 +175,7 @@ class SuffixProposer:
         return self._continue(toks, sources, occ, m, cap, eos_token_ids)
 
     def _sources(self, toks: list[int]) -> list[tuple[list[int], list[int], int]]:
-        """(tokens, candidate ends, the match length its anchor guarantees) per source, least recent first (a
-        source's rank orders recency): the store's sequences with an anchor hit (at most max_candidates hits in all,
-        the most recent sequences and positions first), then the sequence itself (`toks`, the same list)."""
+        """(tokens, candidate ends, anchor match length) per source, least recent first; `toks` itself last."""
         L = len(toks)
         stored: list[tuple[list[int], list[int], int]] = []
         if self.store is not None and L >= self.store.anchor_len:
@@ -235,7 +212,6 @@ class SuffixProposer:
         return m, occ
 
     def _continue(self, toks: list[int], sources, occ, m: int, cap: int, eos_token_ids: Collection[int]) -> list[int]:
-        """2-3. greedy continuation by frequency, ties to the most recent; length by confidence."""
         n_stored = len(sources) - 1  # ranks below it are stored sequences
         live = occ
         out: list[int] = []
@@ -266,7 +242,7 @@ class SuffixProposer:
                 budget = min(cap, math.ceil(self.tokens_per_match * m) + cnt - 1)
                 self.store_hit = stored
             out.append(tok)
-            toks.append(tok)  # the sequence's own occurrences read on into the proposal (periodic text)
+            toks.append(tok)  # own occurrences read on into the proposal (periodic text)
             if tok in eos_token_ids:
                 break
             live = [
@@ -276,53 +252,39 @@ class SuffixProposer:
 
 
 class SuffixCache:
-    """The served loop's cross-request cache, one per deployment (per BLS instance: the writer emits one instance):
-    the SuffixStores of its scope, filled with finished requests' prompt + output.
+    """The served loop's cross-request cache, one per BLS instance: a SuffixStore per scope key.
 
-    Scope (records.speculation.CacheScope): `off` keeps nothing; `tenant` keeps one store per tenant, and a request
-    without a tenant neither reads nor writes any (so one client's text is never proposed to another); `deployment`
-    keeps one store that every request reads and writes, tenant or not.
-    Bounds: each store holds at most max_sequences sequences and max_tokens tokens, the oldest evicted first (a tenant
-    evicts only its own); under `tenant` at most max_tenants stores, the least recently used tenant's (read or
-    written) dropped whole when a new one needs room. Thread-safe (a lock around the tenant map)."""
+    Under `tenant` scope one client's text is never proposed to another; at most max_tenants stores, the least
+    recently used dropped whole. Thread-safe."""
 
-    def __init__(
-        self,
-        scope: str,
-        *,
-        max_tokens: int,
-        max_sequences: int,
-        max_tenants: int,
-        anchor_len: int,
-    ):
-        if scope not in CACHE_SCOPES:
-            raise ValueError(f"suffix cache scope {scope!r}: use one of {', '.join(CACHE_SCOPES)}")
-        for name, value in (("max_tokens", max_tokens), ("max_sequences", max_sequences), ("max_tenants", max_tenants)):
-            _check_int(name, value, 1)
-        self.scope = CacheScope(scope)
-        self.max_tokens, self.max_sequences, self.max_tenants = max_tokens, max_sequences, max_tenants
+    def __init__(self, cfg: SuffixCacheConfig, anchor_len: int = CACHE_MIN_MATCH):
+        for name in ("max_tokens", "max_sequences", "max_tenants"):
+            _check_int(name, getattr(cfg, name), 1)
+        self.cfg = cfg
+        self.scope = CacheScope(cfg.scope)
         self.anchor_len = anchor_len
         self._stores: OrderedDict[Optional[str], SuffixStore] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
 
     def store(self, tenant: Optional[str]) -> Optional[SuffixStore]:
-        """The store a request of `tenant` reads and writes (created empty on first use), or None when the scope gives
-        it none (off; tenant scope without a tenant). A proposer holding it sees what later requests add."""
+        """The store of `tenant` (created on first use), or None when the scope gives it none."""
         if self.scope == CacheScope.OFF or (self.scope == CacheScope.TENANT and not tenant):
             return None
         key = tenant if self.scope == CacheScope.TENANT else None
         with self._lock:
             s = self._stores.get(key)
             if s is None:
-                s = self._stores[key] = SuffixStore(self.max_sequences, self.max_tokens, anchor_len=self.anchor_len)
-                while len(self._stores) > self.max_tenants:
-                    self._stores.popitem(last=False)  # the least recently used tenant
+                s = self._stores[key] = SuffixStore(
+                    self.cfg.max_sequences, self.cfg.max_tokens, anchor_len=self.anchor_len
+                )
+                while len(self._stores) > self.cfg.max_tenants:
+                    self._stores.popitem(last=False)
             else:
                 self._stores.move_to_end(key)
             return s
 
     def add(self, tenant: Optional[str], tokens: Sequence[int]) -> None:
-        """A finished request's prompt + output, into its store (nothing when the scope gives it none)."""
+        """Store a finished request's prompt + output, if its scope has a store."""
         s = self.store(tenant)
         if s is not None:
             s.add(tokens)
@@ -336,3 +298,48 @@ class SuffixCache:
     @property
     def num_stores(self) -> int:
         return len(self._stores)
+
+
+class NgramDraft:
+    """Prompt lookup: propose what followed the most recent earlier match of the last n tokens (longest n first)."""
+
+    def __init__(self, max_ngram: int = 3, k: int = 4, *, min_ngram: int = 1):
+        if min_ngram < 1:
+            raise ValueError(f"min_ngram must be >= 1, got {min_ngram}")
+        if max_ngram < min_ngram:
+            raise ValueError(f"max_ngram must be >= min_ngram ({min_ngram}), got {max_ngram}")
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.k = k
+
+    def __repr__(self) -> str:
+        return f"NgramDraft(max_ngram={self.max_ngram}, k={self.k}, min_ngram={self.min_ngram})"
+
+    def propose(self, tokens: Sequence[int], k: int | None = None, eos_token_ids: Collection[int] = ()) -> list[int]:
+        """Up to k proposed tokens, ending at the first EOS (included); [] when no n-gram matches."""
+        k = self.k if k is None else k
+        seq = np.asarray(tokens, dtype=np.int64)
+        L = len(seq)
+        if k <= 0 or L < 2:
+            return []
+        for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
+            # starts 0 .. L-1-n: each window has a token after it; the suffix itself is excluded
+            windows = sliding_window_view(seq[: L - 1], n)
+            hits = np.flatnonzero((windows == seq[L - n :]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                proposal = seq[start : start + k].tolist()
+                for i, tok in enumerate(proposal):
+                    if tok in eos_token_ids:
+                        return proposal[: i + 1]
+                return proposal
+        return []
+
+
+def proposer_for(p: BlsParameters, store: Optional[SuffixStore] = None):
+    """n-gram mode's proposer as the deployment names it; `store` is the request's cross-request cache."""
+    if p.proposer is Proposer.PROMPT_LOOKUP:
+        return NgramDraft(max_ngram=p.ngram_size, k=p.max_draft_len)
+    return SuffixProposer(k_max=p.max_draft_len, min_match=MIN_MATCH, tokens_per_match=TOKENS_PER_MATCH, store=store)
