@@ -25,16 +25,15 @@ class Check:
     ok: bool
     detail: str
     blocks: str  # what cannot be done without it
-    fatal: bool = False  # wrong, not merely missing: `trt-spec doctor` exits 1
+    fatal: bool = False  # wrong, not merely missing: exit 1
 
 
-# Provided by the Triton python backend's stub at run time: never importable outside tritonserver.
+# provided by the python backend stub inside tritonserver only
 STUB_MODULES = {"triton_python_backend_utils"}
 
 
 def model_sources() -> Path:
-    """The python models trt-spec deploys: trt_spec.model_repo when installed, else the checkout's model_repo/ (as
-    repository.writer.model_repo_sources, without importing the repository writer and its protobuf dependencies)."""
+    """trt_spec.model_repo when installed, else the checkout's model_repo/ (without importing protobuf code)."""
     from importlib.util import find_spec
 
     spec = find_spec("trt_spec.model_repo")
@@ -46,10 +45,9 @@ def model_sources() -> Path:
 def served_imports(
     root: Optional[Path] = None, files: Optional[Iterable[tuple[str, Path]]] = None
 ) -> dict[str, dict[str, set[str]]]:
-    """What the python models import, read from their source with ast (module level and inside functions): module ->
-    {model -> names imported from it (empty for `import module`)}. The standard library and the stub's own module
-    are left out; relative imports do not occur in a Triton model. Reads root/*/1/model.py (default: trt-spec's own
-    models), or `files`: (model label, source file) pairs (NVIDIA's LLM-API model and its sibling modules)."""
+    """Non-stdlib imports of root/*/1/model.py, or of `files` ((label, path) pairs), read with ast.
+
+    Returns module -> {model -> names imported from it (empty for `import module`)}."""
     out: dict[str, dict[str, set[str]]] = {}
     if files is None:
         files = [(f.parent.parent.name, f) for f in sorted((root or model_sources()).glob("*/1/model.py"))]
@@ -72,22 +70,20 @@ def served_imports(
 
 
 def import_error(module: str, names: Iterable[str] = ()) -> Optional[str]:
-    """None when `module` imports in this interpreter (and has `names`, as `from module import name` needs), else the
-    error on one line."""
+    """None when `module` (and its `names`) import here, else the error on one line."""
     try:
         mod = importlib.import_module(module)
         for name in sorted(names):
             if not hasattr(mod, name):
-                importlib.import_module(f"{module}.{name}")  # a submodule: from package import module
-    except Exception as e:  # noqa: BLE001 (an import can raise anything: ABI, version checks, missing libraries)
+                importlib.import_module(f"{module}.{name}")  # a submodule
+    except Exception as e:  # noqa: BLE001 (an import can raise anything)
         first = (str(e).strip().splitlines() or [""])[0]
         return f"{type(e).__name__}: {first}"
     return None
 
 
 def served_import_checks(root: Optional[Path] = None) -> list[Check]:
-    """One line per module the served python models import that this interpreter (the one tritonserver's python
-    backend runs: the image's python3) cannot import; one ok line when all import."""
+    """A failed Check per module the python models import that this interpreter cannot; else one ok Check."""
     imports = served_imports(root)
     bad = []
     for module, by_model in sorted(imports.items()):
@@ -103,13 +99,12 @@ def served_import_checks(root: Optional[Path] = None) -> list[Check]:
 
 # -- NVIDIA's LLM-API model (runtime llmapi) and the image's TensorRT-LLM, each imported in a subprocess -------------
 
-# importing tensorrt_llm loads torch, CUDA, MPI and TensorRT: tens of seconds, a minute on a cold cache
-TRTLLM_IMPORT_TIMEOUT_S = 240.0
+TRTLLM_IMPORT_TIMEOUT_S = 240.0  # importing tensorrt_llm loads torch, CUDA, MPI and TensorRT
 PIP_CHECK_TIMEOUT_S = 120.0
 PIP_CHECK_WATCHED = ("tensorrt-llm", "torch", "tritonclient")  # the image's packages that gpu-setup must not break
 _PROBE_MARK = "TRT_SPEC_DOCTOR_PROBE "
-# the stub's module exists inside tritonserver only: an empty stand-in lets a sibling module that imports it at module
-# level (NVIDIA's helpers.py does) be checked for the rest of its imports
+# empty stand-ins for the stub's module, so a sibling that imports it (upstream-facts: llmapi-helpers-imports-stub)
+# is checked for the rest
 _PROBE_SCRIPT = """
 import json, sys, types
 sys.path[:0] = json.loads(sys.argv[1])
@@ -129,10 +124,9 @@ def probe_imports(
     timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S,
     python: str = sys.executable,
 ) -> tuple[dict[str, Optional[str]], Optional[str], float]:
-    """import_error for each (module, names) in a subprocess of `python` with `path` first on sys.path (a model
-    directory, so its sibling modules resolve), under a timeout: a slow or hanging import (tensorrt_llm) cannot hang
-    doctor. Returns ({module: error or None} for the modules it got to, the failure of the subprocess itself or None,
-    seconds)."""
+    """import_error per (module, names) in a subprocess with `path` first on sys.path, under a timeout.
+
+    Returns ({module: error or None} for the modules reached, the subprocess's own failure or None, seconds)."""
     import json
     import subprocess
     import time
@@ -182,9 +176,8 @@ def _last_line(text: str) -> str:
 
 
 def nvidia_llmapi_dir(tc: Toolchain) -> tuple[Optional[Path], list[str], Optional[str]]:
-    """(NVIDIA's LLM-API model directory on this machine or None, the places looked in, why it was not looked for)
-    as the repository writer finds it (repository.llmapi.llmapi_source: toolchain.llmapi_model_dir, else
-    LLMAPI_SOURCE_CANDIDATES)."""
+    """(NVIDIA's LLM-API model directory or None, the places looked in, why it was not looked for), as the
+    repository writer finds it."""
     try:  # the writer imports tritonclient's protobuf code: a broken tritonclient is its own doctor line
         from .repository.llmapi import LLMAPI_SOURCE_CANDIDATES, llmapi_source
     except Exception as e:  # noqa: BLE001
@@ -196,10 +189,7 @@ def nvidia_llmapi_dir(tc: Toolchain) -> tuple[Optional[Path], list[str], Optiona
 def nvidia_model_import_checks(
     tc: Toolchain, on_gpu_host: bool, timeout_s: float = TRTLLM_IMPORT_TIMEOUT_S
 ) -> list[Check]:
-    """NVIDIA's LLM-API model (what runtime llmapi repositories run on a GPU): its model.py and sibling modules
-    (helpers.py) read with served_imports, each module imported in a subprocess with that directory first on
-    sys.path; one line per module that fails, naming the files that import it. Not found: one line saying where
-    doctor looked — a gap only where the image's TensorRT-LLM is installed (on_gpu_host)."""
+    """Import checks for NVIDIA's LLM-API model directory, in a subprocess; not found fails only on a GPU host."""
     d, places, why = nvidia_llmapi_dir(tc)
     blocks = "runtime: llmapi repositories (their tensorrt_llm models run NVIDIA's LLM-API model.py)"
     if d is None:
@@ -250,8 +240,7 @@ _PIP_MISSING = re.compile(r"^(?P<who>\S+) (?P<ver>\S+) requires (?P<req>.+?), wh
 
 
 def pip_check_lines(output: str) -> list[Check]:
-    """The lines of `pip check` that name tensorrt_llm, torch or tritonclient (on either side), one Check each, with
-    the fix: put back the version the image's package requires."""
+    """A Check, with its fix, per `pip check` line naming tensorrt_llm, torch or tritonclient."""
     out = []
     for line in output.splitlines():
         line = line.strip()
@@ -285,10 +274,9 @@ def trtllm_import_checks(
     python: str = sys.executable,
     say: Callable[[str], None] = lambda m: None,
 ) -> list[Check]:
-    """Where tensorrt_llm is installed (importlib.metadata; nothing is imported here): `import tensorrt_llm` in a
-    subprocess with a timeout, and `pip check`'s lines about tensorrt_llm, torch and tritonclient — after
-    `make gpu-setup` let pip move grpcio/protobuf within tritonclient's range, the image's TensorRT-LLM must still
-    import. Nothing (no line) where tensorrt_llm is not installed."""
+    """Where tensorrt_llm is installed: `import tensorrt_llm` in a subprocess and the relevant `pip check` lines.
+
+    gpu-setup lets grpcio/protobuf move, and the image's TensorRT-LLM must still import."""
     import subprocess
 
     if trtllm.dist_version("tensorrt_llm") is None:
@@ -327,8 +315,7 @@ def trtllm_import_checks(
 def run_checks(
     toolchain: Toolchain | None = None, disk_path: Path = Path("."), say: Callable[[str], None] = lambda m: None
 ) -> list[Check]:
-    """Every doctor line, in report order: GPU and TensorRT-LLM, the build tools, serving, the python models' imports,
-    the image's TensorRT-LLM import, the python packages, disk."""
+    """Every doctor line, in report order."""
     tc = toolchain or Toolchain()
     checks = [_gpu_check()]
     trt = trtllm.dist_version("tensorrt_llm")
@@ -355,7 +342,7 @@ def _gpu_check() -> Check:
 
 
 def _trtllm_check(trt: Optional[str]) -> Check:
-    """The installed TensorRT-LLM version `trt` against the one trt-spec targets: a mismatch is fatal."""
+    """A mismatch with the targeted TensorRT-LLM version is fatal."""
     mismatch = trtllm_mismatch(trt)
     return Check(
         "TensorRT-LLM",
@@ -367,12 +354,11 @@ def _trtllm_check(trt: Optional[str]) -> Check:
 
 
 def _engine_path_check() -> Check:
-    """Where the engine path stops (builder/trtllm.py ENGINE_PATH_END): a statement, on every machine."""
+    """Where the engine path stops: a statement, on every machine."""
     return Check("engine path", True, trtllm.ENGINE_PATH_END, "nothing: which runtime to choose")
 
 
 def _build_tool_checks(tc: Toolchain) -> list[Check]:
-    """trtllm-build on PATH, the examples' quantize.py."""
     tb = shutil.which(tc.trtllm_build)
     qp = Path(tc.examples_dir) / "quantization" / "quantize.py"
     return [
@@ -387,7 +373,7 @@ def _build_tool_checks(tc: Toolchain) -> list[Check]:
 
 
 def _serving_checks() -> list[Check]:
-    """tritonserver, the python backend stub for this Python, tritonclient (installed, tritonclient.grpc imports)."""
+    """tritonserver, the python backend stub for this Python, tritonclient."""
     ts = find_tritonserver()
     checks = [
         Check("tritonserver", ts is not None, str(ts) if ts else "not found (pip install '.[serve]')", "trt-spec serve")
@@ -402,7 +388,7 @@ def _serving_checks() -> list[Check]:
         )
     )
     tcv = trtllm.dist_version("tritonclient")
-    tc_err = import_error("tritonclient.grpc")  # its generated protobuf/grpc code checks the runtime versions at import
+    tc_err = import_error("tritonclient.grpc")  # its generated protobuf code checks runtime versions at import
     checks.append(
         Check(
             "tritonclient",
@@ -419,7 +405,6 @@ def _serving_checks() -> list[Check]:
 
 
 def _package_checks() -> list[Check]:
-    """torch, transformers, numpy < 2."""
     checks = []
     for dist, blocks in (("torch", "engine: reference (CPU)"), ("transformers", "tokenizers in preprocessing")):
         v = trtllm.dist_version(dist)

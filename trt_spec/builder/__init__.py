@@ -1,2 +1,1 @@
-"""Stage 1, build: hardware, model facts, the memory plan, preflight, TensorRT-LLM's command surface, the plan and the
-runner that executes it (trt-spec plan / build)."""
+"""Stage 1, build: hardware, model facts, preflight, TensorRT-LLM's commands, the plan and its runner."""

@@ -1,23 +1,8 @@
 """Calibration sets for ModelOpt's quantize.py, checked before anything expensive, and their fingerprint.
 
-What TensorRT-LLM 1.2.1's `examples/quantization/quantize.py --calib_dataset VALUE` does (it hands VALUE to
-`tensorrt_llm/quantization/quantize_by_modelopt.py` get_calib_dataloader(dataset_name_or_dir=VALUE); the branches are
-the same in every stored version of NVIDIA/TensorRT-LLM):
-- no --calib_dataset: "cnn_dailymail", downloaded from the Hugging Face Hub at run time (an air-gapped host fails);
-- VALUE == "pileval": the Pile's validation set, downloaded from the-eye.eu;
-- "scienceqa" or "science_qa" in VALUE: the multimodal ScienceQA path (a processor's preprocess_function);
-- "cnn_dailymail" in VALUE: load_dataset(VALUE, name="3.0.0", split="train")["article"]: the Hub name, or a local copy
-  of the Hub repository with its 3.0.0 config (NVIDIA/TensorRT-LLM#5247: a copy whose path lacks the word takes the
-  next branch and fails with "Config name is missing");
-- a directory: load_dataset(VALUE, split="train")["text"][:calib_size]: Hugging Face `datasets` infers the format from
-  the data files' extensions (JSON lines, JSON, CSV, text, parquet, arrow) and the train split from their names (a file
-  or folder named train*, or every file when none names a split); a `save_to_disk` folder is not that layout;
-- anything else (a file, a missing path): NotImplementedError.
-
-`quantization.calib_dataset` in a config is a local directory, or `pkg:<module>/<dir>`: a directory shipped inside an
-installed package. BUNDLED_CALIB_DATASET is trt-spec's own: a few hundred short English texts (prose, dialogue,
-instructions, code, numbers) written for trt-spec and shipped in the wheel, one JSON object {"text": ...} a line in
-train.jsonl, so air-gapped hosts and the first-contact config calibrate without a download.
+A local directory is read as load_dataset(dir, split="train")["text"], so `datasets`' layout rules apply
+(upstream-facts: quantize-calib-dataset-branches). `quantization.calib_dataset` is a directory or
+`pkg:<module>/<dir>`; BUNDLED_CALIB_DATASET (short English texts in train.jsonl) calibrates without a download.
 """
 
 from __future__ import annotations
@@ -36,8 +21,7 @@ from .model_info import PreflightError
 from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED
 
 BUNDLED_CALIB_DATASET = "pkg:trt_spec/builder/calib_sets/trt-spec-mixed-v1"
-# The build stage's folder was trt_spec/build/ until issue 31 renamed it (tools skip folders named build/): configs and
-# manifests written before keep naming the bundled set by its old path, which still resolves.
+# Old configs and manifests name the bundled set by its former path.
 RENAMED_PKG_PREFIXES = {"pkg:trt_spec/build/": "pkg:trt_spec/builder/"}
 HUB_DEFAULT = "cnn_dailymail"  # quantize.py's default --calib_dataset
 
@@ -59,9 +43,8 @@ _SAVED = ("state.json", "dataset_dict.json")  # Dataset.save_to_disk / DatasetDi
 
 @dataclass(frozen=True)
 class CalibSet:
-    """The calibration set a build uses. dataset: the config's value (or the Hub default); path: the local directory
-    quantize.py reads (None: downloaded); samples: the rows quantize.py takes (min(calib_size, rows); None when not
-    counted: parquet/arrow files, the Hub)."""
+    """The calibration set a build uses. path: the directory quantize.py reads (None: downloaded); samples: the rows
+    it takes (None: not counted)."""
 
     dataset: str
     path: Optional[str]
@@ -87,19 +70,19 @@ class CalibSet:
 
 
 def quantizes(engine: str, runtime: str, weights: str) -> bool:
-    """The build runs quantize.py, which loads the 16-bit model on the GPUs (device_map auto): the engine flow with
-    weights that are not a 16/32-bit conversion (plan._checkpoint_step)."""
+    """The build runs quantize.py (which loads the 16-bit model on the GPUs)."""
     return engine == "tensorrt" and runtime == "engine" and weights not in DTYPE_FOR_FORMAT
 
 
 def calibrates(engine: str, runtime: str, weights: str, kv_cache: str) -> bool:
-    """quantize.py runs calibration batches (--calib_dataset is read): a calibrated format or a quantized KV cache."""
+    """quantize.py reads --calib_dataset: a calibrated format or a quantized KV cache."""
     return quantizes(engine, runtime, weights) and (weights in QUANTIZE_CALIBRATED or kv_cache != "none")
 
 
 def resolve(spec: str) -> Path:
-    """`pkg:module/rel/dir` -> the directory inside the installed package (the package is never imported); a path ->
-    absolute. Raises PreflightError when the package is not installed."""
+    """`pkg:module/rel/dir` -> that directory in the installed package (not imported); a path -> absolute.
+
+    Raises PreflightError when the package is not installed."""
     if not spec.startswith(PKG_PREFIX):
         return Path(spec).expanduser().absolute()
     for old, new in RENAMED_PKG_PREFIXES.items():
@@ -117,7 +100,7 @@ def resolve(spec: str) -> Path:
 
 
 def _split_of(rel: Path) -> Optional[str]:
-    """The split datasets gives a data file from its name: train / another split / None (names no split)."""
+    """The split `datasets` infers from a data file's name: train / another split / None."""
     for part in (*rel.parts[:-1], rel.stem):
         words = set(re.split(r"[-._ 0-9]+", part.lower()))
         if words & _TRAIN_WORDS:
@@ -128,7 +111,7 @@ def _split_of(rel: Path) -> Optional[str]:
 
 
 def _readme_configs(d: Path) -> Optional[str]:
-    """The YAML front matter of README.md when it declares `configs:` (datasets then takes the layout from it)."""
+    """README.md's YAML front matter when it declares `configs:` (the layout `datasets` then uses)."""
     f = d / "README.md"
     if not f.is_file():
         return None
@@ -245,9 +228,9 @@ def _count_rows(data: list[Path], kind: str, limit: int, what: str) -> Optional[
 
 
 def check_calib_dataset(spec: Optional[str], calib_size: int, max_seq_length: int, *, require: bool) -> CalibSet:
-    """The calibration set quantize.py will read, validated as get_calib_dataloader reads it (module docstring).
-    spec None: the Hub default (downloaded). A directory that is absent raises when `require` (build), else is
-    returned unchecked (plan on another machine). Raises PreflightError (one line, with the fix)."""
+    """The calibration set quantize.py will read, validated as it reads it; spec None: the Hub default.
+
+    Raises PreflightError; an absent directory only when `require`."""
     if spec is None:
         return CalibSet(HUB_DEFAULT, None, None, calib_size, max_seq_length)
     what = f"quantization.calib_dataset {spec}"
@@ -285,7 +268,7 @@ def check_calib_dataset(spec: Optional[str], calib_size: int, max_seq_length: in
                 "give it a train split with a text column"
             )
         return CalibSet(spec, s, None, calib_size, max_seq_length)
-    if _readme_configs(d) is not None:  # datasets takes the layout from README.md: trusted, not inspected
+    if _readme_configs(d) is not None:  # trusted, not inspected
         return CalibSet(spec, s, None, calib_size, max_seq_length)
     data = _train_files(d, what)
     kind = BUILDERS[data[0].suffix.lower()]
@@ -296,8 +279,7 @@ def check_calib_dataset(spec: Optional[str], calib_size: int, max_seq_length: in
 
 
 def fingerprint(path: Optional[str]) -> Optional[str]:
-    """sha256 over a calibration directory's data files (relative name and content, in name order): what the manifest
-    records. None when downloaded or not on this machine."""
+    """sha256 over a calibration directory's data files, names and contents; None when not on this machine."""
     if path is None or not Path(path).is_dir():
         return None
     d = Path(path)

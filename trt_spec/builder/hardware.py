@@ -67,8 +67,7 @@ KNOWN_GPUS: dict[str, tuple[tuple[int, int], float]] = {
 
 @dataclass(frozen=True)
 class GpuRates:
-    """A GPU's datasheet peaks, the performance model's inputs (builder/perf_model.py): HBM bandwidth and dense
-    (not 2:4-sparse) tensor-core throughput; fp8_tflops 0 where the GPU has no FP8."""
+    """A GPU's datasheet HBM bandwidth and dense tensor-core peaks; fp8_tflops 0 where the GPU has no FP8."""
 
     bandwidth_tb_s: float
     fp8_tflops: float
@@ -78,7 +77,7 @@ class GpuRates:
 
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100); modal.com/gpu-glossary"
 # fmt: off
-# name (KNOWN_GPUS) -> datasheet bandwidth TB/s, dense FP8 / BF16 tensor TFLOPS (sparse figures halved), source
+# name -> bandwidth TB/s, dense FP8 / BF16 TFLOPS (sparse figures halved), source
 GPU_RATES: dict[str, GpuRates] = {
     "h100": GpuRates(3.35, 1979, 989, _H100 + " (SXM)"),
     "h100-sxm": GpuRates(3.35, 1979, 989, _H100 + " (SXM)"),
@@ -120,8 +119,7 @@ DEFAULT_NAMED_COUNT = 8  # a named GPU without ":COUNT" is assumed to be an 8-GP
 
 
 def named_gpu(spec: str, source: str = "config") -> GpuSpec:
-    """`h100`, `h200:1`, `a100-80gb:4` -> GpuSpec. Raises HardwareError naming the valid names. Without a count: an
-    8-GPU node, and `source` says so."""
+    """`h100`, `h200:1`, `a100-80gb:4` -> GpuSpec (no count: an 8-GPU node); raises HardwareError."""
     name, _, count_s = spec.strip().lower().partition(":")
     if name not in KNOWN_GPUS:
         raise HardwareError(
@@ -175,7 +173,7 @@ def parse_nvidia_smi(csv_text: str) -> GpuSpec:
         major, _, minor = cc.partition(".")
         parsed.append((name, (int(major), int(minor or 0)), float(mem) / 1024.0))
     name, cc, mem = parsed[0]
-    # Plan for the smallest GPU of the node (mixed nodes are rare; be conservative).
+    # Mixed nodes: plan for the smallest GPU.
     mem = min(p[2] for p in parsed)
     return GpuSpec(
         name=_canonical_name(name), compute_capability=cc, memory_gib=mem, count=len(parsed), source="nvidia-smi"
@@ -205,8 +203,7 @@ def detect_gpus(timeout: float = 10.0) -> GpuSpec | None:
 def resolve_gpu(config_gpu: str, override: str | None = None) -> GpuSpec | None:
     """The GPU the plan targets: --gpu override, else the config's `gpu`, else nvidia-smi; None if unknown.
 
-    `--gpu NAME` without a count takes the count of the config's `gpu: NAME:COUNT` (the same GPU); when the config
-    names another GPU or no count, the count must be given (`--gpu NAME:COUNT`): a HardwareError says so."""
+    `--gpu NAME` without a count takes the config's count for the same GPU, else raises HardwareError."""
     config_gpu = (config_gpu or "auto").strip().lower()
     if override:
         name, _, count = override.strip().lower().partition(":")

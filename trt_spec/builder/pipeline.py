@@ -1,6 +1,4 @@
-"""Wiring of the stages for callers that go from a config file straight to a later stage (no build run):
-config -> preflight -> plan -> the manifest the runner would write. The stages themselves stay independent:
-the runner executes a plan it is given, and the repository writer takes a manifest without knowing how to plan."""
+"""Config -> preflight -> plan -> the manifest the runner would write, for callers that skip the build run."""
 
 from __future__ import annotations
 
@@ -23,11 +21,10 @@ def plan_for(
     require_checkpoints: bool = True,
     allow_offload: Optional[bool] = None,
 ) -> Plan:
-    """config -> preflight -> plan. The GPU (for engine: tensorrt) is `gpu` (NAME[:COUNT]) if given, else the
-    config's. A build (require_checkpoints) checks that calibration fits the GPUs of this host (quantize.py sees them
-    all; a build node may have more than the serving plan), a plan those it plans for; allow_offload: False refuses a
-    calibration that does not fit, True lets it offload, None (builds nothing) warns (run_preflight). Raises
-    PreflightError or HardwareError (one line each)."""
+    """config -> preflight -> plan, for `gpu` (NAME[:COUNT]) or the config's.
+
+    A build checks calibration against this host's GPUs (quantize.py uses them all); allow_offload as run_preflight.
+    Raises PreflightError or HardwareError."""
     gpu_spec = resolve_gpu(cfg.gpu, gpu) if cfg.recipe.gpu else None
     host = detect_gpus() if require_checkpoints and cfg.recipe.gpu else None
     report = run_preflight(
@@ -37,8 +34,8 @@ def plan_for(
 
 
 def manifest_for_config(config_path: Path, sets: Iterable[str] = (), gpu: Optional[str] = None) -> BuildManifest:
-    """The manifest of a config's plan, engines not built yet (files None): the repository can be written before
-    the build runs. Raises ConfigError, PreflightError or HardwareError (one line each)."""
+    """The manifest of a config's plan before its build (files None). Raises ConfigError, PreflightError or
+    HardwareError."""
     plan = plan_for(load_config(config_path, tuple(sets)), Path(config_path), gpu, require_checkpoints=False)
     return build_manifest(plan, Path(config_path), [])
 

@@ -1,6 +1,4 @@
-"""A build step's progress while its tool runs: the elapsed time and the last line the tool wrote to its log
-(distillation epochs, EAGLE training steps, calibration batches), handed to a display every `period` seconds from a
-thread of its own. The display (a live status line on a terminal, a plain line elsewhere) is the CLI's."""
+"""A running build step's progress (elapsed time and the last log line), handed to the CLI's display from a thread."""
 
 from __future__ import annotations
 
@@ -46,9 +44,7 @@ class StepWatch:
         stop = self._stop
 
         def tick() -> None:
-            # Ctrl-C/SIGTERM/SIGHUP must land on the main thread: delivered to this one (or to a display's refresh
-            # thread, started here so that it inherits the mask), they would leave the main thread blocked in waitpid
-            # until the tool ended by itself (Python runs signal handlers on the main thread only)
+            # Signals must reach the main thread (blocked in waitpid); the display's threads inherit this mask.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
             display.start()
             while not stop.wait(display.period):

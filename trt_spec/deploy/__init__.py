@@ -1,1 +1,1 @@
-"""Stage 5, deploy: the Kubernetes Helm chart (trt-spec deploy k8s)."""
+"""Stage 5, deploy: Helm chart, Dynamo and trtllm-serve bundles."""

@@ -1,17 +1,8 @@
-"""`make gpu-setup`: install trt-spec into the NGC image's own python3 (no venv, no torch), as one recipe the tests run.
+"""`make gpu-setup`: install trt-spec and the `image` extra into the NGC image's own python3 (no venv, no torch).
 
-Every package the image already has is pinned to its installed version (a constraints file from `pip freeze`), so pip
-fails rather than replace the image's TensorRT-LLM, torch or numpy; then `trt-spec doctor` (Makefile) imports what the
-served python models and the clients need. Pinned, except the distributions tritonclient's own requirements bound
-(triton-inference-server/client src/python/library/requirements/requirements{,_grpc,_http}.txt): 2.51 (r24.10) needs
-protobuf<5; every release from 2.52 (r24.11) to 2.68 (r26.04) needs grpcio>=1.63,<1.68 and protobuf>=5.26.1,<6
-(2.68: protobuf>=6.30,<7); 2.68's http extra adds greenlet<3.4. An image whose grpcio or protobuf is newer would make
-the install unresolvable (and `trt-spec repo`/`check`/`bench` lose tritonclient), so pip may move those within
-tritonclient's range. numpy stays pinned: trt-spec itself needs numpy<2, as the image's TensorRT-LLM does.
-
-What is installed besides trt-spec (`pip install -e .`) is pyproject.toml's `image` extra: one list, read from there.
-
-Run from the repository root: python3 -m trt_spec.deploy.gpu_setup (standard library only: nothing is installed yet).
+Every installed package is pinned to its version, so pip cannot replace the image's TensorRT-LLM, torch or numpy;
+only the distributions tritonclient bounds may move (upstream-facts: tritonclient-grpcio-protobuf-bounds).
+Run from the repository root: python3 -m trt_spec.deploy.gpu_setup (standard library only).
 """
 
 from __future__ import annotations
@@ -25,8 +16,7 @@ from typing import Optional
 CONSTRAINTS_FILE = ".image-constraints.txt"
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 IMAGE_EXTRA = "image"
-# Every distribution tritonclient 2.51..2.68 requires (base, grpc and http extras), but numpy: never pinned to the
-# image's version, so pip can satisfy tritonclient's bounds on them.
+# tritonclient 2.51..2.68's requirements (base, grpc, http) but numpy, left unpinned so pip can meet its bounds
 TRITONCLIENT_BOUNDED = frozenset(
     {"grpcio", "protobuf", "greenlet", "geventhttpclient", "aiohttp", "python-rapidjson", "urllib3", "packaging"}
 )
@@ -34,13 +24,12 @@ _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)==\S+")
 
 
 def canonical(name: str) -> str:
-    """PEP 503 name normalization (pip freeze prints names as their metadata spells them)."""
+    """PEP 503 name normalization."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def image_constraints(freeze: str) -> str:
-    """`pip freeze --exclude-editable` output -> the constraints file: every NAME==VERSION line, except the
-    distributions tritonclient bounds (TRITONCLIENT_BOUNDED). Lines that are not pins (URLs, comments) are dropped."""
+    """`pip freeze` output -> the constraints file: its NAME==VERSION lines but TRITONCLIENT_BOUNDED."""
     keep = []
     for line in freeze.splitlines():
         m = _PIN.match(line.strip())
@@ -50,7 +39,7 @@ def image_constraints(freeze: str) -> str:
 
 
 def image_requirements(pyproject: Path = PYPROJECT) -> list[str]:
-    """pyproject.toml's `image` extra: what the NGC image lacks (tritonclient, the OpenAI frontend's packages)."""
+    """pyproject.toml's `image` extra: what the NGC image lacks."""
     import tomllib
 
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
@@ -58,7 +47,7 @@ def image_requirements(pyproject: Path = PYPROJECT) -> list[str]:
 
 
 def install_argv(python: str, constraints: str, project: Optional[str] = ".") -> list[str]:
-    """The install: trt-spec (editable; `project` None leaves it out) and the image extra, under the constraints."""
+    """pip install of trt-spec (editable; None leaves it out) and the image extra, under the constraints."""
     argv = [python, "-m", "pip", "install", "-c", constraints]
     if project is not None:
         argv += ["-e", project]

@@ -1,11 +1,5 @@
-"""The LLM API's arguments outside Triton: one source for what `trtllm-serve --extra_llm_api_options FILE` and
-Dynamo's `python -m dynamo.trtllm --extra-engine-args FILE` take.
-
-Both read a YAML of `tensorrt_llm.LLM` keyword arguments (TorchLlmArgs), the same ones TensorRT-LLM's Triton LLM-API
-model reads from its model.yaml (records/llmapi_contract.py). So the file is repository/llmapi.py model_yaml() of the
-speculative model, less what is not an LLM argument (`triton_config`) and less the checkpoint (`model`), which both
-launchers take on their command line. A key here is a key in model.yaml: the repository's checks (check_model) and
-these share lc.LLM_KEYS.
+"""The LLM API's arguments outside Triton, for trtllm-serve's --extra_llm_api_options and Dynamo's
+--extra-engine-args: model.yaml's LLM keyword arguments less `triton_config` and the checkpoint (`model`).
 """
 
 from __future__ import annotations
@@ -19,11 +13,11 @@ from ..errors import TrtSpecError
 from ..records import llmapi_contract as lc
 from ..records.manifest import BuildManifest, ManifestError
 
-ON_COMMAND_LINE = ("model",)  # the checkpoint: trtllm-serve's MODEL argument, Dynamo's --model-path
+ON_COMMAND_LINE = ("model",)  # both launchers take the checkpoint as an argument
 
 
 class LlmApiArgsError(TrtSpecError, ValueError):
-    """One line: the build cannot be served by the LLM API outside Triton, and the fix."""
+    """The build cannot be served by the LLM API outside Triton."""
 
 
 NOT_LLMAPI = (
@@ -34,9 +28,9 @@ NOT_LLMAPI = (
 
 
 def load(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None, *, what: str) -> BuildManifest:
-    """BUILD_DIR (its manifest.json) or CONFIG (its plan, before the build) of a GPU `runtime: llmapi` deployment;
-    `what` names the target in the errors ("trtllm-serve", "Dynamo"). Raises LlmApiArgsError (no such source, an
-    engine build, the CPU reference engine), or ConfigError/PreflightError/HardwareError from planning a config."""
+    """The manifest of a GPU `runtime: llmapi` BUILD_DIR or CONFIG; `what` names the launcher in errors.
+
+    Raises LlmApiArgsError, or ConfigError/PreflightError/HardwareError from planning."""
     from ..builder.pipeline import manifest_from
 
     source = Path(source)
@@ -61,8 +55,7 @@ def load(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None, *, w
 
 
 def engine_args(m: BuildManifest) -> dict:
-    """The LLM's keyword arguments for the speculative model of a `runtime: llmapi` build (model.yaml's, less
-    triton_config and the checkpoint). Raises LlmApiArgsError for an engine (trtllm-build) build."""
+    """The speculative model's LLM keyword arguments; raises LlmApiArgsError for an engine build."""
     from ..repository.llmapi import model_yaml
 
     if m.config.runtime != "llmapi":
@@ -72,20 +65,19 @@ def engine_args(m: BuildManifest) -> dict:
     for k in ON_COMMAND_LINE:
         y.pop(k, None)
     unknown = sorted(set(y) - set(lc.LLM_KEYS))
-    if unknown:  # model_yaml and the contract disagree: a trt-spec bug, not a user's
+    if unknown:  # a trt-spec bug, not a user's
         raise AssertionError(f"LLM argument {unknown[0]!r} is not in llmapi_contract.LLM_KEYS")
     return y
 
 
 def checkpoint(m: BuildManifest) -> str:
-    """The checkpoint directory the LLM loads (model.yaml's `model`)."""
+    """The checkpoint directory the LLM loads."""
     return m.target.dir
 
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """How the LLM's ranks (target TP x PP; the draft or heads share them) land on nodes: `nodes` nodes of
-    `gpus_per_node` GPUs each, every node full (srun --ntasks-per-node, Dynamo's multinode.nodeCount)."""
+    """The LLM's ranks (target TP x PP) over `nodes` full nodes of `gpus_per_node` GPUs."""
 
     ranks: int
     nodes: int
@@ -93,8 +85,7 @@ class NodeLayout:
 
 
 def node_layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> NodeLayout:
-    """The ranks over nodes of gpus_per_node GPUs (default: the plan's GPU count, at most defaults.GPUS_PER_NODE).
-    Raises LlmApiArgsError when the ranks do not split evenly over the nodes they need."""
+    """Raises LlmApiArgsError when the ranks do not split evenly over the nodes they need."""
     from ..records.defaults import GPUS_PER_NODE
 
     ranks = m.target.tp * m.target.pp
@@ -116,8 +107,7 @@ def check_port(port: int) -> None:
 
 
 def write_files(out: Path, files: dict[str, str], launch_file: str) -> Path:
-    """A bundle's files into `out`, atomically (temp dir, then rename; safe to rerun over an earlier bundle, which
-    holds `launch_file`); refuses a directory trt-spec did not write. launch_file is made executable."""
+    """Write a bundle to `out` atomically; refuses a directory trt-spec did not write."""
     from ..records.atomic import replacing_dir
 
     if out.exists() and not (out / launch_file).is_file():

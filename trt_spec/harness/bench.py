@@ -1,23 +1,8 @@
-"""`trt-spec bench` / `trt-spec tune` against a served deployment: paired A/B in one run.
+"""`trt-spec bench` / `trt-spec tune` against a served deployment: paired A/B, concurrency sweep and request rate.
 
-Baseline (`ensemble`) and speculative (`tensorrt_llm_bls`) alternate per request after a warm-up (each pair after both
-models prefilled its prompt with a one-token request, so neither side gets the other's prefill from a shared prefix
-cache: _prime), both streaming (so TTFT is measured), greedy, same prompt and parameters. Per request: TTFT, TPOT,
-end-to-end latency, output tokens/s; per run: mean acceptance length, acceptance rate, per-position acceptance and
-the accepted-length histogram (summed from the BLS's whole-request metrics), and the speedup (baseline
-latency / speculative latency over the same tokens, with a paired bootstrap 95% interval:
-records.speculation.paired_speedup, the one definition every bench mode reports; the acceptance is
-records.speculation.acceptance_summary's); with prompts of more than one category, the same speedup and acceptance
-per category (per_category: each request keeps its prompt's category). With a Chat (--turns all) every prompt is a
-conversation: one paired request per turn, each model fed its own earlier answers (conversations: the turns whose two
-answers differ, an identity failure; from there on the two sides' histories differ). A concurrency sweep (e.g. 1, 2,
-4, 8 in flight) shows where speculation stops paying: per level and model, total tok/s over the level's wall time,
-per-request TTFT/TPOT/latency percentiles and the raw samples; per level, the throughput speedup (speculative /
-baseline total tok/s: requests served together, so not paired) and the acceptance. `tune` sweeps k and recommends one.
-
-Each run is a phases.Measurement (ab_measurement, sweep_measurement, rate_measurement): interleaved as above where both
-models are served; where the baseline is loaded for its phase only, a speculative and a baseline half, which
-phases.measure runs for all of a command's measurements with one model switch.
+Baseline and speculative requests alternate per prompt (both streamed, greedy, each primed so neither reuses the
+other's prefill); the speedup and acceptance come from records.speculation. Each run is a phases.Measurement, so a
+baseline loaded for its phase only runs as two halves with one model switch.
 """
 
 from __future__ import annotations
@@ -53,7 +38,7 @@ Progress = Optional[Callable[[int, int], None]]
 
 @dataclass
 class RequestSample:
-    """One measured request of a bench run (not a Prometheus sample: that is in_triton.spec_metrics.MetricSample)."""
+    """One measured request of a bench run."""
 
     model: str
     prompt: int
@@ -66,12 +51,12 @@ class RequestSample:
     drafted: int = 0
     steps: int = 0
     histogram: Optional[list[int]] = None
-    draft_lengths: Optional[list[int]] = None  # k chosen per round (0 = no speculation that round)
-    acceptance_source: Optional[str] = None  # where accepted/steps came from when not the model's own counts
-    acceptance_note: Optional[str] = None  # a correction to that count (lc.ACCEPTANCE_NOTE), where one applied
-    category: str = ""  # the prompt's (prompts.Prompt.category), for the per-category table
-    turn: int = 1  # the turn of the prompt's conversation (--turns all; 1 otherwise)
-    answer_digest: Optional[str] = None  # --turns all: a digest of the answer fed back, to compare the two sides'
+    draft_lengths: Optional[list[int]] = None  # k per round (0 = no speculation)
+    acceptance_source: Optional[str] = None
+    acceptance_note: Optional[str] = None  # lc.ACCEPTANCE_NOTE
+    category: str = ""
+    turn: int = 1
+    answer_digest: Optional[str] = None  # --turns all: compares the two sides' answers
 
     @staticmethod
     def of(
@@ -101,9 +86,7 @@ class RequestSample:
 
 @dataclass(frozen=True)
 class Chat:
-    """--turns all: how a conversation goes out. render(messages) is what a request sends (the text with the chat
-    template applied, or the messages themselves over the OpenAI chat API); answer(generation) is the text fed back
-    as the assistant's turn (default: the generation's text)."""
+    """--turns all: render(messages) is what a request sends; answer(generation) is fed back as the assistant turn."""
 
     render: Callable[[list[dict]], object]
     answer: Callable[[Generation], str] = lambda g: g.text
@@ -119,23 +102,19 @@ def _request(
 
 
 def _prime(client: LLMClient, p: Prompt, k, policy, prompts: Optional[dict[str, object]] = None) -> None:
-    """Before a pair: each model prefills the request's prompt once (a one-token request), so neither side's time
-    includes a prefill the other one paid for. Where both share the target engine (n-gram, draft-target), its prefix
-    cache would otherwise hand the second side of every pair the first side's prefill, and the side that goes first is
-    fixed per category wherever categories interleave in step with the alternation (measured: 0.77 s of a 0.85 s TTFT
-    on RAG prompts). prompts: each model's own rendering (a conversation's turn), else p.text."""
+    """Prefill the prompt once on each model (a one-token request) before a pair.
+
+    Where both share the target engine, its prefix cache would otherwise give the second side the first's prefill."""
     one = dataclasses.replace(p, max_tokens=1)
     for model in (BASELINE, SPECULATIVE):
         try:
             _request(client, model, one, k, policy, None if prompts is None else prompts[model])
-        except ClientError:  # the measured request that follows fails the same way, with its own message
+        except ClientError:  # the measured request will fail with its own message
             return
 
 
 def _turn(client, model: str, p: Prompt, answers: list[str], chat: Chat, k, policy) -> Generation:
-    """The next turn of p's conversation on one model, after that model's own answers; an error past the first turn
-    names the question and turn (a conversation grows by every answer: past the deployment's input limit, it stops
-    the run with that line; nothing is skipped)."""
+    """The next turn of p's conversation on one model; an error past turn 1 names the question and turn."""
     t = len(answers) + 1
     try:
         return _request(client, model, p, k, policy, chat.render(conversation(p.turns, answers)))
@@ -149,7 +128,7 @@ def _turn(client, model: str, p: Prompt, answers: list[str], chat: Chat, k, poli
 
 
 def conversation_samples(client, model: str, i: int, r: int, p: Prompt, chat: Chat, k, policy) -> list[RequestSample]:
-    """Every turn of prompt i's conversation on one model, fed its own answers: one sample per turn."""
+    """One sample per turn of prompt i's conversation on one model, fed its own answers."""
     answers: list[str] = []
     out = []
     for t in range(1, len(p.turns) + 1):
@@ -160,8 +139,7 @@ def conversation_samples(client, model: str, i: int, r: int, p: Prompt, chat: Ch
 
 
 def request_acceptance_counts(spec: Sequence[RequestSample]) -> AcceptanceCounts:
-    """The speculative requests' acceptance totals, for records.speculation.acceptance_summary: histograms summed per
-    accepted count, the k chosen per round counted per k, the most common acceptance source and every correction."""
+    """The speculative requests' acceptance totals for records.speculation.acceptance_summary."""
     steps = sum(s.steps for s in spec)
     hists = [s.histogram for s in spec if s.histogram]
     width = max((len(h) for h in hists), default=0)
@@ -175,14 +153,12 @@ def request_acceptance_counts(spec: Sequence[RequestSample]) -> AcceptanceCounts
         accepted=sum(s.accepted for s in spec),
         drafted=sum(s.drafted for s in spec),
         steps=steps,
-        # rounds that verified drafts: a request's histogram where it has one (loop modes; in-engine modes whose BLS
-        # streamed the engine: steps with drafts), else its steps (every step drafted, the context step included)
+        # without a histogram every step counts as a drafting round
         speculative_rounds=sum(hist) + sum(s.steps for s in spec if not s.histogram),
         rounds_without_speculation=counts[0] if counts else 0,
         histogram=tuple(hist),
         draft_length_counts=tuple(counts),
         source=max(set(sources), key=sources.count) if sources else None,
-        # corrections to the streamed count, with how many requests each applied to (lc.STREAM_CUT, STREAM_CLAMPED)
         notes=tuple(f"{n} ({notes.count(n)} of {len(spec)} requests)" for n in sorted(set(notes))),
     )
 
@@ -197,10 +173,7 @@ def ab_measurement(
     policy: Optional[str] = None,
     chat: Optional[Chat] = None,
 ) -> Measurement:
-    """The paired A/B (phases.measure runs it): interleaved, baseline and speculative alternate per request after a
-    warm-up; in phases, every prompt on one model, then on the other (its baseline half is the same at any k and
-    policy: one per phase cycle). With chat (--turns all), every turn of every prompt's conversation is a request,
-    each model's conversation built from its own answers. Progress: (pairs or requests done, total)."""
+    """The paired A/B: alternating per request, or in phases one model then the other (chat: one request per turn)."""
     total = sum(len(p.turns) if chat else 1 for p in prompts) * repeats
 
     def warm(model: str, p: Prompt, pol: Optional[str]) -> None:
@@ -256,7 +229,7 @@ def ab_measurement(
 
 
 def _paired_conversation(client, i: int, r: int, p: Prompt, chat: Chat, k, policy) -> list[RequestSample]:
-    """Prompt i's conversation on both models, turn by turn (which goes first alternates), each fed its own answers."""
+    """Prompt i's conversation on both models turn by turn, each fed its own answers."""
     answers: dict[str, list[str]] = {BASELINE: [], SPECULATIVE: []}
     out = []
     for t in range(1, len(p.turns) + 1):
@@ -269,7 +242,7 @@ def _paired_conversation(client, i: int, r: int, p: Prompt, chat: Chat, k, polic
 
 
 def _one(client, m: Measurement, progress: Progress = None):
-    """One measurement on its own (phased: its own phase cycle), progress to one callback."""
+    """Run one measurement on its own."""
     return measure(client, [m], stage=lambda label, total: (contextlib.nullcontext(), progress))[0]
 
 
@@ -287,7 +260,7 @@ def paired_ab(
 
 
 def paired(samples: Sequence[RequestSample]) -> list[tuple[RequestSample, RequestSample]]:
-    """(baseline, speculative) of every (prompt, repeat, turn) that both models ran, in the speculative side's order."""
+    """(baseline, speculative) per (prompt, repeat, turn) both models ran."""
     base = {(s.prompt, s.repeat, s.turn): s for s in samples if s.model == BASELINE}
     return [
         (base[(s.prompt, s.repeat, s.turn)], s)
@@ -297,8 +270,7 @@ def paired(samples: Sequence[RequestSample]) -> list[tuple[RequestSample, Reques
 
 
 def conversations(samples: Sequence[RequestSample]) -> Optional[dict]:
-    """--turns all: the paired turns and those whose two answers differ (an identity failure: from that turn on, each
-    model's conversation went on from its own answer); None when the run sent no conversations."""
+    """--turns all: paired turns and those whose answers differ (identity failures); None without conversations."""
     pairs = [(b, s) for b, s in paired(samples) if s.answer_digest is not None]
     if not pairs:
         return None
@@ -316,11 +288,7 @@ def conversations(samples: Sequence[RequestSample]) -> Optional[dict]:
 
 
 def per_category(samples: Sequence[RequestSample]) -> list[dict]:
-    """One row per category of the prompts, in their order, when they carry more than one (else none): prompts,
-    requests, the speedup with its interval (paired_speedup over the category's pairs: the overall definition), and
-    acceptance_summary's mean acceptance length, acceptance rate and share of rounds without speculation over the
-    category's speculative requests (None where the server reports no acceptance or no rounds: the OpenAI API); turns:
-    the (prompt, turn) pairs measured (= prompts, unless --turns all sent conversations)."""
+    """Speedup and acceptance per prompt category; [] with fewer than two categories."""
     spec = [s for s in samples if s.model == SPECULATIVE]
     categories = list(dict.fromkeys(s.category for s in spec))
     if len(categories) < 2:
@@ -378,7 +346,7 @@ def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Option
         "samples": [s.__dict__ for s in samples],
     }
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
-    if acc["source"] == lc.FROM_STREAMED_CHUNKS:  # a mean length without k or drafted counts: no α is claimed
+    if acc["source"] == lc.FROM_STREAMED_CHUNKS:  # no k or drafted counts: no α claimed
         out["warning"] = (
             f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x) at a mean "
             f"acceptance length of {acc['mean_acceptance_length']:.2f} (from {acc['source']})"
@@ -386,8 +354,8 @@ def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Option
             else None
         )
     elif acc["mean_acceptance_length"] is not None or any(x.draft_lengths for x in spec):
-        out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)  # c is not measured here
-    else:  # no per-round figures (the OpenAI API; an LLM-API model's perf outputs): no α is claimed
+        out["warning"] = low_acceptance_advice(_alpha_from(acc, kk), kk, None, speedup)
+    else:  # no per-round figures: no α claimed
         out["warning"] = (
             f"speculative decoding is SLOWER than the baseline here ({speedup:.2f}x); the model reports "
             "no per-round acceptance (acceptance rate: "
@@ -410,7 +378,7 @@ def _nth_sample(
     k: Optional[int],
     policy: Optional[str],
 ) -> RequestSample:
-    """Request i of a run (prompts cycled: prompt i mod n, repeat i div n) on a client of its own."""
+    """Request i of a run (prompts cycled) on its own client."""
     p, r = i % len(prompts), i // len(prompts)
     cl = client_factory()
     try:
@@ -428,7 +396,7 @@ def run_level(
     k: Optional[int],
     policy: Optional[str] = None,
 ) -> tuple[list[RequestSample], float]:
-    """n requests (prompts cycled) to one model with `concurrency` in flight: the samples and the wall time."""
+    """(samples, wall seconds) of n requests to one model with `concurrency` in flight."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         samples = list(pool.map(lambda i: _nth_sample(client_factory, model, prompts, i, k, policy), range(n)))
@@ -436,8 +404,7 @@ def run_level(
 
 
 def level_side(samples: Sequence[RequestSample], wall_s: float) -> dict:
-    """One model at one level: total throughput over the level's wall time, per-request TTFT/TPOT/latency
-    summaries (mean, p50, p90, p99) and every raw sample."""
+    """One model at one level: throughput, latency summaries and raw samples."""
     tokens = sum(s.tokens for s in samples)
     return {
         "requests": len(samples),
@@ -458,8 +425,7 @@ def sweep_row(
     spec: Sequence[RequestSample],
     spec_wall_s: float,
 ) -> dict:
-    """One level of the sweep: both sides, speedup = speculative / baseline total tok/s, and the speculative
-    acceptance summed over the level's requests."""
+    """One sweep level; speedup = speculative / baseline total tok/s (not paired)."""
     b, s = level_side(base, base_wall_s), level_side(spec, spec_wall_s)
     return {
         "concurrency": concurrency,
@@ -480,8 +446,7 @@ def sweep_measurement(
     requests_per_level: Optional[int] = None,
     policy: Optional[str] = None,
 ) -> Measurement:
-    """The concurrency sweep (concurrency_sweep) as phases.measure runs it; in phases, every level on the speculative
-    model, then every level on the baseline."""
+    """The concurrency sweep as a phases.Measurement."""
     if not prompts:
         raise ValueError("the concurrency sweep needs at least one prompt")
     bad = [c for c in levels if c < 1]
@@ -524,7 +489,7 @@ def sweep_measurement(
 
 
 def _probed(client_factory: Callable[[], LLMClient], m: Measurement, progress: Progress):
-    probe = client_factory()  # says whether the baseline is loaded for its phase only, and switches it
+    probe = client_factory()
     try:
         return _one(probe, m, progress)
     finally:
@@ -541,17 +506,16 @@ def concurrency_sweep(
     progress: Progress = None,
     policy: Optional[str] = None,
 ) -> list[dict]:
-    """At each level C: N requests (prompts cycled) with C in flight, to the baseline and to the speculative
-    model in turn (which goes first alternates by level, so drift does not favour one side). N is
-    requests_per_level (default len(prompts)) rounded up to a multiple of C: every in-flight slot serves the
-    same number of requests, so no level ends on a part-empty wave."""
+    """Per level C, N requests with C in flight to each model (order alternating by level).
+
+    N = requests_per_level (default len(prompts)) rounded up to a multiple of C: no part-empty last wave."""
     m = sweep_measurement(client_factory, prompts, levels, k=k, requests_per_level=requests_per_level, policy=policy)
     return _probed(client_factory, m, progress)
 
 
 @dataclass(frozen=True)
 class SLO:
-    """A latency target per request (None: no limit on that figure), for goodput."""
+    """Per-request latency targets for goodput (None: no limit)."""
 
     ttft_s: Optional[float] = None
     tpot_s: Optional[float] = None
@@ -563,7 +527,7 @@ class SLO:
 
 
 def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
-    """n arrival times (seconds from the start) of a Poisson process at `rate` requests/s, seeded."""
+    """n seeded Poisson arrival times (s) at `rate` requests/s."""
     if rate <= 0:
         raise ValueError(f"the request rate must be > 0 requests/s, got {rate}")
     rng = random.Random(seed)
@@ -582,8 +546,7 @@ def run_rate(
     k: Optional[int],
     policy: Optional[str] = None,
 ) -> tuple[list[RequestSample], float]:
-    """One request per arrival time (prompts cycled), each sent at its time whatever is still in flight (an open
-    loop, as users arrive): the samples and the wall time from the first arrival to the last answer."""
+    """Open loop: one request per arrival time; (samples, seconds from first arrival to last answer)."""
 
     def one(i: int) -> RequestSample:
         delay = t0 + arrivals[i] - time.perf_counter()
@@ -605,7 +568,7 @@ def rate_row(
     spec_wall_s: float,
     slo: SLO,
 ) -> dict:
-    """Both sides at one request rate, with goodput: requests/s that met the SLO (vLLM bench's definition)."""
+    """Both sides at one request rate, with goodput = requests/s meeting the SLO (upstream-facts: vllm-goodput)."""
     row = sweep_row(0, base, base_wall_s, spec, spec_wall_s)
     del row["concurrency"]
     for model, samples, wall in ((BASELINE, base, base_wall_s), (SPECULATIVE, spec, spec_wall_s)):
@@ -631,8 +594,7 @@ def rate_measurement(
     slo: SLO = SLO(),
     seed: int = 0,
 ) -> Measurement:
-    """The request-rate run (request_rate_run) as phases.measure runs it; in phases, the speculative model, then the
-    same arrivals to the baseline."""
+    """The request-rate run as a phases.Measurement."""
     if n < 1:
         raise ValueError(f"the request-rate run needs at least one request, got {n}")
     arrivals = poisson_arrivals(rate, n, seed)
@@ -677,8 +639,7 @@ def request_rate_run(
     seed: int = 0,
     progress: Progress = None,
 ) -> dict:
-    """n requests at Poisson arrivals of `rate` requests/s to the baseline, then the same arrivals to the speculative
-    model: throughput, per-request latency and goodput under the SLO, side by side."""
+    """The same Poisson arrivals to each model: throughput, latency and goodput side by side."""
     m = rate_measurement(client_factory, prompts, rate, n, k=k, policy=policy, slo=slo, seed=seed)
     return _probed(client_factory, m, progress)
 
@@ -693,16 +654,14 @@ def tune_k(
     adaptive: bool = True,
     note: Callable[[str], None] = lambda s: None,
 ) -> dict:
-    """Fixed k for each k in ks, then (adaptive) the adaptive policy capped at max(ks): one paired A/B each, in one
-    run (a baseline loaded for its phase only: one switch, one baseline half for all). Recommends the fastest fixed k
-    (0 when none pays) and reports adaptive against it."""
+    """A/B each fixed k (and adaptive at max(ks)); recommends the fastest fixed k, 0 when none pays."""
     runs = [(Policy.FIXED.value, k) for k in ks] + ([(Policy.ADAPTIVE.value, max(ks))] if adaptive else [])
     ms = [
         ab_measurement(client, prompts, k=k, repeats=repeats, warmup=1 if i == 0 else 0, policy=policy)
         for i, (policy, k) in enumerate(runs)
     ]
     done = [0]
-    stages = len(runs) + (1 if is_phased(client) else 0)  # phased: every speculative half, then one baseline half
+    stages = len(runs) + (1 if is_phased(client) else 0)  # phased: + one baseline half
 
     @contextlib.contextmanager
     def counted(label: str, total: int):

@@ -1,11 +1,7 @@
-"""A small Triton LLM client over HTTP and gRPC, streaming or not, for text-in/text-out models
-(`ensemble`, `tensorrt_llm_bls`).
+"""A Triton client for the text-in/text-out models over HTTP and gRPC, streaming or not.
 
-Decoupled models are reached the way Triton allows: gRPC always through the bidirectional stream API (a
-non-streaming request then gets exactly one response), HTTP through `/generate` (stream=false) and
-`/generate_stream` (server-sent events). Every call returns the text, the token ids (`output_ids`), the
-timings (TTFT = first response carrying tokens, end-to-end latency) and the whole-request metrics the BLS
-reports.
+Decoupled models need gRPC's bidirectional stream API (even unstreamed) or HTTP /generate(_stream). A call returns
+text, output_ids, TTFT (first response carrying tokens), latency and the BLS's request metrics.
 """
 
 from __future__ import annotations
@@ -66,14 +62,14 @@ class Generation:
     chunks: int
     chunk_times_s: list[float] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
-    tokens: Optional[int] = None  # the server's count where it returns no ids (the OpenAI API's usage)
+    tokens: Optional[int] = None  # server's count when it returns no ids
 
     @property
     def num_tokens(self) -> int:
         return self.tokens if self.tokens is not None else len(self.output_ids)
 
 
-# Request fields: JSON names == tensor names; numpy dtypes for gRPC.
+# JSON names == tensor names; numpy dtypes for gRPC.
 FIELD_TYPES = {
     MAX_TOKENS: np.int32,
     TOP_K: np.int32,
@@ -94,22 +90,18 @@ LLMAPI_TYPES = {
     )
     for t in lc.INPUTS
 }
-# A greedy request as TensorRT-LLM defines greedy: neither top_k nor top_p, and no temperature. Never temperature 0:
-# the engine scales logits by 1/(T + 1e-6) (backend_contract.FP16_LOGITS), so 0 is a 1e6 scale, not a mode switch.
+# Greedy = no top_k, top_p or temperature; temperature 0 would scale logits by 1e6 (backend_contract.FP16_LOGITS).
 GREEDY: dict = {"exclude_input_in_output": True}
-REQUEST_TIMEOUT_S = 600.0  # the longest wait for one response (a 70B engine's first token under load included)
+REQUEST_TIMEOUT_S = 600.0  # longest wait for one response (a 70B first token under load)
 
 
-# Triton's refusal of a restricted API without the key (core r26.04 src/http_server.cc RespondIfRestricted: HTTP 403
-# "This API is restricted, expecting header '…'"; src/grpc/grpc_server.cc CommonCallData::Execute: UNAVAILABLE "This
-# protocol is restricted, expecting header '…'")
+# Triton's refusal of a restricted API without the key (upstream-facts: triton-restricted-api-refusal)
 RESTRICTED_REFUSAL = "is restricted, expecting header"
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "")
 
 
 def served_admin_key(url: str) -> Optional[str]:
-    """The admin key `trt-spec serve` left for the server at url (serve.admin_key.admin_key_path of its port) when url
-    names this host; None otherwise."""
+    """The admin key `trt-spec serve` left for url's port when url names this host, else None."""
     from ..serve.admin_key import admin_key_path
 
     host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
@@ -127,7 +119,7 @@ def served_admin_key(url: str) -> Optional[str]:
 
 
 def read_key_file(path: str) -> str:
-    """--admin-key-file: the key in the file (one line), or one ClientError line."""
+    """The key in an --admin-key-file; raises ClientError."""
     try:
         key = Path(path).read_text().strip()
     except OSError as e:
@@ -145,10 +137,7 @@ class LLMClient:
     def __init__(
         self, url: str, protocol: str = "grpc", timeout_s: Optional[float] = None, admin_key: Optional[str] = None
     ):
-        """timeout_s: the longest wait for any one response (default REQUEST_TIMEOUT_S); past it the call is
-        cancelled and raises ClientError. admin_key: what unlocks the server's restricted APIs (model config, model
-        repository; serve.admin_key.RESTRICTED_APIS); None = the key `trt-spec serve` left on this host for the URL's
-        port, if any (admin_headers)."""
+        """timeout_s: longest wait per response, then ClientError. admin_key: None = the one serve left locally."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
         self.url = url.replace("http://", "").rstrip("/")
@@ -156,30 +145,28 @@ class LLMClient:
         self.timeout = timeout_s if timeout_s is not None else REQUEST_TIMEOUT_S
         self.admin_key = admin_key
         self._grpc = None
-        # runtime llmapi (records/llmapi_contract.py): the roles are two LLM-API models, text in and text out
+        # runtime llmapi: the roles are two LLM-API models (records/llmapi_contract.py)
         self.llmapi = False
-        self.names = {BASELINE: BASELINE, SPECULATIVE: SPECULATIVE}  # role -> served model
-        self.tokenizer = None  # the target's: counts and compares an LLM-API model's tokens (it returns text only)
-        self.phased = False  # the baseline is loaded for its phase only (harness/phases.py): found by check_ready
-        self.tenant: Optional[str] = None  # bench --tenant: sent with every speculative request (the suffix cache)
+        self.names = {BASELINE: BASELINE, SPECULATIVE: SPECULATIVE}  # role -> model
+        self.tokenizer = None  # tokenizes LLM-API text (it returns no ids)
+        self.phased = False  # baseline loaded for its phase only (harness/phases.py)
+        self.tenant: Optional[str] = None  # sent with every speculative request
 
     def use_tokenizer(self, tokenizer) -> "LLMClient":
         self.tokenizer = tokenizer
         return self
 
     def clone(self) -> "LLMClient":
-        """A new client (its own connection) to the same models, as this one resolved them."""
+        """A new client (own connection) to the same resolved models."""
         c = LLMClient(self.url, self.protocol, self.timeout, self.admin_key)
         c.llmapi, c.names, c.tokenizer, c.phased = self.llmapi, dict(self.names), self.tokenizer, self.phased
         c.tenant = self.tenant
         return c
 
-    # -- health -----------------------------------------------------------------------------------------
     def check_ready(self, models: list[str], wait_s: Optional[float] = None) -> None:
-        """Wait until the server and `models` are ready, or raise one ClientError that says what is there instead:
-        nothing listening, the other protocol's port (and the fix), a server still loading, a missing model.
-        wait_s: how long to wait for a server that is not up or not ready yet (None: only while the port answers
-        its protocol but the models are loading, up to LOADING_WAIT_S)."""
+        """Wait until the server and `models` are ready, else raise one ClientError saying what is there instead.
+
+        wait_s: how long to wait for a server not up yet (None: only while models load, up to LOADING_WAIT_S)."""
         deadline = time.monotonic() + (wait_s or 0.0)
         loading_deadline = time.monotonic() + (wait_s if wait_s is not None else LOADING_WAIT_S)
         while True:
@@ -197,7 +184,7 @@ class LLMClient:
                         f"{self.url} is a gRPC port (it answered HTTP/2), not HTTP: drop `--protocol "
                         "http` (gRPC is the default), or use the server's HTTP port (8000 by default)"
                     ) from None
-                up = kind == "grpc" or kind == "http:200"  # the right protocol answers: loading, or a model missing
+                up = kind == "grpc" or kind == "http:200"
                 loading = ("is not loaded" in str(e) and up and not self._server_ready()) or (
                     "no Triton server ready" in str(e) and up
                 )
@@ -234,14 +221,13 @@ class LLMClient:
             return False
 
     def _check_ready_once(self, models: list[str]) -> None:
-        """One clear error if the server is down or a model is missing/not ready. A runtime llmapi repository (no
-        ensemble; tensorrt_llm and tensorrt_llm_baseline are LLM-API models) maps the roles onto its two models."""
+        """Raise ClientError if the server or a model is not ready; maps roles onto a runtime llmapi repository."""
         if not self.llmapi and set(models) <= set(TEXT_MODELS) and self._is_llmapi():
             self.llmapi = True
             self.names = {BASELINE: lc.BASELINE_MODEL, SPECULATIVE: lc.MODEL_NAME}
         models = [self.names.get(m, m) for m in models]
         if self.llmapi and lc.BASELINE_MODEL in models and lc.MODEL_NAME in models:
-            # the baseline is loaded for its phase only (trt_spec_repo.json phase_models): not ready, by design
+            # a phased baseline is not ready by design (trt_spec_repo.json phase_models)
             self.phased = not self._model_ready(lc.BASELINE_MODEL) and self._model_ready(lc.MODEL_NAME)
             if self.phased:
                 models = [m for m in models if m != lc.BASELINE_MODEL]
@@ -249,7 +235,7 @@ class LLMClient:
             base = f"http://{self.url}"
             if not _http_ok(f"{base}/v2/health/ready"):
                 raise ClientError(f"no Triton server ready at {self.url} (HTTP); start one with `trt-spec serve REPO`")
-            if not _is_triton_http(base):  # Triton's metrics port answers 200 with metrics text to any path
+            if not _is_triton_http(base):  # the metrics port answers 200 to any path
                 raise ClientError(
                     f"{self.url} answers HTTP but is not Triton's HTTP API (its metrics port?); use the "
                     "server's HTTP port (8000 by default)"
@@ -288,10 +274,7 @@ class LLMClient:
             return False
 
     def admin_headers(self) -> dict[str, str]:
-        """The headers of a restricted call (model config, model repository load/unload) for this client's protocol:
-        serve.admin_key.ADMIN_HEADER over HTTP, GRPC_ADMIN_HEADER over gRPC, holding admin_key, else the key `trt-spec
-        serve` left for this URL's port on this host; {} when there is neither (a server that restricts nothing
-        answers anyway; one that does is refused with restricted_error's line)."""
+        """Headers for a restricted call in this protocol, with admin_key or serve's local key; {} if neither."""
         from ..serve.admin_key import ADMIN_HEADER, GRPC_ADMIN_HEADER
 
         key = self.admin_key or served_admin_key(self.url)
@@ -300,7 +283,7 @@ class LLMClient:
         return {(ADMIN_HEADER if self.protocol == "http" else GRPC_ADMIN_HEADER): key}
 
     def restricted_error(self, what: str, message: str) -> ClientError:
-        """One line for a restricted call the server refused (RESTRICTED_REFUSAL): which call, and --admin-key-file."""
+        """The ClientError for a refused restricted call."""
         had = "the admin key given was refused" if self.admin_headers() else "no admin key was given"
         return ClientError(
             f"{what}: the server at {self.url} restricts it to its admin key and {had}; pass "
@@ -310,8 +293,7 @@ class LLMClient:
         )
 
     def model_config(self, model: str) -> dict:
-        """A served model's configuration (Triton's JSON form). A restricted API under `trt-spec serve`: sent with
-        admin_headers()."""
+        """A served model's configuration (Triton JSON); restricted, so sent with admin_headers()."""
         what = f"reading {model}'s configuration"
         if self.protocol == "http":
             req = urllib.request.Request(f"http://{self.url}/v2/models/{model}/config", headers=self.admin_headers())
@@ -337,9 +319,9 @@ class LLMClient:
             raise ClientError(f"{model}: cannot read its configuration ({_grpc_message(e)})") from None
 
     def model_metadata(self, model: str) -> dict:
-        """A served model's metadata (GET /v2/models/NAME, gRPC ModelMetadata: name, platform — the config's platform,
-        else its backend, core model_repository_manager ModelMetadata —, inputs, outputs): not an API `trt-spec
-        serve` restricts, so this needs no admin key."""
+        """A served model's metadata (name, platform, inputs, outputs); not restricted.
+
+        (upstream-facts: triton-model-metadata-platform)"""
         if self.protocol == "http":
             with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}", timeout=30) as r:
                 return json.loads(r.read())
@@ -349,18 +331,17 @@ class LLMClient:
         return {i.get("name") for i in self.model_metadata(model).get("inputs", [])}
 
     def _is_llmapi(self) -> bool:
-        """An LLM-API model under the speculative name (its sampling_param_* inputs), read from the metadata."""
+        """Whether the speculative model is an LLM-API model (has sampling_param_* inputs)."""
         try:
             return lc.MAX_TOKENS in self.model_inputs(lc.MODEL_NAME)
         except Exception:  # noqa: BLE001 - not there, or no server: the text models' check says which
             return False
 
     def check_baseline(self) -> Optional[str]:
-        """One clear error when the baseline is the speculative engine itself: Medusa/EAGLE/lookahead speculate
-        inside the target engine, so an ensemble served by that engine (speculative.baseline_engine: false) would
-        make identity trivially true and the speedup 1x by construction. It reads two model configs: where the
-        server restricts them and no admin key is at hand, returns a note saying the check was skipped."""
-        if self.llmapi:  # the baseline is its own model over the same checkpoint, with no speculative_config
+        """Raise ClientError if the baseline runs the speculative engine itself (a trivial comparison).
+
+        Returns a note instead when the server restricts model configs and no admin key is at hand."""
+        if self.llmapi:  # the baseline is its own model without speculative_config
             return None
         try:
             bls = self.model_config(SPECULATIVE).get("parameters", {})
@@ -383,10 +364,7 @@ class LLMClient:
         return None
 
     def baseline_engine(self) -> Optional[str]:
-        """The engine model that serves the baseline, which `check` asks for logits at a divergence: the ensemble's
-        engine step (tensorrt_llm_baseline where the target speculates inside itself, else tensorrt_llm); where the
-        configuration cannot be read, the baseline engine if one is loaded, else the target. None for runtime llmapi
-        (an LLM-API model returns text only)."""
+        """The engine model serving the baseline (for logits at a divergence); None for runtime llmapi."""
         if self.llmapi:
             return None
         try:
@@ -410,7 +388,6 @@ class LLMClient:
             self._grpc.close()
             self._grpc = None
 
-    # -- generation -----------------------------------------------------------------------------------------
     def generate(self, model: str, prompt: str, max_tokens: int, *, stream: bool = False, **params) -> Generation:
         if self.llmapi:
             return self._llmapi_generate(self.names.get(model, model), prompt, max_tokens, stream, params)
@@ -422,8 +399,7 @@ class LLMClient:
         return self._grpc_generate(model, fields)
 
     def _llmapi_generate(self, model: str, prompt: str, max_tokens: int, stream: bool, params: dict) -> Generation:
-        """One request to an LLM-API model (its tensors: sampling_param_*, streaming; no batch dimension). It returns
-        text only, so the tokens are the target tokenizer's of that text (check and bench need --tokenizer)."""
+        """One request to an LLM-API model; its text is re-tokenized with the target tokenizer."""
         if self.tokenizer is None:
             raise ClientError(
                 f"{model} is TensorRT-LLM's LLM-API model, which returns text only: pass --tokenizer DIR "
@@ -446,7 +422,7 @@ class LLMClient:
         for name in (bc.TEMPERATURE, TOP_K, TOP_P, bc.SEED):
             if name in params:
                 fields[lc.SAMPLING_PREFIX + name] = params.pop(name)
-        if STOP_WORDS in params:  # NVIDIA's model cannot pass stop strings on (lc.STOP_INPUT)
+        if STOP_WORDS in params:  # lc.STOP_INPUT
             raise ClientError(f"{model}: {lc.STOP_REFUSED}")
         if params:
             raise ClientError(f"{model}: not an input of the LLM-API model: {', '.join(sorted(params))}")
@@ -456,18 +432,18 @@ class LLMClient:
             self._http(model, fields, stream, raw)
             parts = [(_http_outputs(ev), t) for ev, t in raw]
         else:
-            inputs = _grpc_inputs(fields, LLMAPI_TYPES, batch=False)  # max_batch_size 0: no batch dimension
+            inputs = _grpc_inputs(fields, LLMAPI_TYPES, batch=False)  # max_batch_size 0
             wanted = [lc.TEXT_OUTPUT, *(t.name for t in lc.PERF_OUTPUTS)]
             parts = [(_np_outputs(o), t) for o, t in self._grpc_stream(model, inputs, wanted, t0)]
         return self._llmapi_result(parts, time.perf_counter() - t0, stream)
 
     def _llmapi_result(self, parts: list[tuple[dict, float]], latency: float, stream: bool) -> Generation:
-        """An LLM-API model's responses as a Generation. Each streamed response carries the whole text so far (MODEL
-        _create_response sends CompletionOutput.text, which the LLM API accumulates: tensorrt_llm/executor/result.py
-        DetokenizedGenerationResultBase, `text` vs `text_diff`), one response per iteration of the executor: the text
-        is the last one's, and the tokens each added are the acceptance (lc.SPEC_PERF_ZERO)."""
+        """An LLM-API model's responses as a Generation.
 
-        def number(v):  # the perf outputs arrive as strings (NVIDIA's model encodes them so)
+        Each streamed response holds the whole text so far, one per executor iteration, so the tokens each adds give
+        the acceptance (upstream-facts: llmapi-stream-cumulative-text)."""
+
+        def number(v):  # upstream-facts: llmapi-perf-outputs-strings
             v = v.decode() if isinstance(v, bytes) else str(v)
             return float(v) if any(c in v for c in ".eEn") else int(v)
 
@@ -481,14 +457,12 @@ class LLMClient:
         times = [t for (p, t), n, prev in zip(parts, counts, [0, *counts]) if n > prev]
         if int(metrics.get("total_draft_tokens", 0) or 0) > 0:
             metrics[lc.ACCEPTANCE_SOURCE] = lc.FROM_PERF_OUTPUTS
-        else:  # 1.2.1: the per-request speculative outputs are zero on the PyTorch flow (lc.SPEC_PERF_ZERO)
+        else:  # lc.SPEC_PERF_ZERO (upstream-facts: llmapi-spec-perf-zero)
             for k in ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"):
                 metrics.pop(k, None)
             if stream and len(parts) > 0 and ids:
-                # tokens per streamed response = tokens decoded per iteration (avg_decoded_tokens_per_iter): the
-                # accepted draft tokens are the tokens beyond one per iteration; the drafted count is not reported.
-                # A stop string cuts the final text (an earlier response was longer): counted up to the longest text;
-                # fewer tokens than responses: clamped at 0. Either is named (lc.ACCEPTANCE_NOTE).
+                # accepted = tokens beyond one per streamed response; a stop string may cut the final text, so
+                # count up to the longest text
                 longest = max(range(len(texts)), key=lambda j: len(texts[j]))
                 cut = len(texts[longest]) > len(text)
                 decoded = max(len(ids), counts[longest]) if cut else len(ids)
@@ -513,8 +487,7 @@ class LLMClient:
         )
 
     def engine_logits(self, model: str, input_ids: list[int]) -> Optional[np.ndarray]:
-        """Next-token logits [V] from an engine model (core interface, return_generation_logits); None when
-        the engine returns none (a TensorRT-LLM engine built without --gather_generation_logits)."""
+        """Next-token logits [V] from an engine model; None if built without --gather_generation_logits."""
         fields = {
             bc.INPUT_IDS: [input_ids],
             bc.INPUT_LENGTHS: [[len(input_ids)]],
@@ -531,7 +504,7 @@ class LLMClient:
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     out = json.loads(resp.read()).get(bc.GENERATION_LOGITS)
-            except urllib.error.HTTPError as e:  # the engine's own refusal (e.g. bc.NO_GENERATION_LOGITS) is the body
+            except urllib.error.HTTPError as e:
                 body = e.read().decode("utf-8", errors="replace").strip()
                 raise ClientError(f"{model}: logits request failed (HTTP {e.code}: {body})") from None
             except (urllib.error.URLError, OSError) as e:
@@ -546,13 +519,13 @@ class LLMClient:
             t = grpcclient.InferInput(name, list(arr.shape), _triton_dtype(arr.dtype))
             t.set_data_from_numpy(arr)
             inputs.append(t)
-        # the backend refuses a request that does not ask for both mandatory outputs (backend_contract)
+        # the backend refuses requests without both mandatory outputs
         parts = self._grpc_stream(model, inputs, [*bc.MANDATORY_OUTPUTS, bc.GENERATION_LOGITS])
         arrs = [o[bc.GENERATION_LOGITS] for o in parts if bc.GENERATION_LOGITS in o]
         return arrs[0].reshape(-1) if arrs else None
 
     def _http(self, model: str, fields: dict, stream: bool, raw: Optional[list] = None) -> Generation:
-        """raw: filled with (event, seconds) per response, as it came."""
+        """raw: filled with (event, seconds) per response."""
         endpoint = "generate_stream" if stream else "generate"
         body = json.dumps({k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in fields.items()}).encode()
         req = urllib.request.Request(
@@ -604,15 +577,14 @@ class LLMClient:
         return _assemble([(_np_outputs(o), t) for o, t in timed], time.perf_counter() - t0)
 
     def _grpc_stream(self, model: str, inputs: list, wanted: list[str], t0: Optional[float] = None) -> list:
-        """One request over a fresh bidirectional stream; every response's outputs until the final flag.
-        Returns [(outputs, seconds since t0)] when t0 is given, else [outputs]."""
+        """One request over a fresh stream: outputs per response, as (outputs, seconds since t0) when t0 is given."""
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
         outputs = [grpcclient.InferRequestedOutput(n) for n in wanted]
         q: "queue.Queue" = queue.Queue()
         start = time.perf_counter() if t0 is None else t0
-        client = grpcclient.InferenceServerClient(self.url)  # one stream per call: calls may run concurrently
+        client = grpcclient.InferenceServerClient(self.url)  # per call: calls may run concurrently
         parts = []
         finished = False
         try:
@@ -640,8 +612,7 @@ class LLMClient:
             ) from None
         finally:
             try:
-                # Unfinished (timeout, error): cancel the call. A plain stop_stream() waits for the server to end
-                # the stream, which a stuck server never does.
+                # a plain stop_stream() waits for the server, which a stuck server never ends
                 client.stop_stream(cancel_requests=not finished)
             finally:
                 client.close()
@@ -649,8 +620,7 @@ class LLMClient:
 
 
 def _grpc_inputs(fields: dict, types: dict, *, batch: bool) -> list:
-    """gRPC inputs of a text-model request: strings (and lists of them) as BYTES, the rest as `types` says (INT32
-    when unnamed); batch=True adds the batch dimension ([1, …])."""
+    """gRPC inputs: strings as BYTES, the rest typed by `types` (default INT32); batch adds a leading [1]."""
     import tritonclient.grpc as grpcclient
 
     inputs = []
@@ -683,12 +653,12 @@ def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             return r.status == 200
-    except (urllib.error.URLError, OSError, http.client.HTTPException):  # HTTPException: not HTTP/1.1 (gRPC)
+    except (urllib.error.URLError, OSError, http.client.HTTPException):  # HTTPException: gRPC port
         return False
 
 
 def _is_triton_http(base: str) -> bool:
-    """GET /v2 answers Triton's server metadata (JSON naming triton), not metrics text."""
+    """Whether GET /v2 answers Triton's server metadata (not the metrics port)."""
     try:
         with urllib.request.urlopen(f"{base}/v2", timeout=5) as r:
             return "triton" in str(json.loads(r.read()).get("name", ""))
@@ -697,9 +667,7 @@ def _is_triton_http(base: str) -> bool:
 
 
 def probe_port(url: str, timeout: float = 2.0) -> str:
-    """What answers at HOST:PORT: "refused", "unreachable", "http:STATUS" (an HTTP/1.1 server; STATUS of GET
-    /v2/health/live: 200 on Triton's HTTP port — and on its metrics port, which _is_triton_http tells apart), "grpc"
-    (an HTTP/2 server: it answers an HTTP/1.1 request with a SETTINGS or GOAWAY frame) or "other"."""
+    """What answers at HOST:PORT: "refused", "unreachable", "http:STATUS", "grpc" (HTTP/2) or "other"."""
     host, _, port = url.replace("http://", "").rstrip("/").rpartition(":")
     data = b""
     try:
@@ -727,14 +695,13 @@ def probe_port(url: str, timeout: float = 2.0) -> str:
 
 
 def _http_outputs(ev: dict) -> dict:
-    """A /generate JSON event -> {text, ids, metrics}."""
     text = ev.get(TEXT_OUTPUT, "")
     if isinstance(text, list):
         text = "".join(text)
     ids = ev.get(OUTPUT_IDS, [])
     ids = list(np.asarray(ids, dtype=np.int64).reshape(-1)) if ids != [] else []
     metrics = {k: ev[k] for k in METRIC_OUTPUTS if k in ev}
-    for k in LIST_METRICS:  # the JSON of a one-element list output can be a bare number
+    for k in LIST_METRICS:  # a one-element list may arrive as a bare number
         if k in metrics and not isinstance(metrics[k], list):
             metrics[k] = [metrics[k]]
     return {"text": text, "ids": [int(i) for i in ids], "metrics": metrics}

@@ -1,7 +1,5 @@
-"""The plain functions behind `trt-spec check`, `trt-spec bench served|openai|in-process` (and `tune`'s client): reach
-the deployment, put the prompts in the form it is measured with, gather every measurement of a run in one list for
-phases.measure (one baseline switch for all of them), and return the report. The CLI parses options, calls one of
-these and prints; a user's mistake here is a ClientError (or ValueError) line."""
+"""The functions behind `trt-spec check` and `trt-spec bench served|openai|in-process`: reach the deployment, shape
+the prompts, run every measurement in one phases.measure call, return the report. User mistakes raise ClientError."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ RAW_PROMPTS = (
 def served_client(
     url: str, protocol: str, wait: Optional[float] = None, admin_key_file: Optional[str] = None, *, note: Note
 ) -> LLMClient:
-    """A client for the baseline and speculative models at url; one clear ClientError if either is not ready (what is
-    there instead, and the fix) after waiting up to `wait` seconds."""
+    """A client for both models at url; ClientError if either is not ready within `wait` seconds."""
     from ..records.names import TEXT_MODELS
     from .client import read_key_file
 
@@ -40,9 +37,7 @@ def served_client(
 
 
 def chat_prompts(prompts: list[Prompt], tokenizer: Optional[str], note: Note) -> list[Prompt]:
-    """The prompts wrapped in TOKENIZER's chat template (as an instruct model is served); unchanged without one, and
-    then a plain note: the served repository's tokenizer lives on the server, so the client cannot apply its template
-    by itself, and the template changes what is measured."""
+    """The prompts in the tokenizer's chat template; unchanged (with a note) without a tokenizer."""
     if not tokenizer:
         note(RAW_PROMPTS)
         return prompts
@@ -53,9 +48,7 @@ def chat_prompts(prompts: list[Prompt], tokenizer: Optional[str], note: Note) ->
 
 
 def template_chat(tok, where: str):
-    """--turns all where the client applies the chat template: a bench.Chat that renders each conversation in tok's
-    template and feeds back the answer's tokens decoded (the text where the server returns none); one ClientError line
-    when tok has no template (where: whose tokenizer)."""
+    """A bench.Chat rendering conversations in tok's chat template; ClientError if tok has none."""
     from .bench import Chat
     from .prompts import NEEDS_TEMPLATE, render_conversation
 
@@ -68,22 +61,18 @@ def template_chat(tok, where: str):
     return Chat(lambda messages: render_conversation(tok, messages), answer)
 
 
-# --- check ---------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class CheckOptions:
-    num_draft_tokens: Optional[int] = None  # None: the deployment's
-    tokenizer: Optional[str] = None  # divergence context, the near-tie check, the chat template
+    num_draft_tokens: Optional[int] = None
+    tokenizer: Optional[str] = None
     near_tie_margin: Optional[float] = None
-    raw: bool = False  # no chat template even with a tokenizer
-    temperature: float = 0.0  # > 0: also the distribution check
+    raw: bool = False  # no chat template
+    temperature: float = 0.0  # > 0 adds the distribution check
     samples: int = defaults.SAMPLING_SAMPLES
 
 
 def run_check(client: LLMClient, prompts: list[Prompt], o: CheckOptions, *, stage: Stage, note: Note):
-    """Token-for-token identity (and, at a temperature, the distribution check) of the speculative model against the
-    baseline: an identity.CheckReport."""
+    """Identity (and, at a temperature, distribution) check: an identity.CheckReport."""
     from .identity import greedy_measurement, sampling_measurement
 
     tok = None
@@ -92,7 +81,7 @@ def run_check(client: LLMClient, prompts: list[Prompt], o: CheckOptions, *, stag
         from .prompts import with_chat_template
 
         tok = load_tokenizer(o.tokenizer)
-        client.use_tokenizer(tok)  # an LLM-API model returns text only: its tokens are this tokenizer's
+        client.use_tokenizer(tok)
         if not o.raw:
             prompts = with_chat_template(prompts, tok)
     ms = [
@@ -106,51 +95,47 @@ def run_check(client: LLMClient, prompts: list[Prompt], o: CheckOptions, *, stag
                 client, prompts, temperature=o.temperature, samples=o.samples, num_draft_tokens=o.num_draft_tokens
             )
         )
-    rep, *dist = measure(client, ms, stage=stage, note=note)  # a baseline loaded for its phase: one switch for both
+    rep, *dist = measure(client, ms, stage=stage, note=note)
     for rows in dist:
         rep.distribution.extend(rows)
     return rep
 
 
-# --- bench ---------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Runs:
-    """The paired runs of every bench mode: one per --policy x --k (None: the deployment's), each prompts x repeats."""
+    """Paired runs: one per --policy x --k, each prompts x repeats."""
 
     ks: tuple[int, ...] = ()
     repeats: int = 1
     policies: tuple[str, ...] = ()
-    turns: str = defaults.TURNS  # all: every turn of a multi-turn question, as a conversation (prompts.TURNS)
+    turns: str = defaults.TURNS
 
 
 @dataclass(frozen=True)
 class Load:
-    """The load runs of a bench against a server, at the first --k and --policy."""
+    """Load runs at the first --k and --policy."""
 
-    levels: tuple[int, ...] = ()  # a concurrency sweep over these numbers of requests in flight
-    rate: Optional[float] = None  # an open-loop run at Poisson arrivals of rate/s, with goodput
-    num_requests: Optional[int] = None  # of the rate run (None: prompts x repeats)
+    levels: tuple[int, ...] = ()  # concurrency sweep
+    rate: Optional[float] = None  # requests/s, open loop
+    num_requests: Optional[int] = None  # None: prompts x repeats
     slo_ttft_ms: Optional[float] = None
     slo_tpot_ms: Optional[float] = None
 
 
 @dataclass
 class Target:
-    """A server the bench reaches: its client, a factory of more (one per concurrent stream), the protocol a report
-    names, its title, and the prompts in the form it is sent."""
+    """A server to bench: a client, a client factory, its labels and the prompts as sent."""
 
     client: object
     new_client: Callable[[], object]
     protocol: str
     title: str
     prompts: list[Prompt]
-    chat: object = None  # a bench.Chat with --turns all (prompts then raw: each turn rendered as it goes out)
+    chat: object = None  # bench.Chat with --turns all
 
 
 def check_turns(runs: Runs, load: Load) -> None:
-    """--turns all runs the paired A/B only: one ClientError line, before any server is reached, with a load run."""
+    """Refuse --turns all with a load run, before any server is reached."""
     if runs.turns == "all" and (load.levels or load.rate is not None):
         raise ClientError(
             "--turns all measures the paired A/B only (a conversation's turns go one after another); run "
@@ -176,8 +161,7 @@ def served_target(
     turns: str = defaults.TURNS,
     tenant: Optional[str] = None,
 ) -> Target:
-    """A Triton deployment at url (`bench served`); --turns all needs --tokenizer with a chat template (refused before
-    the server is reached). tenant: sent with every speculative request (the BLS's suffix cache scope)."""
+    """A Triton deployment at url (`bench served`); --turns all needs a tokenizer with a chat template."""
     _needs_tokenizer(turns, tokenizer, "prompts without --tokenizer go out raw: pass --tokenizer DIR (the target's)")
     tok = chat = None
     if tokenizer:
@@ -206,10 +190,7 @@ def openai_target(
     turns: str = defaults.TURNS,
     tenant: Optional[str] = None,
 ) -> Target:
-    """One or two OpenAI-compatible servers (`bench openai`); with the completions API the chat template is the
-    client's to apply (--tokenizer). --turns all: over the chat API each conversation goes out as its messages (the
-    server applies its template); over the completions API it needs --tokenizer with a chat template. tenant:
-    OpenAI's `user` on the speculative requests."""
+    """One or two OpenAI-compatible servers (`bench openai`); the completions API needs the client's template."""
     from .bench import Chat
     from .openai_client import client_factory, endpoints
 
@@ -235,7 +216,7 @@ def openai_target(
 
 
 def bench_remote(t: Target, runs: Runs, load: Load, *, stage: Stage, note: Note) -> dict:
-    """The paired A/B runs, then the concurrency sweep and the request-rate run if asked: the bench report."""
+    """The bench report: paired A/B runs, plus the sweep and request-rate run if asked."""
     check_turns(runs, load)
     from .bench import SLO, ab_measurement, rate_measurement, sweep_measurement
 
@@ -291,9 +272,7 @@ def bench_in_process(
     compare_hf: bool = False,
     progress: Optional[Callable[[str], None]] = None,
 ) -> dict:
-    """The served speculative loop and policy over CONFIG's built reference engines, in this process: the report of
-    inprocess.run_inprocess (plus lean_vs_hf with compare_hf). A bad config, build or request is a ValueError
-    (ConfigError) or BuildError line."""
+    """The speculative loop over CONFIG's built reference engines, in process; raises ConfigError or BuildError."""
     from ..records.config import load_config
     from .inprocess import compare_hf as hf_timing
     from .inprocess import load_deployment, run_inprocess

@@ -1,19 +1,9 @@
 """`trt-spec check`: is the speculative model's output the target's own output?
 
-Greedy: every prompt goes through the baseline (`ensemble`) and the speculative model (`tensorrt_llm_bls`)
-with identical parameters; token ids are compared (not only strings, which hide tokenization differences).
-At the first divergence the engine that serves the baseline (the ensemble's engine: `tensorrt_llm`, or
-`tensorrt_llm_baseline` where the target speculates inside itself) is probed teacher-forced: prompt + the common
-prefix as input, one output token, return_generation_logits (it returns the next-token logits after that prefix:
-records/backend_contract.NO_GENERATION_LOGITS; the plan builds that engine with --gather_generation_logits). When both
-divergent tokens lie within `near_tie_margin` logits of the probe's best, the divergence is a numerical near-tie (on a
-GPU the speculative path computes those positions in the context phase, with FP8 context FMHA and other GEMM shapes,
-so such a pair may legitimately swap): reported apart, with its top-2 margin, and it passes. Anything else (a token
-farther from the best, or no logits to tell) is a real mismatch and fails.
-
-Sampling (temperature > 0): outputs are random, so identity is checked on distributions: for each prompt,
-`samples` seeded generations of the first `dist_tokens` tokens from each model, compared with a chi-square
-test of homogeneity; a p-value below `alpha` fails.
+Greedy: token ids of baseline and speculative are compared; at the first divergence the baseline engine is probed
+teacher-forced for its next-token logits, and if both tokens lie within `near_tie_margin` of the best it is a
+numerical near-tie (GPU context-phase numerics may swap them) and passes. Sampling: a chi-square homogeneity test
+over seeded samples of the first tokens; p < alpha fails.
 """
 
 from __future__ import annotations
@@ -35,14 +25,14 @@ from .prompts import Prompt
 
 @dataclass
 class Divergence:
-    index: int  # first differing position in the generated tokens
+    index: int
     baseline_token: Optional[int]
     speculative_token: Optional[int]
-    context: str  # decoded text just before the divergence (when a tokenizer is available)
-    margin: Optional[float]  # the probe's top-2 logit margin at that position (None: no logits to read)
+    context: str  # decoded text before the divergence
+    margin: Optional[float]  # probe's top-2 logit margin (None: no logits)
     kind: str  # near-tie | mismatch
-    gap: Optional[float] = None  # logits by which the farther of the two tokens trails the probe's best
-    probe: str = ""  # the engine model probed, or why there are no logits
+    gap: Optional[float] = None  # how far the farther token trails the best logit
+    probe: str = ""  # engine probed, or why no logits
 
 
 @dataclass
@@ -63,7 +53,7 @@ class CheckReport:
     results: list[PromptResult] = field(default_factory=list)
     distribution: list[dict] = field(default_factory=list)
     near_tie_margin: float = NEAR_TIE_MARGIN
-    order: Optional[str] = None  # phases.PHASED_NOTE when the baseline was loaded for its phase only
+    order: Optional[str] = None  # phases.PHASED_NOTE when phased
 
     @property
     def match_rate(self) -> float:
@@ -110,10 +100,7 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 def classify(
     logits: np.ndarray, tokens: Sequence[Optional[int]], near_tie_margin: float = NEAR_TIE_MARGIN
 ) -> tuple[str, float, Optional[float]]:
-    """One divergence from the baseline engine's next-token logits [V] at it: (kind, top-2 margin, gap), gap = how far
-    the farther of the two divergent tokens trails the best logit. A near-tie when both tokens lie within
-    near_tie_margin of the best (then the top-2 margin is below it too); a mismatch otherwise, or when a token is
-    unknown (None)."""
+    """(kind, top-2 margin, gap) from logits [V]: "near-tie" if both tokens are within near_tie_margin of the best."""
     x = np.asarray(logits, dtype=np.float64).reshape(-1)
     top = np.sort(x)[-2:]
     margin = float(top[1] - top[0])
@@ -124,8 +111,7 @@ def classify(
 
 
 def probe_logits(client: LLMClient, model: str, input_ids: Sequence[int]) -> tuple[Optional[np.ndarray], str]:
-    """Teacher-forced probe: the engine's next-token logits after input_ids (one output token,
-    return_generation_logits), or None and why not."""
+    """(the engine's next-token logits after input_ids, probe) or (None, why not)."""
     try:
         logits = client.engine_logits(model, list(input_ids))
     except ClientError as e:
@@ -136,11 +122,10 @@ def probe_logits(client: LLMClient, model: str, input_ids: Sequence[int]) -> tup
 
 
 def default_near_tie_margin(client: LLMClient, engine: str) -> float:
-    """NEAR_TIE_MARGIN for a GPU engine; NEAR_TIE_MARGIN_EXACT for the CPU stand-in (an engine model on Triton's
-    python backend: its numerics are exact), told apart by the engine's metadata platform."""
+    """NEAR_TIE_MARGIN, or NEAR_TIE_MARGIN_EXACT for the exact CPU stand-in (platform "python")."""
     try:
         platform = client.model_metadata(engine).get("platform", "")
-    except Exception:  # noqa: BLE001 - not readable: the GPU's allowance
+    except Exception:  # noqa: BLE001 - unreadable: the GPU's allowance
         platform = ""
     return NEAR_TIE_MARGIN_EXACT if platform == "python" else NEAR_TIE_MARGIN
 
@@ -154,9 +139,7 @@ def check_greedy(
     near_tie_margin: Optional[float] = None,
     progress: Optional[Callable[[int], None]] = None,
 ) -> CheckReport:
-    """Greedy identity over `prompts`; divergences classified from the baseline engine's logits (module docstring).
-    tokenizer: the served one (the probe needs the prompt's ids); without it every divergence is a mismatch.
-    near_tie_margin None: by the probed engine's backend (default_near_tie_margin)."""
+    """Greedy identity over `prompts`; without a tokenizer every divergence is a mismatch."""
     m = greedy_measurement(
         client, prompts, num_draft_tokens=num_draft_tokens, tokenizer=tokenizer, near_tie_margin=near_tie_margin
     )
@@ -171,8 +154,7 @@ def greedy_measurement(
     tokenizer=None,
     near_tie_margin: Optional[float] = None,
 ) -> Measurement:
-    """check_greedy as phases.measure runs it: in phases, every prompt on the speculative model, then on the
-    baseline, compared (and probed) once the speculative model is back. Progress: (prompts done)."""
+    """check_greedy as a phases.Measurement."""
     kw = dict(num_draft_tokens=num_draft_tokens, tokenizer=tokenizer, near_tie_margin=near_tie_margin)
     params = dict(GREEDY)
     spec_params = dict(
@@ -211,10 +193,9 @@ def compare_greedy(
     near_tie_margin: Optional[float] = None,
     progress: Optional[Callable[[int], None]] = None,
 ) -> CheckReport:
-    """The comparison of check_greedy: pairs [(baseline, speculative) Generation] per prompt, measured in phases; None:
-    each prompt generated here, baseline then speculative (both models served)."""
+    """Compare (baseline, speculative) pairs per prompt; pairs None generates them here."""
     rep = CheckReport(client.protocol, num_draft_tokens, near_tie_margin=near_tie_margin or NEAR_TIE_MARGIN)
-    probe_model: Optional[str] = None  # asked once, at the first divergence
+    probe_model: Optional[str] = None  # resolved at the first divergence
     params = dict(GREEDY)
     spec_params = dict(params, return_perf_metrics=True)
     if num_draft_tokens is not None:
@@ -251,7 +232,7 @@ def compare_greedy(
                 if probe_model:
                     prompt_ids = list(tokenizer.encode(p.text, add_special_tokens=ADD_SPECIAL_TOKENS))
                     logits, probe = probe_logits(client, probe_model, prompt_ids + list(base.output_ids[:idx]))
-                    if logits is not None:  # the shorter side ended there: its token was EOS (not output)
+                    if logits is not None:  # a missing token on the shorter side was EOS
                         eos = getattr(tokenizer, "eos_token_id", None)
                         kind, margin, gap = classify(
                             logits, [eos if t is None else t for t in (bt, st)], rep.near_tie_margin
@@ -263,11 +244,8 @@ def compare_greedy(
     return rep
 
 
-# -- sampling: distribution-level check ---------------------------------------------------------------------
-
-
 def chi2_sf(x: float, dof: int) -> float:
-    """Survival function of the chi-square distribution (regularized upper incomplete gamma Q(dof/2, x/2))."""
+    """Chi-square survival function, Q(dof/2, x/2)."""
     if x <= 0:
         return 1.0
     a, z = dof / 2.0, x / 2.0
@@ -301,7 +279,7 @@ def chi2_sf(x: float, dof: int) -> float:
 
 
 def chi2_homogeneity(a: Sequence, b: Sequence, min_expected: float = 5.0) -> tuple[float, int, float]:
-    """Two-sample chi-square test on categorical outcomes; rare categories pooled. -> (statistic, dof, p)."""
+    """(statistic, dof, p) of a two-sample chi-square test; rare categories pooled."""
     ca, cb = Counter(a), Counter(b)
     na, nb = len(a), len(b)
     cats = sorted(set(ca) | set(cb), key=lambda c: -(ca[c] + cb[c]))
@@ -338,7 +316,7 @@ def check_sampling(
     num_draft_tokens: Optional[int] = None,
     progress: Optional[Callable[[int], None]] = None,
 ) -> None:
-    """The distribution check over `prompts`, appended to rep.distribution."""
+    """Append the distribution check over `prompts` to rep.distribution."""
     m = sampling_measurement(
         client,
         prompts,
@@ -365,8 +343,7 @@ def sampling_measurement(
     alpha: float = 0.001,
     num_draft_tokens: Optional[int] = None,
 ) -> Measurement:
-    """check_sampling as phases.measure runs it (its result: the rows of CheckReport.distribution): interleaved, each
-    seed on the baseline then the speculative model; in phases, every sample of one model, then of the other."""
+    """check_sampling as a phases.Measurement yielding CheckReport.distribution rows."""
     extra = {} if num_draft_tokens is None else {NUM_DRAFT_TOKENS: num_draft_tokens}
 
     def one(model: str, p: Prompt, s: int) -> tuple:
@@ -384,8 +361,7 @@ def sampling_measurement(
 
     def row(p: Prompt, base: list, spec: list) -> dict:
         stat, dof, pval = chi2_homogeneity(base, spec)
-        # dof 0: every sample of both models fell in one category (the distribution is near-deterministic at this
-        # temperature): the test has nothing to compare — inconclusive, not a pass
+        # dof 0: all samples in one category, so the test is inconclusive, not a pass
         return {
             "prompt": p.text[:80],
             "samples": samples,
@@ -433,7 +409,7 @@ def sampling_measurement(
 
 
 def describe(d: Divergence) -> str:
-    """One divergence in a line: where, the two tokens, and what the baseline engine's logits said."""
+    """One divergence in a line."""
     head = f"at token {d.index}: baseline {d.baseline_token} vs speculative {d.speculative_token} after {d.context!r}"
     if d.margin is None:
         return f"{head}; no logits to classify it ({d.probe})"

@@ -1,11 +1,6 @@
-"""Metric math shared by the in-process and the served benchmarks (pure functions, unit-tested).
+"""Latency and throughput math shared by the benchmarks; speculation's own figures live in records/speculation.py.
 
-Speculation's own figures (acceptance rate, mean acceptance length, the acceptance summary, the paired speedup and
-its 95% interval, E(k), the Leviathan bound, break-even acceptance) are defined once in
-trt_spec/records/speculation.py. TPOT = (end-to-end latency − TTFT) / (output tokens − 1): time per output token
-after the first, per request (not the inter-token latency between streamed chunks, which is bursty under
-speculation). Total throughput = generated tokens of every request / wall time of the run that served them together
-(what a server delivers under load; not the mean of per-request tokens/s).
+TPOT is per request, not inter-chunk latency (bursty under speculation); total throughput is all tokens / wall time.
 """
 
 from __future__ import annotations
@@ -20,15 +15,14 @@ from ..records.speculation import leviathan_bound
 
 
 def fmt(x: Optional[float], spec: str) -> str:
-    """format(x, spec), or "n/a" (in the same width) for an undefined figure such as an acceptance rate without
-    drafts (trt_spec.records.speculation returns None for those, never a made-up 0)."""
+    """format(x, spec), or "n/a" in the same width for None."""
     if x is None:
         return format("n/a", re.sub(r"(\.\d+)?[a-z%]$", "", spec))
     return format(x, spec)
 
 
 def total_throughput(tokens: int, wall_s: float) -> float:
-    """Generated tokens per second of wall time over requests served together (a concurrency level)."""
+    """Tokens per second of wall time over requests served together."""
     if wall_s <= 0:
         raise ValueError(f"wall time must be > 0 s, got {wall_s}")
     return tokens / wall_s
@@ -60,7 +54,7 @@ class Summary:
 
     @staticmethod
     def of(values: Sequence[Optional[float]]) -> "Summary":
-        """Mean and linearly interpolated percentiles of the non-missing values (None/NaN dropped)."""
+        """Mean and interpolated percentiles, None/NaN dropped."""
         v = [x for x in values if x is not None and not math.isnan(x)]
         if not v:
             return Summary(math.nan, math.nan, math.nan, 0)
@@ -68,8 +62,7 @@ class Summary:
 
 
 def low_acceptance_advice(alpha: float, k: int, c: Optional[float], speedup: float) -> Optional[str]:
-    """A plain warning when speculation does not pay (acceptance-rate degradation), else None. c: the draft/target
-    cost per token as measured, or None where it was not (the served bench): then no bound is claimed."""
+    """A warning when speculation does not pay, else None; c None (unmeasured) claims no bound."""
     if speedup >= 1.0 and alpha >= 0.3:
         return None
     bound = leviathan_bound(alpha, k, c) if c is not None else None

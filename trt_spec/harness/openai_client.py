@@ -1,18 +1,7 @@
-"""The harness's client for any OpenAI-compatible server (`trt-spec bench openai --url URL`): trt-spec's own
-frontend (`trt-spec serve --openai-port`), vLLM, SGLang, `trtllm-serve`, llama.cpp's `llama-server`.
+"""The harness's client for any OpenAI-compatible server (`trt-spec bench openai`), with LLMClient's interface.
 
-It answers the harness's calls as LLMClient does (`generate(model, prompt, max_tokens, stream=…, **params) ->
-Generation`), with the two roles the bench compares, BASELINE and SPECULATIVE, mapped to an endpoint each: two
-models on one server, or one model on each of two servers. So the paired A/B, the concurrency sweep and the
-request-rate mode run unchanged, with the same report. Requests go through the official `openai` SDK, streaming with
-`stream_options.include_usage`: TTFT is the first content chunk, the token count is the server's usage. Over the chat
-API a prompt is one user message, or a whole conversation given as its messages (bench --turns all).
-
-Acceptance: from any server whose responses carry vLLM's per-request `metrics.speculative_decoding` (the shape is
-written down in serve/openai/metrics.py; trt-spec's frontend sends it, vLLM does when started with
-`--per-request-spec-decode-metrics summary|detailed`), taken from the trailing usage chunk into the harness's names,
-so the bench's acceptance summary is that server's own count. A server that sends none: acceptance "not reported"
-(the rates are None, never a made-up 0), and the report says so.
+BASELINE and SPECULATIVE map to one endpoint each. Acceptance comes from per-request `metrics.speculative_decoding`
+where the server sends it (upstream-facts: vllm-per-request-spec-metrics); otherwise it is reported as missing, not 0.
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ from ..serve.openai import metrics as om
 from .client import ClientError, Generation
 
 APIS = ("chat", "completions")
-# bench's acceptance source (lc.ACCEPTANCE_SOURCE), shown as "Acceptance from …" in the report
+# lc.ACCEPTANCE_SOURCE values
 FROM_RESPONSES = "the server's responses (metrics.speculative_decoding, vLLM's per-request shape)"
 NOT_REPORTED = (
     "nowhere: not reported (the server's responses carry no metrics.speculative_decoding; vLLM sends it when "
@@ -43,13 +32,10 @@ NOT_REPORTED = (
 
 
 def response_acceptance(metrics: object) -> dict:
-    """A response's top-level `metrics` object -> Generation.metrics in the harness's names (the BLS's: accepted and
-    drafted tokens, steps, accepted-length histogram) and the source; only the source (NOT_REPORTED) when it holds no
-    speculative_decoding counts, or when trt-spec says its counts measured nothing (om.LLMAPI_NOTE_KEY). Steps and
-    histogram only where the server sent them (vLLM's summary has both)."""
+    """A response's `metrics` -> Generation.metrics in the harness's names; only the source when there are no counts."""
     spec = metrics.get(om.SPEC_DECODE_KEY) if isinstance(metrics, dict) else None
     note = metrics.get(om.LLMAPI_NOTE_KEY) if isinstance(metrics, dict) else None
-    if isinstance(note, str) and note:  # trt-spec over the LLM-API model: its zero counts measured nothing
+    if isinstance(note, str) and note:  # the LLM-API model's zero counts measured nothing
         return {lc.ACCEPTANCE_SOURCE: f"nowhere: not reported ({note})"}
     counts = (spec or {}).get(om.NUM_ACCEPTED_DRAFT_TOKENS), (spec or {}).get(om.NUM_DRAFT_TOKENS)
     if not all(type(x) is int and x >= 0 for x in counts):
@@ -63,7 +49,7 @@ def response_acceptance(metrics: object) -> dict:
     if isinstance(hist, list) and all(type(x) is int for x in hist):
         out[ACCEPTED_LENGTH_HISTOGRAM] = hist
     if type(steps) is int:
-        out[TOTAL_STEPS] = steps  # verify steps that drafted: rounds without a draft are not in vLLM's count
+        out[TOTAL_STEPS] = steps  # drafting steps only
     return out
 
 
@@ -74,7 +60,7 @@ class Endpoint:
 
 
 def base_url(url: str) -> str:
-    """http://HOST:PORT[/v1] -> http://HOST:PORT/v1 (a bare HOST:PORT gets http://)."""
+    """[http://]HOST:PORT[/v1] -> http://HOST:PORT/v1."""
     url = url.rstrip("/")
     if "://" not in url:
         url = "http://" + url
@@ -82,7 +68,7 @@ def base_url(url: str) -> str:
 
 
 def endpoints(urls: tuple[str, ...], models: tuple[str, ...]) -> dict[str, Endpoint]:
-    """The bench's two roles from --url URL [URL] and --model BASELINE SPECULATIVE (default: trt-spec's names)."""
+    """The two roles from --url URL [URL] and --model BASELINE SPECULATIVE."""
     if not 1 <= len(urls) <= 2:
         raise ValueError(f"--url takes one URL (both models on it) or two (baseline, speculative), got {len(urls)}")
     names = tuple(models) or TEXT_MODELS
@@ -93,7 +79,7 @@ def endpoints(urls: tuple[str, ...], models: tuple[str, ...]) -> dict[str, Endpo
 
 
 class OpenAIClient:
-    """LLMClient's interface over the OpenAI API. `generate` takes the role (BASELINE / SPECULATIVE) as `model`."""
+    """LLMClient's interface over the OpenAI API; `generate` takes the role as `model`."""
 
     def __init__(
         self,
@@ -104,7 +90,7 @@ class OpenAIClient:
         timeout_s: float = 600.0,
         tenant: str | None = None,
     ):
-        """tenant: OpenAI's `user` on every speculative request (bench --tenant; trt-spec's suffix cache scope)."""
+        """tenant: sent as `user` on every speculative request."""
         import openai
 
         if api not in APIS:
@@ -142,7 +128,7 @@ class OpenAIClient:
     def generate(
         self, model: str, prompt: str | list[dict], max_tokens: int, *, stream: bool = True, **params
     ) -> Generation:
-        """prompt: the text (a user message over the chat API), or a conversation's messages (chat API only)."""
+        """prompt: text, or a conversation's messages (chat API only)."""
         import openai
 
         e = self.roles[model]
@@ -155,7 +141,7 @@ class OpenAIClient:
         if self.tenant and model == SPECULATIVE:
             body["user"] = self.tenant
         extra = {k: params.pop(k) for k in (NUM_DRAFT_TOKENS, DRAFT_LEN_POLICY) if k in params}
-        params.pop("exclude_input_in_output", None)  # the OpenAI API never echoes the prompt by default
+        params.pop("exclude_input_in_output", None)  # never echoed by default
         if params:
             raise ValueError(f"not expressible in the OpenAI API: {', '.join(sorted(params))}")
         client = self._clients[model]
@@ -185,7 +171,7 @@ class OpenAIClient:
             for c in it:
                 if c.usage is not None:
                     tokens = c.usage.completion_tokens
-                if (c.model_extra or {}).get("metrics") is not None:  # vLLM's: on the trailing usage chunk
+                if (c.model_extra or {}).get("metrics") is not None:  # on the trailing usage chunk
                     acceptance = response_acceptance(c.model_extra["metrics"])
                 if c.choices:
                     text = c.choices[0].delta.content if self.api == "chat" else c.choices[0].text

@@ -1,39 +1,10 @@
-"""Measurement phases for a repository whose baseline is loaded for its phase only (runtime llmapi: the baseline is a
-second full copy of the target, which does not fit beside the speculative model; records/manifest.py RepoRecord
-phase_models, repository/llmapi.py PHASE_MODELS).
+"""Measurement phases for a repository whose baseline is loaded for its phase only (runtime llmapi: it does not fit
+beside the speculative model).
 
-`check`, `bench` and `tune` then switch ONCE per command (`measure`): every measurement of the command (A/B per k and
-policy, concurrency sweep, request-rate run; greedy and sampling identity) is split into a speculative half and a
-baseline half; every speculative half runs first, then the speculative model is unloaded and the baseline loaded, every
-baseline half runs (one per distinct baseline workload: the baseline does not depend on k or the policy), and the
-speculative model is loaded back, even when the run fails or is interrupted (Ctrl-C / SIGTERM during the restore are
-held until it is done). Results are paired by prompt, not interleaved in time: drift between the phases (thermal, other
-tenants) is not cancelled out as alternating does. Where both models are served at once, `measure` runs each
-measurement as before, alternating requests.
-
-The restore: a failed switch or measurement is the error raised; a restore that fails besides is logged (and noted on
-that error), never put in its place; the speculative model's reload is tried whatever happened to the baseline's
-unload; a reload that fails raises one line naming the state the server is left in and the fix.
-
-One switch at a time per server on this host: a lock file (cache_dir()/PHASE_LOCKS_SUBDIR/HOST_PORT.lock, flock) is held
-from the first speculative half to the end of the restore; a second run against the same HOST:PORT fails at once with
-one line naming the first run's pid (it does not wait: a 70B phase cycle takes an hour, and a silent wait looks like a
-hang). Runs on other hosts, or against the same server's other port, are not seen.
-
-Triton, r26.04 (checked in triton-inference-server/core and server at r26.04):
-- load (POST /v2/repository/models/NAME/load; gRPC RepositoryModelLoad) returns once the model is loaded or failed to
-  (include/triton/core/tritonserver.h TRITONSERVER_ServerLoadModel: "does not return until the model is loaded or
-  fails to load");
-- unload returns at once ("does not wait for the requested model to be fully unload", TRITONSERVER_ServerUnloadModel),
-  so the switch polls the repository index (POST /v2/repository/index) until the model is UNAVAILABLE, its GPU
-  memory given back, before loading the other (src/model_repository_manager/model_lifecycle.cc: state_reason
-  "unloaded");
-- both are the model-repository API, which `trt-spec serve` restricts to its admin key (serve/admin_key.py
-  RESTRICTED_APIS): without the key the harness stops before measuring anything, with one line naming
-  --admin-key-file;
-- while the baseline loads, the server reports not ready (core src/server.cc InferenceServer::IsReady, strict
-  readiness: a model neither READY nor "unloaded" makes the server not ready) and the speculative model is not
-  served: each switch is a model load, minutes for a 70B target.
+`measure` switches once per command: every speculative half, then the baseline loaded in its place for every baseline
+half, then the speculative model loaded back whatever happened, under a per-HOST:PORT lock that fails fast. Results pair
+by prompt, so drift between phases is not cancelled out. Triton's load blocks, unload does not (hence polling the index)
+(upstream-facts: triton-load-blocks, triton-unload-async, triton-strict-readiness).
 """
 
 from __future__ import annotations
@@ -59,8 +30,8 @@ from .client import LOCAL_HOSTS, RESTRICTED_REFUSAL, ClientError, LLMClient, _gr
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 PHASE_LOCKS_SUBDIR = "phase-locks"
-UNLOAD_WAIT_S = 900.0  # a 70B LLM-API model's shutdown included
-LOAD_TIMEOUT_S = 3600.0  # one HTTP load call: a cold 70B load from network storage
+UNLOAD_WAIT_S = 900.0  # a 70B LLM-API model's shutdown
+LOAD_TIMEOUT_S = 3600.0  # a cold 70B load from network storage
 PHASED_NOTE = (
     "phased: the speculative model over every prompt first, then the baseline (loaded for its phase only, "
     "in place of the speculative model) over the same prompts; paired by prompt, not interleaved in time"
@@ -74,7 +45,7 @@ MISSING_KEY = (
 
 
 class ModelControl:
-    """Triton's model-repository API (load, unload, index) for the client's server, with its admin headers."""
+    """Triton's model-repository API (load, unload, index), sent with the client's admin headers."""
 
     def __init__(self, client: LLMClient):
         self.client = client
@@ -115,14 +86,14 @@ class ModelControl:
             raise ClientError(f"{self.client.url}: {what} failed: {msg}") from None
 
     def index(self) -> list[dict]:
-        """[{name, version, state, reason}] of the repository's models (Triton's repository index)."""
+        """The repository index: [{name, version, state, reason}]."""
         if self.client.protocol == "http":
             return self._http("/index") or []
         out = self._grpc("index", lambda c, h: c.get_model_repository_index(headers=h, as_json=True))
         return list(out.get("models", []))
 
     def state(self, name: str) -> str:
-        """The model's state in the repository index (READY, LOADING, UNLOADING, UNAVAILABLE), "" when not listed."""
+        """The model's index state (READY, LOADING, UNLOADING, UNAVAILABLE), "" when not listed."""
         return next((m.get("state", "") for m in self.index() if m.get("name") == name), "")
 
     def load(self, name: str) -> None:
@@ -132,7 +103,7 @@ class ModelControl:
             self._grpc(f"load {name}", lambda c, h: c.load_model(name, headers=h))
 
     def unload(self, name: str, wait_s: float = UNLOAD_WAIT_S) -> None:
-        """Unload and wait until the model is gone (UNAVAILABLE in the index): its GPU memory is free then."""
+        """Unload and wait until the index no longer lists it as live (its GPU memory is free then)."""
         if self.client.protocol == "http":
             self._http(f"/models/{name}/unload")
         else:
@@ -151,7 +122,7 @@ class ModelControl:
 
 @contextlib.contextmanager
 def _held_signals():
-    """Ctrl-C / SIGTERM wait until the block is done (the restore of the speculative model), then interrupt."""
+    """Defer Ctrl-C / SIGTERM until the block is done."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -169,8 +140,7 @@ def _held_signals():
 
 
 def require_control(client: LLMClient) -> ModelControl:
-    """The model-repository API, checked before anything is measured: one line naming --admin-key-file without a
-    key, the server's refusal with a wrong one."""
+    """The model-repository API, checked before anything is measured; raises ClientError without a usable key."""
     if not client.admin_headers():
         raise ClientError(MISSING_KEY.format(url=client.url, base=lc.BASELINE_MODEL, spec=lc.MODEL_NAME))
     ctl = ModelControl(client)
@@ -192,7 +162,6 @@ RESTORE_FAILED = (
 
 
 def _states(ctl: ModelControl) -> str:
-    """The two models' states, for RESTORE_FAILED."""
     try:
         return ", ".join(f"{n} {ctl.state(n) or 'not listed'}" for n in (lc.MODEL_NAME, lc.BASELINE_MODEL))
     except ClientError as e:
@@ -200,15 +169,14 @@ def _states(ctl: ModelControl) -> str:
 
 
 def _restore(ctl: ModelControl, note: Callable[[str], None]) -> Optional[ClientError]:
-    """Unload the baseline (where it is, or may be, loaded) and load the speculative model back, that always.
-    Returns the error of a reload that failed (RESTORE_FAILED), None when the speculative model is back."""
+    """Unload the baseline and always try to reload the speculative model; returns the reload's error or None."""
     from ..serve.admin_key import ADMIN_HEADER
 
     note(f"unloading {lc.BASELINE_MODEL}, loading {lc.MODEL_NAME} back")
     try:
         if ctl.state(lc.BASELINE_MODEL) in ("READY", "LOADING", "UNLOADING"):
             ctl.unload(lc.BASELINE_MODEL)
-    except Exception as e:  # noqa: BLE001 - reported; the reload below is what matters, and is tried anyway
+    except Exception as e:  # noqa: BLE001 - the reload below is tried anyway
         _log.warning("unloading %s after its phase failed: %s", lc.BASELINE_MODEL, e)
     try:
         ctl.load(lc.MODEL_NAME)
@@ -223,9 +191,9 @@ def _restore(ctl: ModelControl, note: Callable[[str], None]) -> Optional[ClientE
 
 @contextlib.contextmanager
 def baseline_phase(client: LLMClient, ctl: Optional[ModelControl] = None, note: Callable[[str], None] = lambda s: None):
-    """Within the block the baseline is loaded in place of the speculative model; after it (error and interrupt
-    included) the speculative model is loaded back. A failed switch or block raises its own error; a restore that
-    fails besides is logged and noted on it; a restore that fails after a good block raises RESTORE_FAILED."""
+    """The baseline in place of the speculative model for the block, which is always restored afterwards.
+
+    The block's own error wins (a failed restore is noted on it); after a good block a failed restore raises."""
     ctl = ctl or require_control(client)
     note(f"unloading {lc.MODEL_NAME}, loading {lc.BASELINE_MODEL} (a model load: minutes for a 70B target)")
     try:
@@ -237,7 +205,7 @@ def baseline_phase(client: LLMClient, ctl: Optional[ModelControl] = None, note: 
             failed = _restore(ctl, note)
         if failed is not None:
             _log.warning("%s", failed)
-            if hasattr(e, "add_note"):  # Python 3.11+: shown with the traceback
+            if hasattr(e, "add_note"):  # Python 3.11+
                 e.add_note(f"restore: {failed}")
         raise
     with _held_signals():
@@ -254,8 +222,7 @@ def _lock_path(url: str):
 
 @contextlib.contextmanager
 def switch_lock(url: str):
-    """Held for one phase cycle: a second run on this host against the same HOST:PORT fails at once with one line
-    (module docstring). A cache that cannot be written runs unguarded, with a warning."""
+    """Held for one phase cycle; a second run against the same HOST:PORT fails at once (a wait would look hung)."""
     import fcntl
 
     path = _lock_path(url)
@@ -281,7 +248,7 @@ def switch_lock(url: str):
         os.pwrite(fd, f"{os.getpid()} {' '.join(sys.argv[:3])}\n".encode(), 0)
         yield
     finally:
-        os.close(fd)  # releases the lock; a run that dies releases it too
+        os.close(fd)  # releases the lock (as does dying)
 
 
 def is_phased(client) -> bool:
@@ -297,11 +264,9 @@ def _no_stage(label: str, total: int):
 
 @dataclass
 class Measurement:
-    """One measurement of both models, in the two forms `measure` runs. Each callable takes a progress callback (or
-    None). interleaved: both models served at once, requests alternating; total: its progress units. speculative and
-    baseline: the halves, each on its own model (half_total progress units each), and pair(spec, base) their result.
-    baseline_key: halves with the same key measure the same baseline workload, run once per phase cycle (None: its
-    own)."""
+    """One measurement of both models, interleaved or as two halves joined by pair(spec, base).
+
+    Callables take a progress callback or None; halves sharing a baseline_key run their baseline once per cycle."""
 
     label: str
     total: int
@@ -320,9 +285,7 @@ def measure(
     stage: Stage = _no_stage,
     note: Callable[[str], None] = lambda s: None,
 ) -> list:
-    """Each measurement's result, in order. Both models served: each measurement interleaved, one after the other.
-    The baseline loaded for its phase only: one phase cycle for all of them (module docstring), under switch_lock.
-    stage(label, total) -> (context, progress callback) wraps each run (a progress bar)."""
+    """Each measurement's result, interleaved or in one phase cycle; stage(label, total) -> (ctx, progress)."""
 
     def run(fn: Callable, label: str, total: int):
         ctx, cb = stage(label, total)
@@ -335,8 +298,7 @@ def measure(
 
 
 def _cycle(client, measurements: Sequence[Measurement], run: Callable, note: Callable[[str], None]) -> list:
-    """One phase cycle: the key checked, the lock taken, every speculative half, the switch, every distinct baseline
-    half, the restore; then the pairs."""
+    """One phase cycle: speculative halves, the switch, distinct baseline halves, the restore."""
     ctl = require_control(client)
     with switch_lock(client.url):
         spec = [run(m.speculative, f"{m.label} (speculative)", m.half_total) for m in measurements]
@@ -355,6 +317,6 @@ def speculative_then_baseline(
     baseline: Callable[[], T],
     note: Callable[[str], None] = lambda s: None,
 ) -> tuple[T, T]:
-    """speculative() with the launch's models, then baseline() in the baseline's phase: one cycle."""
+    """speculative(), then baseline() in the baseline's phase."""
     m = Measurement("", 0, speculative, lambda _: speculative(), lambda _: baseline(), lambda s, b: (s, b), 0)
     return _cycle(client, [m], lambda fn, label, total: fn(None), note)[0]

@@ -1,12 +1,5 @@
-"""Prompt sets shipped with trt-spec, and JSONL prompt files.
-
-Sets: `code-edit` (agentic code loop: the answer copies most of the prompt — where n-gram drafting shines),
-`code` (plain code generation), `chat`, `summarization`; each prompt's category is its set's name. A JSONL file holds
-one object per line: {"prompt": "...", "max_tokens": 128} (max_tokens optional; AIPerf's "text"/"output_length" read
-too), or Spec-Bench's rows {"question_id": 81, "category": "writing", "turns": ["...", ...]} (the first turn is the
-prompt, the later ones kept for --turns all, the category kept); a ShareGPT-style JSON file is read as its first human
-turns (load_prompts). select_prompts keeps the prompts of some categories. `conversation` builds the messages of one
-turn of a multi-turn question (--turns all: MT-Bench's way, each earlier turn followed by the model's own answer).
+"""Prompt sets shipped with trt-spec (code-edit, code, chat, summarization), and prompt files (JSONL, Spec-Bench,
+ShareGPT). `code-edit` answers copy most of the prompt, where n-gram drafting shines.
 """
 
 from __future__ import annotations
@@ -21,19 +14,18 @@ DEFAULT_MAX_TOKENS = 128
 
 @dataclass(frozen=True)
 class Prompt:
-    text: str  # the user message (a chat template is applied by whoever knows the tokenizer)
+    text: str  # the user message, no chat template
     max_tokens: int = DEFAULT_MAX_TOKENS
     id: str = ""
-    category: str = ""  # a shipped set's name, a Spec-Bench row's "category"; "" elsewhere (UNCATEGORISED)
-    follow_ups: tuple[str, ...] = ()  # a multi-turn question's later user turns (Spec-Bench's turns[1:]): --turns all
+    category: str = ""
+    follow_ups: tuple[str, ...] = ()  # later user turns, for --turns all
 
     @property
     def turns(self) -> tuple[str, ...]:
-        """The user turns of the conversation: text, then the follow-ups."""
         return (self.text, *self.follow_ups)
 
 
-UNCATEGORISED = "uncategorised"  # how the per-category table names prompts without one (a file mixing kinds)
+UNCATEGORISED = "uncategorised"
 
 _SNIPPETS = {
     "stats": """def mean(values):
@@ -202,22 +194,18 @@ PROMPT_SETS: dict[str, list[Prompt]] = {
 }
 
 
-# JSONL field names the common tools write: trt-spec's and vLLM bench's "prompt", AIPerf's single_turn "text";
-# the output length as "max_tokens" (trt-spec), "output_length" (AIPerf) or "output_tokens".
+# JSONL field names written by trt-spec, vLLM bench and AIPerf
 PROMPT_KEYS = ("prompt", "text")
 LENGTH_KEYS = ("max_tokens", "output_length", "output_tokens")
 SHAREGPT_HUMAN = ("human", "user")
 SHAREGPT_ANSWER = ("gpt", "assistant", "chatgpt")
-CHARS_PER_TOKEN = 4  # a ShareGPT answer's length in tokens, when no tokenizer is at hand: OpenAI's rule of thumb
+CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb, for ShareGPT answer lengths
 
 
 def load_prompts(name_or_path: str, max_tokens: int | None = None) -> list[Prompt]:
-    """A shipped set by name (category: the set's name), a JSONL file (one object per line: {"prompt"|"text": ...,
-    "max_tokens"|"output_length"|"output_tokens": ...}, or Spec-Bench's {"question_id": ..., "category": ...,
-    "turns": [...]}: the first turn, the rest as follow_ups, DEFAULT_MAX_TOKENS), or a ShareGPT-style JSON file (a
-    list of {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}: the first human
-    turn is the prompt, the answer after it sets max_tokens at len(answer) / CHARS_PER_TOKEN). Nothing is downloaded:
-    a path on disk."""
+    """A shipped set by name, a JSONL file (prompt rows or Spec-Bench rows) or a ShareGPT JSON list (first human turns).
+
+    ShareGPT max_tokens is the following answer's length / CHARS_PER_TOKEN."""
     if name_or_path in PROMPT_SETS:
         prompts = [replace(p, category=name_or_path) for p in PROMPT_SETS[name_or_path]]
     else:
@@ -234,8 +222,7 @@ def load_prompts(name_or_path: str, max_tokens: int | None = None) -> list[Promp
 
 
 def select_prompts(prompts: Sequence[Prompt], categories: Sequence[str]) -> list[Prompt]:
-    """The prompts of these categories (all of them when none is named), in their order; a category no prompt carries
-    is one ValueError line listing those present."""
+    """The prompts of these categories (all when none); ValueError for a category not present."""
     if not categories:
         return list(prompts)
     present = list(dict.fromkeys(p.category for p in prompts if p.category))
@@ -253,7 +240,7 @@ def _jsonl(p: Path, text: str) -> list[Prompt]:
             continue
         try:
             obj = json.loads(line)
-            if isinstance(obj, dict) and "turns" in obj:  # a Spec-Bench question
+            if isinstance(obj, dict) and "turns" in obj:  # Spec-Bench
                 prompts.append(_spec_bench_row(p, i, obj))
                 continue
             key = next(k for k in PROMPT_KEYS if k in obj)
@@ -272,7 +259,6 @@ def _jsonl(p: Path, text: str) -> list[Prompt]:
 
 
 def _spec_bench_row(p: Path, i: int, obj: dict) -> Prompt:
-    """A Spec-Bench question: its first turn the prompt, the later ones its follow-ups (sent with --turns all)."""
     turns, category = obj["turns"], obj.get("category", "")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
         raise ValueError(f'{p}:{i}: "turns" must be a non-empty list of non-empty strings (Spec-Bench\'s schema)')
@@ -311,11 +297,11 @@ def _sharegpt(p: Path, text: str) -> list[Prompt]:
                         str(row.get("id", i)),
                     )
                 )
-                break  # the first human turn of each conversation
+                break
     return prompts
 
 
-TURNS = ("first", "all")  # --turns: each question's first turn only, or every turn as a conversation
+TURNS = ("first", "all")  # --turns
 NEEDS_TEMPLATE = (
     "--turns all sends each question as a conversation (turn 1, the model's answer, turn 2, ...), which only a chat "
     "template can express; {why}, or use --turns first"
@@ -323,8 +309,7 @@ NEEDS_TEMPLATE = (
 
 
 def conversation(turns: Sequence[str], answers: Sequence[str]) -> list[dict]:
-    """The messages of turn len(answers) + 1 of a conversation: each earlier user turn followed by the model's own
-    answer to it, then this turn's user message (MT-Bench's multi-turn, as Spec-Bench runs it)."""
+    """Messages for turn len(answers) + 1: each earlier turn followed by the model's own answer (MT-Bench style)."""
     if not len(answers) < len(turns):
         raise ValueError(f"turn {len(answers) + 1} of a {len(turns)}-turn conversation does not exist")
     msgs = []
@@ -334,13 +319,12 @@ def conversation(turns: Sequence[str], answers: Sequence[str]) -> list[dict]:
 
 
 def render_conversation(tokenizer, messages: list[dict]) -> str:
-    """A conversation as the text the model reads: its chat template, with the assistant's turn opened."""
+    """A conversation in the chat template, with the assistant turn opened."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def with_chat_template(prompts: list[Prompt], tokenizer) -> list[Prompt]:
-    """Wrap each prompt as a user turn in the model's chat template (what an instruct model is served with);
-    unchanged when the tokenizer has no template."""
+    """Wrap each prompt as a user turn in the chat template; unchanged without one."""
     if not getattr(tokenizer, "chat_template", None):
         return list(prompts)
     return [

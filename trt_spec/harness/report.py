@@ -1,5 +1,4 @@
-"""Reports: report.json (every raw sample + summary + environment), report.md (tables, per category too), PNG plots
-(tokens/s, acceptance histogram, speedup and total throughput vs concurrency, speedup vs k)."""
+"""Reports: report.json (raw samples, summary, environment), report.md (tables) and PNG plots."""
 
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ def speedup_section(b: dict) -> list[str]:
 
 
 def conversation_lines(c: dict | None) -> list[str]:
-    """--turns all (bench.conversations): how many turns both models answered alike, and each turn where they did not
-    (an identity failure; the turns after it went on from each model's own answer)."""
+    """--turns all: turns both models answered alike, and each turn where they did not."""
     if not c:
         return []
     out = [f"Conversations (--turns all): {c['identical']} of {c['turns']} turns answered identically by both models."]
@@ -108,11 +106,10 @@ def conversation_lines(c: dict | None) -> list[str]:
 
 
 def category_table(rows: list[dict]) -> list[str]:
-    """Per category of the prompts (bench.per_category; none when they carry one category): the speedup with its
-    interval and the acceptance, n/a where the server reports none (the OpenAI API)."""
+    """Speedup and acceptance per prompt category (n/a where the server reports none)."""
     if not rows:
         return []
-    turns = any(r.get("turns", r["prompts"]) != r["prompts"] for r in rows)  # --turns all: a turns column
+    turns = any(r.get("turns", r["prompts"]) != r["prompts"] for r in rows)
     out = [
         "### Per category",
         "",
@@ -166,8 +163,7 @@ def tune_section(t: dict) -> list[str]:
 
 
 def divergence_table(check: list[dict]) -> list[str]:
-    """Every divergence of the identity checks, near-ties apart from real mismatches, with the baseline engine's
-    top-2 margin and how far the farther token trails its best."""
+    """Every identity divergence, near-ties apart from real mismatches, with margin and gap."""
     rows = [(c, r) for c in check for r in c.get("results", []) if r.get("divergence")]
     if not rows:
         return []
@@ -198,12 +194,12 @@ def apply_k(k: int) -> str:
 
 
 def k_label(k) -> str:
-    """How a report names the draft length a run asked for: None = the request carried none (the server's default)."""
+    """A run's requested draft length as a label; None = the server's default."""
     return "k = the server's default" if k is None else f"k={k}"
 
 
 def concurrency_table(rows: list[dict]) -> list[str]:
-    """Markdown lines: per level, one row per model; speedup and acceptance on the speculative row."""
+    """Concurrency sweep table: per level, one row per model."""
     out = [
         "## Concurrency sweep",
         "",
@@ -240,7 +236,7 @@ def concurrency_table(rows: list[dict]) -> list[str]:
 
 
 def rate_table(r: dict) -> list[str]:
-    """Markdown lines of a request-rate run: per model, throughput, latency and goodput under the SLO."""
+    """Request-rate table: per model, throughput, latency and goodput."""
     slo = ", ".join(f"{k.split('_')[0].upper()} <= {v * 1e3:.0f} ms" for k, v in r["slo"].items() if v is not None)
     out = [
         f"## Request rate {r['request_rate']:g}/s (Poisson arrivals, {r['requests']} requests per model)",

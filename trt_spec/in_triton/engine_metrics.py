@@ -1,12 +1,7 @@
-"""The engine's request metrics on Triton's metrics port, as NVIDIA's `tensorrtllm` backend publishes them
-(records/backend_contract.REQUEST_METRICS): `nv_trt_llm_request_metrics{model, version, request_type}` gauges for
-active, max, scheduled, context and waiting requests, refreshed by a thread of their own every
-stats_check_period_ms (the backend's WaitForStats thread). A dashboard or an operator reads "is the engine busy"
-from `request_type="active"` on the CPU deployment exactly as on a GPU one.
+"""The engine stand-in's request metrics, as the `tensorrtllm` backend publishes them (bc.REQUEST_METRICS).
 
-One thread updates the gauges (a 24.10 Metric is not thread-safe: spec_metrics.py); close() stops it and deletes
-the metrics before their family (the order the python backend needs; left to the garbage collector they crashed
-the stub at exit). No module-level import of triton_python_backend_utils: the model passes it in.
+One thread refreshes the gauges every stats_check_period_ms; close() deletes the metrics before their family
+(upstream-facts: triton-python-metrics-delete-order).
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ from ..records import backend_contract as bc
 
 
 class EngineMetricsExporter:
-    """The engine stand-in's exporter of nv_trt_llm_request_metrics (see the module doc); close() at finalize."""
+    """Exporter of nv_trt_llm_request_metrics; close() at finalize."""
 
     def __init__(
         self,

@@ -1,10 +1,5 @@
-"""The speculative loop's EngineCall over in-process stand-ins (reference/standin.py), no Triton between them: what
-`bench in-process` and the CPU stand-in of the LLM-API model (in_triton/llmapi_standin.py) run the engines with.
-
-What Triton core would refuse before a backend sees it (an unknown model or input) is refused here too; the
-backend's and the executor's refusals (a contract error, a full queue) become EngineError "<model>: <message>", as
-the BLS adapter reports an engine's error response. A streaming request (a decoupled stand-in) gets one response per
-token, each handed to on_response as it is produced."""
+"""The speculative loop's EngineCall over in-process stand-ins, without Triton (`bench in-process`, the LLM-API
+stand-in). Refusals Triton core or the backend would make become EngineError "<model>: <message>"."""
 
 from __future__ import annotations
 
@@ -35,7 +30,7 @@ class LocalEngines:
         responses = []
         try:
             req = s.parse(inputs, outputs)
-            # a streamed decode: the engine thread hands a response per engine step to the event loop
+            # streamed: the engine thread hands one response per step to the event loop
             held: list = []
 
             def on_tokens(tokens: list[int]) -> None:

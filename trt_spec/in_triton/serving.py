@@ -1,8 +1,7 @@
-"""Helpers shared by the python-backend models in model_repo/ (tokenization, word lists, request parsing).
+"""Helpers shared by model_repo/'s python-backend models (tokenization, word lists, request parsing, draining).
 
-Kept here, not in model_repo/, so the logic is unit-tested without a server and identical in every model:
-the ensemble's preprocessing and the speculative BLS must tokenize exactly alike, or the identity check
-compares different prompts. Imports only numpy at module level (the Triton python-backend environment).
+Preprocessing and the BLS must tokenize exactly alike, or the identity check compares different prompts.
+Only numpy at module level (the python-backend environment).
 """
 
 from __future__ import annotations
@@ -17,27 +16,22 @@ import numpy as np
 
 from ..errors import TrtSpecError
 
-# --- draining: `trt-spec serve` tells the models it is shutting down (serve/server.py TritonServer.drain) -------
-# The launcher writes one word into the file this variable names (tritonserver's environment, which every stub
-# inherits): DRAINING = refuse new requests, let the ones in flight finish; CANCELLING = the drain timeout passed,
-# end the ones in flight with a clear error. Triton's own SIGTERM cannot do this: once it stops, every model's
-# scheduler refuses new requests (core dynamic_batch_scheduler.cc Enqueue, r24.10: "Server is stopping"), and the
-# requests in flight need new ones — the BLS's next engine call, the ensemble's next postprocessing step.
+# -- Draining: `trt-spec serve` writes one word into the file this names. Triton's own SIGTERM cannot drain: requests
+# in flight need new internal ones, which a stopping server refuses (upstream-facts: triton-stopping-refuses-requests).
 DRAIN_FILE_ENV = "TRT_SPEC_DRAIN_FILE"
 DRAINING, CANCELLING = "drain", "cancel"
-# Both lines start with SHUTTING_DOWN: a gRPC stream's error carries no status code, only its text, and the OpenAI
-# frontend reports a line starting so as a 503 (serve/openai/triton.py), as Triton's HTTP endpoint does (UNAVAILABLE).
+# A gRPC stream's error carries only text, so the OpenAI frontend maps this prefix to a 503.
 SHUTTING_DOWN = "server shutting down"
 REFUSED_WHILE_DRAINING = f"{SHUTTING_DOWN}: it accepts no new requests; send this request to another replica"
 CUT_AT_DRAIN_TIMEOUT = f"{SHUTTING_DOWN}: the request was still running when the drain timeout ended it"
 
 
 class ShuttingDown(TrtSpecError, RuntimeError):
-    """A request refused or ended because the server is draining (its client gets the line, code UNAVAILABLE)."""
+    """A request refused or ended because the server is draining (UNAVAILABLE)."""
 
 
 def shutdown_state() -> str:
-    """ "" while serving, DRAINING or CANCELLING once `trt-spec serve` is shutting down (a file read, ~10 µs)."""
+    """ "" while serving, else DRAINING or CANCELLING."""
     path = os.environ.get(DRAIN_FILE_ENV)
     if not path:
         return ""
@@ -49,33 +43,30 @@ def shutdown_state() -> str:
 
 
 def refuse_if_draining() -> None:
-    """A new request: refused once the server drains."""
+    """Refuse a new request once the server drains."""
     if shutdown_state():
         raise ShuttingDown(REFUSED_WHILE_DRAINING)
 
 
 def end_if_cut() -> None:
-    """A request in flight: ended once the drain timeout has passed."""
+    """End a request in flight once the drain timeout has passed."""
     if shutdown_state() == CANCELLING:
         raise ShuttingDown(CUT_AT_DRAIN_TIMEOUT)
 
 
 def triton_error(pb_utils, message: str, exc: BaseException = None):
-    """pb_utils.TritonError for a client: UNAVAILABLE for a server shutting down (HTTP 503), else the default."""
+    """pb_utils.TritonError for a client: UNAVAILABLE (HTTP 503) when shutting down."""
     if isinstance(exc, ShuttingDown):
         return pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)
     return pb_utils.TritonError(message)
 
 
-# What a request can get wrong: its own values (RequestError, the contract's ContractError) or its tensors'
-# shapes and types (ValueError, TypeError from numpy). Anything else is a fault of ours. A server shutting down is
-# not a fault either: the client gets the line.
+# Errors whose line the client gets; anything else is a fault of ours.
 CLIENT_ERRORS = (ValueError, TypeError, ShuttingDown)
 
 
 def error_line(model: str, exc: BaseException, log: Callable[[str], None]) -> str:
-    """The one line a client gets for `exc`: a client mistake says what is wrong and how to fix it; an internal
-    fault is logged in full (traceback to the server log) and the client gets no trace and no path."""
+    """The one line a client gets for `exc`; an internal fault is logged in full and shows the client no trace."""
     if isinstance(exc, CLIENT_ERRORS):
         return str(exc)
     log(f"{model}: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
@@ -83,16 +74,13 @@ def error_line(model: str, exc: BaseException, log: Callable[[str], None]) -> st
 
 
 def enable_crash_traces(model: str) -> None:
-    """On a fatal signal (SIGSEGV, SIGABRT from a heap check, ...) print every thread's Python stack to the stub's
-    stderr, which is the tritonserver log: a crashed stub is then named by its model and the line it was on,
-    instead of one anonymous glibc line. Called first thing in every model's initialize()."""
+    """On a fatal signal, print every thread's Python stack to the tritonserver log, naming the crashed model."""
     print(f"trt-spec: {model} stub pid {os.getpid()} (crash traces on)", file=sys.stderr, flush=True)
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
-    """A plain (non-decoupled) python model's execute(): one response per request, `one(request)` or, whatever it
-    raised, that request's error line (error_line: client mistakes in a line, internal faults logged in full)."""
+    """A non-decoupled model's execute(): `one(request)` per request, or its error line if it raised."""
     responses = []
     for request in requests:
         try:
@@ -107,17 +95,14 @@ def respond_each(requests, one: Callable, model: str, pb_utils) -> list:
 
 
 def repo_path(model_repository: str, value: str) -> str:
-    """A path parameter of a model's config (names.PATH_PARAMETERS; absolute since trt-spec writes them so, relative to
-    the repository in older repositories) as an absolute path; model_repository is the python backend's
-    args["model_repository"] (REPO/MODEL)."""
+    """A config path parameter made absolute (older repositories wrote them relative to the repository)."""
     if not value or os.path.isabs(value):
         return value
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(model_repository)), value))
 
 
 def resolve_path_parameters(model_config: dict, model_repository: str) -> dict:
-    """model_config (the JSON Triton hands initialize()) with its path parameters made absolute, in place (not
-    gpt_model_path: the stand-in opens it as the tensorrtllm backend does, standin.engine_path)."""
+    """model_config with its path parameters made absolute, in place."""
     from ..records.names import PATH_PARAMETERS
 
     for key in PATH_PARAMETERS:
@@ -128,7 +113,7 @@ def resolve_path_parameters(model_config: dict, model_repository: str) -> dict:
 
 
 def request_inputs(pb_utils, request, names: Iterable[str]) -> dict:
-    """A python model's request: name -> numpy array of each of `names` the request carries."""
+    """name -> numpy array for each of `names` the request carries."""
     out = {}
     for name in names:
         t = pb_utils.get_input_tensor_by_name(request, name)
@@ -144,18 +129,13 @@ def load_tokenizer(tokenizer_dir: str):
     return tok
 
 
-# --- input size before tokenizing ---------------------------------------------------------------------------------
-# A prompt of more than max_input_len tokens is refused anyway; tokenizing 10 MB to find that out takes seconds and a
-# GB of memory. One token covers at most `max_token_bytes` bytes of text (the longest token's decoded UTF-8; a partial
-# UTF-8 byte decodes to a 3-byte U+FFFD, so this overestimates), so more than max_input_len x that many bytes cannot
-# fit; NORMALIZATION_SLACK covers normalizers that shorten text before it is split (NFKC: the 3-byte U+FB01 "ﬁ" is
-# "fi"). The check is on the raw bytes, before they are even decoded.
-NORMALIZATION_SLACK = 4
+# -- Input size before tokenizing: refuse a prompt that cannot fit max_input_len tokens without tokenizing it.
+NORMALIZATION_SLACK = 4  # normalizers may shorten text before splitting (NFKC: "ﬁ" -> "fi")
 _TOKEN_BYTES: dict = {}
 
 
 def max_token_bytes(tokenizer) -> int:
-    """The most UTF-8 bytes one token of `tokenizer` decodes to (computed once per tokenizer, ~0.5 s for 50k)."""
+    """The most UTF-8 bytes one token of `tokenizer` decodes to (cached per tokenizer)."""
     key = id(tokenizer)
     if key not in _TOKEN_BYTES:
         longest = 1
@@ -174,8 +154,7 @@ def input_byte_limit(tokenizer, max_input_len: int) -> int:
 
 
 def check_input_bytes(arr, limit: int, name: str, max_input_len: int) -> None:
-    """Refuse a BYTES tensor (or list of bytes/str) whose strings together exceed `limit` bytes: one line, before
-    any decoding or tokenizing."""
+    """Raise RequestError if the strings of `arr` together exceed `limit` bytes."""
     if arr is None:
         return
     items = arr.reshape(-1) if isinstance(arr, np.ndarray) else arr
@@ -203,9 +182,8 @@ def default_pad_id(tokenizer) -> int:
 
 
 def to_word_list(tokenizer, words: Sequence[str]) -> np.ndarray:
-    """TensorRT-LLM's [2, L] word-list format: row 0 = concatenated token ids, row 1 = end offsets (-1 pad). No words:
-    [2, 0], as NVIDIA's preprocessing returns (its speculative client compares the rows of STOP_WORDS_IDS with the
-    sequence's tail, so a [[0], [-1]] placeholder would stop it at the first token 0)."""
+    """TensorRT-LLM's [2, L] word list (ids, end offsets); no words: [2, 0]
+    (upstream-facts: trtllm-empty-word-list-shape)."""
     from ..records.backend_contract import word_list_array
 
     ids = [encode(tokenizer, w, add_special_tokens=False) for w in words if w]
@@ -213,20 +191,15 @@ def to_word_list(tokenizer, words: Sequence[str]) -> np.ndarray:
 
 
 def requested_only(tensors: Mapping[str, np.ndarray], requested: Iterable[str]) -> dict[str, np.ndarray]:
-    """The tensors the request asked for, and no others.
-
-    A decoupled python model must never send an output its caller did not request: Triton 2.51's python
-    backend drops such outputs in ResponseSender::Send with the GIL released (InferResponse::
-    PruneOutputTensors), so the last reference to their numpy arrays dies without the GIL, which corrupts
-    the stub's heap (python_backend #390, "Hold GIL when deleting numpy array", fixed after 24.12). Callers
-    that name no outputs get all of them: Triton fills the requested set with every output then."""
+    """The tensors the request asked for, and no others: an unrequested output corrupts the stub's heap
+    (upstream-facts: python-backend-unrequested-output-gil)."""
     wanted = set(requested)
     return {name: value for name, value in tensors.items() if name in wanted}
 
 
 def check_no_embedding_bias(words, weights) -> None:
-    """NVIDIA's clients send the embedding-bias pair empty ([1, 0]) on every request; trt-spec serves no bias. Raises
-    ValueError (a client error line) for a non-empty one."""
+    """Raise ValueError for a non-empty embedding bias; empty ones are accepted
+    (upstream-facts: trtllm-clients-empty-embedding-bias)."""
     from ..records.names import EMBEDDING_BIAS
 
     for name, arr in zip(EMBEDDING_BIAS, (words, weights)):
@@ -283,8 +256,7 @@ class IncrementalDetokenizer:
 
 
 class StopCutter:
-    """Text deltas with the stop strings cut out: holds back what could still become a stop string, and says when
-    one was seen (the text before it is all that is returned)."""
+    """Text deltas up to the first stop string, holding back what could still become one."""
 
     def __init__(self, stops: list[str]):
         self.stops = stops

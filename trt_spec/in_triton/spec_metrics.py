@@ -1,24 +1,10 @@
 """Speculation metrics in Prometheus: what the BLS publishes, and reading them back from Triton's /metrics.
 
-The BLS publishes through the python backend's custom metrics API (Triton serves them on its metrics port with its
-own). Triton 2.51 / python backend 24.10 has counters, gauges and histograms (HISTOGRAM since r24.08,
-python_backend #374), so the histograms are real Prometheus histograms: `NAME_bucket{le=…}`, `NAME_sum`,
-`NAME_count`. Every update is one synchronous message from the stub to the server process, so a request is
-published once, when it has finished: one increment per counter and one observation per round per histogram
-(≈20 µs each here: ≈3 ms for a 33-round request). They run on one thread of their own, awaited by the request:
-the stub releases the GIL while it waits, so the event loop serves other requests meanwhile, and one thread
-because a 24.10 Metric is not thread-safe (it keeps the value and its shared-memory handle in the object, outside
-any lock: two threads updating one metric can send one value twice and lose the other).
-The accepted-length histogram counts the rounds that speculated (k > 0, as the response's
-accepted_length_histogram does): its _count + trt_spec_rounds_without_speculation_total = trt_spec_rounds_total.
-Labels: model (the BLS as served), mode (draft_target | ngram | engine). In engine mode (Medusa, EAGLE,
-lookahead: the engine drafts by itself) there are no rounds: requests, drafted and accepted tokens, and, when the BLS
-streams its engine call (engine_steps: a decoupled deployment), the engine's verify steps from each request's
-accepted_length_histogram (speculative_loop.engine_step_histogram): the accepted-length histogram per step, vLLM's
-drafts and per-position counters. A request whose steps did not show (its histogram is empty) adds its tokens, not
-its steps.
-
-No module-level import of triton_python_backend_utils (it exists only inside a Triton stub): the BLS passes it in.
+Each metric update is a synchronous message to the server, so a request is published once, when finished, from one
+thread of its own: a python-backend Metric is not thread-safe (upstream-facts: triton-python-metric-not-threadsafe).
+The accepted-length histogram's _count + rounds without speculation = rounds. Engine mode has no rounds; its verify
+steps come from each request's accepted_length_histogram when the engine call streams. The BLS passes
+triton_python_backend_utils in (it exists only inside a stub).
 """
 
 from __future__ import annotations
@@ -54,8 +40,7 @@ from ..records.names import (
 from ..records.speculation import LOOP_MODES, AcceptanceCounts, acceptance_summary
 from .speculative_loop import LoopStats
 
-# Seconds per round: n-gram proposals take ~0.1 ms, a GPU draft or verify call a few ms to tens of ms, the CPU
-# reference engine tens to hundreds of ms. Prometheus adds +Inf.
+# Seconds per round, from n-gram proposals to the CPU reference engine; Prometheus adds +Inf.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -65,11 +50,9 @@ def length_buckets(max_draft_len: int) -> list[float]:
 
 
 class SpecMetricsExporter:
-    """The BLS's exporter of its Prometheus metrics for one model (scrape() reads them back): `await publish(m)` (or
-    `observe(m)`, blocking) once per finished request with the loop's LoopStats, `close()` at finalize.
+    """The BLS's Prometheus metrics for one model: `await publish(m)` per finished request, `close()` at finalize.
 
-    Publishing never fails a request or the model's load: a failure is logged (log_error) and the metric is
-    skipped."""
+    Publishing never fails a request or the load: a failure is logged and the metric skipped."""
 
     def __init__(
         self,
@@ -84,10 +67,10 @@ class SpecMetricsExporter:
     ):
         self.log_error = log_error
         self.rounds = mode in LOOP_MODES
-        self.engine_steps = not self.rounds and engine_steps  # engine mode: steps from the response's histogram
+        self.engine_steps = not self.rounds and engine_steps
         self._families: list = []
         self._m: dict[str, Any] = {}  # name -> Metric (the only references: close() deletes them first)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="spec-metrics")  # every update: see the module doc
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="spec-metrics")
         labels = {"model": model, "mode": mode}
         counter, histogram = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.HISTOGRAM
         lengths = length_buckets(max_draft_len)
@@ -112,7 +95,7 @@ class SpecMetricsExporter:
         published.append(
             (METRIC_IN_FLIGHT, "Requests the speculative model holds now", pb_utils.MetricFamily.GAUGE, None)
         )
-        if suffix_cache:  # the loop's cross-request suffix cache is on (n-gram mode, suffix proposer)
+        if suffix_cache:
             published += [
                 (METRIC_CACHE_ROUNDS, "Rounds whose proposal drew on earlier requests (suffix cache)", counter, None),
                 (METRIC_CACHE_ACCEPTED, "Draft tokens accepted in those rounds", counter, None),
@@ -131,7 +114,7 @@ class SpecMetricsExporter:
         self._register_vllm(pb_utils, model)
 
     def _register_vllm(self, pb_utils: Any, model: str) -> None:
-        """vLLM's names (records/names.py): the same counts, for dashboards written for vLLM."""
+        """The same counts under vLLM's names."""
         counter = pb_utils.MetricFamily.COUNTER
         vllm = {"model_name": model, "engine": "0"}
         vllm_published = [
@@ -158,11 +141,10 @@ class SpecMetricsExporter:
                 self.log_error(f"{model}: metric {name} not published: {type(e).__name__}: {e}")
 
     def in_flight(self, delta: int) -> None:
-        """A request starts (+1) or ends (-1): the gauge `trt_spec serve` reads to know when a drain is done (queued on
-        the metrics thread, in order; never raises)."""
+        """A request starts (+1) or ends (-1): the gauge serve's drain waits on (queued in order; never raises)."""
         try:
             self._thread.submit(self._inc_gauge, METRIC_IN_FLIGHT, delta)
-        except RuntimeError:  # closed: the model is being unloaded
+        except RuntimeError:  # closed: unloading
             pass
 
     def _inc_gauge(self, name: str, delta: float) -> None:
@@ -177,7 +159,7 @@ class SpecMetricsExporter:
         """observe(m) on the metrics thread; returns when the server has the figures (never raises)."""
         try:
             await asyncio.get_running_loop().run_in_executor(self._thread, self.observe, m)
-        except RuntimeError as e:  # closed (the model is being unloaded)
+        except RuntimeError as e:  # closed: unloading
             self.log_error(f"speculation metrics not published for a request: {e}")
 
     def observe(self, m: LoopStats) -> None:
@@ -192,14 +174,14 @@ class SpecMetricsExporter:
                 self._engine_steps(m.hist)
             if not self.rounds:
                 return
-            speculative = [r for r in m.rounds if r.drafted]  # a draft, as vLLM counts them
+            speculative = [r for r in m.rounds if r.drafted]  # vLLM's "drafts"
             self._inc(VLLM_NUM_DRAFTS, len(speculative))
             for pos in range(self.positions):
                 self._inc(f"{VLLM_NUM_ACCEPTED_PER_POS}/{pos}", sum(1 for r in speculative if r.accepted > pos))
             self._inc(METRIC_ROUNDS, len(m.rounds))
             self._inc(METRIC_ROUNDS_NO_SPEC, sum(1 for r in m.rounds if r.k == 0))
             for r in m.rounds:
-                if r.k > 0:  # as the response's accepted_length_histogram: rounds that speculated
+                if r.k > 0:  # as the response's accepted_length_histogram
                     self._observe(METRIC_ACCEPTED_LENGTH, r.accepted)
                 self._observe(METRIC_DRAFT_LENGTH, r.k)
                 self._observe(METRIC_DRAFT_LATENCY, r.draft_s)
@@ -213,7 +195,7 @@ class SpecMetricsExporter:
             self.log_error(f"speculation metrics not published for a request: {type(e).__name__}: {e}")
 
     def _engine_steps(self, hist: list[int]) -> None:
-        """Engine mode: the request's verify steps (its histogram, steps with drafts only): as a round that drafted."""
+        """Engine mode: each verify step with drafts counts as a round that drafted."""
         self._inc(VLLM_NUM_DRAFTS, sum(hist))
         for pos in range(self.positions):
             self._inc(f"{VLLM_NUM_ACCEPTED_PER_POS}/{pos}", sum(hist[pos + 1 :]))
@@ -222,16 +204,16 @@ class SpecMetricsExporter:
                 self._observe(METRIC_ACCEPTED_LENGTH, accepted)
 
     def close(self) -> None:
-        """Delete the metrics, then their families: the python backend needs that order, and left to the garbage
-        collector at the stub's exit they crashed it (Triton 2.51: "Fatal Python error: Segmentation fault ...
-        Garbage-collecting" in the server log). Call from the model's finalize()."""
+        """Delete the metrics, then their families, from finalize(); left to the GC they crash the stub.
+
+        (upstream-facts: triton-python-metrics-delete-order)"""
         self._thread.shutdown(wait=True)  # updates under way finish first
         self._m.clear()
         self._families.clear()
 
     def _inc(self, name: str, value: float) -> None:
         metric = self._m.get(name)
-        if metric is not None and value:  # a zero increment would be a message for nothing
+        if metric is not None and value:  # skip a message for nothing
             metric.increment(float(value))
 
     def _observe(self, name: str, value: float) -> None:
@@ -240,10 +222,10 @@ class SpecMetricsExporter:
             metric.observe(float(value))
 
 
-# -- reading them back: Prometheus text exposition format -------------------------------------------------------
+# -- reading them back: Prometheus text exposition format
 @dataclass(frozen=True)
 class MetricSample:
-    """One sample line of a Prometheus exposition (not a bench request: that is harness.bench.RequestSample)."""
+    """One sample line of a Prometheus exposition."""
 
     name: str
     labels: dict[str, str]
@@ -309,9 +291,7 @@ def _per_value(cumulative: dict[float, float]) -> tuple[int, ...]:
 
 
 def scraped_acceptance_counts(samples: list[MetricSample], model: str = BLS) -> AcceptanceCounts:
-    """What the server counted for one model (all its modes), for records.speculation.acceptance_summary: requests,
-    drafted and accepted tokens, rounds (steps), rounds without speculation (counted apart: speculative rounds = rounds
-    - those), and the accepted-length and draft-length histograms per value."""
+    """What the server counted for one model (all its modes), for records.speculation.acceptance_summary."""
     rounds = int(value(samples, METRIC_ROUNDS, model=model))
     no_spec = int(value(samples, METRIC_ROUNDS_NO_SPEC, model=model))
     hist = _per_value(histogram(samples, METRIC_ACCEPTED_LENGTH, model=model))
@@ -320,7 +300,7 @@ def scraped_acceptance_counts(samples: list[MetricSample], model: str = BLS) -> 
         accepted=int(value(samples, METRIC_ACCEPTED_TOKENS, model=model)),
         drafted=int(value(samples, METRIC_DRAFT_TOKENS, model=model)),
         steps=rounds,
-        # engine mode has no rounds: its verify steps with drafts are its accepted-length histogram's observations
+        # engine mode has no rounds: count its histogram's verify steps
         speculative_rounds=rounds - no_spec if rounds else sum(hist),
         rounds_without_speculation=no_spec,
         histogram=hist,
@@ -329,9 +309,7 @@ def scraped_acceptance_counts(samples: list[MetricSample], model: str = BLS) -> 
 
 
 def scraped_acceptance(samples: list[MetricSample], model: str = BLS) -> dict:
-    """What the server says about speculation for one model: records.speculation.acceptance_summary of its counters
-    (the bench's key set), plus the two keys this summary had before that one key set, which `trt-spec demo`'s
-    report.json (server_metrics) carries: rounds (= steps) and no_speculation_share (None without rounds)."""
+    """acceptance_summary of one model's counters, plus rounds and no_speculation_share for demo's report.json."""
     c = scraped_acceptance_counts(samples, model)
     return {
         **acceptance_summary(c),

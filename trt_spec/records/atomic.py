@@ -11,9 +11,7 @@ from typing import Iterator
 
 @contextmanager
 def replacing_dir(dest: Path) -> Iterator[Path]:
-    """Yield a path (not yet created) beside `dest` to build the new directory in. When the block succeeds it
-    replaces `dest` (the old directory, if any, is removed); when it fails, nothing of it is left and `dest` is
-    untouched. A crashed earlier attempt's leftover is removed first."""
+    """Yield a path beside `dest` to build the new directory in; it replaces `dest` only if the block succeeds."""
     dest = Path(dest)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -25,7 +23,7 @@ def replacing_dir(dest: Path) -> Iterator[Path]:
             os.replace(dest, old)
         os.replace(tmp, dest)
         shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:  # named by the directory the user asked for, not by our temporary one beside it
+    except OSError as e:  # name the user's directory, not the temporary one
         shutil.rmtree(tmp, ignore_errors=True)
         if e.filename and str(e.filename).startswith(str(tmp)):
             raise type(e)(e.errno, e.strerror, str(dest)) from e
@@ -36,7 +34,7 @@ def replacing_dir(dest: Path) -> Iterator[Path]:
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
-    """path holds the old content or the new one, never a part: write a temporary file beside it, then rename."""
+    """Write via a temporary file and rename, so path never holds a part."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data.encode() if isinstance(data, str) else data)

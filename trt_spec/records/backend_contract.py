@@ -1,17 +1,8 @@
-"""The contract of NVIDIA's `tensorrtllm` Triton backend, for the parameters and tensors trt-spec uses.
+"""The contract of NVIDIA's `tensorrtllm` Triton backend and executor, for the parameters and tensors trt-spec uses.
 
-One data module, read by the repository writer (what a `tensorrt_llm` config must carry), by the CPU stand-in
-`model_repo/reference_engine` (what it must refuse, with the backend's own error text) and by the tests, so
-the GPU repository and the stand-in cannot drift apart. The stand-in is at least as strict as the backend.
-
-Sources (each rule below names its file and function):
-- BACKEND = triton-inference-server/tensorrtllm_backend at c2e65b8 (2025-05-13, the last commit with
-  `inflight_batcher_llm/src/`; the same code lives on in NVIDIA/TensorRT-LLM `triton_backend/`, where the
-  parameter reads, mandatory outputs and request checks quoted here are unchanged). Files:
-  `model_state.cc` (MS), `model_instance_state.cc` (MIS), `utils.cc` (U), `all_models/.../tensorrt_llm/config.pbtxt`.
-- EXECUTOR = TensorRT-LLM 1.2 `cpp/tensorrt_llm/batch_manager/llmRequest.cpp` (LlmRequest::validate),
-  `trtGptModelInflightBatching.cpp` (maxInputLen), `executor/samplingConfig.cpp`, and the top-k/top-p
-  sampling-layer setup kernels (`kernels/samplingTopKKernels.cu`).
+Read by the repository writer, the CPU stand-in `model_repo/reference_engine` and the tests, so the two cannot drift
+apart; the stand-in is at least as strict as the backend. MS/MIS/U name backend sources
+(upstream-facts: contract-backend-sources).
 """
 
 from __future__ import annotations
@@ -26,32 +17,29 @@ from ..errors import TrtSpecError
 
 BACKEND = "tensorrtllm_backend@c2e65b8 inflight_batcher_llm/src"
 
-# ---------------------------------------------------------------------------------------------------------
-# Parameters (config.pbtxt `parameters { key: … value { string_value: … } }`)
+# -- Parameters (config.pbtxt `parameters { key: … value { string_value: … } }`)
 
-# Read with no try/catch: a missing key fails the model load (MS GetParameter<std::string>: "Cannot find
-# parameter with name: X", wrapped by MIS ModelInstanceState::Create).
+# A missing key fails the model load (upstream-facts: contract-required-parameters).
 REQUIRED_PARAMETERS: dict[str, str] = {
     "gpt_model_type": "MIS getBatchingTypeFromParams (L62)",
     "tokenizer_dir": "MIS getGuidedDecodingConfigFromParams (L413)",
     "xgrammar_tokenizer_info_path": "MIS getGuidedDecodingConfigFromParams (L414)",
     "guided_decoding_backend": "MIS getGuidedDecodingConfigFromParams (L415)",
 }
-LOAD_ERROR = "unexpected error when creating modelInstanceState: {msg}"  # MIS ModelInstanceState::Create (L52)
-MISSING_PARAMETER = "Cannot find parameter with name: {name}"  # MS GetParameter (L249-269)
-GPT_MODEL_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")  # MIS getBatchingTypeFromParams
+LOAD_ERROR = "unexpected error when creating modelInstanceState: {msg}"
+MISSING_PARAMETER = "Cannot find parameter with name: {name}"
+GPT_MODEL_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")
 INVALID_MODEL_TYPE = "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."
-# Guided decoding is off when the backend or the tokenizer-info path is "" (or its unfilled placeholder);
-# "none"/"off" are NOT off (MIS getGuidedDecodingConfigFromParams L417-427). trt-spec writes "" for both.
+# Only "" turns guided decoding off, not "none"/"off" (upstream-facts: contract-guided-decoding-off).
 GUIDED_DECODING_OFF = ""
-# Read only when decoding_mode == lookahead, then mandatory (MIS getExecutorConfigFromParams L627-647).
+# Mandatory when decoding_mode == lookahead.
 LOOKAHEAD_PARAMETERS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 LOOKAHEAD_MISSING = (
     "Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
     "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size."
 )
 DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
-# Parameters read inside try/catch: missing, empty or unparsable -> this default (MIS, MS LoadParameters).
+# Missing, empty or unparsable -> this default; [1] says where the backend reads it.
 PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
     "max_beam_width": ("1", "MIS getExecutorConfigFromParams L459-468"),
     "enable_kv_cache_reuse": ("true", "MIS getKvCacheConfigFromParams L167-176"),
@@ -73,28 +61,17 @@ PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
         "MS GetExecutorWorkerPath L180-188 (orchestrator mode only)",
     ),
 }
-MODEL_PATHS_EMPTY = "Both encoder and decoder model paths are empty"  # MIS constructor L771-772
+MODEL_PATHS_EMPTY = "Both encoder and decoder model paths are empty"
 
-# Request metrics on Triton's metrics port: a gauge family, one gauge per request_type, labelled with the model and
-# its version (custom_metrics_reporter.cc: request_keys_/request_labels_ L38-41, CreateGroup L95-140), set from the
-# executor's iteration stats every stats_check_period_ms (MIS WaitForStats L1416-1512): active = the executor's
-# numActiveRequests, max = maxNumActiveRequests, scheduled/context = the last iteration's, waiting = active -
-# scheduled. Requests still in the executor's queue are in none of them. "Engine idle" = active 0.
+# One gauge per request_type, from the executor's iteration stats; queued requests are in none, so "engine idle" =
+# active 0 (upstream-facts: contract-request-metrics).
 REQUEST_METRICS = "nv_trt_llm_request_metrics"
 REQUEST_METRICS_HELP = "TRT LLM request metrics"
 REQUEST_TYPES = ("active", "max", "scheduled", "context", "waiting")
 
-# Batching limits. The executor is built with maxBatchSize and maxNumTokens left unset (MIS
-# getExecutorConfigFromParams L694-696: `/*maxBatchSize*/ std::nullopt, /*maxNumTokens*/ std::nullopt`), so both
-# come from the engine's build config (trt-spec writes the model config's max_batch_size from the same value).
-# `enable_chunked_context` is a parameter (default above). The queue bound is NOT a parameter: MIS L659-680 reads
-# the model config's `dynamic_batching { default_queue_policy { max_queue_size: N } }` (a failed read only logs a
-# warning); absent -> std::nullopt. The executor (TensorRT-LLM cpp/tensorrt_llm/executor/executorImpl.cpp,
-# Executor::Impl::enqueueRequests) refuses a request when `maxQueueSize > 0 && queued + new > maxQueueSize`:
-# unset or 0 = unbounded (NVIDIA's tools/fill_template.py default: 0). The refusal is a TLLM_THROW with QUEUE_FULL;
-# the backend's enqueue() catches it and answers the request with one final error response carrying e.what()
-# (MIS ModelInstanceState::enqueue -> sendEnqueueResponse, TRITONSERVER_ERROR_INTERNAL). e.what() of a
-# TllmException also carries the throw site and a stack trace after the message; the stand-in sends the message.
+# Max batch size and tokens come from the engine's build config (upstream-facts: contract-executor-batch-limits). The
+# queue bound is the model config's dynamic_batching max_queue_size, 0 or unset = unbounded; a full queue fails the
+# request with one error response (upstream-facts: contract-queue-full). The stand-in sends the message only.
 QUEUE_FULL = "Maximum queue size of {max} has been reached, please try again later"
 
 
@@ -103,8 +80,7 @@ class ContractError(TrtSpecError, ValueError):
 
 
 def check_parameters(params: Mapping[str, str]) -> None:
-    """Load-time checks of a `tensorrt_llm` model's parameters, in the backend's order. Raises ContractError
-    with the load error the backend reports."""
+    """Load-time checks of a `tensorrt_llm` model's parameters, in the backend's order; raises ContractError."""
     if "gpt_model_type" not in params:
         raise ContractError(LOAD_ERROR.format(msg=MISSING_PARAMETER.format(name="gpt_model_type")))
     if params["gpt_model_type"] not in GPT_MODEL_TYPES:
@@ -119,8 +95,7 @@ def check_parameters(params: Mapping[str, str]) -> None:
 
 
 def max_queue_size(model_config: Mapping) -> Optional[int]:
-    """The executor's queue bound from a model config (JSON form, as Triton hands it to a backend): None when
-    unset or 0 (unbounded), else the bound. See QUEUE_FULL for the source."""
+    """The executor's queue bound from a model config (JSON form); None when unset or 0 (unbounded)."""
     policy = model_config.get("dynamic_batching", {}).get("default_queue_policy", {})
     try:
         n = int(policy.get("max_queue_size", 0))  # int64 fields arrive as JSON strings
@@ -143,7 +118,9 @@ def parameter(params: Mapping[str, str], name: str) -> Optional[str]:
 
 
 def parse_bool(v: Optional[str], name: str) -> bool:
-    """MS GetParameter<bool> (L310-326): True/true/TRUE/1, False/false/FALSE/0; anything else is an error."""
+    """The backend's bool parameter: True/true/TRUE/1, False/false/FALSE/0; else ContractError.
+
+    (upstream-facts: contract-parse-bool)"""
     if v in ("True", "true", "TRUE", "1"):
         return True
     if v in ("False", "false", "FALSE", "0"):
@@ -151,8 +128,7 @@ def parse_bool(v: Optional[str], name: str) -> bool:
     raise ContractError(f"Cannot convert {v} to a boolean. (parameter {name})")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Tensors (all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt; dims without the batch dimension)
+# -- Tensors (dims without the batch dimension)
 
 
 @dataclass(frozen=True)
@@ -165,15 +141,12 @@ class TensorSpec:
     ragged: bool = False
 
 
-# Logits are FP32 end to end: every engine is built with `trtllm-build --logits_dtype float32` and the model configs
-# declare the logits tensors (generation_logits, draft_logits) TYPE_FP32, as NVIDIA's DTM guide fills
-# `logits_datatype:TYPE_FP32`. Why not FP16: see FP16_LOGITS below.
+# Logits are FP32 end to end; why not FP16: see HALF_MAX (upstream-facts: contract-dtm-logits-fp32).
 LOGITS_DTYPE = "float32"
 LOGITS_TYPE = "TYPE_FP32"
-FP16_LOGITS = "float16"  # ModelOpt's export default for bf16 checkpoints
+FP16_LOGITS = "float16"  # ModelOpt's export default for bf16 checkpoints (upstream-facts: modelopt-fp16-logits)
 LOGITS_DTYPES = (LOGITS_DTYPE, FP16_LOGITS)
-# The engine's tensor names (NVIDIA's tensorrt_llm config.pbtxt template spells them so), written once: every
-# module that builds or reads an engine request uses these.
+# The engine's tensor names, as NVIDIA's config template spells them.
 INPUT_IDS = "input_ids"
 INPUT_LENGTHS = "input_lengths"
 REQUEST_OUTPUT_LEN = "request_output_len"
@@ -195,15 +168,14 @@ OUTPUT_IDS = "output_ids"
 SEQUENCE_LENGTH = "sequence_length"
 GENERATION_LOGITS = "generation_logits"
 
-# The inputs trt-spec declares (a subset of the template's ~60; the rest stay unused).
+# The subset of the template's inputs that trt-spec declares.
 INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(INPUT_IDS, "TYPE_INT32", (-1,), ragged=True),
     TensorSpec(INPUT_LENGTHS, "TYPE_INT32", (1,), optional=False, scalar=True),
     TensorSpec(REQUEST_OUTPUT_LEN, "TYPE_INT32", (1,), optional=False, scalar=True),
     TensorSpec("num_return_sequences", "TYPE_INT32", (1,), scalar=True),
     TensorSpec(DRAFT_INPUT_IDS, "TYPE_INT32", (-1,), ragged=True),
-    # Encoder-decoder models only; a decoder-only engine ignores it. NVIDIA's end_to_end_test.py sends it on every
-    # request (preprocessing's DECODER_INPUT_ID = [[pad_id]]), so the config must declare it.
+    # Encoder-decoder only, but NVIDIA's clients send it (upstream-facts: contract-decoder-input-ids).
     TensorSpec("decoder_input_ids", "TYPE_INT32", (-1,), ragged=True),
     TensorSpec(DRAFT_LOGITS, LOGITS_TYPE, (-1, -1), ragged=True),
     TensorSpec("draft_acceptance_threshold", "TYPE_FP32", (1,), scalar=True),
@@ -221,8 +193,7 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(RETURN_GENERATION_LOGITS, "TYPE_BOOL", (1,), scalar=True),
     TensorSpec(RETURN_PERF_METRICS, "TYPE_BOOL", (1,), scalar=True),
 )
-# fillTritonResponse (MIS L1255-1306, the same in TensorRT-LLM 1.x triton_backend): with return_perf_metrics the backend
-# writes these ten [1, 1] outputs on EVERY response (streaming ones too), without looking at the requested outputs.
+# With return_perf_metrics, on EVERY response, requested or not (upstream-facts: contract-perf-outputs).
 PERF_OUTPUT_TYPES: dict[str, str] = {
     "kv_cache_alloc_new_blocks": "TYPE_INT32",
     "kv_cache_reused_blocks": "TYPE_INT32",
@@ -238,112 +209,75 @@ PERF_OUTPUT_TYPES: dict[str, str] = {
 PERF_OUTPUTS = tuple(PERF_OUTPUT_TYPES)
 SPEC_PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")  # what speculation reads
 OUTPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec(OUTPUT_IDS, "TYPE_INT32", (-1, -1)),  # sent as [1, beams, T], -1 padded (MIS fillTritonResponse L1081)
-    TensorSpec(SEQUENCE_LENGTH, "TYPE_INT32", (-1,)),  # sent as [1, beams]: tokens in THIS response (L1094)
+    TensorSpec(OUTPUT_IDS, "TYPE_INT32", (-1, -1)),  # sent as [1, beams, T], -1 padded
+    TensorSpec(SEQUENCE_LENGTH, "TYPE_INT32", (-1,)),  # sent as [1, beams]: tokens in THIS response
     TensorSpec(GENERATION_LOGITS, LOGITS_TYPE, (-1, -1, -1)),  # [1, beams, T, V]; needs return_generation_logits
     *(TensorSpec(name, dtype, (1,)) for name, dtype in PERF_OUTPUT_TYPES.items()),
 )
-# fillTritonResponse (MIS L1079-1103) throws unless the request asked for both; the error comes back as one
-# final error response: "Error encountered while populating response: <name> tensor must be present ...".
+# A request that does not ask for both gets one final error response (upstream-facts: contract-mandatory-outputs).
 MANDATORY_OUTPUTS = (OUTPUT_IDS, SEQUENCE_LENGTH)
 MISSING_OUTPUT = "Error encountered while populating response: {name} tensor must be present in list of output tensors"
-# An output the backend writes that the model config does not declare: Triton core's Model::GetOutput (core
-# src/model.cc L56-68, r24.10, r25.12 and r26.04) refuses it ("unexpected inference output"); the backend's
-# getResponseBuffer (utils.h L320-349) throws, and fillTritonResponse answers with one final INTERNAL error (MIS
-# L1318-1323). A python model's undeclared outputs are silently pruned instead (python_backend PruneOutputTensors), so
-# the stand-in checks its own config and fails the way the C++ backend does.
+# The C++ backend fails a response with an undeclared output; a python model's are pruned silently, so the stand-in
+# checks its own config (upstream-facts: triton-undeclared-output).
 UNDECLARED_OUTPUT = (
     "Error encountered while populating response: Could not get response output for output tensor "
     "{name}: unexpected inference output '{name}' for model '{model}'"
 )
 
-# Logits cross the backend only in the config's logits type (`logits_datatype` in NVIDIA's template; trt-spec:
-# TYPE_FP32): Triton core refuses a draft_logits input of another dtype; the executor copies draft logits into the
-# target's logits buffer only when the dtypes match (runtime BufferManager::copy, "Incompatible data types"), and the
-# backend asserts the engine's logits dtype equals the config's before it writes generation_logits (MIS
-# fillTritonResponse, TLLM_CHECK(...LogitsType == model_state_->getLogitsDataType())). An engine with ModelOpt's float16
-# logits behind a TYPE_FP32 config fails every use_draft_logits request; trt-spec builds float32 logits so the two
-# always agree.
+# Logits cross the backend only in the config's logits type: an engine whose logits dtype differs fails every
+# draft-logits or generation-logits request (upstream-facts: contract-logits-dtype-match).
 LOGITS_DTYPE_MISMATCH = (
     "Incompatible data types: the engine's logits are {engine} but the model config declares "
     "{config} logits; rebuild the engine with --logits_dtype {config} (trt-spec's plan does)"
 )
 TYPE_TO_LOGITS_DTYPE = {"TYPE_FP32": LOGITS_DTYPE, "TYPE_FP16": FP16_LOGITS}
 
-# End of sequence (TensorRT-LLM samplers, e.g. kernels/samplingTopKKernels.cu: "Do not increase seq len when EOS is
-# generated. Seq len should always contain only tokens to be outputted"; trtGptModelInflightBatching.cpp adds tokens
-# only up to the decoder's sequence length): a request that samples end_id finishes, and end_id is NOT in output_ids
-# nor counted in sequence_length. Stop words are kept. A verification that accepts up to end_id returns the tokens
-# before it: fewer than a round without an end returns (speculative_loop.round_ended).
+# A sampled end_id ends the request and is neither in output_ids nor counted; stop words are kept
+# (upstream-facts: trtllm-eos-excluded).
 EOS_EXCLUDED = True
 
-# Numerics (TensorRT-LLM cpp/tensorrt_llm/kernels/penaltyKernels.cu batchApplyPenalty; common/reduceKernelUtils.cuh):
-# a request's temperature T scales the logits by 1 / (T + 1e-6) (computed in float), then every logit is clamped to
-# +-HALF_FLT_MAX (65504) for half logits (+-FLT_MAX for float). Temperature 0 is therefore a 1e6 scale, not greedy: on
-# FP16 logits everything above ~0.066 clamps to 65504 and greedy picks the lowest id among the ties (tensorrtllm_backend
-# #158). ModelOpt's export writes logits_dtype float16 for bf16 checkpoints (modelopt torch/export/
-# tensorrt_llm_utils.py L146, L217); trt-spec builds float32 (LOGITS_DTYPE) and its clients send no temperature for
-# greedy.
+# Logits are scaled by 1 / (T + TEMPERATURE_EPS), then clamped to ±HALF_MAX when FP16: temperature 0 is not greedy
+# there (ties), so clients send no temperature for greedy (upstream-facts: trtllm-temperature-clamp).
 TEMPERATURE_EPS = 1e-6
 HALF_MAX = 65504.0
 
-# ---------------------------------------------------------------------------------------------------------
-# Request rules
+# -- Request rules: the backend's and executor's error texts (upstream-facts: contract-request-errors)
 
-STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."  # U L905-908
-BATCH_NEEDS_DECOUPLED = (
-    "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"  # U L900-903
-)
-NO_OUTPUT_LEN = "request_output_len is not present in the request"  # U L946-950
-NO_INPUT_IDS = "input_ids or encoder_input_features is not present in the request."  # U L938-945
+STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."
+BATCH_NEEDS_DECOUPLED = "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+NO_OUTPUT_LEN = "request_output_len is not present in the request"
+NO_INPUT_IDS = "input_ids or encoder_input_features is not present in the request."
 INVALID_SIZE = "Invalid size for tensor {name}"
-EMPTY_INPUT = (
-    "input_ids is empty; send at least one token"  # trt-spec's own (stricter) check  # utils.h extractSingleton (L241)
-)
-EXECUTOR_ERROR = "Encountered an error when fetching new request: {msg}"  # executorImpl fetchNewRequests
+EMPTY_INPUT = "input_ids is empty; send at least one token"  # trt-spec's own (stricter) check
+EXECUTOR_ERROR = "Encountered an error when fetching new request: {msg}"
 PROMPT_TOO_LONG = (
     "Prompt length ({n}) exceeds maximum input length ({max}). Set log level to info and check "
     "TRTGptModel logs for how maximum input length is set"
-)  # llmRequest.cpp LlmRequest::validate
-DRAFT_TOO_LONG = "Draft tokens length ({n}) exceeds maximum draft tokens length ({max})."  # LlmRequest::validate
-# Generation logits (TensorRT-LLM executorImpl.cpp Executor::Impl::fetchNewRequests, right after LlmRequest::validate,
-# read at the 1.2 line's stored commit b35ac1b6): `if (newReq->getReturnGenerationLogits()) TLLM_CHECK_WITH_INFO(
-# mModel->getGatherGenerationLogits(), NO_GENERATION_LOGITS)`, answered as EXECUTOR_ERROR. getGatherGenerationLogits()
-# (trtGptModelInflightBatching.h) is `getModelConfig().computeGenerationLogits() || mGatherGenerationLogits`: the
-# engine's build flag (trtllm-build --gather_generation_logits) or ExecutorConfig::gatherGenerationLogits, which the
-# tensorrtllm backend never sets (model_instance_state.cc getExecutorConfigFromParams: no setGatherGenerationLogits,
-# default false). So only an engine built with the flag answers return_generation_logits. What it returns for a request
-# without draft tokens (handleContextLogits.cpp copyLastContextLogits): the logits of the last context position, i.e.
-# of the first generated token, at the start of [beams, request_output_len, vocab_padded], sent by fillTritonResponse as
-# [1, beams, T, V] in the engine's logits dtype. A one-token request on prompt + prefix therefore returns the engine's
-# next-token logits after that prefix: the teacher-forced probe `trt-spec check` reads at a divergence.
-# (--gather_context_logits would give them too, but it is refused with max_draft_len > 0 and keeps max_num_tokens x
-# vocab logits.)
-NO_GENERATION_LOGITS = "To return generation logits, gather_generation_logits must be enabled in ExecutorConfig"
-# What the build flag costs on the GPU (RuntimeBuffers::create, runtimeBuffers.cpp, stored commit 092a5a15): with it and
-# speculative mode none or draft_tokens_external, every last-pipeline-stage rank keeps a logits cache of
-# GENERATION_LOGITS_CACHE_STEPS x max_batch_size x vocab_padded and a transposed copy of at most that size, in the
-# logits dtype; allocated at load, outside the KV cache.
-GENERATION_LOGITS_CACHE_STEPS = (
-    8  # GenerationLogitsCache::kCACHE_LENGTH (CacheBufferSize GENERATION_LOGITS_BUFFER_LENGTH)
 )
-BEAM_WIDTH = "Assertion failed: beamWidth ({n}) exceeds max_beam_width ({max})"  # SamplingConfig::checkBeamWidth
-TEMPERATURE_NEGATIVE = "Assertion failed: temperature.value() >= 0.f"  # SamplingConfig::checkTemperature
-# LlmRequest::validate: prompt + request_output_len + draftLenPerEngineStep (the engine's max_draft_len) over
-# max_seq_len is not an error: the executor logs this warning and generates fewer tokens.
+DRAFT_TOO_LONG = "Draft tokens length ({n}) exceeds maximum draft tokens length ({max})."
+# Only an engine built with --gather_generation_logits answers return_generation_logits; a one-token request then
+# returns the next-token logits after its prompt, the probe `trt-spec check` reads
+# (upstream-facts: executor-gather-generation-logits).
+NO_GENERATION_LOGITS = "To return generation logits, gather_generation_logits must be enabled in ExecutorConfig"
+# Steps of the logits cache the flag allocates at load, outside the KV cache
+# (upstream-facts: executor-generation-logits-cache).
+GENERATION_LOGITS_CACHE_STEPS = 8
+BEAM_WIDTH = "Assertion failed: beamWidth ({n}) exceeds max_beam_width ({max})"
+TEMPERATURE_NEGATIVE = "Assertion failed: temperature.value() >= 0.f"
+# Not an error: the executor logs it and generates fewer tokens (upstream-facts: executor-output-len-clamp).
 OUTPUT_LEN_CLAMPED = (
     "Prompt length + number of requested output tokens + draft tokens per step ({p} + {n} + {d}) "
     "exceeds maximum sequence length ({max}). Number of requested output tokens is changed to ({new})."
 )
-TOP_P_RANGE = "Assertion failed: topP.value() <= 1.f"  # SamplingConfig::checkTopP
-TOP_K_NEGATIVE = "Assertion failed: topK.value() >= 0"  # SamplingConfig::checkTopK
-# U convertWordList (L416-449): the [2, L] stop/bad word list, flattened, is checked before the request is made.
+TOP_P_RANGE = "Assertion failed: topP.value() <= 1.f"
+TOP_K_NEGATIVE = "Assertion failed: topK.value() >= 0"
+# The [2, L] stop/bad word list's checks.
 WORD_LIST_ODD = "Sparse list must not have odd length: {list}"
 WORD_LIST_EXTRA_END = "Sparse list must not have additional -1s: {list}"
 WORD_LIST_OUT_OF_BOUND = "Sparse list must not have out-of-bound offsets: {list}"
 WORD_LIST_NOT_INCREASING = "Sparse list must not have non-increasing offsets: {list}"
-# trt-spec's stand-in is stricter than the backend where the backend silently does something a caller did not
-# mean (it ignores input_lengths at batch size 1, U splitBatchInputsTensors) or fails deep inside a kernel.
+# The stand-in's own, stricter checks, where the backend silently does what a caller did not mean or fails in a kernel
+# (upstream-facts: contract-input-lengths-ignored).
 INPUT_LENGTHS_MISMATCH = (
     "input_lengths {n} does not match input_ids ({m} tokens); send input_lengths = the number of tokens in input_ids"
 )
@@ -354,7 +288,7 @@ TOKEN_OUT_OF_VOCAB = (
 )
 END_ID_OUT_OF_VOCAB = "end_id {t} is outside [-1, {v}) (the vocabulary); send the tokenizer's EOS id or -1"
 SEED_RANGE = "seed {s} is outside 0..2^64-1 (the backend's UINT64 seed)"
-# Stricter than the backend (it would fan a request out into N child requests): trt-spec never asks for more.
+# Stricter than the backend, which would fan the request out into N child requests.
 RETURN_SEQUENCES = (
     "num_return_sequences {n} is not supported by trt-spec's deployment (beam width 1, one "
     "sequence per request); send 1 or omit it"
@@ -362,22 +296,20 @@ RETURN_SEQUENCES = (
 
 
 def generation_logits_cache_bytes(max_batch_size: int, vocab_size: int, logits_dtype: str = LOGITS_DTYPE) -> int:
-    """GPU bytes an engine built with --gather_generation_logits keeps for the logits cache and its transposed copy
-    (an upper bound; GENERATION_LOGITS_CACHE_STEPS), per last-pipeline-stage rank."""
+    """Upper bound of the GPU bytes per last-pipeline-stage rank that --gather_generation_logits costs."""
     return 2 * GENERATION_LOGITS_CACHE_STEPS * max_batch_size * vocab_size * (2 if logits_dtype == FP16_LOGITS else 4)
 
 
 def max_input_len(max_seq_len: int, max_num_tokens: int, chunked_context: bool = False) -> int:
-    """The longest prompt the executor takes (trtGptModelInflightBatching.cpp, 'TRTGptModel maxInputLen'):
-    with context FMHA and packed input (trt-spec always builds with both) it is min(max_seq_len - 1,
-    max_num_tokens), or max_seq_len - 1 with chunked context. trtllm-build's --max_input_len does not raise it."""
+    """The longest prompt the executor takes; --max_input_len does not raise it.
+
+    (upstream-facts: executor-max-input-len)"""
     return max_seq_len - 1 if chunked_context else min(max_seq_len - 1, max_num_tokens)
 
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """What a built engine fixes (TRT-LLM: the engine's config.json build_config; the reference engine: its
-    trt_spec_engine.json build_config, written from the same config keys)."""
+    """What a built engine fixes: its build_config (config.json, or the reference engine's trt_spec_engine.json)."""
 
     max_batch_size: int
     max_seq_len: int
@@ -386,8 +318,8 @@ class EngineLimits:
     max_beam_width: int = 1
     speculative_decoding_mode: Optional[str] = None
     gather_generation_logits: bool = False
-    vocab_size: Optional[int] = None  # when known, token ids are range-checked (the stand-in's stricter check)
-    logits_dtype: str = LOGITS_DTYPE  # the engine's logits (TensorRT-LLM's checkpoint default: float32)
+    vocab_size: Optional[int] = None  # when known, token ids are range-checked
+    logits_dtype: str = LOGITS_DTYPE
 
     @classmethod
     def from_build_config(cls, bc: Mapping, vocab_size: Optional[int] = None) -> "EngineLimits":
@@ -407,15 +339,13 @@ class EngineLimits:
         return max_input_len(self.max_seq_len, self.max_num_tokens, chunked_context)
 
     def output_limit(self, prompt_len: int) -> int:
-        """The most new tokens a request of prompt_len gets: LlmRequest::validate lowers request_output_len to
-        max_seq_len - prompt - draftLenPerEngineStep (the engine's max_draft_len) with OUTPUT_LEN_CLAMPED."""
+        """The most new tokens a request of prompt_len gets (OUTPUT_LEN_CLAMPED)."""
         return self.max_seq_len - prompt_len - self.max_draft_len
 
 
 def kernel_logits(logits, temperature: Optional[float], logits_dtype: str):
-    """The logits TensorRT-LLM samples from (FP16_LOGITS): `logits` [..., V] (torch, float) held in the engine's
-    logits dtype, scaled by 1 / (T + 1e-6) when the request sent a temperature other than 1 (hasTemperature), then
-    clamped to the dtype's range. Returns float32."""
+    """The logits TensorRT-LLM samples from, as float32: `logits` [..., V] (torch) in the engine's logits dtype,
+    scaled when a temperature other than 1 was sent, then clamped to the dtype's range."""
     import torch
 
     half = logits_dtype == FP16_LOGITS
@@ -428,9 +358,9 @@ def kernel_logits(logits, temperature: Optional[float], logits_dtype: str):
 
 
 def effective_top_k_top_p(top_k: Optional[int], top_p: Optional[float]) -> tuple[int, float]:
-    """TensorRT-LLM's sampling-layer setup: absent top_k is 0, absent (or <= 0, U L558-563) top_p is 0; and
-    `k == 0 && p == 0.0f` -> k = 1 (samplingTopKKernels.cu setup): with neither set, decoding is GREEDY at any
-    temperature. top_p == 1.0 with k == 0 samples from the full distribution."""
+    """The (top_k, top_p) TensorRT-LLM samples with: neither set means k = 1, GREEDY at any temperature.
+
+    (upstream-facts: trtllm-top-k-top-p-default)"""
     k = int(top_k or 0)
     p = float(top_p) if top_p is not None and top_p > 0 else 0.0
     if k == 0 and p == 0.0:
@@ -440,7 +370,7 @@ def effective_top_k_top_p(top_k: Optional[int], top_p: Optional[float]) -> tuple
 
 @dataclass
 class EngineRequest:
-    """One request as the executor sees it, after the backend's and the executor's checks."""
+    """One request as the executor sees it, after the checks."""
 
     input_ids: list[int]
     output_len: int
@@ -449,8 +379,8 @@ class EngineRequest:
     end_id: Optional[int] = None  # absent: -1, never stops on EOS
     streaming: bool = False
     exclude_input: bool = False
-    temperature: Optional[float] = None  # as sent; None = absent (the kernel then leaves the logits unscaled)
-    top_k: int = 1  # effective (see effective_top_k_top_p); 1 = greedy
+    temperature: Optional[float] = None  # as sent; None = absent (logits unscaled)
+    top_k: int = 1  # effective; 1 = greedy
     top_p: float = 0.0
     seed: Optional[int] = None
     stop_words: list[list[int]] = field(default_factory=list)
@@ -458,12 +388,11 @@ class EngineRequest:
     return_generation_logits: bool = False
     return_perf_metrics: bool = False
     requested_outputs: tuple[str, ...] = ()
-    warning: Optional[str] = None  # what the executor logs for this request (OUTPUT_LEN_CLAMPED)
+    warning: Optional[str] = None  # OUTPUT_LEN_CLAMPED as the executor logs it
 
     @property
     def greedy(self) -> bool:
-        """Top-k 1 (neither top_k nor top_p sent): the argmax of kernel_logits at any temperature; on FP16 logits a
-        temperature of 0 makes that argmax a tie among clamped logits (FP16_LOGITS)."""
+        """Top-k 1: the argmax of kernel_logits at any temperature."""
         return self.top_k == 1
 
 
@@ -479,8 +408,7 @@ def _scalar(inputs: Mapping[str, Optional[np.ndarray]], name: str):
 
 
 def word_list(arr: Optional[np.ndarray]) -> list[list[int]]:
-    """TensorRT-LLM's [2, L] word list (row 0 ids, row 1 end offsets, -1 padded) -> token sequences, with the
-    backend's checks (U convertWordList): even length, offsets increasing and <= L, -1 only as trailing pad."""
+    """TensorRT-LLM's [2, L] word list (row 0 ids, row 1 end offsets, -1 padded) -> token sequences, checked."""
     if arr is None:
         return []
     flat = [int(x) for x in np.asarray(arr).reshape(-1)]
@@ -530,9 +458,9 @@ def parse_request(
     decoupled: bool,
     config_logits_dtype: str = LOGITS_DTYPE,
 ) -> EngineRequest:
-    """Every check the backend (U createRequestsFromInputTensors, MIS fillTritonResponse) and the executor
-    (LlmRequest::validate, SamplingConfig) make on the inputs trt-spec uses, in their order. Raises
-    ContractError with their message. `inputs`: name -> array with the batch dimension ([1, …])."""
+    """The backend's and executor's checks of the inputs trt-spec uses, in their order; raises ContractError.
+
+    `inputs`: name -> array with the batch dimension ([1, …])."""
     input_ids, streaming = _input_ids(inputs, decoupled)
     out_len = _output_len(inputs, limits)
     temperature, k, p = _sampling(inputs)
@@ -543,10 +471,10 @@ def parse_request(
     draft_tokens = [int(x) for x in np.asarray(draft).reshape(-1)] if draft is not None else []
     out_len, warning = _validate_lengths(input_ids, out_len, draft_tokens, limits)
     return_logits = bool(_scalar(inputs, RETURN_GENERATION_LOGITS) or False)
-    if return_logits and not limits.gather_generation_logits:  # fetchNewRequests, after validate (NO_GENERATION_LOGITS)
+    if return_logits and not limits.gather_generation_logits:
         raise ContractError(EXECUTOR_ERROR.format(msg=NO_GENERATION_LOGITS))
     requested = tuple(requested_outputs)
-    for name in MANDATORY_OUTPUTS:  # fillTritonResponse, at the first response
+    for name in MANDATORY_OUTPUTS:
         if name not in requested:
             raise ContractError(MISSING_OUTPUT.format(name=name))
     dl = inputs.get(DRAFT_LOGITS)
@@ -579,7 +507,7 @@ def parse_request(
 
 
 def _input_ids(inputs: Mapping[str, Optional[np.ndarray]], decoupled: bool) -> tuple[list[int], bool]:
-    """The prompt (one sequence) and the streaming flag, as the backend checks them."""
+    """The prompt (one sequence) and the streaming flag."""
     ids = inputs.get(INPUT_IDS)
     if ids is None:
         raise ContractError(NO_INPUT_IDS)
@@ -604,7 +532,7 @@ def _input_ids(inputs: Mapping[str, Optional[np.ndarray]], decoupled: bool) -> t
 
 
 def _output_len(inputs: Mapping[str, Optional[np.ndarray]], limits: EngineLimits):
-    """request_output_len as sent (before the executor clamps it), one sequence, a beam width the engine has."""
+    """request_output_len as sent, before the executor clamps it."""
     out_len = _scalar(inputs, REQUEST_OUTPUT_LEN)
     if out_len is None:
         raise ContractError(NO_OUTPUT_LEN)
@@ -620,7 +548,7 @@ def _output_len(inputs: Mapping[str, Optional[np.ndarray]], limits: EngineLimits
 
 
 def _sampling(inputs: Mapping[str, Optional[np.ndarray]]):
-    """SamplingConfig's checks: temperature as sent, and the effective (top_k, top_p)."""
+    """Temperature as sent, and the effective (top_k, top_p)."""
     temperature = _scalar(inputs, TEMPERATURE)
     top_p = _scalar(inputs, RUNTIME_TOP_P)
     if temperature is not None and not float(temperature) >= 0:  # NaN fails too
@@ -637,8 +565,7 @@ def _sampling(inputs: Mapping[str, Optional[np.ndarray]]):
 
 
 def _validate_lengths(input_ids: list[int], out_len, draft_tokens: list[int], limits: EngineLimits):
-    """LlmRequest::validate (executor): prompt length, then draft length. Returns the output length (clamped to the
-    room left, as the executor does) and the executor's warning when it clamped (else None)."""
+    """(output length clamped to the room left, the executor's warning or None); raises on too long a prompt/draft."""
     if len(input_ids) > limits.input_limit():
         raise ContractError(
             EXECUTOR_ERROR.format(msg=PROMPT_TOO_LONG.format(n=len(input_ids), max=limits.input_limit()))
@@ -649,7 +576,7 @@ def _validate_lengths(input_ids: list[int], out_len, draft_tokens: list[int], li
         warning = OUTPUT_LEN_CLAMPED.format(
             p=len(input_ids), n=int(out_len), d=limits.max_draft_len, max=limits.max_seq_len, new=room
         )
-        if room < 1:  # trt-spec's own (stricter) refusal: the executor would go on with no room to generate
+        if room < 1:  # stricter than the executor, which would go on with no room
             raise ContractError(EXECUTOR_ERROR.format(msg=warning.replace("is changed to", "would be")))
         out_len = room
     if draft_tokens and len(draft_tokens) > limits.max_draft_len:
@@ -660,7 +587,7 @@ def _validate_lengths(input_ids: list[int], out_len, draft_tokens: list[int], li
 
 
 def _check_vocabulary(v: Optional[int], input_ids: list[int], draft_tokens: list[int], end_id) -> None:
-    """Every token id (prompt, draft, end_id) inside the engine's vocabulary v (None: unknown, unchecked)."""
+    """Every token id inside the vocabulary v (None: unchecked)."""
     if v is None:
         return
     for name, toks in ((INPUT_IDS, input_ids), (DRAFT_INPUT_IDS, draft_tokens)):
@@ -673,7 +600,7 @@ def _check_vocabulary(v: Optional[int], input_ids: list[int], draft_tokens: list
 
 @dataclass(frozen=True)
 class PerfOutputs:
-    """The executor's RequestPerfMetrics for one response, as the backend writes them (PERF_OUTPUT_TYPES)."""
+    """One response's perf metrics, as the backend writes them (PERF_OUTPUT_TYPES)."""
 
     kv_new_blocks: int = 0
     kv_reused_blocks: int = 0
@@ -711,15 +638,8 @@ def response_tensors(
     declared: Optional[Iterable[str]] = None,
     model: str = "tensorrt_llm",
 ) -> dict[str, np.ndarray]:
-    """The outputs of one response, in the backend's shapes (MIS fillTritonResponse): output_ids [1, 1, T]
-    (non-streaming: prompt + generated unless exclude_input_in_output; streaming: only this chunk's new
-    tokens, never the prompt), sequence_length [1, 1] = tokens in this response, generation_logits when asked
-    for, and the ten perf outputs on EVERY response when return_perf_metrics is set.
-
-    What the backend writes is checked against `declared` (the model config's outputs), as Triton core checks it
-    (UNDECLARED_OUTPUT): one undeclared output fails the response. Then only the requested outputs are returned:
-    Triton returns requested outputs only, and a python stand-in must not even send the others
-    (trt_spec.in_triton.serving.requested_only)."""
+    """One response's requested outputs in the backend's shapes; output_ids [1, 1, T] holds the prompt only when
+    neither streaming nor exclude_input. Raises ContractError on an output `declared` lacks (UNDECLARED_OUTPUT)."""
     ids = list(tokens) if (req.streaming or req.exclude_input) else list(req.input_ids) + list(tokens)
     out = {
         OUTPUT_IDS: np.asarray(ids, dtype=np.int32).reshape(1, 1, -1),

@@ -1,10 +1,6 @@
-"""Build configuration: the typed schema of `build_configs/*.yaml`.
-
-This module is the one source of every default. The CLI, the planner and the docs read defaults from
-these classes; nothing else hard-codes them.
+"""Build configuration: the typed schema of `build_configs/*.yaml`, and the one source of its defaults.
 
 Loading order (later wins): YAML file < environment `TRT_SPEC__A__B=value` < `--set a.b=value`.
-Unknown keys are errors; every error names the key path and what would be valid.
 """
 
 from __future__ import annotations
@@ -35,11 +31,11 @@ CheckpointDtype = Literal["auto", "float16", "bfloat16", "float32"]
 
 
 class ConfigError(TrtSpecError, ValueError):
-    """A user error in the build configuration: one line naming the problem and the fix."""
+    """A user error in the build configuration."""
 
 
 def _one_of(allowed: tuple[Policy, ...], value: Any) -> Any:
-    """A policy word the loop accepts, as pydantic words a wrong one (type enum: the caller adds what it got)."""
+    """`value` if allowed, else pydantic's enum error."""
     if isinstance(value, str) and value in allowed:
         return value
     choices = [f"'{p.value}'" for p in allowed]
@@ -53,7 +49,7 @@ class _Strict(BaseModel):
 
 
 class ModelSpec(_Strict):
-    """One Hugging Face checkpoint (a local directory with config.json) and how to shard it."""
+    """One Hugging Face checkpoint and how to shard it."""
 
     checkpoint: str = Field(
         description="Hugging Face checkpoint directory, or pkg:<module>/<file>.gguf (a GGUF file in "
@@ -69,9 +65,7 @@ class ModelSpec(_Strict):
 
 
 class DistillSpec(_Strict):
-    """Build the draft from the target by distillation at build time (offline, seeded, bounded; a plan step on the
-    build host's torch): the reference engine's draft, and on engine: tensorrt the first-contact configs' (its Hugging
-    Face directory is quantized and built like any draft checkpoint, or served as it is by runtime: llmapi)."""
+    """Distill the draft from the target at build time (offline, seeded, bounded)."""
 
     hidden_size: int = Field(128, ge=32, description="draft hidden size")
     num_layers: int = Field(2, ge=1, description="draft decoder layers")
@@ -126,7 +120,7 @@ class MedusaSpec(_Strict):
 
 
 class EagleTrain(_Strict):
-    """engine: reference. Train an EAGLE-3 head for the target at build time (trt_spec/reference/train_eagle.py)."""
+    """engine: reference. Train an EAGLE-3 head for the target at build time."""
 
     draft_vocab: int = Field(
         EAGLE_DRAFT_VOCAB, ge=16, description="draft vocabulary: the most frequent target tokens in the data"
@@ -151,7 +145,7 @@ class EagleSpec(_Strict):
 
 
 class Eagle3Spec(_Strict):
-    """runtime: llmapi. An EAGLE-3 draft head for the target (e.g. yuhuili/EAGLE3-LLaMA3.3-Instruct-70B, downloaded)."""
+    """runtime: llmapi. An EAGLE-3 draft head for the target."""
 
     heads_dir: str = Field(description="EAGLE-3 head checkpoint directory (config.json: LlamaForCausalLMEagle3)")
     one_model: bool = Field(
@@ -162,7 +156,7 @@ class Eagle3Spec(_Strict):
 
 
 class MtpSpec(_Strict):
-    """runtime: llmapi. Multi-token prediction with the target's own MTP layers (DeepSeek-V3 family)."""
+    """runtime: llmapi. Multi-token prediction with the target's own MTP layers."""
 
     num_nextn_predict_layers: int = Field(1, ge=1, description="draft tokens per step (MTPDecodingConfig)")
 
@@ -173,14 +167,13 @@ class LookaheadSpec(_Strict):
     verification_set_size: int = Field(4, ge=1, description="G")
 
     def max_draft_len(self) -> int:
-        """TRT-LLM's formula: (0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1)."""
+        """The engine's max_draft_len for this (W, N, G) (upstream-facts: trtllm-lookahead-max-draft-len)."""
         w, n, g = self.window_size, self.ngram_size, self.verification_set_size
         return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
 
 
 class SuffixCacheSpec(_Strict):
-    """n-gram mode, suffix proposer: the cross-request cache of earlier requests' prompt + output, per BLS instance
-    (in_triton/suffix.py SuffixCache; docs/draft-policy.md, "The cross-request cache")."""
+    """The suffix proposer's cross-request cache of earlier requests' prompt + output, per BLS instance."""
 
     scope: CacheScope = Field(
         CacheScope(defaults.SUFFIX_CACHE_SCOPE),
@@ -235,13 +228,11 @@ class Speculative(_Strict):
     @field_validator("draft_len_policy", mode="before")
     @classmethod
     def _loop_policy(cls, v: Any) -> Any:
-        return _one_of(LOOP_POLICIES, v)  # the loop's members of the one policy vocabulary (speculation.Policy)
+        return _one_of(LOOP_POLICIES, v)
 
     @property
     def has_baseline_engine(self) -> bool:
-        """Whether the ensemble gets an engine of its own: modes that speculate inside the target engine
-        (speculation.Mode.in_engine) unless baseline_engine is false. (runtime: llmapi builds nothing: its baseline
-        is a second model name over the same checkpoint.)"""
+        """Whether the baseline gets an engine of its own (llmapi's baseline reuses the target's checkpoint)."""
         return self.mode.in_engine and not self.mode.llmapi_only and self.baseline_engine
 
     eagle: Optional[EagleSpec] = None
@@ -324,13 +315,12 @@ class BuildConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _serving_section(cls, data):
-        """`runtime:` names the runtime now; its old section (KV-cache fraction, device ids) is `serving:` and a
-        config written before still loads."""
+        """An old `runtime:` section loads as `serving:`."""
         if isinstance(data, dict) and isinstance(data.get("runtime"), dict):
             old = data["runtime"]
             serving = data.get("serving")
             data = {**data, "serving": {**serving, **old} if isinstance(serving, dict) else old}
-            del data["runtime"]  # (--set runtime.X=... on a config with `serving:` lands here too: merged, X wins)
+            del data["runtime"]  # --set runtime.X=... lands here too: merged, X wins
         return data
 
     @field_validator("gpu")
@@ -365,7 +355,7 @@ class BuildConfig(_Strict):
         try:
             recipe(self.runtime, self.engine, s.mode)
         except RecipeError as e:
-            if e.fix == "runtime":  # (a mode the engine refuses is preflight's, after the model checks)
+            if e.fix == "runtime":  # engine refusals are preflight's, after the model checks
                 raise ValueError(str(e)) from None
         if s.mode == Mode.EAGLE3 and s.eagle3 is None:
             raise ValueError(
@@ -375,11 +365,9 @@ class BuildConfig(_Strict):
             s.mtp = MtpSpec()
         return self
 
-    # -- derived ------------------------------------------------------------------------------------------
     @property
     def recipe(self) -> Recipe:
-        """This config's row of records/recipes.py: what runs for its runtime x engine x mode. A row the engine
-        refuses (recipe.refused) is still read for its facts; preflight raises its line where it checks it."""
+        """This config's recipe row, refused or not (preflight raises the refusal)."""
         return RECIPES[(self.runtime, self.engine, self.speculative.mode)]
 
     def resolved_name(self, source: Path | None) -> str:
@@ -395,8 +383,7 @@ class BuildConfig(_Strict):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Loading
+# -- Loading
 
 
 def _fmt_loc(loc: tuple[Any, ...]) -> str:
@@ -404,14 +391,13 @@ def _fmt_loc(loc: tuple[Any, ...]) -> str:
 
 
 def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Field names valid at the parent of `loc` (for 'unknown key' errors)."""
+    """Field names valid at the parent of `loc`."""
     cur: Any = model
     for part in loc[:-1]:
         fields = getattr(cur, "model_fields", None)
         if not fields or part not in fields:
             return []
         ann = fields[part].annotation
-        # Optional[X] -> X
         args = getattr(ann, "__args__", None)
         if args:
             ann = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), ann)
@@ -525,7 +511,7 @@ def load_config(
 
 
 def defaults_table() -> list[tuple[str, Any, str]]:
-    """(key path, default, description) for every field with a default; used by docs/configs.md and `--help`."""
+    """(key path, default, description) for every field."""
     rows: list[tuple[str, Any, str]] = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:
@@ -545,7 +531,7 @@ def defaults_table() -> list[tuple[str, Any, str]]:
 
 
 def markdown_table() -> str:
-    """docs/configs.md's table of keys and defaults (`python -m trt_spec.records.config` prints it)."""
+    """docs/configs.md's table of keys and defaults."""
     rows = [f"| `{k}` | `{v}` | {d} |" for k, v, d in defaults_table()]
     return "\n".join(["| key | default | meaning |", "|---|---|---|", *rows])
 

@@ -1,38 +1,8 @@
-"""How many tokens to draft each round: fixed k, or adaptive k chosen from measured costs and acceptance (k = 0
-included).
+"""How many tokens to draft each round: fixed k, or adaptive k from measured costs and acceptance (k = 0 included).
 
-Pure Python, no Triton, no torch, one policy for both loops: the BLS's draft -> verify loop
-(trt_spec/in_triton/speculative_loop.py, inside the `tensorrt_llm_bls` model, over the CPU reference engine and the
-TensorRT-LLM engines) and the reference engine's in-engine EAGLE chain (trt_spec/reference/batching.py: a round is a
-step drafting k tokens with the head, or a run of plain decode steps that leave the head idle).
-
-Fixed (`draft_len_policy: fixed`): every round drafts k = the request's num_draft_tokens (a draft-free proposer may
-offer fewer); a round with nothing to verify asks the target for one token. This is what trt-spec did before.
-
-Adaptive (`draft_len_policy: adaptive`, the default) maximises the request's expected tokens per second, per round:
-- Acceptance. A draft model's tokens: each request keeps a recency-weighted per-token acceptance α̂ (accepted tokens are
-  successes, the first rejected token of a round a failure; weight DECAY per round), started from the deployment's
-  running acceptance with the weight of PRIOR_ROUNDS rounds, a weight that decays with the request's own rounds like
-  any older evidence (so a draft that is never accepted drives α̂ to 0, not to a floor the prior sets); a round with
-  d drafts yields E(d) = (1 − α̂^(d+1)) / (1 − α̂) (Leviathan et al.'s i.i.d. model). Draft-free proposals are not
-  i.i.d. (a copied span is right as a whole or breaks early): E(d) = 1 + the deployment's measured mean accepted
-  tokens of d-token proposals, scaled by how this request's proposals did against that mean.
-- Costs, measured while serving (shared by all requests, recency-weighted) and kept per load level (1, 2, 3-4, 5-8, …
-  requests in the loop: a call batched with more requests costs more; a level without measurements borrows the
-  nearest one's): the target call's seconds by tokens submitted, V(n) = a + b·n, a line fitted to the per-n means; the
-  draft's seconds by k, D(k) (the draft engine) or the proposer's seconds (draft-free); t_dec, the seconds per token of
-  a run without speculation (the slope of the runs' seconds by length), and the call overhead O (their intercept).
-  This is what makes the policy load-aware: at a load where verifying k tokens costs more than it yields (compute-bound
-  batches), it drafts shorter or stops (the role of TensorRT-LLM's draft_len_schedule by batch size, from measurements).
-- Draft-target: k* = argmax over 1..K of E(k) / (D(k) + V(k + 1)), K = min(num_draft_tokens, remaining − 1);
-  speculate with k* if that rate beats 1 / t_dec, else run without speculation: one target call decodes a run of
-  tokens (from MIN_RUN, or half the run the deployment's requests recently reached, doubling with each
-  run in a row, at most MAX_RUN); after a run the next round drafts anyway to
-  re-measure (a probe).
-- Draft-free: the proposer costs nothing to consult, so it proposes first (alone in the loop its confidence sets the
-  length; with others in flight capped at the best k); the proposal is verified if E(d) / V(d + 1) beats 1 / t_dec.
-  An empty or rejected proposal becomes a run of m = sqrt(2·O / (q·G)) tokens (q: the share of consultations that
-  were useful, G: the seconds a useful one saved; see run_len).
+One pure-Python policy for the BLS's draft -> verify loop and the reference engine's in-engine EAGLE chain. Adaptive
+(the default) maximises each round's expected tokens per second from the request's acceptance and call costs measured
+per load level; where speculation does not pay it decodes a run of tokens instead, probing again after the run.
 """
 
 from __future__ import annotations
@@ -47,7 +17,7 @@ DECAY = 0.8  # per-round weight of a request's acceptance history (recent rounds
 PRIOR_ROUNDS = 2.0  # weight of the deployment's acceptance in a request's estimate
 COST_DECAY = 0.95  # per-observation weight of the shared cost measurements
 MIN_SAMPLES = 3.0  # rounds of a proposal length before its measured acceptance is used
-MIN_RUN = 1  # tokens of the first round without speculation (decoded in one target call); doubles per round
+MIN_RUN = 1  # tokens of the first round without speculation; doubles per round
 MAX_RUN = 64  # longest run between probes
 
 
@@ -70,8 +40,7 @@ class _EW:
 
 
 def _line(table: dict[int, _EW], proportional: bool = False) -> Optional[tuple[float, float]]:
-    """(a, b) of seconds ≈ a + b·n, weighted least squares over the per-n means; b ≥ 0. With one n: flat, or through
-    the origin when `proportional` (a draft engine decodes its k tokens one after another)."""
+    """(a, b) of seconds ≈ a + b·n by weighted least squares, b ≥ 0; one n: flat, or through 0 if `proportional`."""
     pts = [(n, e.mean, e.w) for n, e in table.items() if e.w]
     if not pts:
         return None
@@ -96,7 +65,7 @@ class Timings:
         self.target: dict[int, _EW] = {}  # tokens submitted (drafts + 1) -> seconds of the target call
         self.draft: dict[int, _EW] = {}  # k -> seconds of the draft call (or the proposer)
         self.runs: dict[int, _EW] = {}  # tokens of a run without speculation -> seconds of its target call
-        self.gain = _EW()  # seconds a useful draft-free speculative round saved against decoding its tokens
+        self.gain = _EW()  # seconds a useful draft-free round saved against decoding its tokens
 
     def verify_line(self) -> Optional[tuple[float, float]]:
         return _line(self.target)
@@ -113,8 +82,7 @@ class Timings:
         return 0.0 if line is None else _at(line, k, 0.0)
 
     def decode_s(self) -> Optional[float]:
-        """Seconds per token without speculation: the slope of the runs' seconds by length (the call's overhead
-        apart) once runs of two lengths were measured, else their mean per token, else a one-token target call."""
+        """Seconds per token without speculation: the runs' slope, else their mean per token, else one target call."""
         line = _line(self.runs)
         if line is None:
             return self.verify_s(1)
@@ -124,32 +92,28 @@ class Timings:
         return line[0] / n
 
     def call_overhead_s(self) -> Optional[float]:
-        """Seconds a target call costs beyond its tokens (the runs' intercept), once runs of two lengths were seen."""
+        """Seconds a target call costs beyond its tokens (the runs' intercept)."""
         line = _line(self.runs)
         return None if line is None or line[1] <= 0 else max(0.0, line[0])
 
 
 def load_level(active: int) -> int:
-    """Requests in the loop -> load level: 1, 2, 3-4, 5-8, 9-16, ... (costs are measured per level)."""
+    """Requests in the loop -> load level: 1, 2, 3-4, 5-8, 9-16, ..."""
     return (max(1, active) - 1).bit_length() + 1
 
 
 class CostModel:
-    """What the deployment measured while serving (one per BLS instance, shared by its requests): call seconds per
-    load level (the same call costs more with more requests batched with it, so costs measured at one load never
-    decide at another while that one has its own), and acceptance statistics."""
+    """What one deployment measured while serving: call seconds per load level, and acceptance statistics."""
 
     def __init__(self):
         self.levels: dict[int, Timings] = {}
-        self.acceptance = _EW()  # per-round acceptance successes/(successes + failures), all requests
-        self.useful = _EW()  # draft-free: share of proposer consultations that sped a round up, all requests
-        self.accepted_by_len: dict[int, _EW] = {}  # draft-free: tokens proposed -> tokens of them accepted
-        self.run_reached = _EW()  # the doubling run's length after each round that settled it, all requests
+        self.acceptance = _EW()  # per-round successes/(successes + failures)
+        self.useful = _EW()  # draft-free: share of consultations that sped a round up
+        self.accepted_by_len: dict[int, _EW] = {}  # draft-free: tokens proposed -> tokens accepted
+        self.run_reached = _EW()  # the doubling run's length after each round that settled it
 
     def start_run(self) -> int:
-        """The doubling run a new request starts from: half the run the deployment's requests have recently been
-        reaching (a power of two, at least MIN_RUN), so that where probes keep losing a new request does not pay
-        for the whole doubling again (1, 2, 4 ... probes), while one probe still comes within that many tokens."""
+        """A new request's first doubling run: half what recent requests reached, so it skips losing probes."""
         reached = self.run_reached.mean
         if reached is None:
             return MIN_RUN
@@ -159,8 +123,7 @@ class CostModel:
         return run
 
     def at(self, active: int = 1) -> Timings:
-        """The timings to decide with at this load: its own level's once it has measured a target call, else the
-        nearest level that has (the lower on a tie), else its own (empty)."""
+        """The timings to decide with: this load's level, else the nearest measured one (the lower on a tie)."""
         lvl = load_level(active)
         have = [k for k, t in self.levels.items() if t.target or t.runs]
         if lvl in have or not have:
@@ -174,9 +137,7 @@ class CostModel:
     def seed(
         self, verify_s: Mapping[int, float], draft_s: Mapping[int, float], decode_s: float, active: int = 1
     ) -> None:
-        """Costs measured before serving (an EAGLE engine times its forwards and its head at load): seconds of a target
-        call by tokens submitted, of the draft by k, and of one plain decode step, at this load. Each counts as one
-        observation, so what serving measures takes over (recency-weighted)."""
+        """Costs measured before serving (target by tokens, draft by k, one decode step), one observation each."""
         t = self.level(active)
         for n, s in verify_s.items():
             t.target.setdefault(n, _EW()).add(s)
@@ -192,23 +153,21 @@ class CostModel:
 
 @dataclass(frozen=True)
 class Decision:
-    """What the policy chose for one round, and why. `decide` and `confirm` only read the policy; everything a
-    decision changes in it (the probe used up, the run length reset or doubled) happens in `observe`."""
+    """What the policy chose for one round, and why; only `observe` changes the policy's state."""
 
     k: int  # the draft length chosen (draft-free: the most the proposer may offer); 0 = no speculation this round
     run_len: int  # tokens the target decodes in one call if the round does not speculate
     speculate: bool  # verify drafts this round (draft-free: confirmed after the proposer answered)
     pays: bool = True  # the estimate said speculation beats decoding (True while nothing is measured)
     probe: bool = False  # speculating although it does not pay: re-measuring acceptance after a run
-    evaluated: bool = False  # the adaptive policy weighed speculation against decoding (observe settles the probe)
+    evaluated: bool = False  # the adaptive policy weighed speculation against decoding
     doubling: bool = False  # run_len is the request's doubling run (observe doubles it after a run)
-    load: int = 1  # requests in the loop when decided: the round's costs are observed at this load
+    load: int = 1  # requests in the loop when decided
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one round did: drafts verified and accepted, tokens it added, seconds proposing and in the target call;
-    `empty`: a draft-free proposer proposed nothing."""
+    """What one round did; `empty`: a draft-free proposer proposed nothing."""
 
     drafted: int
     accepted: int
@@ -230,10 +189,10 @@ class RequestPolicy:
     useful: float = 0.0  # draft-free: recency-weighted consultations that sped a round up ...
     consulted: float = 0.0  # ... out of all consultations
     own_accepted: float = 0.0  # draft-free: recency-weighted tokens accepted ...
-    own_expected: float = 0.0  # ... and what the deployment's acceptance by length expected of the same proposals
+    own_expected: float = 0.0  # ... and what the deployment's acceptance expected of them
     run: int = MIN_RUN  # tokens of the next doubling run
-    prior_weight: float = PRIOR_ROUNDS  # the deployment's acceptance counts as this many rounds, decaying as they do
-    probe: bool = False  # the next evaluated round speculates whatever the estimate says (after a run)
+    prior_weight: float = PRIOR_ROUNDS  # decays like the request's own rounds, so α̂ can reach 0
+    probe: bool = False  # the next evaluated round speculates whatever the estimate says
 
     @property
     def adaptive(self) -> bool:
@@ -245,9 +204,8 @@ class RequestPolicy:
         return s / (self.successes + self.failures + self.prior_weight)
 
     def expected(self, d: int, draft_free: bool) -> float:
-        """Tokens a round with d drafts is expected to yield. Draft-free proposals are not i.i.d. (a copied span is
-        right as a whole or breaks early), so their acceptance is measured by proposal length over the deployment and
-        scaled by how this request's proposals did against it; a draft model's tokens follow Leviathan's model."""
+        """Tokens a round with d drafts is expected to yield; draft-free proposals are not i.i.d., so their acceptance
+        is measured per proposal length."""
         if draft_free:
             acc = self.costs.accepted_s(d)
             if acc is not None:
@@ -256,9 +214,7 @@ class RequestPolicy:
         return expected_tokens(self.alpha, d)
 
     def speedups(self, ds, active: int, proposer_s: Optional[float] = None) -> Optional[list[float]]:
-        """For each d in ds, a round with d drafts' expected tokens per second over decoding's (> 1: it pays), from
-        the costs at this load, fitted once (None while the target's cost is unmeasured); proposer_s given: a
-        draft-free proposer that took that long."""
+        """Per d in ds: expected tokens/s of a d-draft round over decoding's (> 1 pays); None while unmeasured."""
         t = self.costs.at(active)
         verify, t_dec = t.verify_line(), t.decode_s()
         if verify is None or t_dec is None:
@@ -281,14 +237,8 @@ class RequestPolicy:
         return k, gain > 1.0
 
     def decide(self, cap: int, active: int, remaining: int, *, draft_free: bool, first: bool = False) -> Decision:
-        """The next round, before anything is proposed. cap: the most drafts this round may have (the request's k,
-        within its remaining budget); active: requests in the loop; first: the request's first round (it decodes
-        one token when it does not speculate, so the first token never waits for a run).
-
-        Draft-target: k* = the best draft length, speculating when it pays or as the probe after a run. Draft-free:
-        the proposer is free to consult, so the decision is how much to ask for (alone in the loop its own
-        confidence sets the length; with others in flight, the length that maximises the net rate), and `confirm`
-        decides on what it proposed."""
+        """The next round, before anything is proposed; cap: the most drafts it may have. Draft-free: how much to ask
+        the proposer for (`confirm` then decides on its proposal)."""
         run_len, doubling = self._run_len(remaining, active, draft_free, first)
         base = Decision(k=max(cap, 0), run_len=run_len, speculate=cap > 0, doubling=doubling, load=active)
         if not self.adaptive or cap <= 0:
@@ -313,15 +263,10 @@ class RequestPolicy:
         return replace(decision, speculate=speculate, pays=pays, probe=speculate and not pays, evaluated=True)
 
     def _run_len(self, remaining: int, active: int, draft_free: bool, first: bool) -> tuple[int, bool]:
-        """(tokens to decode in a round without speculation, whether that is the doubling run). Fixed policy, and
-        the first round: 1 (the target's verification of nothing).
+        """(tokens to decode without speculation, whether that is the doubling run).
 
-        Draft-free: a run of m tokens saves (m − 1) call overheads O against m one-token rounds but consults the
-        proposer m − 1 times less, each consultation useful with probability q (measured) and then worth G seconds
-        (measured). Minimising O/m + q·G·(m − 1)/2 per token gives m = sqrt(2·O / (q·G)) (the square-root rule of
-        batch sizing): short runs where matches come back often or calls are cheap, long ones in free text.
-        Draft-target (and before O, q, G are measured): the run doubles with every round in a row without
-        speculation and falls back to MIN_RUN when speculation pays."""
+        Draft-free: m = sqrt(2·O / (q·G)) minimises per-token overhead O/m plus missed proposals q·G·(m − 1)/2
+        (q: share of useful consultations, G: seconds one saved). Otherwise the run doubles until speculation pays."""
         if first or not self.adaptive:
             return 1, False
         t = self.costs.at(active)
@@ -333,8 +278,7 @@ class RequestPolicy:
         return max(1, min(self.run, remaining)), True
 
     def observe(self, decision: Decision, outcome: Outcome, *, draft_free: bool) -> None:
-        """Learn from one round: settle what the decision owed (a probe used up; the run length reset when
-        speculation paid, doubled after a doubling run), then account acceptance and costs at the decision's load."""
+        """Learn from one round: settle the probe and run length, then record acceptance and costs."""
         if decision.evaluated:
             self.probe = False
             if decision.pays:
@@ -342,8 +286,7 @@ class RequestPolicy:
         if not outcome.drafted and decision.doubling:  # a round without speculation decoded the doubling run
             self.run = min(MAX_RUN, self.run * 2)
         if self.adaptive and not draft_free and (decision.evaluated or decision.doubling):
-            # (draft-target and EAGLE only: a draft-free proposer is consulted every round, so its runs are the
-            # fallback of a round it had nothing for, and a long starting run would skip the copying it finds)
+            # not draft-free: a long starting run would skip the copying its proposer finds
             self.costs.run_reached.add(self.run)
         drafted, accepted = outcome.drafted, outcome.accepted
         if draft_free and drafted:

@@ -1,8 +1,6 @@
-"""Checksums of built outputs: what a step wrote (size + sha256 per file), verified before it is trusted.
+"""Checksums of built outputs (size + sha256 per file), verified before they are trusted.
 
-Recorded by the runner in each step's stamp and, per engine, in manifest.json; the repository writer copies
-the engines' sums into trt_spec_repo.json (both typed in trt_spec/records/manifest.py), and the reference engine model
-verifies its engine at load. Standard library only: the Triton python models import this module.
+Standard library only: the Triton python models import it.
 """
 
 from __future__ import annotations
@@ -85,16 +83,14 @@ def rebuild_hint(config_path: Optional[str], step: str) -> str:
 def _repo_record(repository: Path) -> Optional[RepoRecord]:
     try:
         return RepoRecord.read(Path(repository))
-    except ManifestError as e:  # old, foreign or damaged: the same one line, as what the caller handles
+    except ManifestError as e:  # old, foreign or damaged
         raise IntegrityError(str(e)) from None
 
 
 def verify_served_engine(repository: Path, engine_dir: str) -> None:
-    """At model load: check `engine_dir` (gpt_model_path) against the sums the repository writer stored in
-    <repository>/trt_spec_repo.json. Engines without recorded sums (a repository written from a config before
-    the build) are not checked; a record from another trt-spec version is refused."""
+    """Check `engine_dir` against the sums in <repository>/trt_spec_repo.json; engines without sums pass."""
     record = _repo_record(repository)
-    real = os.path.realpath(engine_dir)  # the repository names its engines through symlinks (repository.link_paths)
+    real = os.path.realpath(engine_dir)  # the repository names engines through symlinks
     entry = (
         next((e for d, e in record.engines.items() if d == engine_dir or os.path.realpath(d) == real), None)
         if record
@@ -109,8 +105,7 @@ def verify_served_engine(repository: Path, engine_dir: str) -> None:
 
 
 def verify_repository_engines(repository: Path) -> int:
-    """Before serving (the GPU path: the tensorrtllm C++ backend loads engines without looking at sums): every
-    engine recorded in <repository>/trt_spec_repo.json against its sums. Returns the number checked."""
+    """Before serving (the C++ backend checks no sums): verify every recorded engine; returns how many."""
     record = _repo_record(repository)
     engines = record.engines if record else {}
     for engine_dir in sorted(engines):

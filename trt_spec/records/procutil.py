@@ -18,14 +18,13 @@ def shell_line(argv, env: Optional[dict] = None) -> str:
     return (prefix + " " if prefix else "") + shlex.join(argv)
 
 
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when the thread that created it exits
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def die_with_parent(sig: int) -> Optional[Callable[[], None]]:
-    """A preexec_fn: the child gets `sig` when the thread that spawned it exits, however it exits (kill -9
-    included; per prctl(2) it is the spawning *thread*, so spawn from one that lives as long as the child
-    should). Closes prctl(2)'s race: a parent that died before prctl took effect sends no signal, so the child
-    signals itself. Linux only; elsewhere None (the caller's own signal handling is all there is)."""
+    """A preexec_fn: the child gets `sig` when the spawning *thread* exits, even by kill -9 (Linux; else None).
+
+    A parent that died before prctl took effect sends nothing, so the child then signals itself."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -35,7 +34,7 @@ def die_with_parent(sig: int) -> Optional[Callable[[], None]]:
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     parent = os.getpid()
 
-    def preexec() -> None:  # runs in the child between fork and exec: keep it minimal
+    def preexec() -> None:  # between fork and exec: keep it minimal
         prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), int(sig))

@@ -1,18 +1,7 @@
-"""What runs for a config: one row per runtime x engine x mode, read by preflight, the planner, the repository writer
-and the Kubernetes bundle instead of each comparing the three strings itself.
+"""What runs for a config: one row per runtime x engine x mode (build steps, models, launcher, writer).
 
-A row says which build steps the plan makes, which models the build produces and the deployment loads, how the
-repository is launched, and which repository writer writes it. Combinations trt-spec does not serve are rows too,
-with the one line that refuses them (`recipe()` raises it); their other columns still hold, so a check that runs
-before the refusal is due (preflight keeps its order of checks) can read the table.
-
-  runtime engine     steps                                       launcher  models
-  engine  tensorrt   import, distill, checkpoint, engine         mpirun    target (+ draft | heads, baseline)
-  engine  reference  import, distill, (train-eagle,) export      plain     target (+ draft | heads, baseline)
-  llmapi  tensorrt   import, distill (checkpoints served as-is)  llmapi    target (+ draft | heads)
-  llmapi  reference  import, distill, export (the CPU stand-in)  llmapi    target (+ draft)
-
-(import and distill run only where the config names a GGUF target or a draft to distill.)
+Unserved combinations are rows too, holding the line that refuses them, so checks that run before the refusal can
+still read their other columns.
 """
 
 from __future__ import annotations
@@ -29,7 +18,7 @@ ENGINES = ("tensorrt", "reference")  # config `engine:`
 
 
 class RecipeError(TrtSpecError, ValueError):
-    """A runtime x engine x mode trt-spec does not serve: one line naming it and the fix. `fix`: the key to change."""
+    """A runtime x engine x mode trt-spec does not serve; `fix` is the config key to change."""
 
     def __init__(self, line: str, fix: str):
         super().__init__(line)
@@ -41,52 +30,50 @@ class Recipe:
     runtime: str
     engine: str
     mode: Mode
-    steps: tuple[str, ...]  # the plan's step kinds, in order
-    models: tuple[str, ...]  # target, draft (a draft model), heads (the mode's head checkpoint), baseline (an engine)
-    launcher: str  # mpirun (a rank per GPU, or orchestrator mode) | plain (one process) | llmapi (the LLM spawns ranks)
-    refused: Optional[str] = None  # the line that refuses the combination (None: served)
-    fix: Optional[str] = None  # the key the refusal asks to change: runtime | engine
+    steps: tuple[str, ...]  # in plan order
+    models: tuple[str, ...]  # target | draft | heads | baseline
+    launcher: str  # mpirun | plain (one process) | llmapi (the LLM spawns ranks)
+    refused: Optional[str] = None  # None: served
+    fix: Optional[str] = None  # runtime | engine
 
     @property
     def gpu(self) -> bool:
-        """Runs on GPUs (TensorRT-LLM): devices, parallelism and the memory plan are checked."""
+        """Runs on GPUs (TensorRT-LLM)."""
         return self.engine == "tensorrt"
 
     @property
     def writer(self) -> str:
-        """The repository writer: engine (the tensorrt_llm models, ensemble and BLS) | llmapi (the LLM-API model)."""
+        """The repository writer: engine | llmapi."""
         return self.runtime
 
     @property
     def backend(self) -> str:
-        """The engine models' Triton backend: tensorrtllm on a GPU, python (the reference engine) on CPU."""
+        """The engine models' Triton backend."""
         return "tensorrtllm" if self.gpu else "python"
 
     @property
     def llm_api(self) -> bool:
-        """TensorRT-LLM's LLM API (or its CPU stand-in) serves it: one process loads the target and its draft or head
-        on the target's GPUs, sizes one KV-cache pool, and speculates inside."""
+        """The LLM API (or its CPU stand-in) serves it: one process, one KV-cache pool, speculation inside."""
         return self.launcher == "llmapi"
 
     @property
     def tree(self) -> bool:
-        """The target engine drafts a tree (Medusa / EAGLE-1 choices) max_draft_len must hold; the reference engine
-        drafts a chain."""
+        """The target engine drafts a tree that max_draft_len must hold; the reference engine drafts a chain."""
         return self.gpu and self.mode in (Mode.MEDUSA, Mode.EAGLE)
 
     @property
     def openai(self) -> bool:
-        """trt-spec's OpenAI frontend serves it (it speaks to the BLS and the ensemble)."""
+        """trt-spec's OpenAI frontend serves it."""
         return not self.llm_api
 
     @property
     def loop_in_bls(self) -> bool:
-        """The BLS runs the draft -> verify loop (the engine runtime's draft-target and n-gram)."""
+        """The BLS runs the draft -> verify loop."""
         return not self.llm_api and self.mode.loop_in_bls
 
     @property
     def drafts(self) -> bool:
-        """Something drafts at a draft length the config sets (max_draft_len must be >= 1)."""
+        """Something drafts at a config-set draft length (max_draft_len must be >= 1)."""
         return self.mode is not Mode.NONE and (self.mode.loop_in_bls or self.llm_api)
 
 
@@ -109,7 +96,7 @@ def _refusal(runtime: str, engine: str, mode: Mode) -> tuple[Optional[str], Opti
 
 
 def _row(runtime: str, engine: str, mode: Mode) -> Recipe:
-    if engine == "reference":  # reference engines are exported (the LLM-API stand-in serves them too)
+    if engine == "reference":  # exported (the LLM-API stand-in serves them too)
         steps = ("import", "distill") + (("train-eagle",) if mode is Mode.EAGLE else ()) + ("export",)
     elif runtime == "engine":
         steps = ("import", "distill", "checkpoint", "engine")
@@ -132,7 +119,7 @@ RECIPES: dict[tuple[str, str, Mode], Recipe] = {
 
 
 def recipe(runtime: str, engine: str, mode: str | Mode) -> Recipe:
-    """The row of a served runtime x engine x mode; RecipeError (one line) for one trt-spec does not serve."""
+    """The row of a served runtime x engine x mode; raises RecipeError for an unserved one."""
     row = RECIPES.get((runtime, engine, Mode(mode)))
     if row is None:
         raise RecipeError(

@@ -1,8 +1,6 @@
-"""The accept rule of one verification: greedy prefix matching, or rejection sampling against the draft's
-distribution (exact: the output is distributed as the target's). The engine's verification runs it
-(engine.accept_draft); the speculative loop itself is trt_spec/in_triton/speculative_loop.py, the only one.
+"""The accept rule of one verification: greedy prefix matching, or exact rejection sampling.
 
-Naming (used throughout): p = target probabilities, q = draft probabilities.
+p = target probabilities, q = draft probabilities.
 """
 
 from __future__ import annotations
@@ -23,10 +21,7 @@ def speculative_accept(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> tuple[list[int], int]:
-    """Verify one row of k draft tokens; return (new tokens, number of drafts accepted).
-
-    draft_tokens: [k]; draft_probs: [k, V] or None; target_logits: [k + 1, V]. See speculative_accept_batch.
-    """
+    """(new tokens, drafts accepted) for one row: draft_tokens [k], draft_probs [k, V] or None, logits [k + 1, V]."""
     draft = torch.as_tensor(draft_tokens, dtype=torch.int64).reshape(1, -1)
     probs = None if draft_probs is None else draft_probs[None]
     out, n = speculative_accept_batch(draft, probs, target_logits[None], temperature, top_k, top_p, generator)
@@ -43,18 +38,10 @@ def speculative_accept_batch(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verify B rows of k draft tokens each against the target's logits.
+    """Verify B rows of k drafts: (tokens [B, k + 1], num_accepted [B]), each row n accepted + one target token + -1s.
 
-    draft_tokens: [B, k] int64; draft_probs: [B, k, V] q rows the drafts were sampled from, or None for a
-    deterministic draft (n-gram), which is q = one-hot on its token; target_logits: [B, k + 1, V], row i
-    predicting the token after draft i-1.
-    Returns (tokens [B, k + 1], num_accepted [B]): row b holds its n_b accepted drafts, then one target token
-    (the correction, or the bonus when all k are accepted), then -1 padding.
-
-    Greedy (temperature == 0): accept the longest prefix where draft == target argmax, then the argmax at the
-    first mismatch. Sampling: accept x_i with probability min(1, p(x_i) / q(x_i)); at the first rejection i
-    sample from normalize(max(0, p_i - q_i)); if all are accepted sample the bonus from p_k. The output
-    distribution equals the target's.
+    draft_tokens [B, k]; draft_probs [B, k, V] or None (one-hot: a deterministic draft); target_logits [B, k + 1, V].
+    Sampling accepts x_i with probability min(1, p/q) and resamples from max(0, p - q) at the first rejection.
     """
     B, k = draft_tokens.shape
     if target_logits.shape[:2] != (B, k + 1):
@@ -67,7 +54,7 @@ def speculative_accept_batch(
         validate_sampling(temperature, top_k, top_p)
         target = target_logits.argmax(dim=-1)  # [B, k + 1]
         n = torch.cumprod((draft_tokens == target[:, :k]).int(), 1).sum(1)  # [B]
-        # Accepted drafts equal the argmax, so the output is the argmax prefix of length n + 1.
+        # accepted drafts equal the argmax, so the output is the argmax prefix
         return target.masked_fill(positions > n[:, None], -1), n
 
     p = logits_to_probs(target_logits, temperature, top_k, top_p)  # [B, k + 1, V]
@@ -79,7 +66,7 @@ def speculative_accept_batch(
     n = torch.cumprod((u * q_x < p_x).int(), 1).sum(1)  # accept while u < p/q (no division by q)
 
     rows = torch.arange(B)
-    p_n = p[rows, n]  # [B, V]: p at the first rejection, or p_k when all k were accepted
+    p_n = p[rows, n]  # [B, V]
     rejected = (n < k)[:, None]
     n_draft = n.clamp(max=max(k - 1, 0))
     if k == 0:
@@ -88,9 +75,9 @@ def speculative_accept_batch(
         q_n = draft_probs[rows, n_draft]
     else:
         q_n = torch.nn.functional.one_hot(draft_tokens[rows, n_draft], V).float()
-    residual = (p_n - q_n * rejected).clamp_(min=0)  # == p_k for rows that accepted everything
+    residual = (p_n - q_n * rejected).clamp_(min=0)
     mass = residual.sum(-1, keepdim=True)
-    # mass == 0 only when p == q up to rounding, where a rejection has ~zero probability: use p itself.
+    # mass == 0 only when p == q up to rounding (a rejection is then ~impossible)
     last = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p_n)
     token = sample_from(last, generator)  # [B]
 

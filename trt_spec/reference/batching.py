@@ -1,30 +1,9 @@
-"""In-flight batching for the reference engine: many sequences share one forward pass per iteration.
+"""In-flight batching for the reference engine: one engine thread packs many sequences into each forward.
 
-One engine thread runs iterations; `submit_generate` / `submit_verify` only queue a request and return a
-`Handle` (a future). Each iteration:
-
-1. finish sequences whose handle was cancelled (a slot frees at once; the others are not touched);
-2. admit queued requests first come, first served while the slot pool (`max_batch_size`) has room. Admission
-   takes the sequence's best prefix entry out of the engine's PrefixCache (exclusive: `ReferenceEngine._acquire`),
-   so only the tokens after the cached prefix are pending;
-3. schedule up to `max_num_tokens` new tokens: sequences in their generation phase first (pending tokens ==
-   the tokens whose logits are needed: 1 for a decode step, k + 1 for a verification), then context work in
-   admission order. Token budget policy: with `chunked_context` (default) a context that does not fit gets
-   the remaining budget as a chunk and continues next iteration (positions are cache-addressed, so a chunk
-   is just a shorter feed); without it a context runs whole or waits, and nothing behind it jumps the queue;
-4. one `ReferenceModel.forward_packed` over all scheduled tokens (linear layers once over the concatenation,
-   attention per sequence against its own cache);
-5. per sequence whose pending tokens are all fed: generate samples one token (streamed through `on_token`,
-   then end_id / stop words / max_new / should_stop end it), verify applies `speculative_accept`. A finished
-   sequence puts its entry back into the PrefixCache (so prefix KV reuse keeps working per sequence) and
-   resolves its handle; a sequence whose callback raises fails alone; a failed forward fails the sequences in
-   it (their entries stay valid: a cache entry's `tokens` only grow after a forward succeeded).
-
-This is the only way the engine runs a call: a solo call is a one-request batch. Numerics: prefill and
-verification rows are bit-identical to the sequence's own forward; a decode row that a one-row forward computes
-as a one-row matmul (MKL gemv) is computed with the batch by oneDNN here, ~1e-6 relative difference, which can
-flip a greedy argmax only on a near-tie (see tests/reference/test_batching.py, which reports the margin when it
-happens).
+Each iteration drops cancelled sequences, admits queued ones FCFS while slots are free, schedules up to
+max_num_tokens (generation steps first, then contexts, chunked or whole), runs one forward_packed, and completes
+the sequences whose pending tokens are all fed. Prefill and verify rows are bit-identical to a solo forward; batched
+decode rows may differ in the last bits (oneDNN vs MKL gemv), which can flip a greedy near-tie.
 """
 
 from __future__ import annotations
@@ -65,15 +44,13 @@ class EngineClosedError(TrtSpecError, RuntimeError):
 
 
 class Handle:
-    """A submitted request: `result()` blocks for its CallResult; `cancel()` asks the engine to finish it early
-    (it resolves normally with the tokens so far and `cancelled=True`, as the executor finishes a cancelled
-    request)."""
+    """A submitted request; `cancel()` resolves it normally with the tokens so far and `cancelled=True`."""
 
     def __init__(self, scheduler: BatchScheduler):
         self.future: Future[CallResult] = Future()
         self._scheduler = scheduler
         self.cancel_requested = False
-        self.progress = CallResult()  # the result as it grows (read on the engine thread, e.g. from on_token)
+        self.progress = CallResult()  # grows on the engine thread
 
     def result(self, timeout: Optional[float] = None) -> CallResult:
         return self.future.result(timeout)
@@ -92,36 +69,33 @@ class _Seq:
     input_ids: list[int]
     sampling: Sampling
     order: int
-    max_new: int = 0  # generate: tokens to produce
-    draft: Optional[list[int]] = None  # verify: the k draft tokens
+    max_new: int = 0
+    draft: Optional[list[int]] = None  # verify only
     draft_logits: Optional[torch.Tensor] = None
     end_id: Optional[int] = None
     stop_words: Sequence[Sequence[int]] = ()
     return_logits: bool = False
     on_token: Optional[Callable[[int], None]] = None
-    on_tokens: Optional[Callable[[list[int]], None]] = None  # streaming: every step's new tokens at once
+    on_tokens: Optional[Callable[[list[int]], None]] = None
     should_stop: Optional[Callable[[], bool]] = None
-    # engine-thread state
     entry: Optional[CacheEntry] = None
-    pending: list[int] = field(default_factory=list)  # tokens to feed before the next token can be chosen
-    need: int = 1  # logits rows needed at the end of `pending`: 1 (decode) or k + 1 (verify)
-    rows: list[torch.Tensor] = field(default_factory=list)  # logits collected for the current step
+    pending: list[int] = field(default_factory=list)  # to feed before the next token is chosen
+    need: int = 1  # logits rows needed: 1 (decode) or k + 1 (verify)
+    rows: list[torch.Tensor] = field(default_factory=list)
     generator: Optional[torch.Generator] = None
     result: CallResult = field(default_factory=CallResult)
-    # an EAGLE engine's decode (ReferenceEngine.head): the features of the tokens fed since the last step, the first
-    # one's position, and the drafts (with their target-vocabulary logits when sampling) in flight
+    # EAGLE decode: features fed since the head last ran, and the drafts in flight
     feats: list[torch.Tensor] = field(default_factory=list)
     feat_pos: int = 0
     spec_draft: list[int] = field(default_factory=list)
     spec_logits: Optional[torch.Tensor] = None
-    # ... and its draft-length policy (records/draft_policy.py): a round is one step drafting k > 0 tokens, or a run of
-    # plain decode steps (k = 0, the head idle); the round in flight, its tokens and seconds so far
+    # draft-length policy; a round is one k > 0 step or a run of plain decode steps
     policy: Optional[RequestPolicy] = None
     decision: Optional[Decision] = None
-    run_left: int = 0  # plain decode steps left in the run
+    run_left: int = 0
     round_tokens: int = 0
-    round_s: float = 0.0  # forward seconds of the iterations the round's tokens were fed in
-    head_s: float = 0.0  # seconds the head took to draft the round's chain (catching up on waiting features included)
+    round_s: float = 0.0
+    head_s: float = 0.0
 
     @property
     def in_context(self) -> bool:
@@ -130,17 +104,16 @@ class _Seq:
 
 @dataclass(frozen=True)
 class IterationStats:
-    sequences: int  # sequences in the forward
-    tokens: int  # tokens fed
-    active: int  # sequences holding a slot
-    waiting: int  # requests queued for a slot
-    seconds: float  # forward time
+    sequences: int
+    tokens: int
+    active: int
+    waiting: int
+    seconds: float
 
 
 @dataclass(frozen=True)
 class RequestCounts:
-    """The executor's request counts as the backend publishes them (backend_contract.REQUEST_METRICS): requests
-    holding a slot, the slots, those in the last forward (in their context phase), and active - scheduled."""
+    """The executor's request counts as backend_contract.REQUEST_METRICS publishes them."""
 
     active: int
     max: int
@@ -162,7 +135,7 @@ class RequestCounts:
 
 
 class BatchScheduler:
-    """In-flight batching over a ReferenceEngine (its model and PrefixCache); see the module docstring."""
+    """In-flight batching over a ReferenceEngine's model and PrefixCache."""
 
     def __init__(
         self,
@@ -175,8 +148,7 @@ class BatchScheduler:
         stats_window: int = 4096,
         on_iteration: Optional[Callable[[], None]] = None,
     ):
-        """on_iteration: called on the engine thread before each iteration while requests are queued or active
-        (a server polls its clients' cancellations there); an exception from it is ignored."""
+        """on_iteration runs on the engine thread before each busy iteration; its exceptions are ignored."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_num_tokens < 1:
@@ -192,14 +164,13 @@ class BatchScheduler:
         self.stats: deque[IterationStats] = deque(maxlen=stats_window)
         self._waiting: deque[_Seq] = deque()
         self._active: list[_Seq] = []
-        self._last_plan = (0, 0)  # (sequences, of them in context) of the last forward
+        self._last_plan = (0, 0)  # (sequences, in context)
         self._order = itertools.count()
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="reference-batch-engine", daemon=True)
         self._thread.start()
 
-    # -- client side (any thread) ----------------------------------------------------------------------
     def submit_generate(
         self,
         input_ids: Sequence[int],
@@ -213,11 +184,7 @@ class BatchScheduler:
         should_stop: Optional[Callable[[], bool]] = None,
         on_tokens: Optional[Callable[[list[int]], None]] = None,
     ) -> Handle:
-        """Decode up to max_new tokens (greedy or sampled), stopping at end_id (not output, backend_contract.
-        EOS_EXCLUDED) or after a stop word (kept); should_stop() ends it early with the tokens so far (a cancelled
-        request, as the executor finishes one). On an EAGLE engine a step drafts k tokens with the head, k as the
-        draft-length policy decides (0: a plain step), and verifies them in the next forward, yielding 1..k + 1
-        tokens. on_token (per token) / on_tokens (per step) / should_stop run on the engine thread."""
+        """Decode up to max_new tokens; end_id is not output, a stop word is. Callbacks run on the engine thread."""
         self._check(input_ids, max_new, 0)
         return self._submit(
             _Seq(
@@ -244,7 +211,7 @@ class BatchScheduler:
         draft_logits: Optional[torch.Tensor] = None,
         end_id: Optional[int] = None,
     ) -> Handle:
-        """One target forward over the draft: its accepted prefix + one target token (accept.py's rule)."""
+        """One target forward over the draft: its accepted prefix + one target token."""
         self._check(input_ids, len(draft) + 1, len(draft))
         return self._submit(
             _Seq(
@@ -293,7 +260,7 @@ class BatchScheduler:
         return seq.handle
 
     def request_counts(self) -> RequestCounts:
-        """Now (any thread): what the backend's stats thread reads from the executor's iteration stats."""
+        """Current request counts (any thread)."""
         with self._cv:
             active = len(self._active)
             scheduled, context = self._last_plan if active else (0, 0)
@@ -303,7 +270,6 @@ class BatchScheduler:
         with self._cv:
             self._cv.notify_all()
 
-    # -- engine thread -----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             if self.on_iteration is not None:
@@ -340,7 +306,7 @@ class BatchScheduler:
             seq.result.cancelled = True
             self._release(seq)
             return
-        if seq.draft is None and seq.max_new < 1:  # nothing to compute (no forward)
+        if seq.draft is None and seq.max_new < 1:
             self._release(seq)
             return
         try:
@@ -352,7 +318,7 @@ class BatchScheduler:
             seq.pending = seq.input_ids[len(seq.entry.tokens) :] + (seq.draft or [])
             if seq.draft is None:
                 seq.generator = seq.sampling.generator()
-                if self.engine.policy is not None:  # an EAGLE engine's decode: the chain's draft-length policy
+                if self.engine.policy is not None:
                     seq.policy = self.engine.policy.start()
             else:
                 seq.result.drafted = k
@@ -375,7 +341,7 @@ class BatchScheduler:
         segments = []
         for seq, n in plan:
             start = len(seq.entry.tokens)
-            first_needed = len(seq.pending) - seq.need  # pending index of the first logits row needed
+            first_needed = len(seq.pending) - seq.need
             logits_at += [len(tokens) + j for j in range(max(first_needed, 0), n)]
             tokens += seq.pending[:n]
             positions += range(start, start + n)
@@ -393,7 +359,7 @@ class BatchScheduler:
                 )
                 if head is None:
                     logits = self.engine.model.forward_packed(*args)
-                else:  # the head reads the target's features at its aux layers, for every fed token
+                else:
                     logits, feats = self.engine.model.forward_packed(*args, aux_layers=head.cfg.aux_layers)
         except Exception as e:  # noqa: BLE001 - fail the sequences in this forward, keep serving the rest
             for seq, _ in plan:
@@ -403,9 +369,9 @@ class BatchScheduler:
         self.stats.append(IterationStats(len(plan), len(tokens), len(self._active), waiting, seconds))
         row = fed = 0
         for seq, n in plan:
-            seq.round_s += seconds  # the step waited for the whole forward (the policy's cost at this load)
+            seq.round_s += seconds  # the step waits for the whole forward
             first_needed = len(seq.pending) - seq.need
-            m = n - max(first_needed, 0)  # logits rows of this sequence in this forward
+            m = n - max(first_needed, 0)
             if m > 0:
                 seq.rows.append(logits[row : row + m])
                 row += m
@@ -434,7 +400,7 @@ class BatchScheduler:
         return plan
 
     def _complete_step(self, seq: _Seq) -> None:
-        logits = torch.cat(seq.rows) if len(seq.rows) > 1 else seq.rows[0]  # [need, V]
+        logits = torch.cat(seq.rows) if len(seq.rows) > 1 else seq.rows[0]
         seq.rows = []
         res = seq.result
         if seq.draft is not None:
@@ -456,7 +422,7 @@ class BatchScheduler:
         if seq.return_logits:
             res.logits.append(last.clone())
         res.token_time()
-        if tok == seq.end_id:  # finished; the end token is not output (backend_contract.EOS_EXCLUDED)
+        if tok == seq.end_id:  # not output (backend_contract.EOS_EXCLUDED)
             self._finish(seq)
             return
         res.tokens.append(tok)
@@ -464,7 +430,6 @@ class BatchScheduler:
             seq.on_token(tok)
         if seq.on_tokens is not None:
             seq.on_tokens([tok])
-        # The order: end_id / stop word, then should_stop, then the length limit.
         if _ends_with_stop(res.tokens, seq.stop_words):
             self._finish(seq)
         elif seq.should_stop is not None and seq.should_stop():
@@ -476,14 +441,12 @@ class BatchScheduler:
             seq.pending = [tok]
 
     def _complete_eagle(self, seq: _Seq, logits: torch.Tensor) -> None:
-        """One step of in-engine speculation: accept the drafts in flight (none after the context or in a run without
-        speculation) against the target's logits, output the new tokens (end token, stop words, budget, should_stop
-        checked per token), account the step to its round (_observe), then the next step (_draft_next)."""
+        """Accept the drafts in flight, output the new tokens, account the round, then draft the next step."""
         res, sampling = seq.result, seq.sampling
         k = len(seq.spec_draft)
         accepted = 0
         if k:
-            logits = self.engine.verification_logits(logits, seq.entry.tokens)  # GPU-numerics mode: perturbed
+            logits = self.engine.verification_logits(logits, seq.entry.tokens)
             new, accepted = accept_draft(seq.spec_draft, seq.spec_logits, logits, sampling)
             seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]
             res.drafted += k
@@ -525,9 +488,8 @@ class BatchScheduler:
         self._draft_next(seq)
 
     def _observe(self, seq: _Seq, k: int, accepted: int, tokens: int, done: bool) -> None:
-        """A step's part in its round. Once the round is over (its verification, its run's last step, or the request's
-        end) the policy observes what it yielded and what it cost: the forwards' seconds and the head's."""
-        if seq.decision is None:  # the context's step comes before any round
+        """Add a step to its round; when the round ends the policy observes its yield and cost."""
+        if seq.decision is None:
             return
         seq.round_tokens += tokens
         if not k:
@@ -541,13 +503,11 @@ class BatchScheduler:
         seq.decision, seq.run_left = None, 0
 
     def _draft_next(self, seq: _Seq) -> None:
-        """The next step: the run without speculation goes on, or the policy decides the next round (_decide). k = 0:
-        a plain decode step, the head idle (the target's features wait for it); k > 0: the head catches up on the
-        positions accepted since it last ran and drafts a chain (_chain), verified in the next forward."""
+        """Set up the next step: a plain decode (head idle) or a chain of k drafts to verify in the next forward."""
         res = seq.result
-        full = seq.input_ids + res.tokens  # the last token (the newest) is fed next
-        start, end = seq.feat_pos, len(seq.entry.tokens)  # slots start..end-1 get (features, next token)
-        _keep_rows(seq.feats, end - start)  # (rows past `end` were rejected drafts')
+        full = seq.input_ids + res.tokens
+        start, end = seq.feat_pos, len(seq.entry.tokens)
+        _keep_rows(seq.feats, end - start)  # rows past `end` were rejected drafts
         k = self._decide(seq, len(full)) if seq.run_left <= 0 else 0
         drafts: list[int] = []
         rows: list[torch.Tensor] = []
@@ -561,10 +521,9 @@ class BatchScheduler:
         seq.need = len(drafts) + 1
 
     def _decide(self, seq: _Seq, length: int) -> int:
-        """The policy's next round for a sequence of `length` tokens: the drafts to make, or 0 for a run of
-        decision.run_len plain decode steps. The cap: max_draft_len, within the budget and the cache's room."""
+        """Drafts for the next round, or 0 for a run of plain decode steps; capped by budget and cache room."""
         entry, left = seq.entry, seq.max_new - len(seq.result.tokens)
-        room = min(entry.capacity, entry.head.capacity) - length - 1  # positions the verification may fill
+        room = min(entry.capacity, entry.head.capacity) - length - 1
         cap = max(0, min(self.engine.max_draft_len, left - 1, room))
         d = seq.policy.decide(cap, len(self._active), left, draft_free=False)
         seq.decision, seq.round_tokens, seq.round_s, seq.head_s = d, 0, 0.0, 0.0
@@ -573,9 +532,9 @@ class BatchScheduler:
         return k
 
     def _chain(self, seq: _Seq, full: list[int], start: int, end: int, k: int) -> tuple[list[int], list[torch.Tensor]]:
-        """The head's slots start..end-1 from the waiting features (one head step over all of them), then a chain of up
-        to k drafts, with their target-vocabulary logits when sampling. Adaptive: the chain stops early once the head's
-        own estimate that its next draft is accepted (the product of its probabilities) falls below STOP_CONFIDENCE."""
+        """Catch the head up, then draft up to k tokens (with target-vocab logits when sampling).
+
+        Adaptive policies stop once the product of the head's draft probabilities falls below STOP_CONFIDENCE."""
         head, entry, sampling = self.engine.head, seq.entry, seq.sampling
         drafts: list[int] = []
         rows: list[torch.Tensor] = []
@@ -584,7 +543,7 @@ class BatchScheduler:
             embed = self.engine.model.embed
             g = self._feed_head(seq, full, start, end)[-1:]
             for i in range(k):
-                dl = head.logits(g[0])  # [draft vocab]
+                dl = head.logits(g[0])
                 if sampling.temperature > 0:
                     full_logits = head.to_target(dl)
                     d = int(
@@ -609,9 +568,9 @@ class BatchScheduler:
 
     def _complete_verify(self, seq: _Seq, logits: torch.Tensor) -> None:
         k = len(seq.draft)
-        logits = self.engine.verification_logits(logits, seq.entry.tokens)  # GPU-numerics mode: perturbed
+        logits = self.engine.verification_logits(logits, seq.entry.tokens)
         new, accepted = accept_draft(seq.draft, seq.draft_logits, logits, seq.sampling)
-        # K/V of the rejected drafts stay in the cache beyond the valid length: overwritten later.
+        # rejected drafts' K/V stay past the valid length and are overwritten later
         seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]
         seq.result.tokens, seq.result.accepted = cut_at_end(new, accepted, seq.end_id)
         seq.result.token_time()
@@ -623,8 +582,7 @@ class BatchScheduler:
         self._release(seq, error)
 
     def _release(self, seq: _Seq, error: Optional[BaseException] = None) -> None:
-        """Answer the request, then hand its cache entry to the prefix cache (on an EAGLE engine with the head caught
-        up first, after the answer: _catch_up_head)."""
+        """Answer the request, then return its cache entry to the prefix cache (head caught up first)."""
         if not seq.handle.future.done():
             if error is not None:
                 seq.handle.future.set_exception(error)
@@ -637,14 +595,13 @@ class BatchScheduler:
             seq.entry = None
 
     def _catch_up_head(self, seq: _Seq) -> None:
-        """Write the head's slots for the positions whose target features still wait (a request that ended in a run
-        without speculation, or after its context step), so the cache entry is valid for the head as far as for the
-        target: otherwise the next request on the same prefix would re-feed the target from the head's first stale
-        slot (the whole prompt after a one-token request). One head step over all of them."""
+        """Fill the head's stale slots so the cached entry is valid for the head as far as for the target.
+
+        Otherwise the next request on this prefix would re-feed the target from the head's first stale slot."""
         entry = seq.entry
         full = seq.input_ids + seq.result.tokens
         start = seq.feat_pos
-        end = min(len(entry.tokens), len(full) - 1, entry.head.capacity)  # slot i needs the token after it
+        end = min(len(entry.tokens), len(full) - 1, entry.head.capacity)  # slot i needs token i + 1
         if end <= start:
             return
         _keep_rows(seq.feats, len(entry.tokens) - start)
@@ -652,8 +609,7 @@ class BatchScheduler:
             self._feed_head(seq, full, start, end)
 
     def _feed_head(self, seq: _Seq, full: list[int], start: int, end: int) -> torch.Tensor:
-        """The head's slots start..end-1 from the waiting target features and the tokens after them, in one head step
-        (the features are consumed); its outputs, the last one drafting next."""
+        """One head step over slots start..end-1, consuming the waiting features; returns the head outputs."""
         head, entry = self.engine.head, seq.entry
         feats = torch.cat(seq.feats)[: end - start]
         seq.feats, seq.feat_pos = [], end
@@ -665,7 +621,7 @@ class BatchScheduler:
 
 
 def _keep_rows(chunks: list[torch.Tensor], n: int) -> None:
-    """Cut a list of row chunks to its first n rows, in place (a verification's rejected drafts end it)."""
+    """Cut a list of row chunks to its first n rows, in place."""
     extra = sum(c.shape[0] for c in chunks) - n
     while extra > 0:
         last = chunks.pop()

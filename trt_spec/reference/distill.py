@@ -1,78 +1,13 @@
-"""Build a tiny draft model from the target, offline, by distillation (a reproducible build step).
+"""Distill a tiny Llama draft from the target, offline and deterministically (a build step).
 
-Why tiny: on a 2-core CPU a draft only pays if it costs ~nothing next to the target (cost ratio c <= ~0.1) while
-agreeing often. A 6-of-30-layer subset of SmolLM2-135M keeps the target's 49152x576 LM head and costs c ~ 0.35.
-Here the draft's width is what sets its cost: its tied LM head is 49152 x hidden.
+The draft is a Hugging Face LlamaForCausalLM directory with the target's tokenizer files, vocab and special ids; its
+tied vocab x hidden LM head sets its cost. Its embedding starts as the target's embedding projected onto the top
+principal directions of the target's final hidden states (the embedding's own SVD directions barely keep the
+teacher's argmax). The teacher runs once (top-k log-probs + hidden states on stdlib chunks and on its greedy chat
+answers); training alternates teacher steps (soft CE + hidden-state MSE) and raw next-token steps, with the softmax
+over the most frequent tokens plus sampled negatives.
 
-The draft is a plain Hugging Face LlamaForCausalLM directory (config.json + model.safetensors + the target's
-tokenizer files copied verbatim; same vocab_size, bos/eos/pad ids, rope): default hidden 128, 2 layers, 2 query
-heads x 64 with 1 KV head, MLP 512, tied embeddings: 6.8M parameters, a 27 MB fp32 file.
-
-Initialisation. The tied embedding is the target's embedding projected onto the top principal directions of the
-target's *final hidden states* (on the teacher-labelled chunks), and the draft's final norm weight starts at the
-rms of the teacher hidden along each of those directions, so the untrained draft head is already a rank-128 slice
-of the target head. Projecting onto the principal directions of the embedding matrix itself (plain SVD of the
-49152x576 embedding) looks natural but is nearly useless: measured on held-out stdlib code, projecting the
-teacher's hidden state onto the top-128 embedding directions keeps the teacher's argmax 0.6% of the time (1.4% at
-160), onto the top-128 hidden-state directions 50% (55% at 160). With the embedding-SVD init the draft reached
-0.19 held-out agreement after 300 steps, with the hidden-state init 0.33.
-
-Training (fixed seed, fixed number of steps, torch threads 2; deterministic on a given machine):
-- Teacher labels are the scarce resource: a teacher forward costs ~10x a draft training step per token. So the
-  teacher runs once, teacher-forced over `teacher_chunks` stdlib chunks and over its own greedy answers to 16
-  chat-formatted prompts; its top-32 log-probs and final hidden states are kept and reused every epoch.
-- Steps alternate (`teacher_fraction` 0.5): teacher steps minimise the cross-entropy to the renormalised top-32
-  teacher distribution (= KL(teacher top-k || draft) + const) plus an MSE to the teacher's hidden state in the
-  draft's coordinates (it speeds up the start; the final agreement is the same without it); raw steps minimise
-  next-token cross-entropy on a larger stdlib stream, which needs no teacher at all.
-- The softmax runs over the 8192 tokens that matter (raw counts + teacher top-k mass, 99.3% of stdlib tokens)
-  plus 1024 other tokens sampled per step so that never-seen rows are pushed down; the draft's argmax is still
-  over the full vocabulary. Same agreement as the full 18.5k-token training vocabulary, about twice as fast.
-- Corpus: the standard library's .py files (`sysconfig.get_paths()["stdlib"]`, sorted; tests, encodings/ and
-  site-packages left out); held-out files are chosen by a hash of the file name and never trained on.
-- Chat answers matter: without them held-out chat agreement falls from 0.29 to 0.21 (code rises 0.33 -> 0.34).
-
-Measured on SmolLM2-135M-Instruct (fp32), 2 shared cores. Agreement = the draft's full-vocabulary argmax equals
-the teacher's argmax, on 2048 held-out stdlib positions ("code", +-1 point of noise) and on the 288 positions of
-the teacher's greedy answers to 3 held-out chat prompts ("chat", +-3 points). Cost c = draft / target time of a
-single-token decode step with a KV cache in HF transformers (idle machine; the draft's time is mostly its
-49152 x hidden head read from memory, plus per-layer Python overhead); MACs = weight multiply-accumulates/token.
-Reference points on the same code positions: bigram counts over the 0.5M training tokens agree 0.23, trigram
-0.28; the teacher's argmax equals the true next token 0.53.
-
-    variant (96 teacher chunks + 16 chat answers unless noted)       code   chat   c (time)  MACs
-    h160 L2, embedding-SVD init, batch 8, 300 steps, full vocab (*)  0.19   0.14    0.105   0.064
-    h160 L2, hidden-PCA init, batch 8, 300 steps, full vocab        0.325  0.27    0.105   0.064
-      same without the hidden-state MSE                             0.32   0.285
-      same, lr 6e-3                                                 0.33   0.27
-      same, 8192-token training vocabulary (half the step time)     0.33   0.31
-      same, teacher_fraction 0.8                                    0.325  0.29
-    h128 L3, batch 8, 300 steps                                     0.305  0.285   0.094   0.052
-    h128 L2, batch 4, 600 steps, lr 3e-3                            0.33   0.29    0.09    0.050
-      same without the chat answers                                 0.34   0.21
-      same with hidden 96                                           0.32   0.29    0.061   0.037
-      same with 900 steps (+75 s)                                   0.34   0.29
-    DEFAULT: h128 L2, batch 4, 600 steps, lr 5e-3                   0.330  0.306   0.09    0.050
-    (*) 128 teacher chunks, no hidden-state MSE, final norm 0.1 at init
-
-The default build took 279 s (4.3 load, 123 teacher, 149 train, 3 eval/cost), 1.7 GB RSS; 6.8M parameters,
-27 MB. It is bit-identical run to run (also with 1 or 2 threads). The agreement target of ~0.45 is not reached:
-the draft learns what a few hundred thousand tokens can teach (a good trigram model and a bit more); 50% more
-steps buy ~1 point. `--hidden 96` is the cheaper choice (c ~ 0.06) for ~1-2 points less agreement.
-As an HF `assistant_model` (3 draft tokens) on two chat code prompts it gives token-identical output to plain
-greedy but runs at 0.7-0.86x its speed: at ~0.3 agreement, with verification costing well over one decode step
-on this CPU, it is a correct, cheap draft for the draft-target path, not a speedup.
-
-Report (returned and written to trt_spec_distill.json in the output directory): steps, seconds (and per phase),
-first/final losses, a loss curve, held-out top-1 agreement with the teacher's argmax on stdlib code and on the
-teacher's greedy answers to chat prompts (not trained on), parameter count, and the cost: weight
-multiply-accumulates per token (incl. LM head) of draft vs target and a timed single-token decode step with a KV
-cache for each (interleaved, median).
-
-Run as a build step: python -m trt_spec.reference.distill --teacher DIR --output_dir DIR [--hidden 128
---layers 2 --steps 600 --seed 0]; a bad input exits 2 with one `error: ...` line on stderr. From Python:
-run(DistillConfig(teacher_dir, out_dir, ...)), which calls the phases in order: read_teacher_config / load_teacher,
-load_text + label_with_teacher (data), init_draft, train, evaluate + measure_cost, save, build_report.
+CLI: python -m trt_spec.reference.distill --teacher DIR --output_dir DIR [--hidden 128 ...]; bad input exits 2.
 """
 
 from __future__ import annotations
@@ -96,8 +31,7 @@ from ..records.names import TOKENIZER_FILES
 
 REPORT_NAME = "trt_spec_distill.json"
 CHAT_FORMAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-# Chat prompts whose teacher-greedy answers are (optionally) trained on. Disjoint from EVAL_CHAT_PROMPTS and from
-# the benchmark prompt sets in trt_spec.harness.prompts.
+# Disjoint from EVAL_CHAT_PROMPTS and from the benchmark prompt sets in trt_spec.harness.prompts.
 TRAIN_CHAT_PROMPTS = (
     "Write a Python function that reverses a linked list.",
     "Explain what a Python decorator is, with a short example.",
@@ -127,18 +61,15 @@ class DistillError(TrtSpecError, ValueError):
     """Bad input to the distillation step (reported as one line by the CLI)."""
 
 
-# ----------------------------------------------------------------------------------------------------------- config
-
 InitMethod = Literal["hidden_pca", "embedding_pca", "random"]
 
 
 @dataclass(frozen=True)
 class DistillConfig:
-    """Every knob of one distillation run; the defaults here are the only ones (the CLI reads them)."""
+    """Every knob of one distillation run; the CLI reads its defaults from here."""
 
-    teacher_dir: Path  # Hugging Face Llama directory of the target (config.json, model.safetensors, tokenizer.json)
+    teacher_dir: Path
     out_dir: Path
-    # draft shape
     hidden: int = 128
     layers: int = 2
     heads: int | None = None  # None: hidden / head_dim
@@ -146,33 +77,29 @@ class DistillConfig:
     head_dim: int = 64
     intermediate: int | None = None  # None: 4 * hidden
     init: InitMethod = "hidden_pca"
-    # optimisation
     steps: int = 600
     seq_len: int = 256
     seed: int = 0
     lr: float = 5e-3
     batch: int = 4
     threads: int = 2
-    # data: code chunks (raw text, teacher-labelled, held-out) and chat prompts (teacher answers)
     teacher_chunks: int = 96
     raw_chunks: int = 2048
     eval_chunks: int = 8
     topk: int = 32
     chat_prompts: int = 16
-    # what the saved draft's weights are (training runs in float32): engine: tensorrt saves bfloat16 (plan.py)
+    # dtype of the saved weights; training runs in float32
     dtype: str = "float32"
     chat_tokens: int = 96
     eval_chat_prompts: int = 3
     corpus_files: tuple[Path, ...] | None = None  # None: the standard library (stdlib_files())
-    # loss mix and training vocabulary
     teacher_fraction: float = 0.5
     kl_weight: float = 1.0
     mse_weight: float = 1.0
     raw_weight: float = 1.0
     neg_samples: int = 1024
     train_vocab: int = 8192
-    # reporting
-    measure_cost: bool = True  # time a decode step of draft and teacher
+    measure_cost: bool = True
     eval_every: int = 0  # held-out code agreement every N steps (0: only at the end)
 
     def __post_init__(self) -> None:
@@ -193,7 +120,7 @@ class DistillConfig:
             raise DistillError(f"init {self.init!r}: expected hidden_pca, embedding_pca or random")
 
 
-# the DistillConfig fields the command line exposes (`--name`, default from the field)
+# DistillConfig fields exposed as `--name` options
 CLI_OPTIONS = (
     "hidden",
     "layers",
@@ -211,13 +138,8 @@ CLI_OPTIONS = (
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-# ----------------------------------------------------------------------------------------------------------- corpus
-
-
 def stdlib_files() -> list[Path]:
-    """Python standard-library source files, in a deterministic order (sorted relative paths).
-
-    Tests, site-packages, codec tables (`encodings/`) and very large generated files are left out."""
+    """Standard-library .py files in sorted order, without tests, site-packages, encodings/ and huge files."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip_dirs = {"site-packages", "dist-packages", "test", "tests", "idle_test", "encodings", "__pycache__"}
     out = []
@@ -236,8 +158,7 @@ def _is_heldout(path: Path) -> bool:
 def load_corpus(
     tokenizer, files: list[Path], *, seq_len: int, train_chunks: int, eval_chunks: int, seed: int
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Token chunks of seq_len: (train, held-out). Held-out chunks come from files never trained on (chosen by a
-    hash of the file name); train chunks are a seeded shuffle of every chunk of a seeded sample of train files."""
+    """(train, held-out) token chunks of seq_len; held-out files are picked by a hash of the name."""
     files = list(files)
     heldout = [p for p in files if _is_heldout(p)]
     train = [p for p in files if not _is_heldout(p)]
@@ -251,7 +172,6 @@ def load_corpus(
         texts = [p.read_text(encoding="utf-8", errors="replace") for p in paths]
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
-    # held-out: one chunk from the middle of each held-out file, until eval_chunks
     ev: list[list[int]] = []
     for i in range(0, len(heldout), 16):
         for ids in encode(heldout[i : i + 16]):
@@ -262,7 +182,6 @@ def load_corpus(
                 break
         if len(ev) >= eval_chunks:
             break
-    # train: concatenate files (separated by a newline-free boundary), cut into chunks, shuffle
     stream: list[int] = []
     need = (train_chunks + 1) * seq_len * 2  # twice what is needed so the chunk shuffle mixes files
     for i in range(0, len(train), 32):
@@ -275,12 +194,8 @@ def load_corpus(
     return chunks[:train_chunks], ev
 
 
-# ---------------------------------------------------------------------------------------------------------- teacher
-
-
 def teacher_label(teacher, rows, *, k: int, batch: int = 4) -> dict:
-    """Run the teacher once over equal-length token rows. Returns {"hidden": [N,S,d] fp16 final (normed) hidden
-    states, "logp": [N,S,k] fp32 top-k log-probabilities, "idx": [N,S,k] int32 their token ids}."""
+    """Teacher over equal-length rows: {"hidden": [N,S,d] fp16, "logp": [N,S,k] fp32 top-k, "idx": [N,S,k] int32}."""
     import torch
 
     hs, logps, idxs = [], [], []
@@ -296,8 +211,7 @@ def teacher_label(teacher, rows, *, k: int, batch: int = 4) -> dict:
 
 
 def teacher_generate(teacher, tokenizer, prompts, *, max_new_tokens: int, eos: int, pad: int) -> list[tuple[list, int]]:
-    """Greedy teacher answers to chat-formatted prompts (one left-padded batch). Returns (prompt + answer ids,
-    answer start) per prompt; an answer ends with EOS when the teacher produced one."""
+    """Greedy teacher answers to chat prompts: (prompt + answer ids, answer start) per prompt."""
     import torch
 
     enc = [tokenizer.encode(CHAT_FORMAT.format(p), add_special_tokens=False).ids for p in prompts]
@@ -329,17 +243,13 @@ def teacher_generate(teacher, tokenizer, prompts, *, max_new_tokens: int, eos: i
 
 
 def hidden_basis(h, rank: int):
-    """Top `rank` eigenvectors [d, rank] of the uncentred second moment of teacher hidden states h [M, d] (the
-    mean direction included). Deterministic: eigh, sorted, largest-magnitude loading made positive."""
+    """Top `rank` eigenvectors [d, rank] of the uncentred second moment of h [M, d], sign-normalised."""
     import torch
 
     h = h.double()
     evals, evecs = torch.linalg.eigh(h.T @ h / max(1, h.shape[0]))
     v = evecs[:, torch.argsort(evals, descending=True)[:rank]]
     return (v * torch.sign(v.gather(0, v.abs().argmax(0, keepdim=True)))).float()
-
-
-# ------------------------------------------------------------------------------------------------------------ draft
 
 
 def draft_config(
@@ -377,9 +287,6 @@ def draft_config(
     return LlamaConfig(**cfg)
 
 
-# -------------------------------------------------------------------------------------------------------- training
-
-
 def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -388,10 +295,7 @@ def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 
 def top1_agreement(model, seqs, targets, positions=None) -> tuple[int, int]:
-    """(agreeing, total): positions where the model's full-vocabulary argmax equals the target token.
-
-    seqs: token lists, one forward each; targets[i]: the target ids for positions[i] of seqs[i] (default: every
-    position)."""
+    """(agreeing, total) positions where the full-vocabulary argmax equals targets[i] at positions[i] of seqs[i]."""
     import torch
 
     agree = total = 0
@@ -407,15 +311,14 @@ def top1_agreement(model, seqs, targets, positions=None) -> tuple[int, int]:
 
 
 def decode_step_ms(models, *, vocab: int, prompt_len: int = 32, steps: int = 16) -> list[float]:
-    """Median wall time (ms) of a single-token forward with a KV cache, after a prompt_len prefill, for each model.
-    The models' steps are interleaved so that they see the same background load."""
+    """Median ms of a single-token KV-cache decode step per model, interleaved so both see the same load."""
     import inspect
 
     import torch
 
     x = torch.randint(3, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0))
     state, times = [], [[] for _ in models]
-    # transformers 5.x names the KV cache `cache` (`past_key_values` is deprecated); 4.x only knows the latter
+    # transformers 5.x calls the KV cache `cache`; 4.x only knows `past_key_values`
     new_api = "cache" in inspect.signature(models[0].forward).parameters
 
     def cache_of(out):
@@ -437,7 +340,7 @@ def decode_step_ms(models, *, vocab: int, prompt_len: int = 32, steps: int = 16)
 
 
 def forward_macs(cfg) -> int:
-    """Multiply-accumulates per token for the weight matmuls (attention projections, MLP, LM head)."""
+    """Weight multiply-accumulates per token, LM head included."""
     h, hd = cfg.hidden_size, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     attn = h * hd * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
     mlp = 3 * h * cfg.intermediate_size
@@ -448,60 +351,55 @@ def _pad_rows(seqs: list[list[int]], length: int, pad: int) -> list[list[int]]:
     return [(q[:length] + [pad] * (length - len(q[:length]))) for q in seqs]
 
 
-# ---------------------------------------------------------------------------------------------------------- phases
-
-
 @dataclass
 class Teacher:
     lm: Any  # LlamaForCausalLM, fp32, eval mode
     tok: Any  # tokenizers.Tokenizer
     config_json: dict
     eos: int
-    pad: int  # eos when config.json has no pad_token_id
+    pad: int
 
 
 @dataclass
 class TeacherRows:
-    """Teacher-labelled training rows, stacked: R rows of seq_len positions."""
+    """Teacher-labelled rows, stacked: R rows of seq_len positions."""
 
     x: Any  # [R, S] token ids
     p: Any  # [R, S, k] renormalised teacher top-k probabilities
-    ix: Any  # [R, S, k] their token ids (long)
+    ix: Any  # [R, S, k]
     m: Any  # [R, S] bool: the positions to learn
-    h: Any  # [R, S, d_teacher] fp16 teacher final hidden states
+    h: Any  # [R, S, d_teacher] fp16
 
 
 @dataclass
 class Data:
-    raw: list[list[int]]  # raw training chunks of seq_len + 1 tokens
-    ev: list[list[int]]  # held-out code chunks of seq_len tokens
-    ev_top1: Any  # [E, S] the teacher's argmax on ev; None without held-out chunks
-    teacher_chunks: int  # code chunks the teacher labelled
-    chat_gen: list[tuple[list[int], int]]  # (prompt + teacher answer, answer start) per training chat prompt
-    ev_chat: list[tuple[list[int], int]]  # the same for the held-out chat prompts
-    rows: TeacherRows | None  # None when no teacher steps are taken
+    raw: list[list[int]]  # seq_len + 1 tokens each
+    ev: list[list[int]]
+    ev_top1: Any  # [E, S]
+    teacher_chunks: int
+    chat_gen: list[tuple[list[int], int]]  # (prompt + answer, answer start)
+    ev_chat: list[tuple[list[int], int]]
+    rows: TeacherRows | None
 
 
 @dataclass
 class Draft:
-    lm: Any  # LlamaForCausalLM, tied embeddings
-    init: str  # the init actually used ("random" when the requested one does not apply)
-    basis: Any  # [d_teacher, hidden] teacher -> draft coordinates; None for a random init
-    mse_norm: float | None  # mean square of the init's final-norm weight; None: no hidden-state MSE
+    lm: Any
+    init: str  # as used: "random" when the requested one does not apply
+    basis: Any  # [d_teacher, hidden]
+    mse_norm: float | None  # None: no hidden-state MSE
 
 
 @dataclass
 class TrainHistory:
-    train_vocab: int  # tokens in the training softmax (before the sampled negatives)
-    losses: list[float] = field(default_factory=list)  # every step's loss
-    kls: list[float] = field(default_factory=list)  # KL(teacher top-k || draft) on teacher steps
-    raw_losses: list[float] = field(default_factory=list)  # next-token cross-entropy on raw-text steps
-    curve: list[list] = field(default_factory=list)  # [step, held-out code top-1] every eval_every steps
+    train_vocab: int
+    losses: list[float] = field(default_factory=list)
+    kls: list[float] = field(default_factory=list)
+    raw_losses: list[float] = field(default_factory=list)
+    curve: list[list] = field(default_factory=list)  # [step, held-out code top-1]
 
 
 class _Clock:
-    """Wall seconds per phase, logged as each phase ends."""
-
     def __init__(self, log):
         self.log, self.phases = log, {}
         self.start = self.t = time.monotonic()
@@ -516,7 +414,7 @@ class _Clock:
 
 
 def read_teacher_config(teacher_dir: Path) -> dict:
-    """The teacher's config.json, after checking the directory is a Llama model with a tokenizer.json."""
+    """The teacher's config.json; raises DistillError unless it is a Llama directory with a tokenizer.json."""
     if not (teacher_dir / "config.json").is_file():
         raise DistillError(f"{teacher_dir}: no config.json (expected a Hugging Face model directory)")
     if not (teacher_dir / "tokenizer.json").is_file():
@@ -548,7 +446,7 @@ def load_teacher(teacher_dir: Path, tcfg: dict) -> Teacher:
 
 
 def load_text(cfg: DistillConfig, tok) -> tuple[list[list[int]], list[list[int]]]:
-    """Data, part 1: (raw training chunks of seq_len + 1 tokens, held-out chunks of seq_len) from the corpus."""
+    """(raw training chunks, held-out chunks) from the corpus."""
     files = list(cfg.corpus_files) if cfg.corpus_files is not None else stdlib_files()
     if not files:
         raise DistillError("empty training corpus")
@@ -566,8 +464,7 @@ def load_text(cfg: DistillConfig, tok) -> tuple[list[list[int]], list[list[int]]
 
 
 def label_with_teacher(cfg: DistillConfig, teacher: Teacher, raw: list[list[int]], ev: list[list[int]]) -> Data:
-    """Data, part 2: the teacher, run once: top-k + final hidden states on code chunks and on its own greedy chat
-    answers (the training and the held-out prompts' answers come from one batched generation)."""
+    """Run the teacher once over the code chunks and its own greedy chat answers."""
     tch = [c[: cfg.seq_len] for c in raw[: cfg.teacher_chunks]] if cfg.teacher_fraction > 0 else []
     code_lab = teacher_label(teacher.lm, tch, k=cfg.topk) if tch else None
     train_prompts = list(TRAIN_CHAT_PROMPTS[: cfg.chat_prompts]) if cfg.teacher_fraction > 0 else []
@@ -594,10 +491,10 @@ def label_with_teacher(cfg: DistillConfig, teacher: Teacher, raw: list[list[int]
 def teacher_rows(
     tch, code_lab: dict | None, chat_gen, chat_lab: dict | None, *, seq_len: int, pad: int
 ) -> TeacherRows | None:
-    """Stack the labelled code chunks and chat answers into [R, seq_len] rows; None when there are none."""
+    """Stack labelled code chunks and chat answers into [R, seq_len] rows; None when there are none."""
     import torch
 
-    parts = []  # (ids, top-k logp, top-k idx, hidden, mask) per source
+    parts = []  # (ids, logp, idx, hidden, mask)
     if code_lab is not None:
         parts.append(
             (
@@ -609,7 +506,7 @@ def teacher_rows(
             )
         )
     if chat_lab is not None:
-        # chat rows are right-padded to chat_width (< seq_len): pad them up to seq_len so rows stack
+        # chat rows are chat_width wide: pad to seq_len so they stack with the code rows
         n_rows, chat_width, topk = chat_lab["logp"].shape
         x = torch.full((n_rows, seq_len), pad, dtype=torch.long)
         lp = torch.zeros(n_rows, seq_len, topk)
@@ -633,8 +530,7 @@ def teacher_rows(
 
 
 def init_draft(cfg: DistillConfig, teacher: Teacher, rows: TeacherRows | None) -> Draft:
-    """A small Llama whose tied embedding starts as the teacher's embedding projected onto the top principal
-    directions of the teacher's final hidden states (so the draft's head is a low-rank teacher head)."""
+    """A small Llama whose tied head starts as a low-rank slice of the teacher's head (see module docstring)."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -662,8 +558,8 @@ def init_draft(cfg: DistillConfig, teacher: Teacher, rows: TeacherRows | None) -
         if basis is not None:
             lm.model.embed_tokens.weight.copy_(temb @ basis)
         if basis is not None and rows is not None:
-            proj = rows.h[rows.m].float() @ basis  # teacher hidden in the draft's coordinates
-            target_scale = proj.pow(2).mean(0).sqrt()  # per-dim rms: the draft's final norm weight at init
+            proj = rows.h[rows.m].float() @ basis
+            target_scale = proj.pow(2).mean(0).sqrt()
             lm.model.norm.weight.copy_(target_scale)
         else:
             lm.model.norm.weight.fill_(0.1)  # keep initial tied logits O(1)
@@ -673,8 +569,7 @@ def init_draft(cfg: DistillConfig, teacher: Teacher, rows: TeacherRows | None) -
 
 
 def training_vocab(raw_t, rows: TeacherRows | None, *, vocab: int, cap: int):
-    """(cand, others, rows): the `cap` tokens that matter most (raw next-token counts + teacher top-k mass), sorted;
-    every other token id; rows with the teacher top-k renormalised over cand. Rarer raw targets are ignored."""
+    """(cand, others, rows): the `cap` most-used token ids, the rest, and rows renormalised over cand."""
     import torch
 
     score = torch.bincount(raw_t[:, 1:].flatten(), minlength=vocab).double()
@@ -685,15 +580,14 @@ def training_vocab(raw_t, rows: TeacherRows | None, *, vocab: int, cap: int):
     in_cand = torch.zeros(vocab, dtype=torch.bool)
     in_cand[cand] = True
     others = (~in_cand).nonzero().flatten()
-    if rows is not None:  # drop teacher top-k entries outside the training vocabulary, renormalise
+    if rows is not None:
         p = rows.p * in_cand[rows.ix]
         rows = replace(rows, p=p / p.sum(-1, keepdim=True).clamp_min(1e-12))
     return cand, others, rows
 
 
 def _teacher_step_mask(steps: int, n_teacher: int) -> list[bool]:
-    """Which steps are teacher steps: n_teacher of them, interleaved evenly through training (mixing keeps the big
-    raw corpus from being forgotten and the small teacher set from being overfitted early)."""
+    """n_teacher teacher steps spread evenly, so the small teacher set is not overfitted early."""
     mask = [False] * steps
     for j in range(n_teacher):
         mask[min(steps - 1, int((j + 0.5) * steps / n_teacher))] = True
@@ -701,7 +595,7 @@ def _teacher_step_mask(steps: int, n_teacher: int) -> list[bool]:
 
 
 class _Batches:
-    """Row indices in seeded random order, without replacement; a fresh permutation when too few are left."""
+    """Seeded row indices without replacement; reshuffles when too few are left."""
 
     def __init__(self, n: int, gen):
         import torch
@@ -720,25 +614,24 @@ class _Batches:
 
 
 def _teacher_loss(cfg: DistillConfig, draft: Draft, rows: TeacherRows, sel, w, pos_of):
-    """(loss, KL) on teacher rows sel. w: [Vs, h] the step's vocabulary rows; pos_of: token id -> row of w."""
+    """(loss, KL) on teacher rows sel; w: [Vs, h] step vocabulary rows, pos_of: token id -> row of w."""
     import torch
 
     m = rows.m[sel]
     g = draft.lm.model(input_ids=rows.x[sel], use_cache=False).last_hidden_state[m]
     logq = torch.log_softmax(g @ w.T, dim=-1)
     p = rows.p[sel][m]
-    # soft cross-entropy to the renormalised teacher top-k; minus the teacher entropy it is the KL
+    # soft CE to the teacher top-k; minus the teacher entropy it is the KL
     ce = -(p * logq.gather(1, pos_of[rows.ix[sel][m]].clamp_min(0))).sum(-1).mean()
     kl = ce.detach() + (p * p.clamp_min(1e-12).log()).sum(-1).mean()
     loss = cfg.kl_weight * ce
-    if draft.mse_norm is not None:  # match the teacher's final hidden state in the draft's coordinates
+    if draft.mse_norm is not None:
         loss = loss + cfg.mse_weight * (g - rows.h[sel][m].float() @ draft.basis).pow(2).mean() / draft.mse_norm
     return loss, kl
 
 
 def _raw_loss(cfg: DistillConfig, lm, xb, w, pos_of, n_cand: int):
-    """Next-token cross-entropy on raw chunks xb [B, S+1] over the step's vocabulary (targets outside cand, i.e.
-    sampled as negatives this step, are ignored)."""
+    """Next-token CE on raw chunks xb [B, S+1]; targets outside cand are ignored."""
     import torch
 
     g = lm.model(input_ids=xb[:, :-1], use_cache=False).last_hidden_state
@@ -749,7 +642,7 @@ def _raw_loss(cfg: DistillConfig, lm, xb, w, pos_of, n_cand: int):
 
 
 def heldout_code_top1(lm, data: Data) -> float | None:
-    """Share of held-out code positions where the draft's full-vocabulary argmax is the teacher's argmax."""
+    """Share of held-out code positions where the draft's argmax is the teacher's."""
     if data.ev_top1 is None:
         return None
     a, n = top1_agreement(lm, data.ev, [r.tolist() for r in data.ev_top1])
@@ -757,8 +650,7 @@ def heldout_code_top1(lm, data: Data) -> float | None:
 
 
 def train(cfg: DistillConfig, draft: Draft, data: Data, *, vocab: int, log) -> TrainHistory:
-    """Alternate teacher steps and raw-text steps over a training vocabulary (plus neg_samples other tokens sampled
-    per step so that never-seen rows are pushed down; the draft's argmax is still over the full vocabulary)."""
+    """Alternate teacher and raw steps; negatives are sampled per step so unseen rows are pushed down."""
     import torch
 
     raw_t = torch.tensor(data.raw, dtype=torch.long)  # [N, S+1]
@@ -811,7 +703,7 @@ def train(cfg: DistillConfig, draft: Draft, data: Data, *, vocab: int, log) -> T
 
 
 def evaluate(lm, data: Data, hist: TrainHistory, *, steps: int, log) -> dict:
-    """Held-out agreement: the draft's full-vocabulary argmax vs the teacher's argmax, on code and chat answers."""
+    """Held-out argmax agreement with the teacher on code and chat answers."""
     res: dict = {}
     if data.ev_top1 is not None:
         res["heldout_code_top1"] = heldout_code_top1(lm, data)
@@ -829,7 +721,7 @@ def evaluate(lm, data: Data, hist: TrainHistory, *, steps: int, log) -> dict:
 
 
 def measure_cost(draft_lm, teacher_lm, *, timed: bool) -> dict:
-    """Weight MACs per token of draft and teacher and (timed) a single-token decode step of each."""
+    """Weight MACs per token and, if timed, decode-step times of draft and teacher."""
     cost = {
         "draft_macs_per_token": forward_macs(draft_lm.config),
         "teacher_macs_per_token": forward_macs(teacher_lm.config),
@@ -842,7 +734,7 @@ def measure_cost(draft_lm, teacher_lm, *, timed: bool) -> dict:
 
 
 def save(cfg: DistillConfig, lm) -> None:
-    """The draft (config.json + model.safetensors) and the teacher's tokenizer files, verbatim."""
+    """Write the draft and copy the teacher's tokenizer files."""
     import torch
 
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -855,7 +747,7 @@ def save(cfg: DistillConfig, lm) -> None:
 
 
 def _ends(xs: list[float]) -> tuple[float | None, float | None]:
-    """Mean of the first and of the last ~10% (1..10) values."""
+    """Means of the first and last ~10% (1..10) values."""
     if not xs:
         return None, None
     k = max(1, min(10, len(xs) // 10))
@@ -909,12 +801,8 @@ def build_report(
     }
 
 
-# ------------------------------------------------------------------------------------------------------------- run
-
-
 def run(cfg: DistillConfig, log=None) -> dict:
-    """Distill a small LlamaForCausalLM draft from cfg.teacher_dir into cfg.out_dir; returns the report (also
-    written there as REPORT_NAME)."""
+    """Distill a draft from cfg.teacher_dir into cfg.out_dir; returns the report (also written as REPORT_NAME)."""
     tcfg = read_teacher_config(cfg.teacher_dir)
     cfg.validate()
     import torch

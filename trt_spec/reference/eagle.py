@@ -1,25 +1,9 @@
-"""EAGLE-3 draft head: the module (trained by train_eagle.py), its checkpoint layout, and in-engine drafting.
+"""EAGLE-3 draft head: the module, its checkpoint layout (upstream-facts: eagle3-checkpoint-layout) and drafting.
 
-The head reads the target's own hidden states. Per position t it takes the target's features at three layers
-(f_t: the inputs of layers `aux_layers`, concatenated [3H]) and the embedding of the next token x_{t+1}, and predicts
-x_{t+2}. Architecture (EAGLE-3, Li et al. 2025; one decoder layer whose attention reads [embedding ; hidden], 2H wide):
-
-    g = fc(f_t)                                  # 3H -> H (drafting steps after the first feed back the head's own
-                                                 #         pre-norm output instead, H wide: no fc)
-    a = attn(cat(input_layernorm(e(x_{t+1})), hidden_norm(g)))   # q/k/v read 2H
-    r = g + o_proj(a);  h = r + mlp(post_attention_layernorm(r))  # h: the pre-norm output, fed back
-    logits = lm_head(norm(h))                    # over the draft vocabulary; target id = draft id + d2t[draft id]
-
-Checkpoint layout (what TensorRT-LLM's LLM API, vLLM and SGLang load; see EAGLE3_LAYOUT_SOURCES): config.json with
-architectures ["LlamaForCausalLMEagle3"], num_hidden_layers 1, draft_vocab_size, the target's hidden size, and
-eagle_config.eagle_aux_hidden_state_layer_ids; model.safetensors with `fc.weight`, `midlayer.*` (input_layernorm,
-hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj), `norm.weight`,
-`lm_head.weight`, `d2t` (int64 [draft_vocab]) and `t2d` (bool [vocab]). The embedding is the target's (not stored).
-
-Drafting (a chain of k tokens, as the engine verifies it: one target forward over [x_n, d1..dk]): the head keeps its
-own K/V per sequence (`HeadState`, slot t = (f_t, x_{t+1}) at rope position t); after each verification the accepted
-positions' slots are written in one multi-row pass whose last output drafts d1, then k - 1 single-row steps feed
-back the head's own output (slots after the context are scratch, overwritten next round).
+Per position t the head reads the target's features f_t at `aux_layers` [3H] and the embedding of x_{t+1}, and
+predicts x_{t+2}: g = fc(f_t) (later steps feed back the head's own pre-norm output h), one decoder layer whose q/k/v
+read [input_layernorm(e) ; hidden_norm(g)] (2H), then lm_head(norm(h)) over the draft vocabulary (target = draft +
+d2t[draft]). Drafting keeps per-sequence head K/V (`HeadState`, slot t = (f_t, x_{t+1}) at rope position t).
 """
 
 from __future__ import annotations
@@ -35,10 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-HEAD_DIR = "eagle3"  # an engine directory's head (a target engine exported with --eagle_head)
+HEAD_DIR = "eagle3"  # inside an engine directory
 REPORT_NAME = "trt_spec_eagle.json"
-# The default target layers whose inputs feed the head: vLLM's and TensorRT-LLM's default
-# (2, num_layers // 2, num_layers - 3) when the head's config names none.
 EAGLE3_LAYOUT_SOURCES = (
     "vllm-project/vllm vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM.load_weights, LlamaModel.fc)",
     "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_speculative.py (Eagle3ForCausalLM, Eagle3DecoderLayer)",
@@ -46,7 +28,7 @@ EAGLE3_LAYOUT_SOURCES = (
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-    """(2, L // 2, L - 3), each kept inside 0..L - 1 (tiny test models have fewer than 5 layers)."""
+    """(2, L // 2, L - 3) clamped to 0..L - 1 (upstream-facts: eagle3-default-aux-layers)."""
     return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))  # type: ignore[return-value]
 
 
@@ -57,14 +39,13 @@ class HeadConfig:
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
-    vocab_size: int  # the target's
+    vocab_size: int  # target's
     draft_vocab_size: int
     rms_norm_eps: float
     rope_theta: float
     aux_layers: tuple[int, ...]
 
     def to_hf(self, target_cfg: dict) -> dict:
-        """config.json of the head (EAGLE-3 layout)."""
         return {
             "architectures": [ARCHITECTURE],
             "model_type": "llama",
@@ -139,8 +120,7 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.T
 
 
 class Eagle3Head(nn.Module):
-    """The head's weights under the checkpoint's names (state_dict() is the layout); `train_forward` is training-time
-    test (TTT) over whole sequences; `HeadState` drafts with it at serving time."""
+    """The head's weights under the checkpoint's names; `train_forward` runs training-time test."""
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()
@@ -169,7 +149,6 @@ class Eagle3Head(nn.Module):
             "inv_freq", 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2).float() / D)), persistent=False
         )
 
-    # -- pieces shared by training and drafting -----------------------------------------------------------------
     def qkv(self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor):
         """q [.., nh, S, D], k/v [.., nkv, S, D] (rotated) for embeddings and hidden inputs [.., S, H]."""
         m, c = self.midlayer, self.cfg
@@ -180,7 +159,7 @@ class Eagle3Head(nn.Module):
         return _rope(q, pos, self.inv_freq), _rope(k, pos, self.inv_freq), v
 
     def finish(self, g: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """The pre-norm output h [.., S, H] from the hidden input g and the attention output [.., nh, S, D]."""
+        """Pre-norm output h [.., S, H] from hidden input g and attention output [.., nh, S, D]."""
         m = self.midlayer
         r = g + m.self_attn.o_proj(attn.transpose(-3, -2).flatten(-2))
         y = m.post_attention_layernorm(r)
@@ -191,7 +170,7 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(h))
 
     def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [.., Vd] -> the target's vocabulary [.., V] (-inf outside the draft vocabulary)."""
+        """Draft logits [.., Vd] -> target-vocabulary logits [.., V], -inf outside the draft vocabulary."""
         out = draft_logits.new_full((*draft_logits.shape[:-1], self.cfg.vocab_size), float("-inf"))
         out[..., self.target_ids] = draft_logits
         return out
@@ -201,16 +180,13 @@ class Eagle3Head(nn.Module):
         return torch.arange(self.cfg.draft_vocab_size) + self.d2t
 
     def draft_index(self, token: int) -> int:
-        """The draft-vocabulary index of a target token id (it must be in the draft vocabulary)."""
+        """Draft index of a target token id that is in the draft vocabulary."""
         return int(torch.searchsorted(self.target_ids, token))
 
-    # -- training-time test ---------------------------------------------------------------------------------------
     def train_forward(self, feats: torch.Tensor, emb_steps: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """feats [B, T, 3H]; emb_steps[j] [B, T, H]: the token embeddings step j reads at each position (step j at
-        position t reads x_{t+1+j}). Returns the draft logits of every step [B, T, Vd].
+        """Draft logits [B, T, Vd] per step from feats [B, T, 3H] and emb_steps[j] [B, T, H] (x_{t+1+j}).
 
-        Step j at position t attends to step 0's keys at positions <= t and to steps 1..j's keys at position t only,
-        exactly what drafting j tokens past position t sees (its own earlier drafts, then the context)."""
+        Step j at t attends to step 0's keys at <= t and steps 1..j's at t only, as drafting does."""
         c = self.cfg
         B, T, _ = feats.shape
         G = c.num_heads // c.num_kv_heads
@@ -236,7 +212,6 @@ class Eagle3Head(nn.Module):
             out.append(self.logits(g))
         return out
 
-    # -- checkpoint -----------------------------------------------------------------------------------------------
     def save(self, out_dir: Path, target_cfg: dict) -> None:
         from safetensors.torch import save_file
 
@@ -261,8 +236,7 @@ class Eagle3Head(nn.Module):
 
 @dataclass
 class HeadState:
-    """One sequence's head K/V (slot t holds (f_t, x_{t+1}) at rope position t) and the tokens they are valid for:
-    slots 0..len(tokens) - 2 (slot t needs x_{t+1})."""
+    """One sequence's head K/V; valid for slots 0..len(tokens) - 2 (slot t needs x_{t+1})."""
 
     k: torch.Tensor  # [nkv, capacity, D]
     v: torch.Tensor
@@ -296,8 +270,7 @@ class HeadState:
 
 @torch.inference_mode()
 def head_step(head: Eagle3Head, state: HeadState, start: int, g: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-    """Write slots start..start+S-1 from hidden inputs g [S, H] (fc already applied to target features) and next-token
-    embeddings emb [S, H]; return the pre-norm outputs h [S, H]. Each slot attends to slots <= itself."""
+    """Write slots start..start+S-1 from g [S, H] (after fc) and next-token embeddings; returns h [S, H]."""
     c = head.cfg
     S = g.shape[0]
     if start + S > state.capacity:

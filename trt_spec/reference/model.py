@@ -1,14 +1,7 @@
-"""Lean PyTorch decoder runtime for Llama-family checkpoints (Llama, Qwen2, Mistral), fp32 on CPU.
+"""Lean fp32 CPU decoder runtime for Llama-family checkpoints (Llama, Qwen2, Mistral) with HF tensor names.
 
-State-dict contract: HF parameter names (``model.embed_tokens.weight``,
-``model.layers.{i}.self_attn.q_proj.weight``, ..., ``lm_head.weight`` optional when tied). q/k/v and
-gate/up are fused into one weight each at load time.
-
-KV cache: position-addressed and static (gpt-fast style). ``forward`` writes K/V at ``input_pos`` and a query
-at position p attends to cache positions <= p of its own row. Callers write each row's positions
-contiguously from 0, so every visible position holds that row's real K/V; entries at positions after a row's
-current length (rejected draft tokens) are invisible and simply overwritten later. Padding entries
-(``input_pos < 0``, any valid token id) write to a scratch slot that is never read; their logits are garbage.
+The KV cache is static and position-addressed: a query at position p sees cache positions <= p of its row, so stale
+entries past a row's length (rejected drafts) are invisible; padding (input_pos < 0) writes to a never-read slot.
 """
 
 from __future__ import annotations
@@ -40,9 +33,9 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict[str, Any] | None  # llama3 parameters, None for plain RoPE
+    rope_scaling: dict[str, Any] | None  # llama3 only
     tie_word_embeddings: bool
-    sliding_windows: tuple[int | None, ...]  # per layer; None = full causal attention
+    sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
@@ -76,7 +69,7 @@ class ModelConfig:
 
 
 def _rope_params(cfg: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    # transformers >= 5 writes "rope_parameters"; older configs write "rope_theta" + "rope_scaling".
+    # transformers >= 5 writes "rope_parameters", older ones "rope_theta" + "rope_scaling"
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -121,7 +114,7 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     s = config.rope_scaling
     if s is None:
         return inv_freq
-    # Llama 3.1: long wavelengths divided by `factor`, short ones kept, smooth interpolation in between.
+    # long wavelengths divided by `factor`, short ones kept, interpolated in between
     old_len = s["original_max_position_embeddings"]
     low_wavelen = old_len / s["low_freq_factor"]
     high_wavelen = old_len / s["high_freq_factor"]
@@ -157,11 +150,9 @@ def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 class _Linear:
-    """y = x @ W.T + b for W [N, K], laid out for speed (measured on a 2-core AMD EPYC, fp32, torch 2.13):
-    one-row inputs (decode) run MKL gemv, fastest on W stored as [K, N] when N > K (qkv, gate/up, LM head:
-    up to 1.8x) and as [N, K] otherwise (o, down); multi-row inputs (prefill, the k + 1 verification tokens)
-    run oneDNN on a packed copy (5 rows: ~2.4x the cost of one row, vs ~3.4x through MKL).
-    Both copies are kept: 2x the fp32 weight memory."""
+    """y = x @ W.T + b for W [N, K]: one row runs MKL gemv (W stored [K, N] when N > K), more rows oneDNN.
+
+    Both copies are kept, doubling the fp32 weight memory."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         N, K = weight.shape
@@ -176,9 +167,7 @@ class _Linear:
 
 
 def _rows(linear: _Linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x) for x [1, M, K]; M == 2 runs as 3 rows (a throwaway copy of row 0): oneDNN's 2-row kernel
-    streams the weights ~1.5x slower than its 3-row one (SmolLM2 decode step: 53 ms at 2 rows, 42 ms at 3,
-    1 thread). Rows are computed independently of the row count, so the result is the same."""
+    """linear(x) for x [1, M, K]; M == 2 runs as 3 rows because oneDNN's 2-row kernel is slower (same result)."""
     if x.shape[1] != 2 or linear.packed is None:
         return linear(x)
     return linear(torch.cat((x, x[:, :1]), 1))[:, :2]
@@ -196,7 +185,7 @@ class _Layer:
 
 
 def load_hf_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """HF-named tensors of a checkpoint directory: model.safetensors or the shards of model.safetensors.index.json."""
+    """HF-named tensors of model.safetensors or of the shards in model.safetensors.index.json."""
     from safetensors.torch import load_file
 
     single = checkpoint / "model.safetensors"
@@ -213,7 +202,7 @@ def load_hf_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 class ReferenceModel:
-    """Decoder-only transformer over plain fp32 tensors; see the module docstring for the cache contract."""
+    """Decoder-only transformer over plain fp32 tensors."""
 
     def __init__(self, config: ModelConfig, state_dict: Mapping[str, torch.Tensor]):
         self.config = config
@@ -226,7 +215,7 @@ class ReferenceModel:
         if unexpected:
             raise ValueError(f"state dict has {len(unexpected)} unexpected tensors, e.g. {unexpected[:5]}")
 
-        def cat(*names: str) -> torch.Tensor | None:  # fused weight (or bias; None when absent)
+        def cat(*names: str) -> torch.Tensor | None:
             return torch.cat([sd[n] for n in names]) if names[0] in sd else None
 
         self.layers: list[_Layer] = []
@@ -252,18 +241,18 @@ class ReferenceModel:
         self.norm = sd["model.norm.weight"]
         embed = sd["model.embed_tokens.weight"]  # [V, H]
         self.lm_head = _Linear(embed if config.tie_word_embeddings else sd["lm_head.weight"], None)
-        # Tied: look tokens up in the head's (transposed) copy instead of keeping a third one.
+        # tied: reuse the head's copy instead of keeping a third
         self.embed = self.lm_head.w if config.tie_word_embeddings else embed  # [V, H]
         self.inv_freq = rope_inv_freq(config)  # [head_dim // 2]
 
     @classmethod
     def from_state_dict(cls, config_dict: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]) -> ReferenceModel:
-        """Build from an HF config dict and HF-named tensors (any float dtype; converted to fp32)."""
+        """Build from an HF config dict and HF-named tensors of any float dtype."""
         return cls(ModelConfig.from_hf(config_dict), state_dict)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ReferenceModel:
-        """Load an HF directory: config.json + model.safetensors or a sharded model.safetensors.index.json."""
+        """Load an HF checkpoint directory."""
         path = Path(path)
         config_dict = json.loads((path / "config.json").read_text())
         return cls.from_state_dict(config_dict, load_hf_state_dict(path))
@@ -280,12 +269,9 @@ class ReferenceModel:
         cache: KVCache,
         logits_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run the decoder over new tokens and return logits.
+        """Logits [B, N, V] for tokens [B, S] at cache positions input_pos [B, S] (-1 = padding).
 
-        tokens: [B, S] int64; input_pos: [B, S] int64 cache positions (-1 = padding entry);
-        logits_at: [B, N] int64 indices into S choosing where to compute the LM head (default: all S).
-        Returns logits [B, N, V] (or [B, S, V]).
-        """
+        logits_at: [B, N] indices into S (default: all S)."""
         c = self.config
         B, S = tokens.shape
         if B != cache.batch:
@@ -298,7 +284,7 @@ class ReferenceModel:
         write_pos = torch.where(input_pos < 0, cache.max_len, input_pos)  # padding -> scratch slot
         rows = torch.arange(B)[:, None]  # [B, 1]
 
-        pos = input_pos.clamp(min=0)  # padding queries take position 0 (and attend to it only)
+        pos = input_pos.clamp(min=0)
         cos, sin = self._rope_tables(pos)  # [B, S, 1, D]
         masks = self._attention_masks(pos[:, None, :, None], kv_len, one_query=B == S == 1)
         G = c.num_heads // c.num_kv_heads
@@ -330,8 +316,7 @@ class ReferenceModel:
     __call__ = forward
 
     def _rope_tables(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE tables (cos, sin) [B, S, 1, D] for positions pos [B, S] (>= 0); the sin half is pre-negated so that
-        rotate_half(x) * sin == flip_halves(x) * sin_signed."""
+        """RoPE (cos, sin) [B, S, 1, D] for pos [B, S]; sin is pre-negated so flip_halves(x) * sin == rotate_half."""
         freqs = pos[..., None].float() * self.inv_freq  # [B, S, D/2]
         cos = torch.cat((freqs, freqs), -1).cos()[:, :, None, :]
         sin = freqs.sin()
@@ -341,16 +326,15 @@ class ReferenceModel:
     def _attention_masks(
         self, q_pos: torch.Tensor, kv_len: int, *, one_query: bool
     ) -> dict[int | None, torch.Tensor | None]:
-        """Sliding window -> attention mask [B, 1, G * S, kv_len] for query positions q_pos [B, 1, S, 1], G = query
-        heads per KV head: queries are folded into [B, kv_heads, G * S, D] (row g * S + s) so SDPA sees plain MHA
-        without repeating K/V. one_query: a single query (at the last position), which needs no mask where the
-        window covers every key."""
+        """Window -> mask [B, 1, G * S, kv_len] for q_pos [B, 1, S, 1]; G query heads are folded per KV head.
+
+        one_query: a single last-position query needs no mask when the window covers every key."""
         G = self.config.num_heads // self.config.num_kv_heads
         k_pos = torch.arange(kv_len)
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in set(self.config.sliding_windows):
             if one_query and (window is None or window >= kv_len):
-                masks[window] = None  # one query at the last position sees every key
+                masks[window] = None
                 continue
             m = k_pos <= q_pos  # [B, 1, S, kv_len]
             if window is not None:
@@ -359,8 +343,7 @@ class ReferenceModel:
         return masks
 
     def _packed_segments(self, input_pos: torch.Tensor, segments: Sequence[tuple[KVCache, int]]) -> list[tuple]:
-        """forward_packed's sequences, checked: (cache, start, n, write positions [1, n], kv_len, masks by window),
-        the masks `forward` builds for that sequence alone."""
+        """Checked segments: (cache, start, n, positions [1, n], kv_len, masks by window)."""
         segs = []
         start = 0
         for cache, n in segments:
@@ -386,16 +369,10 @@ class ReferenceModel:
         logits_at: torch.Tensor,
         aux_layers: Sequence[int] = (),
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Ragged batch of sequences, each with its own batch-1 cache: one pass over all new tokens.
+        """One pass over a ragged batch: tokens, input_pos [T] concatenated per segment (cache, n); logits_at [N].
 
-        tokens, input_pos: [T] int64, the new tokens of every sequence concatenated; segments: (cache, n) per
-        sequence in that order, its n tokens at contiguous positions; logits_at: [N] indices into T.
-        Returns logits [N, V]; with aux_layers, also the inputs of those layers at every token, concatenated in that
-        order ([T, len(aux_layers) * H]: the features an EAGLE-3 head reads, eagle.py). The linear layers (the weight
-        reads) run once over all T rows; attention runs per sequence against its own cache, exactly as `forward` runs it
-        for that sequence alone. Row results of the oneDNN linear do not depend on the row count, so a sequence's logits
-        equal its solo `forward` bit for bit except where the solo call had one row (decode: MKL gemv; ~1e-6 relative
-        difference).
+        Returns logits [N, V], plus with aux_layers those layers' inputs [T, len(aux_layers) * H] (EAGLE-3 features).
+        Matches a solo `forward` bit for bit except for one-row (gemv) decode rows.
         """
         c = self.config
         T = tokens.shape[0]
@@ -440,7 +417,7 @@ class ReferenceModel:
 
 
 def _expected_keys(config: ModelConfig, sd: Mapping[str, torch.Tensor]) -> dict[str, bool]:
-    """Every tensor name the runtime reads -> whether it is required (biases are optional)."""
+    """Every tensor name the runtime reads -> whether it is required."""
     keys = {"model.embed_tokens.weight": True, "model.norm.weight": True}
     keys["lm_head.weight"] = not config.tie_word_embeddings
     for i in range(config.num_layers):
@@ -458,7 +435,7 @@ def _expected_keys(config: ModelConfig, sd: Mapping[str, torch.Tensor]) -> dict[
         ):
             keys[p + proj + ".weight"] = True
             keys[p + proj + ".bias"] = False
-        # Fused biases need all parts: q/k/v biases come together (Qwen2), gate/up together (mlp_bias).
+        # fused biases need all their parts
         for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
             mod = "self_attn." if group[0] == "q_proj" else "mlp."
             names = [p + mod + g + ".bias" for g in group]

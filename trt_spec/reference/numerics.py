@@ -1,15 +1,7 @@
-"""The stand-in's GPU-numerics mode: a verification forward that is not bit-identical to a decode step.
+"""The stand-in's GPU-numerics mode: verification logits get seeded noise in [-margin/2, margin/2), decodes stay exact.
 
-On a GPU the target verifies draft tokens in the context phase (FP8 context FMHA, other GEMM shapes) while the baseline
-decodes the same positions one at a time, so two tokens whose logits differ by less than the kernels' error swap places:
-greedy outputs diverge at near-ties. The CPU reference engine computes both exactly alike. With this mode on, every
-verification forward (the multi-token target forward that checks drafts: draft-target and n-gram rounds, an EAGLE
-engine's in-engine steps) gets a seeded perturbation of its logits, uniform in [-margin/2, margin/2) per logit, so any
-two logits move apart by less than `margin`: the verification's argmax differs from the decode's only where the
-decode's top-2 margin is below `margin`. Decodes (the baseline, the draft, `trt-spec check`'s logits probe) stay exact.
-
-On with GPU_NUMERICS_ENV="MARGIN[,SEED]" in the environment of the process that loads the engine models (tritonserver,
-or bench in-process), or GpuNumerics passed to StandIn. Off (the default): greedy semantics are exact.
+A GPU verifies drafts with other kernels than decode, so near-tie tokens can swap; this imitates it on CPU. On with
+GPU_NUMERICS_ENV="MARGIN[,SEED]" in the loading process, or GpuNumerics passed to StandIn.
 """
 
 from __future__ import annotations
@@ -27,7 +19,7 @@ from ..records.defaults import GPU_NUMERICS_ENV, NEAR_TIE_MARGIN
 
 @dataclass(frozen=True)
 class GpuNumerics:
-    margin: float = NEAR_TIE_MARGIN  # logits: no pairwise logit difference moves by this much or more
+    margin: float = NEAR_TIE_MARGIN  # logits
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -36,7 +28,7 @@ class GpuNumerics:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Optional["GpuNumerics"]:
-        """GPU_NUMERICS_ENV="MARGIN[,SEED]" -> GpuNumerics; unset or empty -> None (exact numerics)."""
+        """GPU_NUMERICS_ENV="MARGIN[,SEED]" -> GpuNumerics; unset -> None."""
         raw = environ.get(GPU_NUMERICS_ENV, "").strip()
         if not raw:
             return None
@@ -53,8 +45,7 @@ class GpuNumerics:
         return cls(margin, seed)
 
     def perturb(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
-        """logits [n, V] of one verification whose fed sequence is `context` (prompt + drafts) -> perturbed logits.
-        Deterministic in (seed, context): the same verification flips the same way every time."""
+        """Perturbed verification logits [n, V], deterministic in (seed, context)."""
         key = zlib.crc32(np.asarray(list(context), dtype=np.int64).tobytes(), self.seed & 0xFFFFFFFF)
         g = torch.Generator().manual_seed(key)
         noise = (torch.rand(logits.shape, generator=g, dtype=torch.float32) - 0.5) * self.margin

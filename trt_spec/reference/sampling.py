@@ -15,10 +15,7 @@ def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """logits [..., V] -> fp32 probabilities [..., V] after temperature, top-k and top-p (nucleus) filtering.
-
-    Only for temperature > 0; greedy decoding never goes through probabilities (see `select`).
-    """
+    """logits [..., V] -> fp32 probabilities after temperature, top-k and top-p; temperature > 0 only."""
     validate_sampling(temperature, top_k, top_p)
     if temperature == 0:
         raise ValueError("logits_to_probs needs temperature > 0; greedy decoding uses argmax")
@@ -28,8 +25,7 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if top_p < 1.0:
-        # Keep the smallest prefix of the sorted distribution whose mass reaches top_p: drop a token when the
-        # mass strictly before it already reaches top_p (the most likely token is always kept).
+        # drop a token once the mass before it reaches top_p (the top token always stays)
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
@@ -39,7 +35,7 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """probs [..., V] -> sampled token ids [...] (int64)."""
+    """probs [..., V] -> sampled ids [...]."""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
 
@@ -51,10 +47,7 @@ def select(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits [..., V] -> (tokens [...], probs [..., V] or None when greedy).
-
-    temperature == 0 is argmax (never the probabilistic rule); otherwise a seeded sample from logits_to_probs.
-    """
+    """logits [..., V] -> (tokens [...], probs [..., V] or None when greedy argmax)."""
     if temperature == 0:
         validate_sampling(temperature, top_k, top_p)
         return logits.argmax(dim=-1), None

@@ -1,11 +1,7 @@
-"""The reference engine behind the `tensorrtllm` backend's contract, free of Triton.
+"""The reference engine behind the `tensorrtllm` backend's contract (records/backend_contract.py), free of Triton.
 
-`StandIn` is what a `tensorrt_llm` model of a CPU deployment is: loaded from the model config Triton hands the
-backend (JSON, `parameters` as strings), it checks the parameters as the backend does at load, checks each request as
-the backend and the executor do (trt_spec/records/backend_contract.py), runs it on the model's one BatchScheduler and
-writes the backend's outputs for the request's flags. Two adapters use it and nothing else:
-- model_repo/reference_engine/1/model.py, the python model Triton loads (responses, cancellation, logs);
-- trt_spec/harness/inprocess.py, `bench in-process`: the served speculative loop over in-process engine calls.
+`StandIn` is a CPU deployment's `tensorrt_llm` model: it checks parameters and requests as the backend and executor
+do, runs requests on one BatchScheduler and writes the backend's outputs.
 """
 
 from __future__ import annotations
@@ -28,11 +24,9 @@ from .model import ReferenceModel
 from .numerics import GpuNumerics
 
 INPUT_NAMES = tuple(t.name for t in bc.INPUTS)
-# The executor refuses a speculative target without KV-cache block reuse (draft tokens are verified against
-# the reused prefix): TensorRT-LLM 1.2 trtGptModelInflightBatching.cpp.
+# upstream-facts: trtllm-spec-needs-kv-reuse
 REUSE_REQUIRED = "KV cache block reuse must be enabled for speculative decoding target model"
-# The reference engine's own load error for an eagle engine exported without its head (not a TensorRT-LLM message:
-# trtllm-build bakes the heads into the engine, so a TensorRT-LLM eagle engine cannot lack them).
+# Our own error: a TensorRT-LLM eagle engine cannot lack its heads (upstream-facts: trtllm-eagle-heads-in-engine).
 EAGLE_HEAD_MISSING = (
     "the engine was built with speculative_decoding_mode eagle but carries no EAGLE-3 head "
     "(eagle3/ in the engine directory); rebuild it with `trt-spec build CONFIG`"
@@ -40,13 +34,12 @@ EAGLE_HEAD_MISSING = (
 
 
 def model_parameters(model_config: Mapping) -> dict[str, str]:
-    """A model config's parameters as the backend reads them: name -> string value."""
+    """A model config's parameters: name -> string value."""
     return {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
 
 
 class StandIn:
-    """One `tensorrt_llm` model on the reference engine: `StandIn.load(model_config, name)` as Triton loads it, or
-    built from a model in memory (tests)."""
+    """One `tensorrt_llm` model on the reference engine."""
 
     def __init__(
         self,
@@ -64,16 +57,13 @@ class StandIn:
         draft_policy: str = Policy.ADAPTIVE.value,
         numerics: Optional[GpuNumerics] = None,
     ):
-        """Raises bc.ContractError (the backend's load error) for parameters a GPU would not load either. head: the
-        EAGLE-3 head of an engine built with speculative_decoding_mode eagle (it speculates in the engine; draft_policy:
-        its chain's draft-length policy, ReferenceEngine's). numerics: the GPU-numerics mode (reference/numerics.py;
-        None = exact)."""
+        """Raises bc.ContractError for parameters a GPU would not load either."""
         self.name, self.limits, self.params = name, limits, dict(params)
         bc.check_parameters(self.params)
         self.decoupled = decoupled
         self.declared = set(declared) if declared is not None else {t.name for t in bc.OUTPUTS}
         self.config_logits_dtype = config_logits_dtype
-        # Cancelled requests stop between iterations, checked at most this often (the backend polls the same way).
+        # cancellation is polled between iterations, as the backend does
         self.cancel_period_s = int(bc.parameter(self.params, "cancellation_check_period_ms")) / 1000.0
         reuse = bc.parse_bool(bc.parameter(self.params, "enable_kv_cache_reuse"), "enable_kv_cache_reuse")
         if limits.speculative_decoding_mode == "draft_tokens_external" and not reuse:
@@ -104,10 +94,9 @@ class StandIn:
 
     @classmethod
     def load(cls, model_config: Mapping, name: str, *, on_iteration: Optional[Callable[[], None]] = None) -> "StandIn":
-        """From the model config Triton hands the backend (JSON): its parameters, outputs, transaction policy and
-        queue policy, and the engine directory its gpt_model_path names."""
+        """Load from the model config JSON Triton hands the backend."""
         params = model_parameters(model_config)
-        bc.check_parameters(params)  # before touching the disk, in the backend's order
+        bc.check_parameters(params)  # before touching the disk, as the backend does
         outputs = model_config.get("output", [])
         logits_type = next((o["data_type"] for o in outputs if o["name"] == bc.GENERATION_LOGITS), bc.LOGITS_TYPE)
         check_engine_path(params["gpt_model_path"])
@@ -115,17 +104,16 @@ class StandIn:
             name,
             params,
             decoupled=bool(model_config.get("model_transaction_policy", {}).get("decoupled", False)),
-            declared={o["name"] for o in outputs},  # what Triton core lets a backend write
+            declared={o["name"] for o in outputs},
             config_logits_dtype=bc.TYPE_TO_LOGITS_DTYPE.get(logits_type, logits_type),
             max_queue_size=bc.max_queue_size(model_config),
             on_iteration=on_iteration,
             numerics=GpuNumerics.from_env(),
-        )  # GPU_NUMERICS_ENV in the loading process's environment
+        )
 
     @classmethod
     def from_engine_dir(cls, name: str, params: Mapping[str, str], **kw) -> "StandIn":
-        """The engine that params' gpt_model_path names (an exported reference engine), its limits from the build
-        config it was exported with."""
+        """The exported engine at params' gpt_model_path, with limits from its build config."""
         engine_dir = params["gpt_model_path"]
         model = load_engine(engine_dir)
         build = read_engine_meta(engine_dir)["build_config"]
@@ -136,7 +124,7 @@ class StandIn:
             limits,
             params,
             head=load_head(engine_dir, model),
-            draft_policy=build.get("eagle_draft_policy", Policy.ADAPTIVE.value),  # "confidence": read as adaptive
+            draft_policy=build.get("eagle_draft_policy", Policy.ADAPTIVE.value),
             **kw,
         )
 
@@ -144,7 +132,7 @@ class StandIn:
         self.scheduler.close(timeout)
 
     def parse(self, inputs: Mapping[str, Optional[np.ndarray]], requested: Iterable[str]) -> bc.EngineRequest:
-        """The backend's and the executor's checks of one request (raises bc.ContractError with their text)."""
+        """Check one request as the backend and executor do; raises bc.ContractError."""
         return bc.parse_request(
             {n: inputs[n] for n in INPUT_NAMES if inputs.get(n) is not None},
             requested,
@@ -155,8 +143,7 @@ class StandIn:
         )
 
     def sampling(self, req: bc.EngineRequest) -> Sampling:
-        """TensorRT-LLM's kernels scale by the sent temperature and clamp to the logits dtype first (kernel_logits);
-        the sampling rule then runs at temperature 1 (or argmax when greedy)."""
+        """The kernels apply the sent temperature first (kernel_logits), so sampling runs at temperature 1."""
         greedy = req.greedy
         return Sampling(
             0.0 if greedy else 1.0,
@@ -168,9 +155,9 @@ class StandIn:
         )
 
     def submit(self, req: bc.EngineRequest, on_tokens: Optional[Callable[[list[int]], None]] = None) -> Handle:
-        """Hand a checked request to the scheduler: a verification when it carries draft tokens, else a decode
-        (on_tokens gets each step's new tokens: one, or on an EAGLE engine the accepted drafts + one).
-        Raises reference.batching.QueueFullError (the executor's refusal) or bc.ContractError."""
+        """Submit a checked request: a verification with draft tokens, else a decode.
+
+        Raises batching.QueueFullError or bc.ContractError."""
         if req.bad_words:
             raise bc.ContractError("bad_words is not supported by the reference engine; drop it from the request")
         sampling = self.sampling(req)
@@ -195,14 +182,13 @@ class StandIn:
         progress: Optional[CallResult] = None,
         logits: Optional[np.ndarray] = None,
     ) -> dict[str, np.ndarray]:
-        """One response in the backend's outputs for the request's flags; an output the backend would write that the
-        config does not declare fails it with Triton core's error (backend_contract.UNDECLARED_OUTPUT)."""
+        """One response's output tensors; an undeclared output fails as in Triton core."""
         return bc.response_tensors(
             req, tokens, perf=perf_metrics(req, progress), logits=logits, declared=self.declared, model=self.name
         )
 
     def final(self, req: bc.EngineRequest, res: CallResult) -> Optional[dict[str, np.ndarray]]:
-        """The final response of a finished call; None for a streamed decode (its tokens went out one by one)."""
+        """The final response of a finished call; None for a streamed decode."""
         if req.streaming and not req.draft_tokens:
             return None
         logits = torch.stack(res.logits).float().numpy() if res.logits else None
@@ -210,10 +196,7 @@ class StandIn:
 
 
 def check_engine_path(path: str) -> None:
-    """gpt_model_path as the tensorrtllm backend opens it: the raw string, a relative one against this process's
-    working directory (tritonserver's: a python-backend stub inherits it), never against the repository. A path that
-    does not exist fails the load with the backend's own (misleading) error, then trt-spec's hint (ABSOLUTE_PATHS in
-    repository/writer.py; the backend: model_instance_state.cc ModelInstanceState ctor, std::filesystem::exists)."""
+    """Fail like the backend on a missing gpt_model_path, plus a hint (upstream-facts: tensorrtllm-model-path-cwd)."""
     if os.path.isdir(path):
         return
     where = "" if os.path.isabs(path) else f" from the server's working directory {os.getcwd()}"
@@ -228,10 +211,7 @@ def check_engine_path(path: str) -> None:
 
 
 def perf_metrics(req: bc.EngineRequest, progress: Optional[CallResult]) -> bc.PerfOutputs:
-    """The executor's RequestPerfMetrics for a response, from the request's progress: KV blocks of TOKENS_PER_BLOCK
-    positions (reused = prompt blocks found in the prefix cache), steady-clock times, and the draft tokens this call
-    verified. A verification fills the prompt's and the drafts' positions; a decode, the prompt's and the generated
-    tokens'."""
+    """The executor's RequestPerfMetrics from a request's progress (KV blocks of TOKENS_PER_BLOCK positions)."""
     if progress is None:
         return bc.PerfOutputs()
     positions = len(req.input_ids) + (len(req.draft_tokens) if req.draft_tokens else len(progress.tokens))

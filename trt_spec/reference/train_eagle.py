@@ -1,24 +1,9 @@
 """Train an EAGLE-3 draft head for a target, offline, by self-distillation (a reproducible build step).
 
-Why not NVIDIA Model Optimizer (`modelopt.torch.speculative`): see docs/reference-engine.md "EAGLE-3 head" for what was
-tried and where it stops on a CPU. This module trains the same head (eagle.py: one decoder layer over the target's
-features at three layers, EAGLE-3's checkpoint layout) in plain PyTorch.
-
-Data (what EAGLE does, on a small bundled corpus): the target's own greedy answers to TRAIN_PROMPTS (chat-formatted with
-the target's chat template), generated here by the reference engine's in-flight batching. One teacher-forced pass of the
-target over prompt + answer then gives, per position, the features the head reads (inputs of the aux layers) and the
-target's argmax (the label: greedy verification accepts a draft iff it equals the target's argmax). The target is
-quantized exactly as it is served (FP8 weights: export.export_state_dict), so the head learns the served features.
-
-Training: training-time test (EAGLE-3): `ttt` unrolled steps, step j predicting the target's token j + 2 positions ahead
-from the head's own output of step j - 1, loss weights 0.8^j, over a draft vocabulary of the `draft_vocab` most
-frequent label tokens (d2t / t2d). AdamW, cosine schedule, fixed seed, fixed steps: the same inputs give the same head
-on a given machine. The LM head starts from the target's rows for the draft vocabulary, the final norm from the
-target's, the MLP from the target's last layer; fc starts as "take the last aux layer".
-
-Run as a build step: python -m trt_spec.reference.train_eagle --target DIR --output_dir DIR [--weights fp8 --steps N
---seed S ...]; progress lines go to stderr, the report (trt_spec_eagle.json in the output directory) to stdout. A bad
-input exits 2 with one `error: ...` line.
+Data: the target's own greedy (and sampled) answers to TRAIN_PROMPTS, with the aux-layer features and the target's
+argmax (the greedy acceptance label), from the target quantized as served. Training unrolls `ttt` steps (EAGLE-3's
+training-time test, loss weights 0.8^j) over a draft vocabulary of the most frequent labels; the head starts from the
+target's LM-head rows, final norm and last MLP. Why not Model Optimizer: docs/reference-engine.md "EAGLE-3 head".
 """
 
 from __future__ import annotations
@@ -40,8 +25,7 @@ from ..errors import TrtSpecError
 from ..records.defaults import EAGLE_DRAFT_VOCAB, EAGLE_TRAIN_STEPS
 from .eagle import REPORT_NAME, Eagle3Head, HeadConfig, default_aux_layers
 
-# Training prompts: code-writing tasks and explanations, disjoint from the benchmark sets (trt_spec.harness.prompts),
-# the held-out sets (tests/data/*_heldout.jsonl) and the distilled draft's prompts (tests/reference/test_eagle.py).
+# Disjoint from the benchmark sets, tests/data/*_heldout.jsonl and the distilled draft's prompts.
 _CODE_TASKS = (
     "reverses a string",
     "returns the second largest number in a list",
@@ -166,7 +150,7 @@ TRAIN_PROMPTS: tuple[str, ...] = (
 )
 
 
-SAMPLE_TEMPERATURE = 0.7  # the extra answers per prompt: near the target's greedy path, not on it
+SAMPLE_TEMPERATURE = 0.7  # near the target's greedy path, not on it
 
 
 class TrainError(TrtSpecError, ValueError):
@@ -175,21 +159,21 @@ class TrainError(TrtSpecError, ValueError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every knob of one training run; these defaults are the only ones (the CLI and the build config read them)."""
+    """Every knob of one training run; the CLI and the build config read its defaults."""
 
-    target_dir: Path  # Hugging Face directory of the target (config.json, model.safetensors, tokenizer files)
+    target_dir: Path
     out_dir: Path
-    weights: str = "fp8"  # the target as served: fp8 | bf16 | fp16 | fp32 (export.export_state_dict)
+    weights: str = "fp8"  # as served: fp8 | bf16 | fp16 | fp32
     draft_vocab: int = EAGLE_DRAFT_VOCAB
     steps: int = EAGLE_TRAIN_STEPS
-    ttt: int = 3  # unrolled drafting steps in training (EAGLE-3's training-time test)
-    seq_len: int = 192  # head positions per row (a prompt + a 128-token answer fits one row)
+    ttt: int = 3  # unrolled drafting steps
+    seq_len: int = 192  # fits a prompt + a 128-token answer
     batch: int = 4
     lr: float = 3e-3
     seed: int = 0
     prompts: int = len(TRAIN_PROMPTS)
     answer_tokens: int = 128
-    samples_per_prompt: int = 2  # answers per prompt: one greedy, the rest sampled at SAMPLE_TEMPERATURE
+    samples_per_prompt: int = 2  # one greedy, the rest sampled
     gen_batch: int = 24
     threads: int = 2
 
@@ -229,7 +213,7 @@ CLI_OPTIONS = (
 
 
 def load_target(cfg: TrainConfig):
-    """The target as served (weights stored then dequantized like the engine export) + its HF config + tokenizer."""
+    """(model quantized as served, HF config, tokenizer)."""
     from transformers import AutoTokenizer
 
     from .export import dequantize_fp8, export_state_dict
@@ -246,7 +230,7 @@ def load_target(cfg: TrainConfig):
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt as the served chat template formats it (plain text for a tokenizer without one)."""
+    """The prompt in the chat template, or plain without one."""
     if not getattr(tokenizer, "chat_template", None):
         return list(tokenizer.encode(prompt))
     return list(
@@ -269,10 +253,9 @@ def generate_labelled(
     temperature: float = 0.0,
     seed: int = 0,
 ) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """The target's answers (greedy, or sampled at `temperature` from a seeded generator: more on-policy data per
-    prompt), with what training needs gathered on the way (no second pass): per sequence (prompt + answer tokens,
-    features [N, len(aux) * H] at every position, the target's argmax [N] at every position: the label either way).
-    Batches of `batch` sequences in one packed forward per step (model.forward_packed); the end token is not kept."""
+    """The target's answers with labels gathered on the way: (tokens, features [N, len(aux) * H], argmax [N]).
+
+    Greedy, or sampled at `temperature`; the argmax is the label either way. The end token is not kept."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     t0 = time.monotonic()
@@ -282,7 +265,7 @@ def generate_labelled(
         seqs = [list(p) for p in group]
         feats: list[list[torch.Tensor]] = [[] for _ in group]
         tops: list[list[torch.Tensor]] = [[] for _ in group]
-        feed = [list(p) for p in group]  # tokens each sequence feeds this step
+        feed = [list(p) for p in group]
         active = list(range(len(group)))
         while active:
             toks, pos, segs = [], [], []
@@ -319,8 +302,7 @@ def generate_labelled(
 
 
 def draft_vocabulary(labels: list[torch.Tensor], vocab: int, size: int) -> torch.Tensor:
-    """The `size` most frequent label tokens, then (when fewer were seen) the lowest unseen ids (a BPE vocabulary's
-    earliest merges: its commonest pieces); sorted by id (EAGLE-3's d2t: target = draft + d2t[draft])."""
+    """The `size` most frequent labels, padded with the lowest unseen ids (BPE's commonest pieces), sorted by id."""
     counts = torch.bincount(torch.cat(labels), minlength=vocab)
     size = min(size, vocab)
     seen = int((counts > 0).sum())
@@ -332,7 +314,7 @@ def draft_vocabulary(labels: list[torch.Tensor], vocab: int, size: int) -> torch
 
 
 def new_head(model, ids: torch.Tensor, seed: int) -> Eagle3Head:
-    """A head for the target over the draft vocabulary `ids`, initialised from the target (init_head) under `seed`."""
+    """A head over draft vocabulary `ids`, initialised from the target."""
     c = model.config
     torch.manual_seed(seed)
     head = Eagle3Head(
@@ -354,8 +336,7 @@ def new_head(model, ids: torch.Tensor, seed: int) -> Eagle3Head:
 
 
 def init_head(head: Eagle3Head, model, ids: torch.Tensor) -> None:
-    """Start from the target: LM-head rows of the draft vocabulary, the final norm, the last layer's MLP; fc picks the
-    last aux layer; o_proj starts at zero (the head begins as 'MLP of the deep features')."""
+    """Copy the target's LM-head rows, norm and last MLP; fc picks the last aux layer; o_proj starts at zero."""
     H = head.cfg.hidden_size
     with torch.no_grad():
         head.lm_head.weight.copy_(model.lm_head.w[ids])
@@ -380,8 +361,8 @@ def init_head(head: Eagle3Head, model, ids: torch.Tensor) -> None:
 @dataclass
 class Rows:
     feats: torch.Tensor  # [R, T, F]
-    tokens: torch.Tensor  # [R, T + ttt]: tokens[t + 1 + j] is what step j reads at position t (0 = padding)
-    labels: torch.Tensor  # [R, T + ttt]: labels[t + 1 + j] is step j's target at position t, as draft ids (-100: none)
+    tokens: torch.Tensor  # [R, T + ttt]: tokens[t + 1 + j] is read by step j at t (0 = padding)
+    labels: torch.Tensor  # [R, T + ttt]: step j's draft-id target at t (-100: none)
 
 
 def make_rows(seqs, labelled, to_draft: torch.Tensor, *, seq_len: int, ttt: int) -> Rows:
@@ -399,7 +380,6 @@ def make_rows(seqs, labelled, to_draft: torch.Tensor, *, seq_len: int, ttt: int)
             end = min(n, a + seq_len + ttt + 1)
             tr[: end - a] = torch.tensor(s[a:end])
             lr[: end - a] = to_draft[top[a:end]]
-            # a step may not read past the last real head position + its own offset: labels beyond the sequence are -100
             feats.append(fr)
             toks.append(tr)
             labs.append(lr)
@@ -446,7 +426,7 @@ def train(cfg: TrainConfig, head: Eagle3Head, embed: torch.Tensor, rows: Rows, l
 
 @torch.no_grad()
 def step_accuracy(head: Eagle3Head, embed: torch.Tensor, rows: Rows, ttt: int, T: int) -> list[float]:
-    """Top-1 agreement of each unrolled step with the target's argmax on rows (teacher-forced tokens)."""
+    """Per unrolled step, top-1 agreement with the target's argmax (teacher-forced)."""
     emb_steps = [F.embedding(rows.tokens[:, 1 + j : 1 + j + T], embed) for j in range(ttt)]
     outs = head.train_forward(rows.feats, emb_steps)
     accs = []
@@ -477,7 +457,7 @@ def run(cfg: TrainConfig, log: Optional[Callable[[str], None]] = None) -> dict:
     seqs, labelled = _generate_data(cfg, model, prompts, aux, end_id, log)
     t_label = time.monotonic()
     ids, to_draft, covered = _draft_map(labelled, c.vocab_size, cfg.draft_vocab)
-    # hold out every 8th prompt (all its answers) for the agreement report: never trained on
+    # every 8th prompt is held out for the agreement report
     held = [i for i in range(len(seqs)) if (i % len(prompts)) % 8 == 7]
     trn = [i for i in range(len(seqs)) if (i % len(prompts)) % 8 != 7]
     rows = make_rows([seqs[i] for i in trn], [labelled[i] for i in trn], to_draft, seq_len=cfg.seq_len, ttt=cfg.ttt)
@@ -535,8 +515,7 @@ def _generate_data(
     end_id: Optional[int],
     log: Callable[[str], None],
 ) -> tuple[list[list[int]], list[tuple[torch.Tensor, torch.Tensor]]]:
-    """cfg.samples_per_prompt answers per prompt (the first greedy, the others sampled at SAMPLE_TEMPERATURE) ->
-    the sequences and their (features, target top-1) labels."""
+    """(sequences, (features, target top-1) labels) of samples_per_prompt answers per prompt."""
     data = []
     for i in range(cfg.samples_per_prompt):
         data += generate_labelled(
@@ -558,8 +537,7 @@ def _generate_data(
 def _draft_map(
     labelled: list[tuple[torch.Tensor, torch.Tensor]], vocab_size: int, draft_vocab: int
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The draft vocabulary (target ids), the target -> draft id map (-100: outside it) and the share of labels it
-    covers."""
+    """(draft vocabulary ids, target -> draft map with -100 outside, share of labels covered)."""
     ids = draft_vocabulary([t for _, t in labelled], vocab_size, draft_vocab)
     to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
     to_draft[ids] = torch.arange(len(ids))
