@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from trt_spec.in_triton.proposers import CACHE_MIN_MATCH, SuffixCache, SuffixProposer, SuffixStore
+from trt_spec.in_triton.proposers import SuffixCache, SuffixProposer, SuffixStore
+from trt_spec.records import defaults
 from trt_spec.in_triton.spec_metrics import SpecMetricsExporter
 from trt_spec.in_triton.speculative_loop import RequestError, check_tenant
 from trt_spec.records import names as n
@@ -98,7 +99,7 @@ def test_concurrent_requests_keep_the_output_and_the_tenants_apart():
 
 
 def test_a_tenant_evicts_only_its_own_sequences_and_the_least_recent_tenant_goes_first():
-    cache = SuffixCache(SuffixCacheConfig("tenant", max_tokens=20, max_sequences=2, max_tenants=2), anchor_len=2)
+    cache = SuffixCache(SuffixCacheConfig("tenant", max_tokens=20, max_sequences=2, max_tenants=2, min_match=2))
     cache.add("a", [1, 2, 3, 4])
     for i in range(10):  # b floods its own store: a keeps what it had
         cache.add("b", [100 + i, 101 + i, 102 + i, 103 + i, 104 + i, 105 + i, 106 + i, 107 + i])
@@ -129,7 +130,7 @@ def test_the_store_gives_at_most_max_candidates_anchor_hits_most_recent_first():
 
 
 def test_the_store_proposes_only_on_a_match_of_its_anchor_length():
-    store = SuffixStore(anchor_len=CACHE_MIN_MATCH)
+    store = SuffixStore(anchor_len=defaults.SUFFIX_CACHE_MIN_MATCH)
     store.add([4, 5, 77, 78])
     p = SuffixProposer(8, min_match=1, tokens_per_match=2.0, store=store)
     assert p.propose([1, 5]) == [] and not p.store_hit  # one token: the sequence's own text only
@@ -143,7 +144,9 @@ def test_bounds_and_scope_are_checked():
     with pytest.raises(ValueError, match="'everyone' is not a valid CacheScope"):
         SuffixCacheConfig("everyone", max_tokens=1, max_sequences=1, max_tenants=1)
     with pytest.raises(ValueError, match="max_tenants must be an integer >= 1"):
-        SuffixCache(SuffixCacheConfig("tenant", max_tokens=1, max_sequences=1, max_tenants=0), anchor_len=2)
+        SuffixCache(SuffixCacheConfig("tenant", max_tokens=1, max_sequences=1, max_tenants=0))
+    with pytest.raises(ValueError, match="min_match must be an integer >= 1"):
+        SuffixCache(SuffixCacheConfig("tenant", max_tokens=1, max_sequences=1, max_tenants=1, min_match=0))
     with pytest.raises(ValueError, match="'x' is not a valid CacheScope"):
         ngram_loop("x")
 
@@ -196,3 +199,14 @@ def test_cache_metrics_are_published_when_the_cache_is_on():
     FakeMetricFamily.created = []
     SpecMetricsExporter(FakePbUtils, "tensorrt_llm_bls", "ngram", 4).close()
     assert n.METRIC_CACHE_TOKENS not in {f.name for f in FakeMetricFamily.created}
+
+
+@pytest.mark.parametrize("min_match", [1, 3])
+def test_the_cache_matches_across_requests_from_its_configured_length(min_match):
+    """speculative.suffix_cache.min_match: another request's text is proposed from a match of that many tokens."""
+    loop, _ = ngram_loop(min_match=min_match)
+    assert loop.cache.store("a").anchor_len == min_match
+    run(loop, req([4, 5, 6, 77, 78, 79], 4, 4, tenant="a"))
+    p = SuffixProposer(8, min_match=1, tokens_per_match=2.0, store=loop.cache.store("a"))
+    assert bool(p.propose([9, 9, 6])) == (min_match == 1)  # a one-token match of the stored text
+    assert p.propose([4, 5, 6])[:1] == [77]  # three tokens match: proposed under either length

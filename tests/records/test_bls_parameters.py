@@ -125,3 +125,15 @@ def test_every_golden_block_reads_back_to_its_own_strings(golden):
     written = strings(text_format.Parse(golden.read_text(), mc.ModelConfig()))
     kind = BlsParameters if ".tensorrt_llm_bls." in golden.name else PreprocessingParameters
     assert kind.from_parameters(written).to_parameters() == written
+
+
+def test_a_suffix_cache_setting_travels_from_the_config_to_the_bls_by_name():
+    """The config's speculative.suffix_cache keys reach the BLS through the Deployment with no hand-copying: set in
+    the YAML, read back from config.pbtxt's suffix_cache_* parameters."""
+    sets = ["speculative.suffix_cache.min_match=3", "speculative.suffix_cache.max_tenants=5"]
+    m = manifest_for_config(REPO / "build_configs" / "cpu-smollm2-ngram.yaml", sets)
+    cache = m.deployment.speculation.suffix_cache
+    assert (cache.min_match, cache.max_tenants) == (3, 5)
+    cfg = bls_config(m.deployment, decoupled=True)
+    p = BlsParameters.from_parameters({k: v.string_value for k, v in cfg.parameters.items()})
+    assert p.suffix_cache == cache and cfg.parameters["suffix_cache_min_match"].string_value == "3"

@@ -19,8 +19,8 @@ from ..records.bls_parameters import BlsParameters
 from ..records.deployment import SuffixCacheConfig
 from ..records.speculation import CacheScope, Proposer
 
-# As served; across requests a match counts from two tokens (a one-token match there is close to noise).
-MIN_MATCH, TOKENS_PER_MATCH, CACHE_MIN_MATCH = 1, 2.0, 2
+# The suffix proposer as served: a one-token match may propose, each matched token buys two proposed tokens.
+MIN_MATCH, TOKENS_PER_MATCH = 1, 2.0
 
 
 def _check_int(name: str, value: int, lo: int) -> None:
@@ -257,12 +257,12 @@ class SuffixCache:
     Under `tenant` scope one client's text is never proposed to another; at most max_tenants stores, the least
     recently used dropped whole. Thread-safe."""
 
-    def __init__(self, cfg: SuffixCacheConfig, anchor_len: int = CACHE_MIN_MATCH):
-        for name in ("max_tokens", "max_sequences", "max_tenants"):
+    def __init__(self, cfg: SuffixCacheConfig):
+        for name in ("max_tokens", "max_sequences", "max_tenants", "min_match"):
             _check_int(name, getattr(cfg, name), 1)
         self.cfg = cfg
         self.scope = CacheScope(cfg.scope)
-        self.anchor_len = anchor_len
+        self.anchor_len = cfg.min_match
         self._stores: OrderedDict[Optional[str], SuffixStore] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
 

@@ -191,6 +191,12 @@ class SuffixCacheSpec(_Strict):
         ge=1,
         description="scope tenant: tenant stores kept; the least recently used tenant's store is dropped for a new one",
     )
+    min_match: int = Field(
+        defaults.SUFFIX_CACHE_MIN_MATCH,
+        ge=1,
+        le=32,
+        description="tokens an earlier request's text must match before it is proposed (the request's own text: 1)",
+    )
 
 
 class Speculative(_Strict):

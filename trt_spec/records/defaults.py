@@ -26,6 +26,7 @@ SUFFIX_CACHE_SCOPE = "tenant"  # a request without a tenant neither reads nor wr
 SUFFIX_CACHE_MAX_TOKENS = 16384
 SUFFIX_CACHE_MAX_SEQUENCES = 64
 SUFFIX_CACHE_MAX_TENANTS = 32
+SUFFIX_CACHE_MIN_MATCH = 2  # across requests a one-token match is close to noise
 TENANT_MAX_BYTES = 256  # the longest tenant id a request may send
 
 # -- Serving (trt-spec serve) and its clients

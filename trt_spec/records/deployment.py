@@ -18,6 +18,7 @@ class SuffixCacheConfig:
     max_tokens: int = defaults.SUFFIX_CACHE_MAX_TOKENS
     max_sequences: int = defaults.SUFFIX_CACHE_MAX_SEQUENCES
     max_tenants: int = defaults.SUFFIX_CACHE_MAX_TENANTS
+    min_match: int = defaults.SUFFIX_CACHE_MIN_MATCH
 
     def __post_init__(self):
         object.__setattr__(self, "scope", CacheScope(self.scope))
