@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from trt_spec.in_triton.proposers import SuffixCache, SuffixProposer, SuffixStore
-from trt_spec.records import defaults
 from trt_spec.in_triton.spec_metrics import SpecMetricsExporter
 from trt_spec.in_triton.speculative_loop import RequestError, check_tenant
+from trt_spec.records import defaults
 from trt_spec.records import names as n
 from trt_spec.records.bls_parameters import BlsParameters
 from trt_spec.records.deployment import SuffixCacheConfig
