@@ -1,7 +1,8 @@
 """`trt-spec deploy dynamo`: a `runtime: llmapi` build (or a config's plan) -> an NVIDIA Dynamo bundle.
 
 Writes extra-engine-args.yaml (model.yaml's LLM arguments; upstream-facts: dynamo-worker-flags), launch.sh (frontend
-and worker: file discovery on one node, srun + etcd past one), a DynamoGraphDeployment when the checkpoints are on
+and worker: file discovery on one node, srun + etcd past one;
+upstream-facts: dynamo-runtime-discovery, dynamo-multinode-slurm), a DynamoGraphDeployment when the checkpoints are on
 the claim (upstream-facts: dynamo-dgd-model), and a README.
 """
 
@@ -28,7 +29,7 @@ DYNAMO_IMAGE = f"nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:{DYNAMO_VERSION}"
 DYNAMO_TRTLLM_VERSION = "1.3.0rc29"
 DGD_API_VERSION = "nvidia.com/v1beta1"
 DGD_KIND = "DynamoGraphDeployment"
-FRONTEND_PORT = 8000  # dynamo.frontend's --http-port default
+FRONTEND_PORT = 8000  # dynamo.frontend's --http-port default (upstream-facts: dynamo-frontend-flags)
 ENGINE_ARGS_FILE = "extra-engine-args.yaml"
 LAUNCH_FILE = "launch.sh"
 DGD_FILE = "dynamo-graph-deployment.yaml"

@@ -2,6 +2,7 @@
 
 Same model.yaml, tensors and refusals; speculates inside with the speculative loop at fixed k = max_draft_len over
 the reference engines' stand-ins. Without speculative_config it is the baseline: one decode of the target.
+Request defaults as NVIDIA's model (upstream-facts: standin-llmapi-request-defaults).
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ class LlmapiStandIn:
         if r.return_finish_reason:
             reason = "length" if len(tokens) >= r.max_tokens else "stop"
             out["finish_reason"] = np.array([reason.encode()], dtype=object)
-        if r.return_perf:  # every value as a string, as the LLM-API model sends them
+        if r.return_perf:  # every value as a string (upstream-facts: standin-llmapi-perf-strings)
             perf = {
                 "arrival_time_ns": arrival,
                 "first_scheduled_time_ns": arrival,

@@ -20,7 +20,8 @@ from ..errors import TrtSpecError
 # in flight need new internal ones, which a stopping server refuses (upstream-facts: triton-stopping-refuses-requests).
 DRAIN_FILE_ENV = "TRT_SPEC_DRAIN_FILE"
 DRAINING, CANCELLING = "drain", "cancel"
-# A gRPC stream's error carries only text, so the OpenAI frontend maps this prefix to a 503.
+# A gRPC stream's error carries only text, so the OpenAI frontend maps this prefix to a 503, as Triton's HTTP
+# endpoint reports UNAVAILABLE (upstream-facts: triton-http-unavailable-503).
 SHUTTING_DOWN = "server shutting down"
 REFUSED_WHILE_DRAINING = f"{SHUTTING_DOWN}: it accepts no new requests; send this request to another replica"
 CUT_AT_DRAIN_TIMEOUT = f"{SHUTTING_DOWN}: the request was still running when the drain timeout ended it"

@@ -1,5 +1,6 @@
 """Speculation metrics in Prometheus: what the BLS publishes, and reading them back from Triton's /metrics.
 
+The python backend's metrics API has real histograms (upstream-facts: triton-python-histogram-metrics).
 Each metric update is a synchronous message to the server, so a request is published once, when finished, from one
 thread of its own: a python-backend Metric is not thread-safe (upstream-facts: triton-python-metric-not-threadsafe).
 The accepted-length histogram's _count + rounds without speculation = rounds. Engine mode has no rounds; its verify

@@ -2,6 +2,7 @@
 
 Loop modes resend the whole sequence every round (the engine reuses its cached prefix); in-engine modes make one
 engine call. Sampling inputs are sent only when the client sent them (upstream-facts: trtllm-absent-sampling-greedy).
+NVIDIA's own BLS is split the same way (upstream-facts: trtllm-bls-split-decode).
 """
 
 from __future__ import annotations
@@ -289,7 +290,8 @@ def find_stop(tokens: Sequence[int], stop_words: Sequence[Sequence[int]], start:
 
 
 def engine_step_histogram(responses: Sequence[tuple[int, int, int]], k: int, streamed: bool) -> list[int]:
-    """Verify steps by accepted draft count 0..k (k: max_draft_len), steps without drafts not counted.
+    """Verify steps by accepted draft count 0..k (k: max_draft_len), steps without drafts not counted
+    (upstream-facts: vllm-spec-histogram-steps).
 
     responses: (tokens, total_draft_tokens, total_accepted_draft_tokens) per response, in order; [] when they do not
     show the steps one by one."""

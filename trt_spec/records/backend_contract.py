@@ -32,14 +32,15 @@ GPT_MODEL_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")
 INVALID_MODEL_TYPE = "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."
 # Only "" turns guided decoding off, not "none"/"off" (upstream-facts: contract-guided-decoding-off).
 GUIDED_DECODING_OFF = ""
-# Mandatory when decoding_mode == lookahead.
+# Mandatory when decoding_mode == lookahead (upstream-facts: contract-lookahead-parameters).
 LOOKAHEAD_PARAMETERS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 LOOKAHEAD_MISSING = (
     "Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
     "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size."
 )
 DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
-# Missing, empty or unparsable -> this default; [1] says where the backend reads it.
+# Missing, empty or unparsable -> this default; [1] says where the backend reads it
+# (upstream-facts: contract-parameter-defaults).
 PARAMETER_DEFAULTS: dict[str, tuple[Optional[str], str]] = {
     "max_beam_width": ("1", "MIS getExecutorConfigFromParams L459-468"),
     "enable_kv_cache_reuse": ("true", "MIS getKvCacheConfigFromParams L167-176"),
@@ -146,7 +147,7 @@ LOGITS_DTYPE = "float32"
 LOGITS_TYPE = "TYPE_FP32"
 FP16_LOGITS = "float16"  # ModelOpt's export default for bf16 checkpoints (upstream-facts: modelopt-fp16-logits)
 LOGITS_DTYPES = (LOGITS_DTYPE, FP16_LOGITS)
-# The engine's tensor names, as NVIDIA's config template spells them.
+# The engine's tensor names, as NVIDIA's config template spells them (upstream-facts: contract-tensor-names).
 INPUT_IDS = "input_ids"
 INPUT_LENGTHS = "input_lengths"
 REQUEST_OUTPUT_LEN = "request_output_len"
@@ -209,6 +210,7 @@ PERF_OUTPUT_TYPES: dict[str, str] = {
 PERF_OUTPUTS = tuple(PERF_OUTPUT_TYPES)
 SPEC_PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")  # what speculation reads
 OUTPUTS: tuple[TensorSpec, ...] = (
+    # upstream-facts: contract-output-shapes
     TensorSpec(OUTPUT_IDS, "TYPE_INT32", (-1, -1)),  # sent as [1, beams, T], -1 padded
     TensorSpec(SEQUENCE_LENGTH, "TYPE_INT32", (-1,)),  # sent as [1, beams]: tokens in THIS response
     TensorSpec(GENERATION_LOGITS, LOGITS_TYPE, (-1, -1, -1)),  # [1, beams, T, V]; needs return_generation_logits
@@ -271,7 +273,7 @@ OUTPUT_LEN_CLAMPED = (
 )
 TOP_P_RANGE = "Assertion failed: topP.value() <= 1.f"
 TOP_K_NEGATIVE = "Assertion failed: topK.value() >= 0"
-# The [2, L] stop/bad word list's checks.
+# The [2, L] stop/bad word list's checks (upstream-facts: contract-word-list-checks).
 WORD_LIST_ODD = "Sparse list must not have odd length: {list}"
 WORD_LIST_EXTRA_END = "Sparse list must not have additional -1s: {list}"
 WORD_LIST_OUT_OF_BOUND = "Sparse list must not have out-of-bound offsets: {list}"

@@ -1,7 +1,7 @@
 """The names trt-spec relies on in TensorRT-LLM's LLM-API (PyTorch) Triton model and trtllm-serve.
 
 NVIDIA's python model builds `tensorrt_llm.LLM(**model.yaml minus triton_config)` and serves text in, text out
-(upstream-facts: llmapi-model-sources).
+(upstream-facts: llmapi-model-sources, llmapi-model-details).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from . import backend_contract as bc
 
-# -- Triton models (NVIDIA's names, so its clients work unchanged)
+# -- Triton models (NVIDIA's names, so its clients work unchanged; upstream-facts: names-nvidia-text-models)
 PREPROCESSING = "preprocessing"  # text -> token ids
 POSTPROCESSING = "postprocessing"  # token ids -> text
 TARGET = "tensorrt_llm"  # the target engine
@@ -38,7 +38,7 @@ OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS
 
 
 class Pre:
-    """preprocessing's tensors (NVIDIA's names)."""
+    """preprocessing's tensors (NVIDIA's names; upstream-facts: names-nvidia-text-models)."""
 
     QUERY, REQUEST_OUTPUT_LEN, END_ID, PAD_ID = "QUERY", "REQUEST_OUTPUT_LEN", "END_ID", "PAD_ID"
     BAD_WORDS, STOP_WORDS = "BAD_WORDS_DICT", "STOP_WORDS_DICT"

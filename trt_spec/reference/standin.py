@@ -196,7 +196,9 @@ class StandIn:
 
 
 def check_engine_path(path: str) -> None:
-    """Fail like the backend on a missing gpt_model_path, plus a hint (upstream-facts: tensorrtllm-model-path-cwd)."""
+    """Fail like the backend on a missing gpt_model_path, plus a hint.
+
+    (upstream-facts: tensorrtllm-model-path-cwd, tensorrtllm-model-path-error-text)"""
     if os.path.isdir(path):
         return
     where = "" if os.path.isabs(path) else f" from the server's working directory {os.getcwd()}"

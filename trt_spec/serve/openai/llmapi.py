@@ -13,7 +13,8 @@ from ...in_triton.serving import StopCutter
 from ...records import llmapi_contract as lc
 from .requests import FrontendSettings, GenRequest
 
-FINISH_REASONS = ("stop", "length")  # the model's values that OpenAI also has
+# the model's values that OpenAI also has (upstream-facts: llmapi-finish-reason-values)
+FINISH_REASONS = ("stop", "length")
 
 
 def llmapi_tensors(r: GenRequest, s: FrontendSettings) -> dict[str, np.ndarray]:

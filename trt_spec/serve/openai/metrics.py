@@ -121,7 +121,7 @@ class FrontendMetricsExporter:
 
 
 # -- Per-request acceptance in the response body, in vLLM's shape ----------------------------------------------
-# Keys and semantics: upstream-facts vllm-per-request-acceptance; AIPerf claims the payload only with
+# Keys and semantics (upstream-facts: vllm-per-request-acceptance); AIPerf claims the payload only with
 # acceptance_histogram and num_spec_steps (upstream-facts: aiperf-spec-decode-reader). Loop modes' histogram counts
 # only rounds that drafted, as vLLM skips steps without drafts; in-engine modes build it per engine step where they
 # can, else it is empty and only the counts and rate are sent.
