@@ -320,3 +320,17 @@ def test_eagle_on_the_reference_engine_trains_or_takes_an_eagle3_head(tmp_path, 
     p.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="exactly one of speculative.eagle.heads_dir"):
         load_config(p)
+
+
+def test_model_facts_keep_their_types_for_the_manifest(tmp_path):
+    """A config.json whose bos_token_id is a list (as some checkpoints write it) gives one int: the facts go into the
+    typed manifest, which refuses a list where an id belongs."""
+    import json
+
+    from trt_spec.builder.model_info import read_model_info
+
+    d = make_checkpoint(tmp_path / "m", eos=[2, 3])
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "bos_token_id": [1, 5]}))
+    info = read_model_info(d, "target")
+    assert info.bos_token_id == 1 and info.eos_token_ids == (2, 3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 from ..errors import TrtSpecError
 from ..records.models import ModelInfo
@@ -46,6 +47,13 @@ KNOWN_MODELS: dict[str, ModelInfo] = {
                                 bos_token_id=1, eos_token_ids=(2,)),
 }
 # fmt: on
+
+
+def _token_id(v) -> Optional[int]:
+    """A config.json token id as one int (some checkpoints give a list: its first), for the typed manifest."""
+    if isinstance(v, list):
+        v = v[0] if v else None
+    return None if v is None else int(v)
 
 
 def _first(d: dict, *keys, default=None):
@@ -95,7 +103,7 @@ def read_model_info(checkpoint: Path, role: str) -> ModelInfo:
             kv_latent_dim=int(c.get("kv_lora_rank") or 0) + int(c.get("qk_rope_head_dim") or 0)
             if c.get("kv_lora_rank")
             else 0,
-            bos_token_id=c.get("bos_token_id"),
+            bos_token_id=_token_id(c.get("bos_token_id")),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
         )
     except (KeyError, TypeError, ValueError) as e:

@@ -323,6 +323,8 @@ class SpeculativeLoop:
         self.cache = None
         if cfg.speculative_mode == "ngram" and cfg.proposer == "suffix" and cfg.suffix_cache.scope != CacheScope.OFF:
             self.cache = SuffixCache(cfg.suffix_cache)
+        if cfg.speculative_mode == "ngram":
+            proposer_for(cfg)  # a proposer the parameters cannot make fails at load, not on a request
 
     async def generate(
         self,

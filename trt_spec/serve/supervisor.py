@@ -123,8 +123,9 @@ def _check_openai_key(o: ServeOptions) -> None:
 
 def dry_run(o: ServeOptions) -> list[str]:
     """The exact command line, then `# ` notes."""
+    served = ServedRepository.load(o.repository)
     spec = launch_spec(
-        ServedRepository.load(o.repository),
+        served,
         http_port=o.http_port,
         grpc_port=o.grpc_port,
         metrics_port=o.metrics_port,
@@ -144,7 +145,7 @@ def dry_run(o: ServeOptions) -> list[str]:
 
         _check_openai_key(o)
         bind = _openai_bind(o)
-        argv = frontend_argv(o.repository, o.triton_grpc, o.openai_port, bind, **o.frontend_options())
+        argv = frontend_argv(served.path, o.triton_grpc, o.openai_port, bind, **o.frontend_options())
         lines.append(f"# then, once it is ready: {shell_line(argv)}")
         note = loopback_note(o, bind)
         if note:

@@ -133,7 +133,8 @@ class FrontendSettings:
 
         repo = served.path
         path = repo / SPECULATIVE / "config.pbtxt"
-        llmapi = (repo / lc.MODEL_NAME / "1" / lc.YAML_FILE).is_file() if served.runtime is None else served.llmapi
+        unrecorded_llmapi = not path.is_file() and (repo / lc.MODEL_NAME / "1" / lc.YAML_FILE).is_file()
+        llmapi = unrecorded_llmapi if served.runtime is None else served.llmapi
         if llmapi:
             return FrontendSettings.from_llmapi_repository(repo, triton_url)
         if not path.is_file():
