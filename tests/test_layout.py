@@ -72,6 +72,19 @@ def test_no_module_imports_a_later_stage():
     assert upward == []
 
 
+def test_later_stages_read_the_deployment_not_the_builder():
+    """The builder resolves the Deployment once; the repository and serve stages project it and never reach back
+    into the builder's modules (its preflight, its model facts, its memory plan)."""
+    reach = [
+        f"{module} imports {target}"
+        for path, module in modules()
+        if stage_of(module) in ("repository", "serve")
+        for target in imports(path, module)
+        if target.startswith("trt_spec.builder")
+    ]
+    assert reach == []
+
+
 def test_model_repo_holds_the_python_models_nvidia_style():
     models = sorted(p.parent.parent.name for p in (REPO / "model_repo").glob("*/1/model.py"))
     assert models == ["llmapi", "postprocessing", "preprocessing", "reference_engine", "tensorrt_llm_bls"]
