@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dynamo 1.6.1 for deepseek-v3-mtp-h100-2node: written by trt-spec 0.1.0 deploy dynamo from <REPO>/build_configs/deepseek-v3-mtp-h100-2node.yaml
-# (config b27eb2c09c4c); regenerate rather than edit. mtp speculation inside TensorRT-LLM's LLM API,
+# (config 735ac6a0e295); regenerate rather than edit. mtp speculation inside TensorRT-LLM's LLM API,
 # TP16 x PP1 on 2 nodes of 8 GPUs; the LLM's arguments: extra-engine-args.yaml.
 # Run inside nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dynamo 1.6.1 for deepseek-v3-mtp-h200: written by trt-spec 0.1.0 deploy dynamo from <REPO>/build_configs/deepseek-v3-mtp-h200.yaml
-# (config 99e30e11d8e7); regenerate rather than edit. mtp speculation inside TensorRT-LLM's LLM API,
+# (config 52067c96aeee); regenerate rather than edit. mtp speculation inside TensorRT-LLM's LLM API,
 # TP8 x PP1 on 8 GPU(s) on this host; the LLM's arguments: extra-engine-args.yaml.
 # Run inside nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dynamo 1.6.1 for llama31-8b-eagle3-a100: written by trt-spec 0.1.0 deploy dynamo from <REPO>/build_configs/llama31-8b-eagle3-a100.yaml
-# (config ec123e1ef1d6); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM's LLM API,
+# (config dbefc97d2e01); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM's LLM API,
 # TP1 x PP1 on 1 GPU(s) on this host; the LLM's arguments: extra-engine-args.yaml.
 # Run inside nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1.
 set -euo pipefail

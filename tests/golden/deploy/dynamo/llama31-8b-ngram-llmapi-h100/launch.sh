@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dynamo 1.6.1 for llama31-8b-ngram-llmapi-h100: written by trt-spec 0.1.0 deploy dynamo from <REPO>/build_configs/llama31-8b-ngram-llmapi-h100.yaml
-# (config 1ee14b164c51); regenerate rather than edit. ngram speculation inside TensorRT-LLM's LLM API,
+# (config 262e722ba0cf); regenerate rather than edit. ngram speculation inside TensorRT-LLM's LLM API,
 # TP1 x PP1 on 1 GPU(s) on this host; the LLM's arguments: extra-engine-args.yaml.
 # Run inside nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1.
 set -euo pipefail

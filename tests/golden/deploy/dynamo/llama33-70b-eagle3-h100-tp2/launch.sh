@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dynamo 1.6.1 for llama33-70b-eagle3-h100-tp2: written by trt-spec 0.1.0 deploy dynamo from <REPO>/build_configs/llama33-70b-eagle3-h100-tp2.yaml
-# (config 919d22c8e819); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM's LLM API,
+# (config 98b846cbceaf); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM's LLM API,
 # TP2 x PP1 on 2 GPU(s) on this host; the LLM's arguments: extra-engine-args.yaml.
 # Run inside nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dynamo 1.6.1 for llama33-70b-eagle3-h200: written by trt-spec 0.1.0 deploy dynamo from <REPO>/build_configs/llama33-70b-eagle3-h200.yaml
-# (config 7ad2a26ec35b); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM's LLM API,
+# (config 16d0f9c552e4); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM's LLM API,
 # TP1 x PP1 on 1 GPU(s) on this host; the LLM's arguments: extra-engine-args.yaml.
 # Run inside nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dynamo 1.6.1 for smollm2-first-contact-llmapi: written by trt-spec 0.1.0 deploy dynamo from <REPO>/build_configs/smollm2-first-contact-llmapi.yaml
-# (config 8e93e46fa35c); regenerate rather than edit. draft_target speculation inside TensorRT-LLM's LLM API,
+# (config 29e649652daf); regenerate rather than edit. draft_target speculation inside TensorRT-LLM's LLM API,
 # TP1 x PP1 on 1 GPU(s) on this host; the LLM's arguments: extra-engine-args.yaml.
 # Run inside nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:1.6.1.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # trtllm-serve for deepseek-v3-mtp-h100-2node: written by trt-spec 0.1.0 deploy trtllm-serve from <REPO>/build_configs/deepseek-v3-mtp-h100-2node.yaml
-# (config b27eb2c09c4c); regenerate rather than edit. mtp speculation inside TensorRT-LLM 1.2.1's
+# (config 735ac6a0e295); regenerate rather than edit. mtp speculation inside TensorRT-LLM 1.2.1's
 # LLM API, TP16 x PP1 = 16 GPU(s) on 2 nodes of 8; the LLM's arguments: extra_llm_api_options.yaml.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # trtllm-serve for deepseek-v3-mtp-h200: written by trt-spec 0.1.0 deploy trtllm-serve from <REPO>/build_configs/deepseek-v3-mtp-h200.yaml
-# (config 99e30e11d8e7); regenerate rather than edit. mtp speculation inside TensorRT-LLM 1.2.1's
+# (config 52067c96aeee); regenerate rather than edit. mtp speculation inside TensorRT-LLM 1.2.1's
 # LLM API, TP8 x PP1 = 8 GPU(s); the LLM's arguments: extra_llm_api_options.yaml.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

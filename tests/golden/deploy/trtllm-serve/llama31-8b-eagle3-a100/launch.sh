@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # trtllm-serve for llama31-8b-eagle3-a100: written by trt-spec 0.1.0 deploy trtllm-serve from <REPO>/build_configs/llama31-8b-eagle3-a100.yaml
-# (config ec123e1ef1d6); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM 1.2.1's
+# (config dbefc97d2e01); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM 1.2.1's
 # LLM API, TP1 x PP1 = 1 GPU(s); the LLM's arguments: extra_llm_api_options.yaml.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

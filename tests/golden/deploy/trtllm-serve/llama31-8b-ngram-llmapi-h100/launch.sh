@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # trtllm-serve for llama31-8b-ngram-llmapi-h100: written by trt-spec 0.1.0 deploy trtllm-serve from <REPO>/build_configs/llama31-8b-ngram-llmapi-h100.yaml
-# (config 1ee14b164c51); regenerate rather than edit. ngram speculation inside TensorRT-LLM 1.2.1's
+# (config 262e722ba0cf); regenerate rather than edit. ngram speculation inside TensorRT-LLM 1.2.1's
 # LLM API, TP1 x PP1 = 1 GPU(s); the LLM's arguments: extra_llm_api_options.yaml.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # trtllm-serve for llama33-70b-eagle3-h100-tp2: written by trt-spec 0.1.0 deploy trtllm-serve from <REPO>/build_configs/llama33-70b-eagle3-h100-tp2.yaml
-# (config 919d22c8e819); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM 1.2.1's
+# (config 98b846cbceaf); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM 1.2.1's
 # LLM API, TP2 x PP1 = 2 GPU(s); the LLM's arguments: extra_llm_api_options.yaml.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # trtllm-serve for llama33-70b-eagle3-h200: written by trt-spec 0.1.0 deploy trtllm-serve from <REPO>/build_configs/llama33-70b-eagle3-h200.yaml
-# (config 7ad2a26ec35b); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM 1.2.1's
+# (config 16d0f9c552e4); regenerate rather than edit. eagle3 speculation inside TensorRT-LLM 1.2.1's
 # LLM API, TP1 x PP1 = 1 GPU(s); the LLM's arguments: extra_llm_api_options.yaml.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # trtllm-serve for smollm2-first-contact-llmapi: written by trt-spec 0.1.0 deploy trtllm-serve from <REPO>/build_configs/smollm2-first-contact-llmapi.yaml
-# (config 8e93e46fa35c); regenerate rather than edit. draft_target speculation inside TensorRT-LLM 1.2.1's
+# (config 29e649652daf); regenerate rather than edit. draft_target speculation inside TensorRT-LLM 1.2.1's
 # LLM API, TP1 x PP1 = 1 GPU(s); the LLM's arguments: extra_llm_api_options.yaml.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
