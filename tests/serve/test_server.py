@@ -319,3 +319,19 @@ def test_ready_timeout_of_an_llmapi_repository_counts_its_checkpoints(tmp_path):
     assert served.engine_bytes() == 4 * 2**20  # the phase-only baseline names the same checkpoint: counted once
     want = defaults.ready_timeout_s(4 * 2**20) + defaults.LLMAPI_READY_EXTRA_S
     assert served.ready_timeout_s() == want > defaults.READY_TIMEOUT_S + 299
+
+
+def test_the_log_tells_which_models_are_still_loading():
+    from trt_spec.serve.triton_log import loading_models
+
+    log = (
+        'I1207 1:2:3.4 1 model_lifecycle.cc:472] "loading: preprocessing:1"\n'
+        'I1207 1:2:3.4 1 model_lifecycle.cc:472] "loading: tensorrt_llm:1"\n'
+        'I1207 1:2:3.4 1 model_lifecycle.cc:472] "loading: tensorrt_llm_draft:1"\n'
+        "I1207 1:2:3.5 1 model_lifecycle.cc:839] \"successfully loaded 'preprocessing'\"\n"
+        "E1207 1:2:3.6 1 model_lifecycle.cc:639] \"failed to load 'tensorrt_llm_draft' version 1: Internal: x\"\n"
+        'E1207 1:2:3.7 1 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+    )
+    assert loading_models(log) == ["tensorrt_llm"]
+    unloaded = log + "I1207 1:2:3.8 1 model_lifecycle.cc:624] \"successfully unloaded 'tensorrt_llm' version 1\"\n"
+    assert loading_models(unloaded) == []

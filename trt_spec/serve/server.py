@@ -30,7 +30,7 @@ from .admin_key import ADMIN_HEADER, read_admin_key, remove_admin_key_files, wri
 from .errors import ServerError
 from .launch import ServedRepository, launch_spec
 from .locate import prepare_pytriton_backends
-from .triton_log import log_errors
+from .triton_log import loading_models, log_errors
 from .watchdog import DeadModel, StubWatch, cmdline, stubs_below
 
 SHM_DIR = Path("/dev/shm")
@@ -227,9 +227,25 @@ class TritonServer:
                 self.watch()
                 return self
             time.sleep(0.1)
-        msg = self.failure(f"tritonserver not ready after {timeout:.0f}s")
+        msg = self.failure(self._not_ready(timeout))
         self.stop()
         raise ServerError(msg)
+
+    def _not_ready(self, timeout: float) -> str:
+        """The timeout's headline: the models still loading, what their stubs are doing, and how to wait longer."""
+        try:
+            loading = loading_models(self.log_path.read_text(errors="replace"))
+        except OSError:
+            loading = []
+        if not loading:
+            return f"tritonserver not ready after {timeout:.0f}s"
+        stubs = {model: pid for pid, model in self.stubs().items()}
+        what = ", ".join(f"{m} ({_stub_state(stubs[m]) if m in stubs else 'no python stub'})" for m in loading)
+        return (
+            f"tritonserver not ready after {timeout:.0f}s: still loading {what}; if they are only slow, wait longer "
+            f"with `trt-spec serve --timeout SECONDS` (the default, {self.ready_timeout:.0f}s here, is "
+            f"{defaults.READY_TIMEOUT_S:.0f}s + {defaults.READY_S_PER_ENGINE_GIB:.0f}s per GiB of engine files)"
+        )
 
     def stubs(self) -> dict[int, str]:
         return stubs_below(self.proc.pid) if self.proc is not None else {}
@@ -350,3 +366,16 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_PROC_STATES = {"R": "running", "S": "sleeping", "D": "waiting on I/O", "Z": "exited", "T": "stopped"}
+
+
+def _stub_state(pid: int) -> str:
+    """A python stub's pid and what the kernel says it is doing (/proc/PID/stat), e.g. `stub 123 running, 41s CPU`."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return f"stub {pid} {_PROC_STATES.get(fields[0], fields[0])}, {cpu_s:.0f}s CPU"
+    except (OSError, IndexError, ValueError):
+        return f"stub {pid} gone"

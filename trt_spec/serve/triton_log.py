@@ -56,3 +56,20 @@ def log_errors(text: str, limit: int = 8) -> list[str]:
         if r not in out:
             out.append(r)
     return out[:limit]
+
+
+_LOADING = re.compile(r'loading: ([^:"\s]+):\d+')
+_LOADED = re.compile(r"successfully loaded '([^']+)'")
+_FAILED = re.compile(r"failed to load '([^']+)'")
+_UNLOADED = re.compile(r"successfully unloaded '([^']+)'")
+
+
+def loading_models(text: str) -> list[str]:
+    """The models a Triton log shows loading and not yet loaded, failed or unloaded, in the order they started."""
+    state: dict[str, bool] = {}
+    for line in text.splitlines():
+        if m := _LOADING.search(line):
+            state[m.group(1)] = True
+        elif m := _LOADED.search(line) or _FAILED.search(line) or _UNLOADED.search(line):
+            state[m.group(1)] = False
+    return [name for name, loading in state.items() if loading]
