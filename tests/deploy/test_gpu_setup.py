@@ -61,8 +61,21 @@ TRITONCLIENT = {  # version -> (requirements.txt, requirements_grpc.txt, require
         ],
     ),
 }
+# 2.69+ (here 2.73.0, the wheel's own METADATA as pip installs it from PyPI) need grpcio >= 1.81.1
+TRITONCLIENT["2.73.0"] = (
+    ["ml-dtypes<=0.5.4", "numpy>=1.19.1", "python-rapidjson>=0.9.1", "urllib3>=2.0.7"],
+    ["grpcio>=1.81.1", "numpy>=1.19.1", "packaging>=14.1", "protobuf<7.0,>=6.30.0", "python-rapidjson>=0.9.1"],
+    [
+        "aiohttp<4.0.0,>=3.8.1",
+        "geventhttpclient>=2.3.3",
+        "greenlet<3.4.0",
+        "numpy>=1.19.1",
+        "python-rapidjson>=0.9.1",
+    ],
+)
 LEAVES = {
-    "grpcio": ["1.41.0", "1.67.1", "1.70.0"],
+    "grpcio": ["1.41.0", "1.67.1", "1.70.0", "1.81.1"],
+    "ml-dtypes": ["0.5.4"],
     "protobuf": ["4.25.3", "5.29.3", "6.31.1", "7.34.0"],
     "greenlet": ["3.3.2", "3.4.1"],
     "geventhttpclient": ["2.0.2", "2.3.3"],
@@ -174,7 +187,18 @@ def test_users_run_this_recipe_and_pyproject_has_one_tritonclient():
     ]
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     tc = lambda reqs: [r for r in reqs if r.startswith("tritonclient")]  # noqa: E731
-    assert tc(extras["image"]) == tc(extras["serve"]) == ["tritonclient[http,grpc]>=2.51"]
+    assert tc(extras["serve"]) == ["tritonclient[http,grpc]>=2.51"]
+    assert tc(extras["image"]) == ["tritonclient[http,grpc]==2.68.*"]  # the image's own Triton
     assert gpu_setup.image_requirements() == extras["image"]
     argv = gpu_setup.install_argv("python3", ".image-constraints.txt")
     assert argv[:8] == ["python3", "-m", "pip", "install", "-c", ".image-constraints.txt", "-e", "."]
+
+
+def test_without_the_pin_the_resolver_takes_a_tritonclient_newer_than_the_image(index, tmp_path, monkeypatch):
+    """Why the image extra pins 2.68.*: unpinned, pip takes the newest tritonclient and moves the image's grpcio past
+    what its TensorRT-LLM shipped with."""
+    pinned = gpu_setup.image_requirements()
+    monkeypatch.setattr(gpu_setup, "image_requirements", lambda: [r.replace("==2.68.*", ">=2.51") for r in pinned])
+    rc, chosen, out = resolve(index, gpu_setup.image_constraints(IMAGE_FREEZE), tmp_path)
+    assert rc == 0, out
+    assert (chosen["tritonclient"], chosen["grpcio"]) == ("2.73.0", "1.81.1")
