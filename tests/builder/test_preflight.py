@@ -334,3 +334,19 @@ def test_model_facts_keep_their_types_for_the_manifest(tmp_path):
     (d / "config.json").write_text(json.dumps({**cfg, "bos_token_id": [1, 5]}))
     info = read_model_info(d, "target")
     assert info.bos_token_id == 1 and info.eos_token_ids == (2, 3)
+
+
+def test_the_memory_table_shows_the_kv_budget_the_executor_will_allocate():
+    """The backend sizes the target's KV cache as kv_cache_free_gpu_mem_fraction x what its weights leave free, not as
+    the plan's max_batch_size full sequences: the table shows both, per target GPU."""
+    import re
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml")
+    r = run_preflight(cfg, named_gpu("h100:2"), require_checkpoints=False)
+    budget = [ln for ln in r.memory_table().splitlines() if "KV budget at load" in ln]
+    assert len(budget) == 2  # TP2: one line per target GPU
+    t = next(m for m in r.memory if m.role == "target")
+    free = r.gpu.memory_gib - t.weights_gib - t.reserve_gib
+    want = f"{r.kv_cache_free_gpu_mem_fraction:.2f} x {free:.1f}Gi free after the target's weights = "
+    assert want in budget[0] and f"= {r.kv_cache_free_gpu_mem_fraction * free:.1f}Gi" in budget[0]
+    assert re.search(rf"need {t.kv_gib:.1f}Gi\)$", budget[0])

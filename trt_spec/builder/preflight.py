@@ -144,6 +144,13 @@ class PreflightReport:
             )
         for gid, tot in sorted(self.gpu_totals().items()):
             lines.append(f"{gid:>3}  {'sum':<8}  {'':>9}  {'':>9}  {'':>8}  {tot:>6.1f}Gi of {cap:.1f}Gi")
+        f = self.kv_cache_free_gpu_mem_fraction
+        for r in (r for r in self.memory if r.role == "target"):  # what the executor will really allocate
+            free = cap - r.weights_gib - r.reserve_gib
+            lines.append(
+                f"{r.gpu_id:>3}  KV budget at load: {f:.2f} x {free:.1f}Gi free after the target's weights = "
+                f"{f * free:.1f}Gi (max_batch_size full sequences need {r.kv_gib:.1f}Gi)"
+            )
         return "\n".join(lines)
 
 
