@@ -399,6 +399,10 @@ def test_sigterm_drains_the_streams_in_flight_then_exits_0(serve):
     assert [(st.error, st.tokens) for st in streams] == [(None, 48)] * 16
     assert s.proc.wait(60) == 0, s.stderr()
     assert "drained in" in s.stderr() and s.wait_gone(10) == {}
+    # the models unload without a stub crash: a finished request's response sender freed at interpreter exit, after
+    # the stub tore down its IPC, segfaulted every stub that had served (in_triton/serving.py collect_at_finalize)
+    log = (s.repo.parent / f"{s.repo.name}.tritonserver.{s.http}.log").read_text()
+    assert "successfully unloaded 'tensorrt_llm_bls'" in log and "Fatal Python error" not in log, log[-3000:]
 
 
 @pytest.mark.slow  # a server of its own (~20-50 s): `make slow`, which CI runs

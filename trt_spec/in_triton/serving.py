@@ -7,6 +7,7 @@ Only numpy at module level (the python-backend environment).
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import sys
 import traceback
@@ -72,6 +73,12 @@ def error_line(model: str, exc: BaseException, log: Callable[[str], None]) -> st
         return str(exc)
     log(f"{model}: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     return f"{model}: internal error ({type(exc).__name__}); the server log has the details"
+
+
+def collect_at_finalize() -> None:
+    """Free the model's cyclic garbage while the stub still runs: left to the interpreter's last collection, a
+    finished request's response sender is destroyed after the stub has torn down its IPC, and the stub segfaults."""
+    gc.collect()
 
 
 def enable_crash_traces(model: str) -> None:

@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 import yaml
 
 from trt_spec.in_triton.llmapi_standin import LlmapiError, LlmapiStandIn
-from trt_spec.in_triton.serving import enable_crash_traces, error_line, request_inputs
+from trt_spec.in_triton.serving import collect_at_finalize, enable_crash_traces, error_line, request_inputs
 from trt_spec.records import llmapi_contract as lc
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -46,6 +46,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.model.close()
+        collect_at_finalize()
 
     def _inputs(self, request):
         return request_inputs(pb_utils, request, INPUT_NAMES)

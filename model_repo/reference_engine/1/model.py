@@ -26,7 +26,13 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from trt_spec.in_triton.engine_metrics import EngineMetricsExporter
-from trt_spec.in_triton.serving import enable_crash_traces, error_line, request_inputs, resolve_path_parameters
+from trt_spec.in_triton.serving import (
+    collect_at_finalize,
+    enable_crash_traces,
+    error_line,
+    request_inputs,
+    resolve_path_parameters,
+)
 from trt_spec.records import backend_contract as bc
 from trt_spec.records.backend_contract import ContractError
 from trt_spec.records.integrity import verify_served_engine
@@ -88,6 +94,7 @@ class TritonPythonModel:
     def finalize(self):
         self.standin.close(timeout=5.0)  # unfinished requests resolve with an error: each still gets a final
         self.metrics.close()
+        collect_at_finalize()
 
     def _inputs(self, request):
         return request_inputs(pb_utils, request, INPUT_NAMES)

@@ -29,6 +29,7 @@ from trt_spec.in_triton.serving import (
     IncrementalDetokenizer,
     check_input_bytes,
     check_no_embedding_bias,
+    collect_at_finalize,
     decode_strings,
     default_end_id,
     default_pad_id,
@@ -154,6 +155,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.metrics.close()  # metrics before their families, not left to the garbage collector
+        collect_at_finalize()
 
     # -- parsing / validation -------------------------------------------------------------------------
     def _parse(self, request):
