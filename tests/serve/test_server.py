@@ -335,3 +335,22 @@ def test_the_log_tells_which_models_are_still_loading():
     assert loading_models(log) == ["tensorrt_llm"]
     unloaded = log + "I1207 1:2:3.8 1 model_lifecycle.cc:624] \"successfully unloaded 'tensorrt_llm' version 1\"\n"
     assert loading_models(unloaded) == []
+
+
+def test_an_llmapi_repository_on_gpus_runs_under_mpirun_as_nvidia_launches_it(tmp_path):
+    """runtime llmapi on GPUs: one tritonserver under `mpirun -n 1` (NVIDIA's launch_triton_server.py, whose default is
+    MPI; upstream-facts: trtllm-llmapi-launch-mpirun), in serve's launch and the plain one; on CPU, plain."""
+    from trt_spec.repository.writer import repo_record
+    from trt_spec.serve.locate import NGC_TRITONSERVER
+
+    for config, sets, gpu in (
+        ("llama31-8b-ngram-llmapi-h100", [], True),
+        ("cpu-smollm2-ngram", ["runtime=llmapi"], False),
+    ):
+        m = manifest_for_config(REPO / "build_configs" / f"{config}.yaml", sets)
+        assert m.deployment.runtime == "llmapi"
+        served = ServedRepository(tmp_path / config, repo_record(m))
+        spec = launch_spec(served, binary=NGC_TRITONSERVER, workdir=tmp_path)
+        mpi = ["mpirun", "--allow-run-as-root", "-n", "1", str(NGC_TRITONSERVER)]
+        assert (spec.argv[:5] == mpi) == gpu and spec.plain.startswith("mpirun --allow-run-as-root -n 1 ") == gpu
+        assert served.mpi_ranks == 1 and not served.orchestrator

@@ -88,6 +88,13 @@ class ServedRepository:
         return self.runtime is Runtime.LLMAPI
 
     @property
+    def mpi_singleton(self) -> bool:
+        """One tritonserver under `mpirun -n 1`: runtime llmapi on GPUs, as NVIDIA launches its LLM-API model
+        (upstream-facts: trtllm-llmapi-launch-mpirun)."""
+        d = self.record.deployment if self.record else None
+        return bool(d and d.runtime is Runtime.LLMAPI and d.gpu)
+
+    @property
     def mpi_ranks(self) -> int:
         return self.record.mpi_ranks if self.record else 1
 
@@ -140,6 +147,7 @@ class _Ranks:
     repo: Path
     world: int
     orchestrator: bool
+    mpi_singleton: bool
     gpu_ids: list[int]
     loads: list[str]  # [] = every model (--load-model=*)
     backend_args: list[str]
@@ -182,7 +190,7 @@ class _Ranks:
         return a
 
     def processes(self, plain: bool) -> list[str]:
-        if self.orchestrator:
+        if self.orchestrator or self.mpi_singleton:
             return ["mpirun", "--allow-run-as-root", "-n", "1", *self.rank_args(0, plain)]
         if self.world == 1:
             return self.rank_args(0, plain)
@@ -260,6 +268,7 @@ def launch_spec(
         repo,
         world,
         orchestrator,
+        served.mpi_singleton,
         gpu_ids,
         loads,
         backend_args,
