@@ -86,7 +86,7 @@ def load_manifest(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = N
         m = manifest_from(source, tuple(sets), gpu)
     except ManifestError as e:
         raise DeployError(str(e)) from None
-    if not m.config.recipe.gpu:
+    if not m.deployment.gpu:
         raise DeployError(
             f"{source}: engine {m.engine!r} is the CPU reference deployment; the Kubernetes bundle is "
             "for the GPU deployment (engine: tensorrt): pass a GPU config such as "
@@ -116,15 +116,9 @@ def layout(m: BuildManifest, gpus_per_node: Optional[int] = None) -> Layout:
 
 
 def model_sizes(m: BuildManifest) -> tuple[int, Optional[int]]:
-    """(target, draft) parameter counts from the checkpoints' config.json, else the built-in model table."""
-    from ..builder.model_info import model_info_for
-
-    cfg = m.config
-    target = model_info_for(cfg.target.checkpoint, "target", False).num_params
-    draft = (
-        model_info_for(cfg.draft.checkpoint, "draft", False).num_params if cfg.draft and cfg.draft.checkpoint else None
-    )
-    return target, draft
+    """(target, draft) parameter counts, from the model facts the build recorded."""
+    models = m.deployment.models
+    return models.target.num_params, models.draft.num_params if models.draft else None
 
 
 @dataclass(frozen=True)
@@ -145,7 +139,7 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
     weights16 = target_params * 2 / GIB
     memory = int(math.ceil((weights16 * 1.25 + 32) / 16) * 16)
     weights = m.engines["target"].weights if "target" in m.engines else ""
-    if m.config.recipe.llm_api:  # builds at load: the Job only writes the repository
+    if m.deployment.recipe.llm_api:  # builds at load: the Job only writes the repository
         return BuildResources(gpus, 64, "runtime llmapi builds nothing ahead: the serving pod's GPUs, 64 GiB")
     if m.gpu is None or weights in ("bf16", "fp16", "fp32"):
         return BuildResources(
@@ -333,7 +327,7 @@ def values_yaml(m: BuildManifest, source: Path, lay: Layout, acc: Acceptance, *,
         grpc_port=defaults.GRPC_PORT,
         metrics_port=defaults.METRICS_PORT,
         openai_port=defaults.OPENAI_PORT,
-        openai_enabled="true" if m.config.recipe.openai else "false",
+        openai_enabled="true" if m.deployment.recipe.openai else "false",
         openai_key_secret=f"{m.name}-openai-key",
         drain_timeout_s=int(defaults.DRAIN_TIMEOUT_S),
         stop_margin_s=int(defaults.DRAIN_CUT_GRACE_S + defaults.EXIT_TIMEOUT_S + 5),

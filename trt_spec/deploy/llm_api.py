@@ -43,9 +43,9 @@ def load(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None, *, w
         m = manifest_from(source, tuple(sets), gpu)
     except ManifestError as e:
         raise LlmApiArgsError(str(e)) from None
-    if m.config.runtime != "llmapi":
-        raise LlmApiArgsError(NOT_LLMAPI.format(name=m.name, runtime=m.config.runtime, what=what))
-    if not m.config.recipe.gpu:
+    if m.deployment.runtime != "llmapi":
+        raise LlmApiArgsError(NOT_LLMAPI.format(name=m.name, runtime=m.deployment.runtime.value, what=what))
+    if not m.deployment.gpu:
         raise LlmApiArgsError(
             f"{source}: engine {m.engine!r} is the CPU reference deployment (trt-spec's stand-in for the LLM API); "
             f"{what} runs TensorRT-LLM on GPUs: set engine: tensorrt (with a GPU config such as "
@@ -58,8 +58,10 @@ def engine_args(m: BuildManifest) -> dict:
     """The speculative model's LLM keyword arguments; raises LlmApiArgsError for an engine build."""
     from ..repository.llmapi import model_yaml
 
-    if m.config.runtime != "llmapi":
-        raise LlmApiArgsError(NOT_LLMAPI.format(name=m.name, runtime=m.config.runtime, what="trtllm-serve and Dynamo"))
+    if m.deployment.runtime != "llmapi":
+        raise LlmApiArgsError(
+            NOT_LLMAPI.format(name=m.name, runtime=m.deployment.runtime.value, what="trtllm-serve and Dynamo")
+        )
     y = model_yaml(m, speculative=True, decoupled=True)
     y.pop(lc.TRITON_KEY, None)
     for k in ON_COMMAND_LINE:

@@ -7,6 +7,7 @@ from typing import Optional
 
 from . import defaults
 from .models import ModelInfo
+from .recipes import Recipe, recipe
 from .speculation import CacheScope, Engine, Mode, Policy, Proposer, Runtime
 
 
@@ -109,3 +110,7 @@ class Deployment:
     @property
     def gpu(self) -> bool:
         return self.engine is Engine.TENSORRT
+
+    @property
+    def recipe(self) -> Recipe:
+        return recipe(self.runtime, self.engine, self.speculation.mode)

@@ -60,7 +60,6 @@ from ..records.names import (
 from ..records.names import (
     PREPROCESSING as PRE,
 )
-from ..records.recipes import recipe
 from ..records.speculation import Mode, Runtime
 from . import llmapi as lr
 from .common import (
@@ -161,7 +160,7 @@ def engine_config(name: str, role: str, d: Deployment, e: EngineEntry, o: RepoOp
     cfg.dynamic_batching.max_queue_delay_microseconds = 0
     if o.max_queue_size > 0:  # upstream-facts: contract-queue-full
         cfg.dynamic_batching.default_queue_policy.max_queue_size = o.max_queue_size
-    cfg.backend = recipe(d.runtime, d.engine, sp.mode).backend
+    cfg.backend = d.recipe.backend
     params: dict[str, object] = {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": os.path.abspath(e.dir),  # ABSOLUTE_PATHS
@@ -392,7 +391,7 @@ def bls_parameters(d: Deployment) -> BlsParameters:
 def mpi_ranks(d: Deployment, engines: dict[str, EngineEntry]) -> int:
     """tritonserver processes under mpirun: one per rank of a single multi-GPU engine, else 1 (orchestrator mode
     spawns its own ranks)."""
-    if recipe(d.runtime, d.engine, d.speculation.mode).launcher != "mpirun" or orchestrator(engines):
+    if d.recipe.launcher != "mpirun" or orchestrator(engines):
         return 1
     return max(e.world_size for e in engines.values())
 
