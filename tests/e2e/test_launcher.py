@@ -293,11 +293,11 @@ def test_a_dead_python_backend_process_stops_serve_with_its_model_named(serve):
 def test_a_start_that_times_out_names_the_models_still_loading_and_how_to_wait(serve):
     """A busy machine or a big model: the timeout names what is still loading and what its stub is doing, and how to
     wait longer, ahead of any log line (a GPU-less machine's CudaDriverHelper line said nothing about it)."""
-    s = serve("--timeout", "2")
+    s = serve("--timeout", "4")  # the reference engines take longer than this to load
     rc = s.proc.wait(120)
     err = s.stderr()
     assert rc == 1, err  # a process failed (serve --help's exit codes)
-    head = next(ln for ln in err.splitlines() if "not ready after 2s" in ln)
+    head = next(ln for ln in err.splitlines() if "not ready after 4s" in ln)
     assert "still loading " in head and "wait longer with `trt-spec serve --timeout SECONDS`" in head, head
     assert re.search(r"tensorrt_llm\w* \((stub \d+ (running|sleeping|waiting on I/O), \d+s CPU|no python stub)\)", head)
     assert s.workdirs() == [] and s.wait_gone(10) == {}
