@@ -31,7 +31,7 @@ from .errors import ServerError
 from .launch import ServedRepository, launch_spec
 from .locate import prepare_pytriton_backends
 from .triton_log import loading_models, log_errors
-from .watchdog import DeadModel, StubWatch, cmdline, stubs_below
+from .watchdog import DeadModel, StubWatch, cmdline, stub_state, stubs_below
 
 SHM_DIR = Path("/dev/shm")
 WORKDIR_PREFIX = "trt-spec-triton-"
@@ -240,7 +240,7 @@ class TritonServer:
         if not loading:
             return f"tritonserver not ready after {timeout:.0f}s"
         stubs = {model: pid for pid, model in self.stubs().items()}
-        what = ", ".join(f"{m} ({_stub_state(stubs[m]) if m in stubs else 'no python stub'})" for m in loading)
+        what = ", ".join(f"{m} ({stub_state(stubs[m]) if m in stubs else 'no python stub'})" for m in loading)
         return (
             f"tritonserver not ready after {timeout:.0f}s: still loading {what}; if they are only slow, wait longer "
             f"with `trt-spec serve --timeout SECONDS` (the default, {self.ready_timeout:.0f}s here, is "
@@ -366,16 +366,3 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-_PROC_STATES = {"R": "running", "S": "sleeping", "D": "waiting on I/O", "Z": "exited", "T": "stopped"}
-
-
-def _stub_state(pid: int) -> str:
-    """A python stub's pid and what the kernel says it is doing (/proc/PID/stat), e.g. `stub 123 running, 41s CPU`."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return f"stub {pid} {_PROC_STATES.get(fields[0], fields[0])}, {cpu_s:.0f}s CPU"
-    except (OSError, IndexError, ValueError):
-        return f"stub {pid} gone"

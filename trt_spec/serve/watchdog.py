@@ -5,22 +5,42 @@ Triton does not notice a dead stub (upstream-facts: triton-dead-stub-unnoticed),
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .locate import STUB_NAME
 
 
-def proc_stat(pid: int) -> Optional[tuple[str, int, int]]:
-    """(state, ppid, start time) of a live process, or None."""
+class ProcStat(NamedTuple):
+    state: str  # R, S, D, Z, ...
+    ppid: int
+    start: int  # clock ticks after boot
+    cpu_s: float  # user + system
+
+
+def proc_stat(pid: int) -> Optional[ProcStat]:
+    """/proc/PID/stat of a live process, or None."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2 :].split()  # comm may hold spaces and parentheses
-    return fields[0], int(fields[1]), int(fields[19])
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return ProcStat(fields[0], int(fields[1]), int(fields[19]), cpu)
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "waiting on I/O", "Z": "exited", "T": "stopped"}
+
+
+def stub_state(pid: int) -> str:
+    """What the kernel says a stub is doing, e.g. `stub 123 running, 41s CPU`."""
+    st = proc_stat(pid)
+    if st is None:
+        return f"stub {pid} gone"
+    return f"stub {pid} {_STATES.get(st.state, st.state)}, {st.cpu_s:.0f}s CPU"
 
 
 def cmdline(pid: int) -> list[str]:
