@@ -84,9 +84,9 @@ class Placement:
 
 @dataclass(frozen=True)
 class Models:
-    """The models' facts as preflight read them (None: not read)."""
+    """The models' facts as preflight read them (None: no such model)."""
 
-    target: Optional[ModelInfo]
+    target: ModelInfo
     draft: Optional[ModelInfo] = None
     head: Optional[ModelInfo] = None  # runtime llmapi eagle3: the EAGLE-3 head
 

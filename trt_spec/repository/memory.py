@@ -23,7 +23,7 @@ def _param(cfg: mc.ModelConfig, key: str) -> str:
 def instances(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict]) -> list[Instance]:
     """Every weight-loading instance of the repository (empty for the CPU reference engine)."""
     d = m.deployment
-    if not d.gpu or m.gpu is None or d.models.target is None:
+    if not d.gpu or m.gpu is None:
         return []
     pre = d.models
     out: list[Instance] = []
