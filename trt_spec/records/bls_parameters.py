@@ -28,9 +28,8 @@ def _to_string(value: object) -> str:
     return str(value)
 
 
-def _parse(model: str, key: str, raw: str, kind: type, choices: Optional[tuple[str, ...]]) -> object:
-    if isinstance(kind, type) and issubclass(kind, Enum):
-        choices = tuple(m.value for m in kind)
+def _parse(model: str, key: str, raw: str, kind: type) -> object:
+    choices = tuple(m.value for m in kind) if isinstance(kind, type) and issubclass(kind, Enum) else None
     if kind is bool:
         if raw not in BOOLS:
             raise ParameterError(f"{model} parameter {key}: expected true or false, got {raw!r}")
@@ -52,7 +51,6 @@ class _Parameters:
     """The shared string form of a parameters record (subclasses are frozen dataclasses)."""
 
     MODEL: ClassVar[str]
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}  # key -> the values a str key may take
 
     def to_parameters(self) -> dict[str, str]:
         """key -> string value, in field order; None fields are left out."""
@@ -61,7 +59,7 @@ class _Parameters:
     @classmethod
     def from_parameters(cls: type[R], p: Mapping[str, str]) -> R:
         """The record of a config's parameters; ParameterError on a bad one."""
-        return _read(cls, p, "", cls.MODEL, cls.CHOICES)
+        return _read(cls, p, "", cls.MODEL)
 
 
 def _flat(record: object, prefix: str) -> dict[str, str]:
@@ -75,14 +73,14 @@ def _flat(record: object, prefix: str) -> dict[str, str]:
     return out
 
 
-def _read(cls: type, p: Mapping[str, str], prefix: str, model: str, choices: dict) -> object:
+def _read(cls: type, p: Mapping[str, str], prefix: str, model: str) -> object:
     hints = get_type_hints(cls)
     values = {}
     for f in fields(cls):
         key = prefix + f.name
         kind = next((t for t in get_args(hints[f.name]) if t is not type(None)), hints[f.name])  # Optional[X]: X
         if is_dataclass(kind):
-            values[f.name] = _read(kind, p, f"{key}_", model, choices)
+            values[f.name] = _read(kind, p, f"{key}_", model)
             continue
         raw = p.get(key)
         if raw is None or raw == "":
@@ -91,7 +89,7 @@ def _read(cls: type, p: Mapping[str, str], prefix: str, model: str, choices: dic
                     f"{model} parameter {key} is missing; write the repository again with `trt-spec repo`"
                 )
             continue
-        values[f.name] = _parse(model, key, raw, kind, choices.get(key))
+        values[f.name] = _parse(model, key, raw, kind)
     return cls(**values)
 
 
@@ -100,7 +98,6 @@ class BlsParameters(_Parameters):
     """The speculative `tensorrt_llm_bls` model's parameters, in the writer's order."""
 
     MODEL: ClassVar[str] = BLS
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"speculative_mode": BLS_MODES}
 
     tensorrt_llm_model_name: str
     tensorrt_llm_draft_model_name: str = ""  # draft_target mode only
@@ -121,7 +118,10 @@ class BlsParameters(_Parameters):
         object.__setattr__(self, "draft_len_policy", Policy(self.draft_len_policy))
         object.__setattr__(self, "proposer", Proposer(self.proposer))
         if self.speculative_mode not in BLS_MODES:
-            raise ParameterError(f"speculative_mode {self.speculative_mode!r}: use one of {', '.join(BLS_MODES)}")
+            raise ParameterError(
+                f"{self.MODEL} parameter speculative_mode: {self.speculative_mode!r} is not one of "
+                + ", ".join(BLS_MODES)
+            )
         if self.speculative_mode == Mode.DRAFT_TARGET and not self.tensorrt_llm_draft_model_name:
             raise ParameterError("draft_target mode needs tensorrt_llm_draft_model_name")
 
