@@ -196,7 +196,7 @@ def ttfts(base: str, rounds: int = 5) -> list[float]:
 @pytest.mark.slow  # ~30 s: `make slow`, which CI runs
 def test_64_clients_that_never_read_do_not_slow_the_others(loaded):
     """The non-readers' answers are generated at the model's pace and their slots freed when generation ends
-    (serve/openai/guard.py Admission); the frontend's sends to them then wait on their sockets, which must cost the others
+    (openai/guard.py Admission); the frontend's sends to them then wait on their sockets, which must cost the others
     nothing: the event loop serves them as if the server were idle. Then they are closed, and everything is back."""
     base, frontend = loaded
     with urllib.request.urlopen(base + "/openapi.json", timeout=10) as r:
