@@ -13,7 +13,7 @@ from .backend_contract import max_input_len
 from .defaults import ADD_SPECIAL_TOKENS
 from .deployment import SuffixCacheConfig
 from .names import BLS, PREPROCESSING
-from .speculation import BLS_MODES, Mode, Policy, Proposer
+from .speculation import BLS_MODES, Mode, Policy, Proposer, as_words
 
 BOOLS = {"true": True, "false": False}  # all a reader accepts
 
@@ -115,8 +115,7 @@ class BlsParameters(_Parameters):
     suffix_cache: SuffixCacheConfig = SuffixCacheConfig()
 
     def __post_init__(self):  # plain strings become enum members
-        object.__setattr__(self, "draft_len_policy", Policy(self.draft_len_policy))
-        object.__setattr__(self, "proposer", Proposer(self.proposer))
+        as_words(self)
         if self.speculative_mode not in BLS_MODES:
             raise ParameterError(
                 f"{self.MODEL} parameter speculative_mode: {self.speculative_mode!r} is not one of "

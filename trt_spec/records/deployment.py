@@ -8,7 +8,7 @@ from typing import Optional
 from . import defaults
 from .models import ModelInfo
 from .recipes import Recipe, recipe
-from .speculation import CacheScope, Engine, Mode, Policy, Proposer, Runtime
+from .speculation import CacheScope, Engine, Mode, Policy, Proposer, Runtime, as_words
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class SuffixCacheConfig:
     min_match: int = defaults.SUFFIX_CACHE_MIN_MATCH
 
     def __post_init__(self):
-        object.__setattr__(self, "scope", CacheScope(self.scope))
+        as_words(self)
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,7 @@ class Speculation:
     num_nextn_predict_layers: Optional[int] = None  # runtime llmapi mtp
 
     def __post_init__(self):
-        for name, kind in (("mode", Mode), ("draft_len_policy", Policy), ("proposer", Proposer)):
-            object.__setattr__(self, name, kind(getattr(self, name)))
+        as_words(self)
 
 
 @dataclass(frozen=True)
@@ -104,8 +103,7 @@ class Deployment:
     models: Models
 
     def __post_init__(self):
-        object.__setattr__(self, "runtime", Runtime(self.runtime))
-        object.__setattr__(self, "engine", Engine(self.engine))
+        as_words(self)
 
     @property
     def gpu(self) -> bool:

@@ -6,7 +6,9 @@ A speculative round is one target call that verified k > 0 drafts; rounds with k
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import typing
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple, Optional, Sequence
@@ -17,6 +19,16 @@ class _Word(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def as_words(record) -> None:
+    """In a frozen dataclass's __post_init__: every field typed as a config word holds its member, not a plain string
+    (a caller or a JSON file may give either)."""
+    hints = typing.get_type_hints(type(record))
+    for f in dataclasses.fields(record):
+        kind = hints[f.name]
+        if isinstance(kind, type) and issubclass(kind, _Word):
+            object.__setattr__(record, f.name, kind(getattr(record, f.name)))
 
 
 class Runtime(_Word):
