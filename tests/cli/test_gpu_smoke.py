@@ -151,8 +151,14 @@ if cmd == "doctor":
         print("error: TensorRT-LLM 1.1.0 is installed, but trt-spec targets 1.2.1", file=sys.stderr)
         sys.exit(2)
 elif cmd == "plan":
-    steps = ["import-target", "distill-draft"] + ([] if "llmapi" in config else ["checkpoint-target", "engine-target"])
-    print(json.dumps({"output_dir": out, "engines": {"target": out + "/engines/target"},
+    if "kernel-twin" in config:  # the plan reads the twin's config.json: write-twin ran first
+        assert os.path.isfile(os.path.join(os.environ["FAKE_SMOKE_TWIN"], "written")), "plan before write-twin"
+        steps = ["checkpoint-target", "checkpoint-draft", "engine-draft", "engine-target"]
+    else:
+        steps = ["import-target", "distill-draft"]
+        steps += [] if "llmapi" in config else ["checkpoint-target", "engine-target"]
+    peaks = {"target": {"floor_gib": 0.4, "ceiling_gib": 1.9}} if "checkpoint-target" in steps else {}
+    print(json.dumps({"output_dir": out, "engines": {"target": out + "/engines/target"}, "calibration_peaks": peaks,
                       "steps": [{"name": s, "output": out + "/" + s} for s in steps]}, indent=2))
 elif cmd == "build":
     step = argv[argv.index("--only") + 1] if "--only" in argv else None
@@ -160,6 +166,9 @@ elif cmd == "build":
         os.makedirs(out + "/logs", exist_ok=True)
         with open(out + "/logs/" + step + ".log", "w") as f:
             f.write("".join(f"[TRT-LLM] [I] building layer {i}\n" for i in range(40)))
+            if step == "checkpoint-target":  # builder/quantize_peak.py's file beside the step's log
+                with open(out + "/logs/checkpoint-target.quantize-peak.json", "w") as p:
+                    json.dump({"exit_code": 0, "cuda": True, "max_memory_allocated_gib": 0.62}, p)
             if fail == step:
                 f.write("[TRT-LLM] [E] Networks with FP8 precision require hardware with FP8 support\n")
                 f.write("[TRT-LLM] [I] cleaning up\n")
@@ -194,6 +203,13 @@ elif cmd == "repo":
     plain = shlex.join([os.environ["FAKE_SMOKE_TRITONSERVER"], "--model-repository=" + repo,
                         "--disable-auto-complete-config"])
     print(f"or start tritonserver yourself, from any directory: TRTLLM_ORCHESTRATOR=1 {plain}")
+elif cmd == "check" and "--format" in argv:  # the LLM-API model has no logits: UNVERIFIED, exit 3
+    llmapi = "llmapi" in argv[argv.index("--tokenizer") + 1]
+    print("checking 2 prompts", file=sys.stderr)
+    print(json.dumps({"verdict": "UNVERIFIED" if llmapi else "PASS", "unverified": int(llmapi), "near_ties": 0,
+                      "real_mismatches": 0, "measured_margin": None if llmapi else 0.18, "near_tie_margin": 0.18,
+                      "margin_source": "measured", "noise_floor": {"max": None if llmapi else 0.09}}, indent=2))
+    sys.exit(3 if llmapi else 0)
 else:
     if fail == cmd:
         print(f"error: {cmd} failed: identity mismatch at token 3", file=sys.stderr)
@@ -248,6 +264,17 @@ if os.environ.get("FAKE_SMOKE_FAIL") == "generate":
 print('data: {"model_name":"tensorrt_llm","model_version":"1","text_output":" Paris."}')
 """
 
+FAKE_TWIN_WRITER = r"""#!{python}
+import json, os, sys
+with open(os.environ["FAKE_SMOKE_LOG"], "a") as f:
+    f.write(json.dumps(["write-twin"] + sys.argv[1:]) + "\n")
+if os.environ.get("FAKE_SMOKE_FAIL") == "write-twin":
+    print("RuntimeError: No space left on device", file=sys.stderr)
+    sys.exit(1)
+os.makedirs(os.environ["FAKE_SMOKE_TWIN"], exist_ok=True)
+open(os.path.join(os.environ["FAKE_SMOKE_TWIN"], "written"), "w").close()
+"""
+
 FAKE_CLIENT = r"""#!{python}
 import json, os, sys
 with open(os.environ["FAKE_SMOKE_LOG"], "a") as f:
@@ -283,6 +310,7 @@ def smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SMOKE_TS_PIDS", str(tmp_path / "ts-pids"))
     monkeypatch.setenv("FAKE_SMOKE_TRITONSERVER", _exe(tmp_path / "tritonserver", FAKE_TRITONSERVER))
     monkeypatch.delenv("FAKE_SMOKE_RELATIVE", raising=False)
+    monkeypatch.setenv("FAKE_SMOKE_TWIN", str(tmp_path / "twin"))
     calib = tmp_path / "calib"
     calib.mkdir()
     elsewhere = tmp_path / "elsewhere"  # the plain launch's working directory: neither the checkout nor the repository
@@ -299,6 +327,7 @@ def smoke(tmp_path, monkeypatch):
         plain_cwd=str(elsewhere),
         ports=(free_port(), free_port(), free_port()),
         stop_timeout_s=10,
+        twin_writer=(_exe(tmp_path / "twin-writer", FAKE_TWIN_WRITER),),
     )
 
     def run(fail: str = "") -> tuple[gs.SmokeReport, list[list[str]]]:
@@ -376,10 +405,16 @@ def test_every_link_ok_in_order_report_written_and_servers_stopped(smoke):
     client = next(c for c in calls if c[0] == "nvidia-client")
     assert client[1:3] == ["-u", f"127.0.0.1:{smoke['settings'].ports[1]}"] and "--model-name" in client
     j = json.loads((smoke["out"] / "report.json").read_text())
-    assert j["ok"] and j["chains"] == {"host": "ok", "engine": "ok", "llmapi": "ok"}
+    assert j["ok"] and j["chains"] == {
+        "host": "ok",
+        "engine": "ok",
+        "llmapi": "ok",
+        "twin": "ok",
+        "twin-tp2": "skipped (TP2 needs 2 GPUs, this host has 1 (make gpu-smoke GPU=NAME:2 on a 2-GPU host))",
+    }
     assert "**ok**" in (smoke["out"] / "report.md").read_text()
     pids = [int(x) for x in smoke["pids"].read_text().split()]
-    assert len(pids) == 2
+    assert len(pids) == 3
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -450,7 +485,7 @@ def test_the_plain_launch_repo_prints_runs_from_another_directory_with_only_the_
     assert rep.ok
     http, grpc, metrics = smoke["settings"].ports
     launches = [c for c in calls if c[0] == "tritonserver"]
-    assert len(launches) == 2  # one per chain
+    assert len(launches) == 3  # one per chain that ran
     for cwd, orchestrator, *argv in (c[1:] for c in launches):
         assert cwd == str(smoke["elsewhere"]) and orchestrator == "1"  # its directory; the line's own environment
         assert argv[0].startswith("--model-repository=") and argv[1:] == [
@@ -485,7 +520,8 @@ def test_nvidia_client_streams_with_every_perf_output_against_ensemble_and_bls(s
     rep, calls = smoke["run"]("perf:tensorrt_llm_bls")
     clients = [c[1:] for c in calls if c[0] == "nvidia-client"]
     streamed = [c for c in clients if "-S" in c]
-    assert [c[c.index("--model-name") + 1] for c in streamed] == ["ensemble", "tensorrt_llm_bls"]
+    # the engine chain's two, then the twin's two (the twin's bls fails as the fake is told, like the engine's)
+    assert [c[c.index("--model-name") + 1] for c in streamed][:2] == ["ensemble", "tensorrt_llm_bls"]
     assert all("--return-perf-metrics" in c for c in streamed)
     bad = next(r for r in rep.links if r.status == "failed")
     assert bad.name == "nvidia-client-streaming:tensorrt_llm_bls" and bad.reason == "exit code 1"
@@ -542,3 +578,99 @@ def test_ports_go_to_the_rank_that_serves_the_endpoints():
     )
     with pytest.raises(ValueError, match="names no --model-repository"):
         gs.with_ports("tritonserver", 1, 2, 3)
+
+
+# ------------------------------------------------------------------------------------------ the kernel twin, TP2
+
+TWIN_TP1 = [
+    "write-twin",
+    "plan",
+    "build:checkpoint-target",
+    "build:checkpoint-draft",
+    "build:engine-draft",
+    "build:engine-target",
+    "build:manifest",
+    "repo",
+    "plain-launch",
+    "plain:nvidia-client:ensemble",
+    "plain-stop",
+    "serve",
+    "nvidia-client:ensemble",
+    "nvidia-client:tensorrt_llm_bls",
+    "nvidia-client-streaming:ensemble",
+    "nvidia-client-streaming:tensorrt_llm_bls",
+    "check",
+]
+
+
+def test_kernel_twin_is_written_then_built_served_and_checked_on_one_gpu(smoke):
+    rep, calls = smoke["run"]()
+    assert [n for n, _ in _statuses(rep, "twin")] == TWIN_TP1 + ["bench"]
+    assert all(st == "ok" for _, st in _statuses(rep, "twin"))
+    names = [c[0] for c in calls]
+    assert names.index("write-twin") < max(i for i, c in enumerate(calls) if c[:2] == ["plan", gs.TWIN_CONFIG])
+    build = next(c for c in calls if c[0] == "build" and c[1] == gs.TWIN_CONFIG)
+    assert "--set" not in build  # the twin calibrates with its own config's bundled set, not the engine twin's override
+    check = [c for c in calls if c[0] == "check"][-1]
+    assert check[check.index("--tokenizer") + 1].endswith("build/kernel-twin/kernel-twin-llama70b-shape-target")
+    assert _statuses(rep, "twin-tp2") == [("tp2", "skipped")]
+    assert not any(c[:2] == ["plan", gs.TWIN_TP2_CONFIG] for c in calls)  # nothing of it ran on one GPU
+    assert "- twin-tp2: skipped (TP2 needs 2 GPUs, this host has 1" in (smoke["out"] / "report.md").read_text()
+
+
+def test_two_gpus_add_the_tp2_twin_chain_with_its_plain_launch_clients_and_check(smoke):
+    smoke["settings"].gpu = "h100:2"
+    rep, calls = smoke["run"]()
+    assert rep.ok
+    assert [n for n, _ in _statuses(rep, "twin-tp2")] == TWIN_TP1  # no bench: the TP1 twin benches these kernels
+    plan = next(c for c in calls if c[:2] == ["plan", gs.TWIN_TP2_CONFIG])
+    assert plan[plan.index("--gpu") + 1] == "h100:2"
+    assert next(c for c in calls if c[0] == "repo" and "kernel-twin-llama70b-shape-tp2" in c[1])
+    assert len([c for c in calls if c[0] == "tritonserver"]) == 4  # each chain's printed plain launch ran
+
+
+def test_a_failed_twin_write_stops_only_its_chain(smoke):
+    rep, _ = smoke["run"]("write-twin")
+    assert _statuses(rep, "twin")[0] == ("write-twin", "failed")
+    assert {st for n, st in _statuses(rep, "twin")[1:]} == {"not run"}
+    assert all(st == "ok" for _, st in _statuses(rep, "engine"))
+    bad = next(r for r in rep.links if r.status == "failed")
+    assert any("No space left on device" in ln for e in bad.excerpt for ln in e["lines"])
+
+
+def test_gpu_count_reads_the_gpu_flag():
+    assert gs.gpu_count("h100:2") == 2 and gs.gpu_count("h100") == 1 and gs.gpu_count("h200:8") == 8
+
+
+def test_report_keeps_a_place_for_per_chain_facts(tmp_path):
+    rep = gs.SmokeReport("t0", links=[gs.LinkResult("twin", "check", "ok")], facts={"twin": {"measured_margin": 0.5}})
+    rep.write(tmp_path)
+    assert json.loads((tmp_path / "report.json").read_text())["facts"] == {"twin": {"measured_margin": 0.5}}
+    assert "- twin: ok; measured_margin: 0.5" in (tmp_path / "report.md").read_text()
+
+
+def test_tp2_twins_repository_is_an_orchestrator_one_with_a_tp2_target_and_tp1_draft(tmp_path):
+    from trt_spec.repository.writer import mpi_ranks, orchestrator
+
+    m = manifest_for_config(REPO / gs.TWIN_TP2_CONFIG)
+    assert (m.target.tp, m.draft.tp) == (2, 1)
+    write_repository(m, tmp_path / "r")
+    assert (tmp_path / "r" / "tensorrt_llm_draft").is_dir()
+    assert orchestrator(m.engines) and mpi_ranks(m.deployment, m.engines) == 1  # the backend spawns the TP2 ranks
+
+
+def test_report_keeps_the_measured_margin_and_quantize_peak_and_an_unverified_check_does_not_stop_its_chain(smoke):
+    """check --format json's margin and quantize.py's measured peak land in the chain's facts beside the estimate;
+    llmapi's UNVERIFIED check (exit 3: no logits to probe) is reported there, and bench still runs after it."""
+    rep, _ = smoke["run"]()
+    engine, llmapi = rep.facts["engine"], rep.facts["llmapi"]
+    assert engine["check_verdict"] == "PASS" and engine["check_measured_margin"] == 0.18
+    assert engine["check_noise_floor"] == 0.09
+    from trt_spec.harness.commands import parse_margin
+
+    assert parse_margin(engine["check_report"])[0] == 0.18  # check --margin FILE takes the file the smoke keeps
+    assert engine["quantize_peak_target_gib"] == {"measured": 0.62, "floor_gib": 0.4, "ceiling_gib": 1.9}
+    assert llmapi["check_verdict"] == "UNVERIFIED" and llmapi["check_unverified"] == 1
+    assert ("bench", "ok") in _statuses(rep, "llmapi")
+    md = (smoke["out"] / "report.md").read_text()
+    assert "check_verdict: UNVERIFIED" in md and "check_measured_margin: 0.18" in md

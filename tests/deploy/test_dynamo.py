@@ -98,7 +98,9 @@ def test_engine_args_are_model_yamls_llm_arguments(bundles, name):
     args = yaml.safe_load((bundles[name] / dy.ENGINE_ARGS_FILE).read_text())
     assert set(args) == set(y) - {lc.TRITON_KEY, "model"}
     assert set(args) <= set(lc.LLM_KEYS)
-    assert all(args[k] == y[k] for k in args)
+    assert all(args[k] == y[k] for k in args if k != "speculative_config")
+    # the speculative_config is model.yaml's under TensorRT-LLM 1.3's names: Dynamo 1.6.1 runs 1.3.0rc29
+    assert args["speculative_config"] == lc.speculative_config_for(y["speculative_config"], dy.DYNAMO_TRTLLM_VERSION)
     if (bundles[name] / dy.DGD_FILE).is_file():  # the ConfigMap holds the same file
         cm = next(o for o in _objs(bundles[name]) if o["kind"] == "ConfigMap")
         assert yaml.safe_load(cm["data"][dy.ENGINE_ARGS_FILE]) == args
@@ -274,3 +276,27 @@ def test_the_schema_accepts_dynamos_own_v1beta1_graphs():
             jsonschema.validate(d, STRICT_CRDS[DGD_KEY], cls=jsonschema.Draft7Validator)
         except jsonschema.ValidationError as e:
             raise AssertionError(f"{f.parent.name}/{f.name}: {e.message}") from None
+
+
+def test_dynamo_bundles_speak_trtllm_1_3s_decoding_types_and_the_serve_bundle_1_2s(tmp_path):
+    """1.3's pydantic union refuses 1.2's "DraftTarget"; 1.2's from_dict refuses "Draft_Target": each bundle its own."""
+    from trt_spec.builder.trtllm import TRTLLM_VERSION
+    from trt_spec.deploy import trtllm_serve as ts
+
+    assert dy.DYNAMO_TRTLLM_VERSION.startswith("1.3.") and TRTLLM_VERSION.startswith("1.2.")
+    cfg = CONFIGS / "smollm2-first-contact-llmapi.yaml"
+    spec = yaml.safe_load((dy.write_bundle(cfg, tmp_path / "d") / dy.ENGINE_ARGS_FILE).read_text())[
+        "speculative_config"
+    ]
+    assert spec["decoding_type"] == "Draft_Target" and "speculative_model_dir" not in spec
+    assert spec["speculative_model"].endswith("hf/draft")
+    out = ts.write_bundle(cfg, tmp_path / "s")
+    served = yaml.safe_load((out / "extra_llm_api_options.yaml").read_text())["speculative_config"]
+    assert served["decoding_type"] == "DraftTarget" and served["speculative_model_dir"] == spec["speculative_model"]
+    assert lc.spec_names("1.3.0rc29")["decoding_types"] == {
+        "draft_target": "Draft_Target",
+        "ngram": "NGram",
+        "eagle3": "Eagle3",
+        "mtp": "MTP",
+    }
+    assert lc.spec_names("1.2.1")["decoding_types"] == lc.DECODING_TYPES

@@ -89,10 +89,11 @@ def test_every_gpu_config_is_covered():
     gpu = {
         p.stem for p in CONFIGS.glob("*.yaml") if yaml.safe_load(p.read_text()).get("engine", "tensorrt") == "tensorrt"
     }
-    assert gpu == set(GPU_CONFIGS) | FIRST_CONTACT | MULTI_NODE
+    assert gpu == set(GPU_CONFIGS) | FIRST_CONTACT | KERNEL_TWIN | MULTI_NODE
 
 
 FIRST_CONTACT = {"smollm2-first-contact-fp8", "smollm2-first-contact-llmapi"}  # make gpu-smoke's, one host
+KERNEL_TWIN = {"kernel-twin-llama70b-shape", "kernel-twin-llama70b-shape-tp2"}  # make gpu-smoke writes their weights
 MULTI_NODE = {"deepseek-v3-mtp-h100-2node"}  # 16 GPUs over two 8-GPU nodes: deploy dynamo / trtllm-serve
 
 
@@ -247,19 +248,22 @@ def test_service_and_build_job(rendered):
     )
     cfg = yaml.safe_load(_config_map(rendered["llama33-70b-fp8-h100-tp2"])["data"]["llama33-70b-fp8-h100-tp2.yaml"])
     assert cfg["output_dir"] == "/models/build/llama33-70b-fp8-h100-tp2" and cfg["target"]["tp"] == 2
-    # sized from the plan's calibration estimate: 70B x 2 bytes x 1.6 = ~210 GiB -> 3 x H100 80 GB, not the 2 it
-    # serves on
+    # the pre-quantized FP8 target is converted, only the 1B draft calibrated: the 2 H100s it serves on
     res = k["Job"]["spec"]["template"]["spec"]["containers"][0]["resources"]
-    assert res["limits"]["nvidia.com/gpu"] == 3 and res["limits"]["memory"] == "208Gi"
+    assert res["limits"]["nvidia.com/gpu"] == 2 and res["limits"]["memory"] == "208Gi"
 
 
 def test_a_node_too_small_to_calibrate_is_refused_with_the_fix(tmp_path):
+    """The BF16 70B served from one H100 at batch 1: its calibration (records/memory.py calibration_peak) needs two."""
+    cfg = yaml.safe_load(SEED.read_text())
+    cfg.update(gpu="h100:1", serving={}, target={"checkpoint": "/models/Llama-3.3-70B-Instruct", "tp": 1})
+    cfg["limits"] = {"max_batch_size": 1, "max_input_len": 2048, "max_seq_len": 4096, "max_num_tokens": 4096}
+    (tmp_path / "bf16.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(
         DeployError,
-        match=r"calibrating the target for fp8 loads ~210 GiB .* 3 x h100 .*"
-        r"--gpus-per-node is 2; build on nodes with >= 3 GPUs",
+        match=r"calibrating for fp8 holds up to ~\d+ GiB .* 2 x h100 .*--gpus-per-node is 1; build on nodes with >= 2",
     ):
-        write_chart(SEED, tmp_path / "c", gpus_per_node=2)
+        write_chart(tmp_path / "bf16.yaml", tmp_path / "c", gpus_per_node=1)
     assert not (tmp_path / "c").exists()
 
 

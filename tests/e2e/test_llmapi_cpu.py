@@ -360,3 +360,36 @@ def test_openai_chat_seeded_sampling_and_refused_engine_knobs(llmapi_server, llm
     with urllib.request.urlopen(s.url + "/metrics", timeout=10) as r:
         exposition = r.read().decode()
     assert f'vllm:generation_tokens_total{{engine="0",model_name="{lc.MODEL_NAME}"}}' in exposition
+
+
+@pytest.mark.slow  # its own server (the GPU-numerics mode is the server's environment); make slow (CI) runs it
+def test_a_numerics_flip_on_the_llmapi_path_is_reported_unverified(farm, tmp_path):
+    """The LLM-API model returns text only (upstream-facts: llmapi-no-logprobs), so `check` cannot tell a GPU
+    near-tie from a defect there: with the stand-in's seeded GPU-numerics mode flipping near-ties in the speculative
+    model's verification, check reports each divergence as UNVERIFIED (position, both continuations as text) and
+    exits 3, neither passing it silently nor failing it; the JSON report carries no measured margin."""
+    import os
+
+    from trt_spec.records.defaults import GPU_NUMERICS_ENV
+
+    from ..farm import ServeProcess, cli_in_process
+
+    repo = farm.copy_repo("llmapi", tmp_path / "repo")
+    tok_dir = str(next((farm.repo("llmapi").parent / "build" / "engines").glob("target")))
+    server = ServeProcess(repo, tmp_path, env={**os.environ, GPU_NUMERICS_ENV: "4.0,1"}).wait_ready()
+    try:
+        args = ["check", "--url", f"127.0.0.1:{server.grpc}", "--prompts", "code-edit", "--limit", "4"]
+        args += ["--max-tokens", "24", "--tokenizer", tok_dir, "--raw"]
+        r = cli_in_process(*args)
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "unverified (no logits" in r.stdout and "UNVERIFIED: DIVERGED at token" in r.stdout
+        assert "baseline goes on" in r.stdout and "verdict: UNVERIFIED (0 real mismatch(es)" in r.stdout
+        rep = json.loads(cli_in_process(*args, "--format", "json").stdout)
+        assert rep["verdict"] == "UNVERIFIED" and rep["unverified"] >= 1 and rep["real_mismatches"] == 0
+        assert rep["measured_margin"] is None and rep["noise_floor"] is None
+        for res in rep["results"]:
+            d = res["divergence"]
+            if d:
+                assert d["kind"] == "unverified" and d["baseline_text"] != d["speculative_text"]
+    finally:
+        server.close()

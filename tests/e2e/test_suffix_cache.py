@@ -23,4 +23,7 @@ def test_a_repeated_request_gets_more_accepted_tokens_under_its_own_tenant_only(
     accepted = [g.metrics["total_accepted_draft_tokens"] for g in (first, again, other)]
     steps = [g.metrics["total_steps"] for g in (first, again, other)]
     assert accepted[1] > accepted[0] and steps[1] < steps[0], (accepted, steps)
-    assert (accepted[2], steps[2]) == (accepted[0], steps[0])  # b never sees a's text
+    # the proposal lengths learn from every request, so b's counts need not equal a's first: what shows that b never
+    # sees a's text is that none of b's accepted tokens came from the cache
+    from_cache = [g.metrics["cache_accepted_tokens"] for g in (first, again, other)]
+    assert from_cache[0] == 0 and from_cache[1] > 0 and from_cache[2] == 0, from_cache

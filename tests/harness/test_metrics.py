@@ -99,7 +99,7 @@ def test_first_divergence():
 
 
 def test_prompt_sets_and_jsonl(tmp_path):
-    assert set(PROMPT_SETS) == {"code-edit", "code", "chat", "summarization"}
+    assert set(PROMPT_SETS) == {"code-edit", "code", "chat", "summarization", "agentic"}
     assert all(len(v) >= 4 for v in PROMPT_SETS.values())
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "hi", "max_tokens": 5}) + "\n\n" + json.dumps({"prompt": "yo"}) + "\n")

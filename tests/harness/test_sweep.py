@@ -3,6 +3,7 @@ total throughput over the level's wall time, per-request percentiles, speedup, a
 
 import json
 import math
+import sys
 import threading
 import time
 
@@ -146,3 +147,11 @@ def test_report_has_the_concurrency_table_samples_and_plots(tmp_path):
     assert [len(r[m]["samples"]) for r in rep["concurrency"] for m in (BASE, SPEC)] == [2, 2, 2, 2]
     for png in ("speedup_vs_concurrency.png", "throughput_vs_concurrency.png"):
         assert tmp_path / png in files and (tmp_path / png).stat().st_size > 1000
+
+
+def test_reports_without_matplotlib_are_written_and_say_why_there_are_no_charts(tmp_path, monkeypatch, capsys):
+    """The NGC image may lack matplotlib: bench still writes its JSON and Markdown results, and says why no PNG."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    files = write_reports({"title": "t", "concurrency": [], "environment": {"time": "now"}}, tmp_path)
+    assert files == [tmp_path / "report.json", tmp_path / "report.md"]
+    assert "no PNG charts: matplotlib is not installed" in capsys.readouterr().err

@@ -297,13 +297,17 @@ def test_prompt_over_the_deployments_max_input_len_is_refused():
 
 # -- the adaptive draft-length policy in the loop ---------------------------------------------------------------------
 class TimedRouter(Router):
-    """The router with engine latencies (seconds): each call sleeps its cost, so the policy measures it, and the costs
-    add up in `spent`. Target: a call overhead plus a decode step per token generated without drafts, or one step plus
-    a little per draft token to verify; draft: per token drafted."""
+    """The router with engine latencies (seconds) on a modelled clock: each call advances `now` by its cost, so the
+    policy measures exactly these costs whatever the machine's load, and they add up in `spent`. Target: a call
+    overhead plus a decode step per token generated without drafts, or one step plus a little per draft token to
+    verify; draft: per token drafted."""
 
     def __init__(self, **engines):
         super().__init__(**engines)
         self.spent = 0.0
+
+    def now(self) -> float:
+        return self.spent
 
     async def __call__(self, model, inputs, outputs, on_response=None):
         n = int(inputs["request_output_len"][0, 0])
@@ -314,7 +318,7 @@ class TimedRouter(Router):
         else:
             cost = 0.002 + 0.004 * n
         self.spent += cost
-        await asyncio.sleep(cost)
+        await asyncio.sleep(0)
         return await super().__call__(model, inputs, outputs, on_response)
 
 
@@ -322,6 +326,7 @@ def timed_setup(mode, policy, draft_fn=draft_next, proposer="suffix"):
     loop, target, _ = setup(mode, policy=policy, proposer=proposer)
     draft = ContractEngine(draft_fn, bc.EngineLimits(4, 256, 256))
     loop.call = TimedRouter(tensorrt_llm=target, tensorrt_llm_draft=draft)
+    loop.clock = loop.call.now
     return loop
 
 
@@ -353,7 +358,8 @@ def test_adaptive_policy_stops_speculating_with_a_draft_that_never_agrees():
             runs = [x.tokens for x in m.rounds if x.k == 0]
             assert sum(runs) > 0.8 * len(generated), m.draft_lengths
             assert runs[:5] == [1, 2, 4, 8, 16]
-            assert all(x.k == 1 for x in m.rounds[1:] if x.drafted)
+            # the first round's call also read the prompt, so it measures nothing: the second drafts at the cap too
+            assert m.draft_lengths[:2] == [4, 4] and all(x.k == 1 for x in m.rounds[2:] if x.drafted)
     decode_only = 0.002 + 0.004 * 90  # the target alone, one call
     assert spent["adaptive"] < 0.6 * spent["fixed"]
     assert spent["adaptive"] < 1.35 * decode_only, spent
@@ -406,3 +412,45 @@ def test_return_perf_metrics_sums_the_engines_perf_outputs_over_the_rounds():
     loop2, target2, draft2 = setup()
     run(loop2, req(PROMPTS[0], 24, 4))
     assert not any(bc.RETURN_PERF_METRICS in ins for eng in (target2, draft2) for ins, _ in eng.requests)
+
+
+class ModelledRouter(Router):
+    """The router on a modelled clock: a verification of n tokens costs 1 + per_token·(n − 1), a run of m tokens m."""
+
+    def __init__(self, per_token: float, **engines):
+        super().__init__(**engines)
+        self.per_token, self.t = per_token, 0.0
+
+    def clock(self) -> float:
+        return self.t
+
+    async def __call__(self, model, inputs, outputs, on_response=None):
+        if "draft_input_ids" in inputs:
+            self.t += 1.0 + self.per_token * inputs["draft_input_ids"].size
+        else:
+            self.t += float(inputs["request_output_len"][0, 0])
+        return await super().__call__(model, inputs, outputs, on_response)
+
+
+def test_the_suffix_proposals_length_follows_the_measured_verify_cost():
+    """`--policy adaptive`: how much of a proposal is verified comes from the costs the loop measured. Flat
+    verification (a GPU) verifies every proposal whole, up to the cap; a costly one verifies less where acceptance is
+    uncertain. The output is the target's either way. (`fixed` verifies every proposal whole whatever the costs:
+    tests/in_triton/test_proposer_replay.py.)"""
+    out = {}
+    for per_token in (0.0, 0.6):
+        loop, target, _ = setup("ngram", policy="adaptive", proposer="suffix")
+        router = ModelledRouter(per_token, tensorrt_llm=target)
+        loop.__init__(loop.cfg, router, clock=router.clock)
+        rounds = []
+        for prompt in PROMPTS * 2:
+            generated, m, _ = run(loop, req(prompt, 60, 4))
+            assert generated == baseline(prompt, 60)
+            rounds += m.rounds[1:]  # the first round measures nothing
+        out[per_token] = rounds
+    flat, costly = out[0.0], out[0.6]
+    # tokens verified per token generated: flat verification takes the proposals; at 0.6 of a decode step per
+    # extra token, uncertain ones do not pay and most rounds become runs
+    share = lambda rs: sum(r.drafted for r in rs) / sum(r.tokens for r in rs)  # noqa: E731
+    assert share(flat) > 5 * share(costly)
+    assert all(0 <= r.drafted <= 4 for r in flat + costly)

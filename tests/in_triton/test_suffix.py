@@ -6,58 +6,46 @@ import random
 
 import pytest
 
-from trt_spec.in_triton.proposers import SuffixProposer, SuffixStore
+from trt_spec.in_triton.proposers import Candidate, SuffixProposer, SuffixStore
 
 
-def test_copies_a_repeated_block_by_the_longest_match():
-    # Suffix [7, 8, 9] occurred at the start: m = 3, one occurrence -> budget 3.
+def test_copies_a_repeated_block_by_the_longest_match_as_far_as_it_goes():
+    # Suffix [7, 8, 9] occurred at the start (m = 3): the copy reads on past the block into the sequence's own tail.
     seq = [7, 8, 9, 10, 11, 12, 13, 14, 1, 7, 8, 9]
-    assert SuffixProposer(8).propose(seq) == [10, 11, 12]
+    c = SuffixProposer(8).candidate(seq)
+    assert c.tokens == [10, 11, 12, 13, 14, 1, 7, 8]
+    # each token's evidence: the match it extends (one longer per token read on), agreeing and live occurrences
+    assert c.evidence == [(m, 1, 1) for m in range(3, 11)]
+    assert SuffixProposer(8).propose(seq) == c.tokens
 
 
-def test_confidence_sets_the_length():
-    block = list(range(100, 120))
-    # The longer the copied stretch matched so far, the longer the proposal (one token per matched token).
-    for m in (2, 3, 5, 8):
-        seq = block + [1] + block[:m]
-        assert SuffixProposer(16).propose(seq) == block[m : 2 * m]
-    # tokens_per_match scales it.
-    assert SuffixProposer(16, tokens_per_match=2.0).propose(block + [1] + block[:3]) == block[3:9]
-    assert SuffixProposer(16, tokens_per_match=0.5).propose(block + [1] + block[:4]) == block[4:6]
-
-
-def test_more_agreeing_occurrences_give_a_longer_proposal():
-    one = [1, 2, 30, 31, 32, 33, 9]
-    two = [1, 2, 30, 31, 32, 33, 9, 1, 2, 30, 31, 32, 33, 8]
-    # m = 2 in both; the second has two occurrences agreeing on 30 -> budget 2 + 1.
-    assert SuffixProposer(8).propose(one + [1, 2]) == [30, 31]
-    assert SuffixProposer(8).propose(two + [1, 2]) == [30, 31, 32]
-
-
-def test_the_more_frequent_continuation_wins():
+def test_the_more_frequent_continuation_wins_and_the_evidence_says_by_how_much():
     # [1, 2, 3] ends at three earlier places: followed by 9, 9 and (most recently) 7.
     seq = [1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]
-    assert SuffixProposer(8).propose(seq) == [9, 1, 2, 3]  # budget 3 + (2 agreeing - 1)
+    c = SuffixProposer(8).candidate(seq)
+    assert c.tokens == [9, 1, 2, 3, 7, 5, 1, 2]
+    # 2 of 3 agree on 9; the two 9-occurrences agree on 1, 2, 3, then split 9 / 7 (the most recent wins a tie)
+    assert c.evidence == [(3, 2, 3), (4, 2, 2), (5, 2, 2), (6, 2, 2), (7, 1, 2), (8, 1, 1), (9, 1, 1), (10, 1, 1)]
 
 
 def test_a_tie_goes_to_the_most_recent_occurrence():
     seq = [1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]
-    assert SuffixProposer(8).propose(seq) == [7, 5, 1]
+    assert SuffixProposer(3).candidate(seq) == Candidate([7, 5, 1], [(3, 1, 2), (4, 1, 1), (5, 1, 1)])
     seq = [1, 2, 3, 7, 1, 2, 3, 9, 5, 1, 2, 3]
-    assert SuffixProposer(8).propose(seq) == [9, 5, 1]
+    assert SuffixProposer(3).propose(seq) == [9, 5, 1]
 
 
 def test_a_longer_match_beats_a_more_frequent_shorter_one():
     # [5, 6] is followed by 40 twice, but [4, 5, 6] (once, followed by 20) is the longer match.
     seq = [4, 5, 6, 20, 21, 22, 0, 5, 6, 40, 0, 5, 6, 40, 0, 4, 5, 6]
-    assert SuffixProposer(8).propose(seq) == [20, 21, 22]
+    assert SuffixProposer(3).propose(seq) == [20, 21, 22]
 
 
 def test_no_match_gives_empty_proposal():
     p = SuffixProposer(8)
     assert p.propose([1, 2, 3, 4, 5]) == []
-    assert p.propose([1, 2, 3, 1]) == []  # only a 1-token match, min_match = 2
-    assert SuffixProposer(8, min_match=1).propose([1, 2, 3, 1]) == [2]
+    assert p.candidate([1, 2, 3, 1]) == Candidate([], [])  # only a 1-token match, min_match = 2
+    assert SuffixProposer(8, min_match=1).propose([1, 2, 3, 1], k=2) == [2, 3]
     assert p.propose([1]) == []
     assert p.propose([]) == []
     assert SuffixProposer(0).propose([1, 2, 1, 2]) == []
@@ -72,22 +60,15 @@ def test_cap_at_k_max_and_request_k():
 
 
 def test_periodic_tail_continues_its_period():
-    assert SuffixProposer(8).propose([5, 5, 5, 5, 5]) == [5, 5, 5, 5]
+    c = SuffixProposer(8).candidate([5, 5, 5, 5, 5])
+    assert c.tokens == [5] * 8 and [m for m, _, _ in c.evidence] == list(range(4, 12))
     assert SuffixProposer(4).propose([9, 1, 2, 1, 2, 1, 2]) == [1, 2, 1, 2]
 
 
 def test_stops_at_eos():
     seq = [1, 2, 3, 4, 2, 5, 6, 7, 0, 1, 2, 3, 4]
     assert SuffixProposer(8).propose(seq, eos_token_ids=(2,)) == [2]
-    assert SuffixProposer(8).propose(seq) == [2, 5, 6, 7]
-
-
-def test_min_agreement_stops_a_contested_proposal():
-    seq = [1, 2, 30, 31, 0, 1, 2, 40, 41, 0, 1, 2, 50, 51, 0, 1, 2]
-    # [0, 1, 2] (m = 3) ends twice, followed by 40 and 50: a tie, the most recent wins at agreement 0.5.
-    assert SuffixProposer(8).propose(seq) == [50, 51, 0]
-    assert SuffixProposer(8, min_agreement=0.5).propose(seq) == [50, 51, 0]
-    assert SuffixProposer(8, min_agreement=0.6).propose(seq) == []
+    assert SuffixProposer(8).propose(seq) == [2, 5, 6, 7, 0, 1, 2, 3]
 
 
 def test_earlier_requests_in_the_store_are_used_and_bounded():
@@ -96,9 +77,9 @@ def test_earlier_requests_in_the_store_are_used_and_bounded():
     earlier = [11, 12, 13, 14, 15, 16, 17, 18]
     assert p.propose([50, 11, 12, 13]) == []
     store.add(earlier)
-    assert p.propose([50, 11, 12, 13]) == [14, 15, 16]
+    assert p.propose([50, 11, 12, 13]) == [14, 15, 16, 17, 18]
     # The current sequence is more recent than the store: it wins a tie.
-    assert p.propose([11, 12, 13, 99, 11, 12, 13]) == [99, 11, 12]
+    assert p.propose([11, 12, 13, 99, 11, 12, 13], k=3) == [99, 11, 12]
     # Two more sequences evict the oldest.
     store.add([60, 61, 62, 63])
     store.add([70, 71, 72, 73])
@@ -111,7 +92,7 @@ def test_earlier_requests_in_the_store_are_used_and_bounded():
     small.add([7, 8, 9, 10, 11, 12])
     assert len(small) == 1 and small.num_tokens == 6
     small.add(list(range(200, 230)))
-    assert small.num_tokens == 10 and SuffixProposer(8, store=small).propose([0, 220, 221]) == [222, 223]
+    assert small.num_tokens == 10 and SuffixProposer(8, store=small).propose([0, 220, 221]) == list(range(222, 230))
     assert SuffixProposer(8, store=small).propose([0, 210, 211]) == []
 
 
@@ -138,7 +119,7 @@ def test_proposals_never_exceed_the_cap(k_max):
     store = SuffixStore(max_sequences=4, anchor_len=2)
     for _ in range(3):
         store.add([rng.randrange(4) for _ in range(200)])
-    p = SuffixProposer(k_max, store=store, tokens_per_match=4.0)
+    p = SuffixProposer(k_max, store=store)
     seq = [rng.randrange(4) for _ in range(300)]
     for n in range(0, len(seq), 7):
         for k in (None, 0, 2, 100):
@@ -155,5 +136,3 @@ def test_validation():
         SuffixProposer(-1)
     with pytest.raises(ValueError, match="anchor_len"):
         SuffixProposer(min_match=3, store=SuffixStore(anchor_len=2))
-    with pytest.raises(ValueError, match="min_agreement"):
-        SuffixProposer(min_agreement=1.5)

@@ -25,7 +25,8 @@ OTHER = [12, 30, 31, 9, 8]
 
 def ngram_loop(scope="tenant", **bounds):
     loop, target, _ = setup("ngram", policy="fixed", proposer="suffix")
-    loop.__init__(dataclasses.replace(loop.cfg, suffix_cache=SuffixCacheConfig(scope, **bounds)), loop.call)
+    cfg = dataclasses.replace(loop.cfg, suffix_cache=SuffixCacheConfig(scope, **bounds))
+    loop.__init__(cfg, loop.call, clock=lambda: 0.0)  # verification costs nothing: every proposal is verified whole
     return loop, target
 
 
@@ -132,7 +133,7 @@ def test_the_store_gives_at_most_max_candidates_anchor_hits_most_recent_first():
 def test_the_store_proposes_only_on_a_match_of_its_anchor_length():
     store = SuffixStore(anchor_len=defaults.SUFFIX_CACHE_MIN_MATCH)
     store.add([4, 5, 77, 78])
-    p = SuffixProposer(8, min_match=1, tokens_per_match=2.0, store=store)
+    p = SuffixProposer(8, min_match=1, store=store)
     assert p.propose([1, 5]) == [] and not p.store_hit  # one token: the sequence's own text only
     assert p.propose([4, 5]) == [77, 78] and p.store_hit
     with pytest.raises(ValueError, match="anchor_len"):
@@ -207,6 +208,6 @@ def test_the_cache_matches_across_requests_from_its_configured_length(min_match)
     loop, _ = ngram_loop(min_match=min_match)
     assert loop.cache.store("a").anchor_len == min_match
     run(loop, req([4, 5, 6, 77, 78, 79], 4, 4, tenant="a"))
-    p = SuffixProposer(8, min_match=1, tokens_per_match=2.0, store=loop.cache.store("a"))
+    p = SuffixProposer(8, min_match=1, store=loop.cache.store("a"))
     assert bool(p.propose([9, 9, 6])) == (min_match == 1)  # a one-token match of the stored text
     assert p.propose([4, 5, 6])[:1] == [77]  # three tokens match: proposed under either length

@@ -249,3 +249,81 @@ def test_a_draft_that_is_never_accepted_drives_the_estimate_to_zero_not_to_the_p
     for _ in range(20):
         r.observe(dp.Decision(k=1, run_len=1, speculate=True), dp.Outcome(1, 0, 1, 0.001, 0.05), draft_free=False)
     assert r.alpha < 0.01
+
+
+# -- draft-free proposals with evidence: how much of a proposal to verify ----------------------------------------------
+STRONG, WEAK = (12, 1, 1), (1, 1, 3)  # a long single-source copy; a one-token match that 1 of 3 occurrences backs
+
+
+def flat_and_cpu():
+    """Verification that costs one decode step whatever it verifies (a GPU at small batch), and this CPU's (a 9-token
+    verification ≈ 2.3 decode steps: docs/measurements.md)."""
+    t = 0.040
+    return costs(verify=(t, 0.0), run=(0.0, t)), costs(verify=(t * (1 - 0.1625), t * 0.1625), run=(0.0, t))
+
+
+def trained(c, rounds=400):
+    """The deployment has verified many tokens of each kind: strong ones accepted ~95% of the time, weak ones ~10%."""
+    for i in range(rounds):
+        c.confidence.observe((STRONG,), int(i % 20 != 0))
+        c.confidence.observe((WEAK,), int(i % 10 == 0))
+    return c
+
+
+def test_proposal_length_is_what_the_costs_pay_for():
+    flat, cpu = (trained(c) for c in flat_and_cpu())
+    assert flat.confidence.p(STRONG) == pytest.approx(0.95, abs=0.03)
+    assert cpu.confidence.p(WEAK) == pytest.approx(0.1, abs=0.03)
+    mixed = [STRONG] * 3 + [WEAK] * 5
+    for policy in ("fixed", "adaptive"):
+        on_flat, on_cpu = request(flat, 0.5, policy), request(cpu, 0.5, policy)
+        # flat: every token that may be accepted is free to verify, however unlikely
+        assert on_flat.proposal_len(mixed, 1) == 8 and on_flat.proposal_len([WEAK] * 8, 1) == 8
+        # CPU (a token costs 0.16 of a step): the strong prefix pays for its share of the call, the weak tail does not
+        assert on_cpu.proposal_len(mixed, 1) == 3 and on_cpu.proposal_len([WEAK] * 8, 1) == 0
+        assert on_cpu.proposal_len([STRONG] * 8, 1) == 8
+    assert DraftLengthPolicy("fixed").start().proposal_len([WEAK] * 8, 1) == 8  # nothing measured: all of it
+
+
+def test_confidence_starts_from_the_occurrences_and_learns_from_acceptance():
+    c = CostModel()
+    assert c.confidence.p((1, 1, 1)) == pytest.approx(2 / 3) and c.confidence.p((5, 1, 3)) == pytest.approx(2 / 5)
+    ev = ((4, 1, 1), (5, 1, 1), (6, 2, 2), (7, 1, 1))
+    c.confidence.observe(ev, 1)  # token 1 accepted, token 2 rejected, tokens 3-4 never judged
+    t = c.confidence.table
+    assert {k: (e.s, e.w) for k, e in t.items()} == {(3, 1, True): (1.0, 1.0), (4, 1, True): (0.0, 1.0)}
+    c.confidence.observe(((6, 2, 2),), 1)
+    assert c.confidence.p((6, 2, 2)) == pytest.approx((1 + dp.PRIOR_ROUNDS * 3 / 4) / (1 + dp.PRIOR_ROUNDS))
+    assert dp.evidence_key((40, 9, 9)) == (dp.MATCH_LEVELS, dp.AGREE_LEVELS, True)
+    assert dp.evidence_key((3, 1, 2)) == (3, 1, False)
+
+
+def test_confirm_verifies_the_paying_prefix_and_observe_learns_from_it():
+    _, cpu = flat_and_cpu()
+    trained(cpu)
+    fixed = request(cpu, 0.5, "fixed")  # the control arm verifies the whole proposal, weak or not
+    whole = fixed.confirm(fixed.decide(8, 1, 100, draft_free=True), 8, 0.0001, [WEAK] * 8)
+    assert whole.speculate and whole.keep is None
+    r = request(cpu, 0.5)
+    d = r.confirm(r.decide(8, 1, 100, draft_free=True), 8, 0.0001, [STRONG] * 3 + [WEAK] * 5)
+    assert d.speculate and d.keep == 3 and d.evidence == (STRONG,) * 3
+    before = cpu.confidence.table[dp.evidence_key(STRONG)].w
+    r.observe(d, dp.Outcome(3, 2, 3, 0.0001, 0.05), draft_free=True)
+    d3 = dp.CONFIDENCE_DECAY
+    assert cpu.confidence.table[dp.evidence_key(STRONG)].w == pytest.approx(before * d3**3 + d3**2 + d3 + 1)
+    silent = r.confirm(r.decide(8, 1, 100, draft_free=True), 8, 0.0001, [WEAK] * 8)
+    assert not silent.speculate and silent.keep == 0
+    # adaptive: after a run the policy chose, the next weak proposal is probed with its first token
+    a = request(cpu, 0.5)
+    a.probe = True
+    probe = a.confirm(a.decide(8, 1, 100, draft_free=True), 8, 0.0001, [WEAK] * 8)
+    assert probe.speculate and probe.probe and probe.keep == 1 and not probe.pays
+
+
+def test_the_first_round_measures_no_cost_its_call_also_read_the_prompt():
+    for policy, drafted in (("fixed", 0), ("fixed", 4), ("adaptive", 0), ("adaptive", 4)):
+        r = DraftLengthPolicy(policy).start()
+        d = r.decide(8, 1, 100, draft_free=True, first=True)
+        r.observe(d, dp.Outcome(drafted, drafted, drafted + 1, 0.0, 9.0, prefill=True), draft_free=True)
+        t = r.costs.level(1)
+        assert not t.target and not t.runs and not t.draft, policy

@@ -114,9 +114,9 @@ def test_tensorrt_engine_parameters(gpu_repo):
     # absolute, as NVIDIA's templates are filled: the backend opens gpt_model_path against tritonserver's working
     # directory, so only an absolute path works for every launch (serve restricts the config API instead)
     assert p["gpt_model_path"] == str(REPO / "build" / "llama33-70b-fp8-h100-tp2" / "engines" / "target")
-    assert p["tokenizer_dir"] == "/models/Llama-3.3-70B-Instruct"
+    assert p["tokenizer_dir"] == "/models/Llama-3.3-70B-Instruct-FP8"
     pre = parse_config(gpu_repo / "preprocessing" / "config.pbtxt").parameters
-    assert pre["tokenizer_dir"].string_value == "/models/Llama-3.3-70B-Instruct"
+    assert pre["tokenizer_dir"].string_value == "/models/Llama-3.3-70B-Instruct-FP8"
     assert not [f for f in gpu_repo.rglob("*") if f.is_symlink()]  # no links into this machine
     assert p["enable_kv_cache_reuse"] == "true" and p["exclude_input_in_output"] == "false"
     assert p["max_beam_width"] == "1" and p["gpu_device_ids"] == "0,1"

@@ -11,6 +11,7 @@ from typing import Optional
 
 from ..errors import TrtSpecError
 from ..records.models import ModelInfo
+from ..reference import kernel_twin as _kt
 
 
 class PreflightError(TrtSpecError, ValueError):
@@ -43,6 +44,9 @@ KNOWN_MODELS: dict[str, ModelInfo] = {
     # 256 routed + 1 shared expert (3 dense layers counted as MoE: within 2%); KV = kv_lora_rank 512 + rope dim 64.
     "deepseek-v3": ModelInfo("DeepseekV3ForCausalLM", 61, 7168, 128, 128, 128, 2048, 129280, False, 163840,
                              num_experts=257, bos_token_id=0, eos_token_ids=(1,), kv_latent_dim=576),
+    # trt-spec's own tiny 70B-shaped pair, written by `make gpu-smoke` (trt_spec/reference/kernel_twin.py)
+    _kt.TARGET_DIR: _kt.TARGET,
+    _kt.DRAFT_DIR: _kt.DRAFT,
     "vicuna-7b-v1.3": ModelInfo("LlamaForCausalLM", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048,
                                 bos_token_id=1, eos_token_ids=(2,)),
 }

@@ -16,13 +16,14 @@ from typing import Optional
 from ..errors import TrtSpecError
 from ..records.backend_contract import LOGITS_DTYPE
 from ..records.config import BuildConfig, EagleTrain
-from ..records.defaults import TOKENS_PER_BLOCK
+from ..records.defaults import CALIB_BATCH_SIZE, TOKENS_PER_BLOCK
 from ..records.procutil import shell_line
 from ..records.speculation import Mode
 from . import trtllm
 from .hardware import GpuSpec
 from .model_info import is_imported
 from .preflight import PreflightReport
+from .quantize_peak import PEAK_MODULE, PEAK_SUFFIX
 from .trtllm import DTYPE_FOR_FORMAT, QUANTIZE_CALIBRATED, SPEC_MODE_TO_TRTLLM, TRTLLM_ARCHITECTURES
 
 STEP_STAMP = ".trt-spec-step.json"  # written into every finished step output
@@ -92,6 +93,8 @@ class Plan:
             "draft_max_tokens_in_paged_kv_cache": r.draft_kv_tokens,
             "fp8_context_fmha": r.quant.fp8_context_fmha,
             "calibration": None if r.calibration is None else asdict(r.calibration),
+            "prequantized": {role: asdict(p) for role, p in r.prequantized.items()},
+            "calibration_peaks": r.calibration_peaks,
             "memory": [dict(asdict(m), total_gib=m.total_gib) for m in r.memory],
             "warnings": r.warnings,
             "notes": r.notes,
@@ -205,6 +208,8 @@ def _checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: 
     if role == "target" and mode is Mode.EAGLE:
         return _eagle_checkpoint_step(cfg, report, role, out, source)
     is_medusa = role == "target" and mode is Mode.MEDUSA  # the heads go into the target's checkpoint
+    if report.prequantized.get("draft" if role == "draft" else "target") is not None:
+        return _prequantized_checkpoint_step(cfg, report, role, out, source)
     if report.quant.weights in DTYPE_FOR_FORMAT and is_medusa:
         return _medusa_checkpoint_step(cfg, report, role, out, source)
     if report.quant.weights in DTYPE_FOR_FORMAT:
@@ -290,6 +295,31 @@ def _convert_checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: st
     return _checkpoint(role, what, argv, out, [source])
 
 
+def _prequantized_checkpoint_step(cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str) -> Step:
+    """A ModelOpt pre-quantized FP8 checkpoint through llama's convert_checkpoint.py: its weight_scale/input_scale (and
+    k/v scales) are loaded as they are, nothing calibrated (upstream-facts: trtllm-convert-prequantized-fp8)."""
+    model = cfg.draft if role == "draft" else cfg.target
+    q = report.quant
+    script = str(Path(cfg.toolchain.examples_dir) / "models" / "core" / "llama" / "convert_checkpoint.py")
+    # fmt: off
+    argv = [
+        cfg.toolchain.python, script,
+        "--model_dir", source,
+        "--output_dir", str(out),
+        "--dtype", model.dtype,
+        "--tp_size", str(model.tp),
+        "--pp_size", str(model.pp),
+        "--use_fp8",
+    ]
+    # fmt: on
+    if q.kv_cache == "fp8":
+        argv += ["--fp8_kv_cache"]
+    _check_flags(argv, trtllm.PREQUANTIZED_CONVERT_FLAGS, "llama/convert_checkpoint.py")
+    kv = " + its FP8 KV-cache scales" if q.kv_cache == "fp8" else ""
+    what = f"convert the pre-quantized FP8 {role}{kv}, no calibration (tp{model.tp} pp{model.pp})"
+    return _checkpoint(role, what, argv, out, [source])
+
+
 def _quantize_checkpoint_step(
     cfg: BuildConfig, report: PreflightReport, role: str, out: Path, source: str, is_medusa: bool
 ) -> Step:
@@ -317,7 +347,7 @@ def _quantize_checkpoint_step(
         argv += [
             "--calib_size", str(cq.calib_size),
             "--calib_max_seq_length", str(cq.calib_max_seq_length),
-            "--batch_size", "1",
+            "--batch_size", str(CALIB_BATCH_SIZE),
         ]
         # fmt: on
     argv += ["--tp_size", str(model.tp), "--pp_size", str(model.pp)]
@@ -332,6 +362,9 @@ def _quantize_checkpoint_step(
         inputs.append(medusa.heads_dir)
     argv += ["--output_dir", str(out)]
     _check_flags(argv, trtllm.QUANTIZE_FLAGS, "quantize.py")
+    # run in-process by the peak recorder: its torch.cuda.max_memory_allocated lands beside the step's log
+    peak = out.parent.parent / "logs" / f"checkpoint-{role}{PEAK_SUFFIX}"
+    argv[1:1] = ["-m", PEAK_MODULE, "--peak_json", str(peak)]
     if q.weights not in trtllm.QUANTIZE_QFORMATS:
         raise PlanError(f"internal: quantize.py has no --qformat {q.weights}")
     kv = f" + {q.kv_cache.upper()} KV cache" if q.kv_cache != "none" else ""

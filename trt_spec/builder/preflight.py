@@ -13,7 +13,7 @@ from typing import Optional
 
 from ..records.backend_contract import generation_logits_cache_bytes
 from ..records.config import BuildConfig
-from ..records.defaults import DEFAULT_KV_FRACTION, TOKENS_PER_BLOCK, served_num_draft_tokens
+from ..records.defaults import CALIB_BATCH_SIZE, DEFAULT_KV_FRACTION, TOKENS_PER_BLOCK, served_num_draft_tokens
 from ..records.deployment import (
     Deployment,
     Limits,
@@ -29,7 +29,7 @@ from ..records.memory import (
     GIB,
     LLMAPI_SPEC_MODEL_WEIGHTS,
     MemoryRow,
-    calibration_peak_gib,
+    calibration_peak,
     memory_rows,
     shared_gpu_kv_fraction,
     totals_per_gpu,
@@ -39,6 +39,7 @@ from ..records.speculation import Mode
 from .calibration import BUNDLED_CALIB_DATASET, CalibSet, calibrates, check_calib_dataset, quantizes
 from .hardware import GpuSpec
 from .model_info import ModelInfo, PreflightError, is_imported, model_info_for, read_vocab
+from .prequant import SERVED_ALGOS, PreQuant, prequant_for
 from .trtllm import MEDUSA_DEFAULT_TREE_NODES, TRTLLM_ARCHITECTURES
 
 # The CPU reference engine implements the Llama-style decoder.
@@ -78,6 +79,9 @@ class PreflightReport:
     notes: list[str] = field(default_factory=list)
     head: Optional[ModelInfo] = None  # llmapi eagle3: the EAGLE-3 head
     calibration: Optional[CalibSet] = None  # None when nothing is calibrated
+    # role -> a ModelOpt pre-quantized checkpoint's facts: converted as it is, never calibrated
+    prequantized: dict[str, PreQuant] = field(default_factory=dict)
+    calibration_peaks: dict[str, dict] = field(default_factory=dict)  # role -> estimated GiB (floor, ceiling)
 
     @property
     def num_draft_tokens(self) -> int:
@@ -491,18 +495,17 @@ def _check_parallel(role: str, tp: int, pp: int, info: ModelInfo) -> None:
         raise PreflightError(f"{role}.pp {pp} exceeds the {info.num_layers} layers of {role}")
 
 
-def _calibration_set(cfg: BuildConfig, quant: QuantChoice, require: bool) -> tuple[Optional[CalibSet], list[str]]:
-    """The validated set quantize.py calibrates on, and a note saying which."""
+def _calibration_set(
+    cfg: BuildConfig, quant: QuantChoice, require: bool, prequant: dict[str, PreQuant]
+) -> tuple[Optional[CalibSet], list[str]]:
+    """The validated set quantize.py calibrates on, and a note saying which (None: no role is calibrated)."""
     q = cfg.quantization
-    if not calibrates(cfg.engine, cfg.runtime, quant.weights, quant.kv_cache):
-        unused = (
-            (
-                f"quantization.calib_dataset is not used: nothing is calibrated ({quant.weights} weights, KV cache "
-                f"{quant.kv_cache})"
-            )
-            if q.calib_dataset
-            else None
-        )
+    roles = ["target"] + (["draft"] if cfg.draft is not None else [])
+    if not calibrates(cfg.engine, cfg.runtime, quant.weights, quant.kv_cache) or all(r in prequant for r in roles):
+        why = f"{quant.weights} weights, KV cache {quant.kv_cache}"
+        if prequant:
+            why = "the checkpoints are pre-quantized"
+        unused = f"quantization.calib_dataset is not used: nothing is calibrated ({why})" if q.calib_dataset else None
         return None, [unused] if unused else []
     cal = check_calib_dataset(q.calib_dataset, q.calib_size, q.calib_max_seq_length, require=require)
     note = f"calibration set: {cal.describe()}"
@@ -517,19 +520,35 @@ def _calibration_set(cfg: BuildConfig, quant: QuantChoice, require: bool) -> tup
 
 
 def _check_calibration_fits(
-    cfg: BuildConfig, quant: QuantChoice, target: ModelInfo, gpu: GpuSpec, allow_offload: Optional[bool]
+    cfg: BuildConfig,
+    quant: QuantChoice,
+    models: list[tuple[str, ModelInfo]],
+    gpu: GpuSpec,
+    allow_offload: Optional[bool],
 ) -> list[str]:
-    """The calibration peak must fit the GPUs quantize.py sees, or accelerate offloads to host memory (hours, and a
-    fragile export; upstream-facts: modelopt-quantize-device-map-auto). Refused unless allow_offload (None: warns)."""
-    if not quantizes(cfg.engine, cfg.runtime, quant.weights):
+    """quantize.py's memory (records/memory.py calibration_peak) against the GPUs it sees, for the largest model it
+    quantizes (one at a time). Below the floor accelerate must offload to host memory (hours, and a fragile export;
+    upstream-facts: modelopt-quantize-device-map-auto): refused unless allow_offload (None: warns). Between the floor
+    and the ceiling it may: a warning."""
+    if not quantizes(cfg.engine, cfg.runtime, quant.weights) or not models:
         return []
-    need = calibration_peak_gib(target.num_params)
+    role, info = max(models, key=lambda m: m[1].num_params)
+    peak = calibration_peak(info, CALIB_BATCH_SIZE, cfg.quantization.calib_max_seq_length)
     have = gpu.memory_gib * gpu.count
-    if need <= have:
+    ceiling = peak.ceiling_gib(gpu.count)
+    if ceiling <= have:
         return []
-    gpus = -(-need // gpu.memory_gib)
-    what = (
-        f"quantizing the target to {quant.weights} (quantize.py) loads ~{need:.0f} GiB of 16-bit weights at peak, "
+    what = f"quantizing the {role} to {quant.weights} (quantize.py)"
+    if peak.floor_gib <= have:
+        return [
+            f"{what} holds ~{peak.floor_gib:.0f} GiB (16-bit weights + one calibration batch) and up to "
+            f"~{ceiling:.0f} GiB with each GPU's CUDA context and placement slack, against the {have:.0f} GiB of "
+            f"{gpu.describe()}: accelerate may offload part of it to host memory (slow); the quantize step's log "
+            "directory gets its measured peak (quantize-peak.json)"
+        ]
+    gpus = peak.gpus_needed(gpu.memory_gib)
+    what += (
+        f" holds at least ~{peak.floor_gib:.0f} GiB (16-bit weights {peak.weights_gib:.0f} + one calibration batch), "
         f"more than the {have:.0f} GiB of {gpu.describe()}"
     )
     if allow_offload is None:
@@ -537,11 +556,71 @@ def _check_calibration_fits(
     if allow_offload:
         return [f"{what}: --allow-offload: accelerate offloads the rest to host memory (slow)"]
     raise PreflightError(
-        f"{what}; build on a node whose GPUs hold it (>= {gpus:.0f}x {gpu.name}: trt-spec build counts "
-        f"the GPUs it sees; trt-spec plan --gpu {gpu.name}:{gpus:.0f}), or pass --allow-offload to let "
-        "accelerate offload the rest to host memory (hours, and ModelOpt's export of offloaded "
-        "modules is fragile)"
+        f"{what}; build on a node whose GPUs hold it (>= {gpus}x {gpu.name}: trt-spec build counts "
+        f"the GPUs it sees; trt-spec plan --gpu {gpu.name}:{gpus}), use a pre-quantized FP8 checkpoint (no "
+        "calibration), or pass --allow-offload to let accelerate offload the rest to host memory (hours, and "
+        "ModelOpt's export of offloaded modules is fragile)"
     )
+
+
+def _prequantized(
+    cfg: BuildConfig, quant: QuantChoice, gpu: Optional[GpuSpec]
+) -> tuple[dict[str, PreQuant], QuantChoice, list[str]]:
+    """The engine path's ModelOpt pre-quantized checkpoints (role -> facts), the formats they fix, and warnings.
+
+    Each is converted as it is (llama's convert_checkpoint.py --use_fp8, upstream-facts:
+    trtllm-convert-prequantized-fp8), so quantization.weights must be its format; an FP8 KV cache needs its k/v scales
+    (without them the converter silently uses scale 1.0: upstream-facts: trtllm-fp8-kv-scale-default)."""
+    rec = cfg.recipe
+    if not rec.gpu or rec.llm_api or "checkpoint" not in rec.steps:
+        return {}, quant, []
+    found: dict[str, PreQuant] = {}
+    for role, model in (("target", cfg.target), ("draft", cfg.draft)):
+        if model is not None and (p := prequant_for(model.checkpoint)) is not None:
+            found[role] = p
+    if not found:
+        return {}, quant, []
+    q, warnings = cfg.quantization, []
+    kv = quant.kv_cache
+    for role, p in found.items():
+        where = f"{role}.checkpoint {getattr(cfg, role).checkpoint} is pre-quantized {p.quant_algo} ({p.source})"
+        if p.quant_algo not in SERVED_ALGOS:
+            raise PreflightError(
+                f"{where}: the engine path converts pre-quantized {', '.join(SERVED_ALGOS)} checkpoints only; point "
+                f"{role}.checkpoint at the 16-bit checkpoint (the build quantizes it) or use runtime: llmapi"
+            )
+        if q.weights not in ("auto", "fp8") or quant.fell_back:
+            asked = "fp8 on a GPU without FP8 (fallback " + quant.weights + ")" if quant.fell_back else q.weights
+            raise PreflightError(
+                f"{where}, but quantization.weights is {asked}; set quantization.weights: fp8 (or auto) on an "
+                f"FP8 GPU, or point {role}.checkpoint at the 16-bit checkpoint to quantize it to {quant.weights}"
+            )
+        if role == "target" and q.kv_cache == "auto":
+            kv = "fp8" if p.kv_cache_quant_algo == "FP8" else "none"
+            if not p.kv_known:
+                warnings.append(
+                    f"{role}: the KV cache follows the checkpoint's kv_cache_quant_algo, unknown here ({p.source}): "
+                    "planned 16-bit; build reads it"
+                )
+        if kv == "int8" or (p.kv_cache_quant_algo not in (None, "FP8") and kv != "none"):
+            raise PreflightError(
+                f"{where} with KV cache {p.kv_cache_quant_algo or '16-bit'}, but quantization.kv_cache resolves to "
+                f"{kv}: the converter takes no other KV format from it; set quantization.kv_cache: auto"
+            )
+        if kv == "fp8" and p.kv_known and p.kv_cache_quant_algo is None:
+            raise PreflightError(
+                f"{where} with kv_cache_quant_algo null (no k/v scales), but quantization.kv_cache is fp8: "
+                "TensorRT-LLM's converter would build an FP8 KV cache with scale 1.0 (uncalibrated); "
+                + (
+                    "set quantization.kv_cache: auto (the checkpoint's 16-bit KV cache)"
+                    if role == "target"
+                    else "point draft.checkpoint at its 16-bit checkpoint (the build calibrates its FP8 KV cache)"
+                )
+                + " or use a checkpoint exported with an FP8 KV cache"
+            )
+        if kv == "fp8" and not p.kv_known:
+            warnings.append(f"{role}: an FP8 KV cache needs the checkpoint's k/v scales ({p.source}); build checks")
+    return found, QuantChoice(weights="fp8", kv_cache=kv), warnings
 
 
 def run_preflight(
@@ -564,8 +643,19 @@ def run_preflight(
     k_max = effective_max_draft_len(cfg)
     _check_speculative(cfg, k_max)
     quant, warnings = resolve_quantization(cfg, gpu)
+    prequant, quant, pwarnings = _prequantized(cfg, quant, gpu)
+    warnings += pwarnings
     _check_mode_quantization(cfg, quant)
     target, draft, notes = _model_facts(cfg, require_checkpoints)
+    for role, info in (("target", target), ("draft", draft)):
+        if role in prequant and TRTLLM_ARCHITECTURES.get(info.architecture) != "llama":
+            raise PreflightError(
+                f"{role}.checkpoint: a pre-quantized {info.architecture} checkpoint; trt-spec converts pre-quantized "
+                "FP8 checkpoints with TensorRT-LLM's Llama converter only (Llama, Mistral, Mixtral); point "
+                f"{role}.checkpoint at the 16-bit checkpoint (the build quantizes it)"
+            )
+        if role in prequant:
+            notes.append(f"{role}: pre-quantized checkpoint, {prequant[role].describe()}: converted, not calibrated")
     head, lnotes, lwarnings = _runtime_checks(cfg, target, quant, require_checkpoints)
     notes += lnotes
     warnings += lwarnings
@@ -574,16 +664,19 @@ def run_preflight(
     notes, warnings = notes + tnotes, warnings + twarnings
     if require_checkpoints:
         _check_heads(cfg)
-    calibration, cnote = _calibration_set(cfg, quant, require_checkpoints)
+    calibration, cnote = _calibration_set(cfg, quant, require_checkpoints, prequant)
     notes += cnote
     dev = _devices(cfg, head)
     memory: list[MemoryRow] = []
     kv_frac = cfg.serving.kv_cache_free_gpu_mem_fraction
+    peaks: dict[str, dict] = {}
     if rec.gpu:
         memory, kv_frac, mnotes = _memory_plan(cfg, gpu, quant, target, draft, head, dev)
         notes += mnotes
         if "checkpoint" in rec.steps:  # quantize.py runs in the checkpoint step
-            warnings += _check_calibration_fits(cfg, quant, target, calibration_gpu or gpu, allow_offload)
+            quantized = [(r, i) for r, i in (("target", target), ("draft", draft)) if i and r not in prequant]
+            warnings += _check_calibration_fits(cfg, quant, quantized, calibration_gpu or gpu, allow_offload)
+            peaks = _calibration_estimates(cfg, quant, quantized, (calibration_gpu or gpu).count)
         notes += _serving_notes(cfg, target)
     else:
         kv_frac = kv_frac or DEFAULT_KV_FRACTION
@@ -603,7 +696,22 @@ def run_preflight(
         notes,
         head=head,
         calibration=calibration,
+        prequantized=prequant,
+        calibration_peaks=peaks,
     )
+
+
+def _calibration_estimates(
+    cfg: BuildConfig, quant: QuantChoice, models: list[tuple[str, ModelInfo]], gpus: int
+) -> dict[str, dict]:
+    """Per quantized role, the GiB calibration_peak estimates: what the smoke report sets beside the measured peak."""
+    if not quantizes(cfg.engine, cfg.runtime, quant.weights):
+        return {}
+    out = {}
+    for role, info in models:
+        peak = calibration_peak(info, CALIB_BATCH_SIZE, cfg.quantization.calib_max_seq_length)
+        out[role] = {"floor_gib": round(peak.floor_gib, 3), "ceiling_gib": round(peak.ceiling_gib(gpus), 3)}
+    return out
 
 
 def _check_mode_quantization(cfg: BuildConfig, quant: QuantChoice) -> None:

@@ -80,6 +80,8 @@ QUANTIZE_QFORMATS = frozenset("nvfp4 fp8 fp8_pc_pt int8_sq int4_awq w4a8_awq int
 QUANTIZE_KV_DTYPES = frozenset({"int8", "fp8"})
 
 CONVERT_CHECKPOINT_FLAGS = frozenset("--model_dir --output_dir --dtype --tp_size --pp_size".split())
+# llama's converter on a ModelOpt pre-quantized FP8 checkpoint (upstream-facts: trtllm-convert-prequantized-fp8)
+PREQUANTIZED_CONVERT_FLAGS = CONVERT_CHECKPOINT_FLAGS | {"--use_fp8", "--fp8_kv_cache"}
 # Gemma's converter: dashes, TP only, --ckpt-type required (upstream-facts: gemma-convert-flags).
 GEMMA_CONVERT_FLAGS = frozenset("--ckpt-type --model-dir --output-model-dir --world-size --dtype".split())
 MEDUSA_CONVERT_FLAGS = frozenset(

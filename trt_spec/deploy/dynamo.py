@@ -20,7 +20,7 @@ from ..records import defaults
 from ..records import llmapi_contract as lc
 from ..records.manifest import BuildManifest
 from .k8s import chart_name
-from .llm_api import check_port, checkpoint, engine_args, load, node_layout, write_files
+from .llm_api import check_port, checkpoint, draft_dir, engine_args, load, node_layout, write_files
 
 WHAT = "Dynamo"
 DYNAMO_VERSION = "1.6.1"  # ai-dynamo on PyPI
@@ -111,8 +111,7 @@ def launch_sh(m: BuildManifest, source: Path, args: dict, ranks: int, nodes: int
 
 
 def model_dirs(m: BuildManifest, args: dict) -> list[str]:
-    spec = args.get("speculative_config") or {}
-    return [d for d in (checkpoint(m), spec.get(lc.SPEC_MODEL_DIR)) if d]
+    return [d for d in (checkpoint(m), draft_dir(args, DYNAMO_TRTLLM_VERSION)) if d]
 
 
 def on_claim(dirs: list[str]) -> bool:
@@ -215,9 +214,9 @@ PP{m.target.pp} on {where}) behind Dynamo's OpenAI frontend on port {port}.
   worker's defaults, so its numbers are the plan's.
 - `{LAUNCH_FILE}`: the frontend and the worker.
 {kube}
-Image: `{DYNAMO_IMAGE}` (TensorRT-LLM {DYNAMO_TRTLLM_VERSION}). trt-spec checks the LLM arguments
-against the 1.2 line its Triton image runs (1.2.1); later stored versions of TensorRT-LLM's llm_args.py still take
-these keys and decoding types, but {DYNAMO_TRTLLM_VERSION} itself was not checked key by key.
+Image: `{DYNAMO_IMAGE}` (TensorRT-LLM {DYNAMO_TRTLLM_VERSION}). The LLM arguments are the 1.2 line's (its Triton
+image runs 1.2.1) with `speculative_config` under the 1.3 line's names (decoding_type `Draft_Target`/`Eagle3`/`NGram`/
+`MTP`, the draft as `speculative_model`), read from a stored 1.3-line llm_args.py, not {DYNAMO_TRTLLM_VERSION}'s own.
 Checkpoints: {", ".join(f"`{d}`" for d in dirs)}.
 
 {run}
@@ -241,7 +240,7 @@ def write_bundle(
     lay = node_layout(m, gpus_per_node)
     ranks, nodes, per = lay.ranks, lay.nodes, lay.gpus_per_node
     check_port(port)
-    args = engine_args(m)
+    args = engine_args(m, DYNAMO_TRTLLM_VERSION)
     files = {
         ENGINE_ARGS_FILE: f"# The LLM's arguments for {m.name} (trt-spec deploy dynamo; model.yaml's, one source)\n"
         + yaml.safe_dump(args, sort_keys=False),

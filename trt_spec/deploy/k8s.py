@@ -132,7 +132,8 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
     """The build Job's GPUs (enough for calibration's 16-bit peak) and host memory (the 16-bit checkpoint).
 
     Raises DeployError when a given --gpus-per-node cannot hold the calibration."""
-    from ..records.memory import CALIBRATION_PEAK_FACTOR, GIB, calibration_peak_gib
+    from ..builder.prequant import prequant_for
+    from ..records.memory import GIB, calibration_peak
 
     gpus = min(lay.ranks, lay.gpus_per_node)
     target_params, _ = model_sizes(m)
@@ -148,19 +149,26 @@ def build_resources(m: BuildManifest, lay: Layout, gpus_per_node_given: bool) ->
             f"no calibration ({weights}): the serving pod's GPUs; host memory for the "
             f"{weights16:.0f} GiB 16-bit checkpoint the conversion reads",
         )
-    peak = calibration_peak_gib(target_params)
-    need = max(gpus, math.ceil(peak / m.gpu.memory_gib))
+    models = m.deployment.models  # quantize.py runs on each model not pre-quantized, one at a time
+    pairs = ((models.target, m.config.target), (models.draft, m.config.draft))
+    quantized = [i for i, c in pairs if i is not None and c is not None and prequant_for(c.checkpoint) is None]
+    if not quantized:
+        return BuildResources(gpus, memory, f"{weights} pre-quantized: converted, no calibration; the serving GPUs")
+    biggest = max(quantized, key=lambda i: i.num_params)
+    cal = calibration_peak(biggest, defaults.CALIB_BATCH_SIZE, m.config.quantization.calib_max_seq_length)
+    peak = cal.ceiling_gib(cal.gpus_needed(m.gpu.memory_gib))
+    need = max(gpus, cal.gpus_needed(m.gpu.memory_gib))
     if gpus_per_node_given and need > lay.gpus_per_node:
         raise DeployError(
-            f"{m.name}: calibrating the target for {weights} loads ~{peak:.0f} GiB (16-bit weights x "
-            f"{CALIBRATION_PEAK_FACTOR}), {need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB each), but "
+            f"{m.name}: calibrating for {weights} holds up to ~{peak:.0f} GiB (16-bit weights + a calibration "
+            f"batch + per-GPU headroom), {need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB each), but "
             f"--gpus-per-node is {lay.gpus_per_node}; build on nodes with >= {need} GPUs "
             f"(--gpus-per-node {need}), or quantize elsewhere and point target.checkpoint at the result"
         )
     return BuildResources(
         need,
         memory,
-        f"{weights} calibration loads ~{peak:.0f} GiB of 16-bit weights at peak: "
+        f"{weights} calibration holds up to ~{peak:.0f} GiB (16-bit weights + a batch + per-GPU headroom): "
         f"{need} x {m.gpu.name} ({m.gpu.memory_gib:.0f} GiB); host memory for the "
         f"{weights16:.0f} GiB 16-bit checkpoint",
     )

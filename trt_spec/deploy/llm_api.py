@@ -54,8 +54,9 @@ def load(source: Path, sets: Iterable[str] = (), gpu: Optional[str] = None, *, w
     return m
 
 
-def engine_args(m: BuildManifest) -> dict:
-    """The speculative model's LLM keyword arguments; raises LlmApiArgsError for an engine build."""
+def engine_args(m: BuildManifest, trtllm_version: Optional[str] = None) -> dict:
+    """The speculative model's LLM keyword arguments, under `trtllm_version`'s speculative_config names (None: the
+    1.2 line's, as model.yaml); raises LlmApiArgsError for an engine build."""
     from ..repository.llmapi import model_yaml
 
     if m.deployment.runtime != "llmapi":
@@ -69,7 +70,15 @@ def engine_args(m: BuildManifest) -> dict:
     unknown = sorted(set(y) - set(lc.LLM_KEYS))
     if unknown:  # a trt-spec bug, not a user's
         raise AssertionError(f"LLM argument {unknown[0]!r} is not in llmapi_contract.LLM_KEYS")
+    if trtllm_version is not None and y.get("speculative_config"):
+        y["speculative_config"] = lc.speculative_config_for(y["speculative_config"], trtllm_version)
     return y
+
+
+def draft_dir(args: dict, trtllm_version: Optional[str] = None) -> Optional[str]:
+    """The draft directory in engine_args(m, trtllm_version)'s speculative_config, or None."""
+    key = lc.spec_names(trtllm_version)["model_key"] if trtllm_version else lc.SPEC_MODEL_DIR
+    return (args.get("speculative_config") or {}).get(key)
 
 
 def checkpoint(m: BuildManifest) -> str:

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import math
 import random
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,12 +22,17 @@ from ..records import llmapi_contract as lc
 from ..records.names import (
     ACCEPTED_LENGTH_HISTOGRAM,
     BASELINE,
+    CACHE_ACCEPTED_TOKENS,
     DRAFT_LEN_POLICY,
     DRAFT_LENGTHS,
     NUM_DRAFT_TOKENS,
+    PROFILE,
+    RETURN_PROFILE,
     SPECULATIVE,
     TOTAL_STEPS,
 )
+from ..records.profile import RequestProfile
+from ..records.profile import summarize as profile_table
 from ..records.speculation import AcceptanceCounts, Policy, acceptance_summary, paired_speedup, solve_alpha
 from .client import GREEDY, ClientError, Generation, LLMClient
 from .metrics import Summary, low_acceptance_advice, total_throughput, tpot
@@ -57,12 +63,24 @@ class RequestSample:
     category: str = ""
     turn: int = 1
     answer_digest: Optional[str] = None  # --turns all: compares the two sides' answers
+    cache_accepted: Optional[int] = None  # accepted tokens the cross-request cache backed (None: not reported)
+    tenant: Optional[str] = None  # the tenant a speculative request was sent as
+    profile: Optional[dict] = None  # --profile: the BLS's records/profile.RequestProfile of this request
 
     @staticmethod
     def of(
-        model: str, i: int, r: int, g: Generation, category: str = "", turn: int = 1, answer: Optional[str] = None
+        model: str,
+        i: int,
+        r: int,
+        g: Generation,
+        category: str = "",
+        turn: int = 1,
+        answer: Optional[str] = None,
+        tenant: Optional[str] = None,
     ) -> "RequestSample":
         m = g.metrics
+        cache = m.get(CACHE_ACCEPTED_TOKENS)
+        profile = m.get(PROFILE)
         return RequestSample(
             model,
             i,
@@ -81,7 +99,27 @@ class RequestSample:
             category,
             turn,
             None if answer is None else hashlib.sha1(answer.encode()).hexdigest()[:16],
+            None if cache is None else int(cache),
+            tenant if model == SPECULATIVE else None,
+            None if profile is None else RequestProfile.parse(profile),
         )
+
+
+@contextlib.contextmanager
+def as_tenant(client, tenant: Optional[str]):
+    """Send the block's speculative requests as `tenant` (None: as none)."""
+    before = getattr(client, "tenant", None)
+    client.tenant = tenant
+    try:
+        yield
+    finally:
+        client.tenant = before
+
+
+def conversation_tenant(base: Optional[str], run: str, i: int, r: int) -> str:
+    """The one tenant of prompt i's conversation, repeat r, in one run: the cross-request cache then holds that
+    conversation's earlier turns only (no other conversation's, no earlier run's or repeat's)."""
+    return f"{base or 'trt-spec-bench'}/{run}/{i}/{r}"
 
 
 @dataclass(frozen=True)
@@ -98,6 +136,8 @@ def _request(
     extra = {}
     if model == SPECULATIVE:
         extra = {name: v for name, v in ((NUM_DRAFT_TOKENS, k), (DRAFT_LEN_POLICY, policy)) if v is not None}
+        if getattr(client, "profile", False):  # bench --profile: the BLS adds where the request's time went
+            extra[RETURN_PROFILE] = True
     return client.generate(model, p.text if prompt is None else prompt, p.max_tokens, stream=True, **GREEDY, **extra)
 
 
@@ -113,11 +153,15 @@ def _prime(client: LLMClient, p: Prompt, k, policy, prompts: Optional[dict[str, 
             return
 
 
-def _turn(client, model: str, p: Prompt, answers: list[str], chat: Chat, k, policy) -> Generation:
-    """The next turn of p's conversation on one model; an error past turn 1 names the question and turn."""
+def _turn(
+    client, model: str, p: Prompt, answers: list[str], chat: Chat, k, policy, tenant: Optional[str] = None
+) -> Generation:
+    """The next turn of p's conversation on one model (as `tenant`); an error past turn 1 names the question and
+    turn."""
     t = len(answers) + 1
     try:
-        return _request(client, model, p, k, policy, chat.render(conversation(p.turns, answers)))
+        with as_tenant(client, tenant if tenant is not None else getattr(client, "tenant", None)):
+            return _request(client, model, p, k, policy, chat.render(conversation(p.turns, answers)))
     except ClientError as e:
         if t == 1:
             raise
@@ -127,14 +171,16 @@ def _turn(client, model: str, p: Prompt, answers: list[str], chat: Chat, k, poli
         ) from None
 
 
-def conversation_samples(client, model: str, i: int, r: int, p: Prompt, chat: Chat, k, policy) -> list[RequestSample]:
-    """One sample per turn of prompt i's conversation on one model, fed its own answers."""
+def conversation_samples(
+    client, model: str, i: int, r: int, p: Prompt, chat: Chat, k, policy, tenant: Optional[str] = None
+) -> list[RequestSample]:
+    """One sample per turn of prompt i's conversation on one model, fed its own answers, every turn as `tenant`."""
     answers: list[str] = []
     out = []
     for t in range(1, len(p.turns) + 1):
-        g = _turn(client, model, p, answers, chat, k, policy)
+        g = _turn(client, model, p, answers, chat, k, policy, tenant)
         answers.append(chat.answer(g))
-        out.append(RequestSample.of(model, i, r, g, p.category, t, answers[-1]))
+        out.append(RequestSample.of(model, i, r, g, p.category, t, answers[-1], tenant))
     return out
 
 
@@ -173,8 +219,15 @@ def ab_measurement(
     policy: Optional[str] = None,
     chat: Optional[Chat] = None,
 ) -> Measurement:
-    """The paired A/B: alternating per request, or in phases one model then the other (chat: one request per turn)."""
+    """The paired A/B: alternating per request, or in phases one model then the other (chat: one request per turn,
+    each conversation under one tenant of its own)."""
     total = sum(len(p.turns) if chat else 1 for p in prompts) * repeats
+    run = secrets.token_hex(4)  # this run's conversation tenants are new to the server
+    base_tenant = getattr(client, "tenant", None)
+    ids = [p.id for p in prompts]
+
+    def tenant(i: int, r: int) -> str:
+        return conversation_tenant(base_tenant, run, i, r)
 
     def warm(model: str, p: Prompt, pol: Optional[str]) -> None:
         _request(client, model, p, k, pol, None if chat is None else chat.render(conversation(p.turns, [])))
@@ -189,7 +242,7 @@ def ab_measurement(
                     if chat is None:
                         out.append(RequestSample.of(model, i, r, _request(client, model, p, k, policy), p.category))
                     else:
-                        out += conversation_samples(client, model, i, r, p, chat, k, policy)
+                        out += conversation_samples(client, model, i, r, p, chat, k, policy, tenant(i, r))
                     if progress:
                         progress(len(out), total)
             return out
@@ -210,10 +263,10 @@ def ab_measurement(
                         g = _request(client, model, p, k, policy)
                         samples.append(RequestSample.of(model, i, r, g, p.category))
                 else:
-                    samples += _paired_conversation(client, i, r, p, chat, k, policy)
+                    samples += _paired_conversation(client, i, r, p, chat, k, policy, tenant(i, r))
                 if progress:
                     progress(len(samples) // 2, total)
-        return summarize(samples, k, policy)
+        return summarize(samples, k, policy, ids)
 
     label = f"A/B k={k if k is not None else 'default'}" + (f" {policy}" if policy else "")
     return Measurement(
@@ -222,22 +275,26 @@ def ab_measurement(
         interleaved,
         side(SPECULATIVE),
         side(BASELINE),
-        lambda spec, base: {**summarize(spec + base, k, policy), "order": PHASED_NOTE},
+        lambda spec, base: {**summarize(spec + base, k, policy, ids), "order": PHASED_NOTE},
         total,
         baseline_key=("A/B", tuple(prompts), repeats, chat),
     )
 
 
-def _paired_conversation(client, i: int, r: int, p: Prompt, chat: Chat, k, policy) -> list[RequestSample]:
-    """Prompt i's conversation on both models turn by turn, each fed its own answers."""
+def _paired_conversation(
+    client, i: int, r: int, p: Prompt, chat: Chat, k, policy, tenant: Optional[str] = None
+) -> list[RequestSample]:
+    """Prompt i's conversation on both models turn by turn, each fed its own answers, the speculative side as
+    `tenant`."""
     answers: dict[str, list[str]] = {BASELINE: [], SPECULATIVE: []}
     out = []
     for t in range(1, len(p.turns) + 1):
-        _prime(client, p, k, policy, {m: chat.render(conversation(p.turns, a)) for m, a in answers.items()})
+        with as_tenant(client, None):  # a primed prompt in the cache would back every match in the prompt itself
+            _prime(client, p, k, policy, {m: chat.render(conversation(p.turns, a)) for m, a in answers.items()})
         for model in (BASELINE, SPECULATIVE) if (i + r + t - 1) % 2 == 0 else (SPECULATIVE, BASELINE):
-            g = _turn(client, model, p, answers[model], chat, k, policy)
+            g = _turn(client, model, p, answers[model], chat, k, policy, tenant)
             answers[model].append(chat.answer(g))
-            out.append(RequestSample.of(model, i, r, g, p.category, t, answers[model][-1]))
+            out.append(RequestSample.of(model, i, r, g, p.category, t, answers[model][-1], tenant))
     return out
 
 
@@ -269,8 +326,9 @@ def paired(samples: Sequence[RequestSample]) -> list[tuple[RequestSample, Reques
     ]
 
 
-def conversations(samples: Sequence[RequestSample]) -> Optional[dict]:
-    """--turns all: paired turns and those whose answers differ (identity failures); None without conversations."""
+def conversations(samples: Sequence[RequestSample], ids: Sequence[str] = ()) -> Optional[dict]:
+    """--turns all: paired turns and those whose answers differ (identity failures), and the figures per turn index
+    and per conversation; None without conversations."""
     pairs = [(b, s) for b, s in paired(samples) if s.answer_digest is not None]
     if not pairs:
         return None
@@ -284,7 +342,48 @@ def conversations(samples: Sequence[RequestSample]) -> Optional[dict]:
         "identical": len(pairs) - len(differ),
         "differ": differ,
         "note": "each model is fed its own answers: after a turn whose answers differ, the two conversations differ",
+        **turn_figures(pairs),
+        "per_turn": [
+            {"turn": t, **turn_figures([(b, s) for b, s in pairs if s.turn == t])}
+            for t in sorted({s.turn for _, s in pairs})
+        ],
+        "per_conversation": [
+            {
+                "prompt": i,
+                "id": ids[i] if i < len(ids) and ids[i] else str(i),
+                "category": next(s.category for _, s in pairs if s.prompt == i),
+                **turn_figures([(b, s) for b, s in pairs if s.prompt == i]),
+            }
+            for i in sorted({s.prompt for _, s in pairs})
+        ],
     }
+
+
+def turn_figures(pairs: Sequence[tuple[RequestSample, RequestSample]]) -> dict:
+    """Paired turns' tok/s, speedup, speculative tokens per target call and the share of its tokens that were accepted
+    from proposals the cross-request cache backed (None where the server does not report the count)."""
+    base, spec = [b for b, _ in pairs], [s for _, s in pairs]
+    speedup, lo, hi = paired_speedup([b.latency_s for b in base], [s.latency_s for s in spec])
+    tokens = sum(s.tokens for s in spec)
+    known = [b.answer_digest for b in base] + [s.answer_digest for s in spec]
+    return {
+        "requests": len(pairs),
+        "baseline_tokens_per_s": _rate(sum(b.tokens for b in base), sum(b.latency_s for b in base)),
+        "speculative_tokens_per_s": _rate(tokens, sum(s.latency_s for s in spec)),
+        "speedup": speedup,
+        "speedup_ci95": [lo, hi],
+        "tokens_per_target_call": _rate(tokens, sum(s.steps for s in spec)) if all(s.steps for s in spec) else None,
+        "cache_share": (
+            _rate(sum(s.cache_accepted for s in spec), tokens)
+            if all(s.cache_accepted is not None for s in spec)
+            else None
+        ),
+        "identical": sum(b.answer_digest == s.answer_digest for b, s in pairs) if None not in known else None,
+    }
+
+
+def _rate(n: float, d: float) -> Optional[float]:
+    return n / d if d else None
 
 
 def per_category(samples: Sequence[RequestSample]) -> list[dict]:
@@ -316,7 +415,9 @@ def per_category(samples: Sequence[RequestSample]) -> list[dict]:
     return rows
 
 
-def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Optional[str] = None) -> dict:
+def summarize(
+    samples: Sequence[RequestSample], k: Optional[int], policy: Optional[str] = None, ids: Sequence[str] = ()
+) -> dict:
     base = [s for s in samples if s.model == BASELINE]
     spec = [s for s in samples if s.model == SPECULATIVE]
     pairs = paired(samples)
@@ -342,7 +443,8 @@ def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Option
         "speculative": side(spec),
         "acceptance": acc,
         "categories": per_category(samples),
-        **({"conversations": conv} if (conv := conversations(samples)) else {}),
+        **({"conversations": conv} if (conv := conversations(samples, ids)) else {}),
+        **({"profile": prof} if (prof := request_profile(spec)) else {}),
         "samples": [s.__dict__ for s in samples],
     }
     kk = k if k is not None else max(len(acc["histogram"]) - 1, 0)
@@ -364,6 +466,11 @@ def summarize(samples: Sequence[RequestSample], k: Optional[int], policy: Option
             else None
         )
     return out
+
+
+def request_profile(spec: Sequence[RequestSample]) -> Optional[dict]:
+    """--profile: where the speculative requests' measured time went (records/profile.summarize); None without."""
+    return profile_table((RequestProfile.from_json(s.profile), s.latency_s) for s in spec if s.profile is not None)
 
 
 def _alpha_from(acc: dict, k: int) -> float:

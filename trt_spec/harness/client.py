@@ -30,10 +30,12 @@ from ..records.names import (
     ENGINE_MODELS,
     ENSEMBLE,
     LIST_METRICS,
+    LOCAL_HOSTS,
     MAX_TOKENS,
     METRIC_OUTPUTS,
     NUM_DRAFT_TOKENS,
     OUTPUT_IDS,
+    RETURN_PROFILE,
     SPECULATIVE,
     STOP_WORDS,
     STREAM,
@@ -83,6 +85,7 @@ FIELD_TYPES = {
     bc.EXCLUDE_INPUT_IN_OUTPUT: np.bool_,
     bc.RETURN_PERF_METRICS: np.bool_,
     USE_DRAFT_LOGITS: np.bool_,
+    RETURN_PROFILE: np.bool_,
 }
 LLMAPI_TYPES = {
     t.name: {"TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32, "TYPE_UINT64": np.uint64}.get(
@@ -97,7 +100,6 @@ REQUEST_TIMEOUT_S = 600.0  # longest wait for one response (a 70B first token un
 
 # Triton's refusal of a restricted API without the key (upstream-facts: triton-restricted-api-refusal)
 RESTRICTED_REFUSAL = "is restricted, expecting header"
-LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "")
 
 
 def served_admin_key(url: str) -> Optional[str]:
@@ -151,6 +153,7 @@ class LLMClient:
         self.tokenizer = None  # tokenizes LLM-API text (it returns no ids)
         self.phased = False  # baseline loaded for its phase only (harness/phases.py)
         self.tenant: Optional[str] = None  # sent with every speculative request
+        self._vocab: dict[str, int] = {}  # engine model -> logits row length (HTTP sends logits as one flat list)
 
     def use_tokenizer(self, tokenizer) -> "LLMClient":
         self.tokenizer = tokenizer
@@ -487,11 +490,31 @@ class LLMClient:
         )
 
     def engine_logits(self, model: str, input_ids: list[int]) -> Optional[np.ndarray]:
-        """Next-token logits [V] from an engine model; None if built without --gather_generation_logits."""
+        """Next-token logits [V] from an engine model (its context phase, teacher-forced on input_ids); None if
+        built without --gather_generation_logits."""
+        _, out = self._engine_request(model, input_ids, 1)
+        if out is None or out.size == 0:
+            return None
+        self._vocab[model] = out.shape[-1] if out.ndim > 1 else out.size  # HTTP answers one flat list
+        return out.reshape(-1, self._vocab[model])[0]
+
+    def engine_generation(self, model: str, input_ids: list[int], n: int) -> tuple[list[int], Optional[np.ndarray]]:
+        """(greedy tokens, logits [T, V]) of one non-streamed engine request for n tokens: row 0 from the context
+        phase, the rest from generation steps (a row may follow the last token: the end-id's); logits None if built
+        without --gather_generation_logits."""
+        if self.protocol == "http" and model not in self._vocab and self.engine_logits(model, input_ids) is None:
+            return [], None  # HTTP's flat list needs the vocabulary size, learned from one row
+        tokens, out = self._engine_request(model, input_ids, n)
+        if out is None or out.size == 0:
+            return tokens, None
+        return tokens, out.reshape(-1, out.shape[-1] if out.ndim > 1 else self._vocab[model])
+
+    def _engine_request(self, model: str, input_ids: list[int], n: int) -> tuple[list[int], Optional[np.ndarray]]:
+        """(tokens, generation_logits as sent: [1, beams, T, V] over gRPC, flat over HTTP) of one engine request."""
         fields = {
             bc.INPUT_IDS: [input_ids],
             bc.INPUT_LENGTHS: [[len(input_ids)]],
-            bc.REQUEST_OUTPUT_LEN: [[1]],
+            bc.REQUEST_OUTPUT_LEN: [[int(n)]],
             bc.RETURN_GENERATION_LOGITS: [[True]],
             bc.EXCLUDE_INPUT_IN_OUTPUT: [[True]],
             bc.STREAMING: [[False]],
@@ -503,26 +526,30 @@ class LLMClient:
             )
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    out = json.loads(resp.read()).get(bc.GENERATION_LOGITS)
+                    got = json.loads(resp.read())
             except urllib.error.HTTPError as e:
                 body = e.read().decode("utf-8", errors="replace").strip()
                 raise ClientError(f"{model}: logits request failed (HTTP {e.code}: {body})") from None
             except (urllib.error.URLError, OSError) as e:
                 raise ClientError(f"{model}: logits request failed ({e})") from None
-            return None if out is None else np.asarray(out, dtype=np.float32).reshape(-1)
-        import tritonclient.grpc as grpcclient
+            ids, out = got.get(bc.OUTPUT_IDS), got.get(bc.GENERATION_LOGITS)
+        else:
+            import tritonclient.grpc as grpcclient
 
-        dtypes = {bc.INPUT_IDS: np.int32, bc.INPUT_LENGTHS: np.int32, bc.REQUEST_OUTPUT_LEN: np.int32}
-        inputs = []
-        for name, value in fields.items():
-            arr = np.asarray(value, dtype=dtypes.get(name, np.bool_))
-            t = grpcclient.InferInput(name, list(arr.shape), _triton_dtype(arr.dtype))
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
-        # the backend refuses requests without both mandatory outputs
-        parts = self._grpc_stream(model, inputs, [*bc.MANDATORY_OUTPUTS, bc.GENERATION_LOGITS])
-        arrs = [o[bc.GENERATION_LOGITS] for o in parts if bc.GENERATION_LOGITS in o]
-        return arrs[0].reshape(-1) if arrs else None
+            dtypes = {bc.INPUT_IDS: np.int32, bc.INPUT_LENGTHS: np.int32, bc.REQUEST_OUTPUT_LEN: np.int32}
+            inputs = []
+            for name, value in fields.items():
+                arr = np.asarray(value, dtype=dtypes.get(name, np.bool_))
+                t = grpcclient.InferInput(name, list(arr.shape), _triton_dtype(arr.dtype))
+                t.set_data_from_numpy(arr)
+                inputs.append(t)
+            # the backend refuses requests without both mandatory outputs
+            parts = self._grpc_stream(model, inputs, [*bc.MANDATORY_OUTPUTS, bc.GENERATION_LOGITS])
+            ids = next((o[bc.OUTPUT_IDS] for o in parts if bc.OUTPUT_IDS in o), None)
+            out = next((o[bc.GENERATION_LOGITS] for o in parts if bc.GENERATION_LOGITS in o), None)
+        # output_ids are -1 padded per beam (backend_contract.OUTPUTS)
+        tokens = [] if ids is None else [int(t) for t in np.asarray(ids).reshape(-1) if t >= 0]
+        return tokens, None if out is None else np.asarray(out, dtype=np.float32)
 
     def _http(self, model: str, fields: dict, stream: bool, raw: Optional[list] = None) -> Generation:
         """raw: filled with (event, seconds) per response."""

@@ -65,10 +65,44 @@ def template_chat(tok, where: str):
 class CheckOptions:
     num_draft_tokens: Optional[int] = None
     tokenizer: Optional[str] = None
-    near_tie_margin: Optional[float] = None
+    margin: Optional[str] = None  # --margin FILE|VALUE (parse_margin); None: measured, else the fallback
     raw: bool = False  # no chat template
     temperature: float = 0.0  # > 0 adds the distribution check
     samples: int = defaults.SAMPLING_SAMPLES
+
+
+def parse_margin(text: str) -> tuple[float, str]:
+    """--margin VALUE (logits > 0) or FILE (a `check --format json` report's measured_margin): (margin, its source).
+
+    Raises ClientError."""
+    import json
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not (math.isfinite(value) and value > 0):
+            raise ClientError(f"--margin {text}: give a number of logits > 0, or a previous check's JSON report")
+        return value, f"--margin {text}"
+    try:
+        report = json.loads(Path(text).read_text())
+    except OSError as e:
+        raise ClientError(
+            f"--margin {text}: not a number and not a readable file ({e.strerror}); give logits > 0 or the JSON "
+            "report of a previous `trt-spec check --format json`"
+        ) from None
+    except ValueError:
+        raise ClientError(f"--margin {text}: not JSON; give the report `trt-spec check --format json` wrote") from None
+    measured = report.get("measured_margin") if isinstance(report, dict) else None
+    if isinstance(measured, bool) or not isinstance(measured, (int, float)) or not measured > 0:
+        raise ClientError(
+            f"--margin {text}: the report carries no measured_margin (its check probed no engine logits: runtime "
+            "llmapi, or no --tokenizer); give logits > 0, or a report of a check run with --tokenizer on an engine "
+            "deployment"
+        )
+    return float(measured), f"--margin {text}: measured there"
 
 
 def run_check(client: LLMClient, prompts: list[Prompt], o: CheckOptions, *, stage: Stage, note: Note):
@@ -84,9 +118,15 @@ def run_check(client: LLMClient, prompts: list[Prompt], o: CheckOptions, *, stag
         client.use_tokenizer(tok)
         if not o.raw:
             prompts = with_chat_template(prompts, tok)
+    margin, source = parse_margin(o.margin) if o.margin is not None else (None, "")
     ms = [
         greedy_measurement(
-            client, prompts, num_draft_tokens=o.num_draft_tokens, tokenizer=tok, near_tie_margin=o.near_tie_margin
+            client,
+            prompts,
+            num_draft_tokens=o.num_draft_tokens,
+            tokenizer=tok,
+            near_tie_margin=margin,
+            margin_source=source,
         )
     ]
     if o.temperature > 0:
@@ -109,6 +149,7 @@ class Runs:
     repeats: int = 1
     policies: tuple[str, ...] = ()
     turns: str = defaults.TURNS
+    profile: bool = False  # bench --profile: where each speculative request's time went (records/profile.py)
 
 
 @dataclass(frozen=True)
@@ -221,6 +262,13 @@ def bench_remote(t: Target, runs: Runs, load: Load, *, stage: Stage, note: Note)
     from .bench import SLO, ab_measurement, rate_measurement, sweep_measurement
 
     prompts = t.prompts
+    if runs.profile:
+        if getattr(t.client, "llmapi", False):
+            raise ClientError(
+                "--profile reads the profile trt-spec's BLS returns; the LLM-API model (runtime llmapi) has none: "
+                "run without --profile"
+            )
+        t.client.profile = True  # the paired runs' speculative requests ask the BLS for it (bench._request)
     k0, policy0 = (runs.ks[0] if runs.ks else None), (runs.policies[0] if runs.policies else None)
     ms = [
         ab_measurement(t.client, prompts, k=k, repeats=runs.repeats, policy=policy, chat=t.chat)

@@ -160,11 +160,18 @@ async def baseline_call(d: Loaded, prompt: list[int], max_tokens: int, end_id: i
 
 
 async def speculative_call(
-    d: Loaded, loop: SpeculativeLoop, prompt: list[int], max_tokens: int, k: int, end_id: int, policy: Optional[str]
+    d: Loaded,
+    loop: SpeculativeLoop,
+    prompt: list[int],
+    max_tokens: int,
+    k: int,
+    end_id: int,
+    policy: Optional[str],
+    tenant: Optional[str] = None,
 ) -> SpecRun:
-    """One request through the served loop, as the BLS runs it for a greedy client."""
+    """One request through the served loop, as the BLS runs it for a greedy client (as `tenant`)."""
     first: list[float] = []
-    r = SpecRequest(prompt, max_tokens, k, end_id, d.pad_id, draft_len_policy=policy)
+    r = SpecRequest(prompt, max_tokens, k, end_id, d.pad_id, draft_len_policy=policy, tenant=tenant)
     t0 = time.perf_counter()
     tokens, m = await loop.generate(r, lambda new: first or first.append(time.perf_counter()))
     t1 = time.perf_counter()
@@ -246,7 +253,8 @@ async def _prompt_pair(d: Loaded, loop, p: Prompt, x: list[int], i: int, r: int,
 
 
 async def _conversation_pairs(d: Loaded, loop, p: Prompt, x: list[int], i: int, r: int, k, end_id, policy) -> list:
-    """A Pair per turn of prompt i's conversation, each side fed its own answers (x: turn 1's ids)."""
+    """A Pair per turn of prompt i's conversation, each side fed its own answers (x: turn 1's ids), the speculative
+    side under one tenant per conversation and repeat (the row's loop is new: no other row's cache)."""
     answers: dict[str, list[str]] = {"base": [], "spec": []}
     pairs = []
     for t in range(1, len(p.turns) + 1):
@@ -257,7 +265,7 @@ async def _conversation_pairs(d: Loaded, loop, p: Prompt, x: list[int], i: int, 
             runs[which] = (
                 await baseline_call(d, ids, p.max_tokens, end_id)
                 if which == "base"
-                else await speculative_call(d, loop, ids, p.max_tokens, k, end_id, policy)
+                else await speculative_call(d, loop, ids, p.max_tokens, k, end_id, policy, f"conversation/{i}/{r}")
             )
             answers[which].append(d.tokenizer.decode(runs[which].tokens, skip_special_tokens=True))
         pairs.append(Pair(p.id or i, r, runs["base"], runs["spec"], p.category, i, t))
@@ -344,7 +352,8 @@ def _request_samples(pairs: list[Pair]) -> list[RequestSample]:
         ttft = run.wall_s - run.decode_s
         n = len(run.tokens)
         args = (model, x.index, x.repeat, n, ttft, run.wall_s, tpot(run.wall_s, ttft, n), *counts)
-        return RequestSample(*args, category=x.category, turn=x.turn)
+        cache = run.metrics.cache_accepted if model == SPECULATIVE else None
+        return RequestSample(*args, category=x.category, turn=x.turn, cache_accepted=cache)
 
     out = []
     for x in pairs:
@@ -373,6 +382,7 @@ def _pair_records(k: int, pairs: list[Pair]) -> list[dict]:
             "drafted": x.spec.metrics.drafted,
             "steps": x.spec.metrics.steps,
             "draft_lengths": x.spec.metrics.draft_lengths,
+            "cache_accepted": x.spec.metrics.cache_accepted,
         }
         for x in pairs
     ]

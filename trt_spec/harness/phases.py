@@ -168,7 +168,7 @@ def _states(ctl: ModelControl) -> str:
         return f"models in an unknown state (the repository index did not answer: {e})"
 
 
-def _restore(ctl: ModelControl, note: Callable[[str], None]) -> Optional[ClientError]:
+def _restore(ctl: ModelControl, note: Callable[[str], None], gate=None) -> Optional[ClientError]:
     """Unload the baseline and always try to reload the speculative model; returns the reload's error or None."""
     from ..serve.admin_key import ADMIN_HEADER
 
@@ -179,6 +179,8 @@ def _restore(ctl: ModelControl, note: Callable[[str], None]) -> Optional[ClientE
     except Exception as e:  # noqa: BLE001 - the reload below is tried anyway
         _log.warning("unloading %s after its phase failed: %s", lc.BASELINE_MODEL, e)
     try:
+        if gate is not None:
+            gate.wait(lc.BASELINE_MODEL, lc.MODEL_NAME)
         ctl.load(lc.MODEL_NAME)
     except Exception as e:  # noqa: BLE001 - one line, with the state and the fix
         return ClientError(
@@ -189,29 +191,47 @@ def _restore(ctl: ModelControl, note: Callable[[str], None]) -> Optional[ClientE
     return None
 
 
+def memory_gate(url: str, note: Callable[[str], None]):
+    """The GPU-memory check run after each unload (serve/gpu_memory.py), or None, said once, when it cannot run."""
+    from ..serve.gpu_memory import GpuMemoryGate
+
+    gate, why = GpuMemoryGate.for_server(url)
+    if gate is None:
+        note(f"no GPU-memory check after each unload: {why}")
+    return gate
+
+
 @contextlib.contextmanager
 def baseline_phase(client: LLMClient, ctl: Optional[ModelControl] = None, note: Callable[[str], None] = lambda s: None):
     """The baseline in place of the speculative model for the block, which is always restored afterwards.
 
-    The block's own error wins (a failed restore is noted on it); after a good block a failed restore raises."""
+    Each load waits for the unloaded model's GPU memory to come back (memory_gate). The block's own error wins (a
+    failed restore is noted on it); after a good block a failed restore raises."""
     ctl = ctl or require_control(client)
+    gate = memory_gate(client.url, note)
     note(f"unloading {lc.MODEL_NAME}, loading {lc.BASELINE_MODEL} (a model load: minutes for a 70B target)")
     try:
-        ctl.unload(lc.MODEL_NAME)
-        ctl.load(lc.BASELINE_MODEL)
-        yield
-    except BaseException as e:
+        try:
+            ctl.unload(lc.MODEL_NAME)
+            if gate is not None:
+                gate.wait(lc.MODEL_NAME, lc.BASELINE_MODEL)
+            ctl.load(lc.BASELINE_MODEL)
+            yield
+        except BaseException as e:
+            with _held_signals():
+                failed = _restore(ctl, note, gate)
+            if failed is not None:
+                _log.warning("%s", failed)
+                if hasattr(e, "add_note"):  # Python 3.11+
+                    e.add_note(f"restore: {failed}")
+            raise
         with _held_signals():
-            failed = _restore(ctl, note)
+            failed = _restore(ctl, note, gate)
         if failed is not None:
-            _log.warning("%s", failed)
-            if hasattr(e, "add_note"):  # Python 3.11+
-                e.add_note(f"restore: {failed}")
-        raise
-    with _held_signals():
-        failed = _restore(ctl, note)
-    if failed is not None:
-        raise failed
+            raise failed
+    finally:
+        if gate is not None:
+            gate.close()
 
 
 def _lock_path(url: str):

@@ -1,13 +1,17 @@
-"""Prompt sets shipped with trt-spec (code-edit, code, chat, summarization), and prompt files (JSONL, Spec-Bench,
-ShareGPT). `code-edit` answers copy most of the prompt, where n-gram drafting shines.
+"""Prompt sets shipped with trt-spec (code-edit, code, chat, summarization, agentic), and prompt files (JSONL,
+Spec-Bench, ShareGPT). `code-edit` answers copy most of the prompt, where n-gram drafting shines; `agentic` is
+multi-turn whole-file edits of CPython standard-library functions (data/agentic.json, data/README.md).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Sequence
+
+from ..records import defaults
 
 DEFAULT_MAX_TOKENS = 128
 
@@ -186,12 +190,41 @@ SUMMARIZATION = [
     ),
 ]
 
+AGENTIC_DATA = "agentic.json"  # in trt_spec/harness/data/; never used to tune anything (data/README.md)
+
+
+def agentic_turns(file: str, edits: Sequence[str], doc: dict) -> tuple[str, ...]:
+    """An agentic conversation's user turns: the file and the first edit, then each further edit alone (the history
+    carries the file and the model's own answers)."""
+    return (
+        doc["first_turn"].format(file=file, edit=edits[0]),
+        *(doc["later_turn"].format(edit=e) for e in edits[1:]),
+    )
+
+
+def agentic_conversations() -> list[Prompt]:
+    """The shipped agentic set: one Prompt per conversation, its later turns as follow_ups."""
+    doc = json.loads(resources.files(__package__).joinpath("data", AGENTIC_DATA).read_text(encoding="utf-8"))
+    out = []
+    for c in doc["conversations"]:
+        first, *later = agentic_turns(c["file"], c["edits"], doc)
+        out.append(Prompt(first, c["max_tokens"], c["id"], follow_ups=tuple(later)))
+    return out
+
+
 PROMPT_SETS: dict[str, list[Prompt]] = {
     "code-edit": CODE_EDIT,
     "code": CODE,
     "chat": CHAT,
     "summarization": SUMMARIZATION,
+    "agentic": agentic_conversations(),
 }
+MULTI_TURN_SETS = ("agentic",)  # shipped sets whose bench runs every turn unless --turns first
+
+
+def default_turns(prompt_set: str) -> str:
+    """bench's --turns when not given: every turn for a multi-turn shipped set, else the first."""
+    return "all" if prompt_set in MULTI_TURN_SETS else defaults.TURNS
 
 
 # JSONL field names written by trt-spec, vLLM bench and AIPerf

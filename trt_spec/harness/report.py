@@ -89,7 +89,36 @@ def speedup_section(b: dict) -> list[str]:
         out += [f"Order: {b['order']}.", ""]
     if b.get("warning"):
         out += [f"> WARNING: {b['warning']}", ""]
-    return out + conversation_lines(b.get("conversations")) + category_table(b.get("categories") or [])
+    return (
+        out
+        + conversation_lines(b.get("conversations"))
+        + category_table(b.get("categories") or [])
+        + profile_table(b.get("profile"))
+    )
+
+
+def profile_table(p: dict | None) -> list[str]:
+    """--profile: where the speculative requests' measured time went, then the target calls by tokens submitted."""
+    if not p:
+        return []
+    n = p["requests"]
+    out = [
+        f"### Where the speculative requests' time went (--profile, {n} requests, {p['request_s']:.2f} s)",
+        "",
+        "| part | seconds | share | ms per request |",
+        "|---|---|---|---|",
+    ]
+    for r in p["parts"]:
+        out.append(f"| {r['label']} | {r['seconds']:.3f} | {fmt(r['share'], '.1%')} | {r['seconds'] / n * 1e3:.1f} |")
+    out += [
+        f"| **measured request time** | **{p['request_s']:.3f}** | 100% | {p['request_s'] / n * 1e3:.1f} |",
+        "",
+        "| target call | tokens | calls | seconds | mean ms |",
+        "|---|---|---|---|---|",
+    ]
+    for c in p["calls"]:
+        out.append(f"| {c['call']} | {c['tokens']} | {c['count']} | {c['seconds']:.3f} | {c['mean_s'] * 1e3:.2f} |")
+    return out + ["", p["note"] + ".", ""]
 
 
 def conversation_lines(c: dict | None) -> list[str]:
@@ -102,7 +131,38 @@ def conversation_lines(c: dict | None) -> list[str]:
         out[0] = (
             f"> IDENTITY FAILURE: {c['turns'] - c['identical']} of {c['turns']} turns differ ({where}); {c['note']}."
         )
-    return out + [""]
+    out.append("")
+    if c.get("per_turn"):
+        out += turn_table("Per turn", "turn", [(str(r["turn"]), r) for r in c["per_turn"]])
+    if c.get("per_conversation"):
+        out += turn_table("Per conversation", "conversation", [(r["id"], r) for r in c["per_conversation"]])
+    return out
+
+
+def turn_table(title: str, what: str, rows: list[tuple[str, dict]]) -> list[str]:
+    """Conversations' figures per turn index or per conversation (report.json: conversations.per_turn/...)."""
+    out = [
+        f"### {title}",
+        "",
+        f"| {what} | requests | baseline tok/s | speculative tok/s | speedup | 95% CI | tokens per target call | "
+        "tokens from the cache | identical |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, r in rows:
+        lo, hi = r["speedup_ci95"]
+        out.append(
+            f"| {label} | {r['requests']} | {fmt(r['baseline_tokens_per_s'], '.1f')} | "
+            f"{fmt(r['speculative_tokens_per_s'], '.1f')} | {r['speedup']:.2f}x | {lo:.2f}–{hi:.2f} | "
+            f"{fmt(r['tokens_per_target_call'], '.2f')} | {fmt(r['cache_share'], '.0%')} | "
+            f"{fmt(r['identical'], 'd')}/{r['requests']} |"
+        )
+    return out + [
+        "",
+        "Tokens per target call: speculative output tokens / target calls. Tokens from the cache: the share of "
+        "speculative output tokens accepted from proposals the cross-request suffix cache backed (each "
+        "conversation runs under one tenant of its own; n/a: the server reports no count).",
+        "",
+    ]
 
 
 def category_table(rows: list[dict]) -> list[str]:
@@ -270,7 +330,12 @@ def _levels_axis(ax, rows: list[dict]) -> None:
 
 
 def plots(rep: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
+    """The PNG charts; none (one line on stderr) without matplotlib: the JSON and Markdown reports are the results."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("note: no PNG charts: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -62,6 +62,9 @@ class LlmRequest:
 
 
 def _engine(name: str, engine_dir: str, decoupled: bool):
+    """A reference engine; GPU_NUMERICS_ENV in the server's environment perturbs its verification forwards as a GPU
+    flips near-ties on the speculative path (reference/numerics.py), which check then reports unverified."""
+    from ..reference.numerics import GpuNumerics
     from ..reference.standin import StandIn
 
     params = {
@@ -73,7 +76,7 @@ def _engine(name: str, engine_dir: str, decoupled: bool):
         "xgrammar_tokenizer_info_path": "",
         "guided_decoding_backend": "",
     }
-    return StandIn.from_engine_dir(name, params, decoupled=decoupled)
+    return StandIn.from_engine_dir(name, params, decoupled=decoupled, numerics=GpuNumerics.from_env())
 
 
 class LlmapiStandIn:

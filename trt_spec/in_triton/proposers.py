@@ -6,21 +6,20 @@ numpy at most: they run inside the BLS on a GPU host.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..records import defaults
 from ..records.bls_parameters import BlsParameters
 from ..records.deployment import SuffixCacheConfig
+from ..records.draft_policy import Evidence
 from ..records.speculation import CacheScope, Proposer
-
-# The suffix proposer as served: a one-token match may propose, each matched token buys two proposed tokens.
-MIN_MATCH, TOKENS_PER_MATCH = 1, 2.0
 
 
 def _check_int(name: str, value: int, lo: int) -> None:
@@ -111,13 +110,21 @@ class SuffixStore:
             return list(self._seqs)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A proposal as far as the match supports, with each token's evidence for the policy to weigh."""
+
+    tokens: list[int]
+    evidence: list[Evidence]  # per token: (match length, occurrences agreeing on it, live occurrences)
+
+
 class SuffixProposer:
     """Per-request suffix proposer; reuse it across a request's rounds (its own index grows incrementally).
 
     Match: the longest suffix (min_match..max_match) that also ends earlier with a token after it, in the sequence
     or the store (where it counts from the store's anchor_len). Continuation: the most frequent next token among
-    the live occurrences, ties to the most recent. Length: at most ceil(tokens_per_match * m) + (first-token
-    agreers - 1), stopping where cumulative agreement < min_agreement or at an EOS (included). A call costs
+    the live occurrences, ties to the most recent, for as long as an occurrence goes on (up to the cap, ending at an
+    EOS, included); how much of it to verify is the policy's call (RequestPolicy.confirm). A call costs
     O(max_candidates * max_match), independent of the sequence and store sizes."""
 
     def __init__(
@@ -126,8 +133,6 @@ class SuffixProposer:
         *,
         min_match: int = 2,
         max_match: int = 32,
-        tokens_per_match: float = 1.0,
-        min_agreement: float = 0.0,
         max_candidates: int = 256,
         store: SuffixStore | None = None,
     ):
@@ -135,10 +140,6 @@ class SuffixProposer:
         _check_int("min_match", min_match, 1)
         _check_int("max_match", max_match, min_match)
         _check_int("max_candidates", max_candidates, 1)
-        if not tokens_per_match > 0:
-            raise ValueError(f"tokens_per_match must be > 0, got {tokens_per_match!r}")
-        if not 0.0 <= min_agreement <= 1.0:
-            raise ValueError(f"min_agreement must be in [0, 1], got {min_agreement!r}")
         if store is not None and not min_match <= store.anchor_len <= max_match:
             raise ValueError(
                 f"store.anchor_len ({store.anchor_len}) must be in min_match..max_match ({min_match}..{max_match}): "
@@ -147,31 +148,30 @@ class SuffixProposer:
         self.k_max = k_max
         self.min_match = min_match
         self.max_match = max_match
-        self.tokens_per_match = tokens_per_match
-        self.min_agreement = min_agreement
         self.max_candidates = max_candidates
         self.store = store
         self.store_hit = False  # whether the last proposal's first token drew on the store
         self._own = _Index(min_match)
 
     def __repr__(self) -> str:
-        return (
-            f"SuffixProposer(k_max={self.k_max}, min_match={self.min_match}, max_match={self.max_match}, "
-            f"tokens_per_match={self.tokens_per_match}, min_agreement={self.min_agreement})"
-        )
+        return f"SuffixProposer(k_max={self.k_max}, min_match={self.min_match}, max_match={self.max_match})"
 
     def propose(self, tokens: Sequence[int], k: int | None = None, eos_token_ids: Collection[int] = ()) -> list[int]:
-        """Up to min(k_max, k) proposed tokens, [] without a match; sets store_hit."""
+        """The candidate's tokens: up to min(k_max, k), [] without a match; sets store_hit."""
+        return self.candidate(tokens, k, eos_token_ids).tokens
+
+    def candidate(self, tokens: Sequence[int], k: int | None = None, eos_token_ids: Collection[int] = ()) -> Candidate:
+        """Up to min(k_max, k) tokens as far as the match supports, with their evidence; sets store_hit."""
         self.store_hit = False
         cap = self.k_max if k is None else min(self.k_max, k)
         toks = [int(t) for t in tokens]
         if cap <= 0 or len(toks) < self.min_match:
-            return []
+            return Candidate([], [])
         self._own.sync(toks)
         sources = self._sources(toks)
         m, occ = self._longest_match(toks, sources)
         if m == 0:
-            return []
+            return Candidate([], [])
         return self._continue(toks, sources, occ, m, cap, eos_token_ids)
 
     def _sources(self, toks: list[int]) -> list[tuple[list[int], list[int], int]]:
@@ -211,13 +211,12 @@ class SuffixProposer:
                     occ.append((rank, e))
         return m, occ
 
-    def _continue(self, toks: list[int], sources, occ, m: int, cap: int, eos_token_ids: Collection[int]) -> list[int]:
+    def _continue(self, toks: list[int], sources, occ, m: int, cap: int, eos_token_ids: Collection[int]) -> Candidate:
         n_stored = len(sources) - 1  # ranks below it are stored sequences
         live = occ
         out: list[int] = []
-        p = 1.0
-        budget = cap
-        while len(out) < budget:
+        evidence: list[Evidence] = []
+        while len(out) < cap:
             counts: dict[int, list] = {}  # token -> [count, most recent (rank, end), backed by the store]
             for rank, pos in live:
                 src = sources[rank][0]
@@ -235,12 +234,9 @@ class SuffixProposer:
                 break
             n_live = sum(c[0] for c in counts.values())
             tok, (cnt, _, stored) = max(counts.items(), key=lambda kv: (kv[1][0], kv[1][1]))
-            p *= cnt / n_live
-            if p < self.min_agreement:
-                break
             if not out:
-                budget = min(cap, math.ceil(self.tokens_per_match * m) + cnt - 1)
                 self.store_hit = stored
+            evidence.append((m + len(out), cnt, n_live))  # each token read on lengthens the match by one
             out.append(tok)
             toks.append(tok)  # own occurrences read on into the proposal (periodic text)
             if tok in eos_token_ids:
@@ -248,7 +244,7 @@ class SuffixProposer:
             live = [
                 (rank, pos + 1) for rank, pos in live if pos < len(sources[rank][0]) and sources[rank][0][pos] == tok
             ]
-        return out
+        return Candidate(out, evidence)
 
 
 class SuffixCache:
@@ -342,4 +338,4 @@ def proposer_for(p: BlsParameters, store: Optional[SuffixStore] = None):
     """n-gram mode's proposer as the deployment names it; `store` is the request's cross-request cache."""
     if p.proposer is Proposer.PROMPT_LOOKUP:
         return NgramDraft(max_ngram=p.ngram_size, k=p.max_draft_len)
-    return SuffixProposer(k_max=p.max_draft_len, min_match=MIN_MATCH, tokens_per_match=TOKENS_PER_MATCH, store=store)
+    return SuffixProposer(k_max=p.max_draft_len, min_match=defaults.SUFFIX_MIN_MATCH, store=store)

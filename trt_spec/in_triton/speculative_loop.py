@@ -21,7 +21,7 @@ from ..records.bls_parameters import BlsParameters
 from ..records.draft_policy import DraftLengthPolicy, Outcome
 from ..records.names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TENANT, TEXT_INPUT
 from ..records.speculation import LOOP_MODES, POLICIES, CacheScope
-from .proposers import SuffixCache, proposer_for
+from .proposers import SuffixCache, SuffixProposer, proposer_for
 
 SEED_STRIDE = 1_000_003  # per-round seed offset: independent random streams across verify calls
 
@@ -78,6 +78,7 @@ class Round:
     draft_s: float
     target_s: float
     cached: bool = False  # the proposal drew on the cross-request suffix cache
+    call_s: float = 0.0  # of target_s, the engine call alone (records/profile.py: the rest is the loop's own work)
 
 
 @dataclass
@@ -142,6 +143,11 @@ class LoopStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def cache_accepted(self) -> int:
+        """Accepted draft tokens of rounds whose proposal drew on the cross-request cache (Round.cached)."""
+        return sum(r.accepted for r in self.rounds if r.cached)
 
 
 def check_prompt_len(prompt_len: int, max_input_len: int) -> None:
@@ -314,11 +320,20 @@ def engine_step_histogram(responses: Sequence[tuple[int, int, int]], k: int, str
 
 
 class SpeculativeLoop:
-    def __init__(self, cfg: BlsParameters, call: EngineCall, *, stream_engine: bool = False):
-        """stream_engine: in-engine modes always stream their engine call, so every request gets its histogram."""
+    def __init__(
+        self,
+        cfg: BlsParameters,
+        call: EngineCall,
+        *,
+        stream_engine: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        """stream_engine: in-engine modes always stream their engine call, so every request gets its histogram.
+        clock: what the policy's cost measurements read (a modelled clock in tests)."""
         self.cfg = cfg
         self.call = call
         self.stream_engine = stream_engine
+        self.clock = clock
         self.policy = DraftLengthPolicy(cfg.draft_len_policy)  # shared costs; `active` = requests in the loop
         self.cache = None
         if cfg.speculative_mode == "ngram" and cfg.proposer == "suffix" and cfg.suffix_cache.scope != CacheScope.OFF:
@@ -352,11 +367,15 @@ class SpeculativeLoop:
 
     async def _draft(
         self, r: SpecRequest, tokens: list[int], k: int, step: int, proposer, m: LoopStats
-    ) -> tuple[list[int], Optional[np.ndarray]]:
+    ) -> tuple[list[int], Optional[np.ndarray], Optional[list]]:
+        """(draft, its logits, its per-token evidence where the proposer gives it)."""
         if k <= 0:
-            return [], None
+            return [], None, None
+        if isinstance(proposer, SuffixProposer):
+            c = proposer.candidate(tokens, k, (r.end_id,))
+            return c.tokens, None, c.evidence
         if proposer is not None:
-            return proposer.propose(tokens, k, (r.end_id,)), None
+            return proposer.propose(tokens, k, (r.end_id,)), None, None
         ins = engine_inputs(r, tokens, k, SEED_STRIDE * step + 1)
         outs = list(bc.MANDATORY_OUTPUTS) + (list(bc.PERF_OUTPUTS) if r.perf else [])
         if r.use_logits:
@@ -369,7 +388,7 @@ class SpeculativeLoop:
         if logits is not None:
             logits = np.asarray(logits, dtype=np.float32)
             logits = logits.reshape(-1, logits.shape[-1])[: len(draft)]
-        return draft, logits
+        return draft, logits, None
 
     def _proposer(self, r: SpecRequest):
         """The request's own draft-free proposer (ngram mode); None in draft-target mode."""
@@ -393,14 +412,14 @@ class SpeculativeLoop:
             remaining = r.max_tokens - len(generated)
             cap = min(r.k, remaining - 1)
             decision = policy.decide(cap, self.policy.active, remaining, draft_free=draft_free, first=not generated)
-            t0 = time.perf_counter()
-            draft, logits = await self._draft(r, tokens, decision.k if decision.speculate else 0, m.steps, proposer, m)
-            t1 = time.perf_counter()
+            t0 = self.clock()
+            k = decision.k if decision.speculate else 0
+            draft, logits, evidence = await self._draft(r, tokens, k, m.steps, proposer, m)
+            t1 = self.clock()
             empty = draft_free and not draft
-            if draft_free:  # free to consult: decide on what it proposed
-                decision = policy.confirm(decision, len(draft), t1 - t0)
-                if not decision.speculate:
-                    draft = []
+            if draft_free:  # free to consult: decide on what it proposed (with evidence: how much of it)
+                decision = policy.confirm(decision, len(draft), t1 - t0, evidence)
+                draft = draft[: decision.keep] if decision.speculate else []
             # a run without speculation: one target call, one chunk to a streaming client
             out_len = len(draft) + 1 if draft else decision.run_len
             ins = engine_inputs(r, tokens, out_len, SEED_STRIDE * m.steps)
@@ -408,23 +427,23 @@ class SpeculativeLoop:
                 ins[bc.DRAFT_INPUT_IDS] = np.asarray([draft], dtype=np.int32)
                 if logits is not None:
                     ins[bc.DRAFT_LOGITS] = logits[None]
+            t_call = self.clock()
             responses = await self.call(
                 self.cfg.tensorrt_llm_model_name,
                 ins,
                 list(bc.MANDATORY_OUTPUTS) + (list(bc.PERF_OUTPUTS) if r.perf else []),
             )
-            t2 = time.perf_counter()
+            t2 = self.clock()
             m.engine.add(responses, output=True)
             new = [t for out in responses for t in response_tokens(out)][:remaining]
             acc = 0
             while acc < min(len(draft), len(new)) and new[acc] == draft[acc]:
                 acc += 1
             k_used = decision.k if draft else 0
-            policy.observe(
-                decision, Outcome(len(draft), acc, len(new), t1 - t0, t2 - t1, empty=empty), draft_free=draft_free
-            )
+            outcome = Outcome(len(draft), acc, len(new), t1 - t0, t2 - t1, empty=empty, prefill=not generated)
+            policy.observe(decision, outcome, draft_free=draft_free)
             cached = bool(draft) and getattr(proposer, "store_hit", False)
-            m.rounds.append(Round(k_used, len(draft), acc, len(new), t1 - t0, t2 - t1, cached))
+            m.rounds.append(Round(k_used, len(draft), acc, len(new), t1 - t0, t2 - t1, cached, t2 - t_call))
             m.steps += 1
             m.drafted += len(draft)
             m.accepted += acc

@@ -11,6 +11,8 @@ from pathlib import Path
 BUILD_ROOT = "build"  # a config without output_dir builds into BUILD_ROOT/NAME
 TOKENS_PER_BLOCK = 32  # KV-cache block size: small blocks reuse more prefix
 REPO_SUBDIR = "model_repo"  # the Triton model repository inside a build or demo dir
+# quantize.py --batch_size: one calibration sequence per forward keeps its activations small beside the 16-bit weights
+CALIB_BATCH_SIZE = 1
 
 
 def served_num_draft_tokens(default_k: int, max_draft_len: int) -> int:
@@ -28,12 +30,17 @@ SUFFIX_CACHE_MAX_SEQUENCES = 64
 SUFFIX_CACHE_MAX_TENANTS = 32
 SUFFIX_CACHE_MIN_MATCH = 2  # across requests a one-token match is close to noise
 TENANT_MAX_BYTES = 256  # the longest tenant id a request may send
+# The suffix proposer: a request's own text is matched from one token; how much of its proposal is verified is the
+# draft-length policy's call from measured costs (draft_policy.RequestPolicy.proposal_len), no fixed rule.
+SUFFIX_MIN_MATCH = 1
 
 # -- Serving (trt-spec serve) and its clients
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # tritonserver's own defaults
 HOST = "127.0.0.1"  # loopback: nothing is open to the network unless asked
 READY_TIMEOUT_S = 180.0  # wait for every model to load: this, plus READY_S_PER_ENGINE_GIB per GiB of engine files
 READY_S_PER_ENGINE_GIB = 6.0  # sized for a cold load from network storage
+# serve starts tritonserver again when a python-backend stub starved of CPU failed its start (serve/server.py)
+STUB_START_RESTARTS = 1
 
 
 # llmapi on a GPU: CUDA-graph capture and kernel autotuning run before READY (not measured)
@@ -70,6 +77,11 @@ PROTOCOL = "grpc"
 URL = f"{HOST}:{GRPC_PORT}"  # a server started with the defaults
 PROGRESS_LINE_S = 10.0  # on a non-terminal stderr
 LOADING_WAIT_S = 30.0  # without --wait: grace for a server that answers but is still loading
+# After a phase unload (runtime llmapi), how long the next model's planned GPU memory may take to come free: the
+# stub's LLM-API workers exit after Triton lists the model unloaded (seconds; a 70B TP2's NCCL teardown included).
+GPU_MEMORY_WAIT_S = 120.0
+GPU_MEMORY_POLL_S = 1.0
+GPU_MEMORY_SLACK_GIB = 1.0  # tritonserver's own CUDA context and pool on the GPU, which the memory plan does not count
 
 # -- Kubernetes bundle (trt-spec deploy k8s)
 K8S_MOUNT_PATH = "/models"  # where the PersistentVolumeClaim is mounted
@@ -112,12 +124,19 @@ PROMPT_SET = "code-edit"
 TURNS = "first"  # a multi-turn question's first turn only
 TUNE_KS = (1, 2, 4)
 SAMPLING_SAMPLES = 200  # check --temperature: seeded samples per prompt and model
-# check: tokens within this many logits of the baseline's best are a near-tie, not a mismatch (GPU context-phase
-# kernels differ from decode). An estimate: replace it with the margins the first GPU run prints.
+# check: tokens within the margin of the baseline's best are a near-tie, not a mismatch (GPU context-phase kernels
+# differ from decode). The margin is NOISE_FLOOR_SAFETY x the noise floor check measures on the baseline engine; these
+# two are the fallbacks when nothing could be measured. 0.25: an estimate of FP8 context-FMHA noise, not a measurement.
 NEAR_TIE_MARGIN = 0.25
 # The CPU stand-in is exact up to float32 summation order, so anything wider is a defect.
 NEAR_TIE_MARGIN_EXACT = 1e-3
-# "MARGIN[,SEED]": the CPU stand-in perturbs each verification forward by < MARGIN logits, as a GPU flips near-ties.
+# The noise floor: at this many positions of the baseline engine's own output, |top-2 gap of its generation-phase
+# logits - that of a teacher-forced context-phase probe|; each position is one probe, so it stays cheap.
+NOISE_FLOOR_POSITIONS = 8
+NOISE_FLOOR_TOKENS = 5  # tokens per prompt asked with their logits (positions 1.. are generation steps)
+NOISE_FLOOR_SAFETY = 2.0  # the max of a few samples understates the noise's tail
+CONTINUATION_TOKENS = 12  # an unverified divergence shows each side's text for this many tokens
+# "MARGIN[,SEED]": the CPU stand-in perturbs context-phase logits by < MARGIN (decode exact), as a GPU flips near-ties.
 GPU_NUMERICS_ENV = "TRT_SPEC_GPU_NUMERICS"
 
 # -- Demo

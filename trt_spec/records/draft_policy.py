@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from .speculation import POLICIES, Policy, expected_tokens
 
@@ -19,6 +19,8 @@ COST_DECAY = 0.95  # per-observation weight of the shared cost measurements
 MIN_SAMPLES = 3.0  # rounds of a proposal length before its measured acceptance is used
 MIN_RUN = 1  # tokens of the first round without speculation; doubles per round
 MAX_RUN = 64  # longest run between probes
+CONFIDENCE_DECAY = 0.99  # per-observation weight of a proposal bucket's acceptance (about its last 100 tokens)
+MATCH_LEVELS, AGREE_LEVELS = 6, 4  # buckets: match length 1, 2, 3-4, 5-8, 9-16, 17+; agreeing occurrences 1, 2, 3-4, 5+
 
 
 class _EW:
@@ -102,6 +104,35 @@ def load_level(active: int) -> int:
     return (max(1, active) - 1).bit_length() + 1
 
 
+Evidence = tuple[int, int, int]  # a proposed token's: (match length, occurrences agreeing on it, live occurrences)
+
+
+def evidence_key(ev: Evidence) -> tuple[int, int, bool]:
+    """A proposed token's bucket: match length and agreeing occurrences in levels, and whether all of them agreed."""
+    match, agreeing, live = ev
+    return min(load_level(match), MATCH_LEVELS), min(load_level(agreeing), AGREE_LEVELS), agreeing >= live
+
+
+class Confidence:
+    """Draft-free: how often a proposed token is accepted once the tokens before it were, per evidence bucket.
+
+    Starts from the rule of succession over the earlier occurrences ((agreeing + 1) / (live + 2)) with the weight of
+    PRIOR_ROUNDS tokens, then follows what verification accepted, recency-weighted."""
+
+    def __init__(self):
+        self.table: dict[tuple[int, int, bool], _EW] = {}
+
+    def p(self, ev: Evidence) -> float:
+        prior = (ev[1] + 1) / (ev[2] + 2)
+        e = self.table.get(evidence_key(ev))
+        return prior if e is None else (e.s + PRIOR_ROUNDS * prior) / (e.w + PRIOR_ROUNDS)
+
+    def observe(self, evidence: tuple[Evidence, ...], accepted: int) -> None:
+        """Tokens 1..accepted were accepted, the next one (if proposed) was not; those after it tell nothing."""
+        for i, ev in enumerate(evidence[: accepted + 1]):
+            self.table.setdefault(evidence_key(ev), _EW()).add(1.0 if i < accepted else 0.0, CONFIDENCE_DECAY)
+
+
 class CostModel:
     """What one deployment measured while serving: call seconds per load level, and acceptance statistics."""
 
@@ -111,6 +142,7 @@ class CostModel:
         self.useful = _EW()  # draft-free: share of consultations that sped a round up
         self.accepted_by_len: dict[int, _EW] = {}  # draft-free: tokens proposed -> tokens accepted
         self.run_reached = _EW()  # the doubling run's length after each round that settled it
+        self.confidence = Confidence()  # draft-free: acceptance of proposed tokens by their evidence
 
     def start_run(self) -> int:
         """A new request's first doubling run: half what recent requests reached, so it skips losing probes."""
@@ -163,6 +195,8 @@ class Decision:
     evaluated: bool = False  # the adaptive policy weighed speculation against decoding
     doubling: bool = False  # run_len is the request's doubling run (observe doubles it after a run)
     load: int = 1  # requests in the loop when decided
+    keep: Optional[int] = None  # draft-free with evidence: how many of the proposed tokens to verify (None: all)
+    evidence: tuple[Evidence, ...] = ()  # ... and their evidence, which observe learns acceptance from
 
 
 @dataclass(frozen=True)
@@ -175,6 +209,7 @@ class Outcome:
     draft_s: float
     target_s: float
     empty: bool = False
+    prefill: bool = False  # the target call also read the prompt: its seconds are not a verification's or a run's
 
 
 @dataclass
@@ -253,14 +288,48 @@ class RequestPolicy:
             base, k=k if speculate else 0, speculate=speculate, pays=pays, probe=speculate and not pays, evaluated=True
         )
 
-    def confirm(self, decision: Decision, drafted: int, proposer_s: float) -> Decision:
-        """Draft-free: verify the `drafted` proposed tokens, or run without speculation instead."""
+    def confirm(
+        self, decision: Decision, drafted: int, proposer_s: float, evidence: Optional[Sequence[Evidence]] = None
+    ) -> Decision:
+        """Draft-free: verify the `drafted` proposed tokens, or run without speculation instead. With the proposal's
+        per-token evidence, adaptive verifies the prefix that maximises expected tokens per second; fixed, the control
+        arm, verifies all of it (the same request verifies the same lengths whatever the server learned)."""
+        if evidence is not None and drafted and self.adaptive:
+            n = self.proposal_len(evidence[:drafted], decision.load)
+            probe = self.adaptive and self.probe and n == 0  # re-measure the first token's acceptance
+            keep = 1 if probe else n
+            return replace(
+                decision,
+                speculate=keep > 0,
+                keep=keep,
+                evidence=tuple(evidence[:keep]),
+                pays=n > 0,
+                probe=probe,
+                evaluated=self.adaptive,
+            )
         if not self.adaptive or drafted == 0:
             return replace(decision, speculate=drafted > 0)
         gains = self.speedups([drafted], decision.load, proposer_s)
         pays = gains is None or gains[0] > 1.0
         speculate = pays or self.probe
         return replace(decision, speculate=speculate, pays=pays, probe=speculate and not pays, evaluated=True)
+
+    def proposal_len(self, evidence: Sequence[Evidence], active: int) -> int:
+        """The prefix of a proposal to verify: n maximising (1 + Σ_{i≤n} P(tokens 1..i accepted)) / verify_s(n + 1)
+        against decoding's 1 / decode_s (n = 0). Flat verification keeps every token that may be accepted; a costlier
+        one keeps only those whose chance pays for their share of the call. Nothing measured yet: all of it."""
+        t = self.costs.at(active)
+        verify, t_dec = t.verify_line(), t.decode_s()
+        if verify is None or t_dec is None:
+            return len(evidence)
+        best, best_rate, reach, expected = 0, 1.0 / t_dec, 1.0, 1.0
+        for n, ev in enumerate(evidence, 1):
+            reach *= self.costs.confidence.p(ev)
+            expected += reach
+            rate = expected / _at(verify, n + 1, 1e-6)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
 
     def _run_len(self, remaining: int, active: int, draft_free: bool, first: bool) -> tuple[int, bool]:
         """(tokens to decode without speculation, whether that is the doubling run).
@@ -289,6 +358,8 @@ class RequestPolicy:
             # not draft-free: a long starting run would skip the copying its proposer finds
             self.costs.run_reached.add(self.run)
         drafted, accepted = outcome.drafted, outcome.accepted
+        if decision.evidence and drafted:
+            self.costs.confidence.observe(decision.evidence[:drafted], accepted)
         if draft_free and drafted:
             acc = self.costs.accepted_s(drafted)
             self.own_accepted = self.own_accepted * DECAY + accepted
@@ -300,7 +371,7 @@ class RequestPolicy:
             self.consulted = self.consulted * DECAY + 1.0
             self.costs.useful.add(hit)
             t_dec = self.costs.at(decision.load).decode_s()
-            if accepted and t_dec is not None:
+            if accepted and t_dec is not None and not outcome.prefill:
                 self.costs.level(decision.load).gain.add(outcome.tokens * t_dec - outcome.target_s - outcome.draft_s)
         if drafted:
             fail = 1.0 if accepted < drafted else 0.0
@@ -308,13 +379,15 @@ class RequestPolicy:
             self.failures = self.failures * DECAY + fail
             self.prior_weight *= DECAY
             self.costs.acceptance.add(accepted / (accepted + fail) if accepted + fail else 1.0)
-            t = self.costs.level(decision.load)
-            t.target.setdefault(drafted + 1, _EW()).add(outcome.target_s)
-            t.draft.setdefault(0 if draft_free else drafted, _EW()).add(outcome.draft_s)
+            if not outcome.prefill:
+                t = self.costs.level(decision.load)
+                t.target.setdefault(drafted + 1, _EW()).add(outcome.target_s)
+                t.draft.setdefault(0 if draft_free else drafted, _EW()).add(outcome.draft_s)
         elif not self.adaptive:  # the fixed policy's one-token verification of nothing
-            self.costs.level(decision.load).target.setdefault(1, _EW()).add(outcome.target_s)
+            if not outcome.prefill:
+                self.costs.level(decision.load).target.setdefault(1, _EW()).add(outcome.target_s)
         else:
-            if outcome.tokens > 0:
+            if outcome.tokens > 0 and not outcome.prefill:
                 self.costs.level(decision.load).runs.setdefault(outcome.tokens, _EW()).add(outcome.target_s)
             self.probe = not outcome.empty  # a run the policy chose: the next evaluated round probes
 

@@ -112,6 +112,35 @@ SPEC_MODEL_DIR = "speculative_model_dir"  # DraftTarget, Eagle
 EAGLE3_ONE_MODEL = "eagle3_one_model"  # default True
 NUM_NEXTN = "num_nextn_predict_layers"  # MTP: also its max_draft_len
 NGRAM_MATCH = "max_matching_ngram_size"
+# The same speculative_config under each TensorRT-LLM line trt-spec writes for: the 1.2 line (Triton's image,
+# trtllm-serve) keys DecodingBaseConfig.from_dict on the names above; the 1.3 line (Dynamo 1.6.1 pins 1.3.0rc29) is a
+# pydantic union keyed on each class's decoding_type Literal, and names the draft `speculative_model`
+# (upstream-facts: llmapi-decoding-types, llmapi-decoding-types-1-3).
+SPEC_NAMES = {
+    "1.2": {"decoding_types": DECODING_TYPES, "model_key": SPEC_MODEL_DIR},
+    "1.3": {
+        "decoding_types": {"draft_target": "Draft_Target", "ngram": "NGram", "eagle3": "Eagle3", "mtp": "MTP"},
+        "model_key": "speculative_model",
+    },
+}
+
+
+def spec_names(trtllm_version: str) -> dict:
+    """SPEC_NAMES' row for a TensorRT-LLM version ("1.3.0rc29" -> the 1.3 line's); KeyError for a line not in it."""
+    return SPEC_NAMES[".".join(trtllm_version.split(".")[:2])]
+
+
+def speculative_config_for(spec: dict, trtllm_version: str) -> dict:
+    """A 1.2-line speculative_config (what the repository writes) under `trtllm_version`'s names, key order kept."""
+    row, mode = spec_names(trtllm_version), {v: k for k, v in DECODING_TYPES.items()}[spec["decoding_type"]]
+    out = {}
+    for k, v in spec.items():
+        if k == "decoding_type":
+            v = row["decoding_types"][mode]
+        out[row["model_key"] if k == SPEC_MODEL_DIR else k] = v
+    return out
+
+
 LLM_KEYS = (
     "model",
     "backend",

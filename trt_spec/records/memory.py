@@ -27,12 +27,58 @@ BYTES_PER_WEIGHT = {
 BYTES_PER_KV = {"fp8": 1.0, "int8": 1.0, "none": 2.0}
 # llmapi loads draft/head checkpoints as they are, and published ones are 16-bit
 LLMAPI_SPEC_MODEL_WEIGHTS = "bf16"
-CALIBRATION_PEAK_FACTOR = 1.6  # quantize.py's GPU peak over the target's 16-bit weights
+# -- quantize.py's GPU memory (upstream-facts: modelopt-calibration-memory)
+# quantize.py loads the 16-bit model with device_map="auto" (accelerate places whole modules on the GPUs, the rest on
+# the host), then runs batch_size x calib_max_seq_length token batches through it under no_grad, one decoder layer's
+# activations live at a time plus the logits; each quantizer keeps one float32 amax. The floor is what must be
+# resident (below it the GPUs cannot hold the model: accelerate offloads); the ceiling adds per GPU what is not in
+# torch's allocator or not placed by accelerate: the CUDA context + cuBLAS workspace, and one largest module's slack
+# (placement by whole modules, ModelOpt's per-layer export buffers). Between the two, offload may or may not happen.
+CUDA_CONTEXT_GIB = 1.0  # per GPU, outside torch's allocator (~0.5-0.7 GiB on Hopper); an upper estimate
+AMAX_BYTES = 4  # one float32 per quantizer (per-tensor FP8/INT8 scales)
 
 
-def calibration_peak_gib(num_params: int) -> float:
-    """GPU memory quantize.py needs at peak."""
-    return num_params * 2 / GIB * CALIBRATION_PEAK_FACTOR
+@dataclass(frozen=True)
+class CalibrationPeak:
+    """quantize.py's GPU memory for one model, GiB: floor (must be resident) and ceiling (with per-GPU headroom)."""
+
+    weights_gib: float  # the 16-bit model
+    activations_gib: float  # one calibration batch's live activations + logits
+    amax_gib: float
+    headroom_per_gpu_gib: float  # CUDA context + one largest module
+
+    @property
+    def floor_gib(self) -> float:
+        return self.weights_gib + self.activations_gib + self.amax_gib
+
+    def ceiling_gib(self, gpus: int) -> float:
+        return self.floor_gib + gpus * self.headroom_per_gpu_gib
+
+    def gpus_needed(self, gpu_gib: float) -> int:
+        """The fewest GPUs of gpu_gib each whose memory holds the ceiling."""
+        n = 1
+        while self.ceiling_gib(n) > n * gpu_gib:
+            n += 1
+        return n
+
+
+def calibration_peak(info: ModelInfo, batch: int, seq: int) -> CalibrationPeak:
+    """What quantize.py holds on the GPUs for `info` at --batch_size batch and --calib_max_seq_length seq."""
+    linear, embed = info.param_counts()
+    tokens = batch * seq
+    h, q = info.hidden_size, info.num_heads * info.head_dim
+    # live in one decoder layer (bf16): ~4 residual-stream copies, q/k/v, the MLP's gate, up and their product (per
+    # expert routed to: at most all), and eager attention's fp32 scores + probabilities; then bf16 logits and their
+    # float32 upcast
+    per_layer = tokens * (4 * h + q + 2 * info.num_kv_heads * info.head_dim + 3 * info.intermediate_size) * 2
+    per_layer += batch * info.num_heads * seq * seq * 4 * 2
+    logits = tokens * info.vocab_size * (2 + 4)
+    # two quantizers (input, weight) per linear layer (7 per decoder layer) and two KV ones per layer
+    amax = info.num_layers * (7 * 2 + 2) * max(1, info.num_experts) * AMAX_BYTES
+    largest = max(info.vocab_size * h, linear // max(1, info.num_layers)) * 2  # embedding/LM head or one layer
+    return CalibrationPeak(
+        (linear + embed) * 2 / GIB, (per_layer + logits) / GIB, amax / GIB, CUDA_CONTEXT_GIB + largest / GIB
+    )
 
 
 @dataclass(frozen=True)

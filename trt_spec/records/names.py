@@ -33,6 +33,7 @@ TOP_K, TOP_P = "top_k", "top_p"
 STREAM = "stream"
 BEAM_WIDTH, NUM_RETURN_SEQUENCES = "beam_width", "num_return_sequences"  # NVIDIA's clients send them; 1 is served
 USE_DRAFT_LOGITS = "use_draft_logits"  # BLS only: rejection sampling against the draft's logits
+RETURN_PROFILE = "return_profile"  # BLS only: add the request's time profile (PROFILE) to its final response
 # Other inputs share the engine's names (bc.END_ID, bc.TEMPERATURE, ...).
 OUTPUT_IDS, SEQUENCE_LENGTH = bc.MANDATORY_OUTPUTS
 
@@ -66,8 +67,12 @@ TOTAL_STEPS = "total_steps"
 # [j] = steps that drafted and accepted exactly j drafts; empty when the engine's steps cannot be seen (not decoupled).
 ACCEPTED_LENGTH_HISTOGRAM = "accepted_length_histogram"
 DRAFT_LENGTHS = "draft_lengths"  # k chosen per round; 0 = no speculation
+# accepted draft tokens of rounds whose proposal drew on the cross-request suffix cache (0 without one)
+CACHE_ACCEPTED_TOKENS = "cache_accepted_tokens"
 LIST_METRICS = (ACCEPTED_LENGTH_HISTOGRAM, DRAFT_LENGTHS)  # metric outputs that are lists, not one number
-METRIC_OUTPUTS = (*bc.SPEC_PERF_OUTPUTS, TOTAL_STEPS, *LIST_METRICS)
+# JSON of records/profile.RequestProfile: where the request's time went; only when the request sets RETURN_PROFILE
+PROFILE = "profile"
+METRIC_OUTPUTS = (*bc.SPEC_PERF_OUTPUTS, TOTAL_STEPS, CACHE_ACCEPTED_TOKENS, *LIST_METRICS, PROFILE)
 
 # -- Files
 # A relative tokenizer_dir resolves against the repository; gpt_model_path, like the backend's, against the cwd.
@@ -113,3 +118,6 @@ VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"  # counter
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter
 VLLM_REQUEST_SUCCESS = "vllm:request_success_total"  # counter
 VLLM_RUNNING = "vllm:num_requests_running"  # gauge
+
+# -- Host names that mean this machine (a server there can be inspected through /proc and NVML)
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "")

@@ -3,7 +3,8 @@
 Each iteration drops cancelled sequences, admits queued ones FCFS while slots are free, schedules up to
 max_num_tokens (generation steps first, then contexts, chunked or whole), runs one forward_packed, and completes
 the sequences whose pending tokens are all fed. Prefill and verify rows are bit-identical to a solo forward; batched
-decode rows may differ in the last bits (oneDNN vs MKL gemv), which can flip a greedy near-tie.
+decode rows may differ in the last bits (oneDNN vs MKL gemv), which can flip a greedy near-tie. In GPU-numerics mode
+a step's rows are perturbed iff it ran in the context phase (ReferenceEngine.step_logits).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class _Seq:
     entry: Optional[CacheEntry] = None
     pending: list[int] = field(default_factory=list)  # to feed before the next token is chosen
     need: int = 1  # logits rows needed: 1 (decode) or k + 1 (verify)
+    steps: int = 0  # steps completed (0: the next is the context phase)
+    fed: int = 0  # tokens fed in the current step, over its chunks
     rows: list[torch.Tensor] = field(default_factory=list)
     generator: Optional[torch.Generator] = None
     result: CallResult = field(default_factory=CallResult)
@@ -378,6 +381,7 @@ class BatchScheduler:
             if head is not None:
                 seq.feats.append(feats[fed : fed + n])
             fed += n
+            seq.fed += n
             seq.entry.tokens.extend(seq.pending[:n])
             del seq.pending[:n]
             if not seq.pending:
@@ -401,7 +405,9 @@ class BatchScheduler:
 
     def _complete_step(self, seq: _Seq) -> None:
         logits = torch.cat(seq.rows) if len(seq.rows) > 1 else seq.rows[0]
-        seq.rows = []
+        # the one place a step's logits become what the request sees (GPU-numerics mode: context phase perturbed)
+        logits = self.engine.step_logits(logits, seq.entry.tokens, first_step=not seq.steps, fed=seq.fed)
+        seq.rows, seq.steps, seq.fed = [], seq.steps + 1, 0
         res = seq.result
         if seq.draft is not None:
             self._complete_verify(seq, logits)
@@ -446,7 +452,6 @@ class BatchScheduler:
         k = len(seq.spec_draft)
         accepted = 0
         if k:
-            logits = self.engine.verification_logits(logits, seq.entry.tokens)
             new, accepted = accept_draft(seq.spec_draft, seq.spec_logits, logits, sampling)
             seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]
             res.drafted += k
@@ -568,7 +573,6 @@ class BatchScheduler:
 
     def _complete_verify(self, seq: _Seq, logits: torch.Tensor) -> None:
         k = len(seq.draft)
-        logits = self.engine.verification_logits(logits, seq.entry.tokens)
         new, accepted = accept_draft(seq.draft, seq.draft_logits, logits, seq.sampling)
         # rejected drafts' K/V stay past the valid length and are overwritten later
         seq.entry.tokens = seq.entry.tokens[: len(seq.entry.tokens) - (k - accepted)]

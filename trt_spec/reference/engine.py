@@ -22,7 +22,7 @@ from ..records.speculation import Policy, engine_policy
 from .accept import speculative_accept
 from .eagle import Eagle3Head, HeadState
 from .model import KVCache, ReferenceModel
-from .numerics import GpuNumerics
+from .numerics import GpuNumerics, context_phase
 from .sampling import logits_to_probs
 
 CAPACITY_STEP = 256  # KV-cache capacity granularity
@@ -194,7 +194,8 @@ class ReferenceEngine:
         clock: Callable[[], float] = time.perf_counter,
     ):
         """diverge_slack: max draft length + 1. head: speculate in-engine, up to max_draft_len per step, with
-        draft_policy "fixed" or "adaptive" (costs from draft_costs, else measured at load). numerics: None = exact."""
+        draft_policy "fixed" or "adaptive" (costs from draft_costs, else measured at load). numerics: None = exact, else
+        context-phase logits are perturbed (step_logits)."""
         self.model = model
         self.head = head
         self.max_draft_len = max_draft_len if head is not None else 0
@@ -212,9 +213,12 @@ class ReferenceEngine:
         self._compute = threading.Lock()
         self.numerics = numerics
 
-    def verification_logits(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
-        """Verification logits [k + 1, V] as the accept rule sees them (perturbed in GPU-numerics mode)."""
-        return logits if self.numerics is None else self.numerics.perturb(logits, context)
+    def step_logits(self, logits: torch.Tensor, tokens: Sequence[int], *, first_step: bool, fed: int) -> torch.Tensor:
+        """A forward step's logits [n, V] for the last n positions of `tokens` (all fed so far), as its request sees
+        them: in GPU-numerics mode perturbed iff the step ran in the context phase (numerics.context_phase)."""
+        if self.numerics is None or not context_phase(first_step, fed):
+            return logits
+        return self.numerics.perturb(logits, tokens)
 
     def _copy_prefix(self, entry: CacheEntry, n: int, capacity: int) -> CacheEntry:
         fresh = self.model.new_cache(1, max(capacity, n + 1))

@@ -9,6 +9,7 @@ from typing import Optional
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..records import llmapi_contract as lc
+from ..records.deployment import Deployment
 from ..records.manifest import BuildManifest, RepoRecord
 from ..records.memory import LLMAPI_SPEC_MODEL_WEIGHTS, Instance, concurrent_sets, instance_rows, repository_overflow
 from ..records.names import BASELINE_ENGINE, DRAFT, TARGET
@@ -20,14 +21,11 @@ def _param(cfg: mc.ModelConfig, key: str) -> str:
     return cfg.parameters[key].string_value if key in cfg.parameters else ""
 
 
-def instances(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict]) -> list[Instance]:
-    """Every weight-loading instance of the repository (empty for the CPU reference engine)."""
-    d = m.deployment
-    if not d.gpu or m.gpu is None:
-        return []
+def llmapi_instances(d: Deployment, yamls: dict[str, dict]) -> list[Instance]:
+    """The instances of runtime llmapi's models (name -> 1/model.yaml): target and draft/head in one process each."""
     pre = d.models
     out: list[Instance] = []
-    for name, y in yamls.items():  # runtime llmapi: target and draft/head in one process
+    for name, y in yamls.items():
         tp, pp = int(y.get("tensor_parallel_size", 1)), int(y.get("pipeline_parallel_size", 1))
         kvc = y.get("kv_cache_config") or {}
         kv = "fp8" if kvc.get("dtype") == "fp8" else "none"
@@ -40,6 +38,16 @@ def instances(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[
         extra = pre.head if spec.get("decoding_type") == lc.DECODING_TYPES["eagle3"] else pre.draft
         if spec.get(lc.SPEC_MODEL_DIR) and extra is not None:
             out.append(Instance(name, "draft", extra, LLMAPI_SPEC_MODEL_WEIGHTS, **common))
+    return out
+
+
+def instances(m: BuildManifest, configs: dict[str, mc.ModelConfig], yamls: dict[str, dict]) -> list[Instance]:
+    """Every weight-loading instance of the repository (empty for the CPU reference engine)."""
+    d = m.deployment
+    if not d.gpu or m.gpu is None:
+        return []
+    pre = d.models
+    out = llmapi_instances(d, yamls)
     for name, cfg in configs.items():
         role = ENGINE_ROLES.get(name)
         if role is None or name in yamls or cfg.backend != "tensorrtllm":

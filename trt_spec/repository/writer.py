@@ -29,6 +29,7 @@ from ..records.names import (
     BASELINE_ENGINE,
     BEAM_WIDTH,
     BLS,
+    CACHE_ACCEPTED_TOKENS,
     DRAFT,
     DRAFT_LEN_POLICY,
     DRAFT_LENGTHS,
@@ -40,6 +41,8 @@ from ..records.names import (
     NUM_RETURN_SEQUENCES,
     OUTPUT_IDS,
     POST_OUTPUT_IDS,
+    PROFILE,
+    RETURN_PROFILE,
     SEQUENCE_LENGTH,
     STOP_WORDS,
     STREAM,
@@ -277,6 +280,7 @@ def text_inputs(bls: bool) -> list:
             inp(USE_DRAFT_LOGITS, "TYPE_BOOL", [1], optional=True),
             inp(DRAFT_LEN_POLICY, "TYPE_STRING", [1], optional=True),
             inp(TENANT, "TYPE_STRING", [1], optional=True),  # the suffix cache's scope
+            inp(RETURN_PROFILE, "TYPE_BOOL", [1], optional=True),  # bench --profile: where the time went
         ]
     return ins
 
@@ -359,8 +363,10 @@ def bls_config(d: Deployment, decoupled: bool) -> mc.ModelConfig:
             # summed over rounds (upstream-facts: e2e-client-perf-metrics, triton-undeclared-output)
             *(_spec(t, mc.ModelOutput) for t in bc.OUTPUTS if t.name in bc.PERF_OUTPUTS),
             out(TOTAL_STEPS, "TYPE_INT32", [1]),
+            out(CACHE_ACCEPTED_TOKENS, "TYPE_INT32", [1]),
             out(ACCEPTED_LENGTH_HISTOGRAM, "TYPE_INT32", [-1]),
             out(DRAFT_LENGTHS, "TYPE_INT32", [-1]),
+            out(PROFILE, "TYPE_STRING", [1]),  # sent only when the request sets return_profile
         ]
     )
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)

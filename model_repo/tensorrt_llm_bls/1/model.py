@@ -16,10 +16,14 @@ return_perf_metrics: every response (each streamed chunk too, as the backend wri
 outputs NVIDIA's tensorrt_llm_bls declares, for the whole request so far: KV-cache blocks summed over every engine
 call of the speculative rounds (draft and target), timestamps from the first and last calls, acceptance from the
 loop (speculative_loop.EnginePerf, LoopStats.perf_outputs).
+
+return_profile (optional, trt-spec's): the final response also carries `profile`, a JSON string of where the BLS's
+time went, summed over the request's rounds (trt_spec/records/profile.py; `trt-spec bench served --profile`).
 """
 
 import asyncio
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -64,6 +68,7 @@ from trt_spec.records.names import (
     BAD_WORDS,
     BEAM_WIDTH,
     BLS,
+    CACHE_ACCEPTED_TOKENS,
     DRAFT_LEN_POLICY,
     DRAFT_LENGTHS,
     EMBEDDING_BIAS,
@@ -71,6 +76,8 @@ from trt_spec.records.names import (
     NUM_DRAFT_TOKENS,
     NUM_RETURN_SEQUENCES,
     OUTPUT_IDS,
+    PROFILE,
+    RETURN_PROFILE,
     STOP_WORDS,
     STREAM,
     TENANT,
@@ -81,6 +88,7 @@ from trt_spec.records.names import (
     TOTAL_STEPS,
     USE_DRAFT_LOGITS,
 )
+from trt_spec.records.profile import loop_profile
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Client tensor -> engine tensor; forwarded only when the client sent it (TensorRT-LLM: absent top_k/top_p = greedy).
@@ -216,7 +224,11 @@ class TritonPythonModel:
             perf=bool(scalar(_in(request, bc.RETURN_PERF_METRICS), False)),
             tenant=check_tenant(next(iter(decode_strings(_in(request, TENANT))), None)),
         )
-        return r, bool(scalar(_in(request, bc.EXCLUDE_INPUT_IN_OUTPUT), False))
+        return (
+            r,
+            bool(scalar(_in(request, bc.EXCLUDE_INPUT_IN_OUTPUT), False)),
+            bool(scalar(_in(request, RETURN_PROFILE), False)),
+        )
 
     # -- engine calls: dicts of arrays <-> BLS requests -----------------------------------------------
     async def _call(self, model, inputs, outputs, on_response=None):
@@ -306,9 +318,10 @@ class TritonPythonModel:
     async def _handle(self, request, respond):
         """Serve one request; whatever happens it gets a final response (a decoupled request left without one
         keeps its client waiting forever)."""
+        start = time.perf_counter()  # return_profile: the BLS's part of the request begins here
         self.metrics.in_flight(+1)
         try:
-            await self._serve(request, respond)
+            await self._serve(request, respond, start)
             return
         except (Cancelled, EngineError) as e:  # an engine's error: "<engine model>: <its message>"
             error, exc = str(e), e
@@ -328,9 +341,10 @@ class TritonPythonModel:
         end_if_cut()
         return self._checkpoint(request)
 
-    async def _serve(self, request, respond):
+    async def _serve(self, request, respond, start):
         refuse_if_draining()  # a new request, refused while the server drains (ShuttingDown: its client's line)
-        r, exclude_input = self._parse(request)  # malformed values: ValueError/TypeError, a client error line
+        r, exclude_input, profile = self._parse(request)  # malformed values: ValueError/TypeError, a client error line
+        parsed = time.perf_counter()
         detok = IncrementalDetokenizer(self.tokenizer)
         # Streaming never sends the prompt, whatever exclude_input_in_output says: the engine ignores the flag when
         # streaming (backend_contract.response_tensors), so the ensemble's chunks concatenate to the completion alone.
@@ -339,14 +353,33 @@ class TritonPythonModel:
         emit = (
             (lambda new: respond({**self._chunk(new, detok.add(new)), **perf()}, 0)) if r.stream else (lambda new: None)
         )
+        streamed = [0.0]  # return_profile: seconds in emit
+        if profile:
+            emit = self._timed(emit, streamed)
         generated, m = await self.loop.generate(r, emit, lambda: self._stop_requested(request), m)
+        looped = time.perf_counter()
         self._checkpoint(request)
         await self.metrics.publish(m)  # finished requests only, before the final response (a client then scrapes them)
         if r.stream:
-            respond({**self._final([], detok.flush(), m), **perf()}, FINAL)
+            out = {**self._final([], detok.flush(), m), **perf()}
         else:
             ids = generated if exclude_input else r.prompt + generated
-            respond({**self._final(ids, self.tokenizer.decode(ids, skip_special_tokens=True), m), **perf()}, FINAL)
+            out = {**self._final(ids, self.tokenizer.decode(ids, skip_special_tokens=True), m), **perf()}
+        if profile:  # summed over the rounds; Triton's part is the client's measured time less this
+            p = loop_profile(m.rounds, looped - parsed, streamed[0])
+            p.parse_s, p.finish_s = parsed - start, time.perf_counter() - looped
+            p.bls_s = p.parse_s + (looped - parsed) + p.finish_s
+            out[PROFILE] = np.array([[p.to_json().encode()]], dtype=object)
+        respond(out, FINAL)
+
+    @staticmethod
+    def _timed(emit, total):
+        def timed(new):
+            t = time.perf_counter()
+            emit(new)
+            total[0] += time.perf_counter() - t
+
+        return timed
 
     # text_output is one string per beam, [1], as NVIDIA's BLS returns it (its clients read
     # `as_numpy("text_output")[0].decode()`); the rest carry the batch dimension: output_ids [1, n], metrics [1, 1].
@@ -364,6 +397,7 @@ class TritonPythonModel:
             "total_accepted_draft_tokens": np.asarray([[m.accepted]], dtype=np.int32),
             "total_draft_tokens": np.asarray([[m.drafted]], dtype=np.int32),
             TOTAL_STEPS: np.asarray([[m.steps]], dtype=np.int32),
+            CACHE_ACCEPTED_TOKENS: np.asarray([[m.cache_accepted]], dtype=np.int32),
             ACCEPTED_LENGTH_HISTOGRAM: np.asarray([m.hist], dtype=np.int32),
             DRAFT_LENGTHS: np.asarray([m.draft_lengths], dtype=np.int32),
         }
