@@ -12,6 +12,8 @@ had before (2 tokens per matched token + agreeing occurrences − 1: the compari
 re-implemented from its documented behaviour (upstream-facts: vllm-ngram-proposer).
 
     python benchmarks/proposer_replay.py [--set tests/data/code_edit_heldout.jsonl ...] [--recording FILE]
+
+Tune on benchmarks/data/code_edit_dev.jsonl (`--set`), never on the held-out sets.
 """
 
 from __future__ import annotations

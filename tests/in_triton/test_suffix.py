@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trt_spec.in_triton.proposers import Candidate, SuffixProposer, SuffixStore
+from trt_spec.in_triton.proposers import Candidate, SuffixProposer, SuffixStore, _Index
 
 
 def test_copies_a_repeated_block_by_the_longest_match_as_far_as_it_goes():
@@ -106,11 +106,33 @@ def test_store_recency_between_requests():
 def test_incremental_index_equals_fresh_and_is_deterministic():
     rng = random.Random(0)
     seq = [rng.randrange(6) for _ in range(400)]
-    grown = SuffixProposer(8)
+    grown, twin = SuffixProposer(8), SuffixProposer(8)
     for n in range(1, len(seq) + 1):
-        assert grown.propose(seq[:n]) == SuffixProposer(8).propose(seq[:n])
-    # Not an extension (the loop restarted): rebuilt, same answer as a fresh proposer.
+        assert grown.propose(seq[:n]) == twin.propose(seq[:n])  # the same calls, the same answers
+        assert grown._own.ends == _Index(grown.min_match, seq[:n]).ends  # grown incrementally = built fresh
+    # Not an extension (the loop restarted): rebuilt and the running copy forgotten, as a fresh proposer.
     assert grown.propose(seq[:50]) == SuffixProposer(8).propose(seq[:50])
+
+
+def test_a_tie_goes_to_the_occurrence_where_the_copy_was_running():
+    # The answer copies the prompt's first block; then the target edits (55 for 202) and emits 1, which precedes
+    # 9 in the block being copied and 7 later on: the copy resumes where it was, not at the most recent 1.
+    prompt = [100, 200, 201, 202, 1, 9, 9, 300, 1, 7, 7]
+    p = SuffixProposer(8, min_match=1)  # as served (defaults.SUFFIX_MIN_MATCH)
+    assert p.propose([*prompt, 200, 201])[:2] == [202, 1]
+    assert p.propose([*prompt, 200, 201, 55, 1])[:3] == [9, 9, 300]
+    assert SuffixProposer(8, min_match=1).propose([*prompt, 200, 201, 55, 1])[:3] == [
+        7,
+        7,
+        200,
+    ]  # no running copy: most recent
+
+
+def test_on_a_tie_a_token_that_goes_on_beats_an_end_token():
+    # [3, 4] was followed by 6 and, more recently, by the end token 2: proposing 2 could yield one token at most.
+    seq = [3, 4, 6, 7, 10, 3, 4, 2, 11, 3, 4]
+    assert SuffixProposer(8).propose(seq, eos_token_ids=(2,)) == [6, 7, 10, 3, 4, 2]
+    assert SuffixProposer(8).propose([3, 4, 2, 11, 3, 4], eos_token_ids=(2,)) == [2]  # the only continuation
 
 
 @pytest.mark.parametrize("k_max", [1, 3, 8])

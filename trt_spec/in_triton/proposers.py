@@ -52,15 +52,16 @@ class _Index:
             else:
                 hit.append(e)
 
-    def sync(self, tokens: list[int]) -> None:
-        """Make the index describe `tokens`: extend when it only grew, rebuild otherwise."""
+    def sync(self, tokens: list[int]) -> bool:
+        """Make the index describe `tokens`: extend when it only grew (True), rebuild otherwise (False)."""
         n = len(self.tokens)
         if len(tokens) >= n and tokens[:n] == self.tokens:
             if len(tokens) > n:
                 self.extend(tokens[n:])
-        else:
-            self.tokens, self.ends = [], {}
-            self.extend(tokens)
+            return True
+        self.tokens, self.ends = [], {}
+        self.extend(tokens)
+        return False
 
 
 class SuffixStore:
@@ -123,8 +124,9 @@ class SuffixProposer:
 
     Match: the longest suffix (min_match..max_match) that also ends earlier with a token after it, in the sequence
     or the store (where it counts from the store's anchor_len). Continuation: the most frequent next token among
-    the live occurrences, ties to the most recent, for as long as an occurrence goes on (up to the cap, ending at an
-    EOS, included); how much of it to verify is the policy's call (RequestPolicy.confirm). A call costs
+    the live occurrences (ties: a token that goes on before an end token, then the occurrence where the last
+    candidate's copy would be now, then the most recent), for as long as an occurrence goes on (up to the cap,
+    ending at an EOS, included); how much of it to verify is the policy's call (RequestPolicy.confirm). A call costs
     O(max_candidates * max_match), independent of the sequence and store sizes."""
 
     def __init__(
@@ -152,6 +154,7 @@ class SuffixProposer:
         self.store = store
         self.store_hit = False  # whether the last proposal's first token drew on the store
         self._own = _Index(min_match)
+        self._copy: Optional[tuple] = None  # the last candidate's source (None: own), start, sequence length
 
     def __repr__(self) -> str:
         return f"SuffixProposer(k_max={self.k_max}, min_match={self.min_match}, max_match={self.max_match})"
@@ -167,7 +170,8 @@ class SuffixProposer:
         toks = [int(t) for t in tokens]
         if cap <= 0 or len(toks) < self.min_match:
             return Candidate([], [])
-        self._own.sync(toks)
+        if not self._own.sync(toks):
+            self._copy = None  # another sequence: the running copy was another's
         sources = self._sources(toks)
         m, occ = self._longest_match(toks, sources)
         if m == 0:
@@ -213,29 +217,47 @@ class SuffixProposer:
 
     def _continue(self, toks: list[int], sources, occ, m: int, cap: int, eos_token_ids: Collection[int]) -> Candidate:
         n_stored = len(sources) - 1  # ranks below it are stored sequences
+        L0 = len(toks)
+        at = None  # where the last candidate's copy would be now, had the target followed it: (source, position)
+        if self._copy is not None:
+            src0, pos0, len0 = self._copy
+            at = (src0, pos0 + L0 - len0)
+
+        def near(rank: int, start: int) -> tuple:
+            """Tie-break among occurrences: nearest the running copy, then the most recent."""
+            src = sources[rank][0] if rank < n_stored else None  # None: the request's own sequence
+            d = -abs(start - at[1]) if at is not None and src is at[0] else -(1 << 62)
+            return (d, rank, start)
+
         live = occ
         out: list[int] = []
         evidence: list[Evidence] = []
+        first = None
         while len(out) < cap:
-            counts: dict[int, list] = {}  # token -> [count, most recent (rank, end), backed by the store]
+            counts: dict[int, list] = {}  # token -> [count, best tie-break, its (rank, start), backed by the store]
             for rank, pos in live:
                 src = sources[rank][0]
                 if pos < len(src):
                     t = src[pos]
+                    key = near(rank, pos - len(out))
                     c = counts.get(t)
                     if c is None:
-                        counts[t] = [1, (rank, pos), rank < n_stored]
+                        counts[t] = [1, key, (rank, pos - len(out)), rank < n_stored]
                     else:
                         c[0] += 1
-                        c[2] = c[2] or rank < n_stored
-                        if (rank, pos) > c[1]:
-                            c[1] = (rank, pos)
+                        c[3] = c[3] or rank < n_stored
+                        if key > c[1]:
+                            c[1], c[2] = key, (rank, pos - len(out))
             if not counts:
                 break
             n_live = sum(c[0] for c in counts.values())
-            tok, (cnt, _, stored) = max(counts.items(), key=lambda kv: (kv[1][0], kv[1][1]))
+            # most occurrences; on a tie a token that goes on beats an end token (it can yield more), then nearest
+            tok, (cnt, _, occ_at, stored) = max(
+                counts.items(), key=lambda kv: (kv[1][0], kv[0] not in eos_token_ids, kv[1][1])
+            )
             if not out:
                 self.store_hit = stored
+                first = occ_at
             evidence.append((m + len(out), cnt, n_live))  # each token read on lengthens the match by one
             out.append(tok)
             toks.append(tok)  # own occurrences read on into the proposal (periodic text)
@@ -244,6 +266,9 @@ class SuffixProposer:
             live = [
                 (rank, pos + 1) for rank, pos in live if pos < len(sources[rank][0]) and sources[rank][0][pos] == tok
             ]
+        if first is not None:
+            rank, start = first
+            self._copy = (sources[rank][0] if rank < n_stored else None, start, L0)
         return Candidate(out, evidence)
 
 
