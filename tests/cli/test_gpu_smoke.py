@@ -347,6 +347,21 @@ def smoke(tmp_path, monkeypatch):
     }
 
 
+# an engine-runtime chain from its repository on: the plain launch and its client, serve, NVIDIA's clients, check
+ENGINE_SERVED = [
+    "repo",
+    "plain-launch",
+    "plain:nvidia-client:ensemble",
+    "plain-stop",
+    "serve",
+    "nvidia-client:ensemble",
+    "nvidia-client:tensorrt_llm_bls",
+    "nvidia-client-streaming:ensemble",
+    "nvidia-client-streaming:tensorrt_llm_bls",
+    "check",
+]
+
+
 def _statuses(rep, chain):
     return [(r.name, r.status) for r in rep.links if r.chain == chain]
 
@@ -370,16 +385,7 @@ def test_every_link_ok_in_order_report_written_and_servers_stopped(smoke):
         "build:checkpoint-target",
         "build:engine-target",
         "build:manifest",
-        "repo",
-        "plain-launch",
-        "plain:nvidia-client:ensemble",
-        "plain-stop",
-        "serve",
-        "nvidia-client:ensemble",
-        "nvidia-client:tensorrt_llm_bls",
-        "nvidia-client-streaming:ensemble",
-        "nvidia-client-streaming:tensorrt_llm_bls",
-        "check",
+        *ENGINE_SERVED,
         "bench",
     ]
     assert [n for n, _ in _statuses(rep, "llmapi")] == [
@@ -590,16 +596,7 @@ TWIN_TP1 = [
     "build:engine-draft",
     "build:engine-target",
     "build:manifest",
-    "repo",
-    "plain-launch",
-    "plain:nvidia-client:ensemble",
-    "plain-stop",
-    "serve",
-    "nvidia-client:ensemble",
-    "nvidia-client:tensorrt_llm_bls",
-    "nvidia-client-streaming:ensemble",
-    "nvidia-client-streaming:tensorrt_llm_bls",
-    "check",
+    *ENGINE_SERVED,
 ]
 
 

@@ -22,7 +22,7 @@ from ..records import defaults
 from ..records.memory import GIB, instance_rows
 from ..records.names import LOCAL_HOSTS
 from .errors import ServerError
-from .watchdog import cmdline
+from .watchdog import cmdline, environ
 
 MIB = 2**20
 TCP_LISTEN = "0A"  # /proc/net/tcp st of a listening socket
@@ -56,14 +56,6 @@ def listening_pid(port: int, proc: Path = Path("/proc")) -> Optional[int]:
             except OSError:
                 pass
     return None
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
 def process_name(pid: int) -> str:
@@ -139,7 +131,7 @@ class GpuMemoryGate:
             return None, "NVML is not installed here (pip install nvidia-ml-py)"
         except Exception as e:  # noqa: BLE001 - pynvml.NVMLError: no driver, no library
             return None, f"NVML is unavailable here ({e})"
-        visible = _environ(pid).get("CUDA_VISIBLE_DEVICES")
+        visible = environ(pid).get("CUDA_VISIBLE_DEVICES")
         devices = [v.strip() for v in visible.split(",")] if visible else []
         return GpuMemoryGate(nvml, Path(repo), pid, devices), ""
 

@@ -31,13 +31,10 @@ from .admin_key import ADMIN_HEADER, read_admin_key, remove_admin_key_files, wri
 from .errors import ServerError
 from .launch import ServedRepository, launch_spec
 from .locate import prepare_pytriton_backends
-from .triton_log import loading_models, log_errors
+from .triton_log import loading_models, log_errors, starved_stub
 from .watchdog import DeadModel, StubWatch, cmdline, stub_state, stubs_below
 
 SHM_DIR = Path("/dev/shm")
-# A stub that misses the python backend's health check while it loads: Triton 2.51 aborts on it, newer ones fail the
-# load (upstream-facts: triton-python-stub-start-health)
-STARVED_STUB = re.compile(r"boost::interprocess::lock_exception|Stub process '[^']+' is not healthy")
 WORKDIR_PREFIX = "trt-spec-triton-"
 
 # drain() loads this model; it refuses to load, so the server reports not ready.
@@ -248,10 +245,9 @@ class TritonServer:
         """The server failed its start because a python-backend stub missed the health check while it loaded
         (upstream-facts: triton-python-stub-start-health)."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            return starved_stub(self.log_path.read_text(errors="replace"))
         except OSError:
             return False
-        return bool(STARVED_STUB.search(text))
 
     def _restart(self) -> None:
         """Keep the failed start's log beside the new one, then start again on the same ports and key."""

@@ -7,6 +7,14 @@ import re
 
 _LOG_LINE = re.compile(r"^([EWIF])\d{4} [\d:.]+\s+\d+ [^\]]*\] (.*)$")
 _GPU_ABSENT = re.compile(r"CudaDriverHelper|CUDA driver|NVML|DCGM", re.I)  # logged on any machine without a GPU
+# A stub that missed the python backend's health check while it loaded: Triton 2.51 aborts on it, newer ones fail the
+# load (upstream-facts: triton-python-stub-start-health)
+_STARVED_STUB = re.compile(r"boost::interprocess::lock_exception|Stub process '[^']+' is not healthy")
+
+
+def starved_stub(text: str) -> bool:
+    """The log says a python-backend stub failed the start-up health check (a starved machine, not a defect)."""
+    return bool(_STARVED_STUB.search(text))
 
 
 def _log_message(raw: str) -> str:

@@ -43,11 +43,20 @@ def stub_state(pid: int) -> str:
     return f"stub {pid} {_STATES.get(st.state, st.state)}, {st.cpu_s:.0f}s CPU"
 
 
-def cmdline(pid: int) -> list[str]:
+def _nul_fields(pid: int, name: str) -> list[str]:
+    """/proc/PID/NAME split at its NUL bytes ([] when the process is gone or not visible)."""
     try:
-        return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+        return [a for a in Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace").split("\0") if a]
     except OSError:
         return []
+
+
+def cmdline(pid: int) -> list[str]:
+    return _nul_fields(pid, "cmdline")
+
+
+def environ(pid: int) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in _nul_fields(pid, "environ") if "=" in kv)
 
 
 def descendants(pid: int) -> list[int]:
