@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from trt_spec.in_triton.proposers import SuffixProposer  # noqa: E402
+from trt_spec.in_triton.proposers import SuffixProposer, WithoutEvidence  # noqa: E402
 from trt_spec.in_triton.speculative_loop import EngineError, SpecRequest, SpeculativeLoop  # noqa: E402
 from trt_spec.records import backend_contract as bc  # noqa: E402
 from trt_spec.records import defaults  # noqa: E402
@@ -94,7 +94,7 @@ def record(prompts: Sequence[tuple[str, int]], scratch: Path) -> tuple[list[Reco
 
 
 # -- proposers compared ------------------------------------------------------------------------------------------------
-class VllmNgram:
+class VllmNgram(WithoutEvidence):
     """vLLM's n-gram proposer as documented (upstream-facts: vllm-ngram-proposer): the longest n in min_n..max_n whose
     last-n tokens occurred earlier, its earliest occurrence, and the up to k tokens that followed it."""
 
@@ -112,7 +112,7 @@ class VllmNgram:
         return []
 
 
-class OldRule:
+class OldRule(WithoutEvidence):
     """The suffix proposer with the length rule it had before: ceil(2·m) + agreeing occurrences − 1, every round."""
 
     def __init__(self, k: int = K):

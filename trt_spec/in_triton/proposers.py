@@ -116,7 +116,15 @@ class Candidate:
     """A proposal as far as the match supports, with each token's evidence for the policy to weigh."""
 
     tokens: list[int]
-    evidence: list[Evidence]  # per token: (match length, occurrences agreeing on it, live occurrences)
+    # per token: (match length, occurrences agreeing on it, live occurrences); None: the proposer gives none
+    evidence: Optional[list[Evidence]]
+
+
+class WithoutEvidence:
+    """A proposer whose propose() gives tokens only: its candidate has no evidence, so the policy verifies it whole."""
+
+    def candidate(self, tokens: Sequence[int], k: int | None = None, eos_token_ids: Collection[int] = ()) -> Candidate:
+        return Candidate(self.propose(tokens, k, eos_token_ids), None)
 
 
 class SuffixProposer:
@@ -321,7 +329,7 @@ class SuffixCache:
         return len(self._stores)
 
 
-class NgramDraft:
+class NgramDraft(WithoutEvidence):
     """Prompt lookup: propose what followed the most recent earlier match of the last n tokens (longest n first)."""
 
     def __init__(self, max_ngram: int = 3, k: int = 4, *, min_ngram: int = 1):

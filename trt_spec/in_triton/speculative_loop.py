@@ -21,7 +21,7 @@ from ..records.bls_parameters import BlsParameters
 from ..records.draft_policy import DraftLengthPolicy, Outcome
 from ..records.names import DRAFT_LEN_POLICY, MAX_TOKENS, NUM_DRAFT_TOKENS, TENANT, TEXT_INPUT
 from ..records.speculation import LOOP_MODES, POLICIES, CacheScope
-from .proposers import SuffixCache, SuffixProposer, proposer_for
+from .proposers import SuffixCache, proposer_for
 
 SEED_STRIDE = 1_000_003  # per-round seed offset: independent random streams across verify calls
 
@@ -371,11 +371,9 @@ class SpeculativeLoop:
         """(draft, its logits, its per-token evidence where the proposer gives it)."""
         if k <= 0:
             return [], None, None
-        if isinstance(proposer, SuffixProposer):
+        if proposer is not None:
             c = proposer.candidate(tokens, k, (r.end_id,))
             return c.tokens, None, c.evidence
-        if proposer is not None:
-            return proposer.propose(tokens, k, (r.end_id,)), None, None
         ins = engine_inputs(r, tokens, k, SEED_STRIDE * step + 1)
         outs = list(bc.MANDATORY_OUTPUTS) + (list(bc.PERF_OUTPUTS) if r.perf else [])
         if r.use_logits:
