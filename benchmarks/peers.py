@@ -13,7 +13,8 @@ Systems (--systems picks a subset), each against its own non-speculative baselin
 
 Workloads: code-edit (tests/data/code_edit_heldout.jsonl, --limit of them, spread over the file), agentic (the
 shipped conversations, the --agentic with the smallest token budgets, every turn, each system fed its own answers,
---agentic-max-tokens a turn: the CPU deployment's 1536-token input limit must hold turn 3's history),
+--agentic-max-tokens a turn: turn 3's history must fit the deployment's input limit, which the matched build raises
+to 2048 for every shipped conversation; the shipped CPU config's 1536 holds the smaller ones),
 spec-bench (--per-category questions of each Spec-Bench category, picked as spec_bench.py picks them).
 
 Tokens per target call = speculative tokens / target forward calls (the prefill's included; every round, with or
@@ -52,6 +53,9 @@ K = 8
 NGRAM = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
 CONFIG = "build_configs/cpu-smollm2-ngram.yaml"
 MATCHED = ROOT / "build" / "peers" / "cpu-smollm2-ngram-fp32.yaml"  # CONFIG with the peers' float32 weights
+# the matched build's limits: room for every shipped agentic conversation's turn 3 (up to 1.7k tokens of history at
+# 384 tokens a turn) where the shipped CPU config stops at 1536
+MATCHED_LIMITS = {"max_input_len": 2048, "max_seq_len": 2560, "max_num_tokens": 2560}
 CODE_EDIT = ROOT / "tests" / "data" / "code_edit_heldout.jsonl"
 FP32 = "float32 (the GGUF import)"
 FP8 = "FP8 e4m3 per-channel (dequantized at load)"
@@ -107,11 +111,12 @@ def workloads(a: argparse.Namespace, tok) -> list:
 
 def matched_config() -> Path:
     """CONFIG with float32 weights (quantization.weights fp32; `trt-spec build CONFIG --set quantization.weights=fp32`
-    builds the same), written where its build dir is named after it."""
+    builds the same) and MATCHED_LIMITS, written where its build dir is named after it."""
     import yaml
 
     d = yaml.safe_load((ROOT / CONFIG).read_text())
     d["quantization"]["weights"] = "fp32"
+    d["limits"].update(MATCHED_LIMITS)
     MATCHED.parent.mkdir(parents=True, exist_ok=True)
     text = f"# {CONFIG} with the peers' float32 weights (benchmarks/peers.py)\n" + yaml.safe_dump(d, sort_keys=False)
     if not MATCHED.is_file() or MATCHED.read_text() != text:
@@ -159,7 +164,7 @@ def run_vllm(vllm_python: Path, methods: list, prompts: list, tok, target: str, 
 
     job = {
         "model": target,
-        "max_model_len": spec_bench_limits().max_seq_len,
+        "max_model_len": MATCHED_LIMITS["max_seq_len"],
         "k": K,
         "ngram": NGRAM,
         "methods": methods,
@@ -209,10 +214,20 @@ def run_vllm(vllm_python: Path, methods: list, prompts: list, tok, target: str, 
     return out_
 
 
-def spec_bench_limits():
+def unfit_turns(prompts: list, tok, config: Path) -> list[str]:
+    """Agentic turns whose history, with every earlier answer at its full budget, outgrows config's max_input_len."""
+    from trt_spec.harness.prompts import conversation, render_conversation
+    from trt_spec.in_triton.serving import encode
     from trt_spec.records.config import load_config
 
-    return load_config(ROOT / CONFIG).limits
+    limit = load_config(config).limits.max_input_len
+    out = []
+    for p in (p for p in prompts if p.category == "agentic"):
+        answer = tok.decode([tok.encode(" x", add_special_tokens=False)[0]] * p.max_tokens)
+        last = conversation(p.turns, [answer] * (len(p.turns) - 1))
+        if len(encode(tok, render_conversation(tok, last))) > limit:
+            out.append(f"{p.id} turn {len(p.turns)}")
+    return out
 
 
 # --- the table -------------------------------------------------------------------------------------------------------
@@ -230,6 +245,22 @@ def rows(res: dict, workloads_: list[str]) -> dict:
         if mine:
             out[w] = turn_figures(mine)
     return out
+
+
+def workload_reports(results: dict, workloads_: list[str], out: Path) -> None:
+    """out/reports/SYSTEM.WORKLOAD.json: one bench report per system and workload, e.g. for
+    `trt-spec plan GPU_CONFIG --alpha-from` (the GPU performance model replays its measured rounds)."""
+    from trt_spec.harness.bench import RequestSample, summarize
+    from trt_spec.records.atomic import write_atomic
+
+    (out / "reports").mkdir(exist_ok=True)
+    for system, res in results.items():
+        samples = [RequestSample(**s) for s in res["samples"]]
+        for w in workloads_:
+            mine = [s for s in samples if s.category == w or (w == "spec-bench" and s.category.startswith(w + "/"))]
+            if mine:
+                path = out / "reports" / f"{system}.{w.replace('/', '-')}.json"
+                write_atomic(path, json.dumps(summarize(mine, K, res.get("draft_len_policy")), indent=1, default=float))
 
 
 def same_text(report: dict) -> dict:
@@ -292,8 +323,8 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
         "--agentic-max-tokens",
         type=int,
         default=384,
-        help="token budget per agentic turn (0: each conversation's own, 448-1024; turn 3 then outgrows the CPU "
-        "deployment's max_input_len 1536)",
+        help="token budget per agentic turn (0: each conversation's own, 448-1024; turn 3 then outgrows the "
+        "deployments' max_input_len)",
     )
     ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS))
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
@@ -339,6 +370,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     tok = load_tokenizer(target)
     prompts = workloads(a, tok)
+    for r in runners:
+        unfit = unfit_turns(prompts, tok, configs[r]) if r in configs else []
+        if unfit:
+            print(
+                f"error: {', '.join(unfit)} can outgrow {configs[r].name}'s max_input_len: leave its systems out "
+                "(--systems), or lower --agentic / --agentic-max-tokens",
+                file=sys.stderr,
+            )
+            return 2
     names = list(dict.fromkeys(p.category for p in prompts))
     wl = [w for w in names if not w.startswith("spec-bench/")]
     wl += (["spec-bench"] if len(wl) < len(names) else []) + [w for w in names if w.startswith("spec-bench/")]
@@ -373,6 +413,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         report["systems"][s] = {"label": SYSTEMS[s][0], "weights": SYSTEMS[s][1], "rows": rows(results[s], wl)}
         report["systems"][s]["result"] = results[s]
     report["same_text"] = same_text(report)
+    workload_reports(results, wl, out)
     md = markdown(report)
     write_atomic(out / "peers.json", json.dumps(report, indent=2, default=float))
     write_atomic(out / "peers.md", md + "\n")

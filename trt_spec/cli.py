@@ -733,7 +733,7 @@ _profile_option = click.option(
     "--profile",
     is_flag=True,
     help="Also show where the speculative requests' time went: proposal, target calls by tokens submitted, the "
-    "BLS's Python and Triton/gRPC (the BLS's return_profile input; docs/harness.md).",
+    "BLS's Python and, served, Triton/gRPC (the BLS's return_profile input; docs/harness.md).",
 )
 
 
@@ -897,6 +897,7 @@ def bench_openai(
 @_set_option
 @_runs_options
 @_predict_option
+@_profile_option
 def bench_in_process(
     config: str,
     ignore_eos: bool,
@@ -913,6 +914,7 @@ def bench_in_process(
     turns: str,
     fmt: str,
     predict: Optional[str],
+    profile: bool,
 ) -> None:
     """The same speculative loop and policy over CONFIG's reference engines (built with `trt-spec build CONFIG`) in
     this process, no server: speedup, decode speedup, token identity, acceptance, the policy's per-round k counts,
@@ -927,7 +929,7 @@ def bench_in_process(
             Path(config),
             sets,
             prompts,
-            _runs(ks, repeats, policies, turns),
+            _runs(ks, repeats, policies, turns, profile),
             ignore_eos=ignore_eos,
             threads=threads,
             compare_hf=compare_hf,

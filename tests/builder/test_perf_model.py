@@ -115,6 +115,42 @@ def test_alpha_from_report():
         pm.alpha_from_report({"bench": [{"k": 4, "acceptance": {"accepted": None, "speculative_rounds": 0}}]})
 
 
+def _ngram_70b():
+    return report_of("llama33-70b-fp8-h200", ["speculative.mode=ngram", "speculative.max_draft_len=8", "draft=null"])
+
+
+def test_measured_rounds_are_replayed_not_averaged():
+    """A proposer that copies all or nothing: half the rounds propose nothing (the target decodes 1 token), half
+    propose 8 and keep all 8 + 1. Averaged into one alpha that reads as 9 tokens a round; as it ran, 5."""
+    rep = {"bench": [{"k": 8, "acceptance": {"accepted": 400, "speculative_rounds": 50, "steps": 100,
+                                             "draft_length_counts": [50, 0, 0, 0, 0, 0, 0, 0, 50]}}]}  # fmt: skip
+    m = pm.alpha_from_report(rep)
+    assert m.rounds == {0: 50, 8: 50} and m.decode_tokens == 500 and m.host_s is None
+    p = pm.predict(_ngram_70b(), m)
+    assert p.speedup > 8.5  # the alpha path: every round a full proposal
+    assert p.measured_tokens_per_round == 5 and p.measured_no_proposal_share == 0.5
+    # a 9-token verification of a 70B at batch 1 costs about one decode step: 5 tokens per round ≈ 5x
+    assert 4.8 < p.measured_speedup <= 5 + 1e-9
+    assert "the measured rounds on these costs" in pm.format_prediction(p)
+    # without the rounds that proposed nothing (an older report) there is nothing to replay
+    rep["bench"][0]["acceptance"]["draft_length_counts"] = [0] * 8 + [50]
+    assert pm.predict(_ngram_70b(), pm.alpha_from_report(rep)).measured_speedup is None
+
+
+def test_profiled_host_time_slows_the_replay():
+    acc = {"accepted": 400, "speculative_rounds": 50, "steps": 100, "draft_length_counts": [50] + [0] * 7 + [50]}
+    parts = [{"part": "target_s", "seconds": 9.0}, {"part": "loop_s", "seconds": 0.1},
+             {"part": "triton_s", "seconds": 0.1}, {"part": "proposal_s", "seconds": 0.05}]  # fmt: skip
+    m = pm.alpha_from_report({"bench": [{"k": 8, "acceptance": acc, "profile": {"parts": parts}}]})
+    assert m.host_s == pytest.approx(0.2) and m.proposal_s == pytest.approx(0.05)
+    bare = pm.predict(_ngram_70b(), pm.alpha_from_report({"bench": [{"k": 8, "acceptance": acc}]}))
+    p = pm.predict(_ngram_70b(), m)
+    # 0.25 s over 100 rounds: 2.5 ms a round of the host's (the draft-free proposer's own time included)
+    assert p.measured_host_ms_per_round == pytest.approx(2.5)
+    assert p.measured_speedup < bare.measured_speedup
+    assert p.measured_tpot_ms == pytest.approx(bare.measured_tpot_ms + 250 / 500)
+
+
 def test_read_alpha_bad_input_is_one_line(tmp_path):
     for content, match in ((None, "no such file"), ("{not json", "not a readable JSON"), ("[1]", "not a bench")):
         f = tmp_path / "r.json"

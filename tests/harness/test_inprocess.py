@@ -83,7 +83,7 @@ def test_the_adaptive_policy_is_the_one_served(configs):
 
 
 def test_a_wrong_draft_is_reported_as_slower(configs):
-    rep = bench(configs["other"], "--k", "4", "--policy", "fixed")
+    rep = bench(configs["other"], "--k", "4", "--policy", "fixed", "--profile")
     assert rep["token_identity"] == 1.0  # output is still the target's
     assert rep["acceptance_rate"] < 0.3
     assert rep["leviathan_bound"] < 1.0  # an equally expensive, mostly wrong draft cannot pay
@@ -96,6 +96,16 @@ def test_a_wrong_draft_is_reported_as_slower(configs):
     )
     assert "even a perfectly efficient implementation cannot beat the baseline" in w
     assert "lower num_draft_tokens (k=4)" in w
+    # --profile says where: 4 draft passes a round (about 1.35x the target's calls here) besides 1 verification
+    prof = rep["sweep"][0]["profile"]
+    parts = {p["part"]: p["seconds"] for p in prof["parts"]}
+    assert sum(parts.values()) == pytest.approx(prof["request_s"])
+    assert parts["proposal_s"] > 0.5 * parts["target_s"] and parts["proposal_s"] > 5 * parts["loop_s"]
+    assert parts["triton_s"] == pytest.approx(0, abs=1e-9)  # no server in process
+    calls = {kind: sum(c["count"] for c in prof["calls"] if c["call"] == kind) for kind in ("prefill", "verify")}
+    # every step accounted for: a prefill and a verification are one each, a decode run one per token it produced
+    decoded = sum(c["count"] * c["tokens"] for c in prof["calls"] if c["call"] == "decode")
+    assert prof["requests"] == calls["prefill"] == 2 and calls["prefill"] + calls["verify"] + decoded == rep["steps"]
 
 
 def test_ngram_and_a_k_beyond_the_build_is_one_clear_error(configs):

@@ -88,6 +88,14 @@ class MeasuredAlpha:
     mean_len: float
     k: Optional[float]  # mean draft length measured at; None: the config's
     source: str
+    # every decode round as measured, by the tokens it proposed (0: the target decoded alone), and the tokens those
+    # rounds yielded; None where the report does not count the rounds without a proposal
+    rounds: Optional[dict[int, int]] = None
+    decode_tokens: int = 0
+    # the host's seconds over those requests (bench --profile): the BLS's Python and Triton/gRPC, and the proposer's
+    # apart (host time for a draft-free proposer, a draft engine's for draft-target); None: not profiled
+    host_s: Optional[float] = None
+    proposal_s: Optional[float] = None
 
 
 def _entries(rep: dict) -> list[dict]:
@@ -104,12 +112,27 @@ def alpha_from_report(rep: dict, where: str = "the report", default_k: Optional[
 
     Raises PerfModelError for a report without per-round acceptance."""
     rounds: dict[int, int] = {}
-    accepted = spec_rounds = 0
+    every: Optional[dict[int, int]] = {}  # rounds by proposed tokens, those without a proposal included
+    accepted = spec_rounds = decode_tokens = 0
+    host: Optional[list[float]] = [0.0, 0.0]  # (BLS Python + Triton/gRPC, proposal) seconds, while every run has them
     for e in _entries(rep):
         a = e["acceptance"]
         if not a.get("speculative_rounds") or a.get("accepted") is None:
             continue
+        parts = {p["part"]: p["seconds"] for p in (e.get("profile") or {}).get("parts", [])}
+        if host is not None and parts:
+            host[0] += sum(v for k, v in parts.items() if k not in ("target_s", "proposal_s"))
+            host[1] += parts.get("proposal_s", 0.0)
+        else:
+            host = None
         ks = list(a.get("draft_length_counts") or [])
+        if every is not None and ks and sum(ks) == a.get("steps"):
+            for k, n in enumerate(ks):
+                if n:
+                    every[k] = every.get(k, 0) + n
+            decode_tokens += a["steps"] + a["accepted"]
+        else:
+            every = None
         if sum(ks[1:]) != a["speculative_rounds"]:
             hist_k = len(a.get("histogram") or []) - 1
             k = hist_k if hist_k > 0 else e.get("k") or default_k
@@ -137,7 +160,9 @@ def alpha_from_report(rep: dict, where: str = "the report", default_k: Optional[
         lo, hi = (mid, hi) if tokens(mid) < mean_len else (lo, mid)
     k_mean = sum(k * n for k, n in rounds.items()) / spec_rounds
     src = f"measured: mean acceptance length {mean_len:.2f} at mean k {k_mean:.1f} over {spec_rounds} rounds"
-    return MeasuredAlpha((lo + hi) / 2, mean_len, k_mean, f"{src} ({where})")
+    return MeasuredAlpha(
+        (lo + hi) / 2, mean_len, k_mean, f"{src} ({where})", every or None, decode_tokens, *(host or (None, None))
+    )
 
 
 def read_alpha(path: Path, default_k: Optional[int] = None) -> MeasuredAlpha:
@@ -221,6 +246,14 @@ class Prediction:
     best_k: Optional[int]  # chain modes only
     best_speedup: Optional[float]
     target_gb_per_gpu: float
+    # the measured rounds replayed on this config's costs (MeasuredAlpha.rounds; chain modes only): no i.i.d.
+    # acceptance assumed, so a proposer that copies all or nothing is predicted as it ran
+    measured_rounds: Optional[int] = None
+    measured_tokens_per_round: Optional[float] = None
+    measured_no_proposal_share: Optional[float] = None
+    measured_tpot_ms: Optional[float] = None
+    measured_speedup: Optional[float] = None
+    measured_host_ms_per_round: Optional[float] = None  # None: the report was not profiled (not added)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -304,6 +337,23 @@ def predict(
     best_k = best = None
     if cfg.speculative.mode in CHAIN_MODES:
         best_k, best = max(((k, speed(k, k + 1)[0]) for k in range(1, MAX_BEST_K + 1)), key=lambda x: x[1])
+    replay = {}
+    if measured and measured.rounds and measured.decode_tokens and cfg.speculative.mode in CHAIN_MODES:
+        n = sum(measured.rounds.values())
+        spent = sum(c * (draft_s(k) + pass_seconds(t, q.weights, q.kv_cache, ctx, k + 1, tp, rates))
+                    for k, c in measured.rounds.items())  # fmt: skip
+        host = None
+        if measured.host_s is not None:  # a draft-free proposer runs on the host; a draft engine is draft_s
+            host = measured.host_s + ((measured.proposal_s or 0.0) if cfg.speculative.mode is Mode.NGRAM else 0.0)
+            spent += host
+        replay = {
+            "measured_host_ms_per_round": None if host is None else host / n * 1e3,
+            "measured_rounds": n,
+            "measured_tokens_per_round": measured.decode_tokens / n,
+            "measured_no_proposal_share": measured.rounds.get(0, 0) / n,
+            "measured_tpot_ms": spent / measured.decode_tokens * 1e3,
+            "measured_speedup": measured.decode_tokens * base / spent,
+        }
     return Prediction(
         gpu=report.gpu.name,
         tp=tp,
@@ -323,6 +373,7 @@ def predict(
         best_k=best_k,
         best_speedup=best,
         target_gb_per_gpu=step_bytes(t, q.weights, q.kv_cache, ctx, tp) / 1e9,
+        **replay,
     )
 
 
@@ -332,6 +383,20 @@ def format_prediction(p: Prediction) -> str:
     be = "none (no alpha pays at this depth)" if p.break_even_alpha is None else f"{p.break_even_alpha:.2f}"
     best = "" if p.best_k is None else f"; best k at this alpha: {p.best_k} ({p.best_speedup:.2f}x)"
     shape = f"k {p.depth}" if p.verify_tokens == p.depth + 1 else f"depth {p.depth}, tree of {p.verify_tokens} tokens"
+    replay = []
+    if p.measured_speedup is not None:
+        host = (
+            "host time not profiled (bench --profile measures it)"
+            if p.measured_host_ms_per_round is None
+            else f"+ {p.measured_host_ms_per_round:.2f} ms host time per round as profiled"
+        )
+        replay = [
+            f"  the measured rounds on these costs: {p.measured_rounds} rounds, "
+            f"{p.measured_tokens_per_round:.2f} tokens each ({p.measured_no_proposal_share:.0%} without a proposal), "
+            f"{host}:",
+            f"    TPOT {p.target_step_ms:.2f} -> {p.measured_tpot_ms:.2f} ms, predicted speedup "
+            f"{p.measured_speedup:.2f}x ({1e3 / p.target_step_ms:.1f} -> {1e3 / p.measured_tpot_ms:.1f} tok/s)",
+        ]
     return "\n".join(
         [
             f"prediction (GPU performance model, batch 1, {p.context}-token context; docs/performance-model.md):",
@@ -343,6 +408,7 @@ def format_prediction(p: Prediction) -> str:
             f"  TPOT {p.target_step_ms:.2f} ms baseline -> {p.speculative_tpot_ms:.2f} ms speculative: "
             f"predicted speedup {p.speedup:.2f}x",
             f"  break-even alpha {be}{best}",
+            *replay,
         ]
     )
 

@@ -341,6 +341,7 @@ def bench_in_process(
             ignore_eos=ignore_eos,
             progress=progress,
             turns=runs.turns,
+            profile=runs.profile,
         )
         if compare_hf:
             rep["lean_vs_hf"] = hf_timing(dep, prompts)

@@ -30,10 +30,13 @@ from ..records import backend_contract as bc
 from ..records import defaults
 from ..records.bls_parameters import BlsParameters
 from ..records.names import BASELINE, BLS, ENGINE_MODELS, ENSEMBLE, SPECULATIVE
+from ..records.profile import loop_profile
+from ..records.profile import summarize as profile_table
 from ..records.speculation import acceptance_summary, leviathan_bound, paired_speedup, solve_alpha
 from .bench import RequestSample, per_category, request_acceptance_counts
 from .metrics import fmt, low_acceptance_advice, tpot
 from .prompts import NEEDS_TEMPLATE, Prompt, conversation
+from .report import profile_table as profile_lines
 
 NS = 1e-9
 
@@ -189,9 +192,11 @@ def run_inprocess(
     ignore_eos: bool = False,
     progress: Optional[Callable[[str], None]] = None,
     turns: str = defaults.TURNS,
+    profile: bool = False,
 ) -> dict:
     """Paired baseline/speculative runs per (policy, k), alternating per prompt. policy None: the deployment's.
-    turns "all": one pair per conversation turn, each side fed its own answers."""
+    turns "all": one pair per conversation turn, each side fed its own answers. profile: each row says where its
+    speculative requests' time went (the served bench's --profile table, without Triton)."""
     import torch
 
     say = progress or (lambda s: None)
@@ -223,7 +228,7 @@ def run_inprocess(
                         )
                         pair_up = _conversation_pairs if turns == "all" else _prompt_pair
                         pairs += await pair_up(d, loop, p, x, i, r, k, end_id, policy)
-                rows.append(_row(k, policy or d.bls.draft_len_policy, pairs))
+                rows.append(_row(k, policy or d.bls.draft_len_policy, pairs, profile))
         return rows
 
     results = asyncio.run(run())
@@ -283,8 +288,8 @@ def _validate_turn(d: Loaded, p: Prompt, t: int, ids: list[int], k: int, policy:
         ) from None
 
 
-def _row(k: int, policy: str, pairs: list[Pair]) -> dict:
-    """One (policy, k): the paired runs summed, the acceptance, and the model."""
+def _row(k: int, policy: str, pairs: list[Pair], profile: bool = False) -> dict:
+    """One (policy, k): the paired runs summed, the acceptance, and the model; profile: where the time went."""
     base = [x.base for x in pairs]
     spec = [x.spec for x in pairs]
     base_t, spec_t = sum(b.wall_s for b in base), sum(s.wall_s for s in spec)
@@ -341,6 +346,8 @@ def _row(k: int, policy: str, pairs: list[Pair]) -> dict:
         "spec_tokens": spec_n,
         "samples": _pair_records(k, pairs),
     }
+    if profile:  # the loop's own rounds on the served table's parts: no parsing, streaming or Triton here
+        row["profile"] = profile_table((loop_profile(s.metrics.rounds, s.wall_s), s.wall_s) for s in spec)
     row["warning"] = low_acceptance_advice(alpha, k, c, speedup)
     return row
 
@@ -418,6 +425,9 @@ def format_report(rep: dict) -> str:
             f"{a['rounds_without_speculation_share']:.0%}"
         )
     lines += _category_lines(rep)
+    for r in rep["sweep"]:
+        if r.get("profile"):
+            lines += [f"k={r['k']} {r['draft_len_policy']}:", *profile_lines(r["profile"])]
     lines.append(
         f"best k={rep['k']} ({rep['draft_len_policy']}): {rep['speedup']:.2f}x end to end "
         f"(95% CI {_interval(rep['speedup_ci95'])}; {rep['spec_tok_s']:.1f} vs {rep['baseline_tok_s']:.1f} "
