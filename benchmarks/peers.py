@@ -22,8 +22,11 @@ without a proposal): machine-independent. tok/s and speedup need a quiet machine
 
     python benchmarks/peers.py [--limit 4] [--agentic 1] [--per-category 1] [--max-tokens 96]
         [--systems ...] [--vllm-python .venv-vllm/bin/python] [--out build/peers] [--build]
+    python benchmarks/peers.py --report RUN/peers.json [ANOTHER_RUN/peers.json ...]
 
-Writes peers.md and peers.json (every request too) and prints the table.
+Writes peers.md and peers.json (every request too), reports/SYSTEM.WORKLOAD.json (bench reports for `trt-spec plan
+--alpha-from`), and prints the table and issue 45's goals, each a ratio with a 95% interval resampled by prompt.
+--report prints them again from earlier runs of the same prompts, merged (docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -195,10 +198,10 @@ def run_vllm(vllm_python: Path, methods: list, prompts: list, tok, target: str, 
 
     def sample(r: dict, model: str) -> RequestSample:
         p = prompts[r["item"]]
-        # target calls: the prefill, each verify step with a proposal, and the steps without one (each yields 1 token;
-        # a verify step yields its accepted + 1, the last one's cut by the budget)
-        steps = 1 + r["drafts"] + max(0, r["tokens"] - 1 - r["drafts"] - r["accepted"]) if r["tokens"] else 0
-        accepted = min(r["accepted"], max(r["tokens"] - 1, 0))
+        # target calls as vLLM's step loop counted them (vllm_peer.py); the accepted count without what a budget-cut
+        # last round accepted past the budget: every step yields its accepted + 1
+        steps = r["steps"]
+        accepted = min(r["accepted"], max(r["tokens"] - steps, 0))
         digest = hashlib.sha1(r["answer"].encode()).hexdigest()[:16]
         return RequestSample(
             model, r["item"], 0, r["tokens"], r["latency_s"], r["latency_s"], None, accepted, r["drafted"],
@@ -278,8 +281,110 @@ def same_text(report: dict) -> dict:
     return {k: (sum(digests(k).get(x) == d for x, d in want.items()), len(want)) for k in report["systems"]}
 
 
+# issue 45's goals: (what, workload, ours, peers, goal); "tpc": tokens per target call ≥ goal × the best peer's,
+# "speedup": our speedup ≥ goal × the peer's (peers empty: ≥ goal itself)
+GOALS = (
+    ("tpc", "code-edit", "trt-spec-fp32-fixed", ("vllm-ngram", "vllm-suffix"), 1.0),
+    ("tpc", "agentic", "trt-spec-fp32-fixed", ("vllm-ngram", "vllm-suffix"), 1.0),
+    ("speedup", "code-edit", "trt-spec-fp32-adaptive", ("hf-prompt-lookup",), 1.15),
+    ("speedup", "agentic", "trt-spec-fp32-adaptive", ("hf-prompt-lookup",), 1.5),
+    ("speedup", "agentic", "trt-spec-fp32-adaptive", (), 3.0),
+    ("speedup", "spec-bench/*", "trt-spec-fp32-adaptive", (), 0.97),
+)
+BOOTSTRAP = 2000
+
+
+def _by_prompt(res: dict, workload: str) -> dict:
+    """prompt -> [(baseline s, speculative s, speculative tokens, target calls)] of its paired turns in workload."""
+    from trt_spec.harness.bench import RequestSample, paired
+
+    out: dict = {}
+    for b, sp in paired([RequestSample(**x) for x in res["samples"]]):
+        if sp.category == workload:
+            out.setdefault(sp.prompt, []).append((b.latency_s, sp.latency_s, sp.tokens, sp.steps))
+    return out
+
+
+def _figure(kind: str, turns: list) -> Optional[float]:
+    if kind == "tpc":
+        calls = sum(t[3] for t in turns)
+        return sum(t[2] for t in turns) / calls if calls else None
+    spec = sum(t[1] for t in turns)
+    return sum(t[0] for t in turns) / spec if spec else None
+
+
+def goal_ratio(kind: str, ours: dict, theirs: Optional[dict], seed: int = 0) -> tuple:
+    """(ours, theirs, ratio, 95% CI of the ratio) over the prompts both ran, resampled by prompt (a conversation's
+    turns stay together); theirs None: ours against 1."""
+    import random
+
+    keys = sorted(set(ours) & set(theirs)) if theirs is not None else sorted(ours)
+    if not keys:
+        return None, None, None, (None, None)
+
+    def ratio(ks: list) -> Optional[float]:
+        a = _figure(kind, [t for k in ks for t in ours[k]])
+        b = 1.0 if theirs is None else _figure(kind, [t for k in ks for t in theirs[k]])
+        return a / b if a is not None and b else None
+
+    rng = random.Random(seed)
+    boot = sorted(r for r in (ratio([rng.choice(keys) for _ in keys]) for _ in range(BOOTSTRAP)) if r is not None)
+    a = _figure(kind, [t for k in keys for t in ours[k]])
+    b = None if theirs is None else _figure(kind, [t for k in keys for t in theirs[k]])
+    return a, b, ratio(keys), (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1])
+
+
+def goals(report: dict) -> list[str]:
+    """Issue 45's goals on this run: each a ratio with its 95% interval, met where the ratio reaches the goal."""
+    lines = [
+        "| goal | workload | trt-spec | peer | ratio (95% CI, by prompt) | goal | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    systems = report["systems"]
+    for kind, workload, ours, peers, goal in GOALS:
+        if ours not in systems:
+            continue
+        wls = [w for w in report["workloads"] if w.startswith("spec-bench/")] if workload.endswith("*") else [workload]
+        for w in wls:
+            mine = _by_prompt(systems[ours]["result"], w)
+            if not mine:
+                continue
+            for peer in [p for p in peers if p in systems] or ([None] if not peers else []):
+                theirs = None if peer is None else _by_prompt(systems[peer]["result"], w)
+                a, b, r, (lo, hi) = goal_ratio(kind, mine, theirs)
+                if r is None:
+                    continue
+                what = "tokens per target call" if kind == "tpc" else "speedup"
+                peer_cell = "–" if peer is None else f"{SYSTEMS[peer][0]}: {_f(b, '.2f')}"
+                met = ("yes" if r >= goal else "**no**") + (" (the CI spans the goal)" if lo < goal < hi else "")
+                lines.append(
+                    f"| {what} | {w} | {SYSTEMS[ours][0]}: {_f(a, '.2f')} | {peer_cell} | {r:.3f} ({lo:.3f}–{hi:.3f}) "
+                    f"| ≥ {goal:g}{'' if peer is None else ' ×'} | {met} |"
+                )
+    return lines
+
+
 def _f(x, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
+
+
+def merged(paths: list[Path]) -> dict:
+    """The first report with the systems of the later ones added (a later one's replace the same system's); every
+    report must have run the same questions."""
+    first = json.loads(paths[0].read_text())
+    for p in paths[1:]:
+        r = json.loads(p.read_text())
+        if r["questions"] != first["questions"]:
+            raise ValueError(f"{p} ran other prompts than {paths[0]}: run both with the same --limit, --agentic, "
+                             "--per-category and --seed")  # fmt: skip
+        first["systems"].update(r["systems"])
+        first["date"] = (
+            f"{first['date'][:10]} and {r['date'][:10]}" if r["date"][:10] != first["date"][:10] else first["date"]
+        )
+    if len(paths) > 1:
+        first["prompts"] += f" ({len(paths)} runs merged: {', '.join(str(p) for p in paths)})"
+        first["same_text"] = same_text(first)
+    return first
 
 
 def markdown(report: dict) -> str:
@@ -302,6 +407,7 @@ def markdown(report: dict) -> str:
                 f"{_f(v['speculative_tokens_per_s'], '.1f')} | {_f(v['speedup'], '.2f')}x | "
                 f"**{_f(v['tokens_per_target_call'], '.2f')}** | {v['identical']}/{v['requests']} |"
             )
+    lines += ["", "### Issue 45's goals on this run", "", *goals(report)]
     same = report.get("same_text") or {}
     if same:
         lines += ["", "Baseline answers equal to the float32 peers' (same weights, same text): " + ", ".join(
@@ -334,6 +440,13 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="build/peers")
     ap.add_argument("--build", action="store_true", help="build the trt-spec configs first")
+    ap.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        help="only print the table and goals of earlier runs' peers.json, the systems of later files added to the "
+        "first's (runs of the same prompts; tokens per target call compares across runs, tok/s and speedup do not)",
+    )
     a = ap.parse_args(argv)
     if a.limit < 1 or a.agentic < 0 or a.per_category < 0 or a.max_tokens < 1:
         ap.error("--limit and --max-tokens must be >= 1, --agentic and --per-category >= 0")
@@ -347,6 +460,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     from trt_spec.records.atomic import write_atomic
 
     a = parse(argv)
+    if a.report:
+        try:
+            print(markdown(merged(a.report)))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     configs = {"served-fp8": ROOT / CONFIG, "served-fp32": matched_config()}

@@ -7,7 +7,9 @@ template and encoded as trt-spec encodes (add_special_tokens=True); turn 1 is ch
 sent. Greedy (temperature 0), the caller's token budget, stop at the tokenizer's end token only (generation_config
 "vllm": nothing from generation_config.json). Accepted and drafted tokens per request from vLLM's per-request
 spec-decode metrics (per_request_spec_decode_metrics "summary": CompletionOutput.spec_decode_metrics;
-upstream-facts: vllm-per-request-spec-metrics-offline).
+upstream-facts: vllm-per-request-spec-metrics-offline), and the target's forward steps counted as they happen: the
+request runs alone through the engine's own step loop with delta outputs, one per step that produced tokens (the
+metrics alone cannot give them: upstream-facts: vllm-spec-metrics-past-budget).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def speculative_config(method: str, k: int, job: dict) -> dict | None:
 def main(job_path: str, out_path: str) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
 
     job = json.loads(open(job_path).read())
     k = job["k"]
@@ -58,22 +61,37 @@ def main(job_path: str, out_path: str) -> int:
         text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         return list(tok.encode(text, add_special_tokens=True))
 
+    counter = iter(range(1 << 30))
+
     def generate(method: str, ids: list[int], max_tokens: int) -> dict:
-        llm = engines[method]
-        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=[end_id])
+        """One request alone through the engine's step loop: its tokens, time, and forward steps (each step that
+        produced tokens: the prefill, then one verification or decode step each)."""
+        engine = engines[method].llm_engine
+        sp = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, stop_token_ids=[end_id], output_kind=RequestOutputKind.DELTA
+        )
+        rid, got, steps, sd = f"r{next(counter)}", [], 0, None
         t0 = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), sp)
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.request_id != rid:
+                    continue
+                c = o.outputs[0]
+                if c.token_ids:
+                    steps += 1
+                    got += list(c.token_ids)
+                sd = c.spec_decode_metrics or sd
         latency = time.perf_counter() - t0
-        new = [t for t in out.token_ids if t != end_id]  # trt-spec does not output the end token either
-        sd = out.spec_decode_metrics
+        new = [t for t in got if t != end_id]  # trt-spec does not output the end token either
         hist = list(sd.histogram) if sd is not None else []
-        accepted = sum(j * n for j, n in enumerate(hist))
         return {
             "tokens": len(new),
             "latency_s": latency,
+            "steps": steps,  # target forward steps, the prefill's included
             "drafts": sum(hist),  # verify steps that had a proposal
             "drafted": sd.num_draft_tokens if sd is not None else 0,
-            "accepted": accepted,  # a budget-cut last round's count includes tokens past the budget
+            "accepted": sum(j * n for j, n in enumerate(hist)),  # a budget-cut last round's includes tokens past it
             "answer": tok.decode(new, skip_special_tokens=True),
         }
 

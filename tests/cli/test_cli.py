@@ -174,7 +174,7 @@ def test_bench_is_a_group_of_three_modes_each_with_its_own_options():
         "--api-key",
     }
     in_process = run("bench", "in-process", "--help").output
-    assert _options_of(in_process) == SHARED | {"--ignore-eos", "--threads", "--compare-hf", "--set"}
+    assert _options_of(in_process) == SHARED | {"--ignore-eos", "--threads", "--compare-hf", "--set", "--profile"}
     assert "bench in-process [OPTIONS] CONFIG" in in_process
 
 
