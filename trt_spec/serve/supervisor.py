@@ -297,6 +297,6 @@ def drain(server: TritonServer, drain_timeout: float, err: Say) -> None:
     if idle_within(drain_timeout):
         err(f"drained in {time.monotonic() - t0:.1f}s")
         return
-    err(f"drain timeout ({drain_timeout:.0f}s): ending the {max(server.in_flight(), 0)} request(s) still running")
+    err(f"drain timeout ({drain_timeout:g}s): ending the {max(server.in_flight(), 0)} request(s) still running")
     server.cancel_in_flight()
     idle_within(defaults.DRAIN_CUT_GRACE_S)
