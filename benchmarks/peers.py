@@ -236,15 +236,26 @@ def unfit_turns(prompts: list, tok, config: Path) -> list[str]:
 # --- the table -------------------------------------------------------------------------------------------------------
 
 
+def samples_of(res: dict) -> list:
+    """A system's result's requests as bench.RequestSample."""
+    from trt_spec.harness.bench import RequestSample
+
+    return [RequestSample(**s) for s in res["samples"]]
+
+
+def in_workload(category: str, w: str) -> bool:
+    """Whether a request of `category` counts in workload w (spec-bench: every spec-bench/<category>)."""
+    return category == w or (w == "spec-bench" and category.startswith(w + "/"))
+
+
 def rows(res: dict, workloads_: list[str]) -> dict:
     """workload (and spec-bench: every category together) -> bench.turn_figures of one system's samples."""
-    from trt_spec.harness.bench import RequestSample, paired, turn_figures
+    from trt_spec.harness.bench import paired, turn_figures
 
-    samples = [RequestSample(**s) for s in res["samples"]]
-    pairs = paired(samples)
+    pairs = paired(samples_of(res))
     out = {}
     for w in workloads_:
-        mine = [(b, s) for b, s in pairs if s.category == w or (w == "spec-bench" and s.category.startswith(w + "/"))]
+        mine = [(b, s) for b, s in pairs if in_workload(s.category, w)]
         if mine:
             out[w] = turn_figures(mine)
     return out
@@ -253,14 +264,14 @@ def rows(res: dict, workloads_: list[str]) -> dict:
 def workload_reports(results: dict, workloads_: list[str], out: Path) -> None:
     """out/reports/SYSTEM.WORKLOAD.json: one bench report per system and workload, e.g. for
     `trt-spec plan GPU_CONFIG --alpha-from` (the GPU performance model replays its measured rounds)."""
-    from trt_spec.harness.bench import RequestSample, summarize
+    from trt_spec.harness.bench import summarize
     from trt_spec.records.atomic import write_atomic
 
     (out / "reports").mkdir(exist_ok=True)
     for system, res in results.items():
-        samples = [RequestSample(**s) for s in res["samples"]]
+        samples = samples_of(res)
         for w in workloads_:
-            mine = [s for s in samples if s.category == w or (w == "spec-bench" and s.category.startswith(w + "/"))]
+            mine = [s for s in samples if in_workload(s.category, w)]
             if mine:
                 path = out / "reports" / f"{system}.{w.replace('/', '-')}.json"
                 write_atomic(path, json.dumps(summarize(mine, K, res.get("draft_len_policy")), indent=1, default=float))
@@ -296,10 +307,10 @@ BOOTSTRAP = 2000
 
 def _by_prompt(res: dict, workload: str) -> dict:
     """prompt -> [(baseline s, speculative s, speculative tokens, target calls)] of its paired turns in workload."""
-    from trt_spec.harness.bench import RequestSample, paired
+    from trt_spec.harness.bench import paired
 
     out: dict = {}
-    for b, sp in paired([RequestSample(**x) for x in res["samples"]]):
+    for b, sp in paired(samples_of(res)):
         if sp.category == workload:
             out.setdefault(sp.prompt, []).append((b.latency_s, sp.latency_s, sp.tokens, sp.steps))
     return out
@@ -322,16 +333,15 @@ def goal_ratio(kind: str, ours: dict, theirs: Optional[dict], seed: int = 0) -> 
     if not keys:
         return None, None, None, (None, None)
 
-    def ratio(ks: list) -> Optional[float]:
+    def figures(ks: list) -> tuple:
         a = _figure(kind, [t for k in ks for t in ours[k]])
-        b = 1.0 if theirs is None else _figure(kind, [t for k in ks for t in theirs[k]])
-        return a / b if a is not None and b else None
+        b = None if theirs is None else _figure(kind, [t for k in ks for t in theirs[k]])
+        d = 1.0 if theirs is None else b
+        return a, b, (a / d if a is not None and d else None)
 
     rng = random.Random(seed)
-    boot = sorted(r for r in (ratio([rng.choice(keys) for _ in keys]) for _ in range(BOOTSTRAP)) if r is not None)
-    a = _figure(kind, [t for k in keys for t in ours[k]])
-    b = None if theirs is None else _figure(kind, [t for k in keys for t in theirs[k]])
-    return a, b, ratio(keys), (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1])
+    boot = sorted(r for *_, r in (figures([rng.choice(keys) for _ in keys]) for _ in range(BOOTSTRAP)) if r is not None)
+    return (*figures(keys), (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]))
 
 
 def goals(report: dict) -> list[str]:

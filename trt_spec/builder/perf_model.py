@@ -340,8 +340,7 @@ def predict(
     replay = {}
     if measured and measured.rounds and measured.decode_tokens and cfg.speculative.mode in CHAIN_MODES:
         n = sum(measured.rounds.values())
-        spent = sum(c * (draft_s(k) + pass_seconds(t, q.weights, q.kv_cache, ctx, k + 1, tp, rates))
-                    for k, c in measured.rounds.items())  # fmt: skip
+        spent = sum(c * speed(k, k + 1)[1] for k, c in measured.rounds.items())  # each round: draft + verify
         host = None
         if measured.host_s is not None:  # a draft-free proposer runs on the host; a draft engine is draft_s
             host = measured.host_s + ((measured.proposal_s or 0.0) if cfg.speculative.mode is Mode.NGRAM else 0.0)
